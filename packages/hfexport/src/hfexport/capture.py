@@ -1,0 +1,219 @@
+"""The ``torch.export`` capture every backend shares.
+
+Stages (each a function, called in order by :func:`capture`):
+
+1. :func:`signature_module`: give models whose ``forward`` takes ``**kwargs`` a module with an
+   explicit keyword signature, so ``dynamic_shapes`` can be keyed by kwarg name;
+2. :func:`hfexport.pytree.register_cache_pytrees`: caches become pytree nodes;
+3. :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
+   or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out;
+4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
+5. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.pytree import register_cache_pytrees
+
+__all__ = [
+    "KwargsModule",
+    "auto_dynamic_shapes",
+    "capture",
+    "reset_stale_state",
+    "resolve_dynamic_shapes",
+    "signature_module",
+]
+
+logger = logging.getLogger(__name__)
+
+_AUTO_WARNED = False
+
+# Attributes some modules fill lazily during an eager forward (rotary tables, cached masks); left
+# in place they are baked into the trace as constants of the wrong length.
+STALE_ATTRIBUTES = (
+    "_cos_cached",
+    "_sin_cached",
+    "cos_cached",
+    "sin_cached",
+    "_cached_cos",
+    "_cached_sin",
+    "_seq_len_cached",
+    "_attention_mask_cache",
+    "_causal_mask_cache",
+)
+
+
+class KwargsModule(torch.nn.Module):
+    """Wrap ``model`` so its forward has exactly the keyword parameters in ``names``.
+
+    ``torch.export`` binds inputs through ``inspect.signature(forward)``; a forward that takes
+    ``**kwargs`` would put every input under one ``kwargs`` entry. The wrapper's signature lists
+    each input by name, in order, keyword-only, and calls ``model(**kwargs)``.
+    """
+
+    def __init__(self, model: torch.nn.Module, names: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self._names = list(names)
+        params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in names]
+        sig = inspect.Signature(params)
+
+        def forward(**kwargs: Any) -> Any:
+            return self.model(**kwargs)
+
+        forward.__signature__ = sig  # type: ignore[attr-defined]
+        self.forward = forward  # type: ignore[method-assign]
+
+    @property
+    def config(self) -> Any:
+        return getattr(self.model, "config", None)
+
+
+def signature_module(model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch.nn.Module:
+    """Return ``model`` itself when its forward names every input, else a :class:`KwargsModule`."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return KwargsModule(model, list(inputs))
+    named = {n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    if all(k in named for k in inputs):
+        return model
+    return KwargsModule(model, list(inputs))
+
+
+def _auto_for(value: Any) -> Any:
+    from torch.export import Dim
+
+    if isinstance(value, torch.Tensor):
+        return {i: Dim.AUTO for i in range(value.dim())} if value.dim() else None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, dict):
+        return {k: _auto_for(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_auto_for(v) for v in value) if isinstance(value, tuple) else [_auto_for(v) for v in value]
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None:
+        children, _ = node.flatten_fn(value)
+        return [_auto_for(c) for c in children]
+    return None
+
+
+def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """``Dim.AUTO`` on every axis of every tensor leaf of ``inputs`` (caches included).
+
+    Returns a dict keyed like ``inputs``; a registered pytree node (a ``Cache``) gets the list of
+    its children's specs, as ``torch.export`` expects. Mirrors ``torch.export.Dim.AUTO`` semantics:
+    torch decides per axis whether it is dynamic (an axis of size 0 or 1 in the sample stays
+    static), so give samples with batch >= 2 and sequence >= 2 for those axes to be dynamic.
+    """
+    return {k: _auto_for(v) for k, v in inputs.items()}
+
+
+def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The ``dynamic_shapes`` to pass to ``torch.export.export`` for ``config``.
+
+    Explicit ``config.dynamic_shapes`` win (inputs they omit are static); else ``dynamic=True``
+    gives :func:`auto_dynamic_shapes` (warning once that naming only the varying axes exports
+    faster); else ``None`` (static).
+
+    Raises:
+        ValueError: ``dynamic_shapes`` names an input that is not among the sample inputs.
+    """
+    global _AUTO_WARNED
+    explicit = getattr(config, "dynamic_shapes", None)
+    if explicit:
+        unknown = sorted(set(explicit) - set(inputs))
+        if unknown:
+            raise ValueError(
+                f"dynamic_shapes names {unknown}, which are not among the sample inputs {sorted(inputs)}; "
+                "key dynamic_shapes by forward kwarg name"
+            )
+        return {k: explicit.get(k) for k in inputs}
+    if getattr(config, "dynamic", False):
+        if not _AUTO_WARNED:
+            _AUTO_WARNED = True
+            logger.warning(
+                "dynamic=True marks every axis Dim.AUTO, which exports slower than naming only the axes that "
+                "vary (config.dynamic_shapes)"
+            )
+        return auto_dynamic_shapes(inputs)
+    return None
+
+
+@contextlib.contextmanager
+def reset_stale_state(model: torch.nn.Module) -> Iterator[list[str]]:
+    """Clear lazily cached attributes (see ``STALE_ATTRIBUTES``) for the body; restore them after.
+
+    Yields the dotted names of the attributes that were cleared, for the report.
+    """
+    saved: list[tuple[torch.nn.Module, str, Any]] = []
+    names: list[str] = []
+    for mod_name, module in model.named_modules():
+        for attr in STALE_ATTRIBUTES:
+            if attr in vars(module) and vars(module)[attr] is not None:
+                saved.append((module, attr, vars(module)[attr]))
+                names.append(f"{mod_name}.{attr}" if mod_name else attr)
+                object.__setattr__(module, attr, None)
+    try:
+        yield names
+    finally:
+        for module, attr, value in saved:
+            object.__setattr__(module, attr, value)
+
+
+def capture(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    config: Any,
+    report: Any | None = None,
+) -> torch.export.ExportedProgram:
+    """Run ``torch.export.export`` on ``model`` with forward kwargs ``inputs``.
+
+    Args:
+        model: the module to capture (eval mode).
+        inputs: forward kwargs: tensors, caches, ``None`` and Python scalars.
+        config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
+            ``prefer_deferred_runtime_asserts_over_guards`` are used.
+        report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``.
+
+    Returns:
+        The ``ExportedProgram``; its ``module()`` takes the same keyword inputs.
+
+    Raises:
+        ValueError: ``dynamic_shapes`` names unknown inputs.
+        Whatever ``torch.export.export`` raises (the caller's report stage names the stage).
+    """
+    register_cache_pytrees()
+    module = signature_module(model, inputs)
+    kwargs = dict(inputs)
+    dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
+    with reset_stale_state(model) as cleared, torch.no_grad():
+        if report is not None:
+            from hfexport.config import encode_dynamic_shapes
+
+            report.extra["cleared_stale_attributes"] = cleared
+            try:
+                report.extra["dynamic_shapes"] = encode_dynamic_shapes(dynamic_shapes)
+            except ValueError:
+                report.extra["dynamic_shapes"] = str(dynamic_shapes)
+        program = torch.export.export(
+            module,
+            args=(),
+            kwargs=kwargs,
+            dynamic_shapes=dynamic_shapes,
+            strict=bool(getattr(config, "strict", False)),
+            prefer_deferred_runtime_asserts_over_guards=bool(
+                getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
+            ),
+        )
+    return program

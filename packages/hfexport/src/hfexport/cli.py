@@ -1,0 +1,319 @@
+"""The ``hfexport`` command line: ``env``, ``patches``, ``export <format>``, ``generate``.
+
+``hfexport export onnx --model PATH OUTPUT_DIR`` loads a local model folder (or ``tiny:<type>``),
+exports it with the installed backend, validates the artefact against eager PyTorch, and writes
+the artefact, the model's config and tokenizer files and ``export_report.json`` into OUTPUT_DIR
+atomically (a failed export leaves OUTPUT_DIR as it was).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="hfexport",
+    help="Export Hugging Face transformers models to torch.export, ONNX and ExecuTorch, and prove they match.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+BACKENDS = ("dynamo", "onnx", "executorch")
+
+
+def _backend_rows() -> list[dict[str, Any]]:
+    from hfexport.auto import KNOWN_BACKEND_PACKAGES, _entry_points
+    from hfexport.environment import installed_version, public_version
+
+    rows = []
+    eps = _entry_points()
+    for fmt, package in KNOWN_BACKEND_PACKAGES.items():
+        row: dict[str, Any] = {"format": fmt, "package": package, "version": installed_version(package),
+                               "tested": {}, "drift": [], "error": None}
+        if fmt in eps and row["version"] is not None:
+            try:
+                cls = eps[fmt].load()
+                row["tested"] = dict(cls.tested_versions)
+                for dist, tested in cls.tested_versions.items():
+                    found = installed_version(dist)
+                    if found is None:
+                        row["drift"].append(f"{dist} missing (tested {tested})")
+                    elif public_version(found) != public_version(tested):
+                        row["drift"].append(f"{dist} {found} (tested {tested})")
+            except Exception as exc:  # a broken backend is reported, not fatal for `env`
+                row["error"] = f"{type(exc).__name__}: {exc}"
+        rows.append(row)
+    return rows
+
+
+@app.command("env")
+def env_command(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show installed backends, their versions, the versions they were tested with, and drift."""
+    from hfexport.__about__ import __version__
+    from hfexport.environment import installed_version
+
+    rows = _backend_rows()
+    if as_json:
+        console.print_json(json.dumps({"hfexport": __version__, "torch": installed_version("torch"),
+                                       "transformers": installed_version("transformers"), "backends": rows}))
+        return
+    console.print(f"hfexport {__version__}  torch {installed_version('torch')}  "
+                  f"transformers {installed_version('transformers')}  python {sys.version.split()[0]}")
+    table = Table(title="backends")
+    for col in ("format", "package", "installed", "tested with", "drift"):
+        table.add_column(col)
+    for r in rows:
+        tested = ", ".join(f"{k} {v}" for k, v in r["tested"].items()) or "-"
+        if r["version"] is None:
+            drift = f"not installed: pip install {r['package']}"
+        elif r["error"]:
+            drift = f"broken: {r['error']}"
+        else:
+            drift = "; ".join(r["drift"]) or "none"
+        table.add_row(r["format"], r["package"], r["version"] or "-", tested, drift)
+    console.print(table)
+
+
+@app.command("patches")
+def patches_command(
+    backend: Annotated[str | None, typer.Option(help="Only this backend key (e.g. onnx, executorch.xnnpack).")] = None,
+    stale: Annotated[bool, typer.Option("--stale", help="Only entries no supported version needs any more.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List registered workarounds: what each fixes, its upstream issue, range, and whether it is active."""
+    from hfexport import registry
+    from hfexport.auto import _entry_points
+
+    supported: dict[str, dict[str, str]] = {}
+    for fmt, ep in _entry_points().items():
+        try:
+            cls = ep.load()
+        except Exception as exc:
+            err_console.print(f"[yellow]backend {fmt} failed to import: {exc}[/]")
+            continue
+        supported[fmt] = dict(getattr(cls, "supported_versions", {}) or {})
+    rows = []
+    for entry in registry.entries(backend):
+        root = entry.backend.split(".")[0]
+        is_stale = entry.is_stale(supported.get(root, {}))
+        if stale and not is_stale:
+            continue
+        rows.append({
+            "backend": entry.backend, "kind": entry.kind, "name": entry.name, "description": entry.description,
+            "issue": entry.issue, "versions": entry.versions, "active": entry.is_active(), "stale": is_stale,
+            "unresolved": [list(u) for u in entry.unresolved],
+        })
+    if as_json:
+        console.print_json(json.dumps(rows))
+        return
+    table = Table(title="stale workarounds (ready to delete)" if stale else "workarounds")
+    for col in ("backend", "kind", "fixes", "upstream", "range", "active", "stale"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        rng = ", ".join(f"{k}{v}" for k, v in r["versions"].items())
+        note = r["description"] + (f" (unresolved: {r['unresolved']})" if r["unresolved"] else "")
+        table.add_row(r["backend"], r["kind"], note, r["issue"], rng, "yes" if r["active"] else "no",
+                      "yes" if r["stale"] else "no")
+    console.print(table)
+    if not rows:
+        console.print("no stale entries" if stale else "no entries")
+
+
+def _config_for(fmt: str, *, static: bool, opset: int | None, atol: float | None, optimize: bool,
+                validate: bool, backend: str | None) -> Any:
+    from hfexport.auto import AutoExportConfig
+
+    data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
+    if atol is not None:
+        data["atol"] = atol
+    cls = AutoExportConfig.config_class(fmt)
+    fields = set(cls.__dataclass_fields__)
+    if opset is not None:
+        if "opset_version" not in fields:
+            raise typer.BadParameter(f"--opset applies to onnx, not {fmt}")
+        data["opset_version"] = opset
+    if "optimize" in fields:
+        data["optimize"] = optimize
+    if backend is not None:
+        if "backend" not in fields:
+            raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
+        data["backend"] = backend
+    return AutoExportConfig.from_dict(data)
+
+
+def _print_validation(report: Any) -> None:
+    for label, rows in report.validation.items():
+        table = Table(title=f"validation: {label} inputs")
+        for col in ("output", "shape", "max abs diff", "max rel diff", "atol", "ok"):
+            table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
+        for r in rows:
+            mad = r["max_abs_diff"]
+            mrd = r["max_rel_diff"]
+            table.add_row(r["name"], "x".join(map(str, r["shape"])),
+                          f"{mad:.3e}" if isinstance(mad, float) else str(mad),
+                          f"{mrd:.3e}" if isinstance(mrd, float) else str(mrd), f"{r['atol']:.0e}",
+                          "[green]yes[/]" if r["ok"] else "[red]NO[/]")
+        console.print(table)
+
+
+@app.command("export")
+def export_command(
+    export_format: Annotated[str, typer.Argument(metavar="FORMAT", help="dynamo, onnx or executorch.")],
+    output_dir: Annotated[Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artefact into.")],
+    model: Annotated[str, typer.Option("--model", help="Local model folder, or tiny:<model_type>.")],
+    task: Annotated[str, typer.Option(help="auto (from config.architectures) or a task name.")] = "auto",
+    opset: Annotated[int | None, typer.Option(help="ONNX opset version (onnx only).")] = None,
+    static: Annotated[bool, typer.Option("--static", help="Export static shapes (default: dynamic).")] = False,
+    atol: Annotated[float | None, typer.Option(help="Validation absolute tolerance.")] = None,
+    no_optimize: Annotated[bool, typer.Option("--no-optimize", help="Skip the graph optimizer (onnx).")] = False,
+    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
+    backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Export a model, validate it against eager PyTorch, and write it with its report."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    stage = "setup"
+    try:
+        if export_format not in BACKENDS:
+            raise typer.BadParameter(f"FORMAT must be one of {', '.join(BACKENDS)}, got {export_format!r}")
+        config = _config_for(export_format, static=static, opset=opset, atol=atol, optimize=not no_optimize,
+                             validate=not no_validate, backend=backend)
+        from hfexport.auto import AutoHfExporter
+
+        exporter = AutoHfExporter.from_config(config)
+        stage = "load_model"
+        t0 = time.perf_counter()
+        with console.status(f"loading {model} ..."):
+            from hfexport.loading import load_model
+
+            loaded = load_model(model, task)
+        console.print(f"[bold]loaded[/] {type(loaded.model).__name__} for {loaded.task} "
+                      f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters) "
+                      f"in {time.perf_counter() - t0:.1f}s; sample inputs "
+                      + ", ".join(f"{k}{list(v.shape)}" for k, v in loaded.inputs.items() if hasattr(v, "shape")))
+
+        def progress(event: str, record: Any) -> None:
+            nonlocal stage
+            if event == "start":
+                stage = record.name
+                console.print(f"  [cyan]...[/] {record.name} {record.detail}".rstrip())
+            else:
+                mark = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(record.status, record.status)
+                console.print(f"  {mark} {record.name} ({record.seconds:.2f}s)")
+
+        exporter.stage_callback = progress
+        from hfexport.atomic import atomic_output_dir
+
+        with atomic_output_dir(output_dir) as staging:
+            if loaded.task in ("text-generation",) and hasattr(exporter, "export_for_generation") and _generation_ready():
+                stage = "export_for_generation"
+                from hfexport.generation import save_components
+
+                artefacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
+                written = save_components(exporter, artefacts, staging, model=loaded.model)
+                report_dict: dict[str, Any] = {"components": list(artefacts), "files": [str(w) for w in written]}
+                reports = [exporter.last_report] if exporter.last_report else []
+            else:
+                artefact = exporter.export(loaded.model, loaded.inputs, config)
+                stage = "save"
+                exporter.save(artefact, exporter.artifact_path(staging))
+                reports = [exporter.last_report]
+                report_dict = {}
+            for f in loaded.files_to_copy:
+                shutil.copy2(f, staging / f.name)
+            if loaded.source is None and hasattr(loaded.model, "config"):
+                loaded.model.config.to_json_file(staging / "config.json")
+            from hfexport.environment import installed_version
+
+            sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
+            report_dict.update({
+                "model": model, "task": loaded.task, "export_format": export_format, "config": config.to_dict(),
+                "versions": {d: installed_version(d) for d in
+                             ("hfexport", exporter.package_name, *exporter.tested_versions)},
+                "report": reports[-1].to_dict() if reports else None,
+                "artefact_sizes_bytes": sizes,
+            })
+            (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
+        for r in reports:
+            _print_validation(r)
+        files = sorted(p for p in output_dir.iterdir() if p.is_file())
+        console.print(f"[bold green]exported[/] {model} -> {output_dir}/ "
+                      + ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.2f} MB)" for p in files))
+    except typer.BadParameter:
+        raise
+    except Exception as exc:
+        from hfexport.errors import ExportStageError
+
+        where = exc.stage if isinstance(exc, ExportStageError) else stage
+        err_console.print(f"[red bold]export failed[/] in stage '{where}': {type(exc).__name__}: {exc}")
+        for note in getattr(exc, "__notes__", []):
+            err_console.print(note)
+        if verbose:
+            err_console.print_exception()
+        raise typer.Exit(code=1) from None
+
+
+def _generation_ready() -> bool:
+    try:
+        from hfexport.generation import save_components  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@app.command("generate")
+def generate_command(
+    output_dir: Annotated[Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder written by `hfexport export --task text-generation`.")],
+    prompt: Annotated[str | None, typer.Option(help="Prompt text (needs tokenizer files in OUTPUT_DIR).")] = None,
+    input_ids: Annotated[str | None, typer.Option("--input-ids", help="Comma-separated token ids, e.g. 1,2,3.")] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 20,
+) -> None:
+    """Run greedy generation over exported components and print the tokens (and text)."""
+    if (prompt is None) == (input_ids is None):
+        raise typer.BadParameter("pass exactly one of --prompt or --input-ids")
+    from hfexport.generation import generate_from_dir
+
+    tokenizer = None
+    if prompt is not None:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
+        ids = tokenizer(prompt)["input_ids"]
+    else:
+        try:
+            ids = [int(x) for x in input_ids.split(",") if x.strip()]  # type: ignore[union-attr]
+        except ValueError:
+            raise typer.BadParameter("--input-ids takes comma-separated integers, e.g. 1,2,3") from None
+    tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
+    console.print("tokens: " + " ".join(map(str, tokens)))
+    if tokenizer is None and any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
+    if tokenizer is not None:
+        console.print("text: " + tokenizer.decode(tokens))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,399 @@
+"""Export configurations: plain dataclasses that round-trip through dicts and JSON.
+
+They live in the core so that a config, or an export recipe file (``export_config.json``), can be
+read and checked without the backend that will run it installed.
+
+``dynamic_shapes`` follows ``torch.export.export`` semantics (a pytree matching the forward kwargs
+whose leaves are ``torch.export.Dim`` objects, ``Dim.AUTO``/``Dim.STATIC``/``Dim.DYNAMIC`` hints,
+integers or ``None``); in JSON a ``Dim`` is stored with its name, min and max and comes back as an
+equivalent ``Dim``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "DynamoConfig",
+    "ExecutorchConfig",
+    "ExportConfigMixin",
+    "ExportFormat",
+    "OnnxConfig",
+    "decode_dynamic_shapes",
+    "encode_dynamic_shapes",
+]
+
+
+class ExportFormat(str, enum.Enum):
+    """The runtimes hfexport exports to; the value is the entry-point name of the backend."""
+
+    DYNAMO = "dynamo"
+    ONNX = "onnx"
+    EXECUTORCH = "executorch"
+
+    @classmethod
+    def parse(cls, value: str | ExportFormat) -> ExportFormat:
+        """Return the member for ``value`` (the enum itself or its string value).
+
+        Raises:
+            ValueError: ``value`` names no format; the message lists the allowed ones.
+        """
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(str(value).lower())
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"export_format={value!r} is not a known export format; allowed: {allowed}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# dynamic_shapes <-> JSON
+# --------------------------------------------------------------------------------------------------
+_DIM_KEY = "__dim__"
+_HINT_KEY = "__dim_hint__"
+_TUPLE_KEY = "__tuple__"
+_INTMAP_KEY = "__int_keys__"
+
+
+def _finite_or_none(value: Any) -> int | None:
+    if value is None:
+        return None
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return None
+    if math.isinf(as_float):
+        return None
+    return int(value)
+
+
+def encode_dynamic_shapes(spec: Any) -> Any:
+    """Turn a ``dynamic_shapes`` pytree into JSON-safe data.
+
+    Args:
+        spec: ``None``, or a nest of dicts/lists/tuples whose leaves are ``torch.export.Dim``,
+            ``Dim.AUTO``/``Dim.STATIC``/``Dim.DYNAMIC``, ints or ``None``. Dicts keyed by dimension
+            index (ints) are kept as such.
+
+    Returns:
+        The same nest with every ``Dim`` replaced by ``{"__dim__": {"name", "min", "max"}}`` (an
+        unbounded max is stored as ``null``), hints by ``{"__dim_hint__": "AUTO"}``, tuples by
+        ``{"__tuple__": [...]}`` and int-keyed dicts by ``{"__int_keys__": [[k, v], ...]}``.
+
+    Raises:
+        ValueError: a leaf of a type ``torch.export`` does not accept in ``dynamic_shapes``.
+    """
+    if spec is None or isinstance(spec, (bool, int, str)):
+        return spec
+    if isinstance(spec, dict):
+        if spec and all(isinstance(k, int) for k in spec):
+            return {_INTMAP_KEY: [[k, encode_dynamic_shapes(v)] for k, v in spec.items()]}
+        return {str(k): encode_dynamic_shapes(v) for k, v in spec.items()}
+    if isinstance(spec, tuple):
+        return {_TUPLE_KEY: [encode_dynamic_shapes(v) for v in spec]}
+    if isinstance(spec, list):
+        return [encode_dynamic_shapes(v) for v in spec]
+    hint_type = getattr(spec, "type", None)
+    if type(spec).__name__ == "_DimHint" and hint_type is not None:
+        return {_HINT_KEY: hint_type.name}
+    if hasattr(spec, "__name__") and hasattr(spec, "min") and hasattr(spec, "max"):
+        return {
+            _DIM_KEY: {
+                "name": spec.__name__,
+                "min": _finite_or_none(spec.min),
+                "max": _finite_or_none(spec.max),
+            }
+        }
+    raise ValueError(
+        f"dynamic_shapes leaf {spec!r} of type {type(spec).__name__} is not supported; use "
+        "torch.export.Dim, Dim.AUTO/STATIC/DYNAMIC, an int or None"
+    )
+
+
+def decode_dynamic_shapes(data: Any) -> Any:
+    """Inverse of :func:`encode_dynamic_shapes`: rebuild ``Dim`` objects and hints.
+
+    A ``Dim`` comes back as ``torch.export.Dim(name, min=..., max=...)`` (torch ``Dim`` objects
+    compare by identity, so the result is an equivalent, not the identical, object).
+    """
+    if data is None or isinstance(data, (bool, int, str)):
+        return data
+    if isinstance(data, list):
+        return [decode_dynamic_shapes(v) for v in data]
+    if isinstance(data, dict):
+        if set(data) == {_DIM_KEY}:
+            from torch.export import Dim
+
+            spec = data[_DIM_KEY]
+            kwargs = {}
+            if spec.get("min") is not None:
+                kwargs["min"] = int(spec["min"])
+            if spec.get("max") is not None:
+                kwargs["max"] = int(spec["max"])
+            return Dim(spec["name"], **kwargs)
+        if set(data) == {_HINT_KEY}:
+            from torch.export import Dim
+
+            return getattr(Dim, data[_HINT_KEY])
+        if set(data) == {_TUPLE_KEY}:
+            return tuple(decode_dynamic_shapes(v) for v in data[_TUPLE_KEY])
+        if set(data) == {_INTMAP_KEY}:
+            return {int(k): decode_dynamic_shapes(v) for k, v in data[_INTMAP_KEY]}
+        return {k: decode_dynamic_shapes(v) for k, v in data.items()}
+    raise ValueError(f"cannot decode dynamic_shapes entry {data!r}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Configs
+# --------------------------------------------------------------------------------------------------
+@dataclass
+class ExportConfigMixin:
+    """Base of every export configuration.
+
+    Subclasses are dataclasses; each sets ``FORMAT`` and gets an ``export_format`` field with that
+    default. Values are checked in ``__post_init__`` (and so on every construction and
+    ``from_dict``); a bad value raises ``ValueError`` naming the field and what is allowed.
+    """
+
+    FORMAT: ClassVar[ExportFormat | None] = None
+
+    export_format: str = ""
+
+    def __post_init__(self) -> None:
+        expected = self.FORMAT.value if self.FORMAT is not None else None
+        if not self.export_format:
+            if expected is None:
+                raise ValueError("export_format is required; allowed: " + ", ".join(m.value for m in ExportFormat))
+            self.export_format = expected
+        fmt = ExportFormat.parse(self.export_format).value
+        if expected is not None and fmt != expected:
+            raise ValueError(
+                f"{type(self).__name__} has export_format={expected!r}, got {fmt!r}; "
+                "use AutoExportConfig.from_dict to pick the config class from export_format"
+            )
+        self.export_format = fmt
+        self.validate_fields()
+
+    # subclasses extend this
+    def validate_fields(self) -> None:
+        """Check every field; raise ``ValueError`` naming the field and the allowed values."""
+
+    # -- dict / JSON -------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Return a JSON-safe dict of every field (``dynamic_shapes`` encoded, see module doc)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "dynamic_shapes":
+                value = encode_dynamic_shapes(value)
+            elif isinstance(value, enum.Enum):
+                value = value.value
+            elif isinstance(value, os.PathLike):
+                value = os.fspath(value)
+            out[f.name] = value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExportConfigMixin:
+        """Build a config from a dict as produced by :meth:`to_dict` (or written by hand).
+
+        Raises:
+            ValueError: an unknown key (the message lists the known ones), a wrong
+                ``export_format`` or an invalid value.
+            TypeError: ``data`` is not a mapping.
+        """
+        if not isinstance(data, dict):
+            raise TypeError(f"{cls.__name__}.from_dict expects a dict, got {type(data).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}"
+            )
+        values = dict(data)
+        if "dynamic_shapes" in values:
+            values["dynamic_shapes"] = decode_dynamic_shapes(values["dynamic_shapes"])
+        return cls(**values)
+
+    def to_json_string(self) -> str:
+        """The config as indented, key-sorted JSON text."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json_string(cls, text: str) -> ExportConfigMixin:
+        """Inverse of :meth:`to_json_string`."""
+        return cls.from_dict(json.loads(text))
+
+    def to_json_file(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json_string` to ``path`` atomically."""
+        from hfexport.atomic import atomic_write_text
+
+        atomic_write_text(path, self.to_json_string())
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike[str]) -> ExportConfigMixin:
+        """Read a config written by :meth:`to_json_file`."""
+        with open(path, encoding="utf-8") as fh:
+            return cls.from_json_string(fh.read())
+
+    def replace(self, **changes: Any) -> ExportConfigMixin:
+        """A copy with ``changes`` applied (validated like a new config)."""
+        return dataclasses.replace(self, **changes)
+
+
+def _check_type(name: str, value: Any, types: tuple[type, ...], allowed: str) -> None:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
+
+
+@dataclass
+class DynamoConfig(ExportConfigMixin):
+    """How to capture the model with ``torch.export`` (shared by every backend).
+
+    Attributes:
+        dynamic: mark every tensor dimension ``Dim.AUTO`` when ``dynamic_shapes`` is not given;
+            slower to export than naming only the axes that vary.
+        strict: ``torch.export.export(strict=...)``: TorchDynamo bytecode tracing (True) or
+            Python-level tracing (False, the default and what transformers models need).
+        dynamic_shapes: explicit ``torch.export`` dynamic shapes keyed by forward kwarg name;
+            they win over ``dynamic``.
+        prefer_deferred_runtime_asserts_over_guards: passed to ``torch.export.export``.
+        validate: run the artefact after export and compare with eager PyTorch.
+        atol / rtol: validation tolerances; ``None`` takes the backend's default for the dtype.
+        validate_second_shape: for dynamic exports also validate on a second input with another
+            batch size and a longer sequence derived from the sample inputs.
+    """
+
+    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.DYNAMO
+
+    dynamic: bool = False
+    strict: bool = False
+    dynamic_shapes: Any = None
+    prefer_deferred_runtime_asserts_over_guards: bool = False
+    validate: bool = True
+    atol: float | None = None
+    rtol: float | None = None
+    validate_second_shape: bool = True
+
+    def validate_fields(self) -> None:
+        for name in ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards", "validate",
+                     "validate_second_shape"):
+            _check_type(name, getattr(self, name), (bool,), "True or False")
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_type(name, value, (int, float), "a non-negative float or None")
+                if value < 0:
+                    raise ValueError(f"{name}={value!r} is invalid; allowed: a non-negative float or None")
+        if self.dynamic_shapes is not None:
+            if not isinstance(self.dynamic_shapes, (dict, list, tuple)):
+                raise ValueError(
+                    f"dynamic_shapes={self.dynamic_shapes!r} is invalid; allowed: None or a dict keyed "
+                    "by forward kwarg name (torch.export.export semantics)"
+                )
+            encode_dynamic_shapes(self.dynamic_shapes)  # raises ValueError on a bad leaf
+
+    @property
+    def is_dynamic(self) -> bool:
+        """True when the export has any dynamic dimension (``dynamic`` or ``dynamic_shapes``)."""
+        return bool(self.dynamic or self.dynamic_shapes)
+
+
+@dataclass
+class OnnxConfig(DynamoConfig):
+    """``DynamoConfig`` plus what ``torch.onnx.export(dynamo=True)`` and saving need.
+
+    Attributes:
+        output_path: when set, the exported model is also saved there (``.onnx``).
+        opset_version: ONNX default-domain opset; ``None`` lets torch.onnx choose.
+        external_data: store weights next to the model as external data (always done above 2 GB,
+            the protobuf limit).
+        optimize: run the onnxscript optimizer on the exported model.
+        export_params: store the weights in the model (False exports the graph only).
+        keep_initializers_as_inputs: also list initializers as graph inputs.
+    """
+
+    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.ONNX
+
+    output_path: str | None = None
+    opset_version: int | None = None
+    external_data: bool = True
+    optimize: bool = True
+    export_params: bool = True
+    keep_initializers_as_inputs: bool = False
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        for name in ("external_data", "optimize", "export_params", "keep_initializers_as_inputs"):
+            _check_type(name, getattr(self, name), (bool,), "True or False")
+        if self.opset_version is not None:
+            _check_type("opset_version", self.opset_version, (int,), "an int from 18 upwards or None")
+            if self.opset_version < 18:
+                raise ValueError(
+                    f"opset_version={self.opset_version} is invalid; allowed: 18 or newer "
+                    "(torch.onnx's dynamo exporter emits opset 18+) or None"
+                )
+        if self.output_path is not None:
+            if isinstance(self.output_path, os.PathLike):
+                self.output_path = os.fspath(self.output_path)
+            _check_type("output_path", self.output_path, (str,), "a file path or None")
+
+
+EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
+
+
+@dataclass
+class ExecutorchConfig(DynamoConfig):
+    """``DynamoConfig`` plus ExecuTorch lowering and memory planning.
+
+    Attributes:
+        backend: the delegate to lower to: ``"xnnpack"`` (CPU) or ``"cuda"``.
+        alloc_graph_input / alloc_graph_output / alloc_mutable_buffers: whether ExecuTorch memory
+            planning allocates graph inputs, outputs and mutable buffers (KV caches) in its planned
+            arena (mirrors ``executorch.exir.passes.MemoryPlanningPass`` arguments).
+        max_dynamic_bytes: memory budget used to bound ``Dim.AUTO`` axes for memory planning
+            (bytes; ``None`` takes the backend's default).
+        output_path: when set, the program is also saved there (``.pte``).
+    """
+
+    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.EXECUTORCH
+
+    backend: str = "xnnpack"
+    alloc_graph_input: bool = True
+    alloc_graph_output: bool = True
+    alloc_mutable_buffers: bool = True
+    max_dynamic_bytes: int | None = None
+    output_path: str | None = None
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        if self.backend not in EXECUTORCH_BACKENDS:
+            raise ValueError(
+                f"backend={self.backend!r} is invalid; allowed: {', '.join(map(repr, EXECUTORCH_BACKENDS))}"
+            )
+        for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"):
+            _check_type(name, getattr(self, name), (bool,), "True or False")
+        if self.max_dynamic_bytes is not None:
+            _check_type("max_dynamic_bytes", self.max_dynamic_bytes, (int,), "a positive int or None")
+            if self.max_dynamic_bytes <= 0:
+                raise ValueError(f"max_dynamic_bytes={self.max_dynamic_bytes} is invalid; allowed: a positive int or None")
+        if self.output_path is not None:
+            if isinstance(self.output_path, os.PathLike):
+                self.output_path = os.fspath(self.output_path)
+            _check_type("output_path", self.output_path, (str,), "a file path or None")
+
+
+BUILTIN_CONFIGS: dict[str, type[ExportConfigMixin]] = {
+    ExportFormat.DYNAMO.value: DynamoConfig,
+    ExportFormat.ONNX.value: OnnxConfig,
+    ExportFormat.EXECUTORCH.value: ExecutorchConfig,
+}
+
+_ = field  # re-exported helper for subclasses defined elsewhere

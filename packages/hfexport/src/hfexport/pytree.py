@@ -1,0 +1,167 @@
+"""Register transformers ``Cache`` classes as pytree nodes so ``torch.export`` can take and return them.
+
+Every ``Cache`` subclass (``DynamicCache``, ``StaticCache``, ``EncoderDecoderCache`` and classes
+defined in model files) is flattened the same way: its children are the tensors held by the cache
+and its layers (``layers.<i>.keys``, ``layers.<i>.values``, ``layers.<i>.cumulative_length``, ...)
+and any nested caches (``self_attention_cache``); everything else (layer classes, ``max_cache_len``,
+``is_initialized`` ...) is the node context, kept JSON-serialisable so an ``ExportedProgram`` holding
+caches can be saved with ``torch.export.save`` and loaded again once the nodes are registered.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import threading
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["cache_classes", "register_cache_pytrees"]
+
+logger = logging.getLogger(__name__)
+
+_LOCK = threading.Lock()
+_REGISTERED: set[type] = set()
+_SIMPLE = (bool, int, float, str, type(None))
+
+
+def _qualname(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def _resolve(qualname: str) -> type:
+    module, _, name = qualname.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _encode_value(value: Any) -> Any:
+    if isinstance(value, _SIMPLE):
+        return value
+    if isinstance(value, torch.device):
+        return {"__device__": str(value)}
+    if isinstance(value, torch.dtype):
+        return {"__dtype__": str(value).removeprefix("torch.")}
+    if isinstance(value, type):
+        return {"__class__": _qualname(value)}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, _SIMPLE) for v in value):
+        return {"__seq__": list(value), "tuple": isinstance(value, tuple)}
+    return {"__skip__": True}
+
+
+def _decode_value(value: Any) -> Any:
+    if not isinstance(value, dict):
+        return value
+    if "__device__" in value:
+        return torch.device(value["__device__"])
+    if "__dtype__" in value:
+        return getattr(torch, value["__dtype__"])
+    if "__class__" in value:
+        return _resolve(value["__class__"])
+    if "__seq__" in value:
+        return tuple(value["__seq__"]) if value["tuple"] else list(value["__seq__"])
+    return None
+
+
+def _split_object(obj: Any, prefix: str, children: list[Any], keys: list[str]) -> dict[str, Any]:
+    """Split ``vars(obj)`` into pytree children (tensors, caches) and a JSON-safe context dict."""
+    from transformers.cache_utils import Cache
+
+    context: dict[str, Any] = {"__class__": _qualname(type(obj)), "attrs": {}, "children": []}
+    for name in sorted(vars(obj)):
+        value = vars(obj)[name]
+        if isinstance(value, (torch.Tensor, Cache)):
+            children.append(value)
+            keys.append(f"{prefix}{name}")
+            context["children"].append(name)
+        elif name == "layers" and isinstance(value, list):
+            context["layers"] = [_split_object(layer, f"{prefix}layers.{i}.", children, keys)
+                                 for i, layer in enumerate(value)]
+        else:
+            encoded = _encode_value(value)
+            if not (isinstance(encoded, dict) and encoded.get("__skip__")):
+                context["attrs"][name] = encoded
+    return context
+
+
+def _build_object(context: dict[str, Any], children: list[Any], cursor: list[int]) -> Any:
+    cls = _resolve(context["__class__"])
+    obj = object.__new__(cls)
+    state = {name: _decode_value(v) for name, v in context["attrs"].items()}
+    for name in context["children"]:
+        state[name] = children[cursor[0]]
+        cursor[0] += 1
+    if "layers" in context:
+        state["layers"] = [_build_object(c, children, cursor) for c in context["layers"]]
+    obj.__dict__.update(state)
+    return obj
+
+
+def _cache_flatten_with_keys(cache: Any) -> tuple[list[tuple[Any, Any]], str]:
+    children: list[Any] = []
+    keys: list[str] = []
+    context = _split_object(cache, "", children, keys)
+    return [(pytree.MappingKey(k), c) for k, c in zip(keys, children)], json.dumps(context, sort_keys=True)
+
+
+def _cache_flatten(cache: Any) -> tuple[list[Any], str]:
+    pairs, context = _cache_flatten_with_keys(cache)
+    return [c for _, c in pairs], context
+
+
+def _cache_unflatten(children: Any, context: str) -> Any:
+    return _build_object(json.loads(context), list(children), [0])
+
+
+def cache_classes() -> list[type]:
+    """Every ``transformers.cache_utils.Cache`` subclass defined so far (model files included)."""
+    from transformers.cache_utils import Cache
+
+    found: list[type] = []
+    stack = [Cache]
+    while stack:
+        cls = stack.pop()
+        for sub in cls.__subclasses__():
+            if sub not in found:
+                found.append(sub)
+                stack.append(sub)
+    return found
+
+
+def register_cache_pytrees(extra: list[type] | None = None) -> list[type]:
+    """Register every known ``Cache`` subclass (and ``extra`` classes) as a pytree node.
+
+    Safe to call many times and from several threads: a class is registered once per process
+    (classes another library registered already are left alone). Call it again after importing a
+    model file that defines its own cache class.
+
+    Returns:
+        The classes newly registered by this call.
+    """
+    new: list[type] = []
+    with _LOCK:
+        for cls in [*cache_classes(), *(extra or [])]:
+            if cls in _REGISTERED:
+                continue
+            if cls in pytree.SUPPORTED_NODES:
+                _REGISTERED.add(cls)
+                continue
+            pytree.register_pytree_node(
+                cls,
+                _cache_flatten,
+                _cache_unflatten,
+                serialized_type_name=f"{cls.__module__}.{cls.__qualname__}",
+                flatten_with_keys_fn=_cache_flatten_with_keys,
+                to_dumpable_context=lambda ctx: ctx,
+                from_dumpable_context=lambda ctx: ctx,
+            )
+            _REGISTERED.add(cls)
+            new.append(cls)
+    if new:
+        logger.debug("registered cache pytree nodes: %s", [c.__name__ for c in new])
+    return new

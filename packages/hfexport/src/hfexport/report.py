@@ -1,0 +1,120 @@
+"""The export report: every stage of an export, its outcome and its time.
+
+A report is filled while an export runs (:meth:`ExportReport.stage`) and ends up in
+``export_report.json`` next to the artefact, so a failure says where it happened, for which
+component and with which inputs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from hfexport.errors import ExportStageError, HfExportError
+
+__all__ = ["ExportReport", "StageRecord"]
+
+# Errors the user can act on directly keep their type; anything else is wrapped so the message
+# names the stage it came from.
+_PASS_THROUGH = (HfExportError, ValueError, TypeError, ImportError, KeyboardInterrupt)
+
+
+@dataclass
+class StageRecord:
+    """One stage: ``status`` is ``"ok"``, ``"failed"`` or ``"skipped"``; ``seconds`` wall time."""
+
+    name: str
+    status: str = "ok"
+    seconds: float = 0.0
+    detail: str = ""
+    error: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExportReport:
+    """What happened during one export (one component).
+
+    Attributes:
+        export_format: backend name (``"onnx"``, ...).
+        component: model component (``"model"`` for a plain export, ``"decode"`` ...).
+        model_class: class name of the exported module.
+        input_names: forward kwarg leaf paths with shapes and dtypes.
+        stages: the stages in order.
+        applied: patches and fixes that were applied, by kind.
+        validation: per-output comparison rows, per validated input set.
+        extra: backend-specific facts (e.g. XNNPACK delegation share, dynamic bounds).
+    """
+
+    export_format: str
+    component: str = "model"
+    model_class: str = ""
+    input_names: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stages: list[StageRecord] = field(default_factory=list)
+    applied: dict[str, list[str]] = field(default_factory=dict)
+    validation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    # called as callback(event, record) with event "start" or "end"; used by the CLI for progress
+    callback: Any = field(default=None, repr=False, compare=False)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, detail: str = "") -> Iterator[StageRecord]:
+        """Time a stage and record its outcome.
+
+        Errors that the user can act on (``HfExportError``, ``ValueError``, ``TypeError``,
+        ``ImportError``) propagate unchanged with a note naming the stage; any other exception is
+        re-raised as :class:`~hfexport.errors.ExportStageError` naming the stage and component.
+        """
+        record = StageRecord(name=name, detail=detail)
+        self.stages.append(record)
+        if self.callback is not None:
+            self.callback("start", record)
+        start = time.perf_counter()
+        try:
+            yield record
+        except _PASS_THROUGH as exc:
+            record.status = "failed"
+            record.error = f"{type(exc).__name__}: {exc}"
+            if not getattr(exc, "_hfexport_noted", False):
+                exc.add_note(f"hfexport: failed in stage '{name}' ({self.export_format}, component '{self.component}')")
+                exc._hfexport_noted = True  # type: ignore[attr-defined]
+            raise
+        except Exception as exc:
+            record.status = "failed"
+            record.error = f"{type(exc).__name__}: {exc}"
+            raise ExportStageError(
+                f"{self.export_format} export of component '{self.component}' ({self.model_class}) failed in "
+                f"stage '{name}': {type(exc).__name__}: {exc}",
+                stage=name,
+                component=self.component,
+            ) from exc
+        finally:
+            record.seconds = round(time.perf_counter() - start, 4)
+            if self.callback is not None:
+                self.callback("end", record)
+
+    def skip(self, name: str, reason: str) -> None:
+        """Record a stage that did not run and why."""
+        self.stages.append(StageRecord(name=name, status="skipped", detail=reason))
+
+    def record_applied(self, kind: str, names: list[str]) -> None:
+        """Add the names of applied patches/fixes under ``kind``."""
+        self.applied.setdefault(kind, []).extend(names)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of the whole report."""
+        out = asdict(replace(self, callback=None))
+        out.pop("callback", None)
+        return out
+
+    def to_json(self) -> str:
+        """The report as indented JSON text."""
+        return json.dumps(self.to_dict(), indent=2, default=str) + "\n"
+
+    def summary_lines(self) -> list[str]:
+        """Short human-readable lines: one per stage with status and seconds."""
+        return [f"{s.name:<28} {s.status:<8} {s.seconds:8.2f}s {s.detail}".rstrip() for s in self.stages]
