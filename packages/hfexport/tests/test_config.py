@@ -1,0 +1,85 @@
+"""Config dataclasses: defaults, validation errors, dict/JSON round trips (Dim included)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from torch.export import Dim
+
+from hfexport.auto import AutoExportConfig
+from hfexport.config import DynamoConfig, ExecutorchConfig, ExportFormat, OnnxConfig
+
+
+def test_defaults_match_the_documented_ones():
+    c = DynamoConfig()
+    assert (c.export_format, c.dynamic, c.strict, c.dynamic_shapes) == ("dynamo", False, False, None)
+    assert c.prefer_deferred_runtime_asserts_over_guards is False
+    o = OnnxConfig()
+    assert (o.export_format, o.output_path, o.opset_version, o.external_data, o.optimize) == ("onnx", None, None, True, True)
+    assert (o.export_params, o.keep_initializers_as_inputs) == (True, False)
+    e = ExecutorchConfig()
+    assert (e.export_format, e.backend, e.alloc_graph_input, e.alloc_graph_output, e.alloc_mutable_buffers) == (
+        "executorch", "xnnpack", True, True, True)
+
+
+def test_round_trip_with_dims_keeps_name_min_max():
+    batch = Dim("batch", min=1, max=32)
+    config = OnnxConfig(
+        dynamic_shapes={"input_ids": {0: batch, 1: Dim("seq", min=1, max=2048)}, "attention_mask": {0: batch, 1: Dim.AUTO}},
+        opset_version=20,
+        prefer_deferred_runtime_asserts_over_guards=True,
+    )
+    text = config.to_json_string()
+    data = json.loads(text)
+    assert data["dynamic_shapes"]["input_ids"]["__int_keys__"][0] == [0, {"__dim__": {"name": "batch", "min": 1, "max": 32}}]
+    back = AutoExportConfig.from_dict(data)
+    assert isinstance(back, OnnxConfig)
+    dims = back.dynamic_shapes["input_ids"]
+    assert (dims[0].__name__, dims[0].min, dims[0].max) == ("batch", 1, 32)
+    assert (dims[1].__name__, dims[1].min, dims[1].max) == ("seq", 1, 2048)
+    assert back.dynamic_shapes["attention_mask"][1] == Dim.AUTO
+    assert back.to_dict() == config.to_dict()
+
+
+def test_unbounded_dim_round_trips_to_unbounded(tmp_path):
+    config = DynamoConfig(dynamic_shapes={"x": (Dim("n"), None)})
+    path = tmp_path / "export_config.json"
+    config.to_json_file(path)
+    back = DynamoConfig.from_json_file(path)
+    (n, none) = back.dynamic_shapes["x"]
+    assert none is None and n.__name__ == "n" and n.min == 0
+    assert json.loads(path.read_text())["dynamic_shapes"]["x"]["__tuple__"][0]["__dim__"]["max"] is None
+
+
+@pytest.mark.parametrize(
+    ("cls", "kwargs", "field"),
+    [
+        (DynamoConfig, {"dynamic": "yes"}, "dynamic"),
+        (DynamoConfig, {"atol": -1.0}, "atol"),
+        (DynamoConfig, {"dynamic_shapes": 3}, "dynamic_shapes"),
+        (OnnxConfig, {"opset_version": 11}, "opset_version"),
+        (ExecutorchConfig, {"backend": "vulkan"}, "backend"),
+        (ExecutorchConfig, {"max_dynamic_bytes": 0}, "max_dynamic_bytes"),
+    ],
+)
+def test_invalid_values_name_the_field(cls, kwargs, field):
+    with pytest.raises(ValueError, match=field) as info:
+        cls(**kwargs)
+    assert "allowed" in str(info.value)
+
+
+def test_unknown_key_lists_known_fields():
+    with pytest.raises(ValueError, match=r"unknown OnnxConfig field\(s\) \['opset'\]"):
+        OnnxConfig.from_dict({"opset": 18})
+
+
+def test_auto_config_dispatch_and_errors():
+    assert isinstance(AutoExportConfig.from_dict({"export_format": "executorch"}), ExecutorchConfig)
+    assert isinstance(AutoExportConfig.from_dict({"export_format": ExportFormat.ONNX}), OnnxConfig)
+    with pytest.raises(ValueError, match="export_format is missing"):
+        AutoExportConfig.from_dict({"dynamic": True})
+    with pytest.raises(ValueError, match="'tflite' is not known"):
+        AutoExportConfig.from_dict({"export_format": "tflite"})
+    with pytest.raises(ValueError, match="has export_format='onnx', got 'dynamo'"):
+        OnnxConfig(export_format="dynamo")
