@@ -56,15 +56,29 @@ def tests(session: nox.Session, package: str) -> None:
     if package != "hfexport":
         session.install("-e", f"{pkg_dir}{extra}")
     _show_versions(session)
-    session.run("pytest", str(pkg_dir / "tests"), "-q", *session.posargs,
-                env={"HFEXPORT_CASES_DIR": os.environ.get("HFEXPORT_CASES_DIR", str(ROOT.parent / "shared" / "cases"))})
+    session.run(
+        "pytest",
+        str(pkg_dir / "tests"),
+        "-q",
+        *session.posargs,
+        env={
+            "HFEXPORT_CASES_DIR": os.environ.get("HFEXPORT_CASES_DIR", str(ROOT.parent / "shared" / "cases"))
+        },
+    )
 
 
 @nox.session(python=PYTHON, tags=["integration"])
 def integration(session: nox.Session) -> None:
     """Cross-package tests on the locked workspace environment (all backends, tested pins)."""
-    session.run_install("uv", "sync", "--frozen", "--python", PYTHON,
-                        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location}, external=True)
+    session.run_install(
+        "uv",
+        "sync",
+        "--frozen",
+        "--python",
+        PYTHON,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
     _show_versions(session)
     session.run("pytest", str(ROOT / "tests-integration"), "-q", *session.posargs)
 
@@ -76,7 +90,9 @@ def integration(session: nox.Session) -> None:
 # release each; the pairing is recorded here (see docs/versioning.md for how it was found).
 TORCH_RELEASES = ["2.12.1", "2.13.0", "2.14.1", "2.15.0"]
 EXECUTORCH_FOR_TORCH = {"2.12.1": "1.3.1", "2.13.0": "1.4.1", "2.14.1": "1.5.1", "2.15.0": None}
-MATRIX = [(b, t) for b in ("dynamo", "onnx") for t in TORCH_RELEASES] + [("executorch", t) for t in TORCH_RELEASES]
+MATRIX = [(b, t) for b in ("dynamo", "onnx") for t in TORCH_RELEASES] + [
+    ("executorch", t) for t in TORCH_RELEASES
+]
 DIST = ROOT / "dist"
 RESULTS = ROOT / ".matrix"
 
@@ -96,8 +112,16 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
     if backend == "executorch":
         et = EXECUTORCH_FOR_TORCH.get(torch)
         if et is None:
-            result_file.write_text(json.dumps({"backend": backend, "torch": torch, "status": "no-release",
-                                               "note": "no executorch release is built for this torch"}))
+            result_file.write_text(
+                json.dumps(
+                    {
+                        "backend": backend,
+                        "torch": torch,
+                        "status": "no-release",
+                        "note": "no executorch release is built for this torch",
+                    }
+                )
+            )
             session.skip(f"no executorch release is built for torch {torch}")
         pins.append(f"executorch=={et}")
     if not DIST.exists() or not list(DIST.glob("*.whl")):
@@ -107,22 +131,53 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
     session.install("--find-links", str(DIST), package, *pins)
     _show_versions(session)
     junit = RESULTS / f"{backend}-torch{torch}.xml"
-    tests = [str(ROOT / "packages" / package / "tests"), *map(str, sorted((ROOT / "tests-integration").glob(f"test_{backend}_*.py")))]
+    tests = [
+        str(ROOT / "packages" / package / "tests"),
+        *map(str, sorted((ROOT / "tests-integration").glob(f"test_{backend}_*.py"))),
+    ]
     start = time.time()
     try:
-        session.run("pytest", *tests, "-q", "-n", "2", "-p", "no:cacheprovider", f"--junitxml={junit}",
-                    "--rootdir", str(ROOT), *session.posargs)
+        session.run(
+            "pytest",
+            *tests,
+            "-q",
+            "-n",
+            "2",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            "--rootdir",
+            str(ROOT),
+            *session.posargs,
+        )
         status = "passed"
     except Exception:
         status = "failed"
     finally:
         counts = _junit_counts(junit)
-        versions = session.run("python", "-c", "import importlib.metadata as m, json;"
-                               f"print(json.dumps({{d: m.version(d) for d in {pins_names(pins)!r}}}))",
-                               silent=True) or "{}"
-        result_file.write_text(json.dumps({"backend": backend, "torch": torch, "status": status,
-                                           "seconds": round(time.time() - start), "versions": json.loads(versions.strip().splitlines()[-1]),
-                                           **counts}, indent=2))
+        versions = (
+            session.run(
+                "python",
+                "-c",
+                "import importlib.metadata as m, json;"
+                f"print(json.dumps({{d: m.version(d) for d in {pins_names(pins)!r}}}))",
+                silent=True,
+            )
+            or "{}"
+        )
+        result_file.write_text(
+            json.dumps(
+                {
+                    "backend": backend,
+                    "torch": torch,
+                    "status": status,
+                    "seconds": round(time.time() - start),
+                    "versions": json.loads(versions.strip().splitlines()[-1]),
+                    **counts,
+                },
+                indent=2,
+            )
+        )
     if status == "failed":
         session.error(f"{backend} with torch {torch} failed; see {junit}")
 
@@ -168,8 +223,10 @@ def compat(session: nox.Session) -> None:
     ]
     for r in sorted(rows, key=lambda r: (r["backend"], [int(x) for x in r["torch"].split(".")])):
         other = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items() if k != "torch") or "-"
-        lines.append(f"| {r['backend']} | {r['torch']} | {other} | {r['status']} | {r.get('passed', '-')} | "
-                     f"{r.get('failed', '-')} | {r.get('skipped', '-')} | {r.get('seconds', '-')}s |")
+        lines.append(
+            f"| {r['backend']} | {r['torch']} | {other} | {r['status']} | {r.get('passed', '-')} | "
+            f"{r.get('failed', '-')} | {r.get('skipped', '-')} | {r.get('seconds', '-')}s |"
+        )
     failing = [r for r in rows if r.get("failures")]
     if failing:
         lines += ["", "## Failures (first line each)", ""]
@@ -215,11 +272,22 @@ def build(session: nox.Session) -> None:
         py = str(venv / "bin" / "python")
         # as `pip install hfexport-<backend>` from an index: our wheels from the local folder,
         # everything else from PyPI, at the tested pins of that backend
-        session.run("uv", "pip", "install", "--python", py, "--find-links", str(DIST),
-                    f"hfexport-{backend}[tested]", external=True)
+        session.run(
+            "uv",
+            "pip",
+            "install",
+            "--python",
+            py,
+            "--find-links",
+            str(DIST),
+            f"hfexport-{backend}[tested]",
+            external=True,
+        )
         listing = session.run("uv", "pip", "list", "--python", py, external=True, silent=True)
         present = {line.split()[0] for line in listing.splitlines()[2:] if line.strip()}
-        leaked = present & ({"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"} - {f"hfexport-{backend}"})
+        leaked = present & (
+            {"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"} - {f"hfexport-{backend}"}
+        )
         if leaked:
             session.error(f"hfexport-{backend} pulled in other backends: {sorted(leaked)}")
         session.run(py, "-c", SMOKE, backend, external=True)
@@ -228,4 +296,12 @@ def build(session: nox.Session) -> None:
 @nox.session(python=False, tags=["bench"])
 def bench(session: nox.Session) -> None:
     """Export-time and artefact-size benchmarks on the locked workspace (writes .bench/results.json)."""
-    session.run("uv", "run", "--frozen", "python", str(ROOT / "benchmarks" / "run.py"), *session.posargs, external=True)
+    session.run(
+        "uv",
+        "run",
+        "--frozen",
+        "python",
+        str(ROOT / "benchmarks" / "run.py"),
+        *session.posargs,
+        external=True,
+    )

@@ -9,7 +9,13 @@ import textwrap
 import pytest
 
 from hfexport import auto
-from hfexport.auto import AutoHfExporter, get_hf_exporter, register_export_config, register_exporter, supports_export_format
+from hfexport.auto import (
+    AutoHfExporter,
+    get_hf_exporter,
+    register_export_config,
+    register_exporter,
+    supports_export_format,
+)
 from hfexport.config import DynamoConfig
 from hfexport.errors import MissingBackendError
 from hfexport.exporter import HfExporter

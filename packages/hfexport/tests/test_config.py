@@ -16,23 +16,40 @@ def test_defaults_match_the_documented_ones():
     assert (c.export_format, c.dynamic, c.strict, c.dynamic_shapes) == ("dynamo", False, False, None)
     assert c.prefer_deferred_runtime_asserts_over_guards is False
     o = OnnxConfig()
-    assert (o.export_format, o.output_path, o.opset_version, o.external_data, o.optimize) == ("onnx", None, None, True, True)
+    assert (o.export_format, o.output_path, o.opset_version, o.external_data, o.optimize) == (
+        "onnx",
+        None,
+        None,
+        True,
+        True,
+    )
     assert (o.export_params, o.keep_initializers_as_inputs) == (True, False)
     e = ExecutorchConfig()
-    assert (e.export_format, e.backend, e.alloc_graph_input, e.alloc_graph_output, e.alloc_mutable_buffers) == (
-        "executorch", "xnnpack", True, True, True)
+    assert (
+        e.export_format,
+        e.backend,
+        e.alloc_graph_input,
+        e.alloc_graph_output,
+        e.alloc_mutable_buffers,
+    ) == ("executorch", "xnnpack", True, True, True)
 
 
 def test_round_trip_with_dims_keeps_name_min_max():
     batch = Dim("batch", min=1, max=32)
     config = OnnxConfig(
-        dynamic_shapes={"input_ids": {0: batch, 1: Dim("seq", min=1, max=2048)}, "attention_mask": {0: batch, 1: Dim.AUTO}},
+        dynamic_shapes={
+            "input_ids": {0: batch, 1: Dim("seq", min=1, max=2048)},
+            "attention_mask": {0: batch, 1: Dim.AUTO},
+        },
         opset_version=20,
         prefer_deferred_runtime_asserts_over_guards=True,
     )
     text = config.to_json_string()
     data = json.loads(text)
-    assert data["dynamic_shapes"]["input_ids"]["__int_keys__"][0] == [0, {"__dim__": {"name": "batch", "min": 1, "max": 32}}]
+    assert data["dynamic_shapes"]["input_ids"]["__int_keys__"][0] == [
+        0,
+        {"__dim__": {"name": "batch", "min": 1, "max": 32}},
+    ]
     back = AutoExportConfig.from_dict(data)
     assert isinstance(back, OnnxConfig)
     dims = back.dynamic_shapes["input_ids"]

@@ -73,7 +73,9 @@ def test_validate_artifact_raises_with_table():
         validate_artifact(model, broken, inputs)
     assert "last_hidden_state" in str(info.value) and "NO" in str(info.value)
     assert info.value.table[0].max_abs_diff == pytest.approx(1e-2, rel=1e-3)
-    rows = validate_artifact(model, lambda kw: {"last_hidden_state": model(**kw)["last_hidden_state"]}, inputs)
+    rows = validate_artifact(
+        model, lambda kw: {"last_hidden_state": model(**kw)["last_hidden_state"]}, inputs
+    )
     assert rows[0].ok and rows[0].max_abs_diff == 0.0
 
 

@@ -64,8 +64,13 @@ def register_exporter(name: str) -> Callable[[type[T]], type[T]]:
         if not (isinstance(cls, type) and issubclass(cls, HfExporter)):
             raise TypeError(f"register_exporter({name!r}) expects an HfExporter subclass, got {cls!r}")
         old = _EXPORTERS.get(name)
-        if old is not None and f"{old.__module__}.{old.__qualname__}" != f"{cls.__module__}.{cls.__qualname__}":
-            warnings.warn(f"exporter {name!r}: {old.__qualname__} replaced by {cls.__qualname__}", stacklevel=2)
+        if (
+            old is not None
+            and f"{old.__module__}.{old.__qualname__}" != f"{cls.__module__}.{cls.__qualname__}"
+        ):
+            warnings.warn(
+                f"exporter {name!r}: {old.__qualname__} replaced by {cls.__qualname__}", stacklevel=2
+            )
         _EXPORTERS[name] = cls
         return cls
 
@@ -81,10 +86,14 @@ def register_export_config(name: str) -> Callable[[type[T]], type[T]]:
 
     def decorate(cls: type[T]) -> type[T]:
         if not (isinstance(cls, type) and issubclass(cls, ExportConfigMixin)):
-            raise TypeError(f"register_export_config({name!r}) expects an ExportConfigMixin subclass, got {cls!r}")
+            raise TypeError(
+                f"register_export_config({name!r}) expects an ExportConfigMixin subclass, got {cls!r}"
+            )
         old = _CONFIGS.get(name)
         if old is not None and old is not cls and old.__qualname__ != cls.__qualname__:
-            warnings.warn(f"export config {name!r}: {old.__qualname__} replaced by {cls.__qualname__}", stacklevel=2)
+            warnings.warn(
+                f"export config {name!r}: {old.__qualname__} replaced by {cls.__qualname__}", stacklevel=2
+            )
         _CONFIGS[name] = cls  # type: ignore[assignment]
         return cls
 
@@ -206,7 +215,9 @@ class AutoHfExporter:
         return exporter_cls(config=config)
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike[str], *, filename: str = EXPORT_CONFIG_FILENAME) -> tuple[Any, ExportConfigMixin]:
+    def from_pretrained(
+        cls, path: str | os.PathLike[str], *, filename: str = EXPORT_CONFIG_FILENAME
+    ) -> tuple[Any, ExportConfigMixin]:
         """Read an export recipe from a local model folder.
 
         Args:

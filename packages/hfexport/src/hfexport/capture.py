@@ -100,7 +100,11 @@ def _auto_for(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _auto_for(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_auto_for(v) for v in value) if isinstance(value, tuple) else [_auto_for(v) for v in value]
+        return (
+            type(value)(_auto_for(v) for v in value)
+            if isinstance(value, tuple)
+            else [_auto_for(v) for v in value]
+        )
     node = pytree.SUPPORTED_NODES.get(type(value))
     if node is not None:
         children, _ = node.flatten_fn(value)

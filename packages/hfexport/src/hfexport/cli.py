@@ -42,8 +42,14 @@ def _backend_rows() -> list[dict[str, Any]]:
     rows = []
     eps = _entry_points()
     for fmt, package in KNOWN_BACKEND_PACKAGES.items():
-        row: dict[str, Any] = {"format": fmt, "package": package, "version": installed_version(package),
-                               "tested": {}, "drift": [], "error": None}
+        row: dict[str, Any] = {
+            "format": fmt,
+            "package": package,
+            "version": installed_version(package),
+            "tested": {},
+            "drift": [],
+            "error": None,
+        }
         if fmt in eps and row["version"] is not None:
             try:
                 cls = eps[fmt].load()
@@ -70,11 +76,21 @@ def env_command(
 
     rows = _backend_rows()
     if as_json:
-        console.print_json(json.dumps({"hfexport": __version__, "torch": installed_version("torch"),
-                                       "transformers": installed_version("transformers"), "backends": rows}))
+        console.print_json(
+            json.dumps(
+                {
+                    "hfexport": __version__,
+                    "torch": installed_version("torch"),
+                    "transformers": installed_version("transformers"),
+                    "backends": rows,
+                }
+            )
+        )
         return
-    console.print(f"hfexport {__version__}  torch {installed_version('torch')}  "
-                  f"transformers {installed_version('transformers')}  python {sys.version.split()[0]}")
+    console.print(
+        f"hfexport {__version__}  torch {installed_version('torch')}  "
+        f"transformers {installed_version('transformers')}  python {sys.version.split()[0]}"
+    )
     table = Table(title="backends")
     for col in ("format", "package", "installed", "tested with", "drift"):
         table.add_column(col)
@@ -92,8 +108,12 @@ def env_command(
 
 @app.command("patches")
 def patches_command(
-    backend: Annotated[str | None, typer.Option(help="Only this backend key (e.g. onnx, executorch.xnnpack).")] = None,
-    stale: Annotated[bool, typer.Option("--stale", help="Only entries no supported version needs any more.")] = False,
+    backend: Annotated[
+        str | None, typer.Option(help="Only this backend key (e.g. onnx, executorch.xnnpack).")
+    ] = None,
+    stale: Annotated[
+        bool, typer.Option("--stale", help="Only entries no supported version needs any more.")
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List registered workarounds: what each fixes, its upstream issue, range, and whether it is active."""
@@ -114,11 +134,19 @@ def patches_command(
         is_stale = entry.is_stale(supported.get(root, {}))
         if stale and not is_stale:
             continue
-        rows.append({
-            "backend": entry.backend, "kind": entry.kind, "name": entry.name, "description": entry.description,
-            "issue": entry.issue, "versions": entry.versions, "active": entry.is_active(), "stale": is_stale,
-            "unresolved": [list(u) for u in entry.unresolved],
-        })
+        rows.append(
+            {
+                "backend": entry.backend,
+                "kind": entry.kind,
+                "name": entry.name,
+                "description": entry.description,
+                "issue": entry.issue,
+                "versions": entry.versions,
+                "active": entry.is_active(),
+                "stale": is_stale,
+                "unresolved": [list(u) for u in entry.unresolved],
+            }
+        )
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -128,15 +156,30 @@ def patches_command(
     for r in rows:
         rng = ", ".join(f"{k}{v}" for k, v in r["versions"].items())
         note = r["description"] + (f" (unresolved: {r['unresolved']})" if r["unresolved"] else "")
-        table.add_row(r["backend"], r["kind"], note, r["issue"], rng, "yes" if r["active"] else "no",
-                      "yes" if r["stale"] else "no")
+        table.add_row(
+            r["backend"],
+            r["kind"],
+            note,
+            r["issue"],
+            rng,
+            "yes" if r["active"] else "no",
+            "yes" if r["stale"] else "no",
+        )
     console.print(table)
     if not rows:
         console.print("no stale entries" if stale else "no entries")
 
 
-def _config_for(fmt: str, *, static: bool, opset: int | None, atol: float | None, optimize: bool,
-                validate: bool, backend: str | None) -> Any:
+def _config_for(
+    fmt: str,
+    *,
+    static: bool,
+    opset: int | None,
+    atol: float | None,
+    optimize: bool,
+    validate: bool,
+    backend: str | None,
+) -> Any:
     from hfexport.auto import AutoExportConfig
 
     data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
@@ -165,35 +208,54 @@ def _print_validation(report: Any) -> None:
         for r in rows:
             mad = r["max_abs_diff"]
             mrd = r["max_rel_diff"]
-            table.add_row(r["name"], "x".join(map(str, r["shape"])),
-                          f"{mad:.3e}" if isinstance(mad, float) else str(mad),
-                          f"{mrd:.3e}" if isinstance(mrd, float) else str(mrd), f"{r['atol']:.0e}",
-                          "[green]yes[/]" if r["ok"] else "[red]NO[/]")
+            table.add_row(
+                r["name"],
+                "x".join(map(str, r["shape"])),
+                f"{mad:.3e}" if isinstance(mad, float) else str(mad),
+                f"{mrd:.3e}" if isinstance(mrd, float) else str(mrd),
+                f"{r['atol']:.0e}",
+                "[green]yes[/]" if r["ok"] else "[red]NO[/]",
+            )
         console.print(table)
 
 
 @app.command("export")
 def export_command(
     export_format: Annotated[str, typer.Argument(metavar="FORMAT", help="dynamo, onnx or executorch.")],
-    output_dir: Annotated[Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artefact into.")],
+    output_dir: Annotated[
+        Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artefact into.")
+    ],
     model: Annotated[str, typer.Option("--model", help="Local model folder, or tiny:<model_type>.")],
     task: Annotated[str, typer.Option(help="auto (from config.architectures) or a task name.")] = "auto",
     opset: Annotated[int | None, typer.Option(help="ONNX opset version (onnx only).")] = None,
-    static: Annotated[bool, typer.Option("--static", help="Export static shapes (default: dynamic).")] = False,
+    static: Annotated[
+        bool, typer.Option("--static", help="Export static shapes (default: dynamic).")
+    ] = False,
     atol: Annotated[float | None, typer.Option(help="Validation absolute tolerance.")] = None,
-    no_optimize: Annotated[bool, typer.Option("--no-optimize", help="Skip the graph optimizer (onnx).")] = False,
+    no_optimize: Annotated[
+        bool, typer.Option("--no-optimize", help="Skip the graph optimizer (onnx).")
+    ] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
     backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Export a model, validate it against eager PyTorch, and write it with its report."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     stage = "setup"
     try:
         if export_format not in BACKENDS:
             raise typer.BadParameter(f"FORMAT must be one of {', '.join(BACKENDS)}, got {export_format!r}")
-        config = _config_for(export_format, static=static, opset=opset, atol=atol, optimize=not no_optimize,
-                             validate=not no_validate, backend=backend)
+        config = _config_for(
+            export_format,
+            static=static,
+            opset=opset,
+            atol=atol,
+            optimize=not no_optimize,
+            validate=not no_validate,
+            backend=backend,
+        )
         from hfexport.auto import AutoHfExporter
 
         exporter = AutoHfExporter.from_config(config)
@@ -203,10 +265,12 @@ def export_command(
             from hfexport.loading import load_model
 
             loaded = load_model(model, task)
-        console.print(f"[bold]loaded[/] {type(loaded.model).__name__} for {loaded.task} "
-                      f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters) "
-                      f"in {time.perf_counter() - t0:.1f}s; sample inputs "
-                      + ", ".join(f"{k}{list(v.shape)}" for k, v in loaded.inputs.items() if hasattr(v, "shape")))
+        console.print(
+            f"[bold]loaded[/] {type(loaded.model).__name__} for {loaded.task} "
+            f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters) "
+            f"in {time.perf_counter() - t0:.1f}s; sample inputs "
+            + ", ".join(f"{k}{list(v.shape)}" for k, v in loaded.inputs.items() if hasattr(v, "shape"))
+        )
 
         def progress(event: str, record: Any) -> None:
             nonlocal stage
@@ -221,13 +285,20 @@ def export_command(
         from hfexport.atomic import atomic_output_dir
 
         with atomic_output_dir(output_dir) as staging:
-            if loaded.task in ("text-generation",) and hasattr(exporter, "export_for_generation") and _generation_ready():
+            if (
+                loaded.task in ("text-generation",)
+                and hasattr(exporter, "export_for_generation")
+                and _generation_ready()
+            ):
                 stage = "export_for_generation"
                 from hfexport.generation import save_components
 
                 artefacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
                 written = save_components(exporter, artefacts, staging, model=loaded.model)
-                report_dict: dict[str, Any] = {"components": list(artefacts), "files": [str(w) for w in written]}
+                report_dict: dict[str, Any] = {
+                    "components": list(artefacts),
+                    "files": [str(w) for w in written],
+                }
                 reports = [exporter.last_report] if exporter.last_report else []
             else:
                 artefact = exporter.export(loaded.model, loaded.inputs, config)
@@ -242,19 +313,28 @@ def export_command(
             from hfexport.environment import installed_version
 
             sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
-            report_dict.update({
-                "model": model, "task": loaded.task, "export_format": export_format, "config": config.to_dict(),
-                "versions": {d: installed_version(d) for d in
-                             ("hfexport", exporter.package_name, *exporter.tested_versions)},
-                "report": reports[-1].to_dict() if reports else None,
-                "artefact_sizes_bytes": sizes,
-            })
+            report_dict.update(
+                {
+                    "model": model,
+                    "task": loaded.task,
+                    "export_format": export_format,
+                    "config": config.to_dict(),
+                    "versions": {
+                        d: installed_version(d)
+                        for d in ("hfexport", exporter.package_name, *exporter.tested_versions)
+                    },
+                    "report": reports[-1].to_dict() if reports else None,
+                    "artefact_sizes_bytes": sizes,
+                }
+            )
             (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
         for r in reports:
             _print_validation(r)
         files = sorted(p for p in output_dir.iterdir() if p.is_file())
-        console.print(f"[bold green]exported[/] {model} -> {output_dir}/ "
-                      + ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.2f} MB)" for p in files))
+        console.print(
+            f"[bold green]exported[/] {model} -> {output_dir}/ "
+            + ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.2f} MB)" for p in files)
+        )
     except typer.BadParameter:
         raise
     except Exception as exc:
@@ -279,9 +359,18 @@ def _generation_ready() -> bool:
 
 @app.command("generate")
 def generate_command(
-    output_dir: Annotated[Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder written by `hfexport export --task text-generation`.")],
-    prompt: Annotated[str | None, typer.Option(help="Prompt text (needs tokenizer files in OUTPUT_DIR).")] = None,
-    input_ids: Annotated[str | None, typer.Option("--input-ids", help="Comma-separated token ids, e.g. 1,2,3.")] = None,
+    output_dir: Annotated[
+        Path,
+        typer.Argument(
+            metavar="OUTPUT_DIR", help="Folder written by `hfexport export --task text-generation`."
+        ),
+    ],
+    prompt: Annotated[
+        str | None, typer.Option(help="Prompt text (needs tokenizer files in OUTPUT_DIR).")
+    ] = None,
+    input_ids: Annotated[
+        str | None, typer.Option("--input-ids", help="Comma-separated token ids, e.g. 1,2,3.")
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 20,
 ) -> None:
     """Run greedy generation over exported components and print the tokens (and text)."""
@@ -302,7 +391,9 @@ def generate_command(
             raise typer.BadParameter("--input-ids takes comma-separated integers, e.g. 1,2,3") from None
     tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
     console.print("tokens: " + " ".join(map(str, tokens)))
-    if tokenizer is None and any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")):
+    if tokenizer is None and any(
+        (output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")
+    ):
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)

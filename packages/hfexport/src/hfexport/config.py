@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-class ExportFormat(str, enum.Enum):
+class ExportFormat(enum.StrEnum):
     """The runtimes hfexport exports to; the value is the entry-point name of the backend."""
 
     DYNAMO = "dynamo"
@@ -50,7 +50,9 @@ class ExportFormat(str, enum.Enum):
             return cls(str(value).lower())
         except ValueError:
             allowed = ", ".join(repr(m.value) for m in cls)
-            raise ValueError(f"export_format={value!r} is not a known export format; allowed: {allowed}") from None
+            raise ValueError(
+                f"export_format={value!r} is not a known export format; allowed: {allowed}"
+            ) from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -170,7 +172,9 @@ class ExportConfigMixin:
         expected = self.FORMAT.value if self.FORMAT is not None else None
         if not self.export_format:
             if expected is None:
-                raise ValueError("export_format is required; allowed: " + ", ".join(m.value for m in ExportFormat))
+                raise ValueError(
+                    "export_format is required; allowed: " + ", ".join(m.value for m in ExportFormat)
+                )
             self.export_format = expected
         fmt = ExportFormat.parse(self.export_format).value
         if expected is not None and fmt != expected:
@@ -214,9 +218,7 @@ class ExportConfigMixin:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(
-                f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}"
-            )
+            raise ValueError(f"unknown {cls.__name__} field(s) {unknown}; known fields: {sorted(known)}")
         values = dict(data)
         if "dynamic_shapes" in values:
             values["dynamic_shapes"] = decode_dynamic_shapes(values["dynamic_shapes"])
@@ -283,8 +285,13 @@ class DynamoConfig(ExportConfigMixin):
     validate_second_shape: bool = True
 
     def validate_fields(self) -> None:
-        for name in ("dynamic", "strict", "prefer_deferred_runtime_asserts_over_guards", "validate",
-                     "validate_second_shape"):
+        for name in (
+            "dynamic",
+            "strict",
+            "prefer_deferred_runtime_asserts_over_guards",
+            "validate",
+            "validate_second_shape",
+        ):
             _check_type(name, getattr(self, name), (bool,), "True or False")
         for name in ("atol", "rtol"):
             value = getattr(self, name)
@@ -383,7 +390,9 @@ class ExecutorchConfig(DynamoConfig):
         if self.max_dynamic_bytes is not None:
             _check_type("max_dynamic_bytes", self.max_dynamic_bytes, (int,), "a positive int or None")
             if self.max_dynamic_bytes <= 0:
-                raise ValueError(f"max_dynamic_bytes={self.max_dynamic_bytes} is invalid; allowed: a positive int or None")
+                raise ValueError(
+                    f"max_dynamic_bytes={self.max_dynamic_bytes} is invalid; allowed: a positive int or None"
+                )
         if self.output_path is not None:
             if isinstance(self.output_path, os.PathLike):
                 self.output_path = os.fspath(self.output_path)

@@ -135,11 +135,20 @@ class HfExporter(abc.ABC):
         The model is left as it was: training mode, config flags, attention implementation and
         patched attributes are restored, also when the export fails.
         """
-        from hfexport.inputs import apply_output_flags, attention_for_export, prepare_for_export, restore_model_state
+        from hfexport.inputs import (
+            apply_output_flags,
+            attention_for_export,
+            prepare_for_export,
+            restore_model_state,
+        )
 
         config = self._resolve_config(config)
-        report = ExportReport(export_format=self.export_format, component=component,
-                              model_class=type(model).__name__, callback=self.stage_callback)
+        report = ExportReport(
+            export_format=self.export_format,
+            component=component,
+            model_class=type(model).__name__,
+            callback=self.stage_callback,
+        )
         self.last_report = report
         with contextlib.ExitStack() as stack:
             stack.enter_context(restore_model_state(model))
@@ -150,7 +159,8 @@ class HfExporter(abc.ABC):
                 from hfexport.tensors import get_leaf_tensors
 
                 report.input_names = {
-                    k: {"shape": list(v.shape), "dtype": str(v.dtype)} for k, v in get_leaf_tensors(inputs).items()
+                    k: {"shape": list(v.shape), "dtype": str(v.dtype)}
+                    for k, v in get_leaf_tensors(inputs).items()
                 }
             with torch.no_grad():
                 artifact = self._export(model, inputs, config, report)
@@ -165,7 +175,9 @@ class HfExporter(abc.ABC):
         return artifact
 
     @abc.abstractmethod
-    def _export(self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport) -> Any:
+    def _export(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
+    ) -> Any:
         """Backend stages: capture, fixes, lowering. Each inside ``report.stage(name)``."""
 
     @abc.abstractmethod

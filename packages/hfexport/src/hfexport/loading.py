@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["LoadedModel", "TASK_AUTO_CLASSES", "infer_task", "load_model"]
+__all__ = ["TASK_AUTO_CLASSES", "LoadedModel", "infer_task", "load_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,8 @@ def infer_task(config: Any) -> str:
         if config.model_type == "whisper" and arch.endswith("ForConditionalGeneration"):
             return "automatic-speech-recognition"
         if arch.endswith("ForConditionalGeneration") and (
-            getattr(config, "vision_config", None) is not None or getattr(config, "audio_config", None) is not None
+            getattr(config, "vision_config", None) is not None
+            or getattr(config, "audio_config", None) is not None
         ):
             return "image-text-to-text"
         for suffix, task in _ARCH_SUFFIX_TASKS:
@@ -134,12 +135,18 @@ def resolve_package_model(import_name: str) -> Path:
         )
     roots = [Path(p) for p in spec.submodule_search_locations]
     candidates = sorted(
-        (c.parent for root in roots for c in root.rglob("config.json")
-         if any(c.parent.glob("*.safetensors")) or any(c.parent.glob("*.bin"))),
+        (
+            c.parent
+            for root in roots
+            for c in root.rglob("config.json")
+            if any(c.parent.glob("*.safetensors")) or any(c.parent.glob("*.bin"))
+        ),
         key=lambda p: (len(p.parts), str(p)),
     )
     if not candidates:
-        raise FileNotFoundError(f"pkg:{import_name}: the package holds no folder with config.json and weights")
+        raise FileNotFoundError(
+            f"pkg:{import_name}: the package holds no folder with config.json and weights"
+        )
     return candidates[0]
 
 
@@ -196,14 +203,26 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
 
         inputs = make_inputs(model, chosen, batch_size=2, seq_len=8, seed=0)
     copy_names = {
-        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
-        "special_tokens_map.json", "merges.txt", "vocab.json", "sentencepiece.bpe.model", "spiece.model",
-        "tokenizer.model", "preprocessor_config.json", "processor_config.json", "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "vocab.txt",
+        "special_tokens_map.json",
+        "merges.txt",
+        "vocab.json",
+        "sentencepiece.bpe.model",
+        "spiece.model",
+        "tokenizer.model",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "chat_template.jinja",
         "added_tokens.json",
     }
     files = sorted(p for p in path.iterdir() if p.is_file() and p.name in copy_names)
-    return LoadedModel(model=model, inputs=inputs, task=chosen, source=path, preprocessor=preprocessor,
-                       files_to_copy=files)
+    return LoadedModel(
+        model=model, inputs=inputs, task=chosen, source=path, preprocessor=preprocessor, files_to_copy=files
+    )
 
 
 def model_folder_size(path: str | os.PathLike[str]) -> int:

@@ -1,9 +1,10 @@
 """Register transformers ``Cache`` classes as pytree nodes so ``torch.export`` can take and return them.
 
 Every ``Cache`` subclass (``DynamicCache``, ``StaticCache``, ``EncoderDecoderCache`` and classes
-defined in model files) is flattened the same way: its children are the tensors held by the cache
-and its layers (``layers.<i>.keys``, ``layers.<i>.values``, ``layers.<i>.cumulative_length``, ...)
-and any nested caches (``self_attention_cache``); everything else (layer classes, ``max_cache_len``,
+defined in model files) is flattened the same way: its children are the state tensors of its layers
+(``layers.<i>.keys``, ``layers.<i>.values``, ``layers.<i>.cumulative_length``, named as
+:func:`hfexport.tensors.get_leaf_tensors` names them) and any nested caches
+(``self_attention_cache``); everything else (layer classes, ``max_cache_len``,
 ``is_initialized`` ...) is the node context, kept JSON-serialisable so an ``ExportedProgram`` holding
 caches can be saved with ``torch.export.save`` and loaded again once the nodes are registered.
 """
@@ -63,25 +64,45 @@ def _decode_value(value: Any) -> Any:
         return getattr(torch, value["__dtype__"])
     if "__class__" in value:
         return _resolve(value["__class__"])
+    if "__tensor__" in value:
+        return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
     if "__seq__" in value:
         return tuple(value["__seq__"]) if value["tuple"] else list(value["__seq__"])
     return None
 
 
-def _split_object(obj: Any, prefix: str, children: list[Any], keys: list[str]) -> dict[str, Any]:
-    """Split ``vars(obj)`` into pytree children (tensors, caches) and a JSON-safe context dict."""
+def _split_object(
+    obj: Any, prefix: str, children: list[Any], keys: list[str], *, layer: bool = False
+) -> dict[str, Any]:
+    """Split ``vars(obj)`` into pytree children and a JSON-safe context dict.
+
+    Children are the state tensors, named and ordered as :func:`hfexport.tensors.get_leaf_tensors`
+    names them (``layers.0.keys``, ``layers.0.cumulative_length``...), and nested caches. Other
+    tensors of a layer (configuration such as a sliding-window size held in a 0-d tensor) are
+    stored in the context by value.
+    """
     from transformers.cache_utils import Cache
 
+    from hfexport.tensors import _layer_state_names
+
+    state = set(_layer_state_names(obj)[0]) if layer else set()
     context: dict[str, Any] = {"__class__": _qualname(type(obj)), "attrs": {}, "children": []}
     for name in sorted(vars(obj)):
         value = vars(obj)[name]
-        if isinstance(value, (torch.Tensor, Cache)):
+        if (isinstance(value, torch.Tensor) and (name in state or not layer)) or isinstance(value, Cache):
             children.append(value)
             keys.append(f"{prefix}{name}")
             context["children"].append(name)
         elif name == "layers" and isinstance(value, list):
-            context["layers"] = [_split_object(layer, f"{prefix}layers.{i}.", children, keys)
-                                 for i, layer in enumerate(value)]
+            context["layers"] = [
+                _split_object(item, f"{prefix}layers.{i}.", children, keys, layer=True)
+                for i, item in enumerate(value)
+            ]
+        elif isinstance(value, torch.Tensor) and value.numel() <= 16:
+            context["attrs"][name] = {
+                "__tensor__": value.tolist(),
+                "dtype": str(value.dtype).removeprefix("torch."),
+            }
         else:
             encoded = _encode_value(value)
             if not (isinstance(encoded, dict) and encoded.get("__skip__")):

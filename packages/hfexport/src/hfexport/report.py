@@ -80,7 +80,9 @@ class ExportReport:
             record.status = "failed"
             record.error = f"{type(exc).__name__}: {exc}"
             if not getattr(exc, "_hfexport_noted", False):
-                exc.add_note(f"hfexport: failed in stage '{name}' ({self.export_format}, component '{self.component}')")
+                exc.add_note(
+                    f"hfexport: failed in stage '{name}' ({self.export_format}, component '{self.component}')"
+                )
                 exc._hfexport_noted = True  # type: ignore[attr-defined]
             raise
         except Exception as exc:

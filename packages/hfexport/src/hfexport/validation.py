@@ -43,7 +43,12 @@ _TOLERANCES = {
 
 # Forward kwargs whose dimension 1 is the (encoder) sequence axis.
 _SEQ_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
-_DECODER_SEQ_KEYS = ("decoder_input_ids", "decoder_attention_mask", "decoder_position_ids", "decoder_inputs_embeds")
+_DECODER_SEQ_KEYS = (
+    "decoder_input_ids",
+    "decoder_attention_mask",
+    "decoder_position_ids",
+    "decoder_inputs_embeds",
+)
 # Forward kwargs whose only varying axis is the batch.
 _BATCH_ONLY_KEYS = ("pixel_values", "input_features", "pixel_mask")
 # Forward kwargs with a variable-length raw signal on dimension 1.
@@ -88,7 +93,9 @@ class OutputComparison:
         return out
 
 
-def _valid_positions(name: str, expected: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+def _valid_positions(
+    name: str, expected: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor | None:
     """Mask of positions whose value is meaningful: padded positions (mask == 0) are excluded."""
     if attention_mask is None or attention_mask.dim() != 2 or expected.dim() < 2:
         return None
@@ -130,19 +137,46 @@ def compare_outputs(
         r_tol = r_def if rtol is None else rtol
         got = actual.get(name)
         if got is None:
-            rows.append(OutputComparison(name, (), tuple(exp_t.shape), str(exp_t.dtype), math.inf, math.inf,
-                                         a_tol, r_tol, False, 0))
+            rows.append(
+                OutputComparison(
+                    name, (), tuple(exp_t.shape), str(exp_t.dtype), math.inf, math.inf, a_tol, r_tol, False, 0
+                )
+            )
             continue
         got_t = torch.as_tensor(got).detach().to(device=exp_t.device)
         if tuple(got_t.shape) != tuple(exp_t.shape):
-            rows.append(OutputComparison(name, tuple(got_t.shape), tuple(exp_t.shape), str(exp_t.dtype),
-                                         math.inf, math.inf, a_tol, r_tol, False, 0))
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    math.inf,
+                    math.inf,
+                    a_tol,
+                    r_tol,
+                    False,
+                    0,
+                )
+            )
             continue
         if not exp_t.is_floating_point():
             equal = torch.equal(got_t.to(exp_t.dtype), exp_t)
             diff = 0.0 if equal else float((got_t.double() - exp_t.double()).abs().max())
-            rows.append(OutputComparison(name, tuple(got_t.shape), tuple(exp_t.shape), str(exp_t.dtype), diff,
-                                         diff, a_tol, r_tol, equal, exp_t.numel()))
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    diff,
+                    diff,
+                    a_tol,
+                    r_tol,
+                    equal,
+                    exp_t.numel(),
+                )
+            )
             continue
         e64 = exp_t.double()
         g64 = got_t.double()
@@ -151,8 +185,20 @@ def compare_outputs(
             e64 = e64[keep]
             g64 = g64[keep]
         if e64.numel() == 0:
-            rows.append(OutputComparison(name, tuple(got_t.shape), tuple(exp_t.shape), str(exp_t.dtype), 0.0, 0.0,
-                                         a_tol, r_tol, True, 0))
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    0.0,
+                    0.0,
+                    a_tol,
+                    r_tol,
+                    True,
+                    0,
+                )
+            )
             continue
         nan_match = bool(torch.equal(torch.isnan(e64), torch.isnan(g64)))
         finite = ~(torch.isnan(e64) | torch.isnan(g64))
@@ -161,8 +207,20 @@ def compare_outputs(
         max_abs = float(abs_diff.max()) if abs_diff.numel() else 0.0
         max_rel = float(rel_diff.max()) if rel_diff.numel() else 0.0
         ok = nan_match and bool(torch.allclose(g64[finite], e64[finite], atol=a_tol, rtol=r_tol))
-        rows.append(OutputComparison(name, tuple(got_t.shape), tuple(exp_t.shape), str(exp_t.dtype), max_abs,
-                                     max_rel, a_tol, r_tol, ok, int(e64.numel())))
+        rows.append(
+            OutputComparison(
+                name,
+                tuple(got_t.shape),
+                tuple(exp_t.shape),
+                str(exp_t.dtype),
+                max_abs,
+                max_rel,
+                a_tol,
+                r_tol,
+                ok,
+                int(e64.numel()),
+            )
+        )
     return rows
 
 
@@ -242,7 +300,10 @@ def derive_second_inputs(
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     others = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
     if any(v is not None and not isinstance(v, (bool, int, float, str)) for v in others.values()):
-        return None, f"non-tensor inputs {sorted(others)} (e.g. a cache) need a component-specific second shape"
+        return (
+            None,
+            f"non-tensor inputs {sorted(others)} (e.g. a cache) need a component-specific second shape",
+        )
     if not tensors:
         return None, "no tensor inputs"
     batch = next(iter(tensors.values())).shape[0]
@@ -268,13 +329,17 @@ def derive_second_inputs(
             if key.endswith("attention_mask"):
                 out[key] = torch.ones(shape, dtype=t.dtype, device=t.device)
             elif key.endswith("position_ids"):
-                out[key] = torch.arange(length, device=t.device).expand(new_batch, length).to(t.dtype).contiguous()
+                out[key] = (
+                    torch.arange(length, device=t.device).expand(new_batch, length).to(t.dtype).contiguous()
+                )
             elif t.is_floating_point():
                 out[key] = torch.randn(shape, generator=gen, dtype=torch.float32).to(t.dtype).to(t.device)
             else:
                 low = int(t.min()) if t.numel() else 0
                 high = int(t.max()) + 1 if t.numel() else 2
-                out[key] = torch.randint(low, max(high, low + 1), shape, generator=gen, dtype=t.dtype).to(t.device)
+                out[key] = torch.randint(low, max(high, low + 1), shape, generator=gen, dtype=t.dtype).to(
+                    t.device
+                )
         elif key in _BATCH_ONLY_KEYS:
             reps = [new_batch // batch + 1] + [1] * (t.dim() - 1)
             noise = torch.randn(t.shape, generator=gen).to(t.dtype).to(t.device) * 0.1
@@ -285,7 +350,9 @@ def derive_second_inputs(
         else:
             return None, f"no rule to derive a second shape for input {key!r} {tuple(t.shape)}"
     if "input_values" in tensors and "attention_mask" in tensors:
-        out["attention_mask"] = torch.ones(out["input_values"].shape[:2], dtype=tensors["attention_mask"].dtype)
+        out["attention_mask"] = torch.ones(
+            out["input_values"].shape[:2], dtype=tensors["attention_mask"].dtype
+        )
     return out, ""
 
 
@@ -322,8 +389,11 @@ def validate_artifact(
     actual = run(duplicate_leaf_tensors(dict(inputs)))
     mask = inputs.get("attention_mask") if isinstance(inputs.get("attention_mask"), torch.Tensor) else None
     rows = compare_outputs(expected, actual, atol=atol, rtol=rtol, attention_mask=mask)
-    table = format_table(rows, title=f"validation on {label} inputs "
-                         + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)))
+    table = format_table(
+        rows,
+        title=f"validation on {label} inputs "
+        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)),
+    )
     logger.info("%s", table)
     if raise_on_failure and not all(r.ok for r in rows):
         bad = [r.name for r in rows if not r.ok]
