@@ -1,0 +1,121 @@
+"""The HfExporter template: stages in the report, two-shape validation, state restored on failure."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport.atomic import atomic_output_dir, atomic_path
+from hfexport.capture import capture
+from hfexport.config import DynamoConfig
+from hfexport.errors import ExportStageError, ExportValidationError, UnsupportedInputError
+from hfexport.exporter import HfExporter
+from hfexport.tensors import get_leaf_tensors
+from hfexport.testing import tiny_model
+
+
+class CoreOnlyExporter(HfExporter):
+    """A minimal backend: the core capture, run with ExportedProgram.module()."""
+
+    export_format = "core-test"
+    config_class = DynamoConfig
+    required_packages = ("torch", "transformers")
+    artifact_filename = "model.txt"
+    perturb = 0.0
+    fail_in_capture = False
+
+    def _export(self, model, inputs, config, report):
+        with report.stage("capture"):
+            if self.fail_in_capture:
+                raise RuntimeError("boom")
+            return capture(model, inputs, config, report)
+
+    def runner(self, artefact):
+        def run(kwargs):
+            out = get_leaf_tensors(artefact.module()(**kwargs))
+            return {k: v + self.perturb if v.is_floating_point() else v for k, v in out.items()}
+
+        return run
+
+    def save(self, artefact, path):
+        with atomic_path(path) as tmp:
+            tmp.write_text(str(artefact.graph_signature))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny_model("bert")
+
+
+def test_dynamic_export_validates_two_shapes_and_reports_stages(bert):
+    model, inputs = bert
+    exporter = CoreOnlyExporter()
+    exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    report = exporter.last_report
+    assert [s.name for s in report.stages] == [
+        "prepare_inputs",
+        "capture",
+        "validate",
+        "validate_second_shape",
+    ]
+    assert all(s.status == "ok" for s in report.stages)
+    second = {r["name"]: r for r in report.validation["second_shape"]}
+    assert list(second["last_hidden_state"]["shape"][:2]) == [3, 65]
+    assert second["last_hidden_state"]["max_abs_diff"] <= 1e-4
+    assert report.input_names["input_ids"] == {"shape": [2, 8], "dtype": "torch.int64"}
+
+
+def test_static_export_skips_second_shape(bert):
+    model, inputs = bert
+    exporter = CoreOnlyExporter()
+    exporter.export(model, inputs, DynamoConfig())
+    assert [s.name for s in exporter.last_report.stages] == ["prepare_inputs", "capture", "validate"]
+
+
+def test_validation_failure_raises_with_table(bert):
+    model, inputs = bert
+    exporter = CoreOnlyExporter()
+    exporter.perturb = 1e-2
+    with pytest.raises(ExportValidationError, match="last_hidden_state") as info:
+        exporter.export(model, inputs, DynamoConfig())
+    assert info.value.table[0].max_abs_diff == pytest.approx(1e-2, rel=1e-3)
+    exporter.export(model, inputs, DynamoConfig(atol=2e-2, rtol=0.0))  # a looser atol passes
+
+
+def test_failed_export_restores_model_and_names_stage(bert):
+    model, inputs = bert
+    model.train()
+    model.config.output_hidden_states = False
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    exporter = CoreOnlyExporter()
+    exporter.fail_in_capture = True
+    with pytest.raises(ExportStageError, match="stage 'capture'") as info:
+        exporter.export(model, {**inputs, "output_hidden_states": True}, DynamoConfig())
+    assert info.value.stage == "capture" and isinstance(info.value, RuntimeError)
+    assert model.training is True and model.config.output_hidden_states is False
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model.eval()
+
+
+def test_labels_rejected_before_anything_runs(bert):
+    model, inputs = bert
+    with pytest.raises(UnsupportedInputError, match="labels"):
+        CoreOnlyExporter().export(model, {**inputs, "labels": inputs["input_ids"]})
+
+
+def test_output_path_is_written_atomically(tmp_path):
+    good = tmp_path / "model.txt"
+    good.write_text("good")
+    with pytest.raises(RuntimeError), atomic_path(good) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("crash mid-write")
+    assert good.read_text() == "good"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.txt"]
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.onnx").write_text("old")
+    with pytest.raises(KeyError), atomic_output_dir(out) as staging:
+        (staging / "model.onnx").write_text("partial")
+        raise KeyError("fail")
+    assert (out / "model.onnx").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.txt", "out"]
