@@ -93,7 +93,7 @@ def env_command(
     )
     table = Table(title="backends")
     for col in ("format", "package", "installed", "tested with", "drift"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in rows:
         tested = ", ".join(f"{k} {v}" for k, v in r["tested"].items()) or "-"
         if r["version"] is None:
