@@ -28,6 +28,7 @@ __all__ = [
     "KwargsModule",
     "auto_dynamic_shapes",
     "capture",
+    "register_stale_attribute",
     "reset_stale_state",
     "resolve_dynamic_shapes",
     "signature_module",
@@ -36,20 +37,28 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _AUTO_WARNED = False
+_ABSENT = object()
 
 # Attributes some modules fill lazily during an eager forward (rotary tables, cached masks); left
-# in place they are baked into the trace as constants of the wrong length.
-STALE_ATTRIBUTES = (
-    "_cos_cached",
-    "_sin_cached",
-    "cos_cached",
-    "sin_cached",
-    "_cached_cos",
-    "_cached_sin",
-    "_seq_len_cached",
-    "_attention_mask_cache",
-    "_causal_mask_cache",
-)
+# in place they are baked into the trace as constants of the wrong length. Name -> the value that
+# means "nothing cached" (what the module's __init__ sets), put in place while tracing. The
+# transformers 5.24 ones: wav2vec2-bert / seamless-m4t rotary embeddings
+# (cached_rotary_positional_embedding, cached_sequence_length), glm-image decode positions
+# (_cached_decode_position_ids); the others are common in remote-code modeling files.
+STALE_ATTRIBUTES: dict[str, Any] = {
+    "_cos_cached": None,
+    "_sin_cached": None,
+    "cos_cached": None,
+    "sin_cached": None,
+    "_cached_cos": None,
+    "_cached_sin": None,
+    "_seq_len_cached": 0,
+    "_attention_mask_cache": None,
+    "_causal_mask_cache": None,
+    "cached_rotary_positional_embedding": None,
+    "cached_sequence_length": None,
+    "_cached_decode_position_ids": None,
+}
 
 
 class KwargsModule(torch.nn.Module):
@@ -97,6 +106,10 @@ def _auto_for(value: Any) -> Any:
         return {i: Dim.AUTO for i in range(value.dim())} if value.dim() else None
     if value is None or isinstance(value, (bool, int, float, str)):
         return None
+    if type(value) not in (dict, list, tuple) and type(value) in pytree.SUPPORTED_NODES:
+        # a registered node that subclasses dict/tuple (transformers ModelOutput): its children, as a list
+        children, _ = pytree.SUPPORTED_NODES[type(value)].flatten_fn(value)
+        return [_auto_for(c) for c in children]
     if isinstance(value, dict):
         return {k: _auto_for(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -158,21 +171,54 @@ def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, 
 def reset_stale_state(model: torch.nn.Module) -> Iterator[list[str]]:
     """Clear lazily cached attributes (see ``STALE_ATTRIBUTES``) for the body; restore them after.
 
+    Every module of ``model`` holding one of the attributes (as a plain instance attribute, not a
+    buffer) gets the attribute's "nothing cached" value, so a table an eager forward computed for
+    another length is recomputed inside the trace instead of being baked in as a constant. On
+    exit every listed attribute gets its original object back (one the trace set on a module that
+    had none is removed), also when the body raises.
+
     Yields the dotted names of the attributes that were cleared, for the report.
     """
     saved: list[tuple[torch.nn.Module, str, Any]] = []
     names: list[str] = []
     for mod_name, module in model.named_modules():
-        for attr in STALE_ATTRIBUTES:
-            if attr in vars(module) and vars(module)[attr] is not None:
-                saved.append((module, attr, vars(module)[attr]))
-                names.append(f"{mod_name}.{attr}" if mod_name else attr)
-                object.__setattr__(module, attr, None)
+        for attr, empty in STALE_ATTRIBUTES.items():
+            value = vars(module).get(attr, _ABSENT)
+            # every listed attribute is restored afterwards, also an empty one: the trace may have
+            # filled it with a traced tensor that must not outlive the export
+            saved.append((module, attr, value))
+            if value is _ABSENT or value is None or (not isinstance(value, torch.Tensor) and value == empty):
+                continue
+            names.append(f"{mod_name}.{attr}" if mod_name else attr)
+            object.__setattr__(module, attr, empty)
     try:
         yield names
     finally:
         for module, attr, value in saved:
-            object.__setattr__(module, attr, value)
+            if value is _ABSENT:
+                vars(module).pop(attr, None)
+            else:
+                object.__setattr__(module, attr, value)
+
+
+def register_stale_attribute(name: str, empty: Any = None) -> None:
+    """Add an attribute name to those :func:`reset_stale_state` clears while tracing.
+
+    Args:
+        name: instance attribute a module fills lazily during a forward (e.g. ``"_rope_cache"``).
+        empty: the value meaning "nothing cached", put in place while tracing (default ``None``).
+
+    Raises:
+        ValueError: ``name`` is not a Python identifier.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"stale attribute name must be an identifier, got {name!r}")
+    STALE_ATTRIBUTES[name] = empty
+
+
+@contextlib.contextmanager
+def _no_stage(name: str) -> Iterator[None]:
+    yield None
 
 
 def capture(
@@ -180,6 +226,8 @@ def capture(
     inputs: Mapping[str, Any],
     config: Any,
     report: Any | None = None,
+    *,
+    record_stages: bool = False,
 ) -> torch.export.ExportedProgram:
     """Run ``torch.export.export`` on ``model`` with forward kwargs ``inputs``.
 
@@ -189,6 +237,10 @@ def capture(
         config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
             ``prefer_deferred_runtime_asserts_over_guards`` are used.
         report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``.
+        record_stages: with a ``report``, run each step inside ``report.stage(...)`` so the report
+            (and an error) names it: ``capture.cache_pytrees``, ``capture.signature``,
+            ``capture.dynamic_shapes``, ``capture.reset_stale_state``, ``capture.torch_export``.
+            Off by default: callers that wrap the whole call in their own stage keep one stage.
 
     Returns:
         The ``ExportedProgram``; its ``module()`` takes the same keyword inputs.
@@ -197,11 +249,18 @@ def capture(
         ValueError: ``dynamic_shapes`` names unknown inputs.
         Whatever ``torch.export.export`` raises (the caller's report stage names the stage).
     """
-    register_cache_pytrees()
-    module = signature_module(model, inputs)
-    kwargs = dict(inputs)
-    dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
-    with reset_stale_state(model) as cleared, torch.no_grad():
+    stage = report.stage if (report is not None and record_stages) else _no_stage
+    with stage("capture.cache_pytrees"):
+        register_cache_pytrees()
+    with stage("capture.signature"):
+        module = signature_module(model, inputs)
+        kwargs = dict(inputs)
+    with stage("capture.dynamic_shapes"):
+        dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
+    with contextlib.ExitStack() as stack:
+        with stage("capture.reset_stale_state"):
+            cleared = stack.enter_context(reset_stale_state(model))
+        stack.enter_context(torch.no_grad())
         if report is not None:
             from hfexport.config import encode_dynamic_shapes
 
@@ -210,14 +269,15 @@ def capture(
                 report.extra["dynamic_shapes"] = encode_dynamic_shapes(dynamic_shapes)
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
-        program = torch.export.export(
-            module,
-            args=(),
-            kwargs=kwargs,
-            dynamic_shapes=dynamic_shapes,
-            strict=bool(getattr(config, "strict", False)),
-            prefer_deferred_runtime_asserts_over_guards=bool(
-                getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
-            ),
-        )
+        with stage("capture.torch_export"):
+            program = torch.export.export(
+                module,
+                args=(),
+                kwargs=kwargs,
+                dynamic_shapes=dynamic_shapes,
+                strict=bool(getattr(config, "strict", False)),
+                prefer_deferred_runtime_asserts_over_guards=bool(
+                    getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
+                ),
+            )
     return program

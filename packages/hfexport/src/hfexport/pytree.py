@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import sys
 import threading
 from typing import Any
 
@@ -34,10 +35,39 @@ def _qualname(cls: type) -> str:
 
 
 def _resolve(qualname: str) -> type:
-    module, _, name = qualname.partition(":")
-    obj: Any = importlib.import_module(module)
+    """Return the class a cache context names as ``module:qualname``; only cache classes.
+
+    Contexts are read back from saved programs, i.e. from files: the module must already be
+    imported or belong to the ``transformers`` package, and the object must be a ``Cache`` or a
+    cache layer class, so a crafted context can neither import arbitrary modules nor instantiate
+    arbitrary classes.
+
+    Raises:
+        ValueError: the module is not imported and not part of ``transformers``, or the name is not
+            a cache or cache layer class.
+    """
+    from transformers.cache_utils import Cache, CacheLayerMixin, DummyLayer, LinearAttentionCacheLayerMixin
+
+    module_name, _, name = qualname.partition(":")
+    obj: Any = sys.modules.get(module_name)
+    if obj is None:
+        if module_name != "transformers" and not module_name.startswith("transformers."):
+            raise ValueError(
+                f"cache context names {qualname!r}, whose module is neither imported nor part of transformers; "
+                "import the modeling file that defines it first"
+            )
+        obj = importlib.import_module(module_name)
     for part in name.split("."):
-        obj = getattr(obj, part)
+        if not part.isidentifier() or part.startswith("__"):
+            raise ValueError(f"cache context names {qualname!r}, which is not a class path")
+        obj = getattr(obj, part, None)
+    if not (
+        isinstance(obj, type)
+        and issubclass(obj, (Cache, CacheLayerMixin, LinearAttentionCacheLayerMixin, DummyLayer))
+    ):
+        raise ValueError(
+            f"cache context names {qualname!r}, which is not a transformers cache or cache layer class"
+        )
     return obj
 
 
@@ -52,6 +82,13 @@ def _encode_value(value: Any) -> Any:
         return {"__class__": _qualname(value)}
     if isinstance(value, (list, tuple)) and all(isinstance(v, _SIMPLE) for v in value):
         return {"__seq__": list(value), "tuple": isinstance(value, tuple)}
+    if (
+        isinstance(value, dict)
+        and all(isinstance(k, (int, str)) and not isinstance(k, bool) for k in value)
+        and all(isinstance(v, _SIMPLE) for v in value.values())
+    ):
+        # e.g. EncoderDecoderCache.is_updated = {layer_idx: bool}; JSON keys must be strings, so pairs
+        return {"__map__": [[k, v] for k, v in value.items()]}
     return {"__skip__": True}
 
 
@@ -65,7 +102,13 @@ def _decode_value(value: Any) -> Any:
     if "__class__" in value:
         return _resolve(value["__class__"])
     if "__tensor__" in value:
-        return torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
+        tensor = torch.tensor(value["__tensor__"], dtype=getattr(torch, value["dtype"]))
+        # Remember the value: flattening the rebuilt object again inside a fake/functional trace
+        # must not read it back from the tensor (that would be a data-dependent SymInt).
+        tensor._hfexport_context_value = value["__tensor__"]
+        return tensor
+    if "__map__" in value:
+        return {k: v for k, v in value["__map__"]}
     if "__seq__" in value:
         return tuple(value["__seq__"]) if value["tuple"] else list(value["__seq__"])
     return None
@@ -87,9 +130,12 @@ def _split_object(
 
     state = set(_layer_state_names(obj)[0]) if layer else set()
     context: dict[str, Any] = {"__class__": _qualname(type(obj)), "attrs": {}, "children": []}
+    containers: list[str] = []
     for name in sorted(vars(obj)):
         value = vars(obj)[name]
-        if (isinstance(value, torch.Tensor) and (name in state or not layer)) or isinstance(value, Cache):
+        if _is_tensor_container(value) and name != "layers":
+            containers.append(name)
+        elif (isinstance(value, torch.Tensor) and (name in state or not layer)) or isinstance(value, Cache):
             children.append(value)
             keys.append(f"{prefix}{name}")
             context["children"].append(name)
@@ -99,15 +145,39 @@ def _split_object(
                 for i, item in enumerate(value)
             ]
         elif isinstance(value, torch.Tensor) and value.numel() <= 16:
+            # Under fake tensor tracing (a re-trace such as run_decompositions) tolist() would give
+            # data-dependent SymInts; a fake constant still carries its real value.
+            concrete = getattr(value, "_hfexport_context_value", None)
+            if concrete is None:
+                constant = getattr(value, "constant", None)
+                concrete = (constant if isinstance(constant, torch.Tensor) else value).tolist()
             context["attrs"][name] = {
-                "__tensor__": value.tolist(),
+                "__tensor__": concrete,
                 "dtype": str(value.dtype).removeprefix("torch."),
             }
         else:
             encoded = _encode_value(value)
             if not (isinstance(encoded, dict) and encoded.get("__skip__")):
                 context["attrs"][name] = encoded
+    # lists/dicts of tensors (e.g. MiniMaxCache.linear_cache), after everything else: their
+    # tensors are children ``<name>.<i>``, their structure a serialised treespec
+    for name in containers:
+        leaves, spec = pytree.tree_flatten(vars(obj)[name])
+        context.setdefault("containers", {})[name] = [pytree.treespec_dumps(spec), len(leaves)]
+        for index, leaf in enumerate(leaves):
+            children.append(leaf)
+            keys.append(f"{prefix}{name}.{index}")
     return context
+
+
+def _is_tensor_container(value: Any) -> bool:
+    """A non-empty list/tuple/dict whose pytree leaves are all tensors (empty sub-lists allowed)."""
+    if not isinstance(value, (list, tuple, dict)) or not value:
+        return False
+    if isinstance(value, dict) and not all(isinstance(k, (int, str)) for k in value):
+        return False
+    leaves = pytree.tree_leaves(value)
+    return bool(leaves) and all(isinstance(leaf, torch.Tensor) for leaf in leaves)
 
 
 def _build_object(context: dict[str, Any], children: list[Any], cursor: list[int]) -> Any:
@@ -119,6 +189,11 @@ def _build_object(context: dict[str, Any], children: list[Any], cursor: list[int
         cursor[0] += 1
     if "layers" in context:
         state["layers"] = [_build_object(c, children, cursor) for c in context["layers"]]
+    for name, (spec, count) in context.get("containers", {}).items():
+        state[name] = pytree.tree_unflatten(
+            children[cursor[0] : cursor[0] + count], pytree.treespec_loads(spec)
+        )
+        cursor[0] += count
     obj.__dict__.update(state)
     return obj
 

@@ -1,0 +1,42 @@
+"""hfexport-dynamo: export Hugging Face transformers models to ``torch.export`` programs (``.pt2``).
+
+>>> from hfexport_dynamo import DynamoExporter, load
+>>> program = DynamoExporter().export(model, {"input_ids": ids, "attention_mask": mask},
+...                                   {"export_format": "dynamo", "dynamic": True})
+>>> program.module()(input_ids=ids, attention_mask=mask).logits
+
+Importing the package registers its workarounds with :mod:`hfexport.registry` (``"dynamo"`` key)
+and every transformers ``Cache`` class defined so far as a pytree node, so plain
+``torch.export.load`` reads ``.pt2`` files whose inputs or outputs hold caches.
+:func:`load` does that and more: it refuses files whose content could run code unless
+``trust_remote_code=True``.
+"""
+
+from __future__ import annotations
+
+from hfexport.pytree import register_cache_pytrees
+from hfexport_dynamo import patches  # noqa: F401  (registers the "dynamo" patches)
+from hfexport_dynamo.__about__ import __version__
+from hfexport_dynamo.errors import ArtifactLoadError, UnsafeArtifactError
+from hfexport_dynamo.exporter import DynamoExporter
+from hfexport_dynamo.runtime import ProgramRunner, program_input_names
+from hfexport_dynamo.safety import inspect_pt2
+from hfexport_dynamo.serialization import load, save
+from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+
+__all__ = [
+    "MIN_VERSIONS",
+    "SUPPORTED",
+    "TESTED_VERSIONS",
+    "ArtifactLoadError",
+    "DynamoExporter",
+    "ProgramRunner",
+    "UnsafeArtifactError",
+    "__version__",
+    "inspect_pt2",
+    "load",
+    "program_input_names",
+    "save",
+]
+
+register_cache_pytrees()

@@ -1,0 +1,150 @@
+"""``DynamoExporter``: export a transformers model to a ``torch.export.ExportedProgram`` (``.pt2``).
+
+Stages of :meth:`DynamoExporter._export` (each a named stage of the export report):
+
+1. ``install_patches``: the active ``register_patch("dynamo", ...)`` workarounds
+   (:mod:`hfexport_dynamo.patches`), installed for the capture only;
+2. the core capture (:func:`hfexport.capture.capture`), one report stage per step:
+   ``capture.cache_pytrees`` (every ``Cache`` subclass, model-defined ones included, becomes a
+   pytree node), ``capture.signature`` (a ``**kwargs`` forward gets an explicit keyword
+   signature, so ``dynamic_shapes`` are keyed by kwarg name), ``capture.dynamic_shapes``
+   (``Dim.AUTO`` on every axis for ``dynamic=True`` without explicit ``dynamic_shapes``),
+   ``capture.reset_stale_state`` (rotary tables and the like an eager forward cached are cleared
+   while tracing, restored after) and ``capture.torch_export`` (``torch.export.export`` under
+   ``no_grad`` with ``strict`` and ``prefer_deferred_runtime_asserts_over_guards`` from the config);
+3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
+   ``register_fx_node_fix("dynamo")`` entries.
+
+The base class then validates the program against eager PyTorch at the sample shape and, for
+dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.auto import register_exporter
+from hfexport.capture import capture
+from hfexport.config import DynamoConfig
+from hfexport.exporter import HfExporter
+from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+from hfexport.report import ExportReport
+from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo patches)
+from hfexport_dynamo.runtime import ProgramRunner
+from hfexport_dynamo.serialization import save as save_program
+from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+
+__all__ = ["DynamoExporter"]
+
+logger = logging.getLogger(__name__)
+
+# fp32 programs run the same aten kernels as eager PyTorch; differences come from decompositions
+# and reassociation only (measured below 2e-6 on the tiny-model zoo).
+_FP32_TOLERANCES = (1e-5, 1e-5)
+
+
+@register_exporter("dynamo")
+class DynamoExporter(HfExporter):
+    """Export a ``PreTrainedModel`` to a ``torch.export.ExportedProgram``.
+
+    ``export(model, sample_inputs, DynamoConfig(dynamic=True))`` captures ``model(**sample_inputs)``
+    and returns the ``ExportedProgram``; ``program.module()(**inputs)`` runs it and
+    :meth:`save` writes it as ``.pt2`` (:func:`hfexport_dynamo.load` reads it back).
+
+    Args:
+        config: default :class:`hfexport.config.DynamoConfig` for :meth:`export`.
+
+    Raises:
+        ImportError: at construction, when torch/transformers are missing or older than
+            :data:`hfexport_dynamo.versions.MIN_VERSIONS`.
+    """
+
+    export_format: ClassVar[str] = "dynamo"
+    config_class: ClassVar[type[DynamoConfig]] = DynamoConfig
+    package_name: ClassVar[str] = "hfexport-dynamo"
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    min_versions: ClassVar[dict[str, str]] = dict(MIN_VERSIONS)
+    tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
+    supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
+    artifact_filename: ClassVar[str] = "model.pt2"
+    #: registry key whose patches and FX fixes this exporter applies
+    registry_key: ClassVar[str] = "dynamo"
+
+    def _export(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
+    ) -> torch.export.ExportedProgram:
+        """Capture ``model(**inputs)`` under the dynamo patches, then apply the FX fixes.
+
+        Args:
+            model: the prepared model (eval mode, output flags applied by the base class).
+            inputs: prepared forward kwargs (tensors, caches, ``None``).
+            config: the :class:`~hfexport.config.DynamoConfig`.
+            report: the export report; every step is a stage of it.
+
+        Returns:
+            The ``ExportedProgram``.
+
+        Raises:
+            ExportStageError: a stage failed; ``stage`` names it (``capture.torch_export`` ...).
+            ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
+        """
+        with contextlib.ExitStack() as patches:
+            with report.stage("install_patches") as record:
+                entries = patches.enter_context(apply_patches(self.registry_key))
+                names = [entry.name for entry in entries]
+                record.detail = ", ".join(name.rsplit(".", 1)[-1] for name in names)
+                report.record_applied("patches", names)
+            program = capture(model, inputs, config, report, record_stages=True)
+        with report.stage("fx_program_fixes") as record:
+            applied = apply_fx_program_fixes(self.registry_key, program)
+            record.detail = ", ".join(applied)
+            report.record_applied("fx_program_fixes", applied)
+        with report.stage("fx_node_fixes") as record:
+            applied = apply_fx_node_fixes(self.registry_key, program.graph_module)
+            record.detail = ", ".join(applied)
+            report.record_applied("fx_node_fixes", applied)
+        report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
+        return program
+
+    def runner(
+        self, artifact: torch.export.ExportedProgram
+    ) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
+        """Return a :class:`~hfexport_dynamo.runtime.ProgramRunner` for ``artifact``.
+
+        Args:
+            artifact: the ``ExportedProgram`` (exported or loaded with :func:`hfexport_dynamo.load`).
+
+        Returns:
+            A callable: forward kwargs -> ``{output_leaf_path: tensor}``.
+
+        Raises:
+            TypeError: ``artifact`` is not an ``ExportedProgram``.
+        """
+        if not isinstance(artifact, torch.export.ExportedProgram):
+            raise TypeError(
+                f"DynamoExporter.runner expects an ExportedProgram, got {type(artifact).__name__}"
+            )
+        return ProgramRunner(artifact)
+
+    def save(self, artifact: torch.export.ExportedProgram, path: str | os.PathLike[str]) -> None:
+        """Write ``artifact`` to ``path`` (``.pt2``) atomically; see :func:`hfexport_dynamo.save`.
+
+        Raises:
+            TypeError: ``artifact`` is not an ``ExportedProgram``.
+            ValueError: ``path`` does not end with ``.pt2``.
+        """
+        save_program(artifact, path)
+
+    def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
+        """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""
+        try:
+            dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+        except StopIteration:
+            return None, None
+        return _FP32_TOLERANCES if dtype == torch.float32 else (None, None)
