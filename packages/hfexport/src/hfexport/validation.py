@@ -99,6 +99,13 @@ def _valid_positions(
     """Mask of positions whose value is meaningful: padded positions (mask == 0) are excluded."""
     if attention_mask is None or attention_mask.dim() != 2 or expected.dim() < 2:
         return None
+    if (
+        expected.dim() == 4
+        and name.rsplit(".", 1)[-1] in ("keys", "values")
+        and (expected.shape[0], expected.shape[2]) == tuple(attention_mask.shape)
+    ):
+        # cache layers [batch, heads, seq, head_dim]: padded positions hold meaningless states
+        return attention_mask.to(torch.bool)[:, None, :, None].expand_as(expected)
     if tuple(expected.shape[:2]) != tuple(attention_mask.shape):
         return None
     keep = attention_mask.to(torch.bool)

@@ -1,0 +1,17 @@
+"""hfexport-onnx: export Hugging Face transformers models to ONNX and validate them in ONNX Runtime.
+
+``OnnxExporter().export(model, forward_kwargs, OnnxConfig(dynamic=True))`` returns a
+``torch.onnx.ONNXProgram`` (``.save("model.onnx")``); importing this package registers the
+exporter under the format ``"onnx"`` and its workarounds (patches, FX fixes, custom translations,
+ONNX IR fixes) in their registries.
+"""
+
+from __future__ import annotations
+
+from hfexport_onnx import fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
+from hfexport_onnx.__about__ import __version__
+from hfexport_onnx.exporter import OnnxExporter, SaveOptions
+from hfexport_onnx.io_names import IoNames
+from hfexport_onnx.runtime import OnnxRuntimeRunner
+
+__all__ = ["IoNames", "OnnxExporter", "OnnxRuntimeRunner", "SaveOptions", "__version__"]

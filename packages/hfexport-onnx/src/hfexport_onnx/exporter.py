@@ -1,0 +1,392 @@
+"""``OnnxExporter``: transformers model -> ``torch.onnx.ONNXProgram``, validated in ONNX Runtime.
+
+Stages (each a method, each a line of the export report):
+
+1. ``torch_patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
+   installed (one ``apply_patches("onnx")`` block around capture and translation); patches of
+   ``torch``/``transformers`` are reported under the first stage, patches of ``torch.onnx``,
+   ``onnxscript``, ``onnx_ir``, ``onnx`` and ``onnxruntime`` under the second;
+2. ``capture``: :func:`hfexport.capture.capture` (``torch.export.export`` with dynamic shapes);
+3. ``fx_program_fixes`` and ``fx_node_fixes``: ``register_fx_program_fix("onnx")`` and
+   ``register_fx_node_fix("onnx")`` entries on the captured program;
+4. ``custom_translations`` then ``translate``: ``torch.onnx.export(program, dynamo=True,
+   custom_translation_table=...)`` with the active :mod:`hfexport_onnx.translations`;
+5. ``io_names``: graph inputs/outputs renamed to leaf paths (:mod:`hfexport_onnx.io_names`),
+   explicit ``Dim`` names given to the symbolic axes;
+6. ``ir_fixes``: active :mod:`hfexport_onnx.ir_fixes` on the ``onnx_ir`` model;
+7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
+8. ``external_data``: decides how weights are saved (external data when
+   ``config.external_data`` or when they exceed the 2 GiB protobuf limit).
+
+The base class then validates in ONNX Runtime (sample inputs and, for dynamic exports, a second
+shape) and saves when ``config.output_path`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.atomic import atomic_path
+from hfexport.auto import register_exporter
+from hfexport.capture import capture
+from hfexport.config import OnnxConfig
+from hfexport.exporter import HfExporter
+from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+from hfexport.report import ExportReport
+from hfexport_onnx.io_names import IoNames, assign_io_names
+from hfexport_onnx.ir_fixes import apply_ir_fixes
+from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
+from hfexport_onnx.translations import custom_translation_table
+from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
+
+__all__ = ["BACKEND", "OnnxExporter", "SaveOptions"]
+
+logger = logging.getLogger(__name__)
+
+#: Registry key of this backend's patches and FX fixes.
+BACKEND = "onnx"
+
+# Patch targets under these module prefixes are "ONNX patches"; every other target is a "torch patch".
+_ONNX_SIDE_PREFIXES = ("torch.onnx", "onnxscript", "onnx_ir", "onnx.", "onnxruntime")
+
+
+@dataclasses.dataclass(frozen=True)
+class SaveOptions:
+    """How :meth:`OnnxExporter.save` writes an artefact (decided by the export's config).
+
+    Attributes:
+        external_data: weights go to ``<file>.data`` next to the model.
+        include_initializers: store the weights at all (``OnnxConfig.export_params``).
+        keep_initializers_as_inputs: also list the weights as graph inputs.
+    """
+
+    external_data: bool = True
+    include_initializers: bool = True
+    keep_initializers_as_inputs: bool = False
+
+
+# Save options of the artefacts exported in this process, keyed by the ONNXProgram.
+_SAVE_OPTIONS: weakref.WeakKeyDictionary[Any, SaveOptions] = weakref.WeakKeyDictionary()
+
+
+def _is_onnx_side(entry: Any) -> bool:
+    return any(
+        path == p.rstrip(".") or path.startswith(p) for path in entry.paths for p in _ONNX_SIDE_PREFIXES
+    )
+
+
+def _explicit_dim_names(dynamic_shapes: Any) -> dict[str, dict[int, str]]:
+    """``{kwarg: {axis: Dim name}}`` for the named ``Dim`` objects of top-level tensor inputs."""
+    out: dict[str, dict[int, str]] = {}
+    if not isinstance(dynamic_shapes, Mapping):
+        return out
+    for key, spec in dynamic_shapes.items():
+        axes = (
+            dict(spec)
+            if isinstance(spec, Mapping)
+            else dict(enumerate(spec))
+            if isinstance(spec, (list, tuple))
+            else {}
+        )
+        for axis, dim in axes.items():
+            name = getattr(dim, "__name__", None)
+            if isinstance(axis, int) and isinstance(name, str) and type(dim).__name__ != "_DimHint":
+                out.setdefault(str(key), {})[axis] = name
+    return out
+
+
+@register_exporter(BACKEND)
+class OnnxExporter(HfExporter):
+    """Export transformers models to ONNX with ``torch.onnx`` (dynamo) and run them in ONNX Runtime.
+
+    Args:
+        config: default :class:`hfexport.config.OnnxConfig` for :meth:`export`.
+
+    Raises:
+        ImportError: torch, onnx, onnxscript or onnxruntime is missing or older than
+            :data:`hfexport_onnx.versions.MIN_VERSIONS` (one message, with the pip command).
+
+    ``export(model, forward_kwargs, config)`` returns a ``torch.onnx.ONNXProgram`` whose graph
+    inputs are named by forward kwarg leaf path and outputs by model output leaf path; see the
+    module docstring for the stages and ``docs/backends/onnx.md`` for the naming rule.
+    """
+
+    export_format: ClassVar[str] = BACKEND
+    config_class: ClassVar[type[OnnxConfig]] = OnnxConfig
+    package_name: ClassVar[str] = "hfexport-onnx"
+    required_packages: ClassVar[tuple[str, ...]] = REQUIRED_PACKAGES
+    min_versions: ClassVar[dict[str, str]] = MIN_VERSIONS
+    tested_versions: ClassVar[dict[str, str]] = TESTED_VERSIONS
+    supported_versions: ClassVar[dict[str, str]] = SUPPORTED
+    artifact_filename: ClassVar[str] = "model.onnx"
+
+    # -- stages --------------------------------------------------------------------------------
+    def _export(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
+    ) -> Any:
+        """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
+        with contextlib.ExitStack() as stack:
+            self.install_patches(stack, report)
+            program = self.capture_program(model, inputs, config, report)
+            self.apply_fx_fixes(program, report)
+            table = self.translation_table(report)
+            onnx_program = self.translate(program, config, table, report)
+        self.name_io(onnx_program, program, config, report)
+        self.fix_ir(onnx_program, report)
+        self.optimize(onnx_program, config, report)
+        self.plan_external_data(onnx_program, config, report)
+        return onnx_program
+
+    def install_patches(self, stack: contextlib.ExitStack, report: ExportReport) -> list[Any]:
+        """Stages ``torch_patches`` and ``onnx_patches``: install the active ``"onnx"`` patches.
+
+        The patches stay installed until ``stack`` closes (after translation) and are restored
+        then, also on error. Returns the entries in effect.
+        """
+        with report.stage("torch_patches") as record:
+            in_effect = stack.enter_context(apply_patches(BACKEND))
+            torch_side = [e.name for e in in_effect if not _is_onnx_side(e)]
+            report.record_applied("torch_patches", torch_side)
+            record.detail = f"{len(torch_side)} installed"
+        with report.stage("onnx_patches") as record:
+            onnx_side = [e.name for e in in_effect if _is_onnx_side(e)]
+            report.record_applied("onnx_patches", onnx_side)
+            record.detail = f"{len(onnx_side)} installed"
+        return list(in_effect)
+
+    def capture_program(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
+    ) -> torch.export.ExportedProgram:
+        """Stage ``capture``: :func:`hfexport.capture.capture`."""
+        with report.stage("capture"):
+            return capture(model, inputs, config, report)
+
+    def apply_fx_fixes(self, program: torch.export.ExportedProgram, report: ExportReport) -> None:
+        """Stages ``fx_program_fixes`` and ``fx_node_fixes`` on the captured program, in place."""
+        with report.stage("fx_program_fixes") as record:
+            applied = apply_fx_program_fixes(BACKEND, program)
+            report.record_applied("fx_program_fixes", applied)
+            record.detail = f"{len(applied)} applied"
+        with report.stage("fx_node_fixes") as record:
+            applied = apply_fx_node_fixes(BACKEND, program.graph_module)
+            report.record_applied("fx_node_fixes", applied)
+            record.detail = f"{len(applied)} applied"
+
+    def translation_table(self, report: ExportReport) -> dict[Any, Callable[..., Any]]:
+        """Stage ``custom_translations``: the active translations of :mod:`hfexport_onnx.translations`."""
+        with report.stage("custom_translations") as record:
+            table, names = custom_translation_table()
+            report.record_applied("custom_translations", names)
+            record.detail = f"{len(names)} translation(s) for {len(table)} aten overload(s)"
+        return table
+
+    def translate(
+        self,
+        program: torch.export.ExportedProgram,
+        config: OnnxConfig,
+        table: dict[Any, Callable[..., Any]],
+        report: ExportReport,
+    ) -> Any:
+        """Stage ``translate``: ``torch.onnx.export(program, dynamo=True, ...)`` without optimization."""
+        with report.stage("translate") as record:
+            onnx_program = torch.onnx.export(
+                program,
+                (),
+                dynamo=True,
+                custom_translation_table=table or None,
+                opset_version=config.opset_version,
+                optimize=False,
+                verify=False,
+                report=False,
+                verbose=False,
+            )
+            record.detail = f"opset {onnx_program.model.opset_imports.get('', '?')}"
+        return onnx_program
+
+    def name_io(
+        self,
+        onnx_program: Any,
+        program: torch.export.ExportedProgram,
+        config: OnnxConfig,
+        report: ExportReport,
+    ) -> IoNames:
+        """Stage ``io_names``: leaf-path names for graph inputs/outputs; ``Dim`` names for axes."""
+        with report.stage("io_names") as record:
+            names = assign_io_names(onnx_program.model, program)
+            renamed = self._name_axes(onnx_program, config)
+            report.extra["onnx_inputs"] = list(names.inputs)
+            report.extra["onnx_outputs"] = list(names.outputs)
+            if names.pruned_inputs:
+                report.extra["onnx_pruned_inputs"] = names.pruned_inputs
+            if renamed:
+                report.extra["onnx_axis_names"] = renamed
+            record.detail = f"{len(names.inputs)} inputs, {len(names.outputs)} outputs"
+        return names
+
+    @staticmethod
+    def _name_axes(onnx_program: Any, config: OnnxConfig) -> dict[str, str]:
+        """Give symbolic axes the names of the explicit ``Dim`` objects that made them dynamic."""
+        import onnx_ir as ir
+
+        wanted = _explicit_dim_names(config.dynamic_shapes)
+        mapping: dict[str, str] = {}
+        by_name = {v.name: v for v in onnx_program.model.graph.inputs}
+        for key, axes in wanted.items():
+            value = by_name.get(key)
+            if value is None or value.shape is None:
+                continue
+            for axis, name in axes.items():
+                if axis < len(value.shape) and isinstance(value.shape[axis], ir.SymbolicDim):
+                    current = value.shape[axis].value
+                    if current is not None and current != name:
+                        mapping[current] = name
+        if mapping:
+            onnx_program.rename_axes(mapping)
+        return mapping
+
+    def fix_ir(self, onnx_program: Any, report: ExportReport) -> None:
+        """Stage ``ir_fixes``: the active fixes of :mod:`hfexport_onnx.ir_fixes`."""
+        with report.stage("ir_fixes") as record:
+            applied = apply_ir_fixes(onnx_program.model)
+            report.record_applied("ir_fixes", applied)
+            record.detail = f"{len(applied)} applied"
+
+    def optimize(self, onnx_program: Any, config: OnnxConfig, report: ExportReport) -> None:
+        """Stage ``optimize``: ``ONNXProgram.optimize()`` (onnxscript optimizer) when ``config.optimize``.
+
+        The graph input/output names survive; inputs the optimizer drops as unused are removed
+        from the name mapping and listed in ``report.extra["onnx_pruned_inputs"]``.
+        """
+        if not config.optimize:
+            report.skip("optimize", "config.optimize is False")
+            return
+        from hfexport_onnx.io_names import INPUTS_KEY, io_names_from_metadata
+
+        with report.stage("optimize") as record:
+            before = onnx_program.model.graph.num_nodes()
+            onnx_program.optimize()
+            graph = onnx_program.model.graph
+            names = io_names_from_metadata(onnx_program.model.metadata_props)
+            if names is not None:
+                present = {v.name for v in graph.inputs}
+                dropped = [p for n, p in names.inputs.items() if n not in present]
+                if dropped:
+                    names.inputs = {n: p for n, p in names.inputs.items() if n in present}
+                    onnx_program.model.metadata_props[INPUTS_KEY] = names.to_metadata()[INPUTS_KEY]
+                    report.extra.setdefault("onnx_pruned_inputs", []).extend(dropped)
+                missing = [n for n in names.outputs if n not in {v.name for v in graph.outputs}]
+                if missing:
+                    raise RuntimeError(
+                        f"the optimizer renamed graph outputs {missing}; export with optimize=False"
+                    )
+            record.detail = f"{before} -> {graph.num_nodes()} nodes"
+
+    def plan_external_data(self, onnx_program: Any, config: OnnxConfig, report: ExportReport) -> SaveOptions:
+        """Stage ``external_data``: decide how :meth:`save` stores the weights.
+
+        External data is used when ``config.external_data`` is True or when the weights exceed
+        the 2 GiB protobuf limit (then whatever the config says, with a note in the report).
+        """
+        with report.stage("external_data") as record:
+            size = initializer_bytes(onnx_program.model)
+            too_big = size >= PROTOBUF_LIMIT_BYTES
+            options = SaveOptions(
+                external_data=bool(config.external_data or too_big),
+                include_initializers=config.export_params,
+                keep_initializers_as_inputs=config.keep_initializers_as_inputs,
+            )
+            _SAVE_OPTIONS[onnx_program] = options
+            report.extra["onnx_weights_bytes"] = size
+            report.extra["onnx_save"] = dataclasses.asdict(options)
+            record.detail = (
+                f"{size / 2**20:.1f} MiB of weights, "
+                + ("external data" if options.external_data else "inside the model file")
+                + (" (above the 2 GiB protobuf limit)" if too_big and not config.external_data else "")
+            )
+        return options
+
+    # -- runtime, tolerances, save ------------------------------------------------------------
+    def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
+        """An :class:`~hfexport_onnx.runtime.OnnxRuntimeRunner` (CPU execution provider) over ``artifact``.
+
+        Args:
+            artifact: the ``ONNXProgram`` from :meth:`export`, an ``onnx_ir.Model``, an
+                ``onnx.ModelProto`` or a saved ``.onnx`` path.
+
+        Returns:
+            A callable: forward kwargs -> ``{leaf_path: tensor}``.
+        """
+        return OnnxRuntimeRunner(artifact)
+
+    def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
+        """fp32: ``(1e-4, 1e-3)``; fp16/bf16: ``(1e-2, 1e-2)`` (from the model's parameter dtype)."""
+        from hfexport.validation import default_tolerances
+
+        param = next(iter(model.parameters()), None)
+        return default_tolerances(param.dtype if param is not None else torch.float32)
+
+    def save(self, artifact: Any, path: str | os.PathLike[str], *, external_data: bool | None = None) -> None:
+        """Write ``artifact`` (an ``ONNXProgram``) to ``path`` atomically.
+
+        Args:
+            artifact: the ``torch.onnx.ONNXProgram`` from :meth:`export`.
+            path: destination file, e.g. ``out/model.onnx``; with external data the weights go to
+                ``out/model.onnx.data`` next to it.
+            external_data: override the choice made at export (``config.external_data``, forced
+                on above the 2 GiB protobuf limit).
+
+        Raises:
+            TypeError: ``artifact`` is not an ``ONNXProgram``.
+            IsADirectoryError: ``path`` is an existing directory (give a file path).
+
+        Nothing is left half-written: the files are written in a hidden staging folder next to
+        ``path`` and moved into place (weights first, model last) only once complete.
+        """
+        if not hasattr(artifact, "save") or not hasattr(artifact, "model"):
+            raise TypeError(
+                f"OnnxExporter.save expects a torch.onnx.ONNXProgram, got {type(artifact).__name__}"
+            )
+        target = Path(path)
+        if target.is_dir():
+            raise IsADirectoryError(
+                f"{target} is a directory; pass a file path such as {target / self.artifact_filename}"
+            )
+        options = _SAVE_OPTIONS.get(artifact)
+        if options is None:
+            config = self.config if isinstance(self.config, OnnxConfig) else OnnxConfig()
+            options = SaveOptions(
+                config.external_data, config.export_params, config.keep_initializers_as_inputs
+            )
+        use_external = options.external_data if external_data is None else external_data
+        if not use_external and initializer_bytes(artifact.model) >= PROTOBUF_LIMIT_BYTES:
+            logger.warning("weights exceed the 2 GiB protobuf limit: saving %s with external data", target)
+            use_external = True
+        kwargs = {
+            "include_initializers": options.include_initializers,
+            "keep_initializers_as_inputs": options.keep_initializers_as_inputs,
+        }
+        if not use_external:
+            with atomic_path(target) as tmp:
+                artifact.save(tmp, external_data=False, **kwargs)
+            return
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+        try:
+            artifact.save(staging / target.name, external_data=True, **kwargs)
+            files = sorted(p for p in staging.iterdir() if p.name != target.name)
+            for item in files:  # weights first: the model file only appears once they are complete
+                os.replace(item, target.parent / item.name)
+            os.replace(staging / target.name, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)

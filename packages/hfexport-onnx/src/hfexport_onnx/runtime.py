@@ -1,0 +1,190 @@
+"""Run an exported ONNX model in ONNX Runtime on forward kwargs.
+
+:class:`OnnxRuntimeRunner` is what validation calls (``OnnxExporter.runner``) and what a user can
+call on a saved ``model.onnx``: it feeds every graph input by name from the leaf tensors of the
+forward kwargs and returns ``{leaf_path: torch.Tensor}`` named like the eager model's outputs
+(see :mod:`hfexport_onnx.io_names`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hfexport.tensors import get_leaf_tensors
+from hfexport_onnx.io_names import COLLISION_SUFFIX, IoNames, io_names_from_metadata
+
+__all__ = ["PROTOBUF_LIMIT_BYTES", "OnnxRuntimeRunner", "initializer_bytes"]
+
+logger = logging.getLogger(__name__)
+
+#: Serialized protobuf messages cannot exceed 2 GiB; bigger models keep weights as external data.
+PROTOBUF_LIMIT_BYTES = 2**31 - 1
+# Headroom left for the graph itself when deciding whether weights fit in one protobuf.
+_GRAPH_HEADROOM_BYTES = 64 * 2**20
+
+
+def initializer_bytes(model: Any) -> int:
+    """Total size in bytes of the initializers (weights) of an ``onnx_ir.Model``, subgraphs included."""
+    total = 0
+    for graph in model.graphs():
+        for value in graph.initializers.values():
+            tensor = value.const_value
+            if tensor is not None:
+                total += int(tensor.nbytes)
+    return total
+
+
+def _to_ir_model(model: Any) -> Any:
+    """``ONNXProgram`` / ``onnx_ir.Model`` / ``onnx.ModelProto`` -> ``onnx_ir.Model``."""
+    import onnx_ir as ir
+
+    if isinstance(model, ir.Model):
+        return model
+    inner = getattr(model, "model", None)
+    if isinstance(inner, ir.Model):
+        return inner
+    try:
+        import onnx
+
+        if isinstance(model, onnx.ModelProto):
+            return ir.from_proto(model)
+    except ImportError:  # pragma: no cover - onnx is a dependency
+        pass
+    raise TypeError(
+        f"cannot run a {type(model).__name__} in ONNX Runtime; pass a torch.onnx.ONNXProgram, an onnx_ir.Model, "
+        "an onnx.ModelProto or the path of a .onnx file"
+    )
+
+
+def _numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        raise TypeError(
+            f"input {name!r} is bfloat16, which numpy cannot hold; feed the ONNX model float32 inputs or run "
+            "it through onnxruntime OrtValues yourself"
+        )
+    return tensor.detach().to("cpu").contiguous().numpy()
+
+
+class OnnxRuntimeRunner:
+    """An ``onnxruntime.InferenceSession`` over an exported model, fed with forward kwargs.
+
+    Args:
+        model: a ``torch.onnx.ONNXProgram``, an ``onnx_ir.Model``, an ``onnx.ModelProto``, or the
+            path of a ``.onnx`` file (external data next to it is found by ONNX Runtime).
+        providers: ONNX Runtime execution providers, CPU by default.
+        session_options: an ``onnxruntime.SessionOptions``; ``None`` uses ONNX Runtime's
+            defaults with graph optimizations enabled.
+
+    In-memory models are serialized once, at construction; one whose weights exceed the 2 GiB
+    protobuf limit is written with external data into a temporary folder (deleted when the
+    runner is garbage collected) and loaded from there.
+
+    Raises:
+        TypeError: ``model`` is of an unsupported type.
+        FileNotFoundError: a path that does not exist.
+        onnxruntime errors: the model is invalid for ONNX Runtime.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        providers: Sequence[str] = ("CPUExecutionProvider",),
+        session_options: Any | None = None,
+    ) -> None:
+        import onnxruntime as ort
+
+        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        if isinstance(model, (str, os.PathLike)):
+            path = Path(model)
+            if not path.is_file():
+                raise FileNotFoundError(f"no ONNX model at {path}")
+            import onnx
+
+            metadata = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+            source: str | bytes = str(path)
+        else:
+            ir_model = _to_ir_model(model)
+            metadata = dict(ir_model.metadata_props)
+            source = self._serialize(ir_model)
+        self.session = ort.InferenceSession(source, sess_options=session_options, providers=list(providers))
+        self.io_names: IoNames | None = io_names_from_metadata(metadata)
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+
+    def _serialize(self, ir_model: Any) -> str | bytes:
+        import onnx_ir as ir
+
+        if initializer_bytes(ir_model) + _GRAPH_HEADROOM_BYTES < PROTOBUF_LIMIT_BYTES:
+            return ir.to_proto(ir_model).SerializeToString()
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="hfexport-onnx-")
+        path = Path(self._tmpdir.name) / "model.onnx"
+        ir.save(ir_model, path, external_data="model.onnx.data")
+        return str(path)
+
+    def _input_path(self, graph_name: str) -> str:
+        if self.io_names is not None:
+            return self.io_names.inputs.get(graph_name, graph_name)
+        return graph_name
+
+    def _output_path(self, graph_name: str) -> str:
+        if self.io_names is not None and graph_name in self.io_names.outputs:
+            return self.io_names.outputs[graph_name]
+        path = graph_name
+        while path.endswith(COLLISION_SUFFIX) and path.removesuffix(COLLISION_SUFFIX) in self.input_names:
+            path = path.removesuffix(COLLISION_SUFFIX)
+        return path
+
+    def feeds(self, forward_kwargs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Map forward kwargs to the session's feeds ``{graph input name: ndarray}``.
+
+        Tensors the graph does not take (inputs the model never reads, pruned at export) are
+        left out.
+
+        Raises:
+            ValueError: a graph input has no matching leaf tensor in ``forward_kwargs``; the
+                message lists what the graph needs and what was given.
+        """
+        leaves = get_leaf_tensors(dict(forward_kwargs))
+        feeds: dict[str, np.ndarray] = {}
+        missing = []
+        for name in self.input_names:
+            path = self._input_path(name)
+            tensor = leaves.get(path)
+            if tensor is None:
+                missing.append(path)
+                continue
+            feeds[name] = _numpy(path, tensor)
+        if missing:
+            raise ValueError(
+                f"the ONNX model needs input(s) {missing}, missing from the given inputs {sorted(leaves)}; "
+                f"it takes {[self._input_path(n) for n in self.input_names]}"
+            )
+        unused = sorted(set(leaves) - {self._input_path(n) for n in self.input_names})
+        if unused:
+            logger.debug("inputs not taken by the ONNX graph (unused by the model): %s", unused)
+        return feeds
+
+    def __call__(self, forward_kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Run the model on ``forward_kwargs`` (as ``model(**forward_kwargs)`` takes them).
+
+        Returns:
+            ``{leaf_path: tensor}`` with the eager output's leaf paths (``logits``,
+            ``cache.layers.0.keys`` ...), CPU tensors.
+
+        Raises:
+            ValueError: a graph input is missing (see :meth:`feeds`).
+        """
+        results = self.session.run(None, self.feeds(forward_kwargs))
+        return {
+            self._output_path(name): torch.from_numpy(np.asarray(value))
+            for name, value in zip(self.output_names, results)
+        }

@@ -1,0 +1,158 @@
+"""Custom aten -> ONNX translations handed to ``torch.onnx.export(custom_translation_table=...)``.
+
+A translation is an ONNX Script function (``onnxscript.opset18`` ops called on its inputs) that
+replaces torch.onnx's own translation of one or more aten overloads. Each one is a workaround
+for a missing or wrong translation upstream and is registered with
+:func:`register_translation`, naming the upstream issue and the version range it is needed for;
+:func:`custom_translation_table` builds the table from the active ones.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import torch
+
+from hfexport_onnx.workaround import Workaround, check_metadata, qualified_name
+
+__all__ = ["custom_translation_table", "register_translation", "translation_entries"]
+
+logger = logging.getLogger(__name__)
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+_TRANSLATIONS: dict[str, Workaround] = {}
+
+
+def register_translation(
+    *targets: Any, description: str, issue: str, versions: Mapping[str, str]
+) -> Callable[[_F], _F]:
+    """Register an ONNX Script translation for the aten overloads ``targets``.
+
+    Args:
+        *targets: ``torch.ops.<namespace>.<op>.<overload>`` objects, or their names as strings
+            (``"transformers::grouped_mm_fallback.default"``) for operators registered by a
+            library at import time; a name that does not resolve when the table is built (the
+            library does not define that operator) is skipped.
+        description: one line saying what the translation fixes.
+        issue: URL of the upstream issue (missing/wrong translation in torch.onnx or onnxscript).
+        versions: distribution -> specifier set in which the translation is needed.
+
+    Returns:
+        A decorator registering the function (idempotent per qualified name) and returning it.
+
+    Raises:
+        ValueError: no target, or invalid metadata (see :func:`~hfexport_onnx.workaround.check_metadata`).
+    """
+    if not targets:
+        raise ValueError(
+            "register_translation needs at least one aten overload, e.g. torch.ops.aten.erf.default"
+        )
+    checked = check_metadata(description, issue, versions)
+
+    def decorate(func: _F) -> _F:
+        name = qualified_name(func)
+        _TRANSLATIONS[name] = Workaround(
+            "translation", name, description.strip(), issue, checked, func, tuple(targets)
+        )
+        return func
+
+    return decorate
+
+
+def translation_entries() -> list[Workaround]:
+    """Every registered translation, active or not, in registration order."""
+    return list(_TRANSLATIONS.values())
+
+
+def custom_translation_table() -> tuple[dict[Any, Callable[..., Any]], list[str]]:
+    """Build the ``custom_translation_table`` for ``torch.onnx.export`` from the active translations.
+
+    Returns:
+        ``(table, names)``: ``{aten overload: onnxscript function}`` and the qualified names of
+        the translations used (for the report). A later registration for the same overload wins.
+    """
+    table: dict[Any, Callable[..., Any]] = {}
+    names: list[str] = []
+    for entry in _TRANSLATIONS.values():
+        reason = entry.inactive_reason()
+        if reason is not None:
+            logger.debug("translation %s not used: %s", entry.name, reason)
+            continue
+        resolved = [t for t in (_resolve(target) for target in entry.targets) if t is not None]
+        for target in resolved:
+            table[target] = entry.func
+        if resolved:
+            names.append(entry.name)
+    return table, names
+
+
+def _resolve(target: Any) -> Any:
+    """An operator overload from itself or from ``"namespace::op.overload"``; ``None`` if undefined."""
+    if not isinstance(target, str):
+        return target
+    namespace, _, rest = target.partition("::")
+    op_name, _, overload = rest.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), op_name)
+        return getattr(packet, overload or "default")
+    except (AttributeError, RuntimeError):
+        logger.debug("operator %s is not defined here; its translation is not used", target)
+        return None
+
+
+# --------------------------------------------------------------------------------------------------
+# Translations
+# --------------------------------------------------------------------------------------------------
+
+
+@register_translation(
+    "transformers::grouped_mm_fallback.default",
+    description=(
+        "translate transformers' grouped matmul fallback (mixture-of-experts layers) as every expert's "
+        "matmul followed by a per-row selection"
+    ),
+    issue="https://github.com/microsoft/onnxscript/issues/2795",
+    versions={"torch": ">=2.12", "onnxscript": ">=0.5", "transformers": ">=5.0,<6"},
+)
+def grouped_mm_fallback(input: Any, weight: Any, offs: Any) -> Any:
+    """ONNX for ``torch.ops.transformers.grouped_mm_fallback(input, weight, offs)``.
+
+    transformers' mixture-of-experts layers sort the (token, expert) rows by expert and multiply
+    each group of rows by its expert's weight. Under ``torch.export`` with float32 weights they
+    call the opaque custom op ``transformers::grouped_mm_fallback``, for which torch.onnx has no
+    translation (the same gap as for ``aten._grouped_mm``, microsoft/onnxscript#2795; ONNX has no
+    grouped matmul operator, onnx/onnx#7589).
+
+    Args:
+        input: ``[S, K]`` rows sorted by expert.
+        weight: ``[E, K, N]`` one matrix per expert.
+        offs: ``[E]`` int32/int64 cumulative row counts: rows ``offs[e-1] <= r < offs[e]`` belong
+            to expert ``e``.
+
+    Returns:
+        ``[S, N]``: ``input[r] @ weight[e(r)]``; rows at or after ``offs[-1]`` are 0, as in
+        transformers' fallback.
+
+    Every expert multiplies every row (``[E, S, N]``) and ``Where`` keeps each row's own expert,
+    so all experts stay in the graph whatever the sample's routing was, at the price of ``E``
+    times the matmul work of an ideal grouped kernel.
+    """
+    from onnxscript import opset18 as op
+
+    zero = op.Constant(value_int=0)
+    one = op.Constant(value_int=1)
+    rows = op.Squeeze(op.Shape(input, start=0, end=1))
+    experts = op.Squeeze(op.Shape(weight, start=0, end=1))
+    row_index = op.Range(zero, rows, one)  # [S]
+    bounds = op.Cast(offs, to=7)  # INT64 [E]
+    # expert of each row = number of bounds at or below the row index
+    passed = op.Cast(op.GreaterOrEqual(op.Unsqueeze(row_index, [1]), op.Unsqueeze(bounds, [0])), to=7)
+    expert_of_row = op.ReduceSum(passed, [1], keepdims=0)  # [S], E for rows past the last bound
+    selected = op.Equal(
+        op.Unsqueeze(op.Range(zero, experts, one), [1]), op.Unsqueeze(expert_of_row, [0])
+    )  # [E, S]
+    every = op.MatMul(op.Unsqueeze(input, [0]), weight)  # [E, S, N]
+    kept = op.Where(op.Unsqueeze(selected, [2]), every, op.CastLike(zero, every))
+    return op.ReduceSum(kept, [0], keepdims=0)
