@@ -33,6 +33,7 @@ console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
 BACKENDS = ("dynamo", "onnx", "executorch")
+GENERATION_TASKS = ("text-generation", "image-text-to-text", "text2text-generation")
 
 
 def _backend_rows() -> list[dict[str, Any]]:
@@ -285,11 +286,9 @@ def export_command(
         from hfexport.atomic import atomic_output_dir
 
         with atomic_output_dir(output_dir) as staging:
-            if (
-                loaded.task in ("text-generation",)
-                and hasattr(exporter, "export_for_generation")
-                and _generation_ready()
-            ):
+            # an explicit --task text-generation exports the generation components (prefill/decode,
+            # or encoders/language model/lm_head/decode); --task auto exports the plain forward
+            if task in GENERATION_TASKS:
                 stage = "export_for_generation"
                 from hfexport.generation import save_components
 
@@ -347,14 +346,6 @@ def export_command(
         if verbose:
             err_console.print_exception()
         raise typer.Exit(code=1) from None
-
-
-def _generation_ready() -> bool:
-    try:
-        from hfexport.generation import save_components  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 @app.command("generate")
