@@ -78,6 +78,7 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "capture.signature",
         "capture.dynamic_shapes",
         "capture.reset_stale_state",
+        "capture.patches",
         "capture.torch_export",
         "fx_program_fixes",
         "fx_node_fixes",
@@ -86,6 +87,10 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
     ]
     assert all(s.status == "ok" for s in report.stages)
     assert "hfexport_dynamo.patches.dense_experts_while_tracing" in report.applied["patches"]
+    assert report.applied["capture_patches"] == [
+        "hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length",
+        "hfexport.capture_workarounds.keep_size_one_batch_dynamic",
+    ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]
         assert names[0] == "logits" and "cache.layers.1.values" in names

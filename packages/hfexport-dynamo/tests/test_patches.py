@@ -1,17 +1,15 @@
-"""The dynamo patches: dense MoE experts, guard-free sliding-window cache, size-one dynamic axes."""
+"""The dynamo patches: dense MoE experts (the shared capture workarounds are tested in the core)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 from transformers import AutoConfig
-from transformers.cache_utils import DynamicSlidingWindowLayer
 from transformers.models.mixtral.modeling_mixtral import MixtralExperts
 
-from hfexport.capture import capture
 from hfexport.config import DynamoConfig
 from hfexport.errors import ExportStageError
-from hfexport.registry import apply_patches, entries, isolated_registry
+from hfexport.registry import entries, isolated_registry
 from hfexport.testing import load_case
 from hfexport_dynamo import DynamoExporter
 from hfexport_dynamo.patches import dense_experts_forward
@@ -20,8 +18,12 @@ from hfexport_dynamo.versions import SUPPORTED
 
 def test_every_patch_names_its_upstream_issue_and_is_active_on_the_tested_pins():
     found = {e.name.rsplit(".", 1)[-1]: e for e in entries("dynamo", kind="patch")}
-    assert {"dense_experts_while_tracing", "sliding_window_cache_without_slice_guard",
-            "keep_size_one_axes_dynamic"} <= set(found)  # fmt: skip
+    assert "dense_experts_while_tracing" in found
+    # the torch.export faults every backend meets are patched once, by the core capture
+    shared = {"torch.export.export", "transformers.cache_utils.DynamicSlidingWindowLayer.update"}
+    assert not {p for e in found.values() for p in e.paths} & shared
+    core = {e.name.rsplit(".", 1)[-1] for e in entries("capture", kind="patch")}
+    assert {"sliding_window_update_keeps_dynamic_length", "keep_size_one_batch_dynamic"} <= core
     for entry in found.values():
         assert entry.issue.startswith("https://github.com/")
         assert entry.is_active(), entry.inactive_reason()
@@ -131,80 +133,3 @@ def test_without_the_patch_the_eager_moe_loop_does_not_export(eager_moe):
     with isolated_registry(), pytest.raises(ExportStageError, match="data-dependent") as caught:
         DynamoExporter().export(model, sample, DynamoConfig(dynamic=True))
     assert caught.value.stage == "capture.torch_export"
-
-
-# --------------------------------------------------------------------------------------------
-# sliding-window cache
-# --------------------------------------------------------------------------------------------
-
-
-class SlidingCacheStep(torch.nn.Module):
-    """One sliding-window cache update (window 6), returning the full and the kept states."""
-
-    def forward(self, keys, values):
-        layer = DynamicSlidingWindowLayer(sliding_window=6)
-        full_keys, _ = layer.update(keys, values)
-        return full_keys * 2, layer.keys, layer.values
-
-
-def _capture_sliding(patched: bool):
-    sample = {"keys": torch.randn(2, 2, 4, 8), "values": torch.randn(2, 2, 4, 8)}
-    if patched:
-        with apply_patches("dynamo"):
-            return capture(SlidingCacheStep(), sample, DynamoConfig(dynamic=True))
-    with isolated_registry():
-        return capture(SlidingCacheStep(), sample, DynamoConfig(dynamic=True))
-
-
-def test_sliding_window_cache_export_accepts_sequences_longer_than_the_window():
-    program = _capture_sliding(patched=True)
-    keys, values = torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
-    full, kept_keys, kept_values = program.module()(keys=keys, values=values)
-    assert torch.equal(full, keys * 2)
-    assert kept_keys.shape == (3, 2, 5, 8)  # window - 1 positions kept
-    assert torch.equal(kept_keys, keys[:, :, -5:]) and torch.equal(kept_values, values[:, :, -5:])
-    short = torch.randn(1, 2, 3, 8)
-    assert torch.equal(program.module()(keys=short, values=short)[1], short)
-
-
-def test_without_the_patch_the_sliding_window_slice_bounds_the_sequence():
-    program = _capture_sliding(patched=False)
-    uppers = [int(r.upper) for r in program.range_constraints.values() if r.upper < 10**6]
-    assert uppers and max(uppers) <= 5
-    with pytest.raises(AssertionError, match="Guard failed"):
-        program.module()(keys=torch.randn(3, 2, 20, 8), values=torch.randn(3, 2, 20, 8))
-
-
-# --------------------------------------------------------------------------------------------
-# size-one axes
-# --------------------------------------------------------------------------------------------
-
-
-class Pool(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(4, 3)
-
-    def forward(self, x, mask):
-        return self.proj(x).mul(mask.unsqueeze(-1)).sum(dim=1)
-
-
-def test_batch_one_sample_gives_a_program_with_a_dynamic_batch():
-    sample = {"x": torch.randn(1, 5, 4), "mask": torch.ones(1, 5)}
-    model = Pool().eval()
-    with apply_patches("dynamo"):
-        program = capture(model, sample, DynamoConfig(dynamic=True))
-    other = {"x": torch.randn(3, 9, 4), "mask": torch.ones(3, 9)}
-    got = program.module()(**other)
-    assert got.shape == (3, 3)
-    assert torch.allclose(got, model(**other), atol=1e-6, rtol=0)
-    one = program.module()(**sample)
-    assert torch.allclose(one, model(**sample), atol=1e-6, rtol=0)
-
-
-def test_without_the_patch_a_batch_one_sample_specialises_the_batch():
-    sample = {"x": torch.randn(1, 5, 4), "mask": torch.ones(1, 5)}
-    with isolated_registry(), apply_patches("dynamo"):
-        program = capture(Pool().eval(), sample, DynamoConfig(dynamic=True))
-    with pytest.raises(AssertionError, match=r"Guard failed: x\.size\(\)\[0\] == 1"):
-        program.module()(x=torch.randn(3, 9, 4), mask=torch.ones(3, 9))

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
-from torch.export import Dim
 from transformers import PretrainedConfig
 
 from hfexport import registry
 from hfexport.config import OnnxConfig
-from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner, ir_fixes, patches, translations
+from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner, ir_fixes, translations
 from hfexport_onnx.versions import SUPPORTED
 
 ATOL = 1e-5
+SLIDING = "hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length"
+SIZE_ONE = "hfexport.capture_workarounds.keep_size_one_batch_dynamic"
 
 
 def test_every_onnx_workaround_names_issue_and_range():
@@ -28,45 +28,21 @@ def test_every_onnx_workaround_names_issue_and_range():
             assert not entry.is_stale(SUPPORTED), f"{entry.name} can be retired"
 
 
-@pytest.mark.parametrize("length", [1, 3, 4, 9])
-def test_keep_last_equals_the_negative_slice(length):
-    x = torch.arange(2 * length * 3).reshape(2, length, 3)
-    assert torch.equal(patches.keep_last(x, 4, dim=1), x[:, -4:])
-
-
-def test_sliding_window_update_keeps_sequence_axis_unbounded():
-    from transformers.cache_utils import DynamicSlidingWindowLayer
-
-    class Window(torch.nn.Module):
-        def forward(self, states: torch.Tensor) -> torch.Tensor:
-            layer = DynamicSlidingWindowLayer(sliding_window=5)
-            full, _ = layer.update(states, states)
-            return layer.keys + full.sum()
-
-    sample = torch.randn(2, 2, 3, 4)
-    with registry.apply_patches("onnx"):
-        program = torch.export.export(Window(), (sample,), dynamic_shapes=({2: Dim.AUTO},), strict=False)
-    assert DynamicSlidingWindowLayer.update.__qualname__ == "DynamicSlidingWindowLayer.update"  # restored
-    (length,) = [r for s, r in program.range_constraints.items() if r.lower == 2]
-    assert str(length.upper) == "int_oo"  # not bounded by sliding_window - 2
-    longer = torch.randn(2, 2, 9, 4)
-    assert torch.allclose(program.module()(longer), Window()(longer))
-    assert program.module()(longer).shape == (2, 2, 4, 4)
-
-
-def test_dynamic_unit_axis_detection():
-    x = torch.zeros(1, 7)
-    assert patches.has_dynamic_unit_axis({"x": x}, {"x": {0: Dim.AUTO, 1: Dim.AUTO}})
-    assert not patches.has_dynamic_unit_axis({"x": x}, {"x": {0: None, 1: Dim.AUTO}})
-    assert not patches.has_dynamic_unit_axis({"x": x}, {"x": {0: Dim.STATIC, 1: Dim.AUTO}})
-    assert not patches.has_dynamic_unit_axis({"x": torch.zeros(2, 7)}, {"x": {0: Dim.AUTO, 1: Dim.AUTO}})
-    assert patches.has_dynamic_unit_axis({"x": [x]}, {"x": [{0: Dim("b"), 1: None}]})
+def test_shared_capture_faults_are_left_to_the_core():
+    shared = {"torch.export.export", "transformers.cache_utils.DynamicSlidingWindowLayer.update"}
+    assert not {p for e in registry.entries("onnx", kind="patch") for p in e.paths} & shared
+    core = {e.name for e in registry.entries("capture", kind="patch")}
+    assert {SLIDING, SIZE_ONE} <= core
 
 
 def test_batch_of_one_sample_exports_a_dynamic_batch(tiny_encoder):
+    """The core's size-1 batch workaround reaches the ONNX graph (installed inside the "onnx" patches)."""
     model, inputs = tiny_encoder
     one = {k: v[:1] for k, v in inputs.items()}
-    program = OnnxExporter().export(model, one, OnnxConfig(dynamic=True, external_data=False))
+    exporter = OnnxExporter()
+    program = exporter.export(model, one, OnnxConfig(dynamic=True, external_data=False))
+    assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE]
+    assert SIZE_ONE not in exporter.last_report.applied["torch_patches"]
     assert str(program.model.graph.inputs[0].shape[0]) != "1"
     three = {
         "inputs_embeds": torch.randn(3, 11, 8, generator=torch.Generator().manual_seed(5)),

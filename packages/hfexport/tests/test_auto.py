@@ -74,7 +74,7 @@ def test_from_pretrained_reads_local_recipe(clean_registry, tmp_path, monkeypatc
     DynamoConfig(dynamic=True).to_json_file(tmp_path / "export_config.json")
     exporter, config = AutoHfExporter.from_pretrained(tmp_path)
     assert isinstance(exporter, _Toy) and config.dynamic is True
-    with pytest.raises(FileNotFoundError, match="export_config.json"):
+    with pytest.raises(FileNotFoundError, match=r"export_config\.json"):
         AutoHfExporter.from_pretrained(tmp_path / "nowhere")
 
 

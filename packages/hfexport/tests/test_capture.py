@@ -249,6 +249,7 @@ def test_record_stages_names_every_capture_step():
         "capture.signature",
         "capture.dynamic_shapes",
         "capture.reset_stale_state",
+        "capture.patches",
         "capture.torch_export",
     ]
     assert all(s.status == "ok" for s in report.stages)

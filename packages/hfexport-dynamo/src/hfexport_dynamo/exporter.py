@@ -10,8 +10,10 @@ Stages of :meth:`DynamoExporter._export` (each a named stage of the export repor
    signature, so ``dynamic_shapes`` are keyed by kwarg name), ``capture.dynamic_shapes``
    (``Dim.AUTO`` on every axis for ``dynamic=True`` without explicit ``dynamic_shapes``),
    ``capture.reset_stale_state`` (rotary tables and the like an eager forward cached are cleared
-   while tracing, restored after) and ``capture.torch_export`` (``torch.export.export`` under
-   ``no_grad`` with ``strict`` and ``prefer_deferred_runtime_asserts_over_guards`` from the config);
+   while tracing, restored after), ``capture.patches`` (the core ``"capture"`` workarounds of
+   :mod:`hfexport.capture_workarounds`: sliding-window cache, size-1 batch axes) and
+   ``capture.torch_export`` (``torch.export.export`` under ``no_grad`` with ``strict`` and
+   ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
    ``register_fx_node_fix("dynamo")`` entries.
 

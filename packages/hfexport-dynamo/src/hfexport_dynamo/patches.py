@@ -7,12 +7,10 @@ original code) and the registry puts the originals back afterwards, also when th
 
 - :func:`dense_experts_while_tracing`: mixture-of-experts layers whose ``"eager"`` implementation
   loops over the experts the sample routed to (``nonzero()`` on the router output) run a dense
-  computation over every expert instead, so every expert stays in the graph whatever the routing;
-- :func:`sliding_window_cache_without_slice_guard`: the sliding-window cache layer keeps its last
-  ``window - 1`` positions with an index selection whose length is ``min(length, window - 1)``,
-  instead of a negative-start slice that specialises the export to sequences shorter than the window;
-- :func:`keep_size_one_axes_dynamic`: ``torch.export.export`` traces with size-oblivious reasoning
-  when a dynamic batch axis has size 1 in the sample, instead of specialising the batch to 1.
+  computation over every expert instead, so every expert stays in the graph whatever the routing.
+
+The ``torch.export`` faults every backend meets (the sliding-window cache slice, size-1 dynamic
+batch axes) are worked around by the core capture itself, see :mod:`hfexport.capture_workarounds`.
 
 Under the ``"dynamo-load"`` key (installed by :func:`hfexport_dynamo.load` around
 ``torch.export.load`` when the caller trusts the file):
@@ -36,13 +34,9 @@ __all__ = [
     "dense_experts_forward",
     "dense_experts_while_tracing",
     "fallback_warning_with_its_arguments",
-    "keep_size_one_axes_dynamic",
-    "sliding_window_cache_without_slice_guard",
 ]
 
 logger = logging.getLogger(__name__)
-
-_SIZE_ONE_WARNED = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -137,155 +131,6 @@ def dense_experts_while_tracing(original: Callable[..., Any]) -> Callable[..., A
         return original(self, experts_implementation, default)
 
     return get_interface
-
-
-# --------------------------------------------------------------------------------------------
-# Sliding-window cache
-# --------------------------------------------------------------------------------------------
-
-
-@register_patch(
-    "dynamo",
-    "transformers.cache_utils.DynamicSlidingWindowLayer.update",
-    description=(
-        "sliding-window cache: keep the last window-1 positions with index_select instead of a "
-        "negative-start slice, which torch.export turns into a guard 'sequence < window'"
-    ),
-    issue="https://github.com/pytorch/pytorch/issues/161705",
-    versions={"torch": ">=2.12,<2.15", "transformers": ">=5.0,<6"},
-)
-def sliding_window_cache_without_slice_guard(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace ``DynamicSlidingWindowLayer.update`` with a version that has no length guard.
-
-    The layer stores ``full[:, :, -(window - 1):, :]``. With a symbolic sequence length,
-    ``aten.slice`` clamps its start by comparing it with the length, which adds the guard
-    ``length < window`` (pytorch/pytorch#161705): the exported program then rejects every input
-    longer than the window, although eager PyTorch handles them. The replacement computes the
-    start as ``max(length - (window - 1), 0)`` symbolically and gathers those positions with
-    ``index_select``, which needs no guard (a ``narrow`` still installs a contiguity guard on
-    one side of the bound). Values are identical. With ``record_past`` (assisted decoding) the
-    original method runs.
-    """
-
-    @functools.wraps(original)
-    def update(
-        self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.record_past:
-            return original(self, key_states, value_states, *args, **kwargs)
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.cumulative_length += key_states.shape[-2]
-        full_keys = torch.cat([self.keys, key_states], dim=-2)
-        full_values = torch.cat([self.values, value_states], dim=-2)
-        length = full_keys.shape[-2]
-        start = torch.sym_max(length - (self.sliding_window - 1), 0)
-        keep = torch.arange(start, length, device=full_keys.device)
-        self.keys = full_keys.index_select(-2, keep)
-        self.values = full_values.index_select(-2, keep)
-        return full_keys, full_values
-
-    return update
-
-
-# --------------------------------------------------------------------------------------------
-# Size-one dynamic axes
-# --------------------------------------------------------------------------------------------
-
-
-def _dims_of(spec: Any) -> list[int] | None:
-    """Axes marked dynamic in the spec of one tensor (dict or list/tuple form), else ``None``."""
-    if isinstance(spec, dict) and all(isinstance(k, int) for k in spec):
-        return [axis for axis, dim in spec.items() if dim is not None]
-    if isinstance(spec, (list, tuple)) and all(not isinstance(d, (dict, list, tuple)) for d in spec):
-        return [axis for axis, dim in enumerate(spec) if dim is not None]
-    return None
-
-
-def _size_one_axes(value: Any, spec: Any, path: str, found: list[str]) -> None:
-    """Collect ``path.shape[0]`` for every tensor whose batch axis (0) is marked dynamic and is 1.
-
-    Only the batch axis: a size-1 sequence axis is what a single-token decode step is traced
-    with, and that one should stay specialised.
-    """
-    import torch.utils._pytree as pytree
-
-    if spec is None:
-        return
-    if isinstance(value, torch.Tensor):
-        dims = _dims_of(spec) or []
-        if value.dim() and (0 in dims or -value.dim() in dims) and value.shape[0] == 1:
-            found.append(f"{path}.shape[0]")
-        return
-    if isinstance(value, dict) and isinstance(spec, dict):
-        for key, item in value.items():
-            _size_one_axes(item, spec.get(key), f"{path}[{key!r}]", found)
-        return
-    if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
-        for index, (item, sub) in enumerate(zip(value, spec)):
-            _size_one_axes(item, sub, f"{path}[{index}]", found)
-        return
-    node = pytree.SUPPORTED_NODES.get(type(value))
-    if node is not None and isinstance(spec, (list, tuple)):
-        children, _ = node.flatten_fn(value)
-        for index, (item, sub) in enumerate(zip(children, spec)):
-            _size_one_axes(item, sub, f"{path}[{index}]", found)
-
-
-@register_patch(
-    "dynamo",
-    "torch.export.export",
-    description=(
-        "dynamic batch axes whose sample size is 1: trace with backed_size_oblivious so the batch stays "
-        "dynamic instead of being 0/1-specialised; retried without it if that trace fails"
-    ),
-    issue="https://github.com/pytorch/pytorch/issues/133653",
-    versions={"torch": ">=2.12,<2.15"},
-)
-def keep_size_one_axes_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``torch.export.export`` so a batch-1 sample gives a program with a dynamic batch.
-
-    ``torch.export`` specialises every axis whose sample size is 0 or 1 to that constant (the
-    "0/1 specialisation", pytorch/pytorch#133653): with ``Dim.AUTO`` it warns and exports a
-    program that rejects any other size, so a batch-1 sample gives a batch-1 program. torch's
-    documented remedy is ``torch.fx.experimental._config.backed_size_oblivious = True``, which
-    keeps such axes symbolic and reasons about them as if they were not 1. The wrapper turns it
-    on only when the ``dynamic_shapes`` mark the batch axis (0) of an input whose batch is 1
-    (a size-1 sequence axis, as in a single-token decode step, keeps its specialisation), and
-    falls back to the plain trace (the batch then stays 1, as torch decides, with one warning) if
-    the size-oblivious trace raises.
-    """
-
-    @functools.wraps(original)
-    def export(mod: Any, args: Any = (), kwargs: Any = None, **options: Any) -> Any:
-        global _SIZE_ONE_WARNED
-        dynamic_shapes = options.get("dynamic_shapes")
-        found: list[str] = []
-        if dynamic_shapes is not None:
-            if isinstance(dynamic_shapes, dict) and kwargs:
-                _size_one_axes(dict(kwargs), dynamic_shapes, "inputs", found)
-            elif isinstance(dynamic_shapes, (list, tuple)):
-                _size_one_axes(tuple(args), tuple(dynamic_shapes), "args", found)
-        if not found:
-            return original(mod, args, kwargs, **options)
-        import torch.fx.experimental._config as fx_config
-
-        try:
-            with fx_config.patch(backed_size_oblivious=True):
-                return original(mod, args, kwargs, **options)
-        except Exception as exc:
-            if not _SIZE_ONE_WARNED:
-                _SIZE_ONE_WARNED = True
-                logger.warning(
-                    "size-oblivious trace failed (%s: %s); axes %s keep their sample size 1. Give a sample "
-                    "with batch >= 2 for a dynamic batch.",
-                    type(exc).__name__,
-                    str(exc).splitlines()[0][:200] if str(exc) else "",
-                    found,
-                )
-            return original(mod, args, kwargs, **options)
-
-    return export
 
 
 # --------------------------------------------------------------------------------------------

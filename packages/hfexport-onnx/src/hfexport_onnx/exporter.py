@@ -6,7 +6,8 @@ Stages (each a method, each a line of the export report):
    installed (one ``apply_patches("onnx")`` block around capture and translation); patches of
    ``torch``/``transformers`` are reported under the first stage, patches of ``torch.onnx``,
    ``onnxscript``, ``onnx_ir``, ``onnx`` and ``onnxruntime`` under the second;
-2. ``capture``: :func:`hfexport.capture.capture` (``torch.export.export`` with dynamic shapes);
+2. ``capture``: :func:`hfexport.capture.capture` (``torch.export.export`` with dynamic shapes,
+   under the core ``"capture"`` workarounds, reported in ``applied["capture_patches"]``);
 3. ``fx_program_fixes`` and ``fx_node_fixes``: ``register_fx_program_fix("onnx")`` and
    ``register_fx_node_fix("onnx")`` entries on the captured program;
 4. ``custom_translations`` then ``translate``: ``torch.onnx.export(program, dynamo=True,

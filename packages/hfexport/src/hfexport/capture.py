@@ -8,7 +8,9 @@ Stages (each a function, called in order by :func:`capture`):
 3. :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
    or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out;
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
-5. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``.
+5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.capture_workarounds`
+   (faults of ``torch.export`` every backend meets), installed around the next step only;
+6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from hfexport import capture_workarounds
 from hfexport.pytree import register_cache_pytrees
+from hfexport.registry import apply_patches
 
 __all__ = [
     "KwargsModule",
@@ -236,10 +240,12 @@ def capture(
         inputs: forward kwargs: tensors, caches, ``None`` and Python scalars.
         config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
             ``prefer_deferred_runtime_asserts_over_guards`` are used.
-        report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``.
+        report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``, the
+            names of the capture workarounds in effect in ``applied["capture_patches"]``.
         record_stages: with a ``report``, run each step inside ``report.stage(...)`` so the report
             (and an error) names it: ``capture.cache_pytrees``, ``capture.signature``,
-            ``capture.dynamic_shapes``, ``capture.reset_stale_state``, ``capture.torch_export``.
+            ``capture.dynamic_shapes``, ``capture.reset_stale_state``, ``capture.patches``,
+            ``capture.torch_export``.
             Off by default: callers that wrap the whole call in their own stage keep one stage.
 
     Returns:
@@ -269,6 +275,13 @@ def capture(
                 report.extra["dynamic_shapes"] = encode_dynamic_shapes(dynamic_shapes)
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
+        with stage("capture.patches"):
+            in_effect = stack.enter_context(apply_patches(capture_workarounds.BACKEND))
+            if report is not None:
+                recorded = report.applied.get("capture_patches", [])
+                report.record_applied(
+                    "capture_patches", [e.name for e in in_effect if e.name not in recorded]
+                )
         with stage("capture.torch_export"):
             program = torch.export.export(
                 module,

@@ -192,6 +192,65 @@ class HfExporter(abc.ABC):
     def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
         """Write ``artifact`` to ``path`` atomically (no half-written file on failure)."""
 
+    def export_for_generation(
+        self,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: ExportConfigMixin | Mapping[str, Any] | None = None,
+        *,
+        generation_config: Any = None,
+        multi_token_decode: bool = False,
+        components: Any = None,
+    ) -> dict[str, Any]:
+        """Export the components a greedy generation loop runs, each validated against eager PyTorch.
+
+        The components are found by :func:`hfexport.generation.decompose_for_generation` from one
+        short real ``model.generate()`` call: ``prefill`` / ``decode`` (decoder-only),
+        ``encoder`` / ``prefill`` / ``decode`` (encoder-decoder), or ``image_encoder`` /
+        ``audio_encoder`` / ``multi_modal_projector`` / ``embed_tokens`` / ``language_model`` /
+        ``lm_head`` / ``decode`` (multimodal). Each is exported with :meth:`export`
+        (``component=name``).
+
+        Args:
+            model: a generative ``PreTrainedModel``.
+            inputs: **generate-style** inputs: ``input_ids`` int64 ``[batch, seq]``,
+                ``attention_mask`` ``[batch, seq]``, and for multimodal models the processor's
+                outputs (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...).
+            config: one config for every component, or ``{component: config}`` with one entry per
+                component.
+            generation_config: optional ``GenerationConfig`` (copied, never mutated);
+                ``cache_implementation="static"`` with ``max_cache_len`` exports graphs that take a
+                preallocated cache and update it in place.
+            multi_token_decode: capture the decode step with two new tokens, so a ``dynamic=True``
+                decode graph takes any query length (1-token decode, multi-token continuation,
+                prefill on an empty static cache); it is then also validated at lengths 1 and 4.
+            components: export only these component names (default: all); e.g. ``["decode"]``
+                for a static-cache multi-token decode graph, which then also serves the prefill.
+
+        Returns:
+            ``{component_name: artefact}`` (a ``GenerationArtefacts`` dict carrying ``.plan`` and
+            ``.reports``; give it to :func:`hfexport.generation.save_components`).
+
+        Raises:
+            ValueError: bad inputs; a per-component config with missing entries (lists the missing
+                and the expected names); a static cache without ``max_cache_len``.
+            RuntimeError: ``generate`` failed, or a component failed to export (the message names
+                the component, the submodel class and the input keys).
+
+        The model is left as it was, also when an export fails.
+        """
+        from hfexport.generation.export import export_components
+
+        return export_components(
+            self,
+            model,
+            inputs,
+            config,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            components=components,
+        )
+
     # -- validation --------------------------------------------------------------------------------
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """Backend default ``(atol, rtol)``; ``None`` takes the dtype default of the core."""

@@ -465,6 +465,8 @@ def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str,
     Raises:
         TypeError: a preparer returned something other than a mapping.
     """
+    import hfexport.generation.preparers  # noqa: F401  (registers the built-in vision-language preparers)
+
     prepared = dict(inputs)
     for preparer in tuple(_PREPARERS.values()):
         if not all(prepared.get(marker) is not None for marker in preparer.markers):

@@ -1,0 +1,16 @@
+"""hfexport-executorch: export Hugging Face transformers models to ExecuTorch programs (``.pte``).
+
+``ExecutorchExporter`` lowers through XNNPACK (CPU) or the CUDA backend and validates the program
+in the ExecuTorch runtime against eager PyTorch. Importing this package registers the exporter
+under the ``"executorch"`` format and registers its patches and FX fixes with
+:mod:`hfexport.registry`.
+"""
+
+from __future__ import annotations
+
+from hfexport_executorch import fixes, patches  # noqa: F401  (register the workarounds)
+from hfexport_executorch.__about__ import __version__
+from hfexport_executorch.exporter import ExecutorchExporter
+from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+
+__all__ = ["MIN_VERSIONS", "SUPPORTED", "TESTED_VERSIONS", "ExecutorchExporter", "__version__"]

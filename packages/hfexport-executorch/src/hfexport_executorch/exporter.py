@@ -1,0 +1,312 @@
+"""``ExecutorchExporter``: Hugging Face model -> ExecuTorch program (``.pte``), validated in the
+ExecuTorch runtime.
+
+Stages (each a function, each a line of the export report):
+
+1. ``prepare_backend``: :func:`hfexport_executorch.backends.prepare_backend` (partitioner, model
+   adaptations such as dense mixture-of-experts for XNNPACK; ``cuda`` checks CUDA is usable);
+2. ``patches``: ``apply_patches(f"executorch.{backend}")`` installs the ``"executorch"`` patches
+   and those of the backend's scope, kept until lowering is done;
+3. ``dynamic_shapes``: :func:`hfexport_executorch.bounds.plan_dynamic_shapes` bounds every
+   ``Dim.AUTO`` axis by its role (batch, sequence, ...);
+4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
+5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
+6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
+7. ``lower``: ``to_edge_transform_and_lower`` with the partitioner; the delegated share goes to
+   ``report.extra["delegation"]``;
+8. ``memory_budget``: :func:`hfexport_executorch.bounds.fit_memory_budget` narrows the bounds of
+   the lowered program until its estimated activation peak fits ``config.max_dynamic_bytes``;
+9. ``memory_planning``: ``to_executorch`` with a ``MemoryPlanningPass`` honouring
+   ``alloc_graph_input``, ``alloc_graph_output`` and ``alloc_mutable_buffers``.
+
+The base class then validates the program in the ExecuTorch runtime against eager PyTorch at the
+sample shape and, for dynamic exports, at a second shape.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.auto import register_exporter
+from hfexport.config import ExecutorchConfig
+from hfexport.exporter import HfExporter
+from hfexport.report import ExportReport
+from hfexport_executorch import bounds
+from hfexport_executorch.versions import MIN_VERSIONS, TESTED_VERSIONS
+
+__all__ = ["ExecutorchExporter"]
+
+logger = logging.getLogger(__name__)
+
+# Attribute set on the returned program manager: the runtime backend its delegates need.
+_RUNTIME_BACKEND_ATTR = "_hfexport_runtime_backend"
+
+
+@register_exporter("executorch")
+class ExecutorchExporter(HfExporter):
+    """Export a transformers model to an ExecuTorch program and validate it in the ExecuTorch runtime.
+
+    Args:
+        config: the default :class:`hfexport.config.ExecutorchConfig` for :meth:`export`.
+
+    Raises:
+        ImportError: at construction, when torch or executorch is missing or older than
+            :data:`hfexport_executorch.versions.MIN_VERSIONS` (the message has the pip command).
+
+    ``export(model, sample_inputs, config)`` returns an ``ExecutorchProgramManager`` whose
+    ``save(path)`` writes the ``.pte`` atomically; ``self.last_report.extra`` holds the dynamic
+    bounds (``dynamic_bounds``), the memory budget outcome (``memory_budget``), the delegated share
+    (``delegation``) and the planned arena size (``planned_memory_bytes``).
+
+    Example::
+
+        exporter = ExecutorchExporter()
+        program = exporter.export(model, {"input_ids": ids, "attention_mask": mask},
+                                  ExecutorchConfig(dynamic=True))
+        program.save("model.pte")
+    """
+
+    export_format: ClassVar[str] = "executorch"
+    config_class: ClassVar[type] = ExecutorchConfig
+    package_name: ClassVar[str] = "hfexport-executorch"
+    required_packages: ClassVar[tuple[str, ...]] = ("torch", "executorch")
+    min_versions: ClassVar[dict[str, str]] = dict(MIN_VERSIONS)
+    tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
+    artifact_filename: ClassVar[str] = "model.pte"
+
+    # -- stages ------------------------------------------------------------------------------------
+    def _export(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
+    ) -> Any:
+        from hfexport.capture import capture
+        from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+        from hfexport.tensors import cast_leaf_tensors
+        from hfexport_executorch.backends import prepare_backend
+        from hfexport_executorch.fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
+        from hfexport_executorch.lowering import (
+            delegation_summary,
+            lower_to_edge,
+            plan_memory,
+            planned_memory_bytes,
+        )
+        from hfexport_executorch.serialize import attach_atomic_save
+
+        with contextlib.ExitStack() as stack:
+            with report.stage("prepare_backend", detail=str(config.backend)):
+                plan = prepare_backend(config.backend, model, stack)
+                report.extra["backend"] = plan.name
+                report.extra["backend_adaptations"] = list(plan.adaptations)
+            with report.stage("patches", detail=plan.registry_key):
+                installed = stack.enter_context(apply_patches(plan.registry_key))
+                report.record_applied("patch", [entry.name for entry in installed])
+            if plan.device.type != "cpu":
+                inputs = cast_leaf_tensors(inputs, device=plan.device)
+            with report.stage("dynamic_shapes"):
+                dynamic = bounds.plan_dynamic_shapes(model, inputs, config)
+            with report.stage("capture"):
+                program = _capture_with_fallback(capture, model, inputs, config, dynamic, report)
+            with report.stage("fx_program_fixes"):
+                symbols = bounds.collect_symbols(program, inputs, dynamic)
+                program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, model)
+                applied = apply_fx_program_fixes(plan.registry_key, program)
+                report.record_applied("fx_program_fix", applied)
+                bounded_by_fix = program.graph_module.meta.get(BOUNDED_META_KEY, {})
+            with report.stage("fx_node_fixes"):
+                applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
+                report.record_applied("fx_node_fix", applied)
+            with report.stage("lower", detail=plan.delegate_id):
+                edge = lower_to_edge(program, plan.partitioners)
+                report.extra["delegation"] = delegation_summary(edge)
+            with report.stage("memory_budget"):
+                edge_program = edge.exported_program()
+                symbols = bounds.collect_symbols(edge_program, inputs, dynamic)
+                for info in symbols:
+                    if str(info.symbol) in bounded_by_fix:
+                        info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
+                budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
+                outcome = bounds.fit_memory_budget(edge_program, symbols, budget)
+                report.extra["dynamic_bounds"] = _bounds_report(symbols, dynamic)
+                report.extra["memory_budget"] = {
+                    "budget_bytes": outcome.budget,
+                    "estimated_peak_bytes_before": outcome.estimate_before,
+                    "estimated_peak_bytes": outcome.estimate_after,
+                    "narrowed": {k: list(v) for k, v in outcome.narrowed.items()},
+                    "fits": outcome.fits,
+                }
+            with report.stage("memory_planning"):
+                manager = plan_memory(edge, config)
+                report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
+                report.extra["memory_planning"] = {
+                    "alloc_graph_input": bool(config.alloc_graph_input),
+                    "alloc_graph_output": bool(config.alloc_graph_output),
+                    "alloc_mutable_buffers": bool(config.alloc_mutable_buffers),
+                }
+        setattr(manager, _RUNTIME_BACKEND_ATTR, plan.runtime_backend)
+        return attach_atomic_save(manager)
+
+    # -- runtime -----------------------------------------------------------------------------------
+    def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
+        """An :class:`hfexport_executorch.runtime.ExecutorchRunner` for ``artifact``.
+
+        Args:
+            artifact: the ``ExecutorchProgramManager`` :meth:`export` returned.
+
+        Returns:
+            A callable: forward kwargs -> ``{output leaf path: tensor}``; it raises
+            ``RuntimeError`` when the runtime lacks the delegate backend the program needs.
+        """
+        from hfexport_executorch.runtime import ExecutorchRunner
+
+        return ExecutorchRunner.from_manager(
+            artifact, required_backend=getattr(artifact, _RUNTIME_BACKEND_ATTR, None)
+        )
+
+    def validate(
+        self,
+        artifact: Any,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        second_inputs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Core validation (:meth:`hfexport.exporter.HfExporter.validate`) in the ExecuTorch runtime.
+
+        The derived second shape (batch + 1, a sequence of at least 65 tokens) is cut down to what
+        the program accepts: a dynamic axis to its upper bound (an explicit ``Dim(max=32)`` for
+        instance), an axis the export left static to its sample size. Beyond that a program is not
+        meant to run (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses).
+
+        Raises:
+            ExportValidationError: an output differs from eager PyTorch beyond tolerance.
+        """
+        if second_inputs is None and config.is_dynamic and config.validate_second_shape:
+            from hfexport.validation import derive_second_inputs
+
+            derived, _ = derive_second_inputs(model, inputs)
+            if derived is not None:
+                second_inputs = _fit_to_bounds(derived, inputs, report.extra.get("dynamic_bounds"))
+        super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
+
+    def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
+        """Write ``artifact`` (an ``ExecutorchProgramManager``) to ``path`` (``.pte``) atomically.
+
+        Raises:
+            OSError: the file cannot be written; ``path`` is left as it was.
+        """
+        from hfexport_executorch.serialize import save_program
+
+        save_program(artifact, path)
+
+
+def _fit_to_bounds(
+    derived: dict[str, Any], sample: Mapping[str, Any], dynamic_bounds: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """Cut the derived second inputs to what the program accepts: a dynamic axis to its ``max``, a
+    static axis to its sample size (leading elements kept)."""
+    limits = {(a["input"], a["axis"]): a.get("max") for a in (dynamic_bounds or {}).get("axes", [])}
+    out = dict(derived)
+    for key, value in derived.items():
+        reference = sample.get(key)
+        if not isinstance(value, torch.Tensor) or not isinstance(reference, torch.Tensor):
+            continue
+        if value.dim() != reference.dim():
+            continue
+        for axis in range(value.dim()):
+            limit = limits[(key, axis)] if (key, axis) in limits else int(reference.shape[axis])
+            if limit is not None and value.shape[axis] > limit:
+                value = value.narrow(axis, 0, int(limit))
+        out[key] = value.contiguous()
+    return out
+
+
+def _is_constraint_error(exc: BaseException) -> bool:
+    """True for the errors ``torch.export`` raises when dynamic shapes contradict the model."""
+    from torch._dynamo.exc import UserError
+    from torch.fx.experimental.symbolic_shapes import ConstraintViolationError
+
+    return isinstance(exc, (UserError, ConstraintViolationError))
+
+
+def _capture_with_fallback(
+    capture: Callable[..., Any],
+    model: torch.nn.Module,
+    inputs: dict[str, Any],
+    config: Any,
+    dynamic: bounds.DynamicPlan,
+    report: ExportReport,
+) -> torch.export.ExportedProgram:
+    """Capture with the named role dimensions; on a dynamic-shape constraint error, capture again
+    with bounded ``Dim.AUTO`` hints (see :mod:`hfexport_executorch.bounds`)."""
+    if dynamic.dynamic_shapes is None:
+        report.extra["dynamic_shapes_mode"] = "static"
+        return capture(model, inputs, config, report)
+    try:
+        program = capture(model, inputs, config.replace(dynamic_shapes=dynamic.dynamic_shapes), report)
+        report.extra["dynamic_shapes_mode"] = (
+            "named role dims" if dynamic.fallback is not None else "as given"
+        )
+        return program
+    except Exception as exc:
+        if dynamic.fallback is None or not _is_constraint_error(exc):
+            raise
+        reason = str(exc).strip().splitlines()[0][:300]
+        logger.info(
+            "named role dims rejected by torch.export (%s); capturing with bounded Dim.AUTO hints", reason
+        )
+    program = capture(model, inputs, config.replace(dynamic_shapes=dynamic.fallback), report)
+    report.extra["dynamic_shapes_mode"] = f"bounded Dim.AUTO hints (named role dims rejected: {reason})"
+    return program
+
+
+def _role_bounds_for_unbounded(symbols: list[bounds.SymbolInfo], model: torch.nn.Module) -> dict[str, int]:
+    """``{symbol name: role bound}`` for the symbols captured without an upper bound."""
+    config = getattr(model, "config", None)
+    out = {}
+    for info in symbols:
+        if info.upper is None:
+            out[str(info.symbol)], _ = bounds.role_bound(info.role, info.hint, config)
+    return out
+
+
+def _bounds_report(symbols: list[bounds.SymbolInfo], dynamic: bounds.DynamicPlan) -> dict[str, Any]:
+    """``report.extra["dynamic_bounds"]``: one entry per dynamic input axis (``axes``), and the axes
+    that were asked to be dynamic but that ``torch.export`` specialised (``specialized``: input,
+    axis, role; e.g. ViT's image size, which its position embeddings fix).
+
+    ``min``/``max`` are the bounds the program is planned for and validated with; ``program_range``
+    is the range ``torch.export`` recorded (its lower end is 2 for axes traced at size >= 2, which
+    ExecuTorch does not enforce: batch and sequence axes run from 1).
+    """
+    axes = []
+    seen: set[tuple[str, int]] = set()
+    for info in symbols:
+        for path, axis in info.axes:
+            seen.add((path, axis))
+            policy = dynamic.policy(path, axis)
+            axes.append(
+                {
+                    "input": path,
+                    "axis": axis,
+                    "role": info.role,
+                    "symbol": str(info.symbol),
+                    "min": policy.min if policy is not None else info.lower,
+                    "max": info.upper,
+                    "program_range": [info.lower, info.upper],
+                    "sample": info.hint,
+                    "source": info.source,
+                }
+            )
+    static = [
+        {"input": p.path, "axis": p.axis, "role": p.role}
+        for p in dynamic.axes
+        if (p.path, p.axis) not in seen
+    ]
+    return {"axes": axes, "specialized": static}

@@ -1,0 +1,230 @@
+"""Generation components for the ExecuTorch backend.
+
+The greedy loop lives in the core (:class:`hfexport.generation.GenerationRunner`); each component
+call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module adds:
+
+- :func:`component_metadata` / :func:`load_component`: a ``.pte`` file holds the flat program
+  only, so the pytree specs of the program's inputs and outputs (caches and model outputs
+  included) go into the generation manifest and the runner is rebuilt from file and specs;
+- :func:`prepare_component`: static-cache components get paired cache inputs/outputs;
+- :func:`patchify_conv3d_as_matmul` (registered patch, key ``executorch``): the patch-embedding
+  Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.generation.runner import Caller
+from hfexport.pytree import register_cache_pytrees
+from hfexport.registry import register_patch
+
+__all__ = [
+    "SUPPORTS_EMPTY_GROWING_CACHE",
+    "component_config",
+    "component_metadata",
+    "load_component",
+    "patchify_conv3d_as_matmul",
+    "prepare_component",
+]
+
+#: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
+#: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
+#: ones it recomputes, and aborts the process (closest upstream discussion: pytorch/executorch
+#: PR 19006). A dynamic-cache decode graph therefore cannot serve the prefill here: export the
+#: ``prefill`` component as well (a static cache has no 0-size axis and can).
+SUPPORTS_EMPTY_GROWING_CACHE = False
+
+
+def _modules(spec: pytree.TreeSpec) -> list[str]:
+    found: list[str] = []
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        module = getattr(node.type, "__module__", None)
+        if module and module not in ("builtins", "collections") and module not in found:
+            found.append(module)
+        stack.extend(node.children())
+    return found
+
+
+def component_metadata(artefact: Any) -> dict[str, Any]:
+    """The program's input/output pytree specs, the modules defining their node types and the
+    delegate backend the runtime needs (e.g. ``XnnpackBackend``)."""
+    from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR
+
+    spec = artefact.exported_program("forward").call_spec
+    return {
+        "in_spec": pytree.treespec_dumps(spec.in_spec),
+        "out_spec": pytree.treespec_dumps(spec.out_spec),
+        "modules": sorted(set(_modules(spec.in_spec)) | set(_modules(spec.out_spec))),
+        "required_backend": getattr(artefact, _RUNTIME_BACKEND_ATTR, None),
+    }
+
+
+def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Caller:
+    """Load a saved ``.pte`` component and return its caller.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the manifest lacks the component's pytree specs (written by an older hfexport).
+    """
+    from hfexport_executorch.runtime import ExecutorchRunner
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no ExecuTorch program at {path}")
+    if "in_spec" not in metadata or "out_spec" not in metadata:
+        raise ValueError(f"the generation manifest has no input/output specs for {path}; export it again")
+    for module in metadata.get("modules", []):
+        importlib.import_module(module)
+    register_cache_pytrees()
+    return ExecutorchRunner(
+        os.fspath(path),
+        pytree.treespec_loads(metadata["in_spec"]),
+        pytree.treespec_loads(metadata["out_spec"]),
+        required_backend=metadata.get("required_backend"),
+    )
+
+
+def prepare_component(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any) -> Any:
+    """Give static-cache components paired cache inputs/outputs instead of in-place updates.
+
+    The ExecuTorch runtime returns a mutated graph input as an extra output and leaves the input
+    as it was, so an in-place cache update would be lost between calls. The component runs on a
+    copy of the cache (:class:`hfexport.generation.parts.FunctionalCacheModule`) and returns the
+    updated copy, which the generation runner passes to the next call.
+    """
+    from transformers.cache_utils import Cache
+
+    from hfexport.generation.parts import FunctionalCacheModule
+
+    if plan.cache_kind == "static" and any(isinstance(v, Cache) for v in kwargs.values()):
+        return FunctionalCacheModule(module)
+    return module
+
+
+def _patch_sized(conv: torch.nn.Conv3d, x: torch.Tensor) -> bool:
+    """A Conv3d applied to exactly one kernel-sized patch per row (a patch embedding)."""
+    padding = conv.padding if isinstance(conv.padding, tuple) else (conv.padding,) * 3
+    return (
+        x.dim() == 5
+        and tuple(conv.stride) == tuple(conv.kernel_size)
+        and tuple(conv.dilation) == (1, 1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+        and all(p == 0 for p in padding)
+        and all(isinstance(s, int) and s == k for s, k in zip(x.shape[2:], conv.kernel_size))
+    )
+
+
+@register_patch(
+    "executorch",
+    "torch.nn.Conv3d.forward",
+    description=(
+        "compute a patch-embedding Conv3d (one kernel-sized patch per row) as a matmul, since the portable "
+        "ExecuTorch convolution kernel rejects 5-D inputs and XNNPACK does not take Conv3d"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11704",
+    versions={"executorch": ">=0.4"},
+)
+def patchify_conv3d_as_matmul(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``Conv3d.forward`` by an exact matmul form when each input row is one patch.
+
+    Vision encoders of video-capable models (Qwen2-VL's ``PatchEmbed``) embed ``t x p x p`` patches
+    with a ``Conv3d`` whose kernel and stride equal the input's spatial size. ExecuTorch's
+    portable ``aten::convolution.out`` checks for 3-D/4-D inputs and fails at run time on 5-D ones
+    (pytorch/executorch#11704; the portable Conv3d support of PR 19977 was reverted in PR 20888),
+    and no CPU delegate takes it. Such a convolution is a matrix product: ``[n, c, t, p, p]``
+    flattened to ``[n, c*t*p*p]`` times the weight seen as ``[out, c*t*p*p]``, plus the bias,
+    reshaped to ``[n, out, 1, 1, 1]``. Any other Conv3d (several patches per row, padding,
+    dilation, groups, symbolic spatial sizes) keeps the original forward.
+    """
+
+    @functools.wraps(original)
+    def forward(self: torch.nn.Conv3d, input: torch.Tensor) -> torch.Tensor:
+        if not _patch_sized(self, input):
+            return original(self, input)
+        flat = input.reshape(input.shape[0], -1)
+        out = flat @ self.weight.reshape(self.out_channels, -1).t()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(input.shape[0], self.out_channels, 1, 1, 1)
+
+    return forward
+
+
+_TOKEN_KEYS = ("input_ids", "inputs_embeds", "token_type_ids", "mm_token_type_ids")
+
+
+def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any, config: Any) -> Any:
+    """Named, bounded dynamic axes for the decode steps exported with ``dynamic=True`` (every
+    static-cache component, and the growing-cache components that take a filled cache).
+
+    The backend bounds ``Dim.AUTO`` axes by role: ``input_ids`` and ``attention_mask`` share one
+    sequence dimension (true for a prompt, not for a decode step: ``q`` new tokens, a mask over
+    ``past + q`` positions) and an axis without a role (``mm_token_type_ids``, M-RoPE
+    ``position_ids``) is planned at its sample size. Here the batch axis is ``Dim("batch")``, the
+    new-token axis of every token-aligned input ``Dim("query")`` and the cache's sequence axis
+    ``Dim("past")``, bounded by the model's maximum positions; with a static cache the query and the
+    mask (``Dim("kv_length")``) are bounded by ``max_cache_len - 1`` (transformers pads a shorter mask
+    to the cache length and the trace keeps that branch; the last generated token is never fed
+    back) and the preallocated cache tensors vary along the batch only. A growing cache's mask,
+    ``past + q`` long, stays ``Dim.AUTO``. Axes of size 1 in the sample stay static
+    (``torch.export`` specialises them). Explicit ``dynamic_shapes`` are kept; encoder-decoder
+    components (decoder inputs and encoder states have roles of their own) are left to the backend.
+    """
+    from transformers.cache_utils import Cache
+
+    if (
+        plan.architecture == "encoder_decoder"  # decoder inputs have roles of their own there
+        or not getattr(config, "dynamic", False)
+        or getattr(config, "dynamic_shapes", None)
+        or not any(isinstance(v, Cache) for v in kwargs.values())
+    ):
+        return config
+    from torch.export import Dim
+
+    from hfexport.generation.shapes import dynamic_shapes_by_rule
+    from hfexport.inputs import prepare_for_export
+    from hfexport.tensors import get_leaf_tensors
+    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQUENCE, model_max_positions
+
+    static = plan.cache_kind == "static" and bool(plan.max_cache_len)
+    caches = [v for v in kwargs.values() if isinstance(v, Cache)]
+    if not static and not any(get_leaf_tensors(cache) for cache in caches):
+        return config  # a prefill on an empty growing cache: the backend's roles fit a prompt
+    if static:
+        limit = int(plan.max_cache_len) - 1
+    else:
+        positions, _ = model_max_positions(getattr(module, "config", None), decoder=True)
+        limit = int(positions or DEFAULT_MAX_SEQUENCE)
+    batch = Dim("batch", min=1, max=DEFAULT_MAX_BATCH)
+    query = Dim("query", min=1, max=limit)
+    past = Dim("past", min=1, max=limit)
+    kv_length = Dim("kv_length", min=1, max=limit) if static else Dim.AUTO
+
+    def axes(pairs: dict[int, Any], tensor: torch.Tensor) -> dict[int, Any] | None:
+        kept = {axis: dim for axis, dim in pairs.items() if tensor.shape[axis] > 1}
+        return kept or None
+
+    def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
+        key = path.split(".", 1)[0]
+        if key in _TOKEN_KEYS:
+            return axes({0: batch, 1: query}, tensor)
+        if key == "position_ids":
+            return axes({0: batch, 1: query} if tensor.dim() == 2 else {1: batch, 2: query}, tensor)
+        if key == "attention_mask" and tensor.dim() == 2:
+            return axes({0: batch, 1: kv_length}, tensor)
+        if key == "cache" and tensor.dim() == 4:
+            return axes({0: batch} if static else {0: batch, 2: past}, tensor)
+        return None
+
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))

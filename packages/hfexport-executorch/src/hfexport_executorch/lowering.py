@@ -1,0 +1,133 @@
+"""ExecuTorch lowering: edge dialect with delegation, then memory planning and emission.
+
+- :func:`lower_to_edge`: ``executorch.exir.to_edge_transform_and_lower`` with the backend's
+  partitioners; returns the ``EdgeProgramManager``.
+- :func:`delegation_summary`: how much of the program the delegate took (for the report).
+- :func:`plan_memory`: ``EdgeProgramManager.to_executorch`` with a ``MemoryPlanningPass`` built
+  from the config's ``alloc_graph_input``, ``alloc_graph_output`` and ``alloc_mutable_buffers``;
+  returns the ``ExecutorchProgramManager``.
+- :func:`planned_memory_bytes`: the size of the memory-planned arena of the emitted program.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import operator
+from typing import Any
+
+import torch
+from executorch.exir import EdgeProgramManager, ExecutorchBackendConfig, ExecutorchProgramManager
+from executorch.exir import to_edge_transform_and_lower as _to_edge_transform_and_lower
+from executorch.exir.passes import MemoryPlanningPass
+
+__all__ = [
+    "delegation_summary",
+    "lower_to_edge",
+    "memory_planning_pass",
+    "plan_memory",
+    "planned_memory_bytes",
+]
+
+logger = logging.getLogger(__name__)
+
+# Nodes that move values around without computing: not counted on either side of the share.
+_BOOKKEEPING = {operator.getitem}
+
+
+def lower_to_edge(ep: torch.export.ExportedProgram, partitioners: list[Any]) -> EdgeProgramManager:
+    """Convert ``ep`` to the ExecuTorch edge dialect and delegate what ``partitioners`` claim.
+
+    Raises:
+        Whatever ``to_edge_transform_and_lower`` raises (the caller's report stage names it).
+    """
+    return _to_edge_transform_and_lower(ep, partitioner=list(partitioners))
+
+
+def _compute_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
+    out = []
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target in _BOOKKEEPING:
+            continue
+        name = str(node.target)
+        if name.startswith("aten.sym_") or name.startswith("<built-in function") or "_assert" in name:
+            continue
+        out.append(node)
+    return out
+
+
+def delegation_summary(edge: EdgeProgramManager, method: str = "forward") -> dict[str, Any]:
+    """Count the operator nodes a delegate took over versus those left to portable kernels.
+
+    Args:
+        edge: the lowered edge program.
+        method: the method to inspect.
+
+    Returns:
+        ``{"partitions": int, "delegated_nodes": int, "portable_nodes": int, "delegated_share":
+        float (0..1, 1.0 for an empty graph), "backends": {backend id: partitions},
+        "portable_ops": {op name: count}}``. Operator nodes exclude ``getitem``, symbolic-size
+        arithmetic and runtime asserts.
+    """
+    program = edge.exported_program(method)
+    gm = program.graph_module
+    delegated = 0
+    partitions = 0
+    backends: collections.Counter[str] = collections.Counter()
+    portable: collections.Counter[str] = collections.Counter()
+    for node in _compute_nodes(gm.graph):
+        if getattr(node.target, "__name__", "") == "executorch_call_delegate":
+            lowered = getattr(gm, node.args[0].target)
+            partitions += 1
+            backends[str(getattr(lowered, "backend_id", "?"))] += 1
+            original = getattr(lowered, "original_module", None)
+            inner = original.graph if original is not None else None
+            delegated += len(_compute_nodes(inner)) if inner is not None else 1
+        else:
+            name = getattr(node.target, "__name__", str(node.target))
+            portable[name] += 1
+    total_portable = sum(portable.values())
+    total = delegated + total_portable
+    return {
+        "partitions": partitions,
+        "delegated_nodes": delegated,
+        "portable_nodes": total_portable,
+        "delegated_share": round(delegated / total, 4) if total else 1.0,
+        "backends": dict(backends),
+        "portable_ops": dict(portable.most_common()),
+    }
+
+
+def memory_planning_pass(config: Any) -> MemoryPlanningPass:
+    """The ``MemoryPlanningPass`` for ``config`` (``alloc_graph_input``, ``alloc_graph_output``,
+    ``alloc_mutable_buffers``; see ``hfexport.config.ExecutorchConfig``)."""
+    return MemoryPlanningPass(
+        alloc_graph_input=bool(config.alloc_graph_input),
+        alloc_graph_output=bool(config.alloc_graph_output),
+        alloc_mutable_buffers=bool(config.alloc_mutable_buffers),
+    )
+
+
+def plan_memory(edge: EdgeProgramManager, config: Any) -> ExecutorchProgramManager:
+    """Run ExecuTorch memory planning and emission on ``edge``.
+
+    Args:
+        edge: the lowered edge program.
+        config: an ``ExecutorchConfig``; its ``alloc_*`` flags reach the ``MemoryPlanningPass``:
+            ``alloc_graph_input=False`` leaves input memory to the caller,
+            ``alloc_graph_output=False`` output memory, ``alloc_mutable_buffers=False`` the memory of
+            mutable buffers (KV caches), instead of placing them in the planned arena.
+
+    Returns:
+        The ``ExecutorchProgramManager``.
+    """
+    backend_config = ExecutorchBackendConfig(memory_planning_pass=memory_planning_pass(config))
+    return edge.to_executorch(backend_config)
+
+
+def planned_memory_bytes(manager: ExecutorchProgramManager, method: str = "forward") -> int:
+    """Bytes of the memory-planned arena(s) of ``method`` (what the runtime allocates at load)."""
+    for plan in manager.executorch_program.execution_plan:
+        if plan.name == method:
+            return int(sum(plan.non_const_buffer_sizes))
+    return 0

@@ -1,0 +1,136 @@
+"""Reversible patches of torch, transformers and ExecuTorch installed during an ExecuTorch export.
+
+Patches are registered with :func:`hfexport.registry.register_patch` under ``"executorch"``
+(every ExecuTorch backend) or a scoped key (``"executorch.xnnpack"``, ``"executorch.cuda"``);
+the exporter installs ``apply_patches(f"executorch.{backend}")`` (parent key first, then the
+scope) around capture and lowering, and the originals come back afterwards, also on error.
+One function per upstream issue; each factory receives the original and returns a wrapper.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hfexport.registry import register_patch
+
+__all__ = ["edge_verifier_accepts_symbolic_min_max", "keep_dynamic_dims_in_list_returning_ops"]
+
+logger = logging.getLogger(__name__)
+
+
+def _returns_one_tensor_list(target: Any) -> bool:
+    returns = list(getattr(getattr(target, "_schema", None), "returns", None) or [])
+    return len(returns) == 1 and returns[0].type == torch.ListType.ofTensors()
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.verification.arg_validator.EdgeOpArgValidator.call_function",
+    description=(
+        "hand the edge dtype validator the whole output list of Tensor[]-returning ops (split, unbind, ...), so it "
+        "does not call len() on the first output and specialise its dynamic leading dim (no exact upstream issue found)"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/1350",
+    versions={"executorch": ">=1.3"},
+)
+def keep_dynamic_dims_in_list_returning_ops(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``EdgeOpArgValidator.call_function`` so Tensor[] outputs keep their dynamic dimensions.
+
+    ``to_edge`` verifies edge-op dtypes by interpreting the graph with ``EdgeOpArgValidator``.
+    For an op whose schema returns a single ``Tensor[]`` (``split_with_sizes_copy``,
+    ``unbind_copy``, ...), the validator iterates the node's output *list* as if it held one value
+    per schema return, so the "list" it then checks is the first output tensor, and
+    ``len(tensor)`` evaluates that tensor's leading size. When the size is a dynamic dimension
+    (the batch of GPT-2's fused ``c_attn`` output split into q/k/v, of GPT-NeoX's and Phi-3's fused
+    projections), the shape environment records a guard and specialises the dimension to its
+    sample value for the whole program: the ``.pte`` then fails with "Attempted to resize a static
+    tensor" on any other batch size. No upstream issue names this cause; the linked issue shows
+    the same runtime failure after a dynamic-batch export.
+
+    The wrapper presents such an output as a one-element tuple holding the list (what the
+    validator's own logic expects) for the duration of the call and puts the original value back.
+    Other ops go straight to ``original``.
+    """
+
+    @functools.wraps(original)
+    def call_function(self: Any, target: Any, args: Any, kwargs: Any) -> Any:
+        node = getattr(self, "node", None)
+        value = node.meta.get("val") if node is not None else None
+        if not isinstance(value, (list, tuple)) or not _returns_one_tensor_list(target):
+            return original(self, target, args, kwargs)
+        node.meta["val"] = (list(value),)
+        try:
+            return original(self, target, args, kwargs)
+        finally:
+            node.meta["val"] = value
+
+    return call_function
+
+
+def _python_symbolic_functions() -> frozenset[Any]:
+    """``torch.sym_max``, ``torch.sym_min``, ... : the Python functions ExecuTorch lowers to its prim ops."""
+    from executorch.exir.passes.executorch_prim_ops_registry import _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS
+
+    return frozenset(op for op in _PYTHON_SYM_OPS_TO_EXECUTORCH_SYM_OPS if isinstance(op, types.FunctionType))
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.verification.verifier.EXIREdgeDialectVerifier",
+    "executorch.exir.program._program.EXIREdgeDialectVerifier",
+    description=(
+        "let the edge-dialect verifier accept torch.sym_max/sym_min/... nodes (shapes with Min/Max, e.g. sliding "
+        "windows), which ExecuTorch itself lowers to executorch_prim ops after verification"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11988",
+    versions={"executorch": ">=1.3"},
+)
+def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the ``EXIREdgeDialectVerifier`` factory so symbolic ``min``/``max`` nodes pass verification.
+
+    When a traced size is a ``Min``/``Max`` expression (a sliding-window cache keeps
+    ``min(length, window - 1)`` positions: see the core capture workaround
+    ``hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length``, which Gemma-2 needs),
+    ``torch.export`` materialises it as a ``torch.sym_min``/``torch.sym_max`` call node. ExecuTorch knows these: its
+    ``EdgeToBackendOpsPass`` turns them into ``executorch_prim::sym_min/sym_max`` (added by
+    https://github.com/pytorch/executorch/pull/12037), and the runtime implements them. But the edge
+    verifier, which runs first (inside ``to_edge``), accepts Python functions only if they are
+    named ``alloc`` and fails with a bare ``AssertionError``
+    (https://github.com/pytorch/executorch/issues/11988, open). The wrapper returns a subclass of the
+    verifier whose op check lets exactly those Python symbolic functions through and leaves every
+    other check as it was.
+    """
+    accepted = _python_symbolic_functions()
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def make_verifier(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        class_only = bool(bound.arguments.get("class_only", False))
+        bound.arguments["class_only"] = True
+        base = original(*bound.args, **bound.kwargs)
+
+        class _EdgeVerifierWithSymbolicMinMax(base):  # type: ignore[misc, valid-type]
+            dialect = base.dialect
+
+            def __init__(self) -> None:
+                super().__init__()
+                strict = self.check_valid_op
+
+                def check_valid_op(op: Any) -> None:
+                    if op in accepted:
+                        return
+                    strict(op)
+
+                self.check_valid_op = check_valid_op
+
+        return _EdgeVerifierWithSymbolicMinMax if class_only else _EdgeVerifierWithSymbolicMinMax()
+
+    return make_verifier

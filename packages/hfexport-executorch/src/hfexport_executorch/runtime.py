@@ -1,0 +1,194 @@
+"""Run an ExecuTorch program in the ExecuTorch runtime (``executorch.runtime``) on forward kwargs.
+
+:class:`ExecutorchRunner` loads the serialized program (``.pte`` bytes or file) with
+``Runtime.get().load_program``, flattens forward kwargs in the order of the exported program's
+input spec, executes the method, and maps the flat list of outputs back to the eager output's
+leaf paths (``logits``, ``past_key_values.layers.0.keys``) through the program's output spec.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.pytree import register_cache_pytrees
+from hfexport.tensors import get_leaf_tensors
+
+__all__ = ["ExecutorchRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+def _program_bytes(program: Any) -> bytes | str:
+    if isinstance(program, (bytes, bytearray)):
+        return bytes(program)
+    if isinstance(program, (str, os.PathLike)):
+        return os.fspath(program)
+    buffer = getattr(program, "buffer", None)
+    if buffer is None:
+        raise TypeError(
+            f"ExecutorchRunner takes an ExecutorchProgramManager, .pte bytes or a .pte path, got {type(program).__name__}"
+        )
+    return buffer
+
+
+def _planned_input_sizes(method: Any) -> list[tuple[int, ...] | None]:
+    """Upper-bound sizes of each tensor input of a loaded method (``None`` for non-tensor inputs)."""
+    meta = method.metadata
+    sizes: list[tuple[int, ...] | None] = []
+    for index in range(meta.num_inputs()):
+        try:
+            sizes.append(tuple(int(s) for s in meta.input_tensor_meta(index).sizes()))
+        except Exception:  # not a tensor input
+            sizes.append(None)
+    return sizes
+
+
+def _leaf_paths(kwargs: Mapping[str, Any]) -> list[str]:
+    """Dotted paths (``input_ids``, ``past_key_values.0``) of the flattened ``((), kwargs)`` leaves."""
+    leaves, _ = pytree.tree_flatten_with_path(((), dict(kwargs)))
+    paths = []
+    for key_path, _leaf in leaves:
+        parts = []
+        for entry in key_path[1:]:
+            for attr in ("key", "idx", "name"):
+                if hasattr(entry, attr):
+                    parts.append(str(getattr(entry, attr)))
+                    break
+        paths.append(".".join(parts) or "input")
+    return paths
+
+
+class ExecutorchRunner:
+    """Callable running an ExecuTorch program: forward kwargs -> ``{output leaf path: tensor}``.
+
+    Args:
+        program: an ``ExecutorchProgramManager``, the ``.pte`` bytes, or a path to a ``.pte`` file.
+        in_spec: the pytree spec of the exported program's inputs, ``((), {kwarg: ...})``
+            (``ExportedProgram.call_spec.in_spec``).
+        out_spec: the pytree spec of its outputs (``ExportedProgram.call_spec.out_spec``).
+        method: the method to run.
+        required_backend: a delegate backend the program needs in the runtime
+            (``"XnnpackBackend"``); checked on first call.
+
+    The program is loaded on first call and kept. Outputs are cloned: the runtime returns
+    tensors backed by its planned memory, which the next call overwrites.
+    """
+
+    def __init__(
+        self,
+        program: Any,
+        in_spec: pytree.TreeSpec,
+        out_spec: pytree.TreeSpec,
+        *,
+        method: str = "forward",
+        required_backend: str | None = None,
+    ) -> None:
+        self._source = _program_bytes(program)
+        self.in_spec = in_spec
+        self.out_spec = out_spec
+        self.method_name = method
+        self.required_backend = required_backend
+        self._method: Any = None
+        self._planned_sizes: list[tuple[int, ...] | None] = []
+
+    @classmethod
+    def from_manager(
+        cls, manager: Any, *, method: str = "forward", required_backend: str | None = None
+    ) -> ExecutorchRunner:
+        """Runner for an ``ExecutorchProgramManager``, with the specs of its exported program."""
+        spec = manager.exported_program(method).call_spec
+        return cls(manager, spec.in_spec, spec.out_spec, method=method, required_backend=required_backend)
+
+    @property
+    def input_names(self) -> list[str]:
+        """The forward kwargs the program takes, in order."""
+        if self.in_spec.num_children != 2:
+            return []
+        child = getattr(self.in_spec, "child", None)
+        kwargs_spec = child(1) if callable(child) else self.in_spec.children_specs[1]
+        context = kwargs_spec.context
+        return list(context) if isinstance(context, list) else []
+
+    def _load(self) -> Any:
+        if self._method is None:
+            from executorch.runtime import Runtime
+
+            runtime = Runtime.get()
+            if self.required_backend and not runtime.backend_registry.is_available(self.required_backend):
+                raise RuntimeError(
+                    f"the ExecuTorch runtime in this process has no {self.required_backend} registered (available: "
+                    f"{runtime.backend_registry.registered_backend_names}); install an executorch build that includes "
+                    "it, or export with validate=False and run the program where that backend exists"
+                )
+            program = runtime.load_program(self._source)
+            method = program.load_method(self.method_name)
+            if method is None:
+                raise RuntimeError(f"the ExecuTorch program has no method {self.method_name!r}")
+            self._planned_sizes = _planned_input_sizes(method)
+            self._method = method
+        return self._method
+
+    def _check_sizes(self, kwargs: Mapping[str, Any], flat: list[Any]) -> None:
+        paths = _leaf_paths(kwargs)
+        for index, value in enumerate(flat):
+            planned = self._planned_sizes[index] if index < len(self._planned_sizes) else None
+            if planned is None or not isinstance(value, torch.Tensor):
+                continue
+            name = paths[index] if index < len(paths) else f"input {index}"
+            if value.dim() != len(planned):
+                raise ValueError(
+                    f"{name} has {value.dim()} dimensions, the program takes {len(planned)} (planned shape {list(planned)})"
+                )
+            for axis, (size, limit) in enumerate(zip(value.shape, planned)):
+                if size > limit:
+                    raise ValueError(
+                        f"{name} dimension {axis} is {size}, above the upper bound {limit} this program was "
+                        f"memory-planned for (planned shape {list(planned)}); export again with a larger bound "
+                        "(a Dim(max=...) in ExecutorchConfig.dynamic_shapes, or a larger max_dynamic_bytes)"
+                    )
+
+    def flatten_inputs(self, kwargs: Mapping[str, Any]) -> list[Any]:
+        """Flatten forward kwargs into the program's positional input list.
+
+        Raises:
+            ValueError: the kwargs do not have the structure the program was exported with (other
+                names, a missing input, a cache of another layout); the message lists both.
+        """
+        names = self.input_names
+        if names and set(names) == set(kwargs):
+            kwargs = {k: kwargs[k] for k in names}
+        flat, spec = pytree.tree_flatten(((), dict(kwargs)))
+        if spec != self.in_spec:
+            raise ValueError(
+                f"inputs {sorted(kwargs)} do not match the structure the program was exported with "
+                f"(inputs {names or self.in_spec}); pass the same forward kwargs, with the same cache layout, "
+                "as the sample inputs"
+            )
+        return [v.contiguous() if isinstance(v, torch.Tensor) else v for v in flat]
+
+    def __call__(self, kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        """Run the program on forward kwargs.
+
+        Returns:
+            ``{leaf path: tensor}`` named like :func:`hfexport.tensors.get_leaf_tensors` names the
+            eager output.
+
+        Raises:
+            ValueError: see :meth:`flatten_inputs`; or an input is larger than the upper bound the
+                program was memory-planned for (the message names the input, axis and bound).
+            RuntimeError: the runtime lacks the required backend, or execution failed.
+        """
+        register_cache_pytrees()
+        flat = self.flatten_inputs(kwargs)
+        method = self._load()
+        self._check_sizes(kwargs, flat)
+        outputs = method.execute(flat)
+        cloned = [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
+        structured = pytree.tree_unflatten(cloned, self.out_spec)
+        return get_leaf_tensors(structured)

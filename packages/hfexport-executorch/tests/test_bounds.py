@@ -1,0 +1,148 @@
+"""Dynamic bounds: Dim.AUTO translated per axis role, explicit Dims kept, memory budget narrowing."""
+
+from __future__ import annotations
+
+import pytest
+from torch.export import Dim
+
+from hfexport.capture import capture
+from hfexport.config import ExecutorchConfig
+from hfexport.testing import tiny_model
+from hfexport_executorch import bounds
+
+
+def _by_axis(plan: bounds.DynamicPlan) -> dict[tuple[str, int], bounds.AxisPolicy]:
+    return {(p.path, p.axis): p for p in plan.axes}
+
+
+def test_auto_becomes_shared_named_dims_bounded_by_model():
+    model, inputs = tiny_model("llama")
+    plan = bounds.plan_dynamic_shapes(model, inputs, ExecutorchConfig(dynamic=True))
+    spec = plan.dynamic_shapes
+    batch, seq = spec["input_ids"][0], spec["input_ids"][1]
+    # one Dim object per role, shared by input_ids and attention_mask
+    assert spec["attention_mask"][0] is batch and spec["attention_mask"][1] is seq
+    assert (batch.__name__, batch.min, batch.max) == ("batch", 1, bounds.DEFAULT_MAX_BATCH)
+    assert (seq.__name__, seq.min, seq.max) == ("sequence", 1, 512)
+    axes = _by_axis(plan)
+    assert axes[("input_ids", 1)].source == "config.max_position_embeddings"
+    assert axes[("input_ids", 0)].role == "batch"
+    # the fallback has bounded hints instead of named dims
+    hint = plan.fallback["input_ids"][1]
+    assert type(hint).__name__ == "_DimHint" and (hint.type.name, hint.min, hint.max) == ("AUTO", 1, 512)
+
+
+def test_decoder_and_encoder_sequences_get_their_own_bounds():
+    model, inputs = tiny_model("whisper")
+    plan = bounds.plan_dynamic_shapes(model, inputs, ExecutorchConfig(dynamic=True))
+    axes = _by_axis(plan)
+    assert axes[("decoder_input_ids", 1)].role == "decoder_sequence"
+    assert axes[("decoder_input_ids", 1)].max == 448
+    assert axes[("decoder_input_ids", 1)].source == "config.max_target_positions"
+    # mel features: only the batch axis has a role; the others keep their sample size as bound
+    assert axes[("input_features", 0)].role == "batch"
+    assert axes[("input_features", 2)].role == "other"
+    assert axes[("input_features", 2)].max == inputs["input_features"].shape[2]
+
+
+def test_model_without_position_limit_uses_default_sequence_bound():
+    model, inputs = tiny_model("t5")
+    plan = bounds.plan_dynamic_shapes(model, inputs, ExecutorchConfig(dynamic=True))
+    policy = _by_axis(plan)[("input_ids", 1)]
+    assert policy.max == bounds.DEFAULT_MAX_SEQUENCE
+    assert policy.source.startswith("default sequence bound")
+
+
+def test_explicit_named_dims_win_and_are_passed_through():
+    model, inputs = tiny_model("llama")
+    seq = Dim("seq", min=1, max=100)
+    config = ExecutorchConfig(dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    plan = bounds.plan_dynamic_shapes(model, inputs, config)
+    assert plan.dynamic_shapes["input_ids"][1] is seq
+    assert plan.fallback is None  # nothing was translated
+    policy = _by_axis(plan)[("input_ids", 1)]
+    assert (policy.max, policy.source) == (100, "user")
+
+
+def test_auto_hint_with_user_bounds_is_kept():
+    model, inputs = tiny_model("llama")
+    hint = Dim.AUTO(min=1, max=64)
+    plan = bounds.plan_dynamic_shapes(
+        model, inputs, ExecutorchConfig(dynamic_shapes={"input_ids": {1: hint}})
+    )
+    assert plan.dynamic_shapes["input_ids"][1] is hint
+    assert plan.dynamic_shapes["attention_mask"] is None
+
+
+def test_static_export_has_no_plan(toy_projection, toy_inputs):
+    plan = bounds.plan_dynamic_shapes(toy_projection, toy_inputs(), ExecutorchConfig())
+    assert plan.dynamic_shapes is None and plan.axes == []
+
+
+def test_unknown_dynamic_shapes_key_raises(toy_projection, toy_inputs):
+    config = ExecutorchConfig(dynamic_shapes={"pixel_values": {0: Dim.AUTO}})
+    with pytest.raises(ValueError, match=r"dynamic_shapes names \['pixel_values'\]"):
+        bounds.plan_dynamic_shapes(toy_projection, toy_inputs(), config)
+
+
+def test_batch_role_only_for_inputs_of_the_batch_size():
+    model, inputs = tiny_model("qwen2_vl")
+    plan = bounds.plan_dynamic_shapes(model, inputs, ExecutorchConfig(dynamic=True))
+    axes = _by_axis(plan)
+    # pixel_values [patches, features]: axis 0 counts patches, not batch rows
+    assert axes[("pixel_values", 0)].role == "other"
+    assert axes[("input_ids", 1)].role == "sequence"
+
+
+def _captured(model, inputs, dynamic_shapes):
+    plan = bounds.plan_dynamic_shapes(model, inputs, ExecutorchConfig(dynamic_shapes=dynamic_shapes))
+    program = capture(model, inputs, ExecutorchConfig(dynamic_shapes=plan.dynamic_shapes))
+    return program, plan
+
+
+def test_estimate_peak_bytes_counts_live_activations(toy_double, toy_inputs):
+    inputs = toy_inputs(batch=2, seq=6)
+    dims = {"input_ids": {0: Dim("b", min=1, max=8), 1: Dim("s", min=1, max=64)}}
+    program, plan = _captured(toy_double, inputs, dims)
+    symbols = bounds.collect_symbols(program, inputs, plan)
+    by_axis = {info.axes[0]: info.symbol for info in symbols}
+    b, s = by_axis[("input_ids", 0)], by_axis[("input_ids", 1)]
+    # input and the product are live together: 2 tensors of b*s*16 float32
+    assert bounds.estimate_peak_bytes(program, {b: 8, s: 64}) == 2 * 8 * 64 * 16 * 4
+    assert bounds.estimate_peak_bytes(program, {b: 3, s: 10}) == 2 * 3 * 10 * 16 * 4
+
+
+def test_budget_narrows_sequence_first_then_batch(toy_double, toy_inputs):
+    inputs = toy_inputs(batch=2, seq=6)
+    program, plan = _captured(toy_double, inputs, {"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}})
+    symbols = bounds.collect_symbols(program, inputs, plan)
+    role = {info.role: info for info in symbols}
+    assert role["batch"].upper == bounds.DEFAULT_MAX_BATCH
+    assert role["sequence"].upper == bounds.DEFAULT_MAX_SEQUENCE  # the toy has no config
+    # peak = 128 * b * s bytes; 300 kB needs s <= 292 at b = 8: halving stops at SEQUENCE_FLOOR
+    outcome = bounds.fit_memory_budget(program, symbols, 300_000)
+    assert (role["sequence"].upper, role["batch"].upper) == (256, 8)
+    assert outcome.fits and outcome.estimate_after == 128 * 8 * 256
+    assert outcome.narrowed == {str(role["sequence"].symbol): (4096, 256)}
+    assert program.range_constraints[role["sequence"].symbol].upper == 256
+
+
+def test_budget_narrows_batch_after_the_sequence_floor(toy_double, toy_inputs):
+    inputs = toy_inputs(batch=2, seq=6)
+    program, plan = _captured(toy_double, inputs, {"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}})
+    symbols = bounds.collect_symbols(program, inputs, plan)
+    role = {info.role: info for info in symbols}
+    # 100 kB: s 4096 -> 256 (floor), then b 8 -> 4 (floor), then s 256 -> 128: 128*4*128 = 65536
+    outcome = bounds.fit_memory_budget(program, symbols, 100_000)
+    assert (role["sequence"].upper, role["batch"].upper) == (128, 4)
+    assert outcome.fits and outcome.estimate_after == 65536
+
+
+def test_budget_never_narrows_user_bounds(toy_double, toy_inputs):
+    inputs = toy_inputs(batch=2, seq=6)
+    dims = {"input_ids": {0: Dim("b", min=1, max=8), 1: Dim("s", min=1, max=64)}}
+    program, plan = _captured(toy_double, inputs, dims)
+    symbols = bounds.collect_symbols(program, inputs, plan)
+    outcome = bounds.fit_memory_budget(program, symbols, 1_000)
+    assert outcome.narrowed == {} and not outcome.fits
+    assert sorted(info.upper for info in symbols) == [8, 64]

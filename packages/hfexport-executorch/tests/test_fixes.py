@@ -1,0 +1,111 @@
+"""Program and node fixes: unbounded ranges get bounds; SDPA outputs stay viewable after to_edge."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+from hfexport.capture import capture
+from hfexport.config import ExecutorchConfig
+from hfexport.registry import apply_fx_node_fixes, apply_patches, entries
+from hfexport_executorch import bounds, fixes
+
+
+def _input_sizes(program):
+    node = next(n for n in program.graph.nodes if n.op == "placeholder" and n.name == "input_ids")
+    return node.meta["val"].shape
+
+
+def test_unbounded_named_dim_gets_role_bound_in_constraints_and_shape_env(toy_double, toy_inputs):
+    from executorch.exir.sym_util import eval_upper_bound
+
+    dims = {"input_ids": {0: Dim("b", min=1, max=8), 1: Dim("s", min=1)}}
+    program = capture(toy_double, toy_inputs(), ExecutorchConfig(dynamic_shapes=dims))
+    seq = _input_sizes(program)[1]
+    symbol = seq.node.expr
+    assert bounds.is_unbounded(program.range_constraints[symbol].upper)
+    fixes.bound_unbounded_dynamic_ranges(program)
+    # no exporter hint: the sequence role bound of a model without config
+    assert int(program.range_constraints[symbol].upper) == bounds.DEFAULT_MAX_SEQUENCE
+    assert eval_upper_bound(seq) == bounds.DEFAULT_MAX_SEQUENCE  # what memory planning will see
+    assert eval_upper_bound(_input_sizes(program)[0]) == 8  # bounded dims are left alone
+    assert program.graph_module.meta[fixes.BOUNDED_META_KEY] == {str(symbol): bounds.DEFAULT_MAX_SEQUENCE}
+
+
+def test_unbounded_dim_takes_the_exporter_bound_when_given(toy_double, toy_inputs):
+    dims = {"input_ids": {1: Dim("s", min=1)}}
+    program = capture(toy_double, toy_inputs(), ExecutorchConfig(dynamic_shapes=dims))
+    symbol = _input_sizes(program)[1].node.expr
+    program.graph_module.meta[fixes.BOUNDS_META_KEY] = {str(symbol): 300}
+    fixes.bound_unbounded_dynamic_ranges(program)
+    assert int(program.range_constraints[symbol].upper) == 300
+
+
+class ToyAttention(torch.nn.Module):
+    """GPT-2 shaped attention: fused qkv, SDPA, transpose + contiguous, ``view(-1, C)`` + addmm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.weight = torch.nn.Parameter(torch.randn(16, 16) * 0.1)
+        self.bias = torch.nn.Parameter(torch.zeros(16))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        b, s, _ = input_ids.shape
+        q, k, v = (t.view(b, s, 2, 8).transpose(1, 2) for t in self.qkv(input_ids).split(16, dim=2))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        out = out.transpose(1, 2).contiguous().reshape(b, s, 16)
+        return torch.addmm(self.bias, out.view(-1, 16), self.weight).view(b, s, 16)
+
+
+def _attention_program(toy_inputs):
+    torch.manual_seed(0)
+    model = ToyAttention().eval()
+    dims = {"input_ids": {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}}
+    return model, capture(model, toy_inputs(), ExecutorchConfig(dynamic_shapes=dims))
+
+
+def test_attention_output_view_breaks_to_edge_without_the_fix(toy_inputs):
+    # Documents pytorch/pytorch#136543 on the installed torch: when this stops raising, the
+    # upstream bug is fixed and contiguous_attention_outputs can be retired.
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    _, program = _attention_program(toy_inputs)
+    with pytest.raises(Exception, match="Cannot view a tensor with shape"):
+        to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+
+
+@pytest.mark.slow
+def test_contiguous_attention_outputs_lets_to_edge_run_and_keeps_values(toy_inputs):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, program = _attention_program(toy_inputs)
+    applied = apply_fx_node_fixes("executorch", program.graph_module)
+    assert applied == ["hfexport_executorch.fixes.contiguous_attention_outputs"]
+    clones = [n for n in program.graph.nodes if n.target is torch.ops.aten.clone.default]
+    assert len(clones) == 1 and clones[0].args[0].target is torch.ops.aten.transpose.int
+    with apply_patches("executorch"):  # the qkv split needs keep_dynamic_dims_in_list_returning_ops
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    inputs = toy_inputs(batch=3, seq=40, seed=4)
+    with torch.no_grad():
+        expected = model(**inputs)
+    actual = edge.exported_program().module()(**inputs)
+    assert actual.shape == (3, 40, 16)
+    assert (actual - expected).abs().max().item() < 1e-5
+
+
+def test_every_fix_names_an_upstream_issue_and_a_version_range():
+    found = entries("executorch.xnnpack")
+    assert {e.name.rsplit(".", 1)[1] for e in found} >= {
+        "bound_unbounded_dynamic_ranges",
+        "contiguous_attention_outputs",
+        "edge_verifier_accepts_symbolic_min_max",
+        "keep_dynamic_dims_in_list_returning_ops",
+    }
+    for entry in found:
+        assert entry.issue.startswith("https://github.com/pytorch/"), entry.name
+        assert entry.versions and entry.is_active(), entry.name
+        assert not entry.is_stale({"torch": ">=2.12", "executorch": ">=1.3"}), entry.name

@@ -1,0 +1,154 @@
+"""Patches: scoped keys install only for their backend; the edge validator keeps dynamic batches."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import types
+
+import pytest
+import torch
+from torch.export import Dim
+
+from hfexport.capture import capture
+from hfexport.config import ExecutorchConfig
+from hfexport.errors import ExportStageError
+from hfexport.registry import apply_patches, isolated_registry, register_patch
+
+_TARGET = "hfexport_executorch_test_patch_target"
+
+
+@pytest.fixture
+def patch_target():
+    module = types.ModuleType(_TARGET)
+    module.parent = module.xnnpack = module.cuda = "original"
+    sys.modules[_TARGET] = module
+    yield module
+    del sys.modules[_TARGET]
+
+
+def _register_marker_patches() -> None:
+    for key, attr in (
+        ("executorch", "parent"),
+        ("executorch.xnnpack", "xnnpack"),
+        ("executorch.cuda", "cuda"),
+    ):
+        register_patch(
+            key,
+            f"{_TARGET}.{attr}",
+            description=f"marker for {key}",
+            issue="https://github.com/pytorch/executorch/issues/1",
+            versions={"torch": ">=2"},
+        )(lambda original, key=key: f"patched by {key}")
+
+
+def test_exporter_installs_parent_and_own_scope_only(patch_target, toy_projection, monkeypatch, toy_inputs):
+    from hfexport import registry
+    from hfexport_executorch import ExecutorchExporter
+
+    seen: dict[str, object] = {}
+
+    @contextlib.contextmanager
+    def spy(key):
+        with apply_patches(key) as installed:
+            seen["key"] = key
+            seen["values"] = (patch_target.parent, patch_target.xnnpack, patch_target.cuda)
+            seen["installed"] = [e.backend for e in installed]
+            raise LookupError("stop after the patches stage")
+            yield installed  # pragma: no cover
+
+    with isolated_registry():
+        _register_marker_patches()
+        monkeypatch.setattr(registry, "apply_patches", spy)
+        exporter = ExecutorchExporter()
+        with pytest.raises(ExportStageError, match="stage 'patches'"):
+            exporter.export(toy_projection, toy_inputs(), ExecutorchConfig(backend="xnnpack"))
+    assert seen["key"] == "executorch.xnnpack"
+    assert seen["values"] == ("patched by executorch", "patched by executorch.xnnpack", "original")
+    assert seen["installed"] == ["executorch", "executorch.xnnpack"]
+    # everything restored after the failed export
+    assert (patch_target.parent, patch_target.xnnpack, patch_target.cuda) == ("original",) * 3
+
+
+def test_cuda_scope_does_not_see_xnnpack_patches(patch_target):
+    with isolated_registry():
+        _register_marker_patches()
+        with apply_patches("executorch.cuda"):
+            assert (patch_target.parent, patch_target.xnnpack, patch_target.cuda) == (
+                "patched by executorch",
+                "original",
+                "patched by executorch.cuda",
+            )
+    assert patch_target.cuda == "original"
+
+
+class ToySplit(torch.nn.Module):
+    """``input_ids`` ``[batch, seq, 12]`` split in three along the last axis: ``a * b + c``."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        a, b, c = input_ids.split(4, dim=-1)
+        return a * b + c
+
+
+def _edge_batch_size(patched: bool):
+    from executorch.exir import to_edge
+
+    dims = {"input_ids": {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}}
+    inputs = {"input_ids": torch.randn(2, 6, 12)}
+    program = capture(ToySplit(), inputs, ExecutorchConfig(dynamic_shapes=dims))
+    with apply_patches("executorch") if patched else contextlib.nullcontext():
+        edge = to_edge(program)
+    node = next(n for n in edge.exported_program().graph.nodes if n.op == "placeholder")
+    return node.meta["val"].shape[0]
+
+
+def test_edge_validator_specialises_batch_without_the_patch():
+    # Documents the ExecuTorch bug worked around by keep_dynamic_dims_in_list_returning_ops: when
+    # this fails (the batch stays symbolic unpatched), the patch can be retired.
+    assert _edge_batch_size(patched=False) == 2
+
+
+def test_edge_validator_keeps_batch_dynamic_with_the_patch():
+    size = _edge_batch_size(patched=True)
+    assert isinstance(size, torch.SymInt)
+    assert str(size.node.expr).startswith("s")
+
+
+class ToyKeepLast(torch.nn.Module):
+    """``input_ids`` ``[batch, seq, 12]`` -> its last ``min(seq, 4)`` positions, doubled (a sliding window)."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        from hfexport.capture_workarounds import keep_last
+
+        return keep_last(input_ids, 4, dim=1) * 2
+
+
+def _keep_last_program():
+    dims = {"input_ids": {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=1, max=64)}}
+    return capture(ToyKeepLast(), {"input_ids": torch.randn(2, 6, 12)}, ExecutorchConfig(dynamic_shapes=dims))
+
+
+def test_edge_verifier_rejects_symbolic_min_without_the_patch():
+    # Documents pytorch/executorch#11988: when this stops raising, edge_verifier_accepts_symbolic_min_max
+    # can be retired.
+    from executorch.exir import to_edge
+
+    program = _keep_last_program()
+    assert any(n.target is torch.sym_min for n in program.graph.nodes)
+    with pytest.raises(AssertionError):
+        to_edge(program)
+
+
+def test_symbolic_min_lowers_and_runs_with_the_patch():
+    from executorch.exir import to_edge
+    from executorch.runtime import Runtime
+
+    with apply_patches("executorch"):
+        manager = to_edge(_keep_last_program()).to_executorch()
+    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    for seq in (1, 3, 4, 9, 64):
+        x = torch.randn(3, seq, 12)
+        (out,) = method.execute([x])
+        expected = x[:, max(seq - 4, 0) :, :] * 2
+        assert out.shape == expected.shape
+        assert torch.equal(out, expected)

@@ -1,0 +1,90 @@
+"""The ExecuTorch runner and the dynamic bounds of exported programs, on toy models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+
+from hfexport.config import ExecutorchConfig
+from hfexport_executorch import ExecutorchExporter, bounds
+
+
+@pytest.fixture(scope="module")
+def bounded_program(toy_inputs, toy_projection_factory):
+    model = toy_projection_factory()
+    dims = {"input_ids": {0: Dim("batch", min=1, max=4), 1: Dim("seq", min=1, max=32)}}
+    exporter = ExecutorchExporter()
+    program = exporter.export(model, toy_inputs(), ExecutorchConfig(dynamic_shapes=dims))
+    return model, exporter, program
+
+
+def test_explicit_dims_win_and_are_reported(bounded_program):
+    _, exporter, _ = bounded_program
+    axes = {(a["input"], a["axis"]): a for a in exporter.last_report.extra["dynamic_bounds"]["axes"]}
+    assert (axes[("input_ids", 0)]["max"], axes[("input_ids", 0)]["source"]) == (4, "user")
+    assert (axes[("input_ids", 1)]["max"], axes[("input_ids", 1)]["source"]) == (32, "user")
+    assert exporter.last_report.extra["dynamic_shapes_mode"] == "as given"
+
+
+@pytest.mark.parametrize(("batch", "seq"), [(1, 1), (4, 32), (3, 17)])
+def test_runs_anywhere_inside_the_bounds(bounded_program, batch, seq, toy_inputs):
+    model, exporter, program = bounded_program
+    inputs = toy_inputs(batch=batch, seq=seq, seed=batch * 100 + seq)
+    out = exporter.runner(program)(inputs)
+    with torch.no_grad():
+        expected = model(**inputs)["hidden"]
+    assert list(out) == ["hidden"]
+    assert out["hidden"].shape == (batch, seq, 8)
+    assert (out["hidden"] - expected).abs().max().item() < 1e-5
+
+
+def test_outputs_are_not_overwritten_by_the_next_call(bounded_program, toy_inputs):
+    _, exporter, program = bounded_program
+    run = exporter.runner(program)
+    first = run(toy_inputs(seed=1))["hidden"]
+    kept = first.clone()
+    run(toy_inputs(seed=2))
+    assert torch.equal(first, kept)
+
+
+def test_input_above_the_planned_bound_is_refused_with_a_clear_error(bounded_program, toy_inputs):
+    _, exporter, program = bounded_program
+    with pytest.raises(ValueError, match=r"input_ids dimension 0 is 5, above the upper bound 4 this program"):
+        exporter.runner(program)(toy_inputs(batch=5, seq=8))
+    with pytest.raises(ValueError, match=r"input_ids dimension 1 is 33, above the upper bound 32"):
+        exporter.runner(program)(toy_inputs(batch=1, seq=33))
+
+
+def test_second_shape_is_validated_inside_the_bounds(bounded_program):
+    _, exporter, _ = bounded_program
+    rows = exporter.last_report.validation["second_shape"]
+    # derived second shape: batch 3 and sequence 65, cut to the sequence bound 32
+    assert [(r["name"], tuple(r["shape"])) for r in rows] == [("hidden", (3, 32, 8))]
+    assert all(r["ok"] for r in rows)
+
+
+def test_wrong_input_names_raise_value_error(bounded_program):
+    _, exporter, program = bounded_program
+    with pytest.raises(
+        ValueError,
+        match=r"do not match the structure the program was exported with \(inputs \['input_ids'\]\)",
+    ):
+        exporter.runner(program)({"pixel_values": torch.randn(2, 6, 16)})
+
+
+def test_unbounded_user_dim_is_bounded_and_runs_beyond_the_sample(toy_projection, toy_inputs):
+    exporter = ExecutorchExporter()
+    config = ExecutorchConfig(dynamic_shapes={"input_ids": {1: Dim("seq", min=1)}})
+    program = exporter.export(toy_projection, toy_inputs(batch=2, seq=6), config)
+    (axis,) = exporter.last_report.extra["dynamic_bounds"]["axes"]
+    assert (axis["input"], axis["axis"], axis["max"]) == ("input_ids", 1, bounds.DEFAULT_MAX_SEQUENCE)
+    assert "bounded by bound_unbounded_dynamic_ranges" in axis["source"]
+    assert exporter.last_report.applied["fx_program_fix"] == [
+        "hfexport_executorch.fixes.bound_unbounded_dynamic_ranges"
+    ]
+    inputs = toy_inputs(batch=2, seq=1000, seed=3)
+    out = exporter.runner(program)(inputs)["hidden"]
+    with torch.no_grad():
+        expected = toy_projection(**inputs)["hidden"]
+    assert out.shape == (2, 1000, 8) and (out - expected).abs().max().item() < 1e-5

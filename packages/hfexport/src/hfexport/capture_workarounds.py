@@ -1,0 +1,257 @@
+"""Workarounds every backend needs while ``torch.export`` captures a model (key ``"capture"``).
+
+The faults below are in ``torch.export`` (and the transformers code it traces), not in any
+backend, so they are registered once, here, with :func:`hfexport.registry.register_patch` under
+the ``"capture"`` key, and :func:`hfexport.capture.capture` installs the active ones around its
+``torch.export.export`` call, whichever backend asked for the capture. The registry puts the
+originals back afterwards, also when the capture fails; the eager model used for validation runs
+the original code.
+
+- :func:`sliding_window_update_keeps_dynamic_length`: the sliding-window cache layer keeps its
+  last ``window - 1`` positions with :func:`keep_last` instead of a negative-start slice, which
+  makes ``torch.export`` bound the sequence axis below the window;
+- :func:`keep_size_one_batch_dynamic`: ``torch.export.export`` traces with size-oblivious
+  reasoning when a dynamic batch axis has size 1 in the sample, instead of specialising the
+  batch to 1.
+
+Workarounds that depend on what a runtime can execute stay in their backend (for example the
+mixture-of-experts rewrites: a dense every-expert forward for ``hfexport-dynamo``, grouped matmul
+plus a custom translation for ``hfexport-onnx``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.registry import register_patch
+
+__all__ = [
+    "BACKEND",
+    "dynamic_size_one_batch_axes",
+    "keep_last",
+    "keep_size_one_batch_dynamic",
+    "sliding_window_update_keeps_dynamic_length",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Registry key of the capture workarounds (``hfexport.registry.entries(BACKEND)``).
+BACKEND = "capture"
+
+_SIZE_ONE_WARNED = False
+
+
+# --------------------------------------------------------------------------------------------
+# Sliding-window cache
+# --------------------------------------------------------------------------------------------
+
+
+def keep_last(tensor: torch.Tensor, count: int, dim: int) -> torch.Tensor:
+    """The last ``min(tensor.shape[dim], count)`` entries of ``tensor`` along ``dim``.
+
+    Same values as the slice ``[..., -count:, ...]``, but written with ``sym_min``, ``arange`` and
+    ``index_select`` so that ``torch.export`` traces it on a dynamic length without a guard, and
+    the kept length is the bounded ``Min(length, count)`` rather than an expression in ``Max``.
+
+    Args:
+        tensor: any tensor.
+        count: how many trailing entries to keep (> 0).
+        dim: the axis to cut.
+
+    Returns:
+        A new tensor (not a view) of the same rank.
+    """
+    length = tensor.shape[dim]
+    kept = torch.sym_min(length, count)
+    index = torch.arange(kept, device=tensor.device) + (length - kept)
+    return tensor.index_select(dim, index)
+
+
+@register_patch(
+    BACKEND,
+    "transformers.cache_utils.DynamicSlidingWindowLayer.update",
+    description=(
+        "sliding-window cache layers keep their last window-1 positions without a negative slice, so "
+        "torch.export does not bound the sequence axis by the sample length"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/161705",
+    versions={"torch": ">=2.12,<2.15", "transformers": ">=5.23,<6"},
+)
+def sliding_window_update_keeps_dynamic_length(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``DynamicSlidingWindowLayer.update`` while capturing.
+
+    transformers keeps the last ``sliding_window - 1`` positions of a sliding layer with
+    ``states[:, :, -sliding_window + 1:, :]``. Traced on a sample shorter than the window,
+    ``torch.export`` resolves the negative start against the symbolic length by guarding
+    ``length <= sliding_window - 2`` (pytorch/pytorch#161705, fix proposed in
+    pytorch/pytorch#185166): with ``Dim.AUTO`` the program silently accepts only short
+    sequences (and torch.onnx, which drops the slice, gives a model returning the whole sequence
+    as cache for longer prompts); with a named ``Dim`` the export fails with a constraint
+    violation. The replacement cuts with :func:`keep_last`, which traces without a guard;
+    everything else follows transformers 5.24's ``update``, values are identical. Layers
+    recording the past (``record_past``, assisted decoding) run the original.
+    """
+
+    @functools.wraps(original)
+    def update(
+        self: Any, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if getattr(self, "record_past", False):
+            return original(self, key_states, value_states, *args, **kwargs)
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.cumulative_length += key_states.shape[-2]
+        full_keys = torch.cat([self.keys, key_states], dim=-2)
+        full_values = torch.cat([self.values, value_states], dim=-2)
+        self.keys = keep_last(full_keys, self.sliding_window - 1, dim=-2)
+        self.values = keep_last(full_values, self.sliding_window - 1, dim=-2)
+        return full_keys, full_values
+
+    return update
+
+
+# --------------------------------------------------------------------------------------------
+# Size-one batch axes
+# --------------------------------------------------------------------------------------------
+
+
+def _is_dynamic_marker(dim: Any) -> bool:
+    """True for ``Dim.AUTO``/``Dim.DYNAMIC`` and named or derived ``Dim``; False for ``None``, ints, ``STATIC``."""
+    from torch.export import Dim
+
+    if dim is None or isinstance(dim, int):
+        return False
+    if isinstance(dim, type(Dim.AUTO)):  # the _DimHint of AUTO / DYNAMIC / STATIC
+        return dim.type.name != "STATIC"
+    return isinstance(dim, Dim)
+
+
+def _batch_marker(spec: Any) -> Any:
+    """The marker of axis 0 in the spec of one tensor (dict or list/tuple form), else ``None``."""
+    if isinstance(spec, dict):
+        return spec.get(0)
+    if isinstance(spec, (list, tuple)) and spec and not isinstance(spec[0], (dict, list, tuple)):
+        return spec[0]
+    return None
+
+
+def _collect(value: Any, spec: Any, path: str, found: list[str]) -> None:
+    if spec is None:
+        return
+    if isinstance(value, torch.Tensor):
+        if value.dim() and value.shape[0] == 1 and _is_dynamic_marker(_batch_marker(spec)):
+            found.append(f"{path}.shape[0]")
+        return
+    if isinstance(value, dict) and isinstance(spec, dict):
+        for key, item in value.items():
+            _collect(item, spec.get(key), f"{path}[{key!r}]", found)
+        return
+    if isinstance(value, (list, tuple)) and isinstance(spec, (list, tuple)):
+        for index, (item, sub) in enumerate(zip(value, spec)):
+            _collect(item, sub, f"{path}[{index}]", found)
+        return
+    node = pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None and isinstance(spec, (list, tuple)):
+        children, _ = node.flatten_fn(value)
+        for index, (item, sub) in enumerate(zip(children, spec)):
+            _collect(item, sub, f"{path}[{index}]", found)
+
+
+def dynamic_size_one_batch_axes(inputs: Any, dynamic_shapes: Any, path: str = "inputs") -> list[str]:
+    """Tensors of ``inputs`` whose axis 0 has size 1 and is marked dynamic in ``dynamic_shapes``.
+
+    Only axis 0 (the batch) is looked at: a size-1 sequence axis is what a single-token decode
+    step is traced with, and torch specialising it is what the generation decomposition expects.
+
+    Args:
+        inputs: forward kwargs (or a part of them): tensors, dicts, lists, tuples, caches.
+        dynamic_shapes: the matching ``dynamic_shapes`` (``torch.export`` layout). ``Dim.AUTO``,
+            ``Dim.DYNAMIC`` and named/derived ``Dim`` count as dynamic; ``None``, ints and
+            ``Dim.STATIC`` do not.
+        path: prefix of the returned descriptions.
+
+    Returns:
+        One ``"<path>.shape[0]"`` per such tensor, e.g. ``"inputs['input_ids'].shape[0]"``.
+    """
+    found: list[str] = []
+    _collect(inputs, dynamic_shapes, path, found)
+    return found
+
+
+@register_patch(
+    BACKEND,
+    "torch.export.export",
+    description=(
+        "dynamic batch axes whose sample size is 1: trace with backed_size_oblivious so the batch stays "
+        "dynamic instead of being 0/1-specialised; retried without it if that trace fails"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/157621",
+    versions={"torch": ">=2.12"},
+)
+def keep_size_one_batch_dynamic(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``torch.export.export`` so a batch-1 sample gives a program with a dynamic batch.
+
+    ``torch.export`` specialises every axis whose sample size is 0 or 1 to that constant (the
+    "0/1 specialisation"; pytorch/pytorch#157621, also #133653): with ``Dim.AUTO`` it exports a
+    program that rejects any other size, so a batch-1 sample gives a batch-1 program, and with a
+    named ``Dim`` the export fails. torch's documented remedy is
+    ``torch.fx.experimental._config.backed_size_oblivious = True``, which keeps such axes symbolic
+    and reasons about them as if they were not 0 or 1 (pytorch/pytorch#184837 turns it on inside
+    torch, for named ``Dim`` ranges only, so ``Dim.AUTO`` still needs this).
+
+    The wrapper turns the flag on for the one call, and only when ``dynamic_shapes`` mark axis 0
+    of an input whose sample size there is 1 (:func:`dynamic_size_one_batch_axes`); other exports
+    trace exactly as before. The flag applies to the whole trace, so in such a call other size-1
+    axes marked dynamic (a single-token query of a batch-1 decode step) become symbolic as well.
+    If the size-oblivious trace raises, the plain trace runs instead (the batch then stays 1, as
+    torch decides) and one warning says so.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        global _SIZE_ONE_WARNED
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:
+            return original(*args, **kwargs)  # let torch report the bad call
+        dynamic_shapes = bound.arguments.get("dynamic_shapes")
+        call_args = bound.arguments.get("args") or ()
+        call_kwargs = bound.arguments.get("kwargs") or {}
+        found: list[str] = []
+        if isinstance(dynamic_shapes, dict) and call_kwargs:
+            found = dynamic_size_one_batch_axes(
+                dict(call_kwargs), {k: v for k, v in dynamic_shapes.items() if k in call_kwargs}
+            )
+        elif isinstance(dynamic_shapes, (list, tuple)):
+            found = dynamic_size_one_batch_axes(tuple(call_args), tuple(dynamic_shapes), "args")
+        if not found:
+            return original(*args, **kwargs)
+        logger.info(
+            "dynamic batch axes of size 1 in the sample (%s): tracing with backed_size_oblivious", found
+        )
+        try:
+            with fx_config.patch(backed_size_oblivious=True):
+                return original(*args, **kwargs)
+        except Exception as exc:
+            if not _SIZE_ONE_WARNED:
+                _SIZE_ONE_WARNED = True
+                logger.warning(
+                    "size-oblivious trace failed (%s: %s); axes %s keep their sample size 1. Give a sample "
+                    "with batch >= 2 for a dynamic batch.",
+                    type(exc).__name__,
+                    str(exc).splitlines()[0][:200] if str(exc) else "",
+                    found,
+                )
+            return original(*args, **kwargs)
+
+    return export

@@ -1,0 +1,233 @@
+"""Decompose a generative model into the components an exported generation loop runs.
+
+- decoder-only language models: ``prefill`` (the prompt) and ``decode`` (new tokens on a filled
+  cache), both the whole model, captured from one real ``generate`` call;
+- encoder-decoder models: ``encoder``, ``prefill`` (first decoder step, empty cache) and ``decode``;
+- multimodal models (:mod:`hfexport.generation.multimodal`): ``image_encoder`` / ``audio_encoder`` /
+  ``multi_modal_projector`` / ``embed_tokens`` / ``language_model`` / ``lm_head`` / ``decode``.
+
+Every function returns a :class:`Decomposition`: a dict ``{component: (module, forward_kwargs)}``
+that also carries the :class:`~hfexport.generation.plan.GenerationPlan` the runner needs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.generation.capture import record_generation
+from hfexport.generation.multimodal import decompose_multimodal, is_multimodal
+from hfexport.generation.plan import ComponentIO, GenerationPlan
+from hfexport.tensors import duplicate_leaf_tensors, get_leaf_tensors
+
+__all__ = [
+    "Decomposition",
+    "decompose_for_generation",
+    "decompose_prefill_decode",
+    "describe_components",
+    "token_ids_of",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class Decomposition(dict):
+    """``{component_name: (module, forward_kwargs)}`` plus the :class:`GenerationPlan` (``.plan``)
+    and the decomposed model (``.model``).
+
+    A plain dict for everything else: ``decomposition["decode"]`` is ``(model, kwargs)``.
+    """
+
+    def __init__(
+        self,
+        components: Mapping[str, tuple[torch.nn.Module, dict[str, Any]]],
+        plan: GenerationPlan,
+        model: torch.nn.Module | None = None,
+    ) -> None:
+        super().__init__(components)
+        self.plan = plan
+        self.model = model
+
+
+def token_ids_of(model: Any) -> dict[str, Any]:
+    """Special token ids from the model's generation config (falling back to its config).
+
+    Returns:
+        ``{"eos_token_id": list[int], "pad_token_id": int | None, "bos_token_id": int | None,
+        "decoder_start_token_id": int | None}``.
+    """
+    sources = [getattr(model, "generation_config", None), getattr(model, "config", None)]
+    get_text = getattr(getattr(model, "config", None), "get_text_config", None)
+    if callable(get_text):
+        sources.append(get_text())
+    out: dict[str, Any] = {}
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id"):
+        value = next(
+            (getattr(s, name) for s in sources if s is not None and getattr(s, name, None) is not None), None
+        )
+        if isinstance(value, torch.Tensor):
+            value = value.tolist()
+        out[name] = value
+    eos = out["eos_token_id"]
+    out["eos_token_id"] = (
+        [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    )
+    return out
+
+
+def describe_components(decomposition: Decomposition) -> None:
+    """Fill ``decomposition.plan.io`` from the prepared kwargs and the eager outputs of each component.
+
+    The kwargs are prepared as :meth:`hfexport.exporter.HfExporter.export` prepares them (output
+    flags lifted, data-dependent inputs precomputed), so the recorded pytree spec is the exported
+    graph's input structure; each component runs once eagerly (on copies) for its output names.
+    """
+    from hfexport.generation.parts import exportable_module
+    from hfexport.inputs import apply_output_flags, prepare_for_export
+
+    parent_config = getattr(decomposition.model, "config", None)
+    for name, (part, kwargs) in decomposition.items():
+        module = exportable_module(part, parent_config)
+        _, prepared, flags = prepare_for_export(module, kwargs)
+        with contextlib.ExitStack() as stack:
+            if flags:
+                stack.enter_context(apply_output_flags(module, flags))
+            stack.enter_context(torch.no_grad())
+            output = module(**duplicate_leaf_tensors(prepared))
+        decomposition.plan.io[name] = ComponentIO.from_kwargs(prepared, list(get_leaf_tensors(output)))
+
+
+def decompose_prefill_decode(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    generation_config: Any = None,
+    multi_token_decode: bool = False,
+) -> Decomposition:
+    """Capture the prefill and decode forward kwargs from one real ``model.generate()`` call.
+
+    ``generate`` runs greedily for a window of 2 new tokens (3 with ``multi_token_decode``); a
+    forward pre-hook records every top-level forward call (positional arguments named by the
+    forward's signature, each call deep-copied, ``logits_to_keep`` dropped). The first call is the
+    prefill, the second the decode step; with ``multi_token_decode`` the second and third are
+    merged into one two-token decode call (:func:`hfexport.generation.decode.merge_decode_steps`).
+
+    Args:
+        model: a ``PreTrainedModel`` with ``generate`` (decoder-only or encoder-decoder).
+        inputs: generate-style inputs: ``input_ids`` int64 ``[batch, seq]``, ``attention_mask``
+            ``[batch, seq]`` (0 on padding), and whatever else ``generate`` takes. Use batch >= 2
+            and seq >= 2 so that ``dynamic=True`` exports keep those axes symbolic.
+        generation_config: optional ``GenerationConfig``; copied, never mutated. Its cache settings
+            are used: ``GenerationConfig(cache_implementation="static", max_cache_len=N)`` gives a
+            static cache, which the graphs take as an input and update in place.
+        multi_token_decode: capture a two-token decode step so that a ``dynamic=True`` decode
+            graph keeps a symbolic query length.
+
+    Returns:
+        ``{"prefill": (model, kwargs), "decode": (model, kwargs)}`` (a :class:`Decomposition`,
+        with ``.plan``). For encoder-decoder models the prefill is the first decoder step.
+
+    Raises:
+        ValueError: inputs without ``input_ids``/``inputs_embeds``; a static cache without
+            ``max_cache_len``.
+        RuntimeError: ``generate`` failed (the message names the model and the input keys), or it
+            called the top-level forward fewer times than the window needs.
+    """
+    recording = record_generation(
+        model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
+    )
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    plan = GenerationPlan(
+        architecture="encoder_decoder" if encoder_decoder else "decoder",
+        model_class=type(model).__name__,
+        cache_kind=recording.cache_kind,
+        max_cache_len=recording.max_cache_len,
+        multi_token_decode=multi_token_decode,
+        components=["prefill", "decode"],
+        token_ids=token_ids_of(model),
+    )
+    decomposition = Decomposition(
+        {"prefill": (model, recording.prefill), "decode": (model, recording.decode)}, plan, model
+    )
+    describe_components(decomposition)
+    return decomposition
+
+
+def _decompose_encoder_decoder(
+    model: torch.nn.Module, inputs: Mapping[str, Any], generation_config: Any, multi_token_decode: bool
+) -> Decomposition:
+    encoder = model.get_encoder()
+    if encoder is model or not isinstance(encoder, torch.nn.Module):
+        raise ValueError(
+            f"{type(model).__name__} is an encoder-decoder but get_encoder() returns no submodule"
+        )
+    recording = record_generation(
+        model,
+        inputs,
+        generation_config=generation_config,
+        multi_token_decode=multi_token_decode,
+        submodules={"encoder": encoder},
+    )
+    encoder_calls = recording.capture.calls["encoder"]
+    if not encoder_calls:
+        raise RuntimeError(
+            f"{type(model).__name__}.generate() never called its encoder {type(encoder).__name__}"
+        )
+    plan = GenerationPlan(
+        architecture="encoder_decoder",
+        model_class=type(model).__name__,
+        cache_kind=recording.cache_kind,
+        max_cache_len=recording.max_cache_len,
+        multi_token_decode=multi_token_decode,
+        components=["encoder", "prefill", "decode"],
+        token_ids=token_ids_of(model),
+    )
+    components = {
+        "encoder": (encoder, encoder_calls[0]),
+        "prefill": (model, recording.prefill),
+        "decode": (model, recording.decode),
+    }
+    decomposition = Decomposition(components, plan, model)
+    describe_components(decomposition)
+    return decomposition
+
+
+def decompose_for_generation(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    generation_config: Any = None,
+    multi_token_decode: bool = False,
+) -> Decomposition:
+    """Decompose ``model`` into the components of an exported greedy generation loop.
+
+    Args:
+        model: a generative ``PreTrainedModel``.
+        inputs: generate-style inputs (see :func:`decompose_prefill_decode`; multimodal models take
+            the processor's outputs, e.g. ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``).
+        generation_config: optional ``GenerationConfig`` (copied; cache settings kept).
+        multi_token_decode: capture a two-token decode step.
+
+    Returns:
+        A :class:`Decomposition`: ``prefill`` / ``decode`` for decoder-only models; ``encoder`` /
+        ``prefill`` / ``decode`` for encoder-decoder models; for multimodal models
+        ``image_encoder`` / ``audio_encoder`` / ``multi_modal_projector`` (those present),
+        ``embed_tokens``, ``language_model``, ``lm_head``, ``decode``.
+
+    Raises:
+        ValueError, RuntimeError: see :func:`decompose_prefill_decode` and
+            :func:`hfexport.generation.multimodal.decompose_multimodal`.
+    """
+    if is_multimodal(model):
+        return decompose_multimodal(
+            model,
+            inputs,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            include_decode=True,
+        )
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return _decompose_encoder_decoder(model, inputs, generation_config, multi_token_decode)
+    return decompose_prefill_decode(model, inputs, generation_config, multi_token_decode)

@@ -1,0 +1,357 @@
+"""Split a vision/audio-language model into encoders, projectors, language model and LM head.
+
+The parts are found by convention (``get_encoder(modality=...)``, ``get_decoder()``, the usual
+projector attribute names, ``lm_head``/``get_output_embeddings()``, ``get_input_embeddings()``)
+and their forward kwargs are recorded with forward pre-hooks during one short greedy ``generate``
+run. Listening on the submodules themselves, rather than on the top-level forward, also catches
+an encoder that ``generate`` runs *before* the top-level forward (transformers 5 pre-encodes
+images in ``generate`` and hands the features to the forward as ``mm_encoder_outputs``): its
+call goes through the encoder module either way.
+
+The step that puts the (projected) features in place of the placeholder tokens' embeddings
+(``masked_scatter``) stays outside the graphs; the runner does it. Which output of which
+component feeds what is worked out from the recorded values (see :func:`link_inputs`), so the
+runner needs no model-specific code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hfexport.tensors import get_leaf_tensors
+
+__all__ = [
+    "PROJECTOR_NAMES",
+    "MultimodalLayout",
+    "decompose_multimodal",
+    "find_multimodal_layout",
+    "is_multimodal",
+    "link_inputs",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Modalities with a dedicated encoder, and the component name each gets.
+MODALITIES: dict[str, str] = {"image": "image_encoder", "audio": "audio_encoder"}
+#: Conventional attribute names of projectors between an encoder and the language model.
+PROJECTOR_NAMES: tuple[str, ...] = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
+
+
+@dataclass
+class MultimodalLayout:
+    """The parts of a multimodal model.
+
+    Attributes:
+        encoders: ``{"image_encoder" | "audio_encoder": module}``.
+        projectors: ``{component_name: module}``; the first is ``"multi_modal_projector"``, others keep
+            their attribute name.
+        language_model: the text decoder (``get_decoder()``).
+        lm_head: the output projection (``None`` for a model without one).
+        embed_tokens: the text token embedding (``get_input_embeddings()``).
+    """
+
+    encoders: dict[str, torch.nn.Module] = field(default_factory=dict)
+    projectors: dict[str, torch.nn.Module] = field(default_factory=dict)
+    language_model: torch.nn.Module | None = None
+    lm_head: torch.nn.Module | None = None
+    embed_tokens: torch.nn.Module | None = None
+
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Every part by component name, in execution order."""
+        out: dict[str, torch.nn.Module] = {**self.encoders, **self.projectors}
+        if self.embed_tokens is not None:
+            out["embed_tokens"] = self.embed_tokens
+        if self.language_model is not None:
+            out["language_model"] = self.language_model
+        if self.lm_head is not None:
+            out["lm_head"] = self.lm_head
+        return out
+
+
+def _is_submodule(model: torch.nn.Module, candidate: Any) -> bool:
+    if not isinstance(candidate, torch.nn.Module) or candidate is model:
+        return False
+    if candidate is getattr(model, "base_model", None):
+        return False
+    return any(candidate is m for m in model.modules())
+
+
+def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
+    """Find the encoders, projectors, language model, LM head and token embedding of ``model``.
+
+    Args:
+        model: a ``PreTrainedModel``.
+
+    Returns:
+        The :class:`MultimodalLayout`; ``encoders`` is empty for a text-only model (an encoder
+        lookup that returns the model itself, or its base model, does not count).
+    """
+    layout = MultimodalLayout()
+    get_encoder = getattr(model, "get_encoder", None)
+    if not callable(get_encoder):
+        return layout
+    seen: list[torch.nn.Module] = []
+    for modality, name in MODALITIES.items():
+        try:
+            encoder = get_encoder(modality=modality)
+        except (TypeError, ValueError, AttributeError):
+            continue
+        if _is_submodule(model, encoder) and not any(encoder is s for s in seen):
+            layout.encoders[name] = encoder
+            seen.append(encoder)
+    if not layout.encoders:
+        return layout
+    owners = [model, getattr(model, "model", None), getattr(model, "base_model", None)]
+    for attr in PROJECTOR_NAMES:
+        for owner in owners:
+            module = getattr(owner, attr, None) if owner is not None else None
+            if _is_submodule(model, module) and not any(module is s for s in seen):
+                label = "multi_modal_projector" if "multi_modal_projector" not in layout.projectors else attr
+                layout.projectors[label] = module
+                seen.append(module)
+                break
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    if _is_submodule(model, decoder):
+        layout.language_model = decoder
+    head = getattr(model, "lm_head", None)
+    if head is None and callable(getattr(model, "get_output_embeddings", None)):
+        head = model.get_output_embeddings()
+    if _is_submodule(model, head):
+        layout.lm_head = head
+    embed = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
+    if _is_submodule(model, embed):
+        layout.embed_tokens = embed
+    return layout
+
+
+def is_multimodal(model: torch.nn.Module) -> bool:
+    """True when ``model`` has an image or audio encoder submodule (``get_encoder(modality=...)``)."""
+    return bool(find_multimodal_layout(model).encoders)
+
+
+def _flat(value: Any) -> dict[str, torch.Tensor]:
+    leaves = get_leaf_tensors(value)
+    return {k: v for k, v in leaves.items() if isinstance(v, torch.Tensor)}
+
+
+def _equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b))
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to a reshape to ``[-1, hidden]``."""
+    if a.numel() != b.numel() or a.dim() == 0 or b.dim() == 0 or a.shape[-1] != b.shape[-1]:
+        return False
+    return bool(torch.equal(a.reshape(-1, a.shape[-1]).to(b.dtype), b.reshape(-1, b.shape[-1])))
+
+
+def link_inputs(
+    component: str,
+    kwargs: Mapping[str, Any],
+    prompt: Mapping[str, Any],
+    produced: Mapping[str, Mapping[str, torch.Tensor]],
+    derived: Mapping[str, str] | None = None,
+) -> dict[str, dict[str, Any]]:
+    """Say where each tensor input of an encoder or projector comes from, by value.
+
+    Args:
+        component: the component's name (for messages).
+        kwargs: its recorded forward kwargs.
+        prompt: the generate-style inputs.
+        produced: ``{component: {output_path: tensor}}`` of the components that ran before it.
+        derived: ``{input_name: grid_key}`` for inputs the runner precomputes from a grid input.
+
+    Returns:
+        ``{input_path: source}`` (see :class:`hfexport.generation.plan.GenerationPlan.links`).
+
+    Raises:
+        ValueError: an input matches nothing the runner will have (the message names it).
+    """
+    links: dict[str, dict[str, Any]] = {}
+    prompt_tensors = {k: v for k, v in prompt.items() if isinstance(v, torch.Tensor)}
+    for path, value in _flat(kwargs).items():
+        if derived and path in derived:
+            links[path] = {"from": "vision_grid", "key": path, "grid": derived[path]}
+            continue
+        source = next((k for k, v in prompt_tensors.items() if _equal(v, value)), None)
+        if source is not None:
+            links[path] = {"from": "prompt", "key": source}
+            continue
+        found = None
+        for name, outputs in produced.items():
+            for out_path, out in outputs.items():
+                if _equal(out, value):
+                    found = {"from": "component", "component": name, "output": out_path, "drop_first": False}
+                elif out.dim() >= 2 and out.shape[1] > 1 and _equal(out[:, 1:], value):
+                    found = {"from": "component", "component": name, "output": out_path, "drop_first": True}
+                if found:
+                    break
+            if found:
+                break
+        if found is None:
+            raise ValueError(
+                f"cannot tell where input {path!r} {tuple(value.shape)} of the {component} comes from: it equals no "
+                f"generate input ({sorted(prompt_tensors)}) and no output of {sorted(produced)}"
+            )
+        links[path] = found
+    return links
+
+
+def feature_sources(
+    embeds_in: torch.Tensor,
+    text_embeds: torch.Tensor,
+    input_ids: torch.Tensor,
+    produced: Mapping[str, Mapping[str, torch.Tensor]],
+) -> dict[str, dict[str, Any]]:
+    """Which component output replaced the embeddings of which placeholder token.
+
+    Args:
+        embeds_in: the ``inputs_embeds`` the language model received at prefill ``[batch, seq, hidden]``.
+        text_embeds: the token embeddings of ``input_ids`` (output of ``embed_tokens``).
+        input_ids: the prompt ``[batch, seq]``.
+        produced: ``{component: {output_path: tensor}}`` of the encoders and projectors.
+
+    Returns:
+        ``{str(token_id): {"component": c, "output": o}}``.
+
+    Raises:
+        ValueError: replaced positions hold another token id than a single placeholder per modality,
+            or their values match no recorded output.
+    """
+    changed = (embeds_in != text_embeds).any(dim=-1)
+    if not bool(changed.any()):
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    for token in sorted({int(t) for t in input_ids[changed].tolist()}):
+        where = input_ids == token
+        values = embeds_in[where]
+        match = None
+        for name in reversed(list(produced)):  # the last stage (projector) first
+            for out_path, tensor in produced[name].items():
+                if tensor.is_floating_point() and _same_values(tensor, values):
+                    match = {"component": name, "output": out_path}
+                    break
+            if match:
+                break
+        if match is None:
+            raise ValueError(
+                f"the embeddings of placeholder token {token} were replaced by values that match no output of "
+                f"{sorted(produced)}; the merge step of this model is not a plain masked_scatter of one output"
+            )
+        out[str(token)] = match
+    return out
+
+
+def decompose_multimodal(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    *,
+    generation_config: Any = None,
+    multi_token_decode: bool = False,
+    include_decode: bool = False,
+) -> Any:
+    """Record the kwargs of every multimodal part from one short greedy ``generate`` run.
+
+    Args:
+        model: a multimodal ``PreTrainedModel`` (see :func:`is_multimodal`).
+        inputs: generate-style inputs as the processor returns them (``input_ids``,
+            ``attention_mask``, ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...).
+        generation_config: optional ``GenerationConfig`` (cache settings are kept; copied).
+        multi_token_decode: capture a two-token decode step (with ``include_decode``).
+        include_decode: also return the ``decode`` component (the whole model at a decode step).
+
+    Returns:
+        A :class:`hfexport.generation.decompose.Decomposition`:
+        ``{"image_encoder" | "audio_encoder" | "multi_modal_projector" | "embed_tokens" |
+        "language_model" | "lm_head" [| "decode"]: (module, kwargs)}`` with its plan.
+
+    Raises:
+        ValueError: no modality encoder or no language model found (nothing to split), a part
+            that ``generate`` never called, or inputs whose source cannot be told.
+        RuntimeError: ``generate`` failed.
+    """
+    from hfexport.generation.capture import record_generation
+    from hfexport.generation.decompose import Decomposition, describe_components, token_ids_of
+    from hfexport.generation.plan import GenerationPlan
+    from hfexport.generation.preparers import vision_grid_inputs, vision_grid_settings
+
+    layout = find_multimodal_layout(model)
+    if not layout.encoders or layout.language_model is None:
+        raise ValueError(
+            f"no multimodal submodules found in {type(model).__name__}: it needs an image/audio encoder "
+            "(get_encoder(modality='image'|'audio')) and a language model (get_decoder()); "
+            "use decompose_prefill_decode for text-only models"
+        )
+    parts = layout.modules()
+    recording = record_generation(
+        model,
+        inputs,
+        generation_config=generation_config,
+        multi_token_decode=multi_token_decode,
+        submodules=parts,
+        record_outputs=True,
+        decoder_masks={"language_model": layout.language_model},
+    )
+    calls, outputs = recording.capture.calls, recording.capture.outputs
+    missing = [name for name in parts if not calls[name]]
+    if [m for m in missing if m != "lm_head"]:
+        raise ValueError(
+            f"generate() never called {missing} of {type(model).__name__}; check that the inputs carry the "
+            "modality (pixel_values / input_features) and its placeholder tokens"
+        )
+    components: dict[str, tuple[torch.nn.Module, dict[str, Any]]] = {}
+    plan = GenerationPlan(
+        architecture="multimodal",
+        model_class=type(model).__name__,
+        cache_kind=recording.cache_kind,
+        max_cache_len=recording.max_cache_len,
+        multi_token_decode=multi_token_decode,
+        token_ids=token_ids_of(model),
+    )
+    produced: dict[str, dict[str, torch.Tensor]] = {}
+    for name in [*layout.encoders, *layout.projectors]:
+        module = parts[name]
+        kwargs = calls[name][0]
+        derived: dict[str, str] = {}
+        settings = vision_grid_settings(module) if "grid_thw" in kwargs else None
+        if settings is not None:
+            plan.vision_grid[name] = settings
+            extra = vision_grid_inputs(kwargs["grid_thw"], settings)
+            kwargs = {**kwargs, **{k: v for k, v in extra.items() if k not in kwargs}}
+            derived = {k: "grid_thw" for k in extra}
+        plan.links[name] = link_inputs(name, kwargs, inputs, produced, derived)
+        produced[name] = _flat(outputs[name][0])
+        components[name] = (module, kwargs)
+    if "embed_tokens" in parts:
+        components["embed_tokens"] = (parts["embed_tokens"], calls["embed_tokens"][0])
+    lm_kwargs = calls["language_model"][0]
+    components["language_model"] = (layout.language_model, lm_kwargs)
+    embeds_in = lm_kwargs.get("inputs_embeds")
+    if isinstance(embeds_in, torch.Tensor) and "embed_tokens" in components and "input_ids" in inputs:
+        text_embeds = _flat(outputs["embed_tokens"][0])
+        text = next(iter(text_embeds.values()))
+        plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
+    position_ids = lm_kwargs.get("position_ids")
+    if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 3:
+        merge = next((s["spatial_merge_size"] for s in plan.vision_grid.values()), None)
+        vision_config = getattr(model.config, "vision_config", None)
+        merge = merge or getattr(vision_config, "spatial_merge_size", None)
+        if merge is None:
+            raise ValueError(
+                f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size"
+            )
+        plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
+    if layout.lm_head is not None and calls["lm_head"]:
+        components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
+    if include_decode:
+        components["decode"] = (model, recording.decode)
+    plan.components = list(components)
+    decomposition = Decomposition(components, plan, model)
+    describe_components(decomposition)
+    return decomposition

@@ -1,0 +1,78 @@
+"""Adapters that make a submodule exportable as a generation component.
+
+- :class:`ComponentModule`: the export machinery reads and restores transformers configs (output
+  flags, attention implementation); a bare ``nn.Embedding`` or ``nn.Linear`` has none, and its
+  output is a bare tensor, whose leaf path is the empty string (no name for a graph output). The
+  wrapper gives such a part its model's config and names its output ``output``.
+- :class:`FunctionalCacheModule`: a static cache is updated in place, which ``torch.export``
+  records as a mutation of the graph's inputs. Runtimes that do not write mutated inputs back
+  (ExecuTorch returns them as extra outputs) get a graph that copies the cache first and returns
+  the updated copy: paired cache inputs and outputs, no input mutation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.configuration_utils import PreTrainedConfig
+
+__all__ = ["OUTPUT_NAME", "ComponentModule", "FunctionalCacheModule", "exportable_module"]
+
+#: Output name of a wrapped part whose forward returns a bare tensor.
+OUTPUT_NAME = "output"
+
+
+class ComponentModule(torch.nn.Module):
+    """``part`` with ``config`` attached; a bare tensor output is returned as ``{"output": tensor}``.
+
+    Args:
+        part: the submodule (its parameters are shared, not copied).
+        config: the transformers config of the model it belongs to.
+    """
+
+    def __init__(self, part: torch.nn.Module, config: PreTrainedConfig) -> None:
+        super().__init__()
+        self.part = part
+        self.config = config
+
+    def forward(self, **kwargs: Any) -> Any:
+        output = self.part(**kwargs)
+        if isinstance(output, torch.Tensor):
+            return {OUTPUT_NAME: output}
+        return output
+
+
+def exportable_module(module: torch.nn.Module, parent_config: Any) -> torch.nn.Module:
+    """``module`` itself when it has a transformers config, else a :class:`ComponentModule`."""
+    if isinstance(getattr(module, "config", None), PreTrainedConfig) or not isinstance(
+        parent_config, PreTrainedConfig
+    ):
+        return module
+    return ComponentModule(module, parent_config)
+
+
+class FunctionalCacheModule(torch.nn.Module):
+    """Run ``module`` on copies of the caches among its kwargs, so the graph mutates no input.
+
+    The updated copies come back in the output (``cache.layers.0.keys`` ...), as with a growing
+    cache; the caller passes them to the next step.
+
+    Args:
+        module: the component module (its parameters are shared, not copied).
+    """
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+        config = getattr(module, "config", None)
+        if config is not None:
+            self.config = config
+
+    def forward(self, **kwargs: Any) -> Any:
+        from transformers.cache_utils import Cache
+
+        from hfexport.tensors import duplicate_leaf_tensors
+
+        copied = {k: duplicate_leaf_tensors(v) if isinstance(v, Cache) else v for k, v in kwargs.items()}
+        return self.inner(**copied)

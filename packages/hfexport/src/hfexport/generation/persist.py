@@ -1,0 +1,262 @@
+"""Save exported generation components to a folder and run generation from it.
+
+Layout of an output folder::
+
+    prefill.onnx, decode.onnx, ...        one file per component (the backend's own format)
+    generation_manifest.json              the manifest (see :data:`MANIFEST_NAME`)
+
+The manifest names the format, the component files, the cache kind and length, the special token
+ids and the full :class:`~hfexport.generation.plan.GenerationPlan` (component input structures
+and output names), so :func:`generate_from_dir` can run greedy generation with nothing but the
+folder and the backend package installed.
+
+Backends plug in through an optional module ``<backend package>.generation`` with:
+
+- ``load_component(path, metadata) -> caller``: load one saved component and return a callable
+  taking forward kwargs and returning ``{output_leaf_path: tensor}`` (required to load);
+- ``component_metadata(artefact) -> dict``: JSON-safe facts the loader will need (optional).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from hfexport.generation.plan import GenerationPlan
+from hfexport.generation.runner import Caller, GenerationRunner, exported_program_caller
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "backend_generation_module",
+    "generate_from_dir",
+    "load_components",
+    "load_runner",
+    "read_manifest",
+    "save_components",
+]
+
+logger = logging.getLogger(__name__)
+
+#: File name of the manifest inside an output folder.
+MANIFEST_NAME = "generation_manifest.json"
+#: Version of the manifest layout (bumped on incompatible changes).
+MANIFEST_VERSION = 1
+
+
+def backend_generation_module(export_format: str) -> ModuleType | None:
+    """The ``<backend package>.generation`` module of ``export_format``, or ``None`` if it has none.
+
+    The backend package is the one providing the format's exporter (entry point group
+    ``hfexport.exporters``), falling back to ``hfexport_<format>``.
+    """
+    candidates: list[str] = []
+    try:
+        from hfexport.auto import get_hf_exporter
+
+        cls = get_hf_exporter(export_format)
+        candidates.append(f"{cls.__module__.split('.')[0]}.generation")
+    except ImportError:
+        pass
+    candidates.append(f"hfexport_{export_format}.generation")
+    for name in dict.fromkeys(candidates):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not name.startswith(exc.name):
+                raise
+    return None
+
+
+def _suffix(exporter: Any) -> str:
+    suffix = "".join(Path(str(getattr(exporter, "artifact_filename", ""))).suffixes)
+    return suffix or ".bin"
+
+
+def save_components(
+    exporter: Any,
+    artefacts: Mapping[str, Any],
+    output_dir: str | os.PathLike[str],
+    *,
+    model: Any = None,
+    plan: GenerationPlan | None = None,
+) -> list[Path]:
+    """Write one file per component and ``generation_manifest.json`` into ``output_dir``.
+
+    Args:
+        exporter: the exporter that produced ``artefacts`` (its ``save`` writes each file; its
+            ``artifact_filename`` gives the extension, e.g. ``.onnx``).
+        artefacts: ``{component: artefact}`` as ``export_for_generation`` returns it.
+        output_dir: the folder (created if needed). Files appear there only once everything was
+            written; on error nothing is left behind and existing files are untouched.
+        model: the exported model (optional): its generation config refreshes the token ids.
+        plan: the generation plan; defaults to ``artefacts.plan``.
+
+    Returns:
+        The paths written (component files then the manifest), in their final place.
+
+    Raises:
+        ValueError: no plan (``artefacts`` is not what ``export_for_generation`` returned and no
+            ``plan`` is given), or the artefacts do not match the plan's components.
+        OSError: a file cannot be written (nothing is left behind).
+    """
+    from hfexport.atomic import atomic_output_dir
+    from hfexport.generation.decompose import token_ids_of
+
+    plan = plan if plan is not None else getattr(artefacts, "plan", None)
+    if plan is None:
+        raise ValueError(
+            "save_components needs the generation plan: pass what export_for_generation returned, or plan="
+        )
+    if sorted(artefacts) != sorted(plan.components):
+        raise ValueError(
+            f"artefacts {sorted(artefacts)} do not match the plan's components {plan.components}"
+        )
+    export_format = str(getattr(exporter, "export_format", "") or getattr(artefacts, "export_format", ""))
+    module = backend_generation_module(export_format) if export_format else None
+    describe = getattr(module, "component_metadata", None) if module is not None else None
+    token_ids = dict(plan.token_ids)
+    if model is not None:
+        token_ids.update({k: v for k, v in token_ids_of(model).items() if v not in (None, [])})
+    suffix = _suffix(exporter)
+    target = Path(output_dir)
+    files: dict[str, str] = {}
+    components: dict[str, dict[str, Any]] = {}
+    with atomic_output_dir(target) as staging:
+        for name in plan.components:
+            filename = f"{name}{suffix}"
+            exporter.save(artefacts[name], staging / filename)
+            files[name] = filename
+            components[name] = {"file": filename, "metadata": describe(artefacts[name]) if describe else {}}
+        plan_dict = plan.to_dict()
+        plan_dict["token_ids"] = token_ids
+        manifest = {
+            "manifest_version": MANIFEST_VERSION,
+            "format": export_format,
+            "architecture": plan.architecture,
+            "cache": {"kind": plan.cache_kind, "max_cache_len": plan.max_cache_len},
+            "token_ids": token_ids,
+            "files": files,
+            "components": components,
+            "plan": plan_dict,
+        }
+        (staging / MANIFEST_NAME).write_text(
+            json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+        )
+        written = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
+    return [target / p for p in written]
+
+
+def read_manifest(output_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read and check ``generation_manifest.json``.
+
+    Raises:
+        FileNotFoundError: the folder has no manifest (it was not written by
+            ``hfexport export ... --task text-generation`` / :func:`save_components`).
+        ValueError: a manifest of a newer layout, or one naming missing component files.
+    """
+    path = Path(output_dir) / MANIFEST_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"no {MANIFEST_NAME} in {Path(output_dir)}; export with `hfexport export <format> --task "
+            "text-generation` or hfexport.generation.save_components first"
+        )
+    manifest = json.loads(path.read_text(encoding="utf-8"))
+    if int(manifest.get("manifest_version", 0)) > MANIFEST_VERSION:
+        raise ValueError(
+            f"{path} has manifest version {manifest['manifest_version']}, newer than this hfexport reads "
+            f"({MANIFEST_VERSION}); upgrade hfexport"
+        )
+    missing = [f for f in manifest.get("files", {}).values() if not (Path(output_dir) / f).is_file()]
+    if missing:
+        raise ValueError(f"{path} names component files that are missing: {missing}")
+    return manifest
+
+
+def load_components(output_dir: str | os.PathLike[str]) -> tuple[GenerationPlan, dict[str, Caller]]:
+    """Load the components saved in ``output_dir`` with their backend.
+
+    Returns:
+        ``(plan, {component: caller})``, ready for :class:`GenerationRunner`.
+
+    Raises:
+        FileNotFoundError / ValueError: see :func:`read_manifest`.
+        ImportError: the backend package of the manifest's format is not installed (the message
+            has the pip command), or it cannot load generation components.
+    """
+    manifest = read_manifest(output_dir)
+    plan = GenerationPlan.from_dict(manifest["plan"])
+    export_format = manifest["format"]
+    module = backend_generation_module(export_format)
+    load = getattr(module, "load_component", None) if module is not None else None
+    if load is None and export_format != "dynamo":
+        from hfexport.auto import get_hf_exporter
+
+        get_hf_exporter(export_format)  # raises MissingBackendError with the pip command
+        raise ImportError(
+            f"the {export_format} backend cannot load generation components (no load_component)"
+        )
+    callers: dict[str, Caller] = {}
+    for name in plan.components:
+        entry = manifest["components"][name]
+        path = Path(output_dir) / entry["file"]
+        if load is not None:
+            callers[name] = load(path, entry.get("metadata", {}))
+        else:
+            from hfexport.pytree import register_cache_pytrees
+
+            for io_module in plan.io[name].modules:
+                importlib.import_module(io_module)
+            register_cache_pytrees()
+            callers[name] = exported_program_caller(torch.export.load(path))
+    return plan, callers
+
+
+def load_runner(output_dir: str | os.PathLike[str], **runner_kwargs: Any) -> GenerationRunner:
+    """A :class:`GenerationRunner` over the components saved in ``output_dir``."""
+    plan, callers = load_components(output_dir)
+    return GenerationRunner(plan, callers, **runner_kwargs)
+
+
+def generate_from_dir(
+    output_dir: str | os.PathLike[str],
+    input_ids: Sequence[int] | torch.Tensor,
+    max_new_tokens: int = 20,
+    **inputs: Any,
+) -> list[int]:
+    """Greedy generation with the components saved in ``output_dir``.
+
+    Args:
+        output_dir: a folder written by :func:`save_components`.
+        input_ids: one prompt: a list of token ids, or an int tensor ``[seq]`` / ``[1, seq]``.
+        max_new_tokens: how many tokens to generate at most.
+        **inputs: other generate-style inputs (``attention_mask``, ``pixel_values`` ...).
+
+    Returns:
+        The generated token ids (the prompt, or the decoder start token, not included); shorter
+        than ``max_new_tokens`` when an end-of-sequence token came first (it is included).
+
+    Raises:
+        ValueError: an empty prompt or several prompts (use :func:`load_runner` for batches).
+        FileNotFoundError / ImportError: see :func:`load_components`.
+    """
+    ids = torch.as_tensor(input_ids, dtype=torch.int64)
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise ValueError(
+            f"generate_from_dir takes one non-empty prompt (a list of ids), got shape {tuple(ids.shape)}; "
+            "for a batch use hfexport.generation.load_runner(output_dir).generate(input_ids, attention_mask)"
+        )
+    runner = load_runner(output_dir)
+    sequences = runner.generate(ids[None], max_new_tokens=max_new_tokens, **inputs)
+    start = 1 if runner.plan.architecture == "encoder_decoder" else ids.numel()
+    return [int(t) for t in sequences[0, start:].tolist()]

@@ -1,0 +1,234 @@
+"""The generation plan: which components exist, what each one takes and returns, and how the
+runner feeds them.
+
+A :class:`GenerationPlan` is plain data (it round-trips through JSON, it is what
+``generation_manifest.json`` stores) so that exported components can be run without the eager
+model: the runner rebuilds every component's forward kwargs from the recorded pytree spec
+(:class:`ComponentIO`), filling each tensor leaf by its path (``input_ids``,
+``cache.layers.0.keys``, ``encoder_outputs.last_hidden_state`` ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.pytree import register_cache_pytrees
+
+__all__ = ["ComponentIO", "GenerationPlan", "keypath_to_str"]
+
+logger = logging.getLogger(__name__)
+
+#: Architectures a plan describes.
+ARCHITECTURES = ("decoder", "encoder_decoder", "multimodal")
+#: Cache kinds.
+CACHE_KINDS = ("dynamic", "static")
+
+
+def keypath_to_str(path: tuple[Any, ...]) -> str:
+    """Dotted name of a pytree key path, as :func:`hfexport.tensors.get_leaf_tensors` spells paths."""
+    parts: list[str] = []
+    for key in path:
+        if isinstance(key, pytree.MappingKey):
+            parts.append(str(key.key))
+        elif isinstance(key, pytree.SequenceKey):
+            parts.append(str(key.idx))
+        elif isinstance(key, pytree.GetAttrKey):
+            parts.append(key.name)
+        else:  # pragma: no cover - other key kinds are not produced for kwargs
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def _simple(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str))
+
+
+def _node_modules(spec: pytree.TreeSpec) -> list[str]:
+    """Python modules defining the node types of ``spec`` (imported before loading it again)."""
+    found: list[str] = []
+    stack = [spec]
+    while stack:
+        node = stack.pop()
+        module = getattr(node.type, "__module__", None)
+        if module and module not in ("builtins", "collections") and module not in found:
+            found.append(module)
+        stack.extend(node.children())
+    return found
+
+
+@dataclass
+class ComponentIO:
+    """What one exported component takes and returns.
+
+    Attributes:
+        treespec: ``torch.utils._pytree.treespec_dumps`` of the component's prepared forward kwargs
+            (the dict the graph was traced with, caches and model outputs included).
+        leaves: one entry per pytree leaf, in flattening order: ``{"path": str, "tensor": bool}``
+            plus, for tensors, the sample ``"shape"`` and ``"dtype"``, and for constants their
+            JSON ``"value"``.
+        outputs: output leaf paths in the order eager PyTorch returns them (``logits``,
+            ``cache.layers.0.keys``, ...).
+        modules: Python modules to import before :attr:`treespec` can be loaded (they define the
+            cache and model-output classes named in it).
+    """
+
+    treespec: str
+    leaves: list[dict[str, Any]]
+    outputs: list[str]
+    modules: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_kwargs(cls, kwargs: Mapping[str, Any], outputs: list[str]) -> ComponentIO:
+        """Describe prepared forward kwargs ``kwargs`` and eager output paths ``outputs``.
+
+        Raises:
+            ValueError: a non-tensor leaf is not JSON-safe (``None``, bool, int, float, str).
+        """
+        register_cache_pytrees()
+        flat, spec = pytree.tree_flatten_with_path(dict(kwargs))
+        leaves: list[dict[str, Any]] = []
+        for path, value in flat:
+            name = keypath_to_str(path)
+            if isinstance(value, torch.Tensor):
+                leaves.append(
+                    {
+                        "path": name,
+                        "tensor": True,
+                        "shape": list(value.shape),
+                        "dtype": str(value.dtype).removeprefix("torch."),
+                    }
+                )
+            elif _simple(value):
+                leaves.append({"path": name, "tensor": False, "value": value})
+            else:
+                raise ValueError(
+                    f"input {name!r} is a {type(value).__name__}, which a generation manifest cannot hold"
+                )
+        return cls(
+            treespec=pytree.treespec_dumps(spec),
+            leaves=leaves,
+            outputs=list(outputs),
+            modules=_node_modules(spec),
+        )
+
+    @property
+    def tensor_paths(self) -> list[str]:
+        """Paths of the tensor leaves, in flattening order."""
+        return [leaf["path"] for leaf in self.leaves if leaf["tensor"]]
+
+    def spec(self) -> pytree.TreeSpec:
+        """The loaded :class:`~torch.utils._pytree.TreeSpec` (imports :attr:`modules` first)."""
+        for module in self.modules:
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise ImportError(
+                    f"loading a generation component needs the module {module!r}: {exc}"
+                ) from exc
+        register_cache_pytrees()
+        return pytree.treespec_loads(self.treespec)
+
+    def build(self, value_of: Callable[[str], torch.Tensor]) -> dict[str, Any]:
+        """Build the forward kwargs: tensor leaves from ``value_of(path)``, constants as recorded.
+
+        Raises:
+            KeyError: ``value_of`` has no value for a path (it should name the path).
+        """
+        values: list[Any] = []
+        for leaf in self.leaves:
+            values.append(value_of(leaf["path"]) if leaf["tensor"] else leaf.get("value"))
+        return pytree.tree_unflatten(values, self.spec())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ComponentIO:
+        """Inverse of :meth:`to_dict`."""
+        return cls(**dict(data))
+
+
+@dataclass
+class GenerationPlan:
+    """Everything the greedy runner needs to know about a set of exported components.
+
+    Attributes:
+        architecture: ``"decoder"`` (prefill/decode), ``"encoder_decoder"`` (encoder/prefill/decode)
+            or ``"multimodal"`` (encoders, projectors, embed_tokens, language_model, lm_head, decode).
+        model_class: class name of the decomposed model.
+        cache_kind: ``"dynamic"`` (the cache grows, returned by each call) or ``"static"``
+            (preallocated ``max_cache_len`` positions, updated in place).
+        max_cache_len: static cache length (``None`` for dynamic caches).
+        multi_token_decode: the decode graph was captured with a query of several tokens.
+        components: component names in execution order.
+        token_ids: ``eos_token_id`` (list), ``pad_token_id``, ``bos_token_id``,
+            ``decoder_start_token_id`` from the model's generation config.
+        links: multimodal only: ``{component: {input_path: source}}`` for encoder and projector
+            inputs; a source is ``{"from": "prompt", "key": k}`` (a generate input),
+            ``{"from": "vision_grid", "key": k, "grid": g}`` (precomputed from the grid input ``g``)
+            or ``{"from": "component", "component": c, "output": o, "drop_first": bool}``.
+        features: multimodal only: ``{placeholder_token_id (str): {"component": c, "output": o}}``:
+            which output replaces the embeddings of which placeholder token.
+        vision_grid: ``{component: settings}`` for Qwen-style vision encoders (see
+            :func:`hfexport.generation.preparers.vision_grid_settings`).
+        mrope: ``{"spatial_merge_size": m}`` when the language model takes M-RoPE position ids.
+        io: ``{component: ComponentIO}``.
+    """
+
+    architecture: str
+    model_class: str
+    cache_kind: str = "dynamic"
+    max_cache_len: int | None = None
+    multi_token_decode: bool = False
+    components: list[str] = field(default_factory=list)
+    token_ids: dict[str, Any] = field(default_factory=dict)
+    links: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    vision_grid: dict[str, dict[str, Any]] = field(default_factory=dict)
+    mrope: dict[str, Any] | None = None
+    io: dict[str, ComponentIO] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture={self.architecture!r}; allowed: {', '.join(ARCHITECTURES)}")
+        if self.cache_kind not in CACHE_KINDS:
+            raise ValueError(f"cache_kind={self.cache_kind!r}; allowed: {', '.join(CACHE_KINDS)}")
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """End-of-sequence ids (possibly empty)."""
+        eos = self.token_ids.get("eos_token_id")
+        if eos is None:
+            return []
+        return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (``io`` entries as dicts)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "io"}
+        out["io"] = {name: io.to_dict() for name, io in self.io.items()}
+        return json.loads(json.dumps(out))
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GenerationPlan:
+        """Inverse of :meth:`to_dict`.
+
+        Raises:
+            ValueError: unknown keys or invalid values.
+        """
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown generation plan field(s) {unknown}; known: {sorted(known)}")
+        values = dict(data)
+        values["io"] = {name: ComponentIO.from_dict(io) for name, io in dict(values.get("io", {})).items()}
+        return cls(**values)

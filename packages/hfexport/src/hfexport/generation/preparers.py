@@ -1,0 +1,267 @@
+"""Export-input preparers for vision-language models (registered by input marker).
+
+``torch.export`` cannot trace values computed with ``.tolist()``/``.item()`` loops over the
+*contents* of an input. Two such computations recur in Qwen-style vision-language models:
+
+- the vision encoder derives its rotary position ids, the packed-attention boundaries
+  (``cu_seqlens``) and, with windowed attention, the window permutation from ``grid_thw``;
+- the language model derives multimodal rotary (M-RoPE) position ids from ``input_ids``,
+  ``mm_token_type_ids`` and ``image_grid_thw`` with ``get_rope_index``, a method that lives on the
+  inner ``.model`` of ``...ForConditionalGeneration`` classes.
+
+The preparers below compute them eagerly so the exported graph receives them as inputs; the
+standalone functions are also what the generation runner calls at run time, when no eager model
+is around (:func:`vision_grid_inputs`, :func:`mrope_position_ids`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from hfexport.inputs import register_export_input_preparer
+
+__all__ = [
+    "find_rope_index_owner",
+    "mrope_position_ids",
+    "prepare_mrope_position_ids",
+    "prepare_vision_grid_inputs",
+    "vision_grid_inputs",
+    "vision_grid_settings",
+]
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_reads(cls: type) -> frozenset[str]:
+    """Names of the ``transformers.vision_utils`` helpers ``cls.forward`` calls (they pop precomputed kwargs)."""
+    try:
+        source = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return frozenset()
+    helpers = (
+        "get_vision_position_ids",
+        "get_vision_attention_seqlens",
+        "get_vision_cu_seqlens",
+        "get_vision_window_index",
+    )
+    return frozenset(h for h in helpers if h in source)
+
+
+def vision_grid_settings(module: Any) -> dict[str, Any] | None:
+    """What a Qwen-style vision encoder needs precomputed, or ``None`` when ``module`` is not one.
+
+    Returns:
+        ``{"spatial_merge_size": int, "window_size": int | None, "patch_size": int | None,
+        "position_ids": bool, "cu_seqlens": bool, "window_index": bool}``: the booleans say which
+        precomputed kwargs the encoder's ``forward`` reads (through the ``transformers.vision_utils``
+        helpers, which pop them from ``**kwargs`` when given).
+    """
+    reads = _forward_reads(type(module))
+    if not reads:
+        return None
+    config = getattr(module, "config", None)
+    merge = getattr(module, "spatial_merge_size", None) or getattr(config, "spatial_merge_size", None)
+    if merge is None:
+        return None
+    window = getattr(module, "window_size", None) or getattr(config, "window_size", None)
+    patch = getattr(module, "patch_size", None) or getattr(config, "patch_size", None)
+    return {
+        "spatial_merge_size": int(merge),
+        "window_size": int(window) if window is not None else None,
+        "patch_size": int(patch) if patch is not None else None,
+        "position_ids": "get_vision_position_ids" in reads,
+        "cu_seqlens": bool({"get_vision_attention_seqlens", "get_vision_cu_seqlens"} & reads),
+        "window_index": "get_vision_window_index" in reads and window is not None and patch is not None,
+    }
+
+
+def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Precompute the data-dependent inputs of a Qwen-style vision encoder from ``grid_thw``.
+
+    Args:
+        grid_thw: int64 ``[num_images, 3]``: temporal, height and width patches per image.
+        settings: as returned by :func:`vision_grid_settings` (JSON-safe, stored in generation
+            manifests).
+
+    Returns:
+        A subset of ``{"position_ids": int64 [num_patches, 2], "cu_seqlens": int32 [segments + 1],
+        "window_index": int64 [num_merged_patches], "cu_window_seqlens": int32 [windows + 1]}``,
+        as the encoder's ``forward`` reads them (computed with ``transformers.vision_utils``).
+    """
+    from transformers import vision_utils
+
+    out: dict[str, torch.Tensor] = {}
+    merge = int(settings["spatial_merge_size"])
+    if settings.get("position_ids"):
+        out["position_ids"] = vision_utils.get_vision_position_ids(grid_thw, merge)
+    if settings.get("cu_seqlens"):
+        out["cu_seqlens"] = vision_utils.get_vision_cu_seqlens(grid_thw)
+    if settings.get("window_index"):
+        index, cu_window = vision_utils.get_vision_window_index(
+            grid_thw,
+            spatial_merge_size=merge,
+            window_size=int(settings["window_size"]),
+            patch_size=int(settings["patch_size"]),
+        )
+        out["window_index"] = index
+        out["cu_window_seqlens"] = cu_window
+    return out
+
+
+@register_export_input_preparer("grid_thw")
+def prepare_vision_grid_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Preparer for Qwen-style vision encoders (marker ``grid_thw``).
+
+    Adds the rotary ``position_ids``, ``cu_seqlens`` and (windowed encoders) ``window_index`` /
+    ``cu_window_seqlens`` the encoder would compute from ``grid_thw`` with ``.tolist()`` loops; the
+    encoder pops them from ``**kwargs`` instead. Inputs already given are kept. A module that does
+    not read them is left alone.
+    """
+    settings = vision_grid_settings(model)
+    if settings is None:
+        return inputs
+    for key, value in vision_grid_inputs(inputs["grid_thw"], settings).items():
+        inputs.setdefault(key, value.to(inputs["grid_thw"].device))
+    return inputs
+
+
+def find_rope_index_owner(model: Any) -> Any | None:
+    """The module holding ``get_rope_index`` (the model itself, ``model.model`` or the base model)."""
+    for candidate in (model, getattr(model, "model", None), getattr(model, "base_model", None)):
+        if candidate is not None and callable(getattr(candidate, "get_rope_index", None)):
+            return candidate
+    return None
+
+
+def _text_positions(
+    attention_mask: torch.Tensor | None, batch: int, length: int, device: Any
+) -> torch.Tensor:
+    if attention_mask is None:
+        return torch.arange(length, device=device).expand(batch, length).clone()
+    mask = attention_mask.to(torch.int64)
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+@register_export_input_preparer("input_ids", "image_grid_thw", "mm_token_type_ids")
+def prepare_mrope_position_ids(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Preparer for M-RoPE models given processor-style inputs (markers ``input_ids``,
+    ``image_grid_thw``, ``mm_token_type_ids``).
+
+    When ``position_ids`` is not given, computes them with the model's own ``get_rope_index``
+    wherever it lives (on ``...ForConditionalGeneration`` it is on the inner ``.model``) and passes
+    ``[4, batch, seq]``: the text positions, then the temporal/height/width positions, the layout
+    ``generate`` uses at prefill. Models without ``get_rope_index`` are left alone.
+    """
+    if inputs.get("position_ids") is not None:
+        return inputs
+    owner = find_rope_index_owner(model)
+    if owner is None:
+        return inputs
+    input_ids = inputs["input_ids"]
+    kwargs = {
+        k: inputs[k]
+        for k in ("image_grid_thw", "video_grid_thw", "attention_mask", "mm_token_type_ids")
+        if inputs.get(k) is not None
+    }
+    with torch.no_grad():
+        vision, _ = owner.get_rope_index(input_ids, **kwargs)
+    text = _text_positions(
+        inputs.get("attention_mask"), input_ids.shape[0], input_ids.shape[1], input_ids.device
+    )
+    inputs["position_ids"] = torch.cat([text[None].to(vision.dtype), vision], dim=0)
+    return inputs
+
+
+def mrope_position_ids(
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor,
+    spatial_merge_size: int,
+    attention_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE position ids of a prompt with images (Qwen2-VL layout), without the model.
+
+    Text tokens advance all three axes by one; an image block of ``t x h x w`` merged patches gets
+    temporal index ``t``, row ``h`` and column ``w`` offset by the position where it starts, and the
+    text after it resumes at ``start + max(h, w)`` (grid sizes divided by ``spatial_merge_size``).
+    Padded positions (mask 0) are skipped and get 0.
+
+    Args:
+        input_ids: int64 ``[batch, seq]``.
+        mm_token_type_ids: ``[batch, seq]``: 0 for text, 1 for image tokens (videos, 2, are not
+            supported here).
+        image_grid_thw: int64 ``[num_images, 3]`` (patch grid per image, before merging), images in
+            the order they appear over ``(batch, seq)``.
+        spatial_merge_size: the vision encoder's merge size.
+        attention_mask: ``[batch, seq]`` padding mask or ``None``.
+
+    Returns:
+        ``(position_ids, deltas)``: int64 ``[4, batch, seq]`` (row 0: text positions from the mask,
+        rows 1-3: temporal/height/width) and ``[batch, 1]``, the offset between M-RoPE and text
+        positions after the prompt (decode positions are ``text_position + delta`` on rows 1-3).
+
+    Raises:
+        ValueError: video tokens; more image blocks than ``image_grid_thw`` rows; an image block
+            whose length does not match its grid.
+    """
+    batch, length = input_ids.shape
+    device = input_ids.device
+    out = torch.zeros(3, batch, length, dtype=torch.int64, device=device)
+    deltas = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+    grids = [tuple(int(x) for x in row) for row in image_grid_thw.tolist()]
+    grid_iter = iter(grids)
+    merge = int(spatial_merge_size)
+    for b in range(batch):
+        keep = (
+            attention_mask[b].bool() if attention_mask is not None else torch.ones(length, dtype=torch.bool)
+        )
+        types = mm_token_type_ids[b][keep].tolist()
+        if any(t == 2 for t in types):
+            raise ValueError(
+                "mrope_position_ids handles image tokens only; the prompt has video tokens (type 2)"
+            )
+        pieces: list[torch.Tensor] = []
+        pos = 0
+        i = 0
+        while i < len(types):
+            j = i
+            while j < len(types) and types[j] == types[i]:
+                j += 1
+            if types[i] == 0:
+                n = j - i
+                pieces.append(torch.arange(pos, pos + n, device=device).expand(3, n))
+                pos += n
+            else:
+                try:
+                    t, h, w = next(grid_iter)
+                except StopIteration:
+                    raise ValueError("the prompt has more image blocks than image_grid_thw rows") from None
+                gh, gw = h // merge, w // merge
+                if t * gh * gw != j - i:
+                    raise ValueError(
+                        f"an image block of {j - i} tokens does not match its grid {t}x{h}x{w} "
+                        f"(merge {merge} -> {t * gh * gw} tokens)"
+                    )
+                tt, hh, ww = torch.meshgrid(
+                    torch.arange(t, device=device),
+                    torch.arange(gh, device=device),
+                    torch.arange(gw, device=device),
+                    indexing="ij",
+                )
+                pieces.append(torch.stack([tt.flatten(), hh.flatten(), ww.flatten()]) + pos)
+                pos += max(gh, gw)
+            i = j
+        positions = (
+            torch.cat(pieces, dim=1) if pieces else torch.zeros(3, 0, dtype=torch.int64, device=device)
+        )
+        out[:, b, keep] = positions
+        deltas[b, 0] = (int(positions.max()) + 1 if positions.numel() else 0) - len(types)
+    text = _text_positions(attention_mask, batch, length, device)
+    return torch.cat([text[None], out], dim=0), deltas

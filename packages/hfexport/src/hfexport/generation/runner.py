@@ -1,0 +1,372 @@
+"""Greedy generation over exported components.
+
+The core owns the loop; a backend only supplies, per component, a *caller*: a function taking the
+component's forward kwargs (tensors, caches and model outputs, rebuilt from the component's
+recorded pytree spec) and returning ``{output_leaf_path: tensor}`` (``logits``,
+``cache.layers.0.keys``, ...), which is exactly what ``HfExporter.runner(artefact)`` returns.
+
+The loop reproduces ``generate(do_sample=False)``: argmax of the last position's logits; after a
+row emits an end-of-sequence token it receives the pad token; generation stops when every row has
+finished or ``max_new_tokens`` tokens were produced. Between steps the cache travels as the
+tensors the previous call returned (a growing cache) or as the same preallocated tensors updated in
+place (a static cache); the 2-D padding mask grows by one column of ones per token and position ids
+continue from the last one (``generate``'s own bookkeeping). Logits processors configured in the
+model's generation config (repetition penalty, suppressed tokens ...) are not applied.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from hfexport.generation.plan import GenerationPlan
+from hfexport.tensors import get_leaf_tensors
+
+__all__ = ["Caller", "GenerationRunner", "callers_from_exporter", "exported_program_caller"]
+
+logger = logging.getLogger(__name__)
+
+Caller = Callable[[dict[str, Any]], Mapping[str, Any]]
+
+_CACHE_PREFIX = "cache."
+_ENCODER_PREFIX = "encoder_outputs."
+
+
+def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
+    """A caller running ``program.module()`` (the in-place cache updates of the graph happen on the inputs).
+
+    Returns:
+        ``kwargs -> {output_leaf_path: tensor}``.
+    """
+    module = program.module()
+
+    def call(kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return get_leaf_tensors(module(**kwargs))
+
+    return call
+
+
+def callers_from_exporter(exporter: Any, artefacts: Mapping[str, Any]) -> dict[str, Caller]:
+    """One caller per component from a backend exporter: ``exporter.runner(artefact)``."""
+    return {name: exporter.runner(artefact) for name, artefact in artefacts.items()}
+
+
+def _only(outputs: Mapping[str, Any], component: str) -> torch.Tensor:
+    tensors = [v for v in outputs.values() if v is not None]
+    if len(tensors) != 1:
+        raise RuntimeError(f"component {component!r} returned {sorted(outputs)}; one output was expected")
+    return torch.as_tensor(tensors[0])
+
+
+def _text_positions(mask: torch.Tensor) -> torch.Tensor:
+    mask = mask.to(torch.int64)
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+class GenerationRunner:
+    """Greedy generation over the components of a :class:`GenerationPlan`.
+
+    Args:
+        plan: the plan of the exported components (``decomposition.plan``, or a loaded manifest's).
+        callers: ``{component: caller}``, one for every component of the plan.
+        prefill_with_decode: run the prompt through the ``decode`` graph on an empty cache (a
+            zeroed static cache, or a growing cache of 0 positions) instead of the ``prefill``
+            graph. The decode graph needs a symbolic query length (``multi_token_decode=True``,
+            ``dynamic=True``). Implied when the plan of a decoder-only model has no ``prefill``.
+
+    Raises:
+        ValueError: a component of the plan has no caller, or ``prefill_with_decode`` without a
+            multi-token decode graph of a decoder-only model.
+    """
+
+    def __init__(
+        self, plan: GenerationPlan, callers: Mapping[str, Caller], *, prefill_with_decode: bool = False
+    ) -> None:
+        missing = [c for c in plan.components if c not in callers]
+        if missing:
+            raise ValueError(f"no caller for component(s) {missing}; the plan has {plan.components}")
+        if plan.architecture == "decoder" and "prefill" not in plan.components:
+            prefill_with_decode = True
+        if prefill_with_decode and (plan.architecture != "decoder" or not plan.multi_token_decode):
+            raise ValueError(
+                "prefilling through the decode graph needs a decoder-only model and a multi-token decode graph "
+                "(export with multi_token_decode=True and dynamic=True)"
+            )
+        self.plan = plan
+        self.callers = dict(callers)
+        self.prefill_with_decode = prefill_with_decode
+        #: logits ``[batch, vocab]`` of each generated position of the last :meth:`generate` call.
+        self.last_logits: list[torch.Tensor] = []
+
+    # -- one component call ------------------------------------------------------------------------
+    def _call(
+        self,
+        component: str,
+        values: Mapping[str, Any],
+        cache: Mapping[str, torch.Tensor],
+        encoder: Mapping[str, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
+        io = self.plan.io[component]
+
+        def value_of(path: str) -> torch.Tensor:
+            if path in values and values[path] is not None:
+                return values[path]
+            if path.startswith(_CACHE_PREFIX) and path[len(_CACHE_PREFIX) :] in cache:
+                return cache[path[len(_CACHE_PREFIX) :]]
+            if (
+                encoder is not None
+                and path.startswith(_ENCODER_PREFIX)
+                and path[len(_ENCODER_PREFIX) :] in encoder
+            ):
+                return encoder[path[len(_ENCODER_PREFIX) :]]
+            raise KeyError(
+                f"component {component!r} takes input {path!r}, which the runner cannot supply "
+                f"(it has {sorted(k for k, v in values.items() if v is not None)}, cache {sorted(cache)[:4]}...); "
+                "pass it to generate() as a keyword argument"
+            )
+
+        kwargs = io.build(value_of)
+        outputs = self.callers[component](kwargs)
+        return {k: torch.as_tensor(v) for k, v in outputs.items() if v is not None}
+
+    @staticmethod
+    def _cache_from(outputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k[len(_CACHE_PREFIX) :]: v for k, v in outputs.items() if k.startswith(_CACHE_PREFIX)}
+
+    def _empty_cache(self, batch: int) -> dict[str, torch.Tensor]:
+        """The decode graph's cache inputs holding no token: zeros of the full static length, or
+        zero positions on the sequence axis of a growing cache."""
+        cache: dict[str, torch.Tensor] = {}
+        for leaf in self.plan.io["decode"].leaves:
+            path = leaf["path"]
+            if not (leaf["tensor"] and path.startswith(_CACHE_PREFIX)):
+                continue
+            shape = list(leaf["shape"])
+            if shape:
+                shape[0] = batch
+            if self.plan.cache_kind == "dynamic" and len(shape) == 4:
+                shape[2] = 0
+            cache[path[len(_CACHE_PREFIX) :]] = torch.zeros(shape, dtype=getattr(torch, leaf["dtype"]))
+        return cache
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def generate(
+        self,
+        input_ids: torch.Tensor | list[int] | list[list[int]],
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int = 20,
+        **inputs: Any,
+    ) -> torch.Tensor:
+        """Generate greedily from a prompt.
+
+        Args:
+            input_ids: int64 ``[batch, seq]`` (or a list of ids for one prompt). Left padding is
+                expressed by ``attention_mask``.
+            attention_mask: ``[batch, seq]`` (1 = token, 0 = padding); ``None`` means no padding.
+            max_new_tokens: how many tokens to generate at most (>= 1).
+            **inputs: other generate-style inputs the components need: for multimodal models
+                ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...
+
+        Returns:
+            int64 ``[batch, seq + n]`` (decoder-only and multimodal: the prompt then the new tokens,
+            as ``generate`` returns them) or ``[batch, 1 + n]`` (encoder-decoder: the decoder start
+            token then the new tokens), ``n <= max_new_tokens``.
+
+        Raises:
+            ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
+                ``max_new_tokens``; a mask whose shape differs from ``input_ids``.
+            KeyError: a component needs an input that was not given.
+        """
+        ids = torch.as_tensor(input_ids, dtype=torch.int64)
+        if ids.dim() == 1:
+            ids = ids[None]
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        mask = (
+            torch.ones_like(ids)
+            if attention_mask is None
+            else torch.as_tensor(attention_mask).to(torch.int64)
+        )
+        if mask.shape != ids.shape:
+            raise ValueError(
+                f"attention_mask {tuple(mask.shape)} must have the shape of input_ids {tuple(ids.shape)}"
+            )
+        arch = self.plan.architecture
+        if self.plan.cache_kind == "static" and self.plan.max_cache_len is not None:
+            needed = (1 if arch == "encoder_decoder" else ids.shape[1]) + max_new_tokens
+            if needed > self.plan.max_cache_len:
+                raise ValueError(
+                    f"the static cache holds {self.plan.max_cache_len} positions but this run needs {needed} "
+                    f"(prompt {ids.shape[1]} + {max_new_tokens} new tokens); export with a larger max_cache_len"
+                )
+        if arch == "encoder_decoder":
+            return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
+        logits, cache, positions, state = self._prefill(ids, mask, inputs)
+        return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
+
+    def _prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
+        if self.plan.architecture == "multimodal":
+            return self._prefill_multimodal(ids, mask, inputs)
+        positions = _text_positions(mask)
+        values = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **inputs}
+        values.update(get_leaf_tensors({k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}))
+        if "token_type_ids" not in values:
+            values["token_type_ids"] = torch.zeros_like(ids)
+        if "mm_token_type_ids" not in values:
+            values["mm_token_type_ids"] = torch.zeros_like(ids)
+        if self.prefill_with_decode:
+            out = self._call("decode", values, self._empty_cache(ids.shape[0]))
+        else:
+            out = self._call("prefill", values, {})
+        state = {"token_type_ids": values["token_type_ids"]}
+        return out["logits"][:, -1, :], self._cache_from(out), positions, state
+
+    def _prefill_multimodal(
+        self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
+        from hfexport.generation.preparers import mrope_position_ids, vision_grid_inputs
+
+        plan = self.plan
+        prompt = {"input_ids": ids, "attention_mask": mask, **inputs}
+        produced: dict[str, dict[str, torch.Tensor]] = {}
+        for component, links in plan.links.items():
+            values: dict[str, Any] = {}
+            derived: dict[str, torch.Tensor] = {}
+            for path, source in links.items():
+                kind = source["from"]
+                if kind == "prompt":
+                    if prompt.get(source["key"]) is None:
+                        raise KeyError(f"the {component} needs {source['key']!r}; pass it to generate()")
+                    values[path] = torch.as_tensor(prompt[source["key"]])
+                elif kind == "component":
+                    tensor = produced[source["component"]][source["output"]]
+                    values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
+            for path, source in links.items():
+                if source["from"] == "vision_grid":
+                    if not derived:
+                        derived = vision_grid_inputs(values[source["grid"]], plan.vision_grid[component])
+                    values[path] = derived[source["key"]]
+            produced[component] = self._call(component, values, {})
+        embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
+        for token, source in plan.features.items():
+            features = produced[source["component"]][source["output"]]
+            where = ids == int(token)
+            count = int(where.sum())
+            flat = features.reshape(-1, features.shape[-1])
+            if count != flat.shape[0]:
+                raise ValueError(
+                    f"the prompt has {count} placeholder tokens {token} but the {source['component']} produced "
+                    f"{flat.shape[0]} feature rows"
+                )
+            embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
+        if plan.mrope is not None:
+            token_types = inputs.get("mm_token_type_ids")
+            if token_types is None:
+                token_types = torch.zeros_like(ids)
+                for token in plan.features:
+                    token_types = token_types.masked_fill(ids == int(token), 1)
+            grid = inputs.get("image_grid_thw")
+            if grid is None:
+                grid = torch.zeros(0, 3, dtype=torch.int64)
+            positions, _ = mrope_position_ids(
+                ids,
+                torch.as_tensor(token_types),
+                torch.as_tensor(grid),
+                plan.mrope["spatial_merge_size"],
+                mask,
+            )
+            positions = positions[-int(plan.mrope.get("channels", 4)) :]
+        else:
+            positions = _text_positions(mask)
+        values = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        out = self._call("language_model", values, {})
+        hidden = out["last_hidden_state"]
+        logits = _only(
+            self._call("lm_head", {"input": hidden[:, -1:], "hidden_states": hidden[:, -1:]}, {}), "lm_head"
+        )
+        return logits[:, -1, :], self._cache_from(out), positions, {}
+
+    def _decode_loop(
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        logits: torch.Tensor,
+        cache: dict[str, torch.Tensor],
+        positions: torch.Tensor,
+        max_new_tokens: int,
+        state: dict[str, Any],
+        *,
+        token_key: str = "input_ids",
+        encoder: Mapping[str, torch.Tensor] | None = None,
+        grow_mask: bool = True,
+    ) -> torch.Tensor:
+        eos = torch.tensor(self.plan.eos_token_ids, dtype=torch.int64)
+        pad = self.plan.token_ids.get("pad_token_id")
+        if pad is None:
+            pad = int(eos[0]) if eos.numel() else 0
+        batch = ids.shape[0]
+        finished = torch.zeros(batch, dtype=torch.bool)
+        last = positions[..., -1:]
+        token_types = state.get("token_type_ids")
+        new_tokens: list[torch.Tensor] = []
+        self.last_logits = []
+        for step in range(max_new_tokens):
+            self.last_logits.append(logits.float())
+            token = logits.argmax(dim=-1).to(torch.int64)
+            if eos.numel():
+                token = torch.where(finished, torch.full_like(token, int(pad)), token)
+                finished |= torch.isin(token, eos)
+            new_tokens.append(token)
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            if grow_mask:
+                mask = torch.cat([mask, torch.ones(batch, 1, dtype=mask.dtype)], dim=1)
+            last = last + 1
+            values: dict[str, Any] = {
+                token_key: token[:, None],
+                "attention_mask": mask,
+                "position_ids": last,
+                "mm_token_type_ids": torch.zeros(batch, 1, dtype=torch.int64),
+                "token_type_ids": token_types[:, -1:]
+                if token_types is not None
+                else torch.zeros(batch, 1, dtype=torch.int64),
+            }
+            out = self._call("decode", values, cache, encoder)
+            logits = out["logits"][:, -1, :]
+            cache = {**cache, **self._cache_from(out)}
+        return torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1)
+
+    def _generate_encoder_decoder(
+        self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, inputs: Mapping[str, Any]
+    ) -> torch.Tensor:
+        encoded = self._call("encoder", {"input_ids": ids, "attention_mask": mask, **inputs}, {})
+        start = self.plan.token_ids.get("decoder_start_token_id")
+        if start is None:
+            start = self.plan.token_ids.get("bos_token_id")
+        if start is None:
+            raise ValueError(
+                "the model has no decoder_start_token_id (nor bos_token_id) to start decoding with"
+            )
+        decoder_ids = torch.full((ids.shape[0], 1), int(start), dtype=torch.int64)
+        values = {"decoder_input_ids": decoder_ids, "attention_mask": mask}
+        out = self._call("prefill", values, {}, encoded)
+        positions = torch.zeros_like(decoder_ids)
+        return self._decode_loop(
+            decoder_ids,
+            mask,
+            out["logits"][:, -1, :],
+            self._cache_from(out),
+            positions,
+            max_new_tokens,
+            {},
+            token_key="decoder_input_ids",
+            encoder=encoded,
+            grow_mask=False,
+        )

@@ -1,0 +1,266 @@
+"""The core capture workarounds: guard-free sliding-window cache, size-1 batch axes kept dynamic."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+
+import pytest
+import torch
+import torch.fx.experimental._config as fx_config
+from packaging.requirements import Requirement
+from torch.export import Dim
+from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
+
+import hfexport.capture_workarounds as workarounds
+from hfexport import registry
+from hfexport.capture import capture
+from hfexport.config import DynamoConfig
+from hfexport.report import ExportReport
+from hfexport.testing import tiny_model
+
+ATOL = 1e-4
+SLIDING = f"{workarounds.__name__}.sliding_window_update_keeps_dynamic_length"
+SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
+
+
+def _core_supported() -> dict[str, str]:
+    """The ranges the core package declares for its dependencies (``torch>=2.12`` ...)."""
+    out = {}
+    for line in importlib.metadata.requires("hfexport") or []:
+        req = Requirement(line)
+        if req.marker is None:
+            out[req.name] = str(req.specifier)
+    return out
+
+
+def test_entries_are_registered_under_capture_with_issue_links_and_ranges():
+    found = {e.name: e for e in registry.entries("capture", kind="patch")}
+    assert {SLIDING, SIZE_ONE} <= set(found)
+    assert found[SLIDING].issue == "https://github.com/pytorch/pytorch/issues/161705"
+    assert found[SLIDING].paths == ("transformers.cache_utils.DynamicSlidingWindowLayer.update",)
+    assert found[SLIDING].versions == {"torch": ">=2.12,<2.15", "transformers": ">=5.23,<6"}
+    assert found[SIZE_ONE].issue == "https://github.com/pytorch/pytorch/issues/157621"
+    assert found[SIZE_ONE].paths == ("torch.export.export",)
+    assert found[SIZE_ONE].versions == {"torch": ">=2.12"}
+    supported = _core_supported()
+    assert {"torch", "transformers"} <= set(supported)
+    for entry in found.values():
+        assert entry.backend == "capture" and entry.description
+        assert entry.issue.startswith("https://github.com/")
+        assert entry.is_active(), entry.inactive_reason()
+        assert not entry.unresolved
+        assert not entry.is_stale(supported)
+
+
+def test_no_backend_registers_its_own_copy():
+    """The shared faults are patched once: no other key replaces the same attributes (ExecuTorch aside)."""
+    import hfexport_dynamo  # noqa: F401
+    import hfexport_onnx  # noqa: F401
+
+    for key in ("dynamo", "onnx"):
+        paths = {p for e in registry.entries(key, kind="patch") for p in e.paths}
+        assert not paths & {
+            "torch.export.export",
+            "transformers.cache_utils.DynamicSlidingWindowLayer.update",
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# sliding-window cache
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("length", [1, 3, 4, 9])
+def test_keep_last_equals_the_negative_slice(length):
+    x = torch.arange(2 * length * 3).reshape(2, length, 3)
+    assert torch.equal(workarounds.keep_last(x, 4, dim=1), x[:, -4:])
+
+
+class SlidingCacheStep(torch.nn.Module):
+    """One sliding-window cache update (window 6), returning the full and the kept states."""
+
+    def forward(self, keys, values):
+        layer = DynamicSlidingWindowLayer(sliding_window=6)
+        full_keys, _ = layer.update(keys, values)
+        return full_keys * 2, layer.keys, layer.values
+
+
+def _sliding_sample() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {"keys": torch.randn(2, 2, 4, 8, generator=gen), "values": torch.randn(2, 2, 4, 8, generator=gen)}
+
+
+def test_sliding_window_capture_accepts_sequences_longer_than_the_window():
+    report = ExportReport(export_format="test")
+    program = capture(SlidingCacheStep(), _sliding_sample(), DynamoConfig(dynamic=True), report)
+    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE]
+    assert DynamicSlidingWindowLayer.update.__qualname__ == "DynamicSlidingWindowLayer.update"  # restored
+    keys, values = torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
+    full, kept_keys, kept_values = program.module()(keys=keys, values=values)
+    assert torch.equal(full, keys * 2)
+    assert kept_keys.shape == (3, 2, 5, 8)  # window - 1 positions kept
+    assert torch.equal(kept_keys, keys[:, :, -5:]) and torch.equal(kept_values, values[:, :, -5:])
+    short = torch.randn(1, 2, 3, 8)
+    assert torch.equal(program.module()(keys=short, values=short)[1], short)
+    kept_sizes = [str(n.meta["val"].shape[2]) for n in program.graph.output_node().args[0][1:]]
+    assert all(size.startswith("Min(5, ") for size in kept_sizes), kept_sizes  # bounded by window - 1
+
+
+def test_without_the_workaround_the_sliding_window_slice_bounds_the_sequence():
+    with registry.isolated_registry():
+        program = capture(SlidingCacheStep(), _sliding_sample(), DynamoConfig(dynamic=True))
+    uppers = [int(r.upper) for r in program.range_constraints.values() if r.upper < 10**6]
+    assert uppers and max(uppers) <= 5
+    with pytest.raises(AssertionError, match="Guard failed"):
+        program.module()(keys=torch.randn(3, 2, 20, 8), values=torch.randn(3, 2, 20, 8))
+
+
+def test_sliding_window_capture_with_an_explicit_dim_longer_than_the_window():
+    seq = Dim("seq", min=1, max=256)
+    config = DynamoConfig(dynamic_shapes={"keys": {2: seq}, "values": {2: seq}})
+    program = capture(SlidingCacheStep(), _sliding_sample(), config)
+    keys = torch.randn(2, 2, 100, 8)
+    assert torch.equal(program.module()(keys=keys, values=keys)[1], keys[:, :, -5:])
+
+
+def test_record_past_layers_run_the_original_update():
+    layer = DynamicSlidingWindowLayer(sliding_window=3)
+    if not hasattr(layer, "record_past"):
+        pytest.skip("this transformers has no record_past")
+    calls = []
+
+    def original(self, key_states, value_states, *args, **kwargs):
+        calls.append(key_states.shape)
+        return key_states, value_states
+
+    update = workarounds.sliding_window_update_keeps_dynamic_length(original)
+    layer.record_past = True
+    states = torch.randn(1, 1, 4, 2)
+    assert update(layer, states, states)[0] is states and calls == [states.shape]
+
+
+def test_gemma2_captured_dynamic_runs_past_its_sliding_window():
+    model, inputs = tiny_model("gemma2")
+    window = model.config.sliding_window
+    assert window == 32 and inputs["input_ids"].shape[1] < window
+    program = capture(model, inputs, DynamoConfig(dynamic=True))
+    gen = torch.Generator().manual_seed(1)
+    longer = {
+        "input_ids": torch.randint(3, model.config.vocab_size, (3, 65), generator=gen),
+        "attention_mask": torch.ones(3, 65, dtype=torch.long),
+    }
+    assert longer["input_ids"].shape[1] > window
+    got = program.module()(**longer)
+    with torch.no_grad():
+        expected = model(**longer)
+    assert got.logits.shape == (3, 65, model.config.vocab_size)
+    assert (got.logits - expected.logits).abs().max().item() <= ATOL
+    assert isinstance(got.past_key_values, DynamicCache)
+    for got_layer, expected_layer in zip(got.past_key_values.layers, expected.past_key_values.layers):
+        assert got_layer.keys.shape == expected_layer.keys.shape  # sliding layers keep window - 1
+        assert (got_layer.keys - expected_layer.keys).abs().max().item() <= ATOL
+    assert {layer.keys.shape[2] for layer in got.past_key_values.layers} == {window - 1, 65}
+
+
+# --------------------------------------------------------------------------------------------
+# size-one batch axes
+# --------------------------------------------------------------------------------------------
+
+
+def test_size_one_batch_axis_detection():
+    x = torch.zeros(1, 7)
+    assert workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": {0: Dim.AUTO, 1: Dim.AUTO}}) == [
+        "inputs['x'].shape[0]"
+    ]
+    assert workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": {0: Dim.DYNAMIC}})
+    assert workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": (Dim("b"), None)})
+    assert workarounds.dynamic_size_one_batch_axes({"x": [x]}, {"x": [{0: 2 * Dim("b")}]})
+    assert not workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": {0: None, 1: Dim.AUTO}})
+    assert not workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": {0: Dim.STATIC, 1: Dim.AUTO}})
+    assert not workarounds.dynamic_size_one_batch_axes({"x": x}, {"x": None})
+    assert not workarounds.dynamic_size_one_batch_axes({"x": torch.zeros(2, 7)}, {"x": {0: Dim.AUTO}})
+    # a size-1 axis other than the batch (a single-token decode step) is left to torch
+    assert not workarounds.dynamic_size_one_batch_axes(
+        {"x": torch.zeros(2, 1)}, {"x": {0: Dim.AUTO, 1: Dim.AUTO}}
+    )
+    cache = DynamicCache()
+    cache.update(torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4), 0)
+    from hfexport.capture import auto_dynamic_shapes
+    from hfexport.pytree import register_cache_pytrees
+
+    register_cache_pytrees()
+    found = workarounds.dynamic_size_one_batch_axes({"cache": cache}, auto_dynamic_shapes({"cache": cache}))
+    assert found and all(f.startswith("inputs['cache']") for f in found)
+
+
+class Pool(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 3)
+
+    def forward(self, x, mask):
+        return self.proj(x).mul(mask.unsqueeze(-1)).sum(dim=1)
+
+
+def test_batch_one_sample_gives_a_program_with_a_dynamic_batch():
+    sample = {"x": torch.randn(1, 5, 4), "mask": torch.ones(1, 5)}
+    model = Pool().eval()
+    original = torch.export.export
+    program = capture(model, sample, DynamoConfig(dynamic=True))
+    assert torch.export.export is original  # restored after the capture
+    other = {"x": torch.randn(3, 9, 4), "mask": torch.ones(3, 9)}
+    with torch.no_grad():
+        assert torch.allclose(program.module()(**other), model(**other), atol=1e-6, rtol=0)
+        assert torch.allclose(program.module()(**sample), model(**sample), atol=1e-6, rtol=0)
+
+
+def test_without_the_workaround_a_batch_one_sample_specialises_the_batch():
+    sample = {"x": torch.randn(1, 5, 4), "mask": torch.ones(1, 5)}
+    with registry.isolated_registry():
+        program = capture(Pool().eval(), sample, DynamoConfig(dynamic=True))
+    with pytest.raises(AssertionError, match=r"Guard failed: x\.size\(\)\[0\] == 1"):
+        program.module()(x=torch.randn(3, 9, 4), mask=torch.ones(3, 9))
+
+
+def test_batch_one_llama_captured_dynamic_runs_at_batch_three():
+    model, inputs = tiny_model("llama", batch_size=1)
+    assert inputs["input_ids"].shape[0] == 1
+    program = capture(model, inputs, DynamoConfig(dynamic=True))
+    gen = torch.Generator().manual_seed(2)
+    batch3 = {
+        "input_ids": torch.randint(3, model.config.vocab_size, (3, 11), generator=gen),
+        "attention_mask": torch.ones(3, 11, dtype=torch.long),
+    }
+    for feed in (batch3, inputs):
+        got = program.module()(**feed)
+        with torch.no_grad():
+            expected = model(**feed)
+        assert got.logits.shape == expected.logits.shape
+        assert (got.logits - expected.logits).abs().max().item() <= ATOL
+
+
+def test_size_oblivious_failure_falls_back_to_the_plain_trace_and_warns_once(monkeypatch, caplog):
+    monkeypatch.setattr(workarounds, "_SIZE_ONE_WARNED", False)
+    seen = []
+
+    def fake_export(mod, args, kwargs=None, *, dynamic_shapes=None, strict=False):
+        seen.append(bool(fx_config.backed_size_oblivious))
+        if fx_config.backed_size_oblivious:
+            raise RuntimeError("size-oblivious trace is not possible here")
+        return "plain"
+
+    export = workarounds.keep_size_one_batch_dynamic(fake_export)
+    batch_one = {"x": torch.zeros(1, 3)}
+    with caplog.at_level(logging.WARNING, logger=workarounds.__name__):
+        assert export(Pool(), (), batch_one, dynamic_shapes={"x": {0: Dim.AUTO}}) == "plain"
+        assert export(Pool(), (), batch_one, dynamic_shapes={"x": {0: Dim.AUTO}}) == "plain"
+    assert seen == [True, False, True, False]
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        "size-oblivious trace failed (RuntimeError: size-oblivious trace is not possible here)"
+    ]
+    seen.clear()
+    assert export(Pool(), (), {"x": torch.zeros(2, 3)}, dynamic_shapes={"x": {0: Dim.AUTO}}) == "plain"
+    assert export(Pool(), (torch.zeros(1, 3),), dynamic_shapes=({0: Dim.AUTO},)) == "plain"
+    assert seen == [False, True, False]
+    assert not fx_config.backed_size_oblivious

@@ -1,0 +1,50 @@
+"""The console script: `env` lists backends with versions and drift; bad input exits non-zero."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from hfexport import environment
+from hfexport.cli import app
+
+runner = CliRunner()
+
+
+def test_env_table_lists_every_backend():
+    result = runner.invoke(app, ["env"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0, result.output
+    for name in ("hfexport-dynamo", "hfexport-onnx", "hfexport-executorch", "torch 2.13"):
+        assert name in result.output
+
+
+def test_env_json_reports_drift(monkeypatch):
+    real = environment.installed_version
+    monkeypatch.setattr(environment, "installed_version", lambda d: "9.9.9" if d == "torch" else real(d))
+    result = runner.invoke(app, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["torch"] == "9.9.9"
+    backends = {b["format"]: b for b in data["backends"]}
+    assert set(backends) == {"dynamo", "onnx", "executorch"}
+    for b in backends.values():
+        if b["tested"].get("torch"):
+            assert any(d.startswith("torch 9.9.9") for d in b["drift"]), b
+
+
+def test_export_rejects_unknown_format_and_missing_model(tmp_path):
+    result = runner.invoke(app, ["export", "tflite", str(tmp_path / "out"), "--model", "tiny:bert"])
+    assert result.exit_code != 0
+    assert "FORMAT must be one of dynamo, onnx, executorch" in result.output
+    result = runner.invoke(
+        app, ["export", "dynamo", str(tmp_path / "out"), "--model", str(tmp_path / "nope")]
+    )
+    assert result.exit_code == 1
+    assert "is not a local folder" in result.output
+    assert not (tmp_path / "out" / "model.pt2").exists()
+
+
+def test_generate_needs_exactly_one_prompt_kind(tmp_path):
+    result = runner.invoke(app, ["generate", str(tmp_path)])
+    assert result.exit_code != 0 and "exactly one of --prompt or --input-ids" in result.output

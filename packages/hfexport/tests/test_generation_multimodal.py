@@ -1,0 +1,123 @@
+"""Multimodal decomposition (Qwen2-VL, case C04) and the vision-language input preparers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport.generation import decompose_for_generation, decompose_multimodal, is_multimodal
+from hfexport.generation.multimodal import find_multimodal_layout, link_inputs
+from hfexport.generation.preparers import (
+    mrope_position_ids,
+    prepare_mrope_position_ids,
+    prepare_vision_grid_inputs,
+    vision_grid_settings,
+)
+from hfexport.inputs import precompute_export_inputs, registered_export_input_preparers
+from hfexport.testing import tiny_model
+
+
+@pytest.fixture(scope="module")
+def qwen2_vl():
+    return tiny_model("case:C04-qwen2vl-vision-grid")
+
+
+@pytest.fixture(scope="module")
+def qwen_parts(qwen2_vl):
+    model, inputs = qwen2_vl
+    return decompose_multimodal(model, inputs)
+
+
+def test_is_multimodal_and_layout(qwen2_vl) -> None:
+    model, _ = qwen2_vl
+    assert is_multimodal(model)
+    layout = find_multimodal_layout(model)
+    assert layout.encoders == {"image_encoder": model.model.visual}
+    assert layout.projectors == {}  # Qwen2-VL merges patches inside its vision tower
+    assert layout.language_model is model.model.language_model
+    assert layout.lm_head is model.lm_head
+    assert layout.embed_tokens is model.model.language_model.embed_tokens
+    for text_only in ("llama", "t5"):
+        assert not is_multimodal(tiny_model(text_only)[0])
+
+
+def test_decompose_multimodal_captures_the_encoder_that_generate_runs_first(qwen2_vl, qwen_parts) -> None:
+    model, inputs = qwen2_vl
+    parts = qwen_parts
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head"]
+    encoder, encoder_kwargs = parts["image_encoder"]
+    assert encoder is model.model.visual
+    assert torch.equal(encoder_kwargs["hidden_states"], inputs["pixel_values"])
+    assert encoder_kwargs["cu_seqlens"].tolist() == [0, 16]
+    plan = parts.plan
+    assert plan.links["image_encoder"]["hidden_states"] == {"from": "prompt", "key": "pixel_values"}
+    assert plan.links["image_encoder"]["cu_seqlens"]["from"] == "vision_grid"
+    assert plan.features == {"250": {"component": "image_encoder", "output": "pooler_output"}}
+    assert plan.mrope == {"spatial_merge_size": 2, "channels": 4}
+    _, lm_kwargs = parts["language_model"]
+    assert lm_kwargs["inputs_embeds"].shape == (1, 12, 64)
+    assert lm_kwargs["position_ids"].shape == (4, 1, 12)
+    full = decompose_for_generation(model, inputs)
+    assert list(full)[-1] == "decode" and full["decode"][1]["input_ids"].shape == (1, 1)
+
+
+def test_decompose_multimodal_refuses_text_only_models() -> None:
+    model, inputs = tiny_model("llama")
+    with pytest.raises(ValueError, match="no multimodal submodules found in LlamaForCausalLM"):
+        decompose_multimodal(model, inputs)
+
+
+def test_link_inputs_names_an_input_of_unknown_origin() -> None:
+    with pytest.raises(ValueError, match="cannot tell where input 'x'"):
+        link_inputs("image_encoder", {"x": torch.ones(2)}, {"pixel_values": torch.zeros(2)}, {})
+
+
+def test_mrope_position_ids_match_get_rope_index(qwen2_vl) -> None:
+    model, inputs = qwen2_vl
+    merge = model.config.vision_config.spatial_merge_size
+    ids = inputs["input_ids"]
+    # a batch of two: the sample, and the sample left-padded by 3 (one token dropped)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.int64), ids[:, 3:]], dim=1)
+    batch_ids = torch.cat([ids, padded])
+    mask = torch.cat([torch.ones(1, 12, dtype=torch.int64), (padded != 0).long()])
+    types = (batch_ids == model.config.image_token_id).long()
+    grid = inputs["image_grid_thw"].repeat(2, 1)
+    ours, deltas = mrope_position_ids(batch_ids, types, grid, merge, mask)
+    with torch.no_grad():
+        theirs, their_deltas = model.model.get_rope_index(
+            batch_ids, mm_token_type_ids=types, image_grid_thw=grid, attention_mask=mask
+        )
+    assert torch.equal(ours[1:], theirs)
+    assert torch.equal(deltas, their_deltas)
+    assert ours[0, 1].tolist() == [0, 0, 0, *range(9)]
+    with pytest.raises(ValueError, match="more image blocks"):
+        mrope_position_ids(ids, inputs["mm_token_type_ids"], torch.zeros(0, 3, dtype=torch.int64), merge)
+
+
+def test_mrope_preparer_finds_get_rope_index_on_the_inner_model(qwen2_vl, qwen_parts) -> None:
+    model, inputs = qwen2_vl
+    assert not hasattr(type(model), "get_rope_index")  # it lives on model.model
+    names = [p.name for p in registered_export_input_preparers()]
+    assert any(n.endswith("prepare_mrope_position_ids") for n in names)
+    prepared = prepare_mrope_position_ids(model, dict(inputs))
+    # what generate computed at prefill
+    assert torch.equal(prepared["position_ids"], qwen_parts["language_model"][1]["position_ids"])
+    given = {**inputs, "position_ids": torch.zeros(4, 1, 12, dtype=torch.int64)}
+    assert prepare_mrope_position_ids(model, dict(given))["position_ids"].abs().sum() == 0
+
+
+def test_vision_grid_preparer_gives_the_encoder_the_values_it_would_compute(qwen2_vl) -> None:
+    model, inputs = qwen2_vl
+    visual = model.model.visual
+    settings = vision_grid_settings(visual)
+    assert settings is not None and settings["spatial_merge_size"] == 2 and not settings["window_index"]
+    assert vision_grid_settings(torch.nn.Linear(2, 2)) is None
+    kwargs = {"hidden_states": inputs["pixel_values"], "grid_thw": inputs["image_grid_thw"]}
+    prepared = precompute_export_inputs(visual, kwargs)
+    assert set(prepared) == {"hidden_states", "grid_thw", "position_ids", "cu_seqlens"}
+    assert prepared["position_ids"].shape == (16, 2)
+    with torch.no_grad():
+        want = visual(**kwargs).pooler_output
+        got = visual(**prepared).pooler_output
+    assert torch.equal(got, want)
+    assert prepare_vision_grid_inputs(torch.nn.Linear(2, 2), dict(kwargs)).keys() == kwargs.keys()

@@ -1,0 +1,118 @@
+"""The greedy loop of GenerationRunner on scripted components (no model): stopping, padding after
+end-of-sequence, mask and position bookkeeping, cache hand-over, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport.generation import ComponentIO, GenerationPlan, GenerationRunner
+
+VOCAB = 10
+EOS, PAD = 2, 0
+
+
+def _plan(**changes) -> GenerationPlan:
+    prompt = {
+        "input_ids": torch.zeros(2, 3, dtype=torch.int64),
+        "attention_mask": torch.ones(2, 3, dtype=torch.int64),
+        "position_ids": torch.zeros(2, 3, dtype=torch.int64),
+        "extra": {"scale": torch.ones(2)},
+    }
+    step = {**prompt, "cache": {"past": torch.zeros(2, 1)}}
+    step.pop("extra")
+    values = {
+        "architecture": "decoder",
+        "model_class": "Scripted",
+        "components": ["prefill", "decode"],
+        "token_ids": {"eos_token_id": [EOS], "pad_token_id": PAD},
+        "io": {
+            "prefill": ComponentIO.from_kwargs(prompt, ["logits", "cache.past"]),
+            "decode": ComponentIO.from_kwargs(step, ["logits", "cache.past"]),
+        },
+    }
+    values.update(changes)
+    return GenerationPlan(**values)
+
+
+class Scripted:
+    """Row r emits ``script[r][step]``; records what it was given."""
+
+    def __init__(self, script: list[list[int]]) -> None:
+        self.script = script
+        self.calls: list[dict] = []
+
+    def __call__(self, kwargs):
+        self.calls.append(kwargs)
+        step = len(self.calls) - 1
+        batch = kwargs["input_ids"].shape[0]
+        logits = torch.zeros(batch, kwargs["input_ids"].shape[1], VOCAB)
+        for row in range(batch):
+            logits[row, -1, self.script[row][step]] = 1.0
+        return {"logits": logits, "cache.past": torch.full((batch, 1), float(step + 1))}
+
+
+def _runner(script):
+    scripted = Scripted(script)
+    # "cache.past" of each decode call is the previous call's output "cache.past"
+    plan = _plan()
+    runner = GenerationRunner(plan, {"prefill": scripted, "decode": scripted})
+    return runner, scripted
+
+
+def test_rows_finished_by_eos_get_padding_and_the_loop_stops_when_all_finish() -> None:
+    runner, scripted = _runner([[5, EOS, 7, 7], [6, 6, EOS, 9]])
+    ids = torch.tensor([[3, 4, 5], [0, 4, 5]])
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    out = runner.generate(ids, mask, max_new_tokens=10, extra={"scale": torch.ones(2)})
+    assert out.tolist() == [[3, 4, 5, 5, EOS, PAD], [0, 4, 5, 6, 6, EOS]]
+    assert len(scripted.calls) == 3 and len(runner.last_logits) == 3
+    prefill, first, second = scripted.calls
+    # prefill positions follow the mask (padding at 0), as generate computes them
+    assert prefill["position_ids"].tolist() == [[0, 1, 2], [0, 0, 1]]
+    assert first["input_ids"].tolist() == [[5], [6]]
+    assert first["attention_mask"].tolist() == [[1, 1, 1, 1], [0, 1, 1, 1]]
+    assert first["position_ids"].tolist() == [[3], [2]]
+    assert second["position_ids"].tolist() == [[4], [3]]
+    assert prefill["extra"]["scale"].tolist() == [1.0, 1.0]
+    assert first["cache"]["past"].tolist() == [[1.0], [1.0]]
+    assert second["cache"]["past"].tolist() == [[2.0], [2.0]]
+
+
+def test_max_new_tokens_bounds_the_run() -> None:
+    runner, scripted = _runner([[5, 5, 5], [6, 6, 6]])
+    out = runner.generate(
+        torch.tensor([[3, 4, 5], [3, 4, 5]]), max_new_tokens=2, extra={"scale": torch.ones(2)}
+    )
+    assert out.shape == (2, 5) and len(scripted.calls) == 2
+
+
+def test_errors_name_what_is_missing() -> None:
+    plan = _plan()
+    with pytest.raises(ValueError, match=r"no caller for component\(s\) \['decode'\]"):
+        GenerationRunner(plan, {"prefill": Scripted([[1]])})
+    runner, _ = _runner([[1], [1]])
+    with pytest.raises(KeyError, match=r"takes input 'extra\.scale'"):
+        runner.generate(torch.tensor([[3, 4, 5], [3, 4, 5]]), max_new_tokens=1)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        runner.generate(torch.tensor([[3]]), max_new_tokens=0)
+    with pytest.raises(ValueError, match="must have the shape of input_ids"):
+        runner.generate(torch.tensor([[3, 4]]), torch.ones(1, 3), max_new_tokens=1)
+    static = _plan(cache_kind="static", max_cache_len=4)
+    with pytest.raises(ValueError, match="static cache holds 4 positions but this run needs 5"):
+        GenerationRunner(static, {"prefill": Scripted([[1]]), "decode": Scripted([[1]])}).generate(
+            torch.tensor([[3, 4, 5]]), max_new_tokens=2
+        )
+    with pytest.raises(ValueError, match="multi-token decode graph"):
+        GenerationRunner(_plan(components=["decode"]), {"decode": Scripted([[1]])})
+
+
+def test_plan_round_trips_through_json() -> None:
+    plan = _plan(cache_kind="static", max_cache_len=8, mrope={"spatial_merge_size": 2, "channels": 4})
+    again = GenerationPlan.from_dict(plan.to_dict())
+    assert again.to_dict() == plan.to_dict()
+    assert again.io["decode"].tensor_paths == ["input_ids", "attention_mask", "position_ids", "cache.past"]
+    with pytest.raises(ValueError, match="unknown generation plan field"):
+        GenerationPlan.from_dict({**plan.to_dict(), "extra": 1})
+    with pytest.raises(ValueError, match="cache_kind="):
+        _plan(cache_kind="paged")

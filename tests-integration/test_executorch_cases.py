@@ -1,0 +1,81 @@
+"""The shared regression cases that list the executorch backend (``/work/shared/cases/*.toml``).
+
+Each case is exported as its file says (dynamic or not) with ``ExecutorchExporter`` (XNNPACK),
+which validates the ``.pte`` in the ExecuTorch runtime at the sample inputs (and a derived second
+shape for dynamic exports); then the program runs the case's own second inputs, also after a
+save and reload from disk, and the case's ``expect`` must hold within its ``atol``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hfexport.config import ExecutorchConfig
+from hfexport.errors import ExportStageError
+from hfexport.testing import list_cases
+from hfexport.validation import validate_artifact
+from hfexport_executorch import ExecutorchExporter
+from hfexport_executorch.runtime import ExecutorchRunner
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+CASES = list_cases("executorch")
+
+# Qwen2-VL's plain forward splits vision tokens with .tolist(): not traceable until the
+# generation issue decomposes the model. Skipped only when the capture fails exactly there.
+C04_REASON = (
+    "Qwen2-VL plain forward: the vision tower and get_image_features split by cu_seqlens/image_grid_thw "
+    ".tolist() (data-dependent torch.split, https://github.com/pytorch/pytorch/issues/158786); needs the "
+    "decomposition into image encoder / language model of the generation issue (tracker issue 6, "
+    "export_for_generation)"
+)
+
+
+def test_the_executorch_cases_are_all_here():
+    assert {c.name for c in CASES} >= {
+        "C01-mixtral-moe", "C04-qwen2vl-vision-grid", "C06-gqa-sdpa-no-mask", "C08-wav2vec2-ctc",
+        "C09-left-padding", "C12-t5-padded",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_case(case, tmp_path):
+    atol = float(case.expect.get("atol", 1e-4))
+    model = case.build_model()
+    inputs = case.sample_inputs(model)
+    exporter = ExecutorchExporter()
+    try:
+        program = exporter.export(model, inputs, ExecutorchConfig(dynamic=case.dynamic))
+    except ExportStageError as exc:
+        if (
+            case.name == "C04-qwen2vl-vision-grid"
+            and exc.stage == "capture"
+            and "tolist" in str(exc.__cause__ or exc)
+        ):
+            pytest.skip(C04_REASON)
+        raise
+    report = exporter.last_report
+    assert all(s.status in ("ok", "skipped") for s in report.stages), report.summary_lines()
+    if case.dynamic:
+        assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok"
+
+    path = exporter.artifact_path(tmp_path)
+    exporter.save(program, path)
+    spec = program.exported_program().call_spec
+    second = case.second_inputs(model)
+    for label, run in (
+        ("exported", exporter.runner(program)),
+        ("reloaded", ExecutorchRunner(path, spec.in_spec, spec.out_spec)),
+    ):
+        for kwargs in (inputs, second) if second is not None else (inputs,):
+            rows = validate_artifact(model, run, kwargs, atol=atol, rtol=atol, label=f"{label} {case.name}")
+            assert rows[0].name == "logits" and all(r.ok for r in rows)
+
+    if case.name == "C01-mixtral-moe":
+        # experts computed densely for XNNPACK: no routing-dependent ops left in the program
+        assert any("experts computed densely" in a for a in report.extra["backend_adaptations"])
+        targets = {str(n.target) for n in program.exported_program().graph.nodes if n.op == "call_function"}
+        assert not any("nonzero" in t or "_local_scalar_dense" in t for t in targets)
+    if case.name == "C09-left-padding":
+        # the padded mask is a program input, not a constant: another padding pattern is honoured
+        assert "attention_mask" in ExecutorchRunner.from_manager(program).input_names

@@ -1,0 +1,68 @@
+"""Every tiny-model architecture through the ExecuTorch backend (XNNPACK), dynamic shapes.
+
+One ``dynamic=True`` export per architecture. ``ExecutorchExporter.export`` itself validates the
+``.pte`` in the ExecuTorch runtime against eager PyTorch at the sample shape (batch 2, 8 tokens)
+and at a derived second shape (batch 3, 65 tokens: past the 64-token cap that made earlier
+ExecuTorch exporters fail on ordinary prompts). The same program then runs at batch 1 with one
+token, batch 2 with 100 tokens and batch 3 with 256 tokens, each compared with eager PyTorch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hfexport.config import ExecutorchConfig
+from hfexport.testing import make_inputs, tiny_model
+from hfexport.validation import validate_artifact
+from hfexport_executorch import ExecutorchExporter
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+ZOO = (
+    "llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "opt", "mixtral",
+    "bert", "roberta", "distilbert", "t5", "bart", "vit", "whisper",
+)  # fmt: skip
+
+# (batch, sequence) the exported program must run at, besides the sample and the second shape.
+EXTRA_SHAPES = ((1, 1), (2, 100), (3, 256))
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
+    model, inputs = tiny_model(model_type)  # batch 2, 8 tokens
+    exporter = ExecutorchExporter()
+    start = time.perf_counter()
+    program = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    record_property("export_seconds", round(time.perf_counter() - start, 1))
+    report = exporter.last_report
+
+    # validated in the ExecuTorch runtime at the sample and at the second shape
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == stages["validate_second_shape"] == "ok", report.summary_lines()
+    sample_rows, second_rows = report.validation["sample"], report.validation["second_shape"]
+    assert sample_rows and all(r["ok"] for r in sample_rows)
+    assert second_rows and all(r["ok"] for r in second_rows)
+    assert second_rows[0]["shape"][0] == 3  # batch 2 -> 3
+
+    # bounds: batch up to at least 3, every sequence axis up to 256 (or the model's limit)
+    axes = report.extra["dynamic_bounds"]["axes"]
+    assert {a["role"] for a in axes} >= {"batch"}
+    assert all(a["max"] >= 3 for a in axes if a["role"] == "batch")
+    assert all(a["max"] >= 256 for a in axes if a["role"] in ("sequence", "decoder_sequence"))
+    # only axes without a role may be specialised (ViT's image size, Whisper's mel bins and frames)
+    assert all(s["role"] == "other" for s in report.extra["dynamic_bounds"]["specialized"])
+
+    # the share XNNPACK took is recorded per artefact
+    delegation = report.extra["delegation"]
+    record_property("delegated_share", delegation["delegated_share"])
+    assert delegation["partitions"] >= 1 and 0.0 < delegation["delegated_share"] <= 1.0
+    assert report.extra["planned_memory_bytes"] > 0
+
+    run = exporter.runner(program)
+    for batch, seq in EXTRA_SHAPES:
+        kwargs = make_inputs(model, batch_size=batch, seq_len=seq, seed=batch * 1000 + seq)
+        rows = validate_artifact(model, run, kwargs, label=f"batch {batch}, {seq} tokens")
+        assert rows and all(r.ok for r in rows)
+        assert rows[0].shape[0] == batch
