@@ -82,7 +82,7 @@ def keep_last(tensor: torch.Tensor, count: int, dim: int) -> torch.Tensor:
         "torch.export does not bound the sequence axis by the sample length"
     ),
     issue="https://github.com/pytorch/pytorch/issues/161705",
-    versions={"torch": ">=2.12,<2.15", "transformers": ">=5.23,<6"},
+    versions={"torch": ">=2.12", "transformers": ">=5.23,<6"},  # still needed on torch 2.15.0 (nox matrix)
 )
 def sliding_window_update_keeps_dynamic_length(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replace ``DynamicSlidingWindowLayer.update`` while capturing.

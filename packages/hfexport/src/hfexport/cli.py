@@ -129,6 +129,10 @@ def patches_command(
             err_console.print(f"[yellow]backend {fmt} failed to import: {exc}[/]")
             continue
         supported[fmt] = dict(getattr(cls, "supported_versions", {}) or {})
+    # core workarounds (key "capture") are judged against the core's declared ranges
+    supported["capture"] = _declared_ranges("hfexport")
+    import hfexport.capture_workarounds  # noqa: F401  (registers the "capture" entries)
+
     rows = []
     for entry in registry.entries(backend):
         root = entry.backend.split(".")[0]
@@ -169,6 +173,20 @@ def patches_command(
     console.print(table)
     if not rows:
         console.print("no stale entries" if stale else "no entries")
+
+
+def _declared_ranges(distribution: str) -> dict[str, str]:
+    """``{dependency: specifier}`` as ``distribution``'s metadata declares them."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+
+    ranges = {}
+    for line in importlib.metadata.requires(distribution) or []:
+        req = Requirement(line)
+        if req.marker is None and str(req.specifier):
+            ranges[req.name] = str(req.specifier)
+    return ranges
 
 
 def _config_for(
