@@ -6,6 +6,10 @@ import pytest
 import torch
 from transformers import PretrainedConfig
 
+# Registers the backend's patches and fixes in the process registry before any test swaps in an
+# isolated registry (an import inside one would register them there and lose them).
+import hfexport_executorch  # noqa: F401
+
 
 class ToyProjection(torch.nn.Module):
     """``input_ids`` float ``[batch, seq, 16]`` -> ``{"hidden": relu(linear(input_ids))}`` ``[batch, seq, 8]``."""

@@ -102,6 +102,7 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
     assert {e.name.rsplit(".", 1)[1] for e in found} >= {
         "bound_unbounded_dynamic_ranges",
         "contiguous_attention_outputs",
+        "conv1d_with_one_dynamic_dim_only",
         "edge_verifier_accepts_symbolic_min_max",
         "keep_dynamic_dims_in_list_returning_ops",
     }

@@ -66,6 +66,8 @@ def test_exporter_installs_parent_and_own_scope_only(patch_target, toy_projectio
     assert seen["key"] == "executorch.xnnpack"
     assert seen["values"] == ("patched by executorch", "patched by executorch.xnnpack", "original")
     assert seen["installed"] == ["executorch", "executorch.xnnpack"]
+    record = next(s for s in exporter.last_report.stages if s.name == "patches")
+    assert record.status == "failed" and record.detail == "executorch.xnnpack"
     # everything restored after the failed export
     assert (patch_target.parent, patch_target.xnnpack, patch_target.cuda) == ("original",) * 3
 
@@ -152,3 +154,51 @@ def test_symbolic_min_lowers_and_runs_with_the_patch():
         expected = x[:, max(seq - 4, 0) :, :] * 2
         assert out.shape == expected.shape
         assert torch.equal(out, expected)
+
+
+class ToyConv1d(torch.nn.Module):
+    """``input_values`` ``[batch, length]`` -> conv1d feature frames ``[batch, 8, frames]`` (wav2vec2-like)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(1, 8, kernel_size=10, stride=5, bias=False)
+
+    def forward(self, input_values: torch.Tensor) -> torch.Tensor:
+        return self.conv(input_values[:, None])
+
+
+def _lower_conv1d(patched: bool):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    # bounded hints: a named length Dim is rejected (the frame count is specialised away from 1)
+    dims = {"input_values": {0: Dim.AUTO(min=1, max=4), 1: Dim.AUTO(min=10, max=4000)}}
+    program = capture(
+        ToyConv1d(), {"input_values": torch.randn(2, 400)}, ExecutorchConfig(dynamic_shapes=dims)
+    )
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+
+
+def test_xnnpack_conv1d_with_dynamic_batch_and_length_fails_without_the_patch():
+    # Documents pytorch/executorch#11449 on the installed executorch (retire the patch when this passes).
+    with pytest.raises(RuntimeError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        _lower_conv1d(patched=False)
+
+
+def test_conv1d_stays_portable_and_runs_with_the_patch():
+    from executorch.runtime import Runtime
+
+    edge = _lower_conv1d(patched=True)
+    targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    assert any("convolution" in t for t in targets)  # not delegated
+    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    model = ToyConv1d()
+    for batch, length in ((1, 10), (3, 1234)):
+        x = torch.randn(batch, length)
+        (out,) = method.execute([x])
+        with torch.no_grad():
+            expected = model(x)
+        assert out.shape == expected.shape
+        assert (out - expected).abs().max().item() < 1e-5

@@ -8,7 +8,8 @@ Stages (each a function, each a line of the export report):
 2. ``patches``: ``apply_patches(f"executorch.{backend}")`` installs the ``"executorch"`` patches
    and those of the backend's scope, kept until lowering is done;
 3. ``dynamic_shapes``: :func:`hfexport_executorch.bounds.plan_dynamic_shapes` bounds every
-   ``Dim.AUTO`` axis by its role (batch, sequence, ...);
+   ``Dim.AUTO`` axis by its role (batch, sequence, ...); a batch-1 sample is traced at batch 2
+   (:func:`hfexport_executorch.bounds.widen_unit_batch`);
 4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
 5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
 6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
@@ -102,17 +103,22 @@ class ExecutorchExporter(HfExporter):
                 plan = prepare_backend(config.backend, model, stack)
                 report.extra["backend"] = plan.name
                 report.extra["backend_adaptations"] = list(plan.adaptations)
-            with report.stage("patches", detail=plan.registry_key):
+            with report.stage("patches", detail=plan.registry_key) as record:
                 installed = stack.enter_context(apply_patches(plan.registry_key))
                 report.record_applied("patch", [entry.name for entry in installed])
+                for entry in installed:  # by key: "executorch" first, then the backend scope
+                    record.data.setdefault(entry.backend, []).append(entry.name)
             if plan.device.type != "cpu":
                 inputs = cast_leaf_tensors(inputs, device=plan.device)
             with report.stage("dynamic_shapes"):
-                dynamic = bounds.plan_dynamic_shapes(model, inputs, config)
+                trace_inputs, widened = bounds.widen_unit_batch(inputs, config)
+                if widened:
+                    report.extra["trace_inputs"] = widened
+                dynamic = bounds.plan_dynamic_shapes(model, trace_inputs, config)
             with report.stage("capture"):
-                program = _capture_with_fallback(capture, model, inputs, config, dynamic, report)
+                program = _capture_with_fallback(capture, model, trace_inputs, config, dynamic, report)
             with report.stage("fx_program_fixes"):
-                symbols = bounds.collect_symbols(program, inputs, dynamic)
+                symbols = bounds.collect_symbols(program, trace_inputs, dynamic)
                 program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, model)
                 applied = apply_fx_program_fixes(plan.registry_key, program)
                 report.record_applied("fx_program_fix", applied)
@@ -125,7 +131,7 @@ class ExecutorchExporter(HfExporter):
                 report.extra["delegation"] = delegation_summary(edge)
             with report.stage("memory_budget"):
                 edge_program = edge.exported_program()
-                symbols = bounds.collect_symbols(edge_program, inputs, dynamic)
+                symbols = bounds.collect_symbols(edge_program, trace_inputs, dynamic)
                 for info in symbols:
                     if str(info.symbol) in bounded_by_fix:
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"

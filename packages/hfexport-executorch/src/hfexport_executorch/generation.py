@@ -7,6 +7,8 @@ call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module ad
   only, so the pytree specs of the program's inputs and outputs (caches and model outputs
   included) go into the generation manifest and the runner is rebuilt from file and specs;
 - :func:`prepare_component`: static-cache components get paired cache inputs/outputs;
+- :func:`component_config`: decode-step components get bounded dynamic axes;
+- :data:`SUPPORTS_EMPTY_GROWING_CACHE`: a growing-cache decode graph cannot serve the prefill;
 - :func:`patchify_conv3d_as_matmul` (registered patch, key ``executorch``): the patch-embedding
   Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
 """
@@ -164,51 +166,50 @@ _TOKEN_KEYS = ("input_ids", "inputs_embeds", "token_type_ids", "mm_token_type_id
 
 
 def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any, config: Any) -> Any:
-    """Named, bounded dynamic axes for the decode steps exported with ``dynamic=True`` (every
-    static-cache component, and the growing-cache components that take a filled cache).
+    """Bounded dynamic axes for the decode-step components exported with ``dynamic=True``.
 
-    The backend bounds ``Dim.AUTO`` axes by role: ``input_ids`` and ``attention_mask`` share one
-    sequence dimension (true for a prompt, not for a decode step: ``q`` new tokens, a mask over
-    ``past + q`` positions) and an axis without a role (``mm_token_type_ids``, M-RoPE
-    ``position_ids``) is planned at its sample size. Here the batch axis is ``Dim("batch")``, the
-    new-token axis of every token-aligned input ``Dim("query")`` and the cache's sequence axis
-    ``Dim("past")``, bounded by the model's maximum positions; with a static cache the query and the
-    mask (``Dim("kv_length")``) are bounded by ``max_cache_len - 1`` (transformers pads a shorter mask
-    to the cache length and the trace keeps that branch; the last generated token is never fed
-    back) and the preallocated cache tensors vary along the batch only. A growing cache's mask,
-    ``past + q`` long, stays ``Dim.AUTO``. Axes of size 1 in the sample stay static
-    (``torch.export`` specialises them). Explicit ``dynamic_shapes`` are kept; encoder-decoder
-    components (decoder inputs and encoder states have roles of their own) are left to the backend.
+    The backend bounds ``Dim.AUTO`` axes by role (batch, the sequence axis of ``input_ids`` /
+    ``attention_mask``, the cache's sequence axis) and plans any other axis at its sample size.
+    A decode step breaks those roles: the mask (``past + q`` positions, or the static cache's
+    length) is not the new-token axis, M-RoPE ``position_ids`` carry the new tokens on axis 2, and
+    with a static cache the mask is an axis of its own. So every dynamic axis of a component that
+    takes a filled or preallocated cache gets a bounded hint ``Dim.AUTO(min=1, max=N)`` (the
+    backend keeps hints that carry a bound; ``torch.export`` still works out which axes are equal):
+    the batch up to the backend's batch bound; the new tokens, the mask and a growing cache's
+    positions up to the model's maximum positions, or, with a static cache, up to
+    ``max_cache_len - 1`` (transformers pads a shorter mask to the cache length and the trace keeps
+    that branch; the runner never feeds the last generated token back). A static cache's tensors
+    vary along the batch only. Axes of size 1 in the sample stay static. Explicit
+    ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
+    are left to the backend's roles, which fit them.
     """
     from transformers.cache_utils import Cache
 
+    from hfexport.tensors import get_leaf_tensors
+
+    caches = [v for v in kwargs.values() if isinstance(v, Cache)]
+    static = plan.cache_kind == "static" and bool(plan.max_cache_len)
     if (
-        plan.architecture == "encoder_decoder"  # decoder inputs have roles of their own there
+        plan.architecture == "encoder_decoder"
+        or not caches
         or not getattr(config, "dynamic", False)
         or getattr(config, "dynamic_shapes", None)
-        or not any(isinstance(v, Cache) for v in kwargs.values())
+        or (not static and not any(get_leaf_tensors(cache) for cache in caches))
     ):
         return config
     from torch.export import Dim
 
     from hfexport.generation.shapes import dynamic_shapes_by_rule
     from hfexport.inputs import prepare_for_export
-    from hfexport.tensors import get_leaf_tensors
     from hfexport_executorch.bounds import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQUENCE, model_max_positions
 
-    static = plan.cache_kind == "static" and bool(plan.max_cache_len)
-    caches = [v for v in kwargs.values() if isinstance(v, Cache)]
-    if not static and not any(get_leaf_tensors(cache) for cache in caches):
-        return config  # a prefill on an empty growing cache: the backend's roles fit a prompt
     if static:
         limit = int(plan.max_cache_len) - 1
     else:
         positions, _ = model_max_positions(getattr(module, "config", None), decoder=True)
         limit = int(positions or DEFAULT_MAX_SEQUENCE)
-    batch = Dim("batch", min=1, max=DEFAULT_MAX_BATCH)
-    query = Dim("query", min=1, max=limit)
-    past = Dim("past", min=1, max=limit)
-    kv_length = Dim("kv_length", min=1, max=limit) if static else Dim.AUTO
+    batch = Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH)
+    length = Dim.AUTO(min=1, max=limit)
 
     def axes(pairs: dict[int, Any], tensor: torch.Tensor) -> dict[int, Any] | None:
         kept = {axis: dim for axis, dim in pairs.items() if tensor.shape[axis] > 1}
@@ -217,13 +218,13 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
         key = path.split(".", 1)[0]
         if key in _TOKEN_KEYS:
-            return axes({0: batch, 1: query}, tensor)
+            return axes({0: batch, 1: length}, tensor)
         if key == "position_ids":
-            return axes({0: batch, 1: query} if tensor.dim() == 2 else {1: batch, 2: query}, tensor)
+            return axes({0: batch, 1: length} if tensor.dim() == 2 else {1: batch, 2: length}, tensor)
         if key == "attention_mask" and tensor.dim() == 2:
-            return axes({0: batch, 1: kv_length}, tensor)
+            return axes({0: batch, 1: length}, tensor)
         if key == "cache" and tensor.dim() == 4:
-            return axes({0: batch} if static else {0: batch, 2: past}, tensor)
+            return axes({0: batch} if static else {0: batch, 2: length}, tensor)
         return None
 
     _, prepared, _ = prepare_for_export(module, kwargs)

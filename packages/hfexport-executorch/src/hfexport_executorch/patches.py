@@ -20,7 +20,11 @@ import torch
 
 from hfexport.registry import register_patch
 
-__all__ = ["edge_verifier_accepts_symbolic_min_max", "keep_dynamic_dims_in_list_returning_ops"]
+__all__ = [
+    "conv1d_with_one_dynamic_dim_only",
+    "edge_verifier_accepts_symbolic_min_max",
+    "keep_dynamic_dims_in_list_returning_ops",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -134,3 +138,47 @@ def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Call
         return _EdgeVerifierWithSymbolicMinMax if class_only else _EdgeVerifierWithSymbolicMinMax()
 
     return make_verifier
+
+
+def _dynamic_dims(node: Any) -> int:
+    value = node.meta.get("val") if hasattr(node, "meta") else None
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return sum(1 for size in value.shape if isinstance(size, torch.SymInt) and size.node.expr.free_symbols)
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.gemm_configs.ConvolutionConfig.check_constraints",
+    description=(
+        "keep 1-D convolutions whose input has more than one dynamic dimension out of XNNPACK: its conv1d path "
+        "reshapes through static_reshape, which takes one dynamic dimension, and fails at preprocess otherwise"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11449",
+    versions={"executorch": ">=1.3"},
+)
+def conv1d_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ConvolutionConfig.check_constraints`` to decline 1-D convolutions XNNPACK cannot build.
+
+    XNNPACK runs a 1-D convolution as a 2-D one: its ``Conv1dUnsqueezePass`` inserts an
+    ``unsqueeze_copy`` before and a ``squeeze_copy`` after, serialised as XNNPACK
+    ``static_reshape``, which supports a single dynamic dimension
+    (https://github.com/pytorch/executorch/issues/11449, open: move squeeze/unsqueeze to
+    ``expand_dims``/``fuse_dims``). The partitioner does not check this, so a convolution over a
+    dynamic batch *and* a dynamic length (wav2vec2's feature encoder) is claimed and then fails at
+    preprocess with "XNNPACK reshape only supports 1 dynamic dimension". The wrapper declines those
+    nodes (they run on ExecuTorch's portable convolution); every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        stride = node.args[3] if len(node.args) > 3 else ()
+        source = node.args[0] if node.args else None
+        if len(stride) == 1 and source is not None and _dynamic_dims(source) > 1:
+            logger.debug("conv1d %s stays on portable kernels: more than one dynamic dimension", node.name)
+            return False
+        return True
+
+    return check_constraints

@@ -5,13 +5,15 @@
 export each component with ``exporter.export(submodel, kwargs, config, component=name)`` (so every
 backend stage, patch, fix and the validation against eager PyTorch apply per component) and, for a
 multi-token decode graph exported with dynamic shapes, validate it again at query lengths 1 and 4
-and, on a static cache, as a prefill on an empty cache.
+and, when it is to serve the prefill (static cache, or no ``prefill`` component), as a prefill on
+an empty cache.
 
 A backend may adapt a component before export, in its ``<package>.generation`` module:
 ``prepare_component(name, module, kwargs, plan) -> module`` (ExecuTorch asks for
-:class:`~hfexport.generation.parts.FunctionalCacheModule` around static-cache components) and
-``component_config(name, module, kwargs, plan, config) -> config`` (ExecuTorch names and bounds
-the dynamic axes of static-cache decoders). Vision encoders exported with ``dynamic=True`` vary
+:class:`~hfexport.generation.parts.FunctionalCacheModule` around static-cache components),
+``component_config(name, module, kwargs, plan, config) -> config`` (ExecuTorch bounds the dynamic
+axes of decode steps) and ``SUPPORTS_EMPTY_GROWING_CACHE = False`` (a decode graph that cannot take
+a 0-position cache cannot serve the prefill). Vision encoders exported with ``dynamic=True`` vary
 along their patch axis only.
 """
 

@@ -248,6 +248,30 @@ def feature_sources(
     return out
 
 
+def _without_unread_token_types(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Drop ``mm_token_type_ids`` from a decode call when it does not change the logits.
+
+    ``generate`` keeps passing the multimodal token types at every step, but models that take
+    precomputed ``position_ids`` only read them to compute M-RoPE positions at prefill. A graph
+    input the computation never reads is an input every runtime must still be fed (and, for
+    ExecuTorch, memory-planned); the call is run with and without it to make sure.
+    """
+    if "mm_token_type_ids" not in kwargs or "position_ids" not in kwargs:
+        return kwargs
+    import copy
+
+    reduced = {k: v for k, v in kwargs.items() if k != "mm_token_type_ids"}
+    with torch.no_grad():
+        full = model(**copy.deepcopy(kwargs)).logits
+        token_types = dict(copy.deepcopy(kwargs))
+        token_types["mm_token_type_ids"] = torch.ones_like(kwargs["mm_token_type_ids"])
+        flipped = model(**token_types).logits
+        without = model(**copy.deepcopy(reduced)).logits
+    if torch.equal(full, without) and torch.equal(full, flipped):
+        return reduced
+    return kwargs
+
+
 def decompose_multimodal(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -350,7 +374,7 @@ def decompose_multimodal(
     if layout.lm_head is not None and calls["lm_head"]:
         components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
     if include_decode:
-        components["decode"] = (model, recording.decode)
+        components["decode"] = (model, _without_unread_token_types(model, recording.decode))
     plan.components = list(components)
     decomposition = Decomposition(components, plan, model)
     describe_components(decomposition)
