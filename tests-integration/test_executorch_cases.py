@@ -21,13 +21,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = list_cases("executorch")
 
-# Qwen2-VL's plain forward splits vision tokens with .tolist(): not traceable until the
-# generation issue decomposes the model. Skipped only when the capture fails exactly there.
+# Qwen2-VL's plain forward is not traceable (data-dependent split); its exported path is the
+# generation decomposition. Skipped only when the capture fails exactly there.
 C04_REASON = (
     "Qwen2-VL plain forward: the vision tower and get_image_features split by cu_seqlens/image_grid_thw "
     ".tolist() (data-dependent torch.split, https://github.com/pytorch/pytorch/issues/158786); needs the "
-    "decomposition into image encoder / language model of the generation issue (tracker issue 6, "
-    "export_for_generation)"
+    "decomposition into image encoder / language model: export_for_generation, covered by "
+    "tests-integration/test_generation_executorch.py::test_qwen2_vl_with_one_image_matches_generate"
 )
 
 
@@ -38,25 +38,7 @@ def test_the_executorch_cases_are_all_here():
     }  # fmt: skip
 
 
-# Batch-1 samples (C06, C08) get a dynamic batch from the core capture workaround
-# (pytorch#157621); XNNPACK then cannot run the program: "XNNPACK reshape only supports 1 dynamic
-# dimension" while lowering wav2vec2's conv feature extractor, and execute() error 0x12 at run time
-# for the GQA attention (https://github.com/pytorch/executorch/issues/8766 family: dynamic reshape
-# support in the XNNPACK delegate). Non-strict: the test passes again as soon as the delegate can.
-XNNPACK_BATCH1_REASON = (
-    "XNNPACK delegate cannot run a batch-1 sample exported with a dynamic batch (reshape with more than "
-    "one dynamic dimension / execute() error 0x12); see https://github.com/pytorch/executorch/issues/8766"
-)
-_XFAIL = {"C06-gqa-sdpa-no-mask", "C08-wav2vec2-ctc"}
-PARAMS = [
-    pytest.param(c, marks=pytest.mark.xfail(reason=XNNPACK_BATCH1_REASON, strict=False))
-    if c.name in _XFAIL
-    else c
-    for c in CASES
-]
-
-
-@pytest.mark.parametrize("case", PARAMS, ids=[c.name for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_case(case, tmp_path):
     atol = float(case.expect.get("atol", 1e-4))
     model = case.build_model()
@@ -94,6 +76,9 @@ def test_case(case, tmp_path):
         assert any("experts module(s) computed densely" in a for a in report.extra["backend_adaptations"])
         targets = {str(n.target) for n in program.exported_program().graph.nodes if n.op == "call_function"}
         assert not any("nonzero" in t or "_local_scalar_dense" in t for t in targets)
+    if case.name in ("C06-gqa-sdpa-no-mask", "C08-wav2vec2-ctc"):
+        # batch-1 samples are traced at batch 2, so the batch axis stays dynamic through lowering
+        assert report.extra["trace_inputs"].startswith("batch 1 repeated to 2 for tracing")
     if case.name == "C09-left-padding":
         # the padded mask is a program input, not a constant: another padding pattern is honoured
         assert "attention_mask" in ExecutorchRunner.from_manager(program).input_names
