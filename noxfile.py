@@ -4,7 +4,8 @@
 - ``nox -s "tests(package='hfexport-onnx')"``: one package's unit tests in a venv holding only that
   package and its declared dependencies (its ``tested`` extra), which proves it does not lean on
   another workspace member.
-- ``nox -s integration``: cross-package tests (``tests-integration/``) on the locked workspace.
+- ``nox -s integration``: every cross-package test (``tests-integration/``), the long tail marked
+  ``extended`` included, on the locked workspace.
 - ``nox -t matrix`` / ``nox -s "matrix(backend='onnx', torch='2.14.1')"``: one backend, installed from
   its built wheel with another torch release, runs its tests and its zoo; writes ``.matrix/*.json``.
 - ``nox -s compat``: renders ``docs/compatibility.md`` from ``.matrix/*.json``.
@@ -79,7 +80,10 @@ def integration(session: nox.Session) -> None:
         external=True,
     )
     _show_versions(session)
-    session.run("pytest", str(ROOT / "tests-integration"), "-q", *session.posargs)
+    # every integration test, the long tail (`extended`, deselected by the default run) included
+    session.run(
+        "pytest", str(ROOT / "tests-integration"), "-q", "-m", "extended or not extended", *session.posargs
+    )
 
 
 # --------------------------------------------------------------------------------------------------

@@ -404,3 +404,27 @@ def _write_case(directory: Path, name: str) -> None:
         '[second_inputs]\ninput_ids = { note = "something only a person can build" }\n'
         "[expect]\natol = 1e-4\n"
     )
+
+
+def test_generation_config_for_each_cache_kind():
+    from hfexport.testing.generation import generation_config_for
+
+    assert generation_config_for("dynamic") is None
+    static = generation_config_for("static", max_cache_len=40)
+    assert (static.cache_implementation, static.max_cache_len) == ("static", 40)
+    with pytest.raises(ValueError, match="cache must be one of dynamic, static, not 'sliding'"):
+        generation_config_for("sliding")
+
+
+def test_worst_validation_returns_the_worst_diff_and_refuses_a_failed_run():
+    from types import SimpleNamespace
+
+    from hfexport.testing.generation import worst_validation
+
+    ok = SimpleNamespace(
+        validation={"sample": [{"ok": True, "max_abs_diff": 1e-6}, {"ok": True, "max_abs_diff": 3e-6}]}
+    )
+    assert worst_validation(SimpleNamespace(reports={"decode": ok})) == {"decode.sample": 3e-6}
+    bad = SimpleNamespace(validation={"decode_q4": [{"ok": False, "max_abs_diff": 0.5}]})
+    with pytest.raises(AssertionError, match="decode_q4"):
+        worst_validation(SimpleNamespace(reports={"decode": ok, "prefill": bad}))
