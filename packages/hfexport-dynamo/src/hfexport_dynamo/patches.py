@@ -165,7 +165,7 @@ class _FallbackWarningLogger:
         "(a logging error, raised by handlers such as pytest's)"
     ),
     issue="https://github.com/pytorch/pytorch/pull/189679",
-    versions={"torch": ">=2.12,<2.14"},
+    versions={"torch": ">=2.12,<2.15"},
 )
 def fallback_warning_with_its_arguments(original: logging.Logger) -> Any:
     """Wrap the module logger of ``torch._export.serde.serialize`` (see :class:`_FallbackWarningLogger`).
