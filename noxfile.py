@@ -190,7 +190,7 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
                 "python",
                 "-c",
                 "import importlib.metadata as m, json;"
-                f"print(json.dumps({{d: m.version(d) for d in {pins_names(pins)!r}}}))",
+                f"print(json.dumps({{d: m.version(d) for d in {_RECORDED[backend]!r}}}))",
                 silent=True,
             )
             or "{}"
@@ -212,8 +212,12 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
         session.error(f"{backend} with torch {torch} failed; see {junit}")
 
 
-def pins_names(pins: list[str]) -> list[str]:
-    return [p.split("==")[0] for p in pins]
+# what a cell records of its venv (the compat table's "other pins" column)
+_RECORDED = {
+    "dynamo": ["torch", "transformers"],
+    "onnx": ["torch", "transformers", "onnx", "onnxscript", "onnxruntime"],
+    "executorch": ["torch", "transformers", "executorch"],
+}
 
 
 def _junit_counts(path: Path) -> dict:
