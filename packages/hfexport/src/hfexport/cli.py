@@ -388,7 +388,14 @@ def generate_command(
     from hfexport.generation import generate_from_dir
 
     tokenizer = None
+    has_tokenizer = any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json"))
     if prompt is not None:
+        if not has_tokenizer:
+            raise typer.BadParameter(
+                f"--prompt needs tokenizer files (tokenizer.json or tokenizer_config.json) in {output_dir}; "
+                "export from a model folder that has them, or pass token ids with --input-ids 1,2,3",
+                param_hint="--prompt",
+            )
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
@@ -400,9 +407,7 @@ def generate_command(
             raise typer.BadParameter("--input-ids takes comma-separated integers, e.g. 1,2,3") from None
     tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
     console.print("tokens: " + " ".join(map(str, tokens)))
-    if tokenizer is None and any(
-        (output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json")
-    ):
+    if tokenizer is None and has_tokenizer:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
