@@ -103,19 +103,3 @@ def test_batch_one_sample_is_traced_at_batch_two_and_runs_at_any_batch(toy_proje
         with torch.no_grad():
             expected = toy_projection(**inputs)["hidden"]
         assert (run(inputs)["hidden"] - expected).abs().max().item() < 1e-5
-
-
-def test_widening_is_skipped_when_an_input_of_batch_one_has_no_known_batch_axis():
-    inputs = {"input_ids": torch.ones(1, 5, dtype=torch.int64), "image_grid_thw": torch.tensor([[1, 4, 4]])}
-    traced, reason = bounds.widen_unit_batch(inputs, ExecutorchConfig(dynamic=True))
-    assert reason == "" and traced["input_ids"].shape == (1, 5)
-    traced, reason = bounds.widen_unit_batch(
-        {"input_ids": inputs["input_ids"]}, ExecutorchConfig(dynamic=True)
-    )
-    assert traced["input_ids"].shape == (2, 5) and torch.equal(traced["input_ids"][1], inputs["input_ids"][0])
-    # explicit dynamic_shapes: the user decides, nothing is widened
-    dims = {"input_ids": {1: Dim("seq", min=1, max=8)}}
-    traced, reason = bounds.widen_unit_batch(
-        {"input_ids": inputs["input_ids"]}, ExecutorchConfig(dynamic_shapes=dims)
-    )
-    assert reason == "" and traced["input_ids"].shape == (1, 5)

@@ -211,10 +211,16 @@ def test_without_the_workaround_a_batch_one_sample_specialises_the_batch():
         program.module()(x=torch.randn(3, 9, 4), mask=torch.ones(3, 9))
 
 
-def test_batch_one_llama_captured_dynamic_runs_at_batch_three():
+@pytest.mark.parametrize("how", ["widened sample", "size-oblivious workaround"])
+def test_batch_one_llama_captured_dynamic_runs_at_batch_three(how):
     model, inputs = tiny_model("llama", batch_size=1)
     assert inputs["input_ids"].shape[0] == 1
-    program = capture(model, inputs, DynamoConfig(dynamic=True))
+    if how == "widened sample":  # dynamic=True: the core traces the sample at batch 2
+        config = DynamoConfig(dynamic=True)
+    else:  # explicit dynamic_shapes are never widened: the capture workaround keeps the batch dynamic
+        config = DynamoConfig(dynamic_shapes={k: {0: Dim.AUTO, 1: Dim.AUTO} for k in inputs})
+    program = capture(model, inputs, config)
+    assert program.example_inputs[1]["input_ids"].shape[0] == (2 if how == "widened sample" else 1)
     gen = torch.Generator().manual_seed(2)
     batch3 = {
         "input_ids": torch.randint(3, model.config.vocab_size, (3, 11), generator=gen),

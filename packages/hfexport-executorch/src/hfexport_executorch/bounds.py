@@ -80,7 +80,6 @@ __all__ = [
     "model_max_positions",
     "plan_dynamic_shapes",
     "set_symbol_upper_bound",
-    "widen_unit_batch",
 ]
 
 logger = logging.getLogger(__name__)
@@ -384,50 +383,6 @@ class _Planner:
             named, hints = [p[0] for p in pairs_list], [p[1] for p in pairs_list]
             return (tuple(named), tuple(hints)) if isinstance(spec, tuple) else (named, hints)
         return spec, spec
-
-
-# Forward kwargs whose axis 0 is the batch: a sample of batch 1 may be widened for tracing.
-_BATCH_KEYS = (*_SEQ_KEYS, *_DECODER_SEQ_KEYS, *_SIGNAL_KEYS, "pixel_values", "pixel_mask", "input_features")
-
-
-def widen_unit_batch(inputs: Mapping[str, Any], config: Any) -> tuple[dict[str, Any], str]:
-    """Sample inputs of batch 1 repeated to batch 2, to trace a ``dynamic=True`` export.
-
-    ``torch.export`` (and ExecuTorch's re-traces in ``to_edge``) specialise a dimension whose
-    sample size is 1, however it is marked, so a program traced at batch 1 only runs at batch 1
-    (or, with size-oblivious tracing, runs with sizes baked in by the lowering's re-trace). Tracing
-    on the same rows twice gives the batch axis a sample size of 2 without changing what the
-    program computes; validation still runs on the user's inputs.
-
-    Widening is done only for ``dynamic=True`` without explicit ``dynamic_shapes``, when every
-    tensor of batch 1 is a known batch-carrying input (``input_ids``, ``attention_mask``,
-    ``pixel_values``, ``input_features``, ``input_values``, ... and cache tensors); any other
-    input of leading size 1 (``image_grid_thw``) makes it ambiguous and nothing is changed.
-
-    Returns:
-        ``(inputs to trace with, reason)``: the original mapping and ``""`` when nothing was done.
-    """
-    from hfexport.tensors import get_leaf_tensors, set_leaf_tensors
-
-    if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
-        return dict(inputs), ""
-    if _reference_sizes(inputs).get(ROLE_BATCH) != 1:
-        return dict(inputs), ""
-    widened: dict[str, torch.Tensor] = {}
-    for path, tensor in get_leaf_tensors(dict(inputs)).items():
-        if tensor.dim() == 0 or tensor.shape[0] != 1:
-            continue
-        key = path.split(".", 1)[0]
-        if "." not in path and key not in _BATCH_KEYS:
-            return dict(inputs), ""
-        widened[path] = tensor.repeat(2, *([1] * (tensor.dim() - 1)))
-    if not widened:
-        return dict(inputs), ""
-    traced = set_leaf_tensors(dict(inputs), widened)
-    return (
-        traced,
-        f"batch 1 repeated to 2 for tracing ({', '.join(sorted(widened))}): a size-1 axis would be specialised",
-    )
 
 
 def plan_dynamic_shapes(model: torch.nn.Module, inputs: Mapping[str, Any], config: Any) -> DynamicPlan:

@@ -9,7 +9,7 @@ Stages (each a function, each a line of the export report):
    and those of the backend's scope, kept until lowering is done;
 3. ``dynamic_shapes``: :func:`hfexport_executorch.bounds.plan_dynamic_shapes` bounds every
    ``Dim.AUTO`` axis by its role (batch, sequence, ...); a batch-1 sample is traced at batch 2
-   (:func:`hfexport_executorch.bounds.widen_unit_batch`);
+   (:func:`hfexport.batching.widen_unit_batch`, the core capture's own rule applied before planning);
 4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
 5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
 6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
@@ -35,6 +35,7 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.auto import register_exporter
+from hfexport.batching import widen_unit_batch
 from hfexport.config import ExecutorchConfig
 from hfexport.exporter import HfExporter
 from hfexport.report import ExportReport
@@ -111,7 +112,7 @@ class ExecutorchExporter(HfExporter):
             if plan.device.type != "cpu":
                 inputs = cast_leaf_tensors(inputs, device=plan.device)
             with report.stage("dynamic_shapes"):
-                trace_inputs, widened = bounds.widen_unit_batch(inputs, config)
+                trace_inputs, widened = widen_unit_batch(inputs, config)
                 if widened:
                     report.extra["trace_inputs"] = widened
                 dynamic = bounds.plan_dynamic_shapes(model, trace_inputs, config)

@@ -5,7 +5,9 @@ Stages (each a function, called in order by :func:`capture`):
 1. :func:`signature_module`: give models whose ``forward`` takes ``**kwargs`` a module with an
    explicit keyword signature, so ``dynamic_shapes`` can be keyed by kwarg name;
 2. :func:`hfexport.pytree.register_cache_pytrees`: caches become pytree nodes;
-3. :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
+3. :func:`hfexport.batching.widen_unit_batch`: with ``dynamic=True``, a batch-1 sample is traced
+   as batch 2 (rows repeated; recorded as ``report.extra["trace_inputs"]``), then
+   :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
    or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out;
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.capture_workarounds`
@@ -25,6 +27,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from hfexport import capture_workarounds
+from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 
@@ -262,6 +265,7 @@ def capture(
         module = signature_module(model, inputs)
         kwargs = dict(inputs)
     with stage("capture.dynamic_shapes"):
+        kwargs, widened = widen_unit_batch(kwargs, config)
         dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
     with contextlib.ExitStack() as stack:
         with stage("capture.reset_stale_state"):
@@ -271,6 +275,8 @@ def capture(
             from hfexport.config import encode_dynamic_shapes
 
             report.extra["cleared_stale_attributes"] = cleared
+            if widened:
+                report.extra["trace_inputs"] = widened
             try:
                 report.extra["dynamic_shapes"] = encode_dynamic_shapes(dynamic_shapes)
             except ValueError:
