@@ -21,14 +21,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 CASES = list_cases("dynamo")
 
-# The plain forward of Qwen2-VL is not traceable as transformers 5.24 writes it; the case is owned
-# by the generation issue. Skipped only when the export fails exactly there, so the test runs (and
+# The plain forward of Qwen2-VL is not traceable as transformers 5.24 writes it; its exported path is
+# the generation decomposition. Skipped only when the export fails exactly there, so the test runs (and
 # must pass) once the vision inputs are precomputed for the plain forward too.
 C04_REASON = (
     "Qwen2-VL plain forward: Qwen2VLVisionAttention splits q/k/v by cu_seqlens.tolist() and "
     "get_image_features splits by image_grid_thw.tolist() (data-dependent torch.split; "
     "https://github.com/pytorch/pytorch/issues/158786). Needs the grid inputs precomputed and the "
-    "model decomposed as the generation issue (tracker issue 6, export_for_generation) does."
+    "model decomposed (export_for_generation), covered by "
+    "tests-integration/test_generation_dynamo.py::test_qwen2_vl_with_one_image_matches_generate."
 )
 
 # Cases whose padded batch must keep its mask as a program input (not baked in).

@@ -24,8 +24,8 @@ SKIPS = {
         "the plain forward of Qwen2-VL cannot be traced: Qwen2VLVisionAttention splits q/k/v by "
         "cu_seqlens.tolist() and get_image_features splits by image_grid_thw.tolist() (data-dependent "
         "torch.split, pytorch/pytorch#126685); the case is met by the generation decomposition "
-        "(tracker issue 6: export_for_generation exports image_encoder / language_model / lm_head / decode "
-        "with the grid inputs precomputed)"
+        "(export_for_generation exports image_encoder / language_model / lm_head / decode with the grid "
+        "inputs precomputed: tests-integration/test_generation_onnx.py::test_qwen2_vl_with_one_image_matches_generate)"
     ),
 }
 

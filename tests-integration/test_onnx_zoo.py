@@ -20,7 +20,7 @@ SKIPS = {
         "the plain forward of Qwen2-VL cannot be traced: Qwen2VLVisionAttention splits q/k/v by "
         "cu_seqlens.tolist() and get_image_features splits by image_grid_thw.tolist() (data-dependent "
         "torch.split, pytorch/pytorch#126685); vision-language models go through the generation "
-        "decomposition (tracker issue 6, export_for_generation) -- see case C04"
+        "decomposition (export_for_generation; test_generation_onnx.py::test_qwen2_vl_with_one_image_matches_generate)"
     ),
 }
 
