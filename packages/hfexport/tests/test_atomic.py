@@ -16,6 +16,8 @@ from hfexport import atomic
 from hfexport.atomic import atomic_output_dir, check_output_dir
 from hfexport.errors import HfExportError, OutputDirectoryError
 
+NEW_FILES = ["export_report.json", "model.onnx", "model.onnx.data"]
+
 
 def snapshot(folder: Path) -> dict[str, bytes]:
     """``{relative path: bytes}`` of every file below ``folder`` (folders as ``b"<dir>"``)."""
@@ -60,7 +62,7 @@ def test_a_plain_export_replaces_a_generation_export_entirely(previous, tmp_path
         assert staging.parent == previous.parent and staging.name.startswith(".out.hfexport-staging.")
         assert list(staging.iterdir()) == []
         write_new_export(staging)
-    assert sorted(p.name for p in previous.iterdir()) == ["export_report.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in previous.iterdir()) == NEW_FILES
     assert (previous / "model.onnx.data").read_bytes() == b"new weights"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging, backup or trash left
 
@@ -132,7 +134,7 @@ def test_swap_and_restore_both_failing_names_where_the_old_folder_is(previous, t
     monkeypatch.setattr(os, "rename", real_rename)
     stale = backup.with_name(backup.name.replace(f".{os.getpid()}.", f".{dead_pid()}.", 1))
     backup.rename(stale)
-    with pytest.raises(RuntimeError, match="crash"), atomic_output_dir(previous) as staging:
+    with pytest.raises(RuntimeError, match="crash"), atomic_output_dir(previous):
         raise RuntimeError("crash")
     assert snapshot(previous) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -147,7 +149,7 @@ def test_a_new_folder_gets_a_plain_mkdir_mode_and_missing_parents(tmp_path):
     finally:
         os.umask(old_umask)
     assert (target.stat().st_mode & 0o777) == 0o755  # not mkdtemp's 0o700
-    assert sorted(p.name for p in target.iterdir()) == ["export_report.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in target.iterdir()) == NEW_FILES
     assert sorted(p.name for p in target.parent.iterdir()) == ["out"]
 
 
@@ -203,7 +205,8 @@ def test_stale_temporary_folders_of_dead_runs_are_cleaned_and_nothing_else(previ
     other_target = tmp_path / f".other.hfexport-staging.{dead}.{host}.0123abcd"
     legacy = tmp_path / ".out.staging.k2j3h4"  # an older hfexport's mkdtemp name: not ours to judge
     foreign = tmp_path / ".out.backup"
-    for folder in (stale_staging, stale_trash, finished_old, old_by_age, live, other_host, other_target, legacy, foreign):
+    kept = [live, other_host, other_target, legacy, foreign]
+    for folder in (stale_staging, stale_trash, finished_old, old_by_age, *kept):
         folder.mkdir()
         (folder / "model.onnx.data").write_bytes(b"partial")
     two_days_ago = time.time() - 2 * 24 * 3600
@@ -223,7 +226,7 @@ def test_an_old_folder_left_mid_swap_by_a_killed_run_is_restored(previous, tmp_p
     backup = tmp_path / f".out.hfexport-old.{dead_pid()}.{atomic._HOST}.0123abcd"
     previous.rename(backup)  # killed between "old folder aside" and "staging onto the target"
     check_output_dir(previous)  # a missing target is fine
-    with pytest.raises(KeyError), atomic_output_dir(previous) as staging:
+    with pytest.raises(KeyError), atomic_output_dir(previous):
         raise KeyError("this run fails too")
     assert snapshot(previous) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
@@ -249,7 +252,7 @@ def test_a_foreign_folder_is_refused_without_overwrite_and_replaced_with_it(tmp_
     check_output_dir(out, overwrite=True)
     with atomic_output_dir(out, overwrite=True) as staging:
         write_new_export(staging)
-    assert sorted(p.name for p in out.iterdir()) == ["export_report.json", "model.onnx", "model.onnx.data"]
+    assert sorted(p.name for p in out.iterdir()) == NEW_FILES
 
 
 @pytest.mark.parametrize("marker", ["export_report.json", "generation_manifest.json"])
@@ -299,4 +302,3 @@ def test_an_unwritable_parent_is_refused(tmp_path, monkeypatch):
     (parent / "out").mkdir()  # an existing target needs its parent writable too (the swap renames it)
     with pytest.raises(OutputDirectoryError, match="no write permission"):
         check_output_dir(parent / "out")
-

@@ -116,7 +116,9 @@ def _stem(name: str) -> str:
 
 
 def _sibling_name(target: Path, kind: str) -> Path:
-    return target.parent / f".{_stem(target.name)}.hfexport-{kind}.{os.getpid()}.{_HOST}.{secrets.token_hex(4)}"
+    return (
+        target.parent / f".{_stem(target.name)}.hfexport-{kind}.{os.getpid()}.{_HOST}.{secrets.token_hex(4)}"
+    )
 
 
 def _sibling_pattern(target: Path) -> re.Pattern[str]:
