@@ -302,3 +302,25 @@ def test_an_unwritable_parent_is_refused(tmp_path, monkeypatch):
     (parent / "out").mkdir()  # an existing target needs its parent writable too (the swap renames it)
     with pytest.raises(OutputDirectoryError, match="no write permission"):
         check_output_dir(parent / "out")
+
+
+def test_the_home_folder_and_kept_paths_are_never_replaced(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    (home / "models" / "bert").mkdir(parents=True)
+    (home / "models" / "bert" / "config.json").write_text("{}")
+    monkeypatch.setenv("HOME", str(home))
+    for target in (home, tmp_path):
+        with pytest.raises(OutputDirectoryError) as info:
+            check_output_dir(target, overwrite=True)
+        assert str(info.value).startswith(
+            f"output folder '{target}' is or contains your home folder, which an export would delete"
+        )
+    model = home / "models" / "bert"
+    for target in (model, home / "models"):
+        with pytest.raises(OutputDirectoryError) as info:
+            check_output_dir(target, overwrite=True, keep=["tiny:bert", model])
+        assert str(info.value).startswith(f"output folder '{target}' is or contains '{model}'")
+        assert f"pick a new folder for the export, e.g. '{target / 'export'}'" in str(info.value)
+    check_output_dir(model / "export", keep=[model])
+    with pytest.raises(OutputDirectoryError, match="file-system root"):
+        check_output_dir("/", overwrite=True)

@@ -41,7 +41,7 @@ import socket
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from hfexport.errors import OutputDirectoryError
@@ -128,34 +128,60 @@ def _sibling_pattern(target: Path) -> re.Pattern[str]:
     )
 
 
-def check_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
+def check_output_dir(
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    keep: Iterable[str | os.PathLike[str]] = (),
+) -> None:
     """Check that ``path`` can receive an export, without writing anything.
 
     Call it before the expensive work (the CLI calls it before loading the model);
     :func:`atomic_output_dir` runs it again. Accepted: a path that does not exist yet (its missing
     parent folders will be created), an empty folder, a folder holding a previous export (one of
-    :data:`EXPORT_MARKERS` at its top level), and with ``overwrite=True`` any folder. A symlink is
-    followed to the folder it names.
+    :data:`EXPORT_MARKERS` at its top level), and with ``overwrite=True`` any folder except one
+    that is or contains the home folder or a ``keep`` path. A symlink is followed to the folder it
+    names.
 
     Args:
         path: the output folder.
         overwrite: accept a non-empty folder that holds something other than a previous export
             (everything in it is replaced by the new export).
+        keep: existing paths the export must not delete (the CLI passes the ``--model`` folder);
+            the user's home folder is always kept. Paths that do not exist are ignored.
 
     Raises:
         OutputDirectoryError: (a ``ValueError``) ``path`` is a file or lies under a file, is a
-            file-system root, cannot be listed, holds files that are not a previous export and
-            ``overwrite`` is false, or the folder that must receive it (its parent, or the nearest
-            existing ancestor) is not writable. The message names the path, the problem and what
-            to do.
+            file-system root, is or contains the home folder or a ``keep`` path, cannot be listed,
+            holds files that are not a previous export and ``overwrite`` is false, or the folder
+            that must receive it (its parent, or the nearest existing ancestor) is not writable.
+            The message names the path, the problem and what to do.
     """
     shown = os.fspath(path)
     target = _resolve(path)
     if target.name == "":
         raise OutputDirectoryError(
-            f"output folder {shown!r} is a file-system root; pick a folder below it (e.g. {shown!r}/export)",
+            f"output folder {shown!r} is a file-system root; pick a folder below it "
+            f"(e.g. {os.path.join(shown, 'export')!r})",
             path=shown,
         )
+    try:
+        home: str | None = os.path.realpath(Path.home())
+    except (RuntimeError, KeyError):  # no home folder known
+        home = None
+    real_target = Path(os.path.realpath(target))
+    for kept in [*([home] if home else []), *keep]:
+        if not os.path.exists(kept):
+            continue
+        kept = Path(os.path.realpath(kept))
+        if kept == real_target or real_target in kept.parents:
+            what = "your home folder" if os.fspath(kept) == home else repr(os.fspath(kept))
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is or contains {what}, which an export would delete (it "
+                "replaces the whole output folder); pick a new folder for the export, e.g. "
+                f"{os.path.join(shown, 'export')!r}",
+                path=shown,
+            )
     if target.exists() or os.path.islink(target):
         if not target.is_dir():
             raise OutputDirectoryError(

@@ -275,7 +275,7 @@ def export_command(
     from hfexport.errors import OutputDirectoryError
 
     try:  # before any model is loaded: a bad OUTPUT_DIR is a usage error
-        check_output_dir(output_dir, overwrite=overwrite)
+        check_output_dir(output_dir, overwrite=overwrite, keep=[model])
     except OutputDirectoryError as exc:
         raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
     logging.basicConfig(
