@@ -324,3 +324,17 @@ def test_the_home_folder_and_kept_paths_are_never_replaced(tmp_path, monkeypatch
     check_output_dir(model / "export", keep=[model])
     with pytest.raises(OutputDirectoryError, match="file-system root"):
         check_output_dir("/", overwrite=True)
+
+
+def test_a_single_file_is_flushed_before_it_replaces_the_old_one(tmp_path, monkeypatch):
+    good = tmp_path / "model.pt2"
+    good.write_bytes(b"good")
+
+    def fsync(fd):
+        raise OSError(errno.EIO, "fsync failed")
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="fsync failed"), atomic.atomic_path(good) as tmp:
+        tmp.write_bytes(b"new")
+    assert good.read_bytes() == b"good"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"]

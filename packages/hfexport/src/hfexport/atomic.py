@@ -74,8 +74,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the same folder as ``path``; rename it onto ``path`` on success.
 
     The caller writes the file at the yielded path. If the body raises, the temporary file is
-    removed and ``path`` (if it existed) is untouched. The rename is atomic on POSIX file systems
-    (``os.replace``).
+    removed and ``path`` (if it existed) is untouched. The file is flushed to disk (``fsync``)
+    before the rename, which is atomic on POSIX file systems (``os.replace``), so after a crash
+    ``path`` holds the old or the new content, never an empty file.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -88,6 +89,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)
     try:
         yield tmp_path
+        _fsync_path(tmp_path, directory=False)
         os.replace(tmp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
