@@ -221,6 +221,19 @@ def test_stale_temporary_folders_of_dead_runs_are_cleaned_and_nothing_else(previ
     assert (live / "model.onnx.data").read_bytes() == b"partial"
 
 
+def test_nested_temporary_folders_of_a_killed_run_are_cleaned_with_their_outer_one(previous, tmp_path):
+    # the CLI's generation export runs save_components (an atomic_output_dir) inside its staging folder
+    host, dead = atomic._HOST, dead_pid()
+    outer = tmp_path / f".out.hfexport-staging.{dead}.{host}.aaaaaaaa"
+    inner = tmp_path / f".{outer.name}.hfexport-staging.{dead}.{host}.bbbbbbbb"
+    for folder in (outer, inner):
+        folder.mkdir()
+        (folder / "decode.pt2").write_bytes(b"partial")
+    with atomic_output_dir(previous) as staging:
+        write_new_export(staging)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_an_old_folder_left_mid_swap_by_a_killed_run_is_restored(previous, tmp_path):
     before = snapshot(previous)
     backup = tmp_path / f".out.hfexport-old.{dead_pid()}.{atomic._HOST}.0123abcd"

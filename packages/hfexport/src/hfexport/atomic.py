@@ -286,6 +286,9 @@ def _clean_stale(target: Path) -> bool:
             logger.warning("restored %s from %s, left by an interrupted export", target, full.name)
             restored = True
             continue
+        # a nested atomic_output_dir (save_components into the CLI's staging folder) has its own
+        # temporary folders beside this one, named after it
+        _clean_stale(full)
         logger.info("removing stale temporary folder %s", full)
         shutil.rmtree(full, ignore_errors=True)
     return restored
