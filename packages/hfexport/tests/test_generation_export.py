@@ -16,6 +16,7 @@ from transformers import GenerationConfig
 
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig
+from hfexport.errors import OutputDirectoryError
 from hfexport.exporter import HfExporter
 from hfexport.generation import (
     MANIFEST_NAME,
@@ -263,8 +264,10 @@ def test_a_failed_save_leaves_nothing_behind(dynamic_parts, tmp_path) -> None:
             super().save(artifact, path)
 
     (tmp_path / "keep.txt").write_text("existing")
+    with pytest.raises(OutputDirectoryError, match="not a previous hfexport export"):
+        save_components(exporter, artefacts, tmp_path)  # would delete keep.txt: refused
     with pytest.raises(OSError, match="disk full"):
-        save_components(Failing(), artefacts, tmp_path)
+        save_components(Failing(), artefacts, tmp_path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     with pytest.raises(ValueError, match="needs the generation plan"):
         save_components(exporter, dict(artefacts), tmp_path)

@@ -48,6 +48,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "ExportValidationError": ("hfexport.errors", "ExportValidationError"),
     "ExportStageError": ("hfexport.errors", "ExportStageError"),
     "MissingBackendError": ("hfexport.errors", "MissingBackendError"),
+    "OutputDirectoryError": ("hfexport.errors", "OutputDirectoryError"),
     "UnsupportedInputError": ("hfexport.errors", "UnsupportedInputError"),
     "UnsupportedModelError": ("hfexport.errors", "UnsupportedModelError"),
 }

@@ -1,15 +1,72 @@
-"""Atomic file writes: a failed export never leaves a half-written file where a good one was."""
+"""Atomic writes: a failed export never leaves a half-written file or folder where a good one was.
+
+Single files (:func:`atomic_path`, :func:`atomic_write_text`) are written next to their target and
+renamed onto it. Output folders (:func:`atomic_output_dir`) are replaced as a whole: the new folder
+is staged complete beside the target and swapped in with renames, so a reader sees either the old
+folder or the new one, never a mix of the two.
+
+Output folder rules (also in ``docs/index.md``, "Output folders"):
+
+- The folder is the unit. After a successful export ``OUTPUT_DIR`` holds exactly the new files; a
+  file of an earlier export (``generation_manifest.json``, a component, a stale ``.onnx.data``)
+  is gone. On failure ``OUTPUT_DIR`` is left byte for byte as it was.
+- Names of our own temporary folders, always beside the target (same parent, so the renames stay
+  on one file system): ``.<name>.hfexport-staging.<pid>.<host>.<random>`` (the new folder being
+  written), ``.<name>.hfexport-old.<pid>.<host>.<random>`` (the previous folder during the swap)
+  and ``.<name>.hfexport-trash.<pid>.<host>.<random>`` (the previous folder being deleted).
+  ``<host>`` is 8 hex digits of a hash of the host name, ``<random>`` 8 hex digits.
+- Stale temporary folders are cleaned by the next export into the same target: a folder of ours
+  whose process is gone (``os.kill(pid, 0)`` on the same host) or whose modification time is older
+  than :data:`STALE_AFTER_SECONDS` is removed, except that an ``-old`` folder left by a run killed
+  in the middle of the swap is renamed back onto the target when the target is missing. Nothing
+  that does not match these names is ever touched.
+- A folder that already exists is replaced only if it is empty, or it is a previous hfexport
+  export (it holds :data:`EXPORT_MARKERS`: ``export_report.json``, written by every
+  ``hfexport export``, or ``generation_manifest.json``, written by
+  :func:`hfexport.generation.save_components`), or the caller passes ``overwrite=True``
+  (``--overwrite``). Anything else a replaced folder held is deleted with it.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import hashlib
+import logging
 import os
+import re
+import secrets
 import shutil
+import socket
+import stat
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-__all__ = ["atomic_output_dir", "atomic_path", "atomic_write_text"]
+from hfexport.errors import OutputDirectoryError
+
+__all__ = [
+    "EXPORT_MARKERS",
+    "STALE_AFTER_SECONDS",
+    "atomic_output_dir",
+    "atomic_path",
+    "atomic_write_text",
+    "check_output_dir",
+]
+
+logger = logging.getLogger(__name__)
+
+#: A folder holding one of these files at its top level is a previous hfexport export: it may be
+#: replaced without ``overwrite=True``.
+EXPORT_MARKERS = ("export_report.json", "generation_manifest.json")
+
+#: A temporary folder of ours older than this (seconds since its last modification) is stale even
+#: when its process id is alive (the id may have been reused) or belongs to another host.
+STALE_AFTER_SECONDS = 24 * 3600
+
+_KINDS = ("staging", "old", "trash")
+_HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
 @contextlib.contextmanager
@@ -17,8 +74,9 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a temporary path in the same folder as ``path``; rename it onto ``path`` on success.
 
     The caller writes the file at the yielded path. If the body raises, the temporary file is
-    removed and ``path`` (if it existed) is untouched. The rename is atomic on POSIX file systems
-    (``os.replace``).
+    removed and ``path`` (if it existed) is untouched. The file is flushed to disk (``fsync``)
+    before the rename, which is atomic on POSIX file systems (``os.replace``), so after a crash
+    ``path`` holds the old or the new content, never an empty file.
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -31,6 +89,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     os.chmod(tmp_path, 0o666 & ~umask)
     try:
         yield tmp_path
+        _fsync_path(tmp_path, directory=False)
         os.replace(tmp_path, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -44,24 +103,325 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-@contextlib.contextmanager
-def atomic_output_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary sibling folder; on success move its files into ``path``.
+def _resolve(path: str | os.PathLike[str]) -> Path:
+    """The absolute folder path to write: a symlink is followed (the link itself stays)."""
+    if os.path.islink(path):
+        return Path(os.path.realpath(path))
+    return Path(os.path.abspath(path))
 
-    Each file is moved with ``os.replace`` (atomic per file), so an existing good file in ``path``
-    is only replaced by a complete new one. On error the temporary folder is deleted and ``path``
-    keeps what it had.
+
+def _stem(name: str) -> str:
+    """``name`` as used in our temporary folder names (hashed when too long for a file name)."""
+    if len(os.fsencode(name)) <= 180:
+        return name
+    return hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+
+
+def _sibling_name(target: Path, kind: str) -> Path:
+    return (
+        target.parent / f".{_stem(target.name)}.hfexport-{kind}.{os.getpid()}.{_HOST}.{secrets.token_hex(4)}"
+    )
+
+
+def _sibling_pattern(target: Path) -> re.Pattern[str]:
+    return re.compile(
+        rf"^\.{re.escape(_stem(target.name))}\.hfexport-(?P<kind>{'|'.join(_KINDS)})"
+        r"\.(?P<pid>[0-9]+)\.(?P<host>[0-9a-f]{8})\.[0-9a-f]{8}$"
+    )
+
+
+def check_output_dir(
+    path: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    keep: Iterable[str | os.PathLike[str]] = (),
+) -> None:
+    """Check that ``path`` can receive an export, without writing anything.
+
+    Call it before the expensive work (the CLI calls it before loading the model);
+    :func:`atomic_output_dir` runs it again. Accepted: a path that does not exist yet (its missing
+    parent folders will be created), an empty folder, a folder holding a previous export (one of
+    :data:`EXPORT_MARKERS` at its top level), and with ``overwrite=True`` any folder except one
+    that is or contains the home folder or a ``keep`` path. A symlink is followed to the folder it
+    names.
+
+    Args:
+        path: the output folder.
+        overwrite: accept a non-empty folder that holds something other than a previous export
+            (everything in it is replaced by the new export).
+        keep: existing paths the export must not delete (the CLI passes the ``--model`` folder);
+            the user's home folder is always kept. Paths that do not exist are ignored.
+
+    Raises:
+        OutputDirectoryError: (a ``ValueError``) ``path`` is a file or lies under a file, is a
+            file-system root, is or contains the home folder or a ``keep`` path, cannot be listed,
+            holds files that are not a previous export and ``overwrite`` is false, or the folder
+            that must receive it (its parent, or the nearest existing ancestor) is not writable.
+            The message names the path, the problem and what to do.
     """
-    target = Path(path)
-    target.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+    shown = os.fspath(path)
+    target = _resolve(path)
+    if target.name == "":
+        raise OutputDirectoryError(
+            f"output folder {shown!r} is a file-system root; pick a folder below it "
+            f"(e.g. {os.path.join(shown, 'export')!r})",
+            path=shown,
+        )
+    try:
+        home: str | None = os.path.realpath(Path.home())
+    except (RuntimeError, KeyError):  # no home folder known
+        home = None
+    real_target = Path(os.path.realpath(target))
+    for kept in [*([home] if home else []), *keep]:
+        if not os.path.exists(kept):
+            continue
+        kept = Path(os.path.realpath(kept))
+        if kept == real_target or real_target in kept.parents:
+            what = "your home folder" if os.fspath(kept) == home else repr(os.fspath(kept))
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is or contains {what}, which an export would delete (it "
+                "replaces the whole output folder); pick a new folder for the export, e.g. "
+                f"{os.path.join(shown, 'export')!r}",
+                path=shown,
+            )
+    if target.exists() or os.path.islink(target):
+        if not target.is_dir():
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is a file, not a folder; pick a folder path (hfexport writes the "
+                "artifact, its config and export_report.json into a folder), or move the file away",
+                path=shown,
+            )
+        try:
+            entries = os.listdir(target)
+        except OSError as exc:
+            raise OutputDirectoryError(
+                f"output folder {shown!r} cannot be read ({exc.strerror}); fix its permissions or pick "
+                "another folder",
+                path=shown,
+            ) from exc
+        if entries and not overwrite and not any(marker in entries for marker in EXPORT_MARKERS):
+            listed = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is not empty and is not a previous hfexport export (it holds "
+                f"{listed} but no {' or '.join(EXPORT_MARKERS)}); an export replaces the whole folder, "
+                "so these files would be deleted. Pass --overwrite (overwrite=True) to replace it, or "
+                "pick an empty or new folder",
+                path=shown,
+            )
+        receiver = target.parent
+    else:
+        receiver = target.parent
+        while not os.path.lexists(receiver) and receiver.parent != receiver:
+            receiver = receiver.parent
+        if not receiver.is_dir():
+            raise OutputDirectoryError(
+                f"output folder {shown!r} cannot be created: {os.fspath(receiver)!r} is a file, not a "
+                "folder; pick another folder",
+                path=shown,
+            )
+    if not os.access(receiver, os.W_OK | os.X_OK):
+        raise OutputDirectoryError(
+            f"output folder {shown!r} cannot be written: no write permission on "
+            f"{os.fspath(receiver)!r} (hfexport writes the new folder beside the old one there and "
+            "swaps it in by renaming); fix the permissions or pick another folder",
+            path=shown,
+        )
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    if os.name == "nt":  # os.kill(pid, 0) would terminate the process on Windows
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, owned by another user
+        return True
+    return True
+
+
+def _is_stale(path: Path, match: re.Match[str]) -> bool:
+    try:
+        age = time.time() - path.lstat().st_mtime
+    except OSError:
+        return False
+    if age > STALE_AFTER_SECONDS:
+        return True
+    return match["host"] == _HOST and not _pid_alive(int(match["pid"]))
+
+
+def _clean_stale(target: Path) -> bool:
+    """Remove our stale temporary folders beside ``target``; return True if one was restored.
+
+    An ``-old`` folder (the previous export, renamed aside by a run killed before its new folder
+    was in place) is renamed back onto ``target`` when ``target`` is missing; every other stale
+    folder of ours is deleted. Entries not matching our names, symlinks and files are left alone.
+    """
+    parent = target.parent
+    pattern = _sibling_pattern(target)
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return False
+    stale: list[tuple[str, Path]] = []
+    for name in names:
+        match = pattern.match(name)
+        full = parent / name
+        if match is None or full.is_symlink() or not full.is_dir():
+            continue
+        if _is_stale(full, match):
+            stale.append((match["kind"], full))
+    restored = False
+    # the newest previous folder is the one the killed run took away from the target
+    stale.sort(key=lambda item: (item[0] != "old", -_mtime(item[1])))
+    for kind, full in stale:
+        if kind == "old" and not os.path.lexists(target):
+            try:
+                os.rename(full, target)
+            except OSError as exc:
+                logger.warning("could not restore %s to %s: %s", full, target, exc)
+                continue
+            logger.warning("restored %s from %s, left by an interrupted export", target, full.name)
+            restored = True
+            continue
+        # a nested atomic_output_dir (save_components into the CLI's staging folder) has its own
+        # temporary folders beside this one, named after it
+        _clean_stale(full)
+        logger.info("removing stale temporary folder %s", full)
+        shutil.rmtree(full, ignore_errors=True)
+    return restored
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _fsync_path(path: str | os.PathLike[str], *, directory: bool) -> None:
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) if directory else os.O_RDONLY
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        if directory:  # some platforms (Windows) cannot open a folder: nothing to flush then
+            return
+        raise
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        # file systems that cannot fsync (EINVAL) or a folder on some platforms: nothing to flush
+        if not (directory or exc.errno in (errno.EINVAL, errno.ENOTSUP)):
+            raise
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush every regular file below ``root``, then the folders, to disk before the swap."""
+    for folder, _dirs, files in os.walk(root):
+        for name in files:
+            full = os.path.join(folder, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                _fsync_path(full, directory=False)
+        _fsync_path(folder, directory=True)
+
+
+def _swap(staging: Path, target: Path) -> None:
+    """Put the complete folder ``staging`` at ``target``; the previous ``target`` survives a failure."""
+    parent = target.parent
+    if not os.path.lexists(target):
+        os.rename(staging, target)
+        _fsync_path(parent, directory=True)
+        return
+    # the new folder keeps the permissions the user gave the old one
+    with contextlib.suppress(OSError):
+        os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
+    backup = _sibling_name(target, "old")
+    os.rename(target, backup)
+    try:
+        os.rename(staging, target)
+    except BaseException as exc:
+        try:
+            os.rename(backup, target)
+        except OSError as restore_error:
+            raise OutputDirectoryError(
+                f"output folder {os.fspath(target)!r} could not be replaced ({exc}) nor restored "
+                f"({restore_error}); the previous folder is at {os.fspath(backup)!r}: rename it back "
+                "by hand",
+                path=os.fspath(target),
+            ) from exc
+        raise
+    _fsync_path(parent, directory=True)
+    trash = _sibling_name(target, "trash")
+    try:
+        os.rename(backup, trash)
+    except OSError:
+        trash = backup
+    shutil.rmtree(trash, ignore_errors=True)
+    if os.path.lexists(trash):
+        logger.warning("could not remove the previous output folder %s; the next export removes it", trash)
+
+
+@contextlib.contextmanager
+def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it replaces the folder ``path`` as a whole.
+
+    The caller writes every file of the export into the yielded folder (a sibling of ``path``,
+    ``.<name>.hfexport-staging.<pid>.<host>.<random>``, created with a plain ``mkdir``'s mode). When
+    the body returns, the files are flushed to disk (``fsync``) and the folder is swapped in: the
+    existing ``path`` is renamed aside, the staging folder renamed to ``path`` (it takes the old
+    folder's permission bits), and the old folder deleted. If the body raises, or a rename fails,
+    the staging folder is deleted and ``path`` keeps exactly what it had (a missing ``path`` stays
+    missing; missing parent folders may have been created). Stale temporary folders of earlier
+    killed runs beside ``path`` are cleaned first (see the module docstring for the naming rule).
+    A symlink ``path`` is followed: the folder it names is replaced, the link stays.
+
+    Args:
+        path: the output folder; it need not exist.
+        overwrite: replace a non-empty folder that is not a previous hfexport export.
+
+    Yields:
+        The staging folder (``pathlib.Path``), empty.
+
+    Raises:
+        OutputDirectoryError: ``path`` cannot receive an export (see :func:`check_output_dir`), or
+            neither the swap nor the restore of the previous folder succeeded (the message names
+            where the previous folder is).
+        OSError: creating the staging folder, flushing, or the swap failed (``path`` unchanged).
+    """
+    check_output_dir(path, overwrite=overwrite)
+    target = _resolve(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if _clean_stale(target):
+        check_output_dir(path, overwrite=overwrite)
+    while True:
+        staging = _sibling_name(target, "staging")
+        try:
+            os.mkdir(staging)
+            break
+        except FileExistsError:
+            continue
     try:
         yield staging
-        for item in sorted(staging.rglob("*")):
-            if item.is_dir():
-                continue
-            dest = target / item.relative_to(staging)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(item, dest)
-    finally:
+        _fsync_tree(staging)
+        cwd = _cwd_inside(target)
+        _swap(staging, target)
+        if cwd is not None:  # the process was inside the replaced folder: move it into the new one
+            with contextlib.suppress(OSError):
+                os.chdir(cwd if os.path.isdir(cwd) else target)
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _cwd_inside(target: Path) -> str | None:
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        return None
+    if cwd == os.fspath(target) or cwd.startswith(os.fspath(target) + os.sep):
+        return cwd
+    return None

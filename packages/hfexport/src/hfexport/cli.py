@@ -3,7 +3,8 @@
 ``hfexport export onnx --model PATH OUTPUT_DIR`` loads a local model folder (or ``tiny:<type>``),
 exports it with the installed backend, validates the artefact against eager PyTorch, and writes
 the artefact, the model's config and tokenizer files and ``export_report.json`` into OUTPUT_DIR
-atomically (a failed export leaves OUTPUT_DIR as it was).
+atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR as it was; see
+:mod:`hfexport.atomic` for the rules, ``--overwrite`` for a folder that is not a previous export).
 """
 
 from __future__ import annotations
@@ -257,8 +258,26 @@ def export_command(
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
     backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace OUTPUT_DIR even if it holds files that are not a previous export (they are deleted).",
+        ),
+    ] = False,
 ) -> None:
-    """Export a model, validate it against eager PyTorch, and write it with its report."""
+    """Export a model, validate it against eager PyTorch, and write it with its report.
+
+    OUTPUT_DIR is replaced as a whole on success (files of an earlier export are gone) and left as
+    it was on failure. It must be new, empty, or a previous export, unless --overwrite is given.
+    """
+    from hfexport.atomic import check_output_dir
+    from hfexport.errors import OutputDirectoryError
+
+    try:  # before any model is loaded: a bad OUTPUT_DIR is a usage error
+        check_output_dir(output_dir, overwrite=overwrite, keep=[model])
+    except OutputDirectoryError as exc:
+        raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -303,7 +322,7 @@ def export_command(
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
-        with atomic_output_dir(output_dir) as staging:
+        with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
             # an explicit --task text-generation exports the generation components (prefill/decode,
             # or encoders/language model/lm_head/decode); --task auto exports the plain forward
             if task in GENERATION_TASKS:

@@ -11,6 +11,7 @@ __all__ = [
     "ExportValidationError",
     "HfExportError",
     "MissingBackendError",
+    "OutputDirectoryError",
     "UnsupportedInputError",
     "UnsupportedModelError",
 ]
@@ -33,6 +34,23 @@ class MissingBackendError(HfExportError, ImportError):
 
     The message carries the ``pip install hfexport-<backend>`` command.
     """
+
+
+class OutputDirectoryError(HfExportError, ValueError):
+    """The output folder cannot receive an export, or could not be swapped in.
+
+    Raised by :func:`hfexport.atomic.check_output_dir` (a file, an unwritable parent, a non-empty
+    folder that is not a previous export without ``overwrite``) before any model is loaded, and by
+    :func:`hfexport.atomic.atomic_output_dir`. The message names the path, the problem and what to
+    do (``--overwrite``, another folder, fixing permissions).
+
+    Attributes:
+        path: the output folder as the caller gave it (``str``).
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class ExportStageError(HfExportError, RuntimeError):

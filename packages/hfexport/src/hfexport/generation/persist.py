@@ -88,17 +88,22 @@ def save_components(
     *,
     model: Any = None,
     plan: GenerationPlan | None = None,
+    overwrite: bool = False,
 ) -> list[Path]:
-    """Write one file per component and ``generation_manifest.json`` into ``output_dir``.
+    """Write one file per component and ``generation_manifest.json`` as the folder ``output_dir``.
 
     Args:
         exporter: the exporter that produced ``artefacts`` (its ``save`` writes each file; its
             ``artifact_filename`` gives the extension, e.g. ``.onnx``).
         artefacts: ``{component: artefact}`` as ``export_for_generation`` returns it.
-        output_dir: the folder (created if needed). Files appear there only once everything was
-            written; on error nothing is left behind and existing files are untouched.
+        output_dir: the folder (created if needed). It is replaced as a whole by
+            :func:`hfexport.atomic.atomic_output_dir`: once everything was written the new folder
+            takes its place (files of an earlier export are gone); on error nothing is left behind
+            and the existing folder is untouched. It must be new, empty or a previous export
+            (holding ``generation_manifest.json`` or ``export_report.json``) unless ``overwrite``.
         model: the exported model (optional): its generation config refreshes the token ids.
         plan: the generation plan; defaults to ``artefacts.plan``.
+        overwrite: replace ``output_dir`` even if it holds other files (they are deleted).
 
     Returns:
         The paths written (component files then the manifest), in their final place.
@@ -106,6 +111,9 @@ def save_components(
     Raises:
         ValueError: no plan (``artefacts`` is not what ``export_for_generation`` returned and no
             ``plan`` is given), or the artefacts do not match the plan's components.
+        OutputDirectoryError: (a ``ValueError``) ``output_dir`` is a file, not writable, or a
+            non-empty folder that is not a previous export and ``overwrite`` is false; checked
+            before anything is written.
         OSError: a file cannot be written (nothing is left behind).
     """
     from hfexport.atomic import atomic_output_dir
@@ -130,7 +138,7 @@ def save_components(
     target = Path(output_dir)
     files: dict[str, str] = {}
     components: dict[str, dict[str, Any]] = {}
-    with atomic_output_dir(target) as staging:
+    with atomic_output_dir(target, overwrite=overwrite) as staging:
         for name in plan.components:
             filename = f"{name}{suffix}"
             exporter.save(artefacts[name], staging / filename)
