@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from transformers import GenerationConfig
 
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig
+from hfexport.errors import IntegrityError
 from hfexport.exporter import HfExporter
 from hfexport.generation import (
     MANIFEST_NAME,
@@ -234,7 +236,9 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
     model, inputs = llama
     exporter, artefacts = dynamic_parts
     written = save_components(exporter, artefacts, tmp_path, model=model)
-    assert sorted(p.name for p in written) == sorted([MANIFEST_NAME, "decode.pt2", "prefill.pt2"])
+    assert sorted(p.name for p in written) == sorted(
+        [MANIFEST_NAME, "checksums.sha256", "decode.pt2", "prefill.pt2"]
+    )
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
     assert manifest["format"] == "dynamo"
     assert manifest["files"] == {"prefill": "prefill.pt2", "decode": "decode.pt2"}
@@ -250,6 +254,17 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
         generate_from_dir(tmp_path, inputs["input_ids"])
     with pytest.raises(FileNotFoundError, match=r"no generation_manifest\.json"):
         generate_from_dir(tmp_path / "nowhere", prompt)
+    # integrity: the folder verifies with coreutils, and one flipped byte is refused before loading
+    listed = (tmp_path / "checksums.sha256").read_text().splitlines()
+    assert [line.split("  ", 1)[1] for line in listed] == ["decode.pt2", MANIFEST_NAME, "prefill.pt2"]
+    check = subprocess.run(["sha256sum", "-c", "checksums.sha256"], cwd=tmp_path, capture_output=True, text=True)
+    assert check.returncode == 0 and check.stdout.count(": OK") == 3, check.stdout + check.stderr
+    data = bytearray((tmp_path / "decode.pt2").read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (tmp_path / "decode.pt2").write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"decode\.pt2 does not match its checksum in .*checksums\.sha256: "
+                       r"expected SHA-256 [0-9a-f]{64}, got [0-9a-f]{64}\. .*re-export it"):  # fmt: skip
+        generate_from_dir(tmp_path, prompt, max_new_tokens=NEW_TOKENS)
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from hfexport.errors import IntegrityError
@@ -115,7 +115,10 @@ def _unescape(name: str) -> str:
 
 
 def write_checksums(
-    folder: str | os.PathLike[str], files: Iterable[str | os.PathLike[str]] | None = None
+    folder: str | os.PathLike[str],
+    files: Iterable[str | os.PathLike[str]] | None = None,
+    *,
+    digests: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Write ``checksums.sha256`` into ``folder`` (replacing one that is there).
 
@@ -126,6 +129,9 @@ def write_checksums(
     Args:
         folder: the folder.
         files: which files to list (see :func:`compute_checksums`); ``None``: all of them.
+        digests: ``{relative path: hex digest}`` computed a moment ago by
+            :func:`compute_checksums` for some of the files; they are written as given, the
+            other files are hashed.
 
     Returns:
         ``{relative path: hex digest}`` as written (for a report's ``"sha256"`` entry).
@@ -134,13 +140,15 @@ def write_checksums(
         OSError: a file cannot be read or ``checksums.sha256`` cannot be written.
     """
     root = Path(folder)
-    digests = compute_checksums(root, files)
+    known = dict(digests or {})
+    names = _relative_names(root, files)
+    written = {name: known[name] if name in known else file_sha256(root / name) for name in names}
     lines = []
-    for name, digest in digests.items():
+    for name, digest in written.items():
         prefix, escaped = _escape(name)
         lines.append(f"{prefix}{digest}  {escaped}\n")
     (root / CHECKSUMS_NAME).write_text("".join(lines), encoding="utf-8", newline="\n")
-    return digests
+    return written
 
 
 def read_checksums(folder: str | os.PathLike[str]) -> dict[str, str] | None:
@@ -241,7 +249,8 @@ def verify_checksums(
     root = Path(folder)
     listed = read_checksums(root)
     if listed is None:
-        _warn_no_checksums(root)
+        if root.is_dir():
+            _warn_no_checksums(root)
         return None
     listing = root / CHECKSUMS_NAME
     names = list(listed) if files is None else _relative_names(root, files)
