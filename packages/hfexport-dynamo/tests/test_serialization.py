@@ -339,7 +339,9 @@ def test_not_an_archive_and_missing_files_have_clear_errors(tmp_path):
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"not a zip")
     for trust in (False, True):
-        with pytest.raises(CorruptArtifactError, match=r"junk\.pt2 is not a valid torch\.export archive") as caught:
+        with pytest.raises(
+            CorruptArtifactError, match=r"junk\.pt2 is not a valid torch\.export archive"
+        ) as caught:
             load(junk, trust_remote_code=trust)
         assert "trust_remote_code" not in str(caught.value)
         assert isinstance(caught.value, ArtifactLoadError)

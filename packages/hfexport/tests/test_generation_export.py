@@ -257,7 +257,9 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
     # integrity: the folder verifies with coreutils, and one flipped byte is refused before loading
     listed = (tmp_path / "checksums.sha256").read_text().splitlines()
     assert [line.split("  ", 1)[1] for line in listed] == ["decode.pt2", MANIFEST_NAME, "prefill.pt2"]
-    check = subprocess.run(["sha256sum", "-c", "checksums.sha256"], cwd=tmp_path, capture_output=True, text=True)
+    check = subprocess.run(
+        ["sha256sum", "-c", "checksums.sha256"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert check.returncode == 0 and check.stdout.count(": OK") == 3, check.stdout + check.stderr
     data = bytearray((tmp_path / "decode.pt2").read_bytes())
     data[len(data) // 3] ^= 0x01

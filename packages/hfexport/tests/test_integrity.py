@@ -57,7 +57,9 @@ def test_a_flipped_byte_names_the_file_and_both_digests(folder):
     with pytest.raises(IntegrityError) as caught:
         verify_checksums(folder)
     message = str(caught.value)
-    assert message.startswith(f"{folder / 'model.pt2'} does not match its checksum in {folder / CHECKSUMS_NAME}")
+    assert message.startswith(
+        f"{folder / 'model.pt2'} does not match its checksum in {folder / CHECKSUMS_NAME}"
+    )
     assert f"expected SHA-256 {before}, got {after}" in message
     assert "re-export it (or download it again)" in message
     assert isinstance(caught.value, HfExportError) and isinstance(caught.value, ValueError)

@@ -204,7 +204,9 @@ def _layout_problems(file: IO[bytes], zf: zipfile.ZipFile, path: str | None) -> 
     for info in sorted(zf.infolist(), key=lambda i: i.header_offset):
         if info.header_offset != expected:
             where = "before the first member" if expected == 0 else "between members"
-            kind = "overlaps the previous member" if info.header_offset < expected else "follows unlisted bytes"
+            kind = (
+                "overlaps the previous member" if info.header_offset < expected else "follows unlisted bytes"
+            )
             problems.append(
                 f"member {info.filename!r} {kind} (offset {info.header_offset}, expected {expected}; "
                 f"data {where} that only some zip readers see)"
@@ -223,13 +225,17 @@ def _layout_problems(file: IO[bytes], zf: zipfile.ZipFile, path: str | None) -> 
         if flags & 0x1:
             raise _corrupt(path, f"member {info.filename!r} is encrypted")
         if method != info.compress_type or method not in _READABLE_METHODS:
-            raise _corrupt(path, f"member {info.filename!r} uses compression method {method}, which torch cannot read")
+            raise _corrupt(
+                path, f"member {info.filename!r} uses compression method {method}, which torch cannot read"
+            )
         end = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length + info.compress_size
         if flags & 0x8:
             file.seek(end)
             length = _descriptor_length(file.read(24), info)
             if length is None:
-                raise _corrupt(path, f"the data descriptor of member {info.filename!r} does not match its record")
+                raise _corrupt(
+                    path, f"the data descriptor of member {info.filename!r} does not match its record"
+                )
             end += length
         expected = max(expected, end)
     if expected != zf.start_dir:
@@ -352,7 +358,9 @@ def _weights_only_torch_load(original: Callable[..., Any]) -> Callable[..., Any]
         except Exception as exc:
             if not asked_full:
                 raise
-            raise _refuse(f"unpickle a payload in full (weights-only refused it: {_first_line(exc)})") from None
+            raise _refuse(
+                f"unpickle a payload in full (weights-only refused it: {_first_line(exc)})"
+            ) from None
 
     return load
 

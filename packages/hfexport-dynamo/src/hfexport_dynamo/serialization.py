@@ -269,9 +269,7 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> to
         torch_logger = logging.getLogger("torch.export")
         torch_logger.addHandler(capture)
         try:
-            with (
-                apply_patches("dynamo-load") if trust_remote_code else weights_only_loading(str(source))
-            ):
+            with apply_patches("dynamo-load") if trust_remote_code else weights_only_loading(str(source)):
                 program = torch.export.load(handle)
         except UnsafeArtifactError:
             raise

@@ -284,4 +284,3 @@ def verify_file(path: str | os.PathLike[str]) -> str | None:
     file = Path(path)
     checked = verify_checksums(file.parent, [file.name], require_listed=False)
     return (checked or {}).get(file.name)
-
