@@ -23,9 +23,15 @@ def test_cli_exports_tiny_qwen3_to_a_pte_that_runs_past_the_sample_shape(tmp_pat
         app, ["export", "executorch", "--model", "tiny:qwen3", "--backend", "xnnpack", str(out)]
     )
     assert result.exit_code == 0, result.output
-    assert {p.name for p in out.iterdir()} == {"model.pte", "config.json", "export_report.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "model.pte",
+        "config.json",
+        "export_report.json",
+        "checksums.sha256",
+    }
 
     saved = json.loads((out / "export_report.json").read_text())
+    assert sorted(saved["sha256"]) == ["config.json", "model.pte"]
     report = saved["report"]
     assert {s["name"]: s["status"] for s in report["stages"]}["validate_second_shape"] == "ok"
     delegation = report["extra"]["delegation"]

@@ -3,7 +3,9 @@ a manifest naming them, and the printed tokens equal ``model.generate(do_sample=
 
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
 
 import pytest
 import torch
@@ -46,3 +48,20 @@ def test_export_for_text_generation_then_generate_prints_the_generate_tokens(tmp
     result = runner.invoke(app, ["generate", str(out), "--prompt", "hello"])
     assert result.exit_code == 2
     assert "--input-ids" in " ".join(result.output.split())
+
+    # checksums: the report records them, sha256sum verifies the folder, a flipped byte is refused
+    report = json.loads((out / "export_report.json").read_text())
+    assert sorted(report["sha256"]) == sorted(
+        p.name for p in out.iterdir() if p.name not in ("export_report.json", "checksums.sha256")
+    )
+    assert report["sha256"]["decode.pt2"] == hashlib.sha256((out / "decode.pt2").read_bytes()).hexdigest()
+    check = subprocess.run(["sha256sum", "-c", "checksums.sha256"], cwd=out, capture_output=True, text=True)
+    assert check.returncode == 0 and "export_report.json: OK" in check.stdout, check.stdout + check.stderr
+    data = bytearray((out / "prefill.pt2").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (out / "prefill.pt2").write_bytes(bytes(data))
+    result = runner.invoke(app, ["generate", str(out), "--input-ids", ids, "--max-new-tokens", "2"])
+    assert result.exit_code != 0
+    shown = " ".join(result.output.split()) + " " + str(result.exception)
+    assert "prefill.pt2 does not match its checksum" in shown and "re-export it" in shown
+    assert "tokens:" not in result.output

@@ -19,7 +19,15 @@ from hfexport.capture import capture
 from hfexport.config import DynamoConfig
 from hfexport.tensors import duplicate_leaf_tensors
 from hfexport.testing import tiny_model
-from hfexport_dynamo import ArtifactLoadError, DynamoExporter, UnsafeArtifactError, inspect_pt2, load, save
+from hfexport_dynamo import (
+    ArtifactLoadError,
+    CorruptArtifactError,
+    DynamoExporter,
+    UnsafeArtifactError,
+    inspect_pt2,
+    load,
+    save,
+)
 from hfexport_dynamo.safety import _expression_problem, _guard_problem, _target_problem
 
 
@@ -330,10 +338,13 @@ def test_not_an_archive_and_missing_files_have_clear_errors(tmp_path):
         load(tmp_path / "absent.pt2")
     junk = tmp_path / "junk.pt2"
     junk.write_bytes(b"not a zip")
-    with pytest.raises(UnsafeArtifactError, match=r"not a \.pt2 \(zip\) archive"):
-        load(junk)
-    with pytest.raises(ArtifactLoadError, match=r"not a readable \.pt2 archive"):
-        load(junk, trust_remote_code=True)
+    for trust in (False, True):
+        with pytest.raises(
+            CorruptArtifactError, match=r"junk\.pt2 is not a valid torch\.export archive"
+        ) as caught:
+            load(junk, trust_remote_code=trust)
+        assert "trust_remote_code" not in str(caught.value)
+        assert isinstance(caught.value, ArtifactLoadError)
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,7 +8,11 @@ The exporter used here is the smallest possible backend: the core ``capture`` an
 from __future__ import annotations
 
 import copy
+import io
 import json
+import pathlib
+import subprocess
+import zipfile
 
 import pytest
 import torch
@@ -16,7 +20,7 @@ from transformers import GenerationConfig
 
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig
-from hfexport.errors import OutputDirectoryError
+from hfexport.errors import HfExportError, IntegrityError, OutputDirectoryError
 from hfexport.exporter import HfExporter
 from hfexport.generation import (
     MANIFEST_NAME,
@@ -27,13 +31,25 @@ from hfexport.generation import (
     exported_program_caller,
     generate_from_dir,
     load_runner,
+    persist,
     save_components,
 )
 from hfexport.generation.export import resolve_component_configs
+from hfexport.integrity import write_checksums
 from hfexport.testing import tiny_model
 
 NEW_TOKENS = 20
 ATOL = 1e-4
+
+
+class _TouchOnUnpickle:
+    """Unpickling this object creates ``marker``: stands for any code a pickle can run."""
+
+    def __init__(self, marker: pathlib.Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
 
 
 class ProgramExporter(HfExporter):
@@ -231,11 +247,13 @@ def test_a_failing_component_is_named_and_the_model_left_as_it_was(llama) -> Non
 
 
 @pytest.mark.slow
-def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
+def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path, monkeypatch) -> None:
     model, inputs = llama
     exporter, artefacts = dynamic_parts
     written = save_components(exporter, artefacts, tmp_path, model=model)
-    assert sorted(p.name for p in written) == sorted([MANIFEST_NAME, "decode.pt2", "prefill.pt2"])
+    assert sorted(p.name for p in written) == sorted(
+        [MANIFEST_NAME, "checksums.sha256", "decode.pt2", "prefill.pt2"]
+    )
     manifest = json.loads((tmp_path / MANIFEST_NAME).read_text())
     assert manifest["format"] == "dynamo"
     assert manifest["files"] == {"prefill": "prefill.pt2", "decode": "decode.pt2"}
@@ -251,6 +269,37 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
         generate_from_dir(tmp_path, inputs["input_ids"])
     with pytest.raises(FileNotFoundError, match=r"no generation_manifest\.json"):
         generate_from_dir(tmp_path / "nowhere", prompt)
+    # integrity: the folder verifies with coreutils, and one flipped byte is refused before loading
+    listed = (tmp_path / "checksums.sha256").read_text().splitlines()
+    assert [line.split("  ", 1)[1] for line in listed] == ["decode.pt2", MANIFEST_NAME, "prefill.pt2"]
+    check = subprocess.run(
+        ["sha256sum", "-c", "checksums.sha256"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert check.returncode == 0 and check.stdout.count(": OK") == 3, check.stdout + check.stderr
+    data = bytearray((tmp_path / "decode.pt2").read_bytes())
+    data[len(data) // 3] ^= 0x01
+    (tmp_path / "decode.pt2").write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match=r"decode\.pt2 does not match its checksum in .*checksums\.sha256: "
+                       r"expected SHA-256 [0-9a-f]{64}, got [0-9a-f]{64}\. .*re-export it"):  # fmt: skip
+        generate_from_dir(tmp_path, prompt, max_new_tokens=NEW_TOKENS)
+    # a component from someone else (checksums rewritten to match): a pickle that would run code is
+    # refused by the backend's loader, and by the exporter's load the core falls back to; never a
+    # plain torch.export.load
+    marker = tmp_path / "marker"
+    payload = io.BytesIO()
+    torch.save(_TouchOnUnpickle(marker), payload)
+    with zipfile.ZipFile(tmp_path / "prefill.pt2") as zin:
+        members = [(i.filename, zin.read(i)) for i in zin.infolist()]
+    with zipfile.ZipFile(tmp_path / "decode.pt2", "w") as zout:
+        for name, data in members:
+            zout.writestr(name, payload.getvalue() if name.endswith("data/sample_inputs/model.pt") else data)
+    write_checksums(tmp_path)
+    with pytest.raises(HfExportError, match=r"refusing to load .*decode\.pt2"):
+        generate_from_dir(tmp_path, prompt, max_new_tokens=2)
+    monkeypatch.setattr(persist, "backend_generation_module", lambda export_format: None)
+    with pytest.raises(HfExportError, match=r"refusing to load .*decode\.pt2"):
+        generate_from_dir(tmp_path, prompt, max_new_tokens=2)
+    assert not marker.exists()
 
 
 @pytest.mark.slow

@@ -17,10 +17,10 @@ from __future__ import annotations
 from hfexport.pytree import register_cache_pytrees
 from hfexport_dynamo import patches  # noqa: F401  (registers the "dynamo" patches)
 from hfexport_dynamo.__about__ import __version__
-from hfexport_dynamo.errors import ArtifactLoadError, UnsafeArtifactError
+from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
 from hfexport_dynamo.exporter import DynamoExporter
 from hfexport_dynamo.runtime import ProgramRunner, program_input_names
-from hfexport_dynamo.safety import inspect_pt2
+from hfexport_dynamo.safety import check_archive, inspect_pt2
 from hfexport_dynamo.serialization import load, save
 from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
@@ -29,10 +29,12 @@ __all__ = [
     "SUPPORTED",
     "TESTED_VERSIONS",
     "ArtifactLoadError",
+    "CorruptArtifactError",
     "DynamoExporter",
     "ProgramRunner",
     "UnsafeArtifactError",
     "__version__",
+    "check_archive",
     "inspect_pt2",
     "load",
     "program_input_names",

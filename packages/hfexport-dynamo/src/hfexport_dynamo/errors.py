@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hfexport.errors import HfExportError
 
-__all__ = ["ArtifactLoadError", "UnsafeArtifactError"]
+__all__ = ["ArtifactLoadError", "CorruptArtifactError", "UnsafeArtifactError"]
 
 
 class UnsafeArtifactError(HfExportError, ValueError):
@@ -14,6 +14,12 @@ class UnsafeArtifactError(HfExportError, ValueError):
     contains a pickle that the weights-only unpickler refuses, raw pickles or TorchScript objects,
     AOTInductor shared libraries, graph nodes calling something other than operators, or
     guard/shape expressions that are not plain arithmetic.
+
+    Also raised, whatever ``trust_remote_code`` says, for an archive that zip readers could read
+    differently: two members whose names torch's reader maps to the same record (exact duplicates,
+    or names differing only in case, separators or Unicode normalization), members hidden between
+    or before the listed ones, or local headers that disagree with the central directory.
+    ``torch.export.save`` never writes such an archive; the message then says to re-export.
 
     Attributes:
         path: the file that was refused.
@@ -32,3 +38,23 @@ class ArtifactLoadError(HfExportError, RuntimeError):
     The message carries torch's own reason (a custom operator that is not registered, another
     schema version, a truncated archive) instead of its generic "ran into an error" message.
     """
+
+
+class CorruptArtifactError(ArtifactLoadError):
+    """A ``.pt2`` file is not a valid ``torch.export`` archive: truncated, not a zip, or damaged.
+
+    Raised by :func:`hfexport_dynamo.load` and :func:`hfexport_dynamo.inspect_pt2` before anything
+    is unpickled, whatever ``trust_remote_code`` says. The message names the file and the reason
+    (no zip end record, a member failing its CRC check, an unreadable local header ...) and says
+    to re-export (or re-download) the file. A subclass of :class:`ArtifactLoadError`, so code
+    catching that keeps working.
+
+    Attributes:
+        path: the file, when known (``None`` for an anonymous buffer).
+        reason: what is wrong with it, in one line.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.path = path
+        self.reason = reason

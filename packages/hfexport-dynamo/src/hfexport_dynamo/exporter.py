@@ -39,6 +39,7 @@ from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply
 from hfexport.report import ExportReport
 from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo patches)
 from hfexport_dynamo.runtime import ProgramRunner
+from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
 from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
@@ -57,7 +58,7 @@ class DynamoExporter(HfExporter):
 
     ``export(model, sample_inputs, DynamoConfig(dynamic=True))`` captures ``model(**sample_inputs)``
     and returns the ``ExportedProgram``; ``program.module()(**inputs)`` runs it and
-    :meth:`save` writes it as ``.pt2`` (:func:`hfexport_dynamo.load` reads it back).
+    :meth:`save` writes it as ``.pt2`` and :meth:`load` (:func:`hfexport_dynamo.load`) reads it back.
 
     Args:
         config: default :class:`hfexport.config.DynamoConfig` for :meth:`export`.
@@ -142,6 +143,29 @@ class DynamoExporter(HfExporter):
             ValueError: ``path`` does not end with ``.pt2``.
         """
         save_program(artifact, path)
+
+    def load(
+        self, path: str | os.PathLike[str], *, trust_remote_code: bool = False
+    ) -> torch.export.ExportedProgram:
+        """Read a ``.pt2`` back with the safe loader :func:`hfexport_dynamo.load`.
+
+        The file is verified against a ``checksums.sha256`` next to it, refused when corrupt or
+        ambiguous (duplicate zip members ...) and, unless ``trust_remote_code``, when it holds
+        content that could run code; ``torch.export.load`` then runs with weights-only unpickling
+        only. :meth:`runner` of the result runs it.
+
+        Args:
+            path: the ``.pt2`` file.
+            trust_remote_code: see :func:`hfexport_dynamo.load`.
+
+        Returns:
+            The ``ExportedProgram``.
+
+        Raises:
+            FileNotFoundError, hfexport.errors.IntegrityError, CorruptArtifactError,
+            UnsafeArtifactError, ArtifactLoadError: see :func:`hfexport_dynamo.load`.
+        """
+        return load_program(path, trust_remote_code=trust_remote_code)
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""

@@ -5,9 +5,13 @@ objects the weights-only unpickler refuses (a ``DynamicCache`` among the traced 
 left out of the file, so every ``.pt2`` this package writes loads with ``weights_only`` semantics:
 plain ``torch.export.load`` never needs its silent ``weights_only=False`` fallback for them.
 
-:func:`load` registers the cache pytree nodes and the custom operators a program may use, refuses
-an archive whose content could run code (:func:`hfexport_dynamo.safety.inspect_pt2`) unless the
-caller passes ``trust_remote_code=True``, and then reads it with ``torch.export.load``.
+:func:`load` verifies the file against a ``checksums.sha256`` next to it
+(:func:`hfexport.integrity.verify_file`), refuses a corrupt or ambiguous archive
+(:func:`hfexport_dynamo.safety.check_archive`), registers the cache pytree nodes and the custom
+operators a program may use, refuses an archive whose content could run code
+(:func:`hfexport_dynamo.safety.inspect_pt2`) unless the caller passes ``trust_remote_code=True``,
+and then reads it with ``torch.export.load`` under
+:func:`hfexport_dynamo.safety.weights_only_loading` (no full unpickling can happen).
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from hfexport.atomic import atomic_path
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo-load patch)
-from hfexport_dynamo.errors import ArtifactLoadError, UnsafeArtifactError
-from hfexport_dynamo.safety import inspect_pt2
+from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
+from hfexport_dynamo.safety import check_archive, inspect_pt2, weights_only_loading
 
 __all__ = ["load", "save"]
 
@@ -190,34 +194,57 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> to
     operators the graph calls (``transformers::grouped_mm_fallback`` of mixture-of-experts layers)
     or cache classes its input/output specs name.
 
-    Unless ``trust_remote_code`` is True, the archive is first inspected without executing
-    anything (:func:`hfexport_dynamo.safety.inspect_pt2`) and refused when it holds content that
-    could run code: pickles the weights-only unpickler refuses (``torch.export.load`` would retry
-    them with full unpickling), TorchScript or opaque objects, AOTInductor libraries, graph nodes
-    calling non-operators, or guard/shape expressions that are not arithmetic.
+    Always, before torch reads anything:
+
+    - when a ``checksums.sha256`` sits next to the file and lists it, the file's SHA-256 must
+      match (:func:`hfexport.integrity.verify_file`; without one a warning is logged once per
+      folder and loading proceeds);
+    - the archive must be a readable zip that every zip reader reads the same way
+      (:func:`hfexport_dynamo.safety.check_archive`): no duplicate member names, no names
+      torch's reader would confuse, no hidden bytes, every member passing its CRC check.
+
+    Unless ``trust_remote_code`` is True, the archive is then inspected without executing
+    anything (:func:`hfexport_dynamo.safety.inspect_pt2`, reading members through torch's own
+    reader) and refused when it holds content that could run code: pickles the weights-only
+    unpickler refuses (``torch.export.load`` would retry them with full unpickling), TorchScript
+    or opaque objects, AOTInductor libraries, graph nodes calling non-operators, or guard/shape
+    expressions that are not arithmetic. ``torch.export.load`` then runs under
+    :func:`hfexport_dynamo.safety.weights_only_loading`, so even content the inspection missed
+    cannot reach full unpickling.
 
     Args:
         path: the ``.pt2`` file.
-        trust_remote_code: skip the inspection and let ``torch.export.load`` unpickle everything.
-            Only for files whose origin you trust: unpickling can run arbitrary code.
+        trust_remote_code: skip the inspection and the weights-only guard and let
+            ``torch.export.load`` unpickle everything. Only for files whose origin you trust:
+            unpickling can run arbitrary code. The checksum and archive-structure checks still run.
 
     Returns:
         The ``ExportedProgram``; ``program.module()(**forward_kwargs)`` runs it.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        UnsafeArtifactError: the inspection found content that could run code (the message lists
-            each finding); nothing from the file was unpickled or executed.
+        hfexport.errors.IntegrityError: the file's SHA-256 differs from the one ``checksums.sha256``
+            next to it records (the message names the file and both digests).
+        CorruptArtifactError: not a valid ``torch.export`` archive (truncated, not a zip, a member
+            failing its CRC check); the message says to re-export it.
+        UnsafeArtifactError: the archive is ambiguous (duplicate member names and the like; also
+            with ``trust_remote_code=True``), or the inspection found content that could run code
+            (the message lists each finding); nothing from the file was unpickled or executed.
         ArtifactLoadError: torch could not deserialise the file (the message has torch's reason,
             e.g. a custom operator that is not registered or another schema version).
     """
+    from hfexport.integrity import verify_file
+
     source = Path(path)
     if not source.is_file():
         raise FileNotFoundError(f"no ExportedProgram file at {source}")
+    verify_file(source)
     register_cache_pytrees()
     with open(source, "rb") as handle:
-        if not trust_remote_code:
-            problems = inspect_pt2(handle)
+        if trust_remote_code:
+            check_archive(handle, path=str(source))
+        else:
+            problems = inspect_pt2(handle, path=str(source))
             if problems:
                 listed = "\n".join(f"  - {p}" for p in problems[:20])
                 more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -231,16 +258,25 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> to
         try:
             _register_dependencies(handle)
         except (zipfile.BadZipFile, ValueError) as exc:
-            raise ArtifactLoadError(f"{source} is not a readable .pt2 archive: {exc}") from exc
+            raise CorruptArtifactError(
+                f"{source} is not a valid torch.export archive (.pt2): {exc}. The file is truncated or "
+                "corrupt: re-export it (or download it again).",
+                path=str(source),
+                reason=str(exc),
+            ) from exc
         handle.seek(0)
         capture = _CaptureLoadErrors()
         torch_logger = logging.getLogger("torch.export")
         torch_logger.addHandler(capture)
         try:
-            with apply_patches("dynamo-load") if trust_remote_code else contextlib.nullcontext():
+            with apply_patches("dynamo-load") if trust_remote_code else weights_only_loading(str(source)):
                 program = torch.export.load(handle)
+        except UnsafeArtifactError:
+            raise
         except Exception as exc:
             cause = capture.errors[0] if capture.errors else exc
+            if isinstance(cause, UnsafeArtifactError):
+                raise cause from None
             raise ArtifactLoadError(
                 f"torch.export.load could not read {source}: {type(cause).__name__}: {cause}".rstrip()
                 + "\nIf a custom operator is missing, import the package that defines it before loading."

@@ -77,11 +77,15 @@ def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) ->
     Raises:
         FileNotFoundError: no file at ``path``.
         ValueError: the manifest lacks the component's pytree specs (written by an older hfexport).
+        hfexport.errors.IntegrityError: the file differs from its SHA-256 in the folder's
+            ``checksums.sha256`` (:func:`hfexport.integrity.verify_file`).
     """
+    from hfexport.integrity import verify_file
     from hfexport_executorch.runtime import ExecutorchRunner
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no ExecuTorch program at {path}")
+    verify_file(path)
     if "in_spec" not in metadata or "out_spec" not in metadata:
         raise ValueError(f"the generation manifest has no input/output specs for {path}; export it again")
     for module in metadata.get("modules", []):

@@ -27,9 +27,21 @@ def component_metadata(artefact: Any) -> dict[str, Any]:
 def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Caller:
     """Load a saved ``.onnx`` component into an ONNX Runtime session and return its caller.
 
+    The graph and its external data (``<file>.data``) are first checked against the folder's
+    ``checksums.sha256`` when it lists them (:func:`hfexport.integrity.verify_file`).
+
     Raises:
         FileNotFoundError: no file at ``path``.
+        hfexport.errors.IntegrityError: the graph or its weights differ from their SHA-256.
     """
+    from pathlib import Path
+
+    from hfexport.integrity import verify_file
     from hfexport_onnx.runtime import OnnxRuntimeRunner
 
+    if os.path.isfile(path):
+        verify_file(path)
+        external = Path(path).with_name(Path(path).name + ".data")
+        if external.is_file():
+            verify_file(external)
     return OnnxRuntimeRunner(path)

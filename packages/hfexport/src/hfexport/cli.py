@@ -363,7 +363,11 @@ def export_command(
                     "artefact_sizes_bytes": sizes,
                 }
             )
+            from hfexport.integrity import compute_checksums, write_checksums
+
+            report_dict["sha256"] = compute_checksums(staging)  # every file but the report itself
             (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
+            write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
         for r in reports:
             _print_validation(r)
         files = sorted(p for p in output_dir.iterdir() if p.is_file())

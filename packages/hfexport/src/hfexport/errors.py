@@ -10,6 +10,7 @@ __all__ = [
     "ExportStageError",
     "ExportValidationError",
     "HfExportError",
+    "IntegrityError",
     "MissingBackendError",
     "OutputDirectoryError",
     "UnsupportedInputError",
@@ -78,3 +79,13 @@ class ExportValidationError(HfExportError, AssertionError):
     def __init__(self, message: str, table: list | None = None) -> None:
         super().__init__(message)
         self.table = list(table or [])
+
+
+class IntegrityError(HfExportError, ValueError):
+    """A file of an output folder does not match the SHA-256 its ``checksums.sha256`` records.
+
+    Raised by :func:`hfexport.integrity.verify_checksums` (and so by the loaders and
+    ``hfexport generate``) before the file is read: the message names the file, the expected and
+    the actual digest, and says to re-export or re-download it. Also raised when a listed file is
+    missing or the checksum list is malformed.
+    """

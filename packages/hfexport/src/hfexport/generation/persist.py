@@ -4,6 +4,7 @@ Layout of an output folder::
 
     prefill.onnx, decode.onnx, ...        one file per component (the backend's own format)
     generation_manifest.json              the manifest (see :data:`MANIFEST_NAME`)
+    checksums.sha256                      SHA-256 of every file (``sha256sum -c checksums.sha256``)
 
 The manifest names the format, the component files, the cache kind and length, the special token
 ids and the full :class:`~hfexport.generation.plan.GenerationPlan` (component input structures
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from hfexport.generation.plan import GenerationPlan
-from hfexport.generation.runner import Caller, GenerationRunner, exported_program_caller
+from hfexport.generation.runner import Caller, GenerationRunner
 
 __all__ = [
     "MANIFEST_NAME",
@@ -106,7 +107,8 @@ def save_components(
         overwrite: replace ``output_dir`` even if it holds other files (they are deleted).
 
     Returns:
-        The paths written (component files then the manifest), in their final place.
+        The paths written (component files, the manifest and ``checksums.sha256``, sorted), in
+        their final place.
 
     Raises:
         ValueError: no plan (``artefacts`` is not what ``export_for_generation`` returned and no
@@ -118,6 +120,7 @@ def save_components(
     """
     from hfexport.atomic import atomic_output_dir
     from hfexport.generation.decompose import token_ids_of
+    from hfexport.integrity import write_checksums
 
     plan = plan if plan is not None else getattr(artefacts, "plan", None)
     if plan is None:
@@ -159,6 +162,7 @@ def save_components(
         (staging / MANIFEST_NAME).write_text(
             json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8"
         )
+        write_checksums(staging)
         written = sorted(p.relative_to(staging) for p in staging.rglob("*") if p.is_file())
     return [target / p for p in written]
 
@@ -195,36 +199,44 @@ def load_components(output_dir: str | os.PathLike[str]) -> tuple[GenerationPlan,
     Returns:
         ``(plan, {component: caller})``, ready for :class:`GenerationRunner`.
 
+    Every file ``checksums.sha256`` lists is verified first, and the component files must be
+    listed (:func:`hfexport.integrity.verify_checksums`); a folder without the list is loaded
+    with a warning.
+
     Raises:
+        IntegrityError: a file does not match its SHA-256 in ``checksums.sha256``, a listed file
+            is missing, or a component file is not listed; nothing was loaded.
         FileNotFoundError / ValueError: see :func:`read_manifest`.
         ImportError: the backend package of the manifest's format is not installed (the message
             has the pip command), or it cannot load generation components.
     """
+    from hfexport.integrity import verify_checksums
+
+    verify_checksums(output_dir)  # every listed file, before the manifest or a component is read
     manifest = read_manifest(output_dir)
     plan = GenerationPlan.from_dict(manifest["plan"])
     export_format = manifest["format"]
+    entries = {name: manifest["components"][name] for name in plan.components}
+    verify_checksums(output_dir, [entry["file"] for entry in entries.values()])
     module = backend_generation_module(export_format)
     load = getattr(module, "load_component", None) if module is not None else None
-    if load is None and export_format != "dynamo":
+    if load is None:
         from hfexport.auto import get_hf_exporter
 
-        get_hf_exporter(export_format)  # raises MissingBackendError with the pip command
-        raise ImportError(
-            f"the {export_format} backend cannot load generation components (no load_component)"
-        )
-    callers: dict[str, Caller] = {}
-    for name in plan.components:
-        entry = manifest["components"][name]
-        path = Path(output_dir) / entry["file"]
-        if load is not None:
-            callers[name] = load(path, entry.get("metadata", {}))
-        else:
-            from hfexport.pytree import register_cache_pytrees
+        # raises MissingBackendError with the pip command when the backend is not installed
+        exporter = get_hf_exporter(export_format)()
+        if not callable(getattr(exporter, "load", None)):
+            raise ImportError(
+                f"the {export_format} backend cannot load generation components (no load_component)"
+            )
 
-            for io_module in plan.io[name].modules:
-                importlib.import_module(io_module)
-            register_cache_pytrees()
-            callers[name] = exported_program_caller(torch.export.load(path))
+        def load(path: Path, metadata: Mapping[str, Any]) -> Caller:
+            # the backend's own (safe) loader, never a plain torch.export.load
+            return exporter.runner(exporter.load(path))
+
+    callers: dict[str, Caller] = {}
+    for name, entry in entries.items():
+        callers[name] = load(Path(output_dir) / entry["file"], entry.get("metadata", {}))
     return plan, callers
 
 
@@ -254,7 +266,7 @@ def generate_from_dir(
 
     Raises:
         ValueError: an empty prompt or several prompts (use :func:`load_runner` for batches).
-        FileNotFoundError / ImportError: see :func:`load_components`.
+        FileNotFoundError / ImportError / IntegrityError: see :func:`load_components`.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.int64)
     if ids.dim() == 2 and ids.shape[0] == 1:
