@@ -224,7 +224,12 @@ def _layout_problems(file: IO[bytes], zf: zipfile.ZipFile, path: str | None) -> 
             )
         if flags & 0x1:
             raise _corrupt(path, f"member {info.filename!r} is encrypted")
-        if method != info.compress_type or method not in _READABLE_METHODS:
+        if method != info.compress_type:
+            problems.append(
+                f"member {info.filename!r}: its local header says compression {method}, the central "
+                f"directory {info.compress_type} (readers disagree on its bytes)"
+            )
+        elif method not in _READABLE_METHODS:
             raise _corrupt(
                 path, f"member {info.filename!r} uses compression method {method}, which torch cannot read"
             )
