@@ -199,8 +199,8 @@ def test_register_fx_node_fix_documented_form():
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
     assert torch.ops.aten.relu.default not in targets and torch.ops.aten.clamp.default in targets
     assert any("_fix_relu_as_clamp" in name for name in applied)
-    x = torch.tensor([[-1.0, 0.5, 2.0]])
-    assert gm(x).tolist() == [[1.0, 1.5, 3.0]]
+    x = torch.tensor([[-1.0, 0.5, 2.0], [0.0, -3.0, 1.0]])
+    assert gm(x).tolist() == [[1.0, 1.5, 3.0], [1.0, 1.0, 2.0]]
 
 
 def test_register_fx_program_fix_documented_form():
@@ -361,7 +361,10 @@ def test_leaf_tensors(llama):
 
     assert list(leaves)[0] == "logits"
     assert leaves["logits"] is outputs.logits
-    assert any(name.startswith("past_key_values.") for name in leaves)
+    # the KV cache is flattened into named leaves: <cache field>.layers.<i>.keys / .values
+    (cache_field,) = {name.split(".layers.")[0] for name in leaves if ".layers." in name}
+    keys = leaves[f"{cache_field}.layers.0.keys"]
+    assert keys.shape[0] == 2 and keys.shape[2] == inputs["input_ids"].shape[1]
     assert all(isinstance(v, torch.Tensor) for v in leaves.values())
 
 
