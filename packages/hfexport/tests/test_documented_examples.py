@@ -163,7 +163,9 @@ def test_register_patch_documented_form():
     original = NllbMoeTop2Router.__dict__["_cast_classifier"]
     with registry.isolated_registry():
 
-        @register_patch("dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier")
+        @register_patch(
+            "dynamo", "transformers.models.nllb_moe.modeling_nllb_moe.NllbMoeTop2Router._cast_classifier"
+        )
         def _patch_classifier_cast(_original):
             # Replace the untraceable dtype cast with a no-op during export.
             return lambda self, *args, **kwargs: None
@@ -303,7 +305,13 @@ def test_custom_backend_skeleton(monkeypatch):
     monkeypatch.setattr(auto, "_EXPORTERS", dict(auto._EXPORTERS))
     monkeypatch.setattr(auto, "_CONFIGS", dict(auto._CONFIGS))
 
-    from hfexport import AutoHfExporter, ExportConfigMixin, HfExporter, register_export_config, register_exporter
+    from hfexport import (
+        AutoHfExporter,
+        ExportConfigMixin,
+        HfExporter,
+        register_export_config,
+        register_exporter,
+    )
     from hfexport.capture import capture
     from hfexport.utils import get_leaf_tensors
 
@@ -359,7 +367,7 @@ def test_leaf_tensors(llama):
         outputs = model(**inputs)
     leaves = get_leaf_tensors(outputs)
 
-    assert list(leaves)[0] == "logits"
+    assert next(iter(leaves)) == "logits"
     assert leaves["logits"] is outputs.logits
     # the KV cache is flattened into named leaves: <cache field>.layers.<i>.keys / .values
     (cache_field,) = {name.split(".layers.")[0] for name in leaves if ".layers." in name}

@@ -149,6 +149,7 @@ def test_cli_exports_a_decorator_registered_format(in_process_plugin, tmp_path):
     assert result.exit_code == 0, result.output
     header, program = in_process_plugin.load(out / "model.myformat")
     assert header["format"] == "myformat" and "input_ids" in header["inputs"]
+    assert type(program).__name__ == "ExportedProgram"
     report = json.loads((out / "export_report.json").read_text())
     assert report["export_format"] == "myformat"
     assert report["report"]["export_format"] == "myformat"
@@ -191,8 +192,11 @@ def plugin_venv(tmp_path_factory) -> tuple[Path, dict[str, str], Path]:
     _run([sys.executable, "-m", "venv", str(venv)], cwd=root, env=env)
     python = venv / "bin" / "python"
     purelib = Path(
-        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root, env=env)
-        .strip()
+        _run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            cwd=root,
+            env=env,
+        ).strip()
     )
     # torch, transformers and hfexport from this environment, in this process's order (so the
     # hfexport under test wins over any other copy); the venv's own site-packages comes first.
@@ -228,7 +232,11 @@ def test_plugin_wheel_in_fresh_venv_exports_through_auto_classes(plugin_venv):
 def test_plugin_wheel_in_fresh_venv_cli_export_and_env(plugin_venv):
     python, env, root = plugin_venv
     out = root / "cli-out"
-    _run([str(python), "-m", "hfexport.cli", "export", "myformat", str(out), "--model", "tiny:bert"], cwd=root, env=env)
+    _run(
+        [str(python), "-m", "hfexport.cli", "export", "myformat", str(out), "--model", "tiny:bert"],
+        cwd=root,
+        env=env,
+    )
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "export_report.json", "model.myformat"]
     assert (out / "model.myformat").read_bytes().startswith(b"MYFORMAT1\n")
     report = json.loads((out / "export_report.json").read_text())
