@@ -116,6 +116,19 @@ def test_unknown_format_lists_the_available_ones(in_process_plugin):
         AutoHfExporter.from_config({"comment": "x"})
 
 
+def test_unknown_format_error_names_the_package_of_a_missing_builtin(in_process_plugin, monkeypatch):
+    from hfexport import auto
+
+    monkeypatch.setattr(auto, "_entry_points", lambda: {})  # no backend package installed
+    monkeypatch.setattr(auto, "_EXPORTERS", {"myformat": in_process_plugin.MyFormatExporter})
+    with pytest.raises(ValueError) as info:
+        auto.AutoExportConfig.from_dict({"export_format": "tflite"})
+    assert str(info.value) == (
+        "export_format='tflite' is not known; available: myformat, dynamo (pip install hfexport-dynamo), "
+        "onnx (pip install hfexport-onnx), executorch (pip install hfexport-executorch)"
+    )
+
+
 def test_config_registered_without_an_exporter_says_so(monkeypatch):
     from dataclasses import dataclass
 
