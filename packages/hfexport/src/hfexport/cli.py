@@ -33,28 +33,42 @@ app = typer.Typer(
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
 
-BACKENDS = ("dynamo", "onnx", "executorch")
 GENERATION_TASKS = ("text-generation", "image-text-to-text", "text2text-generation")
 
 
+def _export_formats() -> list[str]:
+    """Formats ``hfexport export`` accepts: the built-ins (installed or not, so a missing one gets
+    its ``pip install`` hint), then every format an installed package announces through the
+    ``hfexport.exporters`` entry points or code registered in this process. Imports no backend
+    and no torch."""
+    from hfexport.auto import KNOWN_BACKEND_PACKAGES, available_export_formats
+
+    builtins = list(KNOWN_BACKEND_PACKAGES)
+    return builtins + [f for f in available_export_formats() if f not in builtins]
+
+
 def _backend_rows() -> list[dict[str, Any]]:
-    from hfexport.auto import KNOWN_BACKEND_PACKAGES, _entry_points
+    from hfexport.auto import _EXPORTERS, KNOWN_BACKEND_PACKAGES, _entry_points
     from hfexport.environment import installed_version, public_version
 
     rows = []
     eps = _entry_points()
-    for fmt, package in KNOWN_BACKEND_PACKAGES.items():
+    for fmt in _export_formats():
+        ep = eps.get(fmt)
+        package = KNOWN_BACKEND_PACKAGES.get(fmt) or getattr(getattr(ep, "dist", None), "name", None)
+        if package is None and fmt in _EXPORTERS:
+            package = _EXPORTERS[fmt].package_name
         row: dict[str, Any] = {
             "format": fmt,
             "package": package,
-            "version": installed_version(package),
+            "version": installed_version(package) if package else None,
             "tested": {},
             "drift": [],
             "error": None,
         }
-        if fmt in eps and row["version"] is not None:
+        if (ep is not None and row["version"] is not None) or fmt in _EXPORTERS:
             try:
-                cls = eps[fmt].load()
+                cls = _EXPORTERS[fmt] if fmt in _EXPORTERS else ep.load()  # type: ignore[union-attr]
                 row["tested"] = dict(cls.tested_versions)
                 for dist, tested in cls.tested_versions.items():
                     found = installed_version(dist)
@@ -104,7 +118,7 @@ def env_command(
             drift = f"broken: {r['error']}"
         else:
             drift = "; ".join(r["drift"]) or "none"
-        table.add_row(r["format"], r["package"], r["version"] or "-", tested, drift)
+        table.add_row(r["format"], r["package"] or "-", r["version"] or "-", tested, drift)
     console.print(table)
 
 
@@ -241,7 +255,13 @@ def _print_validation(report: Any) -> None:
 
 @app.command("export")
 def export_command(
-    export_format: Annotated[str, typer.Argument(metavar="FORMAT", help="dynamo, onnx or executorch.")],
+    export_format: Annotated[
+        str,
+        typer.Argument(
+            metavar="FORMAT",
+            help="dynamo, onnx, executorch, or a format an installed plugin registers (`hfexport env` lists them).",
+        ),
+    ],
     output_dir: Annotated[
         Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artefact into.")
     ],
@@ -283,8 +303,9 @@ def export_command(
     )
     stage = "setup"
     try:
-        if export_format not in BACKENDS:
-            raise typer.BadParameter(f"FORMAT must be one of {', '.join(BACKENDS)}, got {export_format!r}")
+        formats = _export_formats()
+        if export_format not in formats:
+            raise typer.BadParameter(f"FORMAT must be one of {', '.join(formats)}, got {export_format!r}")
         config = _config_for(
             export_format,
             static=static,

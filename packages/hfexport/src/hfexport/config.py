@@ -27,11 +27,17 @@ __all__ = [
     "OnnxConfig",
     "decode_dynamic_shapes",
     "encode_dynamic_shapes",
+    "format_name",
 ]
 
 
 class ExportFormat(enum.StrEnum):
-    """The runtimes hfexport exports to; the value is the entry-point name of the backend."""
+    """The built-in export formats; the value is the entry-point name of the backend.
+
+    ``export_format`` itself is an open, registered name: a third-party backend adds its own (say
+    ``"myformat"``) through :func:`hfexport.auto.register_exporter` or an ``hfexport.exporters``
+    entry point, without a member here. Use :func:`format_name` to normalise either kind.
+    """
 
     DYNAMO = "dynamo"
     ONNX = "onnx"
@@ -39,10 +45,11 @@ class ExportFormat(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: str | ExportFormat) -> ExportFormat:
-        """Return the member for ``value`` (the enum itself or its string value).
+        """Return the built-in member for ``value`` (the enum itself or its string value).
 
         Raises:
-            ValueError: ``value`` names no format; the message lists the allowed ones.
+            ValueError: ``value`` names no built-in format; the message lists the built-in ones
+                (a plugin's format is not a member: use :func:`format_name` for open names).
         """
         if isinstance(value, cls):
             return value
@@ -51,8 +58,30 @@ class ExportFormat(enum.StrEnum):
         except ValueError:
             allowed = ", ".join(repr(m.value) for m in cls)
             raise ValueError(
-                f"export_format={value!r} is not a known export format; allowed: {allowed}"
+                f"export_format={value!r} is not a built-in export format; built-in: {allowed} "
+                "(plugins register more: hfexport.available_export_formats() lists them)"
             ) from None
+
+
+def format_name(value: Any) -> str:
+    """The export-format name for ``value``: an :class:`ExportFormat` member or any registered name.
+
+    Built-in names are matched case-insensitively (``"ONNX"`` -> ``"onnx"``); other names are kept
+    as given, stripped of surrounding whitespace.
+
+    Raises:
+        ValueError: ``value`` is not a non-empty string (or an ``ExportFormat``).
+    """
+    if isinstance(value, ExportFormat):
+        return value.value
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"export_format={value!r} is invalid; allowed: a format name such as "
+            + ", ".join(repr(m.value) for m in ExportFormat)
+            + " or one a plugin registers"
+        )
+    name = value.strip()
+    return name.lower() if name.lower() in ExportFormat._value2member_map_ else name
 
 
 # --------------------------------------------------------------------------------------------------
@@ -159,24 +188,41 @@ def decode_dynamic_shapes(data: Any) -> Any:
 class ExportConfigMixin:
     """Base of every export configuration.
 
-    Subclasses are dataclasses; each sets ``FORMAT`` and gets an ``export_format`` field with that
-    default. Values are checked in ``__post_init__`` (and so on every construction and
-    ``from_dict``); a bad value raises ``ValueError`` naming the field and what is allowed.
+    Subclasses are dataclasses that name their format one of two ways: a ``FORMAT`` class
+    attribute (the built-in configs), or a default for the ``export_format`` field
+    (``export_format: str = "myformat"``, the way a plugin's config does it);
+    :func:`hfexport.auto.register_export_config` sets ``FORMAT`` for a class that names neither.
+    Values are checked in ``__post_init__`` (and so on every construction and ``from_dict``); a bad
+    value raises ``ValueError`` naming the field and what is allowed.
     """
 
-    FORMAT: ClassVar[ExportFormat | None] = None
+    FORMAT: ClassVar[str | None] = None
 
     export_format: str = ""
 
+    @classmethod
+    def declared_format(cls) -> str | None:
+        """The format this class is for: its ``export_format`` field default, else ``FORMAT``.
+
+        ``None`` for a class that names no format (``ExportConfigMixin`` itself).
+        """
+        field_ = cls.__dataclass_fields__.get("export_format")  # type: ignore[attr-defined]
+        default = getattr(field_, "default", "")
+        if isinstance(default, (str, ExportFormat)) and default:
+            return format_name(default)
+        return format_name(cls.FORMAT) if cls.FORMAT else None
+
     def __post_init__(self) -> None:
-        expected = self.FORMAT.value if self.FORMAT is not None else None
-        if not self.export_format:
+        expected = self.declared_format()
+        if self.export_format in ("", None):
             if expected is None:
                 raise ValueError(
-                    "export_format is required; allowed: " + ", ".join(m.value for m in ExportFormat)
+                    "export_format is required; allowed: a format name such as "
+                    + ", ".join(m.value for m in ExportFormat)
+                    + " or one a plugin registers"
                 )
             self.export_format = expected
-        fmt = ExportFormat.parse(self.export_format).value
+        fmt = format_name(self.export_format)
         if expected is not None and fmt != expected:
             raise ValueError(
                 f"{type(self).__name__} has export_format={expected!r}, got {fmt!r}; "
@@ -273,7 +319,7 @@ class DynamoConfig(ExportConfigMixin):
             batch size and a longer sequence derived from the sample inputs.
     """
 
-    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.DYNAMO
+    FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
 
     dynamic: bool = False
     strict: bool = False
@@ -327,7 +373,7 @@ class OnnxConfig(DynamoConfig):
         keep_initializers_as_inputs: also list initializers as graph inputs.
     """
 
-    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.ONNX
+    FORMAT: ClassVar[str | None] = ExportFormat.ONNX.value
 
     output_path: str | None = None
     opset_version: int | None = None
@@ -370,7 +416,7 @@ class ExecutorchConfig(DynamoConfig):
         output_path: when set, the program is also saved there (``.pte``).
     """
 
-    FORMAT: ClassVar[ExportFormat | None] = ExportFormat.EXECUTORCH
+    FORMAT: ClassVar[str | None] = ExportFormat.EXECUTORCH.value
 
     backend: str = "xnnpack"
     alloc_graph_input: bool = True

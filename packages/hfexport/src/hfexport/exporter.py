@@ -276,13 +276,16 @@ class HfExporter(abc.ABC):
         from hfexport.validation import derive_second_inputs, validate_artifact
 
         atol_default, rtol_default = self.default_tolerances(model)
-        atol = config.atol if config.atol is not None else atol_default
-        rtol = config.rtol if config.rtol is not None else rtol_default
+        # a plugin's config need not have DynamoConfig's fields: absent ones take the defaults
+        atol = getattr(config, "atol", None)
+        atol = atol if atol is not None else atol_default
+        rtol = getattr(config, "rtol", None)
+        rtol = rtol if rtol is not None else rtol_default
         run = self.runner(artifact)
         with report.stage("validate", detail="sample inputs"):
             rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="sample")
             report.validation["sample"] = [r.to_dict() for r in rows]
-        if not (config.is_dynamic and config.validate_second_shape):
+        if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
             return
         if second_inputs is None:
             second_inputs, reason = derive_second_inputs(model, inputs)

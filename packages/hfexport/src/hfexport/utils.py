@@ -1,52 +1,61 @@
-"""Thin facade: the utility names of the reference exporter API, importable from one place.
+"""Facade: the utility names of the reference exporter API, importable from one place.
 
-The code lives in modules named for their concept; this module only re-exports it:
-
-- registries (:mod:`hfexport.registry`): ``register_patch``, ``register_fx_node_fix``,
-  ``register_fx_program_fix``, ``apply_patches``, ``apply_fx_node_fixes``, ``apply_fx_program_fixes``;
-- tensors (:mod:`hfexport.tensors`): ``get_leaf_tensors``, ``duplicate_leaf_tensors``, ``cast_leaf_tensors``;
-- inputs (:mod:`hfexport.inputs`): ``prepare_for_export``, ``register_export_input_preparer``,
-  ``precompute_export_inputs``;
-- environment (:mod:`hfexport.environment`): ``installed_version``, ``torch_older_than``;
-- capture (:mod:`hfexport.capture`, :mod:`hfexport.pytree`): ``auto_dynamic_shapes``,
-  ``register_cache_pytrees``;
-- validation (:mod:`hfexport.validation`): ``compare_outputs``, ``validate_artifact``.
+``from hfexport.utils import register_patch, decompose_for_generation`` works as the reference API
+documents it. Nothing is defined here: :data:`_SOURCES` maps each public name to the module
+(named for its concept) that defines it, and a name is imported from there on first access, so
+``import hfexport.utils`` stays as light as ``import hfexport``. ``__all__`` and ``dir()`` derive
+from the same table.
 """
 
 from __future__ import annotations
 
-from hfexport.capture import auto_dynamic_shapes
-from hfexport.environment import installed_version, torch_older_than
-from hfexport.inputs import precompute_export_inputs, prepare_for_export, register_export_input_preparer
-from hfexport.pytree import register_cache_pytrees
-from hfexport.registry import (
-    apply_fx_node_fixes,
-    apply_fx_program_fixes,
-    apply_patches,
-    register_fx_node_fix,
-    register_fx_program_fix,
-    register_patch,
-)
-from hfexport.tensors import cast_leaf_tensors, duplicate_leaf_tensors, get_leaf_tensors
-from hfexport.validation import compare_outputs, validate_artifact
+import importlib
+from typing import Any
 
-__all__ = [
-    "apply_fx_node_fixes",
-    "apply_fx_program_fixes",
-    "apply_patches",
-    "auto_dynamic_shapes",
-    "cast_leaf_tensors",
-    "compare_outputs",
-    "duplicate_leaf_tensors",
-    "get_leaf_tensors",
-    "installed_version",
-    "precompute_export_inputs",
-    "prepare_for_export",
-    "register_cache_pytrees",
-    "register_export_input_preparer",
-    "register_fx_node_fix",
-    "register_fx_program_fix",
-    "register_patch",
-    "torch_older_than",
-    "validate_artifact",
-]
+# The one list: public name -> defining module.
+_SOURCES: dict[str, str] = {
+    # workaround registries
+    "register_patch": "hfexport.registry",
+    "register_fx_node_fix": "hfexport.registry",
+    "register_fx_program_fix": "hfexport.registry",
+    "apply_patches": "hfexport.registry",
+    "apply_fx_node_fixes": "hfexport.registry",
+    "apply_fx_program_fixes": "hfexport.registry",
+    # leaf tensors
+    "get_leaf_tensors": "hfexport.tensors",
+    "duplicate_leaf_tensors": "hfexport.tensors",
+    "cast_leaf_tensors": "hfexport.tensors",
+    # input preparation
+    "prepare_for_export": "hfexport.inputs",
+    "register_export_input_preparer": "hfexport.inputs",
+    "precompute_export_inputs": "hfexport.inputs",
+    # generation decomposition
+    "decompose_for_generation": "hfexport.generation.decompose",
+    "decompose_prefill_decode": "hfexport.generation.decompose",
+    "decompose_multimodal": "hfexport.generation.multimodal",
+    "is_multimodal": "hfexport.generation.multimodal",
+    # environment
+    "installed_version": "hfexport.environment",
+    "torch_older_than": "hfexport.environment",
+    # capture
+    "auto_dynamic_shapes": "hfexport.capture",
+    "register_cache_pytrees": "hfexport.pytree",
+    # validation
+    "compare_outputs": "hfexport.validation",
+    "validate_artifact": "hfexport.validation",
+}
+
+__all__ = sorted(_SOURCES)
+
+
+def __getattr__(name: str) -> Any:
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hfexport.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
