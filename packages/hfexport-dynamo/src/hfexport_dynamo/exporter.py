@@ -39,6 +39,7 @@ from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply
 from hfexport.report import ExportReport
 from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo patches)
 from hfexport_dynamo.runtime import ProgramRunner
+from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
 from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
@@ -142,6 +143,21 @@ class DynamoExporter(HfExporter):
             ValueError: ``path`` does not end with ``.pt2``.
         """
         save_program(artifact, path)
+
+    def load(
+        self, path: str | os.PathLike[str], *, trust_remote_code: bool = False
+    ) -> torch.export.ExportedProgram:
+        """Read a ``.pt2`` with the safe loader :func:`hfexport_dynamo.serialization.load`.
+
+        Also what loads saved generation components (``HfExporter.load_component`` runs
+        ``self.runner(self.load(path))``): the file is inspected before anything is unpickled.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            hfexport_dynamo.UnsafeArtifactError: with ``trust_remote_code=False``, the file holds
+                content that could run code.
+        """
+        return load_program(path, trust_remote_code=trust_remote_code)
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""
