@@ -52,6 +52,12 @@ class ProgramExporter(HfExporter):
     def runner(self, artifact):
         return exported_program_caller(artifact)
 
+    def load(self, path, *, trust_remote_code=False):
+        from hfexport.pytree import register_known_pytrees
+
+        register_known_pytrees()
+        return torch.export.load(path)
+
     def save(self, artifact, path):
         from hfexport.atomic import atomic_path
 
@@ -243,13 +249,16 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path) -> None:
     prompt = inputs["input_ids"][0].tolist()
     with torch.no_grad():
         want = model.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)
-    assert generate_from_dir(tmp_path, prompt, max_new_tokens=NEW_TOKENS) == want[0, len(prompt) :].tolist()
-    batch = load_runner(tmp_path).generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=5)
+    got = generate_from_dir(tmp_path, prompt, max_new_tokens=NEW_TOKENS, exporter=exporter)
+    assert got == want[0, len(prompt) :].tolist()
+    batch = load_runner(tmp_path, exporter=exporter).generate(
+        inputs["input_ids"], inputs["attention_mask"], max_new_tokens=5
+    )
     assert batch.shape == (2, 13)
     with pytest.raises(ValueError, match="one non-empty prompt"):
-        generate_from_dir(tmp_path, inputs["input_ids"])
+        generate_from_dir(tmp_path, inputs["input_ids"], exporter=exporter)
     with pytest.raises(FileNotFoundError, match=r"no generation_manifest\.json"):
-        generate_from_dir(tmp_path / "nowhere", prompt)
+        generate_from_dir(tmp_path / "nowhere", prompt, exporter=exporter)
 
 
 @pytest.mark.slow

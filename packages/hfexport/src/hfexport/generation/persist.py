@@ -223,9 +223,15 @@ def load_components(
     return plan, callers
 
 
-def load_runner(output_dir: str | os.PathLike[str], **runner_kwargs: Any) -> GenerationRunner:
-    """A :class:`GenerationRunner` over the components saved in ``output_dir``."""
-    plan, callers = load_components(output_dir)
+def load_runner(
+    output_dir: str | os.PathLike[str], *, exporter: Any = None, **runner_kwargs: Any
+) -> GenerationRunner:
+    """A :class:`GenerationRunner` over the components saved in ``output_dir``.
+
+    ``exporter`` is passed to :func:`load_components` (default: the manifest format's registered
+    exporter); ``runner_kwargs`` to :class:`GenerationRunner`.
+    """
+    plan, callers = load_components(output_dir, exporter=exporter)
     return GenerationRunner(plan, callers, **runner_kwargs)
 
 
@@ -233,6 +239,8 @@ def generate_from_dir(
     output_dir: str | os.PathLike[str],
     input_ids: Sequence[int] | torch.Tensor,
     max_new_tokens: int = 20,
+    *,
+    exporter: Any = None,
     **inputs: Any,
 ) -> list[int]:
     """Greedy generation with the components saved in ``output_dir``.
@@ -241,6 +249,8 @@ def generate_from_dir(
         output_dir: a folder written by :func:`save_components`.
         input_ids: one prompt: a list of token ids, or an int tensor ``[seq]`` / ``[1, seq]``.
         max_new_tokens: how many tokens to generate at most.
+        exporter: the ``HfExporter`` loading the components (default: the one registered for the
+            manifest's format; see :func:`load_components`).
         **inputs: other generate-style inputs (``attention_mask``, ``pixel_values`` ...).
 
     Returns:
@@ -249,7 +259,7 @@ def generate_from_dir(
 
     Raises:
         ValueError: an empty prompt or several prompts (use :func:`load_runner` for batches).
-        FileNotFoundError / ImportError: see :func:`load_components`.
+        FileNotFoundError / ImportError / NotImplementedError: see :func:`load_components`.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.int64)
     if ids.dim() == 2 and ids.shape[0] == 1:
@@ -259,7 +269,7 @@ def generate_from_dir(
             f"generate_from_dir takes one non-empty prompt (a list of ids), got shape {tuple(ids.shape)}; "
             "for a batch use hfexport.generation.load_runner(output_dir).generate(input_ids, attention_mask)"
         )
-    runner = load_runner(output_dir)
+    runner = load_runner(output_dir, exporter=exporter)
     sequences = runner.generate(ids[None], max_new_tokens=max_new_tokens, **inputs)
     start = 1 if runner.plan.architecture == "encoder_decoder" else ids.numel()
     return [int(t) for t in sequences[0, start:].tolist()]
