@@ -50,7 +50,7 @@ MANIFEST_VERSION = 1
 
 
 def _suffix(exporter: Any) -> str:
-    suffix = "".join(Path(str(getattr(exporter, "artifact_filename", ""))).suffixes)
+    suffix = "".join(Path(str(exporter.artifact_filename)).suffixes)
     return suffix or ".bin"
 
 
@@ -94,7 +94,7 @@ def save_components(
         raise ValueError(
             f"artefacts {sorted(artefacts)} do not match the plan's components {plan.components}"
         )
-    export_format = str(getattr(exporter, "export_format", "") or getattr(artefacts, "export_format", ""))
+    export_format = str(exporter.export_format or getattr(artefacts, "export_format", ""))
     token_ids = dict(plan.token_ids)
     if model is not None:
         token_ids.update({k: v for k, v in token_ids_of(model).items() if v not in (None, [])})
@@ -189,7 +189,7 @@ def load_components(
     Each component is loaded by ``exporter.load_component(path, metadata)``: the backend's own,
     safe loader (:meth:`hfexport.exporter.HfExporter.load_component`). Nothing named in the
     manifest is imported: its ``format`` selects a registered exporter, and the pytree node types
-    of the components' inputs come from a fixed list (:func:`hfexport.pytree.register_cache_pytrees`).
+    of the components' inputs come from a fixed list (:func:`hfexport.pytree.register_known_pytrees`).
 
     Args:
         output_dir: a folder written by :func:`save_components`.
