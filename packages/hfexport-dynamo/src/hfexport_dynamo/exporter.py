@@ -152,7 +152,8 @@ class DynamoExporter(HfExporter):
         The file is verified against a ``checksums.sha256`` next to it, refused when corrupt or
         ambiguous (duplicate zip members ...) and, unless ``trust_remote_code``, when it holds
         content that could run code; ``torch.export.load`` then runs with weights-only unpickling
-        only. :meth:`runner` of the result runs it.
+        only. :meth:`runner` of the result runs it; this is also what loads saved generation
+        components (``HfExporter.load_component`` runs ``self.runner(self.load(path))``).
 
         Args:
             path: the ``.pt2`` file.

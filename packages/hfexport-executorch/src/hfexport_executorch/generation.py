@@ -1,22 +1,23 @@
-"""Generation components for the ExecuTorch backend.
+"""Generation helpers of the ExecuTorch backend, called by the generation hooks of
+:class:`hfexport_executorch.ExecutorchExporter` (the backend contract is the exporter class; the
+core never looks this module up).
 
 The greedy loop lives in the core (:class:`hfexport.generation.GenerationRunner`); each component
-call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module adds:
+call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module holds:
 
 - :func:`component_metadata` / :func:`load_component`: a ``.pte`` file holds the flat program
   only, so the pytree specs of the program's inputs and outputs (caches and model outputs
   included) go into the generation manifest and the runner is rebuilt from file and specs;
 - :func:`prepare_component`: static-cache components get paired cache inputs/outputs;
 - :func:`component_config`: decode-step components get bounded dynamic axes;
-- :data:`SUPPORTS_EMPTY_GROWING_CACHE`: a growing-cache decode graph cannot serve the prefill;
-- :func:`patchify_conv3d_as_matmul` (registered patch, key ``executorch``): the patch-embedding
-  Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
+- :func:`patchify_conv3d_as_matmul` (registered patch, key ``executorch``, registered when the
+  backend is imported): the patch-embedding Conv3d of Qwen-style vision encoders as a matmul,
+  which the runtime can execute.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -24,25 +25,16 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.generation.runner import Caller
-from hfexport.pytree import register_cache_pytrees
+from hfexport.pytree import register_known_pytrees
 from hfexport.registry import register_patch
 
 __all__ = [
-    "SUPPORTS_EMPTY_GROWING_CACHE",
     "component_config",
     "component_metadata",
     "load_component",
     "patchify_conv3d_as_matmul",
     "prepare_component",
 ]
-
-#: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
-#: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
-#: ones it recomputes, and aborts the process (closest upstream discussion: pytorch/executorch
-#: PR 19006). A dynamic-cache decode graph therefore cannot serve the prefill here: export the
-#: ``prefill`` component as well (a static cache has no 0-size axis and can).
-SUPPORTS_EMPTY_GROWING_CACHE = False
 
 
 def _modules(spec: pytree.TreeSpec) -> list[str]:
@@ -58,8 +50,9 @@ def _modules(spec: pytree.TreeSpec) -> list[str]:
 
 
 def component_metadata(artefact: Any) -> dict[str, Any]:
-    """The program's input/output pytree specs, the modules defining their node types and the
-    delegate backend the runtime needs (e.g. ``XnnpackBackend``)."""
+    """The program's input/output pytree specs, the modules defining their node types (for
+    information only: :func:`load_component` never imports them) and the delegate backend the
+    runtime needs (e.g. ``XnnpackBackend``)."""
     from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR
 
     spec = artefact.exported_program("forward").call_spec
@@ -71,12 +64,17 @@ def component_metadata(artefact: Any) -> dict[str, Any]:
     }
 
 
-def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Caller:
-    """Load a saved ``.pte`` component and return its caller.
+def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
+    """Load a saved ``.pte`` component and return its caller (forward kwargs -> ``{leaf path: tensor}``).
+
+    The specs' node types must be registered: the fixed list of
+    :func:`hfexport.pytree.register_known_pytrees` is, and nothing named in ``metadata``
+    (``"modules"``) is imported, since a manifest may come from someone else.
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the manifest lacks the component's pytree specs (written by an older hfexport).
+        ValueError: the manifest lacks the component's pytree specs (written by an older hfexport),
+            or they name a node type that is not registered.
         hfexport.errors.IntegrityError: the file differs from its SHA-256 in the folder's
             ``checksums.sha256`` (:func:`hfexport.integrity.verify_file`).
     """
@@ -88,14 +86,17 @@ def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) ->
     verify_file(path)
     if "in_spec" not in metadata or "out_spec" not in metadata:
         raise ValueError(f"the generation manifest has no input/output specs for {path}; export it again")
-    for module in metadata.get("modules", []):
-        importlib.import_module(module)
-    register_cache_pytrees()
+    register_known_pytrees()
+    try:
+        in_spec = pytree.treespec_loads(metadata["in_spec"])
+        out_spec = pytree.treespec_loads(metadata["out_spec"])
+    except NotImplementedError as exc:
+        raise ValueError(
+            f"the input/output specs of {path} name a type that is not registered ({exc}); hfexport never "
+            "imports modules named by a saved manifest: import the module that defines it before loading"
+        ) from exc
     return ExecutorchRunner(
-        os.fspath(path),
-        pytree.treespec_loads(metadata["in_spec"]),
-        pytree.treespec_loads(metadata["out_spec"]),
-        required_backend=metadata.get("required_backend"),
+        os.fspath(path), in_spec, out_spec, required_backend=metadata.get("required_backend")
     )
 
 

@@ -1,11 +1,23 @@
-"""``HfExporter``: the abstract base every backend implements.
+"""``HfExporter``: the abstract base every backend implements, and the whole backend contract.
 
-A backend subclass sets the class attributes and implements three methods:
+Everything the core asks of a backend is a method or class attribute of this class; nothing is
+found by module name or probed with ``getattr``. A backend subclass sets the class attributes and
+implements three methods:
 
-- ``_export(model, inputs, config, report) -> artefact``: its stages (patches, capture, fixes,
+- ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
   lowering), each inside ``report.stage(name)``;
-- ``runner(artefact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
-- ``save(artefact, path)``: write the artefact file.
+- ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
+- ``save(artifact, path)``: write the artifact file.
+
+It may override, where the defaults do not fit:
+
+- ``load(path, *, trust_remote_code=False) -> artifact``: read a saved artifact (default: refuses);
+- generation hooks, used by ``export_for_generation`` and the generation folder loader:
+  ``prepare_component`` (adapt a component's module before export, default: unchanged),
+  ``component_config`` (adapt its config, default: unchanged), ``component_metadata`` (JSON-safe
+  facts the loader needs, stored in ``generation_manifest.json``, default: ``{}``),
+  ``load_component`` (a saved component file -> caller, default: ``runner(load(path))``) and
+  ``supports_empty_growing_cache`` (default: True).
 
 The base class owns what every backend shares: environment validation, input preparation, the
 reversible model state (training mode, attention implementation, output flags), validation
@@ -44,7 +56,14 @@ class HfExporter(abc.ABC):
         min_versions: ``{distribution: version}`` hard floors; below one -> ``ImportError``.
         tested_versions: ``{distribution: version}`` validated pins; drift -> one warning per class
             per process.
-        artifact_filename: file name the CLI writes (``model.onnx``, ...).
+        artifact_filename: file name the CLI writes (``model.onnx``, ...); its suffix is also the
+            suffix of saved generation components (``decode.onnx``).
+        supports_empty_growing_cache: see the generation hooks below (default True).
+
+    Methods a backend implements: :meth:`_export`, :meth:`runner`, :meth:`save`. Methods with
+    defaults it may override: :meth:`load`, :meth:`default_tolerances`, and the generation hooks
+    :meth:`prepare_component`, :meth:`component_config`, :meth:`component_metadata`,
+    :meth:`load_component`.
 
     Args:
         config: the default config for :meth:`export` (an instance of ``config_class``).
@@ -63,6 +82,10 @@ class HfExporter(abc.ABC):
     # {distribution: specifier} the package declares it supports (used to find stale workarounds)
     supported_versions: ClassVar[dict[str, str]] = {}
     artifact_filename: ClassVar[str] = "model"
+    #: Whether a decode graph of this runtime can run on a growing (dynamic) cache of 0 positions,
+    #: i.e. serve the prefill of a decoder-only model (read by ``export_for_generation``: when it is
+    #: False and no ``prefill`` component is exported on a dynamic cache, the export is refused).
+    supports_empty_growing_cache: ClassVar[bool] = True
 
     def __init__(self, config: ExportConfigMixin | None = None) -> None:
         self.validate_environment()
@@ -191,6 +214,103 @@ class HfExporter(abc.ABC):
     @abc.abstractmethod
     def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
         """Write ``artifact`` to ``path`` atomically (no half-written file on failure)."""
+
+    def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
+        """Read an artifact written by :meth:`save` (the backend's own loader).
+
+        Args:
+            path: the artifact file (``model.pt2``, ``decode.onnx`` ...).
+            trust_remote_code: allow content that can run code when loaded (pickles that are not
+                weights-only ...). Loaders must refuse such content when it is False.
+
+        Returns:
+            The backend's artifact, as :meth:`runner` takes it.
+
+        Raises:
+            NotImplementedError: the backend cannot read its artifacts back (the default).
+            FileNotFoundError: no file at ``path``.
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.export_format!r}) cannot load saved artifacts; "
+            "its backend does not implement HfExporter.load"
+        )
+
+    # -- generation hooks --------------------------------------------------------------------------
+    def prepare_component(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
+    ) -> torch.nn.Module:
+        """Adapt a generation component's module before it is exported (default: ``module``).
+
+        Called by ``export_for_generation`` once per component, before :meth:`component_config`.
+
+        Args:
+            name: the component (``"prefill"``, ``"decode"``, ``"image_encoder"`` ...).
+            module: the exportable submodule (it has a transformers ``config``).
+            kwargs: its recorded forward kwargs (tensors, ``Cache`` objects); do not modify them.
+            plan: the :class:`hfexport.generation.plan.GenerationPlan` (``cache_kind``,
+                ``max_cache_len``, ``architecture`` ...).
+
+        Returns:
+            The module to export: ``module`` itself or a wrapper with the same forward kwargs (e.g.
+            :class:`hfexport.generation.parts.FunctionalCacheModule` for runtimes that do not
+            write mutated inputs back).
+        """
+        return module
+
+    def component_config(
+        self,
+        name: str,
+        module: torch.nn.Module,
+        kwargs: Mapping[str, Any],
+        plan: Any,
+        config: ExportConfigMixin,
+    ) -> ExportConfigMixin:
+        """Adapt a generation component's resolved config (default: ``config``).
+
+        Args:
+            name, module, kwargs, plan: as for :meth:`prepare_component` (``module`` is the
+                prepared one).
+            config: the component's config, already an instance of :attr:`config_class`.
+
+        Returns:
+            The config to export the component with (e.g. ``config.replace(dynamic_shapes=...)``
+            with bounded dynamic axes); never mutate ``config`` in place.
+        """
+        return config
+
+    def component_metadata(self, artifact: Any) -> dict[str, Any]:
+        """JSON-safe facts :meth:`load_component` needs besides the file (default: ``{}``).
+
+        Stored as the component's ``"metadata"`` in ``generation_manifest.json``. The loader never
+        imports modules named in it: a manifest comes from a folder, i.e. possibly from someone else.
+
+        Args:
+            artifact: one component's artifact, as :meth:`export` returned it.
+
+        Returns:
+            A dict of JSON-serialisable values (strings, numbers, lists, dicts).
+        """
+        return {}
+
+    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
+        """Load one saved generation component and return its caller.
+
+        The default is ``self.runner(self.load(path))``, with the backend's safe loading
+        (``trust_remote_code=False``).
+
+        Args:
+            path: the component file (``decode.pt2`` ...).
+            metadata: what :meth:`component_metadata` returned for it at save time.
+
+        Returns:
+            A callable: forward kwargs (the component's plan input structure) ->
+            ``{output_leaf_path: tensor}``.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            NotImplementedError: the backend cannot load saved artifacts.
+        """
+        return self.runner(self.load(path, trust_remote_code=False))
 
     def export_for_generation(
         self,

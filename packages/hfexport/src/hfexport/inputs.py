@@ -390,6 +390,26 @@ class ExportInputPreparer:
 
 
 _PREPARERS: dict[str, ExportInputPreparer] = {}
+_BUILTINS_REGISTERED = False
+
+
+def _register_builtin_preparers() -> None:
+    """Register :data:`hfexport.generation.preparers.BUILTIN_PREPARERS` once, ahead of the others
+    (an entry registered under the same name before is kept)."""
+    global _BUILTINS_REGISTERED
+    if _BUILTINS_REGISTERED:
+        return
+    _BUILTINS_REGISTERED = True
+    from hfexport.generation.preparers import BUILTIN_PREPARERS
+
+    builtins = {}
+    for markers, fn in BUILTIN_PREPARERS:
+        name = _qualified_name(fn)
+        builtins[name] = _PREPARERS.get(name) or ExportInputPreparer(name=name, markers=markers, fn=fn)
+    others = {name: entry for name, entry in _PREPARERS.items() if name not in builtins}
+    _PREPARERS.clear()
+    _PREPARERS.update(builtins)
+    _PREPARERS.update(others)
 
 
 def _qualified_name(fn: Callable[..., Any]) -> str:
@@ -423,6 +443,7 @@ def register_export_input_preparer(*markers: str) -> Callable[[_F], _F]:
         raise ValueError(f"register_export_input_preparer needs one or more input key names, got {markers!r}")
 
     def decorator(fn: _F) -> _F:
+        _register_builtin_preparers()
         name = _qualified_name(fn)
         if name in _PREPARERS:
             logger.debug("export input preparer %s registered again; replacing it", name)
@@ -441,12 +462,15 @@ def unregister_export_input_preparer(fn_or_name: Callable[..., Any] | str) -> bo
     Returns:
         True if a preparer was removed, False if none was registered under that name.
     """
+    _register_builtin_preparers()
     name = fn_or_name if isinstance(fn_or_name, str) else _qualified_name(fn_or_name)
     return _PREPARERS.pop(name, None) is not None
 
 
 def registered_export_input_preparers() -> tuple[ExportInputPreparer, ...]:
-    """Return the registered preparers, in the order they run."""
+    """Return the registered preparers, in the order they run (the built-in vision-language ones
+    of :mod:`hfexport.generation.preparers` first)."""
+    _register_builtin_preparers()
     return tuple(_PREPARERS.values())
 
 
@@ -465,8 +489,7 @@ def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str,
     Raises:
         TypeError: a preparer returned something other than a mapping.
     """
-    import hfexport.generation.preparers  # noqa: F401  (registers the built-in vision-language preparers)
-
+    _register_builtin_preparers()
     prepared = dict(inputs)
     for preparer in tuple(_PREPARERS.values()):
         if not all(prepared.get(marker) is not None for marker in preparer.markers):

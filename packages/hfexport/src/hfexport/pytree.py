@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-__all__ = ["cache_classes", "register_cache_pytrees"]
+__all__ = ["cache_classes", "register_cache_pytrees", "register_known_pytrees"]
 
 logger = logging.getLogger(__name__)
 
@@ -261,3 +261,20 @@ def register_cache_pytrees(extra: list[type] | None = None) -> list[type]:
     if new:
         logger.debug("registered cache pytree nodes: %s", [c.__name__ for c in new])
     return new
+
+
+def register_known_pytrees() -> list[type]:
+    """Register the pytree node types a saved generation component may name: every ``Cache``
+    class of ``transformers.cache_utils`` (plus cache classes of model files imported so far) and
+    the model outputs of ``transformers.modeling_outputs`` (``BaseModelOutput`` as
+    ``encoder_outputs`` ...), which transformers registers when the module is imported.
+
+    This is the fixed allow-list loaders use instead of importing modules named by a file.
+
+    Returns:
+        The cache classes newly registered by this call.
+    """
+    import transformers.cache_utils  # defines the Cache classes
+    import transformers.modeling_outputs  # noqa: F401  (registers the ModelOutput pytree nodes)
+
+    return register_cache_pytrees()

@@ -10,14 +10,14 @@
   component plus ``generation_manifest.json`` (:mod:`.persist`);
 - :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`).
 
-Importing this package registers the ``generation`` workarounds (:mod:`.patches`) and the
-vision-language input preparers (:mod:`.preparers`).
+Importing this package registers the ``generation`` workarounds (:mod:`.patches`); the
+vision-language input preparers (:mod:`.preparers`) are registered by :mod:`hfexport.inputs` on
+first use.
 """
 
 from __future__ import annotations
 
 from hfexport.generation import patches as _patches  # noqa: F401  (registers the workarounds)
-from hfexport.generation import preparers as _preparers  # noqa: F401  (registers the preparers)
 from hfexport.generation.capture import capture_generate_calls, record_generation
 from hfexport.generation.decode import decode_inputs_for_query_length, merge_decode_steps
 from hfexport.generation.decompose import (

@@ -8,13 +8,14 @@ multi-token decode graph exported with dynamic shapes, validate it again at quer
 and, when it is to serve the prefill (static cache, or no ``prefill`` component), as a prefill on
 an empty cache.
 
-A backend may adapt a component before export, in its ``<package>.generation`` module:
-``prepare_component(name, module, kwargs, plan) -> module`` (ExecuTorch asks for
-:class:`~hfexport.generation.parts.FunctionalCacheModule` around static-cache components),
-``component_config(name, module, kwargs, plan, config) -> config`` (ExecuTorch bounds the dynamic
-axes of decode steps) and ``SUPPORTS_EMPTY_GROWING_CACHE = False`` (a decode graph that cannot take
-a 0-position cache cannot serve the prefill). Vision encoders exported with ``dynamic=True`` vary
-along their patch axis only.
+A backend adapts a component through the generation hooks of its exporter (see
+:class:`hfexport.exporter.HfExporter`): ``exporter.prepare_component(name, module, kwargs, plan)``
+(ExecuTorch asks for :class:`~hfexport.generation.parts.FunctionalCacheModule` around static-cache
+components), ``exporter.component_config(name, module, kwargs, plan, config)`` (ExecuTorch bounds
+the dynamic axes of decode steps) and ``exporter.supports_empty_growing_cache`` (False: a decode
+graph that cannot take a 0-position cache cannot serve the prefill). This module takes the
+exporter as an argument and never looks a backend up. Vision encoders exported with
+``dynamic=True`` vary along their patch axis only.
 """
 
 from __future__ import annotations
@@ -220,9 +221,6 @@ def export_components(
         decomposition = decompose_for_generation(
             model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
-    from hfexport.generation.persist import backend_generation_module
-
-    backend = backend_generation_module(str(exporter.export_format)) if exporter.export_format else None
     plan = decomposition.plan
     names = list(decomposition)
     if components is not None:
@@ -237,7 +235,7 @@ def export_components(
         plan.architecture == "decoder"
         and plan.cache_kind == "dynamic"
         and "prefill" not in names
-        and not getattr(backend, "SUPPORTS_EMPTY_GROWING_CACHE", True)
+        and not exporter.supports_empty_growing_cache
     ):
         raise ValueError(
             f"the {exporter.export_format} runtime cannot run a decode graph on an empty growing cache, so it "
@@ -245,20 +243,16 @@ def export_components(
         )
     configs = resolve_component_configs(config, names)
     parent_config = getattr(model, "config", None)
-    prepare = getattr(backend, "prepare_component", None)
-    adapt_config = getattr(backend, "component_config", None)
     artefacts: dict[str, Any] = {}
     reports: dict[str, Any] = {}
     for name in names:
         module, kwargs = decomposition[name]
         exportable = exportable_module(module, parent_config)
-        if prepare is not None:
-            exportable = prepare(name, exportable, kwargs, plan)
+        exportable = exporter.prepare_component(name, exportable, kwargs, plan)
         try:
             resolved = exporter._resolve_config(configs[name])
             resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
-            if adapt_config is not None:
-                resolved = adapt_config(name, exportable, kwargs, plan, resolved)
+            resolved = exporter.component_config(name, exportable, kwargs, plan, resolved)
             artefact = exporter.export(exportable, kwargs, resolved, component=name)
             reports[name] = exporter.last_report
             if (

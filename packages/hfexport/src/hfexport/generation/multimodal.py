@@ -301,7 +301,7 @@ def decompose_multimodal(
         RuntimeError: ``generate`` failed.
     """
     from hfexport.generation.capture import record_generation
-    from hfexport.generation.decompose import Decomposition, describe_components, token_ids_of
+    from hfexport.generation.decomposition import Decomposition, describe_components, token_ids_of
     from hfexport.generation.plan import GenerationPlan
     from hfexport.generation.preparers import vision_grid_inputs, vision_grid_settings
 

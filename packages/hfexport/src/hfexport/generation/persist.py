@@ -11,22 +11,20 @@ ids and the full :class:`~hfexport.generation.plan.GenerationPlan` (component in
 and output names), so :func:`generate_from_dir` can run greedy generation with nothing but the
 folder and the backend package installed.
 
-Backends plug in through an optional module ``<backend package>.generation`` with:
-
-- ``load_component(path, metadata) -> caller``: load one saved component and return a callable
-  taking forward kwargs and returning ``{output_leaf_path: tensor}`` (required to load);
-- ``component_metadata(artefact) -> dict``: JSON-safe facts the loader will need (optional).
+Backends plug in through the generation hooks of their exporter (:class:`hfexport.exporter.HfExporter`):
+:meth:`~hfexport.exporter.HfExporter.component_metadata` (JSON-safe facts the loader will need,
+stored per component) at save time, :meth:`~hfexport.exporter.HfExporter.load_component` at load
+time. The exporter class that loads a folder is the one registered for the manifest's ``format``
+(:func:`hfexport.auto.get_hf_exporter`); nothing named in the manifest is ever imported.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
@@ -37,7 +35,6 @@ from hfexport.generation.runner import Caller, GenerationRunner
 __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
-    "backend_generation_module",
     "generate_from_dir",
     "load_components",
     "load_runner",
@@ -53,32 +50,8 @@ MANIFEST_NAME = "generation_manifest.json"
 MANIFEST_VERSION = 1
 
 
-def backend_generation_module(export_format: str) -> ModuleType | None:
-    """The ``<backend package>.generation`` module of ``export_format``, or ``None`` if it has none.
-
-    The backend package is the one providing the format's exporter (entry point group
-    ``hfexport.exporters``), falling back to ``hfexport_<format>``.
-    """
-    candidates: list[str] = []
-    try:
-        from hfexport.auto import get_hf_exporter
-
-        cls = get_hf_exporter(export_format)
-        candidates.append(f"{cls.__module__.split('.')[0]}.generation")
-    except ImportError:
-        pass
-    candidates.append(f"hfexport_{export_format}.generation")
-    for name in dict.fromkeys(candidates):
-        try:
-            return importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name is not None and not name.startswith(exc.name):
-                raise
-    return None
-
-
 def _suffix(exporter: Any) -> str:
-    suffix = "".join(Path(str(getattr(exporter, "artifact_filename", ""))).suffixes)
+    suffix = "".join(Path(str(exporter.artifact_filename)).suffixes)
     return suffix or ".bin"
 
 
@@ -94,7 +67,8 @@ def save_components(
     """Write one file per component and ``generation_manifest.json`` as the folder ``output_dir``.
 
     Args:
-        exporter: the exporter that produced ``artefacts`` (its ``save`` writes each file; its
+        exporter: the ``HfExporter`` that produced ``artefacts`` (its ``save`` writes each file,
+            its ``component_metadata`` gives each component's manifest metadata, its
             ``artifact_filename`` gives the extension, e.g. ``.onnx``).
         artefacts: ``{component: artefact}`` as ``export_for_generation`` returns it.
         output_dir: the folder (created if needed). It is replaced as a whole by
@@ -131,9 +105,7 @@ def save_components(
         raise ValueError(
             f"artefacts {sorted(artefacts)} do not match the plan's components {plan.components}"
         )
-    export_format = str(getattr(exporter, "export_format", "") or getattr(artefacts, "export_format", ""))
-    module = backend_generation_module(export_format) if export_format else None
-    describe = getattr(module, "component_metadata", None) if module is not None else None
+    export_format = str(exporter.export_format or getattr(artefacts, "export_format", ""))
     token_ids = dict(plan.token_ids)
     if model is not None:
         token_ids.update({k: v for k, v in token_ids_of(model).items() if v not in (None, [])})
@@ -146,7 +118,7 @@ def save_components(
             filename = f"{name}{suffix}"
             exporter.save(artefacts[name], staging / filename)
             files[name] = filename
-            components[name] = {"file": filename, "metadata": describe(artefacts[name]) if describe else {}}
+            components[name] = {"file": filename, "metadata": exporter.component_metadata(artefacts[name])}
         plan_dict = plan.to_dict()
         plan_dict["token_ids"] = token_ids
         manifest = {
@@ -193,8 +165,48 @@ def read_manifest(output_dir: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
-def load_components(output_dir: str | os.PathLike[str]) -> tuple[GenerationPlan, dict[str, Caller]]:
+def _exporter_for(manifest: Mapping[str, Any], output_dir: str | os.PathLike[str]) -> Any:
+    """An exporter of the manifest's format, from the registered exporters only.
+
+    Raises:
+        ValueError: the manifest names no format (or not a string).
+        MissingBackendError (an ``ImportError``): no installed backend provides the format; the
+            message lists the installed formats (and the pip command for a built-in one).
+    """
+    from hfexport.auto import available_export_formats, get_hf_exporter
+    from hfexport.errors import MissingBackendError
+
+    path = Path(output_dir) / MANIFEST_NAME
+    export_format = manifest.get("format")
+    if not isinstance(export_format, str) or not export_format:
+        raise ValueError(
+            f'{path} names no export format ("format": {export_format!r}); export the folder again'
+        )
+    try:
+        cls = get_hf_exporter(export_format)
+    except MissingBackendError as exc:
+        installed = ", ".join(available_export_formats()) or "none"
+        raise MissingBackendError(
+            f"{path} was written with export format {export_format!r}, which no installed backend provides "
+            f"(installed formats: {installed}): {exc}"
+        ) from exc
+    return cls()
+
+
+def load_components(
+    output_dir: str | os.PathLike[str], *, exporter: Any = None
+) -> tuple[GenerationPlan, dict[str, Caller]]:
     """Load the components saved in ``output_dir`` with their backend.
+
+    Each component is loaded by ``exporter.load_component(path, metadata)``: the backend's own,
+    safe loader (:meth:`hfexport.exporter.HfExporter.load_component`). Nothing named in the
+    manifest is imported: its ``format`` selects a registered exporter, and the pytree node types
+    of the components' inputs come from a fixed list (:func:`hfexport.pytree.register_known_pytrees`).
+
+    Args:
+        output_dir: a folder written by :func:`save_components`.
+        exporter: the ``HfExporter`` to load with; default: a new instance of the exporter
+            registered for the manifest's ``format`` (:func:`hfexport.auto.get_hf_exporter`).
 
     Returns:
         ``(plan, {component: caller})``, ready for :class:`GenerationRunner`.
@@ -206,43 +218,42 @@ def load_components(output_dir: str | os.PathLike[str]) -> tuple[GenerationPlan,
     Raises:
         IntegrityError: a file does not match its SHA-256 in ``checksums.sha256``, a listed file
             is missing, or a component file is not listed; nothing was loaded.
-        FileNotFoundError / ValueError: see :func:`read_manifest`.
-        ImportError: the backend package of the manifest's format is not installed (the message
-            has the pip command), or it cannot load generation components.
+        FileNotFoundError / ValueError: see :func:`read_manifest`; also ``ValueError`` when
+            ``exporter`` is of another format than the manifest's.
+        MissingBackendError (an ``ImportError``): no installed backend provides the manifest's
+            format (the message lists the installed formats, and the pip command for a built-in).
+        NotImplementedError: the backend cannot load saved artifacts.
     """
     from hfexport.integrity import verify_checksums
 
     verify_checksums(output_dir)  # every listed file, before the manifest or a component is read
     manifest = read_manifest(output_dir)
     plan = GenerationPlan.from_dict(manifest["plan"])
-    export_format = manifest["format"]
     entries = {name: manifest["components"][name] for name in plan.components}
     verify_checksums(output_dir, [entry["file"] for entry in entries.values()])
-    module = backend_generation_module(export_format)
-    load = getattr(module, "load_component", None) if module is not None else None
-    if load is None:
-        from hfexport.auto import get_hf_exporter
-
-        # raises MissingBackendError with the pip command when the backend is not installed
-        exporter = get_hf_exporter(export_format)()
-        if not callable(getattr(exporter, "load", None)):
-            raise ImportError(
-                f"the {export_format} backend cannot load generation components (no load_component)"
-            )
-
-        def load(path: Path, metadata: Mapping[str, Any]) -> Caller:
-            # the backend's own (safe) loader, never a plain torch.export.load
-            return exporter.runner(exporter.load(path))
-
+    if exporter is None:
+        exporter = _exporter_for(manifest, output_dir)
+    elif exporter.export_format != manifest.get("format"):
+        raise ValueError(
+            f"{Path(output_dir) / MANIFEST_NAME} holds {manifest.get('format')!r} components; "
+            f"{type(exporter).__name__} loads {exporter.export_format!r} ones"
+        )
     callers: dict[str, Caller] = {}
     for name, entry in entries.items():
-        callers[name] = load(Path(output_dir) / entry["file"], entry.get("metadata", {}))
+        path = Path(output_dir) / entry["file"]
+        callers[name] = exporter.load_component(path, entry.get("metadata", {}))
     return plan, callers
 
 
-def load_runner(output_dir: str | os.PathLike[str], **runner_kwargs: Any) -> GenerationRunner:
-    """A :class:`GenerationRunner` over the components saved in ``output_dir``."""
-    plan, callers = load_components(output_dir)
+def load_runner(
+    output_dir: str | os.PathLike[str], *, exporter: Any = None, **runner_kwargs: Any
+) -> GenerationRunner:
+    """A :class:`GenerationRunner` over the components saved in ``output_dir``.
+
+    ``exporter`` is passed to :func:`load_components` (default: the manifest format's registered
+    exporter); ``runner_kwargs`` to :class:`GenerationRunner`.
+    """
+    plan, callers = load_components(output_dir, exporter=exporter)
     return GenerationRunner(plan, callers, **runner_kwargs)
 
 
@@ -250,6 +261,8 @@ def generate_from_dir(
     output_dir: str | os.PathLike[str],
     input_ids: Sequence[int] | torch.Tensor,
     max_new_tokens: int = 20,
+    *,
+    exporter: Any = None,
     **inputs: Any,
 ) -> list[int]:
     """Greedy generation with the components saved in ``output_dir``.
@@ -258,6 +271,8 @@ def generate_from_dir(
         output_dir: a folder written by :func:`save_components`.
         input_ids: one prompt: a list of token ids, or an int tensor ``[seq]`` / ``[1, seq]``.
         max_new_tokens: how many tokens to generate at most.
+        exporter: the ``HfExporter`` loading the components (default: the one registered for the
+            manifest's format; see :func:`load_components`).
         **inputs: other generate-style inputs (``attention_mask``, ``pixel_values`` ...).
 
     Returns:
@@ -266,7 +281,8 @@ def generate_from_dir(
 
     Raises:
         ValueError: an empty prompt or several prompts (use :func:`load_runner` for batches).
-        FileNotFoundError / ImportError / IntegrityError: see :func:`load_components`.
+        FileNotFoundError / ImportError / NotImplementedError / IntegrityError: see
+            :func:`load_components`.
     """
     ids = torch.as_tensor(input_ids, dtype=torch.int64)
     if ids.dim() == 2 and ids.shape[0] == 1:
@@ -276,7 +292,7 @@ def generate_from_dir(
             f"generate_from_dir takes one non-empty prompt (a list of ids), got shape {tuple(ids.shape)}; "
             "for a batch use hfexport.generation.load_runner(output_dir).generate(input_ids, attention_mask)"
         )
-    runner = load_runner(output_dir)
+    runner = load_runner(output_dir, exporter=exporter)
     sequences = runner.generate(ids[None], max_new_tokens=max_new_tokens, **inputs)
     start = 1 if runner.plan.architecture == "encoder_decoder" else ids.numel()
     return [int(t) for t in sequences[0, start:].tolist()]

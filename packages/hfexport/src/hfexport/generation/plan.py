@@ -11,7 +11,6 @@ model: the runner rebuilds every component's forward kwargs from the recorded py
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import logging
 from collections.abc import Callable, Mapping
@@ -21,7 +20,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport.pytree import register_cache_pytrees
+from hfexport.pytree import register_cache_pytrees, register_known_pytrees
 
 __all__ = ["ComponentIO", "GenerationPlan", "keypath_to_str"]
 
@@ -77,8 +76,10 @@ class ComponentIO:
             JSON ``"value"``.
         outputs: output leaf paths in the order eager PyTorch returns them (``logits``,
             ``cache.layers.0.keys``, ...).
-        modules: Python modules to import before :attr:`treespec` can be loaded (they define the
-            cache and model-output classes named in it).
+        modules: Python modules defining the cache and model-output classes named in
+            :attr:`treespec`, recorded for information only: loading never imports them (a manifest
+            may come from someone else); :meth:`spec` registers a fixed list of node types instead
+            (:func:`hfexport.pytree.register_known_pytrees`).
     """
 
     treespec: str
@@ -126,16 +127,25 @@ class ComponentIO:
         return [leaf["path"] for leaf in self.leaves if leaf["tensor"]]
 
     def spec(self) -> pytree.TreeSpec:
-        """The loaded :class:`~torch.utils._pytree.TreeSpec` (imports :attr:`modules` first)."""
-        for module in self.modules:
-            try:
-                importlib.import_module(module)
-            except ImportError as exc:
-                raise ImportError(
-                    f"loading a generation component needs the module {module!r}: {exc}"
-                ) from exc
-        register_cache_pytrees()
-        return pytree.treespec_loads(self.treespec)
+        """The loaded :class:`~torch.utils._pytree.TreeSpec`.
+
+        The node types are the ones registered in this process plus the fixed list of
+        :func:`hfexport.pytree.register_known_pytrees` (transformers' caches and model outputs);
+        :attr:`modules` is never imported.
+
+        Raises:
+            ValueError: the spec names a node type that is not registered (the message names it);
+                import the module defining it before loading.
+        """
+        register_known_pytrees()
+        try:
+            return pytree.treespec_loads(self.treespec)
+        except NotImplementedError as exc:
+            raise ValueError(
+                f"a generation component's input structure names a type that is not registered ({exc}); "
+                "hfexport never imports modules named by a saved manifest: import the module that defines "
+                "it (and call hfexport.pytree.register_cache_pytrees() for a cache class) before loading"
+            ) from exc
 
     def build(self, value_of: Callable[[str], torch.Tensor]) -> dict[str, Any]:
         """Build the forward kwargs: tensor leaves from ``value_of(path)``, constants as recorded.

@@ -1,0 +1,275 @@
+"""The backend contract of generation: every hook is a method of ``HfExporter``, the core calls
+the exporter it was handed (or the one registered for a manifest's format), and a manifest never
+decides which modules are imported (issue 14 item 2).
+
+The backend here is a test-only one, registered under its own format: its artifact is the eager
+module itself, kept in memory and named by a token written to the component file, so the tests
+exercise the core's generation path without any backend package.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import uuid
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hfexport import auto
+from hfexport.cli import app
+from hfexport.config import DynamoConfig
+from hfexport.errors import MissingBackendError
+from hfexport.exporter import HfExporter
+from hfexport.generation import MANIFEST_NAME, generate_from_dir, load_components, save_components
+from hfexport.tensors import get_leaf_tensors
+from hfexport.testing import tiny_model
+
+FORMAT = "contracttoy"
+NEW_TOKENS = 6
+EVIL = "evil_module_that_writes_a_marker"
+_STORE: dict[str, torch.nn.Module] = {}
+
+
+class EagerExporter(HfExporter):
+    """A backend whose artifact is the (prepared) eager module; files hold a token naming it."""
+
+    export_format = FORMAT
+    config_class = DynamoConfig
+    artifact_filename = "model.toy"
+    calls: list[tuple[str, str]] = []
+
+    def _export(self, model, inputs, config, report):
+        with report.stage("capture"):
+            return model
+
+    def runner(self, artifact):
+        def run(kwargs):
+            with torch.no_grad():
+                return get_leaf_tensors(artifact(**kwargs))
+
+        return run
+
+    def save(self, artifact, path):
+        token = uuid.uuid4().hex
+        _STORE[token] = artifact
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(token)
+
+    def load(self, path, *, trust_remote_code=False):
+        type(self).calls.append(("load", f"trust_remote_code={trust_remote_code}"))
+        with open(path, encoding="utf-8") as fh:
+            return _STORE[fh.read()]
+
+    def prepare_component(self, name, module, kwargs, plan):
+        type(self).calls.append(("prepare_component", name))
+        return module
+
+    def component_config(self, name, module, kwargs, plan, config):
+        type(self).calls.append(("component_config", name))
+        # the returned config is the one exported with: skip validation of the decode graph
+        return config.replace(validate=False) if name == "decode" else config
+
+    def component_metadata(self, artifact):
+        return {"module_class": type(artifact).__name__}
+
+    def load_component(self, path, metadata):
+        type(self).calls.append(("load_component", metadata["module_class"]))
+        return super().load_component(path, metadata)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def exported(llama):
+    """Components exported once (format registered for the module); the hook calls recorded."""
+    model, inputs = llama
+    auto._EXPORTERS[FORMAT] = EagerExporter
+    try:
+        EagerExporter.calls = []
+        artifacts = EagerExporter().export_for_generation(model, inputs, DynamoConfig())
+        yield artifacts, list(EagerExporter.calls)
+    finally:
+        auto._EXPORTERS.pop(FORMAT, None)
+
+
+@pytest.fixture
+def toy_format(exported):
+    EagerExporter.calls = []
+    yield EagerExporter
+    EagerExporter.calls = []
+
+
+@pytest.fixture
+def saved(llama, exported, toy_format, tmp_path):
+    model, _ = llama
+    artifacts, _ = exported
+    folder = tmp_path / "out"
+    save_components(EagerExporter(), artifacts, folder, model=model)
+    return folder, artifacts
+
+
+def _want(model, prompt: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)
+    return out[0, len(prompt) :].tolist()
+
+
+def test_base_class_defaults_of_the_contract(llama) -> None:
+    model, inputs = llama
+    exporter = EagerExporter()
+    config = DynamoConfig()
+    assert HfExporter.supports_empty_growing_cache is True
+    assert HfExporter.prepare_component(exporter, "decode", model, inputs, None) is model
+    assert HfExporter.component_config(exporter, "decode", model, inputs, None, config) is config
+    assert HfExporter.component_metadata(exporter, object()) == {}
+    with pytest.raises(
+        NotImplementedError, match=r"EagerExporter \('contracttoy'\) cannot load saved artifacts"
+    ):
+        HfExporter.load(exporter, "x.toy")
+
+
+def test_export_for_generation_calls_the_hooks_of_the_exporter(exported) -> None:
+    artifacts, calls = exported
+    assert list(artifacts) == ["prefill", "decode"]
+    assert [c for c in calls if c[0] == "prepare_component"] == [
+        ("prepare_component", "prefill"),
+        ("prepare_component", "decode"),
+    ]
+    assert [c for c in calls if c[0] == "component_config"] == [
+        ("component_config", "prefill"),
+        ("component_config", "decode"),
+    ]
+    # the config the hook returned is the one the component was exported with
+    assert "sample" in artifacts.reports["prefill"].validation
+    assert "sample" not in artifacts.reports["decode"].validation
+
+
+def test_supports_empty_growing_cache_false_refuses_a_decode_only_export(llama, toy_format) -> None:
+    model, inputs = llama
+
+    class NoEmptyCache(EagerExporter):
+        supports_empty_growing_cache = False
+
+    with pytest.raises(
+        ValueError, match=r"the contracttoy runtime cannot run a decode graph on an empty growing"
+    ):
+        NoEmptyCache().export_for_generation(
+            model, inputs, DynamoConfig(dynamic=True), multi_token_decode=True, components=["decode"]
+        )
+    assert not [c for c in toy_format.calls if c[0] == "prepare_component"]
+
+
+def test_a_folder_loads_with_the_exporter_registered_for_its_format(llama, saved, toy_format) -> None:
+    model, inputs = llama
+    folder, _ = saved
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    assert manifest["format"] == FORMAT
+    assert manifest["files"] == {"prefill": "prefill.toy", "decode": "decode.toy"}
+    assert manifest["components"]["decode"]["metadata"] == {"module_class": "LlamaForCausalLM"}
+    toy_format.calls.clear()
+    prompt = inputs["input_ids"][0].tolist()
+    assert generate_from_dir(folder, prompt, max_new_tokens=NEW_TOKENS) == _want(model, prompt)
+    # load_component got the saved metadata and went through the backend's own load, safely
+    assert toy_format.calls == [
+        ("load_component", "LlamaForCausalLM"),
+        ("load", "trust_remote_code=False"),
+        ("load_component", "LlamaForCausalLM"),
+        ("load", "trust_remote_code=False"),
+    ]
+
+
+def test_a_manifest_of_an_unknown_format_lists_the_installed_formats(saved) -> None:
+    folder, _ = saved
+    path = folder / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest["format"] = "nosuchformat"
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(MissingBackendError) as info:
+        load_components(folder)
+    message = str(info.value)
+    assert "export format 'nosuchformat', which no installed backend provides" in message
+    assert f"installed formats: {', '.join(auto.available_export_formats())}" in message
+    assert FORMAT in message.split("installed formats:")[1]
+    manifest["format"] = None
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match=r'names no export format \("format": None\)'):
+        load_components(folder)
+
+
+def test_an_exporter_of_another_format_is_refused(saved) -> None:
+    folder, _ = saved
+
+    class Other(EagerExporter):
+        export_format = "otherformat"
+
+    with pytest.raises(ValueError, match=r"holds 'contracttoy' components; Other loads 'otherformat' ones"):
+        load_components(folder, exporter=Other())
+
+
+@pytest.fixture
+def evil_module(tmp_path, monkeypatch):
+    """A module on sys.path that writes a marker file when imported."""
+    marker = tmp_path / "marker.txt"
+    source = tmp_path / "evil_src"
+    source.mkdir()
+    (source / f"{EVIL}.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    monkeypatch.syspath_prepend(str(source))
+    sys.modules.pop(EVIL, None)
+    yield marker
+    sys.modules.pop(EVIL, None)
+
+
+def _poison(folder) -> None:
+    """Name the evil module wherever a manifest can name modules."""
+    path = folder / MANIFEST_NAME
+    manifest = json.loads(path.read_text())
+    manifest["modules"] = [EVIL]
+    for name, io in manifest["plan"]["io"].items():
+        io["modules"] = [EVIL, *io["modules"]]
+        manifest["components"][name]["metadata"]["modules"] = [EVIL]
+    path.write_text(json.dumps(manifest))
+
+
+def test_generate_from_dir_never_imports_modules_named_by_the_manifest(llama, saved, evil_module) -> None:
+    model, inputs = llama
+    folder, _ = saved
+    _poison(folder)
+    prompt = inputs["input_ids"][0].tolist()
+    assert generate_from_dir(folder, prompt, max_new_tokens=NEW_TOKENS) == _want(model, prompt)
+    assert not evil_module.exists()
+    assert EVIL not in sys.modules
+
+
+def test_hfexport_generate_never_imports_modules_named_by_the_manifest(llama, saved, evil_module) -> None:
+    model, inputs = llama
+    folder, _ = saved
+    _poison(folder)
+    prompt = inputs["input_ids"][0].tolist()
+    result = CliRunner().invoke(
+        app, ["generate", str(folder), "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "tokens: " + " ".join(map(str, _want(model, prompt))) in result.output
+    assert not evil_module.exists()
+    assert EVIL not in sys.modules
+
+
+def test_a_structure_naming_an_unregistered_type_is_a_clear_error(saved, evil_module) -> None:
+    from hfexport.generation.plan import ComponentIO
+
+    folder, _ = saved
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    io = ComponentIO.from_dict(manifest["plan"]["io"]["decode"])
+    io.treespec = io.treespec.replace("transformers.cache_utils.DynamicCache", f"{EVIL}.Cache")
+    io.modules = [EVIL]
+    with pytest.raises(
+        ValueError, match=r"names a type that is not registered .*never imports modules named"
+    ):
+        io.spec()
+    assert not evil_module.exists()
+    assert EVIL not in sys.modules
