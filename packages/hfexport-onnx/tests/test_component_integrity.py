@@ -8,7 +8,7 @@ import pytest
 
 from hfexport.errors import IntegrityError
 from hfexport.integrity import write_checksums
-from hfexport_onnx.generation import load_component
+from hfexport_onnx import OnnxExporter
 
 
 @pytest.mark.parametrize("damaged", ["prefill.onnx", "prefill.onnx.data"])
@@ -18,4 +18,4 @@ def test_a_changed_graph_or_weights_file_is_refused_before_loading(tmp_path, dam
     write_checksums(tmp_path)
     (tmp_path / damaged).write_bytes(b"changed bytes")
     with pytest.raises(IntegrityError, match=re.escape(damaged) + " does not match its checksum"):
-        load_component(tmp_path / "prefill.onnx", {})
+        OnnxExporter().load_component(tmp_path / "prefill.onnx", {})

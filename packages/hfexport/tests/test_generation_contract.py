@@ -23,6 +23,7 @@ from hfexport.config import DynamoConfig
 from hfexport.errors import MissingBackendError
 from hfexport.exporter import HfExporter
 from hfexport.generation import MANIFEST_NAME, generate_from_dir, load_components, save_components
+from hfexport.integrity import write_checksums
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
 
@@ -189,6 +190,7 @@ def test_a_manifest_of_an_unknown_format_lists_the_installed_formats(saved) -> N
     manifest = json.loads(path.read_text())
     manifest["format"] = "nosuchformat"
     path.write_text(json.dumps(manifest))
+    write_checksums(folder)  # a consistent folder: the point is what loading imports or refuses
     with pytest.raises(MissingBackendError) as info:
         load_components(folder)
     message = str(info.value)
@@ -197,6 +199,7 @@ def test_a_manifest_of_an_unknown_format_lists_the_installed_formats(saved) -> N
     assert FORMAT in message.split("installed formats:")[1]
     manifest["format"] = None
     path.write_text(json.dumps(manifest))
+    write_checksums(folder)  # a consistent folder: the point is what loading imports or refuses
     with pytest.raises(ValueError, match=r'names no export format \("format": None\)'):
         load_components(folder)
 
@@ -233,6 +236,7 @@ def _poison(folder) -> None:
         io["modules"] = [EVIL, *io["modules"]]
         manifest["components"][name]["metadata"]["modules"] = [EVIL]
     path.write_text(json.dumps(manifest))
+    write_checksums(folder)  # a consistent folder: the point is what loading imports or refuses
 
 
 def test_generate_from_dir_never_imports_modules_named_by_the_manifest(llama, saved, evil_module) -> None:
