@@ -29,14 +29,14 @@ decoder_inputs_embeds      text      embeds           3      0      1 (decoder)
 decoder_attention_mask     text      mask             2      0      1 (decoder)
 decoder_position_ids       text      positions        2      0      1 (decoder)
 encoder_outputs            state     encoder_outputs  -      0
-past_key_values, cache     state     cache            -      -
+cache, past_key_values     state     cache            -      -
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
 seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single sequence axis),
-LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``. A tensor of a rank the
-role does not list has no role (Qwen2-VL's ``pixel_values`` ``[patches, dim]`` counts patches on
-axis 0, not batch rows). ``input_features`` has no sequence axis: its frame axis is 2 for whisper
+LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``. A tensor of a higher
+rank without a variant keeps the base axes (extra trailing axes); one of a lower rank has no role
+(Qwen2-VL's ``pixel_values`` ``[patches, dim]`` counts patches on axis 0, not batch rows). ``input_features`` has no sequence axis: its frame axis is 2 for whisper
 ``[batch, mel, frames]`` and 1 for speech2text ``[batch, frames, mel]``, and whisper takes exactly
 ``2 * max_source_positions`` frames. ``cache_position`` counts the new tokens on axis 0 but claims
 no axis: the backends bound it by their own rules.
@@ -126,14 +126,16 @@ class InputRole:
     variants: tuple[InputRole, ...] = ()
 
     def for_rank(self, ndim: int | None) -> InputRole | None:
-        """This role, or the variant, for a tensor of rank ``ndim``; ``None`` when no axes are
-        recorded for that rank. ``ndim=None`` returns the base role."""
+        """This role, or its variant, for a tensor of rank ``ndim``: the variant of that rank if
+        there is one, else this role when ``ndim`` is at least its rank (extra trailing axes, e.g.
+        a float ``input_ids`` ``[batch, seq, features]`` of a toy model), else ``None``.
+        ``ndim=None`` returns the base role."""
         if ndim is None or self.ndim is None or self.ndim == ndim:
             return self
         for variant in self.variants:
             if variant.ndim == ndim:
                 return variant
-        return None
+        return self if ndim > self.ndim else None
 
     def axes(self) -> dict[int, str]:
         """``{axis: "batch" | "sequence" | "spatial"}`` for the axes this role names."""
@@ -190,8 +192,8 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),
-        InputRole("past_key_values", STATE, "cache", None, None, None, (), None),
         InputRole("cache", STATE, "cache", None, None, None, (), None),
+        InputRole("past_key_values", STATE, "cache", None, None, None, (), None),
     ]
 
 
