@@ -368,18 +368,15 @@ def plan_dynamic_shapes(model: torch.nn.Module, inputs: Mapping[str, Any], confi
         bounds (a named ``Dim``, a hint with ``min``/``max``) are passed through unchanged.
 
     Raises:
-        ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
+        ValueError: ``config.dynamic_shapes`` does not fit ``inputs``
+            (:func:`hfexport.capture.check_dynamic_shapes`: unknown inputs, an axis count or an
+            axis index that does not fit, a range that excludes the sample size).
     """
-    from hfexport.capture import auto_dynamic_shapes
+    from hfexport.capture import auto_dynamic_shapes, check_dynamic_shapes
 
     explicit = getattr(config, "dynamic_shapes", None)
     if explicit:
-        unknown = sorted(set(explicit) - set(inputs))
-        if unknown:
-            raise ValueError(
-                f"dynamic_shapes names {unknown}, which are not among the sample inputs {sorted(inputs)}; "
-                "key dynamic_shapes by forward kwarg name"
-            )
+        check_dynamic_shapes(explicit, inputs)
         spec: dict[str, Any] = {k: explicit.get(k) for k in inputs}
     elif getattr(config, "dynamic", False):
         spec = auto_dynamic_shapes(inputs)

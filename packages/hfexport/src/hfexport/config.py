@@ -152,6 +152,35 @@ def decode_dynamic_shapes(data: Any) -> Any:
     raise ValueError(f"cannot decode dynamic_shapes entry {data!r}")
 
 
+def read_json_object(path: str | os.PathLike[str], *, what: str = "an export config") -> dict[str, Any]:
+    """The JSON object stored in ``path`` (an ``export_config.json``).
+
+    Raises:
+        ValueError: the file is not UTF-8, not JSON, or holds something other than an object; the
+            message names the file, the position of a syntax error and what the file should hold.
+        OSError: the file cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(path)} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+            f"it should hold {what} as a JSON object: fix or rewrite it (config.to_json_file(path))"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(path)} is not UTF-8 text ({error.reason} at byte {error.start}); it should hold {what} "
+            "as a JSON object"
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{os.fspath(path)} holds a JSON {type(data).__name__}, not an object; it should hold {what} as a "
+            'JSON object such as {"export_format": "onnx", ...}'
+        )
+    return data
+
+
 # --------------------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------------------
@@ -241,9 +270,14 @@ class ExportConfigMixin:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> ExportConfigMixin:
-        """Read a config written by :meth:`to_json_file`."""
-        with open(path, encoding="utf-8") as fh:
-            return cls.from_json_string(fh.read())
+        """Read a config written by :meth:`to_json_file`.
+
+        Raises:
+            ValueError: the file is not UTF-8 JSON holding an object, or a field is invalid; the
+                message names the file.
+            OSError: the file cannot be read.
+        """
+        return cls.from_dict(read_json_object(path, what=f"a {cls.__name__}"))
 
     def replace(self, **changes: Any) -> ExportConfigMixin:
         """A copy with ``changes`` applied (validated like a new config)."""
