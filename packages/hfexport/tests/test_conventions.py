@@ -116,7 +116,7 @@ def test_old_call_sites_agree_with_the_table():
         "moe_mm_token_type_ids",
         "pixel_values_videos",
     }
-    assert batching.BATCH_KEYS == batch_keys()
+    assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {
         "input_ids",
         "inputs_embeds",
