@@ -304,7 +304,9 @@ class DynamoConfig(ExportConfigMixin):
         validate: run the artefact after export and compare with eager PyTorch.
         atol / rtol: validation tolerances; ``None`` takes the backend's default for the dtype.
         validate_second_shape: for dynamic exports also validate on a second input with another
-            batch size and a longer sequence derived from the sample inputs.
+            batch size and a longer sequence derived from the sample inputs; with explicit
+            ``dynamic_shapes`` only the declared dynamic axes change, within their ``min``/``max``
+            (:func:`hfexport.validation.derive_second_inputs`).
     """
 
     FORMAT: ClassVar[ExportFormat | None] = ExportFormat.DYNAMO
