@@ -94,3 +94,116 @@ def test_second_inputs_grow_batch_and_sequence():
 def test_second_inputs_refuse_unknown_tensor():
     second, reason = derive_second_inputs(_Toy(), {"mystery": torch.zeros(2, 3)})
     assert second is None and "mystery" in reason
+
+
+# -- second shape from explicit dynamic_shapes (issue 14 item 6) --------------------------------
+
+
+def _text_inputs(batch=2, seq=8):
+    return {
+        "input_ids": torch.randint(3, 50, (batch, seq)),
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+    }
+
+
+def _config(dynamic_shapes):
+    from hfexport.config import DynamoConfig
+
+    return DynamoConfig(dynamic_shapes=dynamic_shapes)
+
+
+def test_declared_batch_only_changes_the_batch_only():
+    from torch.export import Dim
+
+    batch = Dim("batch")
+    spec = {"input_ids": {0: batch}, "attention_mask": {0: batch}}
+    second, reason = derive_second_inputs(_Toy(), _text_inputs(), config=_config(spec))
+    assert reason == ""
+    assert second["input_ids"].shape == (3, 8) and second["attention_mask"].shape == (3, 8)
+    assert int(second["input_ids"].min()) >= 3 and int(second["input_ids"].max()) < 50
+
+
+def test_declared_sequence_only_keeps_the_batch_and_respects_max():
+    from torch.export import Dim
+
+    seq = Dim("seq")
+    second, _ = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    )
+    assert second["input_ids"].shape == (2, 65) and second["attention_mask"].shape == (2, 65)
+    seq32 = Dim("seq", max=32)
+    second, _ = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": (None, seq32), "attention_mask": (None, seq32)})
+    )
+    assert second["input_ids"].shape == (2, 32)
+    # the model's maximum positions cap a declared sequence too
+    model = _Toy()
+    model.config.max_position_embeddings = 20
+    second, _ = derive_second_inputs(
+        model, _text_inputs(), config=_config({"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    )
+    assert second["input_ids"].shape == (2, 20)
+
+
+def test_declared_hints_and_min_bounds():
+    from torch.export import Dim
+
+    spec = {
+        "input_ids": {0: Dim.AUTO(min=2, max=2), 1: Dim.DYNAMIC(max=9)},
+        "attention_mask": {0: Dim.AUTO(min=2, max=2), 1: Dim.DYNAMIC(max=9)},
+    }
+    second, _ = derive_second_inputs(_Toy(), _text_inputs(), config=_config(spec))
+    # the batch range [2, 2] holds no other size; the sequence grows to its max 9
+    assert second["input_ids"].shape == (2, 9)
+    # a batch capped at the sample size goes down instead (never below 2)
+    spec = {"input_ids": {0: Dim("b", max=3)}, "attention_mask": {0: Dim("b", max=3)}}
+    second, _ = derive_second_inputs(_Toy(), _text_inputs(batch=3), config=_config(spec))
+    assert second["input_ids"].shape == (2, 8)
+
+
+def test_no_declared_dynamic_axis_gives_a_reason():
+    from torch.export import Dim
+
+    second, reason = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": None, "attention_mask": (Dim.STATIC, 8)})
+    )
+    assert second is None and "declares no dynamic axis" in reason
+    # the mask's sequence is static while the ids' is declared dynamic: they must stay equal
+    second, reason = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": {1: Dim("s")}})
+    )
+    assert (
+        second is None
+        and "attention_mask axis 1 is static but must match the dynamic input_ids axis 1" in reason
+    )
+    fixed = Dim.DYNAMIC(min=8, max=8)
+    second, reason = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": {1: fixed}, "attention_mask": {1: fixed}})
+    )
+    assert second is None and "input_ids axis 1 has no other size in its range [8, 8]" in reason
+    # a sequence capped at the sample size goes down instead
+    capped = Dim("s", max=8)
+    second, _ = derive_second_inputs(
+        _Toy(), _text_inputs(), config=_config({"input_ids": {1: capped}, "attention_mask": {1: capped}})
+    )
+    assert second["input_ids"].shape == (2, 7)
+
+
+def test_declared_axes_of_unknown_inputs_are_tiled():
+    from torch.export import Dim
+
+    inputs = {"x": torch.arange(6.0).reshape(2, 3)}
+    second, reason = derive_second_inputs(_Toy(), inputs, config=_config({"x": {0: Dim("rows")}}))
+    # an axis without a role doubles (a size that keeps divisibility by the sample's factors)
+    assert reason == "" and second["x"].shape == (4, 3)
+    # rows repeat the sample (plus 0.1-scaled noise)
+    assert torch.allclose(second["x"][2], inputs["x"][0], atol=0.5)
+
+
+def test_derived_dim_follows_its_root():
+    from torch.export import Dim
+
+    seq = Dim("seq", max=20)
+    inputs = {"a": torch.zeros(2, 4), "b": torch.zeros(2, 8)}
+    second, _ = derive_second_inputs(_Toy(), inputs, config=_config({"a": {1: seq}, "b": {1: 2 * seq}}))
+    assert second["a"].shape == (2, 8) and second["b"].shape == (2, 16)

@@ -62,6 +62,8 @@ import torch.utils._pytree as pytree
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
+from hfexport.conventions import DECODER, SIGNAL, TEXT, input_role, max_positions, names_with
+
 __all__ = [
     "BATCH_FLOOR",
     "DEFAULT_MAX_BATCH",
@@ -105,21 +107,8 @@ ROLE_SIGNAL = "signal"
 ROLE_OTHER = "other"
 _SEQUENCE_ROLES = (ROLE_SEQUENCE, ROLE_DECODER_SEQUENCE, ROLE_CACHE_SEQUENCE, ROLE_SIGNAL)
 
-_SEQ_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "token_type_ids",
-    "position_ids",
-    "inputs_embeds",
-    "mm_token_type_ids",
-)
-_DECODER_SEQ_KEYS = (
-    "decoder_input_ids",
-    "decoder_attention_mask",
-    "decoder_position_ids",
-    "decoder_inputs_embeds",
-)
-_SIGNAL_KEYS = ("input_values",)
+# Sequence groups of the input-role table (hfexport.conventions.roles) -> bound roles here.
+_GROUP_ROLES = {TEXT: ROLE_SEQUENCE, DECODER: ROLE_DECODER_SEQUENCE, SIGNAL: ROLE_SIGNAL}
 
 # Sources of a bound, as recorded in the report.
 SOURCE_USER = "user"
@@ -177,6 +166,8 @@ class DynamicPlan:
 def model_max_positions(config: Any, *, decoder: bool = False) -> tuple[int | None, str]:
     """The maximum number of positions a model config declares, and the attribute it came from.
 
+    The core lookup :func:`hfexport.conventions.max_positions` (kept here under its old name).
+
     Args:
         config: a transformers config (its text config is searched too).
         decoder: look for the decoder's limit (``max_target_positions`` first).
@@ -184,24 +175,7 @@ def model_max_positions(config: Any, *, decoder: bool = False) -> tuple[int | No
     Returns:
         ``(limit, "config.<attribute>")``, or ``(None, "")`` when the config declares none.
     """
-    names = (
-        ("max_target_positions", "max_position_embeddings", "n_positions", "n_ctx")
-        if decoder
-        else ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
-    )
-    configs = [config]
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):
-        try:
-            configs.append(get_text(decoder=decoder))
-        except TypeError:
-            configs.append(get_text())
-    for cfg in configs:
-        for name in names:
-            value = getattr(cfg, name, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value, f"config.{name}"
-    return None, ""
+    return max_positions(config, decoder=decoder)
 
 
 def axis_role(path: str, tensor: torch.Tensor, axis: int, top_level: Mapping[str, Any]) -> str:
@@ -215,17 +189,19 @@ def axis_role(path: str, tensor: torch.Tensor, axis: int, top_level: Mapping[str
     """
     key = path.split(".", 1)[0]
     nested = "." in path
-    if axis == 0:
-        return ROLE_BATCH
     if nested:
+        if axis == 0:
+            return ROLE_BATCH
         return ROLE_CACHE_SEQUENCE if tensor.dim() == 4 and axis == 2 else ROLE_OTHER
-    if axis == 1:
-        if key in _SIGNAL_KEYS or (key == "attention_mask" and any(k in top_level for k in _SIGNAL_KEYS)):
-            return ROLE_SIGNAL
-        if key in _SEQ_KEYS:
-            return ROLE_SEQUENCE
-        if key in _DECODER_SEQ_KEYS:
-            return ROLE_DECODER_SEQUENCE
+    role = input_role(key, tensor.dim(), present=top_level)
+    if role is None or role.batch_axis is None:
+        # no role, or one that claims no batch axis: axis 0 is taken as the batch when its size
+        # says so (see _Planner.role_of)
+        return ROLE_BATCH if axis == 0 else ROLE_OTHER
+    if axis == role.batch_axis:
+        return ROLE_BATCH
+    if axis == role.sequence_axis and role.sequence in _GROUP_ROLES:
+        return _GROUP_ROLES[role.sequence]
     return ROLE_OTHER
 
 
@@ -271,34 +247,28 @@ def _finite(value: Any) -> int | None:
     return int(value)
 
 
-# Inputs whose axis 0 defines the batch size, in order of preference.
-_BATCH_DEFINING = (
-    "input_ids",
-    "inputs_embeds",
-    "input_features",
-    "input_values",
-    "pixel_values",
-    "decoder_input_ids",
-)
-
-
 def _reference_sizes(inputs: Mapping[str, Any]) -> dict[str, int]:
-    """Sample sizes that define each shared role: the batch, sequence and decoder sequence length."""
+    """Sample sizes that define each shared role: the batch, sequence and decoder sequence length.
+
+    The batch comes from the first primary input of the role table that is present (``input_ids``,
+    ``inputs_embeds``, ``input_features``, ``input_values``, ``pixel_values``, ``decoder_input_ids``
+    ...), else axis 0 of the first tensor; each sequence role from the first input of its group,
+    primary inputs first.
+    """
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
     out: dict[str, int] = {}
-    for key in (*_BATCH_DEFINING, *tensors):
+    for key in (*names_with(primary=True), *tensors):
         if key in tensors:
-            out[ROLE_BATCH] = int(tensors[key].shape[0])
+            role = input_role(key, tensors[key].dim())
+            axis = role.batch_axis if role is not None and role.batch_axis is not None else 0
+            out[ROLE_BATCH] = int(tensors[key].shape[axis])
             break
-    for role, keys in (
-        (ROLE_SEQUENCE, _SEQ_KEYS),
-        (ROLE_DECODER_SEQUENCE, _DECODER_SEQ_KEYS),
-        (ROLE_SIGNAL, _SIGNAL_KEYS),
-    ):
-        for key in keys:
-            if key in tensors and tensors[key].dim() > 1:
-                out[role] = int(tensors[key].shape[1])
-                break
+    primary = set(names_with(primary=True))
+    for key in sorted(tensors, key=lambda k: k not in primary):  # stable: primary inputs first
+        role = input_role(key, tensors[key].dim(), present=tensors)
+        if role is None or role.sequence_axis is None or role.sequence not in _GROUP_ROLES:
+            continue
+        out.setdefault(_GROUP_ROLES[role.sequence], int(tensors[key].shape[role.sequence_axis]))
     return out
 
 
@@ -398,18 +368,15 @@ def plan_dynamic_shapes(model: torch.nn.Module, inputs: Mapping[str, Any], confi
         bounds (a named ``Dim``, a hint with ``min``/``max``) are passed through unchanged.
 
     Raises:
-        ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
+        ValueError: ``config.dynamic_shapes`` does not fit ``inputs``
+            (:func:`hfexport.capture.check_dynamic_shapes`: unknown inputs, an axis count or an
+            axis index that does not fit, a range that excludes the sample size).
     """
-    from hfexport.capture import auto_dynamic_shapes
+    from hfexport.capture import auto_dynamic_shapes, check_dynamic_shapes
 
     explicit = getattr(config, "dynamic_shapes", None)
     if explicit:
-        unknown = sorted(set(explicit) - set(inputs))
-        if unknown:
-            raise ValueError(
-                f"dynamic_shapes names {unknown}, which are not among the sample inputs {sorted(inputs)}; "
-                "key dynamic_shapes by forward kwarg name"
-            )
+        check_dynamic_shapes(explicit, inputs)
         spec: dict[str, Any] = {k: explicit.get(k) for k in inputs}
     elif getattr(config, "dynamic", False):
         spec = auto_dynamic_shapes(inputs)

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from hfexport.conventions import TEXT, max_positions, names_with
 from hfexport.pytree import register_known_pytrees
 from hfexport.registry import register_patch
 
@@ -167,7 +168,8 @@ def patchify_conv3d_as_matmul(original: Callable[..., Any]) -> Callable[..., Any
     return forward
 
 
-_TOKEN_KEYS = ("input_ids", "inputs_embeds", "token_type_ids", "mm_token_type_ids")
+# Token-aligned inputs of the (encoder) text sequence group, from the core input-role table.
+_TOKEN_KEYS = names_with(sequence=TEXT, kind=("ids", "embeds", "type_ids", "modality_types"))
 
 
 def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any, config: Any) -> Any:
@@ -206,12 +208,12 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
 
     from hfexport.generation.shapes import dynamic_shapes_by_rule
     from hfexport.inputs import prepare_for_export
-    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQUENCE, model_max_positions
+    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH, DEFAULT_MAX_SEQUENCE
 
     if static:
         limit = int(plan.max_cache_len) - 1
     else:
-        positions, _ = model_max_positions(getattr(module, "config", None), decoder=True)
+        positions, _ = max_positions(getattr(module, "config", None), decoder=True)
         limit = int(positions or DEFAULT_MAX_SEQUENCE)
     batch = Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH)
     length = Dim.AUTO(min=1, max=limit)

@@ -15,7 +15,6 @@ never imports a backend; listing them (:func:`available_export_formats`) imports
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import logging
 import os
 import warnings
@@ -286,9 +285,20 @@ class AutoExportConfig:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> ExportConfigMixin:
-        """Read a config (export recipe) JSON file."""
-        with open(path, encoding="utf-8") as fh:
-            return cls.from_dict(json.load(fh))
+        """Read a config (export recipe) JSON file.
+
+        Raises:
+            ValueError: the file is not JSON holding an object (the message names the file), or
+                its ``export_format`` or a field is invalid (the message names the file too).
+            OSError: the file cannot be read.
+        """
+        from hfexport.config import read_json_object
+
+        data = read_json_object(path)
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{os.fspath(path)}: {error}") from error
 
 
 class AutoHfExporter:

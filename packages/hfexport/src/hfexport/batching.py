@@ -17,26 +17,13 @@ from typing import Any
 
 import torch
 
+from hfexport.conventions import batch_keys, input_role
+
 __all__ = ["BATCH_KEYS", "widen_unit_batch"]
 
-#: Forward kwargs whose axis 0 is the batch (transformers' naming), the ones a sample may widen.
-BATCH_KEYS = (
-    "input_ids",
-    "attention_mask",
-    "token_type_ids",
-    "position_ids",
-    "inputs_embeds",
-    "mm_token_type_ids",
-    "decoder_input_ids",
-    "decoder_attention_mask",
-    "decoder_position_ids",
-    "decoder_inputs_embeds",
-    "input_values",
-    "input_features",
-    "pixel_values",
-    "pixel_mask",
-    "encoder_outputs",
-)
+#: Forward kwargs whose axis 0 is the batch at their usual rank (from the input-role table,
+#: :func:`hfexport.conventions.batch_keys`), the ones a sample may widen.
+BATCH_KEYS = batch_keys()
 
 
 def widen_unit_batch(inputs: Mapping[str, Any], config: Any) -> tuple[dict[str, Any], str]:
@@ -46,8 +33,9 @@ def widen_unit_batch(inputs: Mapping[str, Any], config: Any) -> tuple[dict[str, 
 
     - ``config.dynamic`` is true and ``config.dynamic_shapes`` is empty (explicit dimensions are
       the caller's decision);
-    - every top-level tensor named in :data:`BATCH_KEYS` has size 1 on axis 0 (an M-RoPE
-      ``position_ids`` ``[3, batch, seq]`` disagrees, and stops it);
+    - every top-level tensor whose role (:mod:`hfexport.conventions.roles`, at its rank) has the
+      batch on axis 0 has size 1 there; a role with the batch on another axis (an M-RoPE
+      ``position_ids`` ``[3, batch, seq]``) stops it;
     - every other top-level tensor has a leading size other than 1 (``image_grid_thw`` ``[1, 3]``
       is ambiguous, and stops it).
 
@@ -69,10 +57,13 @@ def widen_unit_batch(inputs: Mapping[str, Any], config: Any) -> tuple[dict[str, 
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
         return unchanged
     top = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
-    batch_carrying = [k for k in top if k in BATCH_KEYS]
+    roles = {k: input_role(k, v.dim(), present=top) for k, v in top.items()}
+    if any(r is not None and r.batch_axis not in (None, 0) for r in roles.values()):
+        return unchanged
+    batch_carrying = [k for k, r in roles.items() if r is not None and r.batch_axis == 0]
     if not batch_carrying or any(top[k].shape[0] != 1 for k in batch_carrying):
         return unchanged
-    if any(top[k].shape[0] == 1 for k in top if k not in BATCH_KEYS):
+    if any(top[k].shape[0] == 1 for k in top if k not in batch_carrying):
         return unchanged
     widened = {
         path: tensor.repeat(2, *([1] * (tensor.dim() - 1)))

@@ -35,6 +35,7 @@ __all__ = [
     "KwargsModule",
     "auto_dynamic_shapes",
     "capture",
+    "check_dynamic_shapes",
     "register_stale_attribute",
     "reset_stale_state",
     "resolve_dynamic_shapes",
@@ -143,6 +144,106 @@ def auto_dynamic_shapes(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _auto_for(v) for k, v in inputs.items()}
 
 
+def _leaf_range(leaf: Any) -> tuple[str, int | None, int | None] | None:
+    """``(description, min, max)`` of a dynamic ``dynamic_shapes`` leaf, ``None`` for a static one."""
+    from hfexport.config import _finite_or_none
+
+    hint_type = getattr(leaf, "type", None)
+    if type(leaf).__name__ == "_DimHint" and hint_type is not None:
+        if hint_type.name == "STATIC":
+            return None
+        return f"Dim.{hint_type.name}", _finite_or_none(leaf.min), _finite_or_none(leaf.max)
+    if getattr(leaf, "root", None) is not None and callable(getattr(leaf, "fn", None)):
+        return None  # a derived Dim: its range follows its root's
+    if hasattr(leaf, "__name__") and hasattr(leaf, "min") and hasattr(leaf, "max"):
+        return f"Dim({leaf.__name__!r})", _finite_or_none(leaf.min), _finite_or_none(leaf.max)
+    return None
+
+
+def check_dynamic_shapes(dynamic_shapes: Any, inputs: Mapping[str, Any]) -> None:
+    """Check explicit ``dynamic_shapes`` against the sample inputs, before capture.
+
+    For every top-level tensor input: a dict spec is keyed by axis indices ``0 <= axis < ndim``;
+    a tuple/list spec has one entry per axis; an int entry equals the sample size; a ``Dim`` or
+    a ``Dim.AUTO``/``Dim.DYNAMIC`` hint with a range admits the sample size (``min <= size <=
+    max``). A spec for ``None`` or a Python scalar must be ``None``. Caches and other nested inputs
+    are left to ``torch.export``.
+
+    Raises:
+        ValueError: ``dynamic_shapes`` is not a dict keyed by kwarg name, names unknown inputs, or
+            an entry breaks a rule above; the message names the input, the axis, the sizes and
+            what to change.
+    """
+    if not isinstance(dynamic_shapes, Mapping):
+        raise ValueError(
+            f"dynamic_shapes must be a dict keyed by forward kwarg name, got {type(dynamic_shapes).__name__}; "
+            "e.g. {'input_ids': {0: Dim('batch'), 1: Dim('sequence')}}"
+        )
+    unknown = sorted(set(dynamic_shapes) - set(inputs))
+    if unknown:
+        raise ValueError(
+            f"dynamic_shapes names {unknown}, which are not among the sample inputs {sorted(inputs)}; "
+            "key dynamic_shapes by forward kwarg name"
+        )
+    for key, spec in dynamic_shapes.items():
+        value = inputs[key]
+        if spec is None:
+            continue
+        if value is None or isinstance(value, (bool, int, float, str)):
+            raise ValueError(
+                f"dynamic_shapes[{key!r}] = {spec!r}, but the sample input {key!r} is {value!r}, which has no "
+                f"axes; give None for it"
+            )
+        if not isinstance(value, torch.Tensor):
+            continue
+        shape = list(value.shape)
+        if isinstance(spec, Mapping):
+            bad = [
+                a for a in spec if not isinstance(a, int) or isinstance(a, bool) or not 0 <= a < value.dim()
+            ]
+            if bad:
+                raise ValueError(
+                    f"dynamic_shapes[{key!r}] names axes {bad}, but {key} {shape} has {value.dim()} axes "
+                    f"(0..{value.dim() - 1}); key the dict by axis index"
+                )
+            axes = list(spec.items())
+        elif isinstance(spec, (list, tuple)):
+            if len(spec) != value.dim():
+                raise ValueError(
+                    f"dynamic_shapes[{key!r}] gives {len(spec)} axes, but {key} {shape} has {value.dim()}; "
+                    f"give one entry per axis (None for a static axis) or a dict {{axis: Dim}}"
+                )
+            axes = list(enumerate(spec))
+        else:
+            raise ValueError(
+                f"dynamic_shapes[{key!r}] = {spec!r} is not a dict {{axis: Dim}}, a tuple with one entry per "
+                f"axis, or None"
+            )
+        for axis, leaf in axes:
+            size = shape[axis]
+            if isinstance(leaf, int) and not isinstance(leaf, bool):
+                if leaf != size:
+                    raise ValueError(
+                        f"dynamic_shapes[{key!r}][{axis}] = {leaf}, but {key} {shape} has size {size} on axis "
+                        f"{axis}; give {size} or None for a static axis"
+                    )
+                continue
+            found = _leaf_range(leaf)
+            if found is None:
+                continue
+            what, low, high = found
+            if low is not None and high is not None and low > high:
+                raise ValueError(
+                    f"dynamic_shapes[{key!r}][{axis}] = {what} has min {low} above max {high}; give min <= max"
+                )
+            if (low is not None and size < low) or (high is not None and size > high):
+                raise ValueError(
+                    f"dynamic_shapes[{key!r}][{axis}] = {what} with range [{low}, {high}] does not admit the "
+                    f"sample size {size} of {key} {shape} on axis {axis}; widen the range to include {size} "
+                    f"or give sample inputs inside it"
+                )
+
+
 def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
     """The ``dynamic_shapes`` to pass to ``torch.export.export`` for ``config``.
 
@@ -151,17 +252,12 @@ def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, 
     faster); else ``None`` (static).
 
     Raises:
-        ValueError: ``dynamic_shapes`` names an input that is not among the sample inputs.
+        ValueError: ``dynamic_shapes`` does not fit the sample inputs (see :func:`check_dynamic_shapes`).
     """
     global _AUTO_WARNED
     explicit = getattr(config, "dynamic_shapes", None)
     if explicit:
-        unknown = sorted(set(explicit) - set(inputs))
-        if unknown:
-            raise ValueError(
-                f"dynamic_shapes names {unknown}, which are not among the sample inputs {sorted(inputs)}; "
-                "key dynamic_shapes by forward kwarg name"
-            )
+        check_dynamic_shapes(explicit, inputs)
         return {k: explicit.get(k) for k in inputs}
     if getattr(config, "dynamic", False):
         if not _AUTO_WARNED:

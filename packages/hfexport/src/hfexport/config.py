@@ -181,6 +181,35 @@ def decode_dynamic_shapes(data: Any) -> Any:
     raise ValueError(f"cannot decode dynamic_shapes entry {data!r}")
 
 
+def read_json_object(path: str | os.PathLike[str], *, what: str = "an export config") -> dict[str, Any]:
+    """The JSON object stored in ``path`` (an ``export_config.json``).
+
+    Raises:
+        ValueError: the file is not UTF-8, not JSON, or holds something other than an object; the
+            message names the file, the position of a syntax error and what the file should hold.
+        OSError: the file cannot be read.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(path)} is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+            f"it should hold {what} as a JSON object: fix or rewrite it (config.to_json_file(path))"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{os.fspath(path)} is not UTF-8 text ({error.reason} at byte {error.start}); it should hold {what} "
+            "as a JSON object"
+        ) from None
+    if not isinstance(data, dict):
+        raise ValueError(
+            f"{os.fspath(path)} holds a JSON {type(data).__name__}, not an object; it should hold {what} as a "
+            'JSON object such as {"export_format": "onnx", ...}'
+        )
+    return data
+
+
 # --------------------------------------------------------------------------------------------------
 # Configs
 # --------------------------------------------------------------------------------------------------
@@ -287,9 +316,14 @@ class ExportConfigMixin:
 
     @classmethod
     def from_json_file(cls, path: str | os.PathLike[str]) -> ExportConfigMixin:
-        """Read a config written by :meth:`to_json_file`."""
-        with open(path, encoding="utf-8") as fh:
-            return cls.from_json_string(fh.read())
+        """Read a config written by :meth:`to_json_file`.
+
+        Raises:
+            ValueError: the file is not UTF-8 JSON holding an object, or a field is invalid; the
+                message names the file.
+            OSError: the file cannot be read.
+        """
+        return cls.from_dict(read_json_object(path, what=f"a {cls.__name__}"))
 
     def replace(self, **changes: Any) -> ExportConfigMixin:
         """A copy with ``changes`` applied (validated like a new config)."""
@@ -316,7 +350,9 @@ class DynamoConfig(ExportConfigMixin):
         validate: run the artefact after export and compare with eager PyTorch.
         atol / rtol: validation tolerances; ``None`` takes the backend's default for the dtype.
         validate_second_shape: for dynamic exports also validate on a second input with another
-            batch size and a longer sequence derived from the sample inputs.
+            batch size and a longer sequence derived from the sample inputs; with explicit
+            ``dynamic_shapes`` only the declared dynamic axes change, within their ``min``/``max``
+            (:func:`hfexport.validation.derive_second_inputs`).
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value

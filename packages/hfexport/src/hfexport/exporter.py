@@ -116,12 +116,29 @@ class HfExporter(abc.ABC):
             config = self.config if getattr(self, "config", None) is not None else self.config_class()
         if isinstance(config, Mapping):
             config = self.config_class.from_dict(dict(config))
-        if not isinstance(config, self.config_class):
+        if not self._takes_config(config):
             raise TypeError(
                 f"{type(self).__name__} takes a {self.config_class.__name__}, got {type(config).__name__}; "
                 "use AutoHfExporter.from_config to pick the exporter matching a config"
             )
         return config
+
+    @classmethod
+    def _takes_config(cls, config: Any) -> bool:
+        """True when ``config`` is this exporter's own config: an instance of exactly
+        ``config_class``, or of a subclass that keeps its ``export_format`` (a user's
+        ``DynamoConfig`` subclass is fine for dynamo; an ``OnnxConfig``, which subclasses
+        ``DynamoConfig`` but names another format, is not)."""
+        if type(config) is cls.config_class:
+            return True
+        if not isinstance(config, cls.config_class):
+            return False
+        own = getattr(cls.config_class, "FORMAT", None)
+        own = getattr(own, "value", own)
+        if not own:
+            field = getattr(cls.config_class, "__dataclass_fields__", {}).get("export_format")
+            own = getattr(field, "default", None)
+        return bool(own) and str(getattr(config, "export_format", "")) == str(own)
 
     # -- the export --------------------------------------------------------------------------------
     def export(
@@ -408,7 +425,7 @@ class HfExporter(abc.ABC):
         if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
             return
         if second_inputs is None:
-            second_inputs, reason = derive_second_inputs(model, inputs)
+            second_inputs, reason = derive_second_inputs(model, inputs, config=config)
             if second_inputs is None:
                 report.skip("validate_second_shape", reason)
                 return

@@ -29,6 +29,7 @@ from transformers.configuration_utils import PreTrainedConfig
 from transformers.utils import ModelOutput
 
 from hfexport.errors import UnsupportedInputError, UnsupportedModelError
+from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model
 from hfexport.tensors import cast_leaf_tensors
 
 __all__ = [
@@ -198,12 +199,17 @@ def apply_output_flags(model: Any, output_flags: Mapping[str, Any]) -> Iterator[
     Raises:
         UnsupportedInputError: a flag is refused by the config, e.g. ``output_attentions=True``
             with an attention implementation other than ``eager`` (nothing stays changed).
-        TypeError: ``model`` has no transformers config.
+        TypeError: ``model`` has no transformers config and a flag has a non-None value (with no
+            flags, a plain module passes through unchanged).
     """
     root = getattr(model, "config", None)
     if not isinstance(root, PreTrainedConfig):
+        if not any(value is not None for value in output_flags.values()):
+            yield  # a plain module: no config flags to apply
+            return
         raise TypeError(
-            f"apply_output_flags needs a model with a transformers config, got {type(model).__name__}"
+            f"apply_output_flags needs a model with a transformers config to apply {sorted(output_flags)}, got "
+            f"{type(model).__name__}; pass flags of a plain module as forward kwargs (prepare_for_export keeps them)"
         )
     changes = _ConfigChanges()
     undo_forward: Callable[[], None] | None = None
@@ -349,7 +355,11 @@ def restore_model_state(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
     Yields:
         The same model, in eval mode.
+
+    Raises:
+        TypeError: ``model`` is not a ``torch.nn.Module``.
     """
+    check_model(model)
     training = [(module, module.training) for module in model.modules()]
     requires_grad = [(parameter, parameter.requires_grad) for parameter in model.parameters()]
     configs = _model_configs(model)
@@ -534,12 +544,15 @@ def _model_dtype_and_device(model: Any) -> tuple[torch.dtype | None, torch.devic
 def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Check and convert sample forward kwargs for export.
 
-    Steps, in order: refuse loss inputs; lift the output flags out of the kwargs; cast floating
+    Steps, in order: refuse a model that is not an ``nn.Module`` with a keyword forward; refuse
+    loss inputs; refuse kwargs the forward does not take and inputs whose shared axes disagree or
+    are empty (:mod:`hfexport.input_checks`); lift the output flags out of the kwargs (a plain
+    ``nn.Module`` without a transformers config keeps them as forward kwargs); cast floating
     point tensors to the model's dtype and move every tensor (caches included) to the model's
     device; run :func:`precompute_export_inputs`. Neither ``model`` nor ``inputs`` is modified.
 
     Args:
-        model: the ``PreTrainedModel`` to export.
+        model: the ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward) to export.
         inputs: forward kwargs (``model(**inputs)``): tensors such as ``input_ids`` (int64
             ``[batch, seq]``), ``attention_mask``, ``pixel_values`` (float), caches, flags.
 
@@ -550,11 +563,14 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
         non-None value, to apply with :func:`apply_output_flags`.
 
     Raises:
-        TypeError: ``inputs`` is not a mapping with string keys.
+        TypeError: ``inputs`` is not a mapping with string keys; ``model`` is not an ``nn.Module``
+            or its forward takes no keyword arguments.
         UnsupportedInputError: ``inputs`` carries a loss input (``labels``, ``future_values``,
-            ``start_positions``, ... with a non-None value) or ``return_loss=True``; the message
-            names the key to drop.
+            ``start_positions``, ... with a non-None value) or ``return_loss=True``; a kwarg the
+            forward does not take; inputs whose batch or sequence sizes disagree, or an empty
+            batch/sequence axis. The message names the key (and sizes) and what to do.
     """
+    check_model(model)
     if not isinstance(inputs, Mapping) or not all(isinstance(key, str) for key in inputs):
         raise TypeError(
             f"prepare_for_export expects forward kwargs as a dict with string keys, got {type(inputs).__name__}"
@@ -576,8 +592,12 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
             )
         prepared.pop("return_loss")
 
+    check_forward_kwargs(model, prepared, extra_names=OUTPUT_FLAG_KEYS)
+    check_input_sizes(prepared)
+
     output_flags: dict[str, Any] = {}
-    for key in OUTPUT_FLAG_KEYS:
+    has_config = isinstance(getattr(model, "config", None), PreTrainedConfig)
+    for key in OUTPUT_FLAG_KEYS if has_config else ():
         if key in prepared:
             value = prepared.pop(key)
             if value is not None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hfexport.conventions import DECODER, SIGNAL, TEXT, InputRole, input_role, max_positions
 from hfexport.errors import ExportValidationError
 from hfexport.tensors import get_leaf_tensors
 
@@ -41,18 +42,11 @@ _TOLERANCES = {
     torch.bfloat16: (1e-2, 1e-2),
 }
 
-# Forward kwargs whose dimension 1 is the (encoder) sequence axis.
-_SEQ_KEYS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
-_DECODER_SEQ_KEYS = (
-    "decoder_input_ids",
-    "decoder_attention_mask",
-    "decoder_position_ids",
-    "decoder_inputs_embeds",
-)
-# Forward kwargs whose only varying axis is the batch.
-_BATCH_ONLY_KEYS = ("pixel_values", "input_features", "pixel_mask")
-# Forward kwargs with a variable-length raw signal on dimension 1.
-_SIGNAL_KEYS = ("input_values",)
+# Input kinds whose values a second shape cannot invent: they say where image tokens sit
+# (``mm_token_type_ids``), describe images (``image_grid_thw``) or count cache positions.
+_NO_VALUE_RULE = ("modality_types", "grid", "cache_positions", "cache", "encoder_outputs")
+# Input kinds whose values follow from their shape alone (random ids/embeddings, ones, counts).
+_GENERATED = ("ids", "type_ids", "embeds", "mask", "positions", "signal")
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -261,27 +255,6 @@ def eager_outputs(model: torch.nn.Module, inputs: Mapping[str, Any]) -> dict[str
     return get_leaf_tensors(out)
 
 
-def _max_positions(config: Any, decoder: bool = False) -> int | None:
-    names = (
-        ("max_target_positions", "n_positions", "max_position_embeddings")
-        if decoder
-        else ("max_position_embeddings", "n_positions", "max_source_positions", "n_ctx")
-    )
-    configs = [config]
-    get_text = getattr(config, "get_text_config", None)
-    if callable(get_text):
-        try:
-            configs.append(get_text(decoder=True) if decoder else get_text())
-        except TypeError:
-            configs.append(get_text())
-    for cfg in configs:
-        for n in names:
-            value = getattr(cfg, n, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    return None
-
-
 def _new_length(length: int, limit: int | None, *, minimum: int = 65) -> int:
     target = max(2 * length, minimum)
     if limit is not None:
@@ -289,19 +262,78 @@ def _new_length(length: int, limit: int | None, *, minimum: int = 65) -> int:
     return max(target, 1)
 
 
-def derive_second_inputs(
-    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1
-) -> tuple[dict[str, Any] | None, str]:
-    """Build a second set of forward kwargs with another batch size and a longer sequence.
+def _generate(t: torch.Tensor, role: InputRole, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """A tensor of ``shape`` for an input whose values follow from its shape (see ``_GENERATED``):
+    masks are ones, positions count up along the sequence axis, floats are standard normal, ids
+    are drawn from the range the sample uses."""
+    if role.kind == "mask":
+        return torch.ones(shape, dtype=t.dtype, device=t.device)
+    if role.kind == "positions" and role.sequence_axis is not None:
+        length = shape[role.sequence_axis]
+        view = [1] * len(shape)
+        view[role.sequence_axis] = length
+        return torch.arange(length, device=t.device).view(view).expand(shape).to(t.dtype).contiguous()
+    if t.is_floating_point():
+        return torch.randn(shape, generator=gen, dtype=torch.float32).to(t.dtype).to(t.device)
+    low = int(t.min()) if t.numel() else 0
+    high = int(t.max()) + 1 if t.numel() else 2
+    return torch.randint(low, max(high, low + 1), shape, generator=gen, dtype=t.dtype).to(t.device)
 
-    The batch grows by one; the sequence axis of token inputs doubles and reaches at least 65
-    tokens, capped by the model's maximum positions. Token ids are drawn (seeded) from the range
-    the sample uses; masks are all ones; ``position_ids`` count up; image and audio-feature
-    inputs only change batch; raw audio (``input_values``) grows by half.
+
+def _tile(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """``t`` repeated (or cut) along every axis to ``shape``; floats get 0.1-scaled noise so repeated
+    rows differ."""
+    out = t
+    for axis, size in enumerate(shape):
+        current = int(out.shape[axis])
+        if current == 0:
+            return torch.zeros(shape, dtype=t.dtype, device=t.device)
+        if size > current:
+            reps = [1] * out.dim()
+            reps[axis] = -(-size // current)
+            out = out.repeat(*reps)
+        out = out.narrow(axis, 0, size)
+    if out.is_floating_point():
+        out = out + torch.randn(tuple(out.shape), generator=gen).to(out.dtype).to(out.device) * 0.1
+    return out.contiguous()
+
+
+def derive_second_inputs(
+    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1, config: Any = None
+) -> tuple[dict[str, Any] | None, str]:
+    """Build a second set of forward kwargs of another shape, to validate a dynamic export.
+
+    What an axis means comes from the input-role table (:mod:`hfexport.conventions.roles`).
+
+    With explicit ``config.dynamic_shapes``, only the axes declared dynamic change (a named
+    ``Dim``, a derived ``Dim``, ``Dim.AUTO`` or ``Dim.DYNAMIC``; ``None``, ints, ``Dim.STATIC`` and
+    absent axes are static), each within its declared ``min``/``max`` and, for token axes, the
+    model's maximum positions. Axes that must have one size (a named ``Dim`` used twice; the batch
+    axes of one modality; the axes of one sequence group, e.g. ``input_ids``/``attention_mask``)
+    change together, and only when every one of them is declared dynamic. The batch grows by one,
+    a token sequence to ``max(2 * length, 65)``, raw audio by half, image sides double, other axes
+    double; a size outside the range falls back to the nearest size inside it (>= 2) that differs
+    from the sample, or the axis stays.
+
+    Without ``dynamic_shapes`` (``dynamic=True``), the batch grows by one, token sequences double
+    and reach at least 65 tokens (capped by the model's maximum positions), image and audio
+    features only change batch, raw audio (``input_values``) grows by half.
+
+    Values: masks are ones, ``position_ids`` count up, token ids are drawn (seeded) from the range
+    the sample uses, floats are standard normal; other inputs (images, features, unknown names)
+    are the sample repeated along the changed axes, plus noise for floats.
+
+    Args:
+        model: the eager model (its config gives the maximum positions).
+        inputs: the prepared forward kwargs.
+        seed: seed for the random values.
+        config: the export config; its ``dynamic_shapes`` select the axes (``None``: the
+            ``dynamic=True`` rule above).
 
     Returns:
         ``(second_inputs, reason)``: ``second_inputs`` is ``None`` when no sound second shape
-        can be derived (e.g. a cache among the inputs), with ``reason`` saying why.
+        can be derived (a cache among the inputs, an input without a rule, no dynamic axis that
+        can change), with ``reason`` saying why; else ``reason`` is ``""``.
     """
     gen = torch.Generator().manual_seed(seed)
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
@@ -313,53 +345,243 @@ def derive_second_inputs(
         )
     if not tensors:
         return None, "no tensor inputs"
+    explicit = getattr(config, "dynamic_shapes", None) if config is not None else None
+    if explicit:
+        return _derive_declared(model, tensors, others, explicit, gen)
     batch = next(iter(tensors.values())).shape[0]
     if any(t.dim() == 0 or t.shape[0] != batch for t in tensors.values()):
         return None, "inputs do not share a leading batch dimension"
     new_batch = batch + 1
-    config = getattr(model, "config", None)
-    enc_len = dec_len = None
+    config_ = getattr(model, "config", None)
+    lengths: dict[str, int] = {}
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
-        if key in _SEQ_KEYS or key in _DECODER_SEQ_KEYS:
-            decoder = key in _DECODER_SEQ_KEYS
-            if t.dim() < 2:
-                return None, f"{key} has no sequence axis"
-            limit = _max_positions(config, decoder=decoder) if config is not None else None
-            if decoder:
-                dec_len = dec_len or _new_length(t.shape[1], limit, minimum=2 * t.shape[1] + 1)
-                length = dec_len
-            else:
-                enc_len = enc_len or _new_length(t.shape[1], limit)
-                length = enc_len
+        role = input_role(key, t.dim(), present=tensors)
+        if role is None or role.batch_axis != 0 or role.kind in _NO_VALUE_RULE:
+            return None, f"no rule to derive a second shape for input {key!r} {tuple(t.shape)}"
+        if role.sequence in (TEXT, DECODER) and role.sequence_axis is not None:
+            decoder = role.sequence == DECODER
+            sample = int(t.shape[role.sequence_axis])
+            if role.sequence not in lengths:
+                limit, _ = max_positions(config_, decoder=decoder)
+                lengths[role.sequence] = (
+                    _new_length(sample, limit, minimum=2 * sample + 1)
+                    if decoder
+                    else _new_length(sample, limit)
+                )
+            shape = list(t.shape)
+            shape[0], shape[role.sequence_axis] = new_batch, lengths[role.sequence]
+            out[key] = _generate(t, role, tuple(shape), gen)
+        elif role.sequence == SIGNAL and role.sequence_axis is not None:
+            sample = int(t.shape[role.sequence_axis])
+            length = lengths.setdefault(SIGNAL, sample + sample // 2)
             shape = (new_batch, length, *t.shape[2:])
-            if key.endswith("attention_mask"):
-                out[key] = torch.ones(shape, dtype=t.dtype, device=t.device)
-            elif key.endswith("position_ids"):
-                out[key] = (
-                    torch.arange(length, device=t.device).expand(new_batch, length).to(t.dtype).contiguous()
-                )
-            elif t.is_floating_point():
-                out[key] = torch.randn(shape, generator=gen, dtype=torch.float32).to(t.dtype).to(t.device)
+            if role.kind == "mask":
+                out[key] = torch.ones(shape, dtype=t.dtype)
             else:
-                low = int(t.min()) if t.numel() else 0
-                high = int(t.max()) + 1 if t.numel() else 2
-                out[key] = torch.randint(low, max(high, low + 1), shape, generator=gen, dtype=t.dtype).to(
-                    t.device
-                )
-        elif key in _BATCH_ONLY_KEYS:
+                out[key] = torch.randn(shape, generator=gen).to(t.dtype).to(t.device)
+        else:
             reps = [new_batch // batch + 1] + [1] * (t.dim() - 1)
             noise = torch.randn(t.shape, generator=gen).to(t.dtype).to(t.device) * 0.1
             out[key] = (t + noise).repeat(*reps)[:new_batch].contiguous()
-        elif key in _SIGNAL_KEYS:
-            length = t.shape[1] + t.shape[1] // 2
-            out[key] = torch.randn((new_batch, length, *t.shape[2:]), generator=gen).to(t.dtype).to(t.device)
-        else:
-            return None, f"no rule to derive a second shape for input {key!r} {tuple(t.shape)}"
-    if "input_values" in tensors and "attention_mask" in tensors:
-        out["attention_mask"] = torch.ones(
-            out["input_values"].shape[:2], dtype=tensors["attention_mask"].dtype
+    return out, ""
+
+
+# -- second shape from explicit dynamic_shapes ----------------------------------------------------
+@dataclass
+class _Declared:
+    """One axis declared dynamic: its ``Dim`` name (``None`` for a hint), range and derivation."""
+
+    name: str | None
+    low: int
+    high: int | None
+    derived: tuple[str, Callable[[int], int]] | None = None
+
+
+def _finite_int(value: Any) -> int | None:
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(as_float) or as_float >= 2**62:
+        return None
+    return int(value)
+
+
+def _declared(leaf: Any) -> _Declared | None:
+    """The dynamic declaration of one ``dynamic_shapes`` leaf, or ``None`` for a static axis."""
+    if leaf is None or isinstance(leaf, (bool, int)):
+        return None
+    hint_type = getattr(leaf, "type", None)
+    if type(leaf).__name__ == "_DimHint" and hint_type is not None:
+        if hint_type.name == "STATIC":
+            return None
+        return _Declared(None, _finite_int(leaf.min) or 0, _finite_int(leaf.max))
+    root, fn = getattr(leaf, "root", None), getattr(leaf, "fn", None)
+    if root is not None and callable(fn):
+        return _Declared(None, 0, None, derived=(str(getattr(root, "__name__", root)), fn))
+    if hasattr(leaf, "__name__") and hasattr(leaf, "min") and hasattr(leaf, "max"):
+        return _Declared(str(leaf.__name__), _finite_int(leaf.min) or 0, _finite_int(leaf.max))
+    return None
+
+
+def _axis_specs(spec: Any, ndim: int) -> list[tuple[int, Any]]:
+    if isinstance(spec, Mapping):
+        return [(a, leaf) for a, leaf in spec.items() if isinstance(a, int) and 0 <= a < ndim]
+    if isinstance(spec, (list, tuple)):
+        return list(enumerate(spec))[:ndim]
+    return []
+
+
+def _choose(sample: int, preferred: int, low: int, high: int | None) -> int:
+    """``preferred`` moved into ``[max(low, 2), high]``; the nearest other size when that is the
+    sample's; the sample size when the range holds no other."""
+    low = max(low, 2)
+    size = max(preferred, low)
+    if high is not None:
+        size = min(size, high)
+    if size == sample or size < low:
+        for candidate in (sample + 1, sample - 1):
+            if candidate >= low and (high is None or candidate <= high):
+                return candidate
+        return sample
+    return size
+
+
+def _derive_declared(
+    model: torch.nn.Module,
+    tensors: dict[str, torch.Tensor],
+    others: dict[str, Any],
+    spec: Any,
+    gen: torch.Generator,
+) -> tuple[dict[str, Any] | None, str]:
+    if not isinstance(spec, Mapping):
+        return None, "dynamic_shapes is not a dict keyed by forward kwarg name; no second shape derived"
+    declared: dict[tuple[str, int], _Declared] = {}
+    for key, t in tensors.items():
+        for axis, leaf in _axis_specs(spec.get(key), t.dim()):
+            found = _declared(leaf)
+            if found is not None:
+                declared[(key, axis)] = found
+    if not declared:
+        return (
+            None,
+            "dynamic_shapes declares no dynamic axis (every axis is static): the program takes one shape",
         )
+
+    parent: dict[tuple[str, int], tuple[str, int]] = {
+        node: node for node, d in declared.items() if not d.derived
+    }
+
+    def find(node: tuple[str, int]) -> tuple[str, int]:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    def union(a: tuple[str, int], b: tuple[str, int]) -> None:
+        parent[find(a)] = find(b)
+
+    # what each axis means, from the role table
+    meaning: dict[tuple[str, int], str] = {}
+    groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for key, t in tensors.items():
+        role = input_role(key, t.dim(), present=tensors)
+        if role is None:
+            continue
+        if role.batch_axis is not None:
+            meaning[(key, role.batch_axis)] = "batch"
+            groups.setdefault(("batch", role.modality), []).append((key, role.batch_axis))
+        if role.sequence_axis is not None and role.sequence is not None:
+            meaning[(key, role.sequence_axis)] = role.sequence
+            groups.setdefault(("sequence", role.sequence), []).append((key, role.sequence_axis))
+        for side, axis in zip(("height", "width"), role.spatial_axes):
+            meaning[(key, axis)] = "spatial"
+            groups.setdefault((side, role.modality), []).append((key, axis))
+    blocked: set[tuple[str, int]] = set()
+    notes: list[str] = []
+    for members in groups.values():
+        dynamic = [m for m in members if m in parent]
+        static = [m for m in members if m not in declared]
+        if not dynamic:
+            continue
+        if static:
+            blocked.update(dynamic)
+            notes.append(
+                f"{static[0][0]} axis {static[0][1]} is static but must match the dynamic "
+                f"{dynamic[0][0]} axis {dynamic[0][1]}"
+            )
+            continue
+        for m in dynamic[1:]:
+            union(m, dynamic[0])
+    by_name: dict[str, tuple[str, int]] = {}
+    for node, d in declared.items():
+        if d.name is not None and node in parent:
+            if d.name in by_name:
+                union(node, by_name[d.name])
+            else:
+                by_name[d.name] = node
+
+    sets: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for node in parent:
+        sets.setdefault(find(node), []).append(node)
+    config_ = getattr(model, "config", None)
+    priority = (TEXT, DECODER, SIGNAL, "batch", "spatial")
+    sizes: dict[tuple[str, int], int] = {}
+    for members in sets.values():
+        if any(m in blocked for m in members):
+            continue
+        kinds = [meaning.get(m, "other") for m in members]
+        kind = min(kinds, key=lambda k: priority.index(k) if k in priority else len(priority))
+        sample = int(tensors[members[0][0]].shape[members[0][1]])
+        low = max(declared[m].low for m in members)
+        highs = [declared[m].high for m in members if declared[m].high is not None]
+        if kind in (TEXT, DECODER):
+            limit, _ = max_positions(config_, decoder=kind == DECODER)
+            if limit is not None:
+                highs.append(limit)
+        high = min(highs) if highs else None
+        if kind == "batch":
+            preferred = sample + 1
+        elif kind == TEXT:
+            preferred = _new_length(sample, None)
+        elif kind == DECODER:
+            preferred = _new_length(sample, None, minimum=2 * sample + 1)
+        elif kind == SIGNAL:
+            preferred = sample + sample // 2
+        else:
+            preferred = 2 * sample
+        size = _choose(sample, preferred, low, high)
+        if size == sample:
+            notes.append(
+                f"{members[0][0]} axis {members[0][1]} has no other size in its range [{max(low, 2)}, {high}]"
+            )
+            continue
+        for m in members:
+            sizes[m] = size
+    for node, d in declared.items():
+        if d.derived is not None:
+            root_node = by_name.get(d.derived[0])
+            if root_node is not None and root_node in sizes:
+                sizes[node] = int(d.derived[1](sizes[root_node]))
+    if not sizes:
+        return None, "no declared dynamic axis can take another size: " + "; ".join(notes)
+
+    out: dict[str, Any] = dict(others)
+    for key, t in tensors.items():
+        changed = {axis: size for (k, axis), size in sizes.items() if k == key}
+        if not changed:
+            out[key] = t
+            continue
+        shape = tuple(changed.get(axis, int(n)) for axis, n in enumerate(t.shape))
+        role = input_role(key, t.dim(), present=tensors)
+        if role is not None and role.kind in _NO_VALUE_RULE:
+            return None, f"no rule to derive the values of {key!r} {tuple(t.shape)} at another shape"
+        named = {role.batch_axis, role.sequence_axis} if role is not None else set()
+        if role is not None and role.kind in _GENERATED and set(changed) <= named:
+            out[key] = _generate(t, role, shape, gen)
+        else:
+            out[key] = _tile(t, shape, gen)
     return out, ""
 
 

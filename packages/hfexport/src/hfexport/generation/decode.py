@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from hfexport.conventions import DECODER, TEXT, names_with
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
@@ -45,22 +46,18 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Kwargs aligned with the new tokens on dim 1.
-TOKEN_KEYS: tuple[str, ...] = (
-    "input_ids",
-    "inputs_embeds",
-    "decoder_input_ids",
-    "decoder_inputs_embeds",
-    "token_type_ids",
-    "mm_token_type_ids",
-    "moe_mm_token_type_ids",
+# The key sets below come from the input-role table (hfexport.conventions.roles).
+#: Kwargs aligned with the new tokens on dim 1: the token-level inputs of the text and decoder
+#: sequence groups (ids, embeddings, token type ids).
+TOKEN_KEYS: tuple[str, ...] = names_with(
+    sequence=(TEXT, DECODER), kind=("ids", "embeds", "type_ids", "modality_types")
 )
 #: Position kwargs, aligned with the new tokens on their last dim.
-POSITION_KEYS: tuple[str, ...] = ("position_ids", "decoder_position_ids")
+POSITION_KEYS: tuple[str, ...] = names_with(sequence=(TEXT, DECODER), kind="positions")
 #: Mask kwargs (2-D, 4-D or a dict of either).
-MASK_KEYS: tuple[str, ...] = ("attention_mask", "decoder_attention_mask")
+MASK_KEYS: tuple[str, ...] = names_with(sequence=(TEXT, DECODER), kind="mask")
 #: Cache kwargs (the first step's is kept).
-CACHE_KEYS: tuple[str, ...] = ("cache", "past_key_values")
+CACHE_KEYS: tuple[str, ...] = names_with(kind="cache")
 
 
 def query_length(kwargs: Mapping[str, Any]) -> int:

@@ -9,12 +9,14 @@ from typing import Any
 
 import torch
 
+from hfexport.conventions import TEXT, names_with
 from hfexport.generation.runner import GenerationRunner
 
 __all__ = ["GenerationParity", "compare_with_generate"]
 
-#: Inputs ``GenerationRunner.generate`` takes positionally; everything else goes as keywords.
-_PROMPT_KEYS = ("input_ids", "attention_mask")
+#: Inputs ``GenerationRunner.generate`` takes positionally (the prompt's token ids and mask, from
+#: the input-role table); everything else goes as keywords.
+_PROMPT_KEYS = names_with(sequence=TEXT, kind=("ids", "mask"))
 
 
 @dataclass

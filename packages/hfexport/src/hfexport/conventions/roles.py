@@ -1,0 +1,337 @@
+"""One table of input roles: which forward kwarg carries which axes.
+
+transformers names forward kwargs consistently across models (``input_ids`` ``[batch, seq]``,
+``pixel_values`` ``[batch, channels, height, width]``, ...). This table records, per kwarg name,
+what each axis of the tensor means, so that every place that needs it (second-shape validation,
+batch widening, ExecuTorch bounds, decode-step merging, generation parity, input checks) derives
+its key sets from one source instead of keeping its own tuple.
+
+=========================  ========  ===============  =====  =====  ==========  =========
+name                       modality  kind             rank   batch  sequence    spatial
+=========================  ========  ===============  =====  =====  ==========  =========
+input_ids                  text      ids              2      0      1 (text)
+inputs_embeds              text      embeds           3      0      1 (text)
+attention_mask             text      mask             2 (4)  0      1 (text)
+token_type_ids             text      type_ids         2      0      1 (text)
+position_ids               text      positions        2 (3)  0 (1)  1 (2) text
+mm_token_type_ids          text      modality_types   2      0      1 (text)
+moe_mm_token_type_ids      text      modality_types   2      0      1 (text)
+cache_position             text      cache_positions  1      -      -
+pixel_values               image     pixels           4 (5)  0      -           2, 3 (3, 4)
+pixel_mask                 image     mask             3      0      -           1, 2
+image_grid_thw             image     grid             2      -      -
+pixel_values_videos        video     pixels           5      0      -           3, 4
+video_grid_thw             video     grid             2      -      -
+input_features             audio     features         3      0      -
+input_values               audio     signal           2      0      1 (signal)
+decoder_input_ids          text      ids              2      0      1 (decoder)
+decoder_inputs_embeds      text      embeds           3      0      1 (decoder)
+decoder_attention_mask     text      mask             2      0      1 (decoder)
+decoder_position_ids       text      positions        2      0      1 (decoder)
+encoder_outputs            state     encoder_outputs  -      0
+cache, past_key_values     state     cache            -      -
+=========================  ========  ===============  =====  =====  ==========  =========
+
+Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
+seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single sequence axis),
+LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``. A tensor of a higher
+rank without a variant keeps the base axes (extra trailing axes); one of a lower rank has no role
+(Qwen2-VL's ``pixel_values`` ``[patches, dim]`` counts patches on axis 0, not batch rows). ``input_features`` has no sequence axis: its frame axis is 2 for whisper
+``[batch, mel, frames]`` and 1 for speech2text ``[batch, frames, mel]``, and whisper takes exactly
+``2 * max_source_positions`` frames. ``cache_position`` counts the new tokens on axis 0 but claims
+no axis: the backends bound it by their own rules.
+
+The *sequence group* names the axes that share one length: ``text`` (encoder tokens),
+``decoder`` (decoder tokens), ``signal`` (raw audio samples). One context rule: a text
+``attention_mask`` next to a raw audio input (``input_values``) masks the audio samples, so it
+takes the ``signal`` group and the ``audio`` modality (:func:`input_role` with ``present``).
+
+Where the old copies disagreed: ``mm_token_type_ids`` is a ``[batch, seq]`` sequence input (the
+ExecuTorch bounds and the decode merge had it; validation and batching only half did);
+validation still does not invent its values, since they mark where image tokens sit.
+
+A new input name or modality is one :func:`register_input_role` call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "AUDIO",
+    "DECODER",
+    "IMAGE",
+    "SIGNAL",
+    "STATE",
+    "TEXT",
+    "VIDEO",
+    "InputRole",
+    "batch_axis",
+    "batch_keys",
+    "input_role",
+    "input_roles",
+    "is_known_input",
+    "modality_of",
+    "names_with",
+    "register_input_role",
+    "sequence_axis",
+    "sequence_group",
+    "spatial_axes",
+]
+
+# modalities
+TEXT = "text"
+IMAGE = "image"
+VIDEO = "video"
+AUDIO = "audio"
+STATE = "state"  # caches and encoder outputs: nested, their own layout
+# sequence groups (TEXT doubles as the encoder token group)
+DECODER = "decoder"
+SIGNAL = "signal"
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRole:
+    """What the axes of one forward kwarg mean.
+
+    Attributes:
+        name: the forward kwarg name (``input_ids``).
+        modality: ``text``, ``image``, ``video``, ``audio`` or ``state`` (caches, encoder outputs).
+        kind: what the values are: ``ids``, ``embeds``, ``mask``, ``type_ids``, ``positions``,
+            ``modality_types``, ``cache_positions``, ``pixels``, ``grid``, ``features``,
+            ``signal``, ``encoder_outputs``, ``cache``.
+        batch_axis: the axis counting batch rows, or ``None``.
+        sequence_axis: the axis counting sequence positions, or ``None``.
+        sequence: the sequence group of ``sequence_axis`` (``text``, ``decoder``, ``signal``):
+            axes of one group have one length.
+        spatial_axes: image height/width axes.
+        ndim: the tensor rank these axes hold for; ``None`` for non-tensor inputs.
+        primary: the input defines the size of its axes (ids, embeddings, pixels, audio), as
+            opposed to masks and positions that follow it; table order is the preference order.
+        variants: the same name at another rank, with its own axes.
+    """
+
+    name: str
+    modality: str
+    kind: str
+    batch_axis: int | None = 0
+    sequence_axis: int | None = None
+    sequence: str | None = None
+    spatial_axes: tuple[int, ...] = ()
+    ndim: int | None = None
+    primary: bool = False
+    variants: tuple[InputRole, ...] = ()
+
+    def for_rank(self, ndim: int | None) -> InputRole | None:
+        """This role, or its variant, for a tensor of rank ``ndim``: the variant of that rank if
+        there is one, else this role when ``ndim`` is at least its rank (extra trailing axes, e.g.
+        a float ``input_ids`` ``[batch, seq, features]`` of a toy model), else ``None``.
+        ``ndim=None`` returns the base role."""
+        if ndim is None or self.ndim is None or self.ndim == ndim:
+            return self
+        for variant in self.variants:
+            if variant.ndim == ndim:
+                return variant
+        return self if ndim > self.ndim else None
+
+    def axes(self) -> dict[int, str]:
+        """``{axis: "batch" | "sequence" | "spatial"}`` for the axes this role names."""
+        out: dict[int, str] = {}
+        if self.batch_axis is not None:
+            out[self.batch_axis] = "batch"
+        if self.sequence_axis is not None:
+            out[self.sequence_axis] = "sequence"
+        for axis in self.spatial_axes:
+            out[axis] = "spatial"
+        return out
+
+
+def _variant(base: InputRole, **changes: Any) -> InputRole:
+    return dataclasses.replace(base, variants=(), **changes)
+
+
+def _text(name: str, kind: str, ndim: int = 2, *, sequence: str = TEXT, primary: bool = False) -> InputRole:
+    return InputRole(name, TEXT, kind, 0, 1, sequence, (), ndim, primary)
+
+
+def _builtin_roles() -> list[InputRole]:
+    position_ids = _text("position_ids", "positions")
+    position_ids = dataclasses.replace(
+        position_ids, variants=(_variant(position_ids, ndim=3, batch_axis=1, sequence_axis=2),)
+    )
+    attention_mask = _text("attention_mask", "mask")
+    attention_mask = dataclasses.replace(
+        attention_mask, variants=(_variant(attention_mask, ndim=4, sequence_axis=None, sequence=None),)
+    )
+    pixel_values = InputRole("pixel_values", IMAGE, "pixels", 0, None, None, (2, 3), 4, primary=True)
+    pixel_values = dataclasses.replace(
+        pixel_values, variants=(_variant(pixel_values, ndim=5, spatial_axes=(3, 4)),)
+    )
+    # Order matters: primary inputs come first, in the order that picks the batch size.
+    return [
+        _text("input_ids", "ids", primary=True),
+        _text("inputs_embeds", "embeds", 3, primary=True),
+        InputRole("input_features", AUDIO, "features", 0, None, None, (), 3, primary=True),
+        InputRole("input_values", AUDIO, "signal", 0, 1, SIGNAL, (), 2, primary=True),
+        pixel_values,
+        _text("decoder_input_ids", "ids", sequence=DECODER, primary=True),
+        _text("decoder_inputs_embeds", "embeds", 3, sequence=DECODER, primary=True),
+        attention_mask,
+        _text("token_type_ids", "type_ids"),
+        position_ids,
+        _text("mm_token_type_ids", "modality_types"),
+        _text("moe_mm_token_type_ids", "modality_types"),
+        InputRole("cache_position", TEXT, "cache_positions", None, None, None, (), 1),
+        _text("decoder_attention_mask", "mask", sequence=DECODER),
+        _text("decoder_position_ids", "positions", sequence=DECODER),
+        InputRole("pixel_mask", IMAGE, "mask", 0, None, None, (1, 2), 3),
+        InputRole("image_grid_thw", IMAGE, "grid", None, None, None, (), 2),
+        InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
+        InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
+        InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),
+        InputRole("cache", STATE, "cache", None, None, None, (), None),
+        InputRole("past_key_values", STATE, "cache", None, None, None, (), None),
+    ]
+
+
+_ROLES: dict[str, InputRole] = {role.name: role for role in _builtin_roles()}
+
+
+def register_input_role(role: InputRole, *, replace: bool = False) -> InputRole:
+    """Add a forward kwarg to the table (a new modality is one call).
+
+    Args:
+        role: the :class:`InputRole`; its axes must lie inside ``ndim`` when ``ndim`` is given.
+        replace: allow replacing an existing entry of the same name.
+
+    Returns:
+        ``role``.
+
+    Raises:
+        ValueError: the name is already in the table and ``replace`` is false, or an axis is out
+            of range for ``ndim``.
+    """
+    if not isinstance(role, InputRole):
+        raise TypeError(f"register_input_role takes an InputRole, got {type(role).__name__}")
+    if role.name in _ROLES and not replace and _ROLES[role.name] != role:
+        raise ValueError(f"an input role named {role.name!r} is already registered; pass replace=True")
+    for r in (role, *role.variants):
+        if r.ndim is not None and any(not 0 <= axis < r.ndim for axis in r.axes()):
+            raise ValueError(f"input role {r.name!r}: axes {sorted(r.axes())} do not fit rank {r.ndim}")
+    _ROLES[role.name] = role
+    return role
+
+
+def input_roles() -> Mapping[str, InputRole]:
+    """A read-only view of the table, in table order."""
+    return types.MappingProxyType(_ROLES)
+
+
+def is_known_input(name: str) -> bool:
+    """True when ``name`` has an entry in the table."""
+    return name in _ROLES
+
+
+def _present_names(present: Iterable[str] | Mapping[str, Any] | None) -> set[str]:
+    if present is None:
+        return set()
+    if isinstance(present, Mapping):
+        return {k for k, v in present.items() if v is not None}
+    return set(present)
+
+
+def input_role(
+    name: str, ndim: int | None = None, *, present: Iterable[str] | Mapping[str, Any] | None = None
+) -> InputRole | None:
+    """The role of forward kwarg ``name``.
+
+    Args:
+        name: the kwarg name.
+        ndim: the tensor's rank; a rank the role does not list gives ``None``.
+        present: the other kwargs of the call (names, or the kwargs dict: ``None`` values count as
+            absent), for the context rule: a text mask next to a raw audio input takes the
+            ``signal`` group and the ``audio`` modality.
+
+    Returns:
+        The :class:`InputRole`, or ``None`` for a name not in the table (or a rank it lacks).
+    """
+    role = _ROLES.get(name)
+    if role is None:
+        return None
+    role = role.for_rank(ndim)
+    if role is None:
+        return None
+    if role.kind == "mask" and role.sequence == TEXT and present is not None:
+        names = _present_names(present)
+        if any(_ROLES[k].sequence == SIGNAL for k in names if k in _ROLES and k != name):
+            role = dataclasses.replace(role, modality=AUDIO, sequence=SIGNAL)
+    return role
+
+
+def batch_axis(name: str, ndim: int | None = None) -> int | None:
+    """The batch axis of ``name`` (at rank ``ndim``), or ``None``."""
+    role = input_role(name, ndim)
+    return role.batch_axis if role is not None else None
+
+
+def sequence_axis(name: str, ndim: int | None = None) -> int | None:
+    """The sequence axis of ``name`` (at rank ``ndim``), or ``None``."""
+    role = input_role(name, ndim)
+    return role.sequence_axis if role is not None else None
+
+
+def sequence_group(
+    name: str, ndim: int | None = None, *, present: Iterable[str] | Mapping[str, Any] | None = None
+) -> str | None:
+    """The sequence group (``text``, ``decoder``, ``signal``) of ``name``'s sequence axis, or ``None``."""
+    role = input_role(name, ndim, present=present)
+    return role.sequence if role is not None and role.sequence_axis is not None else None
+
+
+def spatial_axes(name: str, ndim: int | None = None) -> tuple[int, ...]:
+    """The spatial (height, width) axes of ``name`` (at rank ``ndim``); ``()`` when none."""
+    role = input_role(name, ndim)
+    return role.spatial_axes if role is not None else ()
+
+
+def modality_of(name: str) -> str | None:
+    """The modality of ``name`` (``text``, ``image``, ``video``, ``audio``, ``state``), or ``None``."""
+    role = _ROLES.get(name)
+    return role.modality if role is not None else None
+
+
+def names_with(
+    *,
+    modality: str | Iterable[str] | None = None,
+    kind: str | Iterable[str] | None = None,
+    sequence: str | Iterable[str] | None = None,
+    has_batch: bool | None = None,
+    primary: bool | None = None,
+) -> tuple[str, ...]:
+    """Kwarg names whose base role matches every given filter, in table order.
+
+    Each filter is one value or several (any of them matches); ``None`` does not filter.
+    """
+
+    def match(value: Any, wanted: str | Iterable[str] | None) -> bool:
+        if wanted is None:
+            return True
+        return value == wanted if isinstance(wanted, str) else value in tuple(wanted)
+
+    return tuple(
+        role.name
+        for role in _ROLES.values()
+        if match(role.modality, modality)
+        and match(role.kind, kind)
+        and match(role.sequence, sequence)
+        and (has_batch is None or (role.batch_axis is not None) == has_batch)
+        and (primary is None or role.primary == primary)
+    )
+
+
+def batch_keys() -> tuple[str, ...]:
+    """Kwargs whose axis 0 is the batch (at their base rank), in table order."""
+    return tuple(role.name for role in _ROLES.values() if role.batch_axis == 0)
