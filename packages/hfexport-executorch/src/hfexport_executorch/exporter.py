@@ -204,7 +204,7 @@ class ExecutorchExporter(HfExporter):
         if second_inputs is None and config.is_dynamic and config.validate_second_shape:
             from hfexport.validation import derive_second_inputs
 
-            derived, _ = derive_second_inputs(model, inputs)
+            derived, _ = derive_second_inputs(model, inputs, config=config)
             if derived is not None:
                 second_inputs = _fit_to_bounds(derived, inputs, report.extra.get("dynamic_bounds"))
         super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
