@@ -279,7 +279,7 @@ def export_command(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Export a model, validate it against eager PyTorch, and write it with its report."""
-    from hfexport.cli_logging import setup_cli_logging
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
     log_file = setup_cli_logging(verbose)
     stage = "setup"
@@ -384,6 +384,8 @@ def export_command(
             err_console.print(note)
         _print_failure_details(verbose, log_file)
         raise typer.Exit(code=1) from None
+    finally:
+        restore_cli_logging()
 
 
 def _print_failure_details(verbose: bool, log_file: Path | None) -> None:
@@ -517,7 +519,7 @@ def generate_command(
             ) from None
         _check_ids(ids, vocab_size, "--input-ids")
 
-    from hfexport.cli_logging import setup_cli_logging
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
     log_file = setup_cli_logging(verbose)
     tokenizer = None
@@ -546,6 +548,8 @@ def generate_command(
             err_console.print(note)
         _print_failure_details(verbose, log_file)
         raise typer.Exit(code=1) from None
+    finally:
+        restore_cli_logging()
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["LOG_FILE_ENV", "NOISY_LOGGERS", "log_file_path", "setup_cli_logging"]
+__all__ = ["LOG_FILE_ENV", "NOISY_LOGGERS", "log_file_path", "restore_cli_logging", "setup_cli_logging"]
 
 #: Environment variable naming the CLI log file; an empty value disables the file.
 LOG_FILE_ENV = "HFEXPORT_LOG_FILE"
@@ -149,6 +149,24 @@ def _remove_ours(logger: logging.Logger) -> None:
         logger.removeFilter(flt)
 
 
+_saved_root_level: list[int] = []
+
+
+def restore_cli_logging() -> None:
+    """Undo :func:`setup_cli_logging`: remove its handlers and filters, restore the root logger's
+    level and ``warnings.showwarning``. The commands call it when they end, so running them in a
+    process (tests, notebooks) leaves that process's logging as it was."""
+    root = logging.getLogger()
+    _remove_ours(root)
+    for name in NOISY_LOGGERS:
+        _remove_ours(logging.getLogger(name))
+    if isinstance(warnings.showwarning, _WarningsToLog):
+        warnings.showwarning = warnings.showwarning.previous  # type: ignore[assignment]
+    if _saved_root_level:
+        root.setLevel(_saved_root_level.pop())
+        _saved_root_level.clear()
+
+
 def setup_cli_logging(verbose: bool) -> Path | None:
     """Route warnings and library logging for one CLI command (see the module docstring).
 
@@ -159,16 +177,12 @@ def setup_cli_logging(verbose: bool) -> Path | None:
         The log file third-party records go to (created on the first record), or ``None``
         (verbose, or the file is disabled or cannot be created).
 
-    Calling it again (a second command in the same process, as tests do) replaces what the
-    previous call installed; handlers and filters of others are left alone.
+    Calling it again replaces what the previous call installed; :func:`restore_cli_logging`
+    removes it. Handlers and filters of others are left alone.
     """
+    restore_cli_logging()
     root = logging.getLogger()
-    _remove_ours(root)
-    for name in NOISY_LOGGERS:
-        _remove_ours(logging.getLogger(name))
-    if isinstance(warnings.showwarning, _WarningsToLog):
-        warnings.showwarning = warnings.showwarning.previous  # type: ignore[assignment]
-
+    _saved_root_level.append(root.level)
     terminal = logging.StreamHandler()  # sys.stderr as of now (CliRunner swaps it per call)
     terminal.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     setattr(terminal, _MARK, True)
