@@ -11,6 +11,10 @@ cannot be written. Some torch loggers print through their own stderr handler and
 the root logger; the known noisy ones (:data:`NOISY_LOGGERS`) get a filter on the logger itself
 that moves their records below ``ERROR`` to the log file.
 
+Python warnings of libraries are routed the same way; seen on CLI runs with torch 2.13: a
+``FutureWarning: `isinstance(treespec, LeafSpec)` is deprecated`` that torch's own pytree code
+raises when a ``LeafSpec`` is copied (reported at ``copyreg.py``) during ONNX export.
+
 With ``-v`` nothing is hidden: the root logger logs at ``DEBUG`` to stderr, warnings print as
 Python prints them, torch's loggers print through their own handlers.
 """
