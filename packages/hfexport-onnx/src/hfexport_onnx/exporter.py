@@ -41,7 +41,7 @@ import torch
 from hfexport.atomic import atomic_path
 from hfexport.auto import register_exporter
 from hfexport.capture import capture
-from hfexport.config import OnnxConfig
+from hfexport.config import OnnxConfig, check_opset_version, onnx_opset_range
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport
@@ -51,7 +51,7 @@ from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initi
 from hfexport_onnx.translations import custom_translation_table
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 
-__all__ = ["BACKEND", "OnnxExporter", "SaveOptions"]
+__all__ = ["BACKEND", "OnnxExporter", "SaveOptions", "supported_opset_range"]
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +60,34 @@ BACKEND = "onnx"
 
 # Patch targets under these module prefixes are "ONNX patches"; every other target is a "torch patch".
 _ONNX_SIDE_PREFIXES = ("torch.onnx", "onnxscript", "onnx_ir", "onnx.", "onnxruntime")
+
+
+def supported_opset_range() -> tuple[int, int, str]:
+    """``(lowest, highest, source)``: the ONNX opsets this installation can export to.
+
+    ``torch.onnx`` emits opset ``ONNX_MIN_OPSET`` (18) and converts to ``opset_version`` with
+    onnxscript's version converter, which refuses targets above its ``SUPPORTED_MAX_ONNX_OPSET``
+    (then falls back to onnx's C converter, whose failures surface as a raw ``InvalidGraph`` in
+    ONNX Runtime); the installed onnx must also know the opset. ``highest`` is the smaller of
+    the two; ``source`` names both for error messages.
+    """
+    import importlib.metadata
+
+    import onnx.defs
+
+    lowest, highest, _ = onnx_opset_range()
+    try:
+        from onnxscript.version_converter import _version_converter
+
+        highest = int(_version_converter.SUPPORTED_MAX_ONNX_OPSET)
+    except (ImportError, AttributeError):  # a layout change: keep the core's reading
+        pass
+    onnx_max = int(onnx.defs.onnx_opset_version())
+    source = (
+        f"onnxscript {importlib.metadata.version('onnxscript')} converts to opset {highest}, "
+        f"onnx {importlib.metadata.version('onnx')} knows opset {onnx_max}"
+    )
+    return lowest, min(highest, onnx_max), source
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +159,16 @@ class OnnxExporter(HfExporter):
     tested_versions: ClassVar[dict[str, str]] = TESTED_VERSIONS
     supported_versions: ClassVar[dict[str, str]] = SUPPORTED
     artifact_filename: ClassVar[str] = "model.onnx"
+
+    # -- config ------------------------------------------------------------------------------
+    def _resolve_config(self, config: Any) -> OnnxConfig:
+        """The base's config resolution plus the exact opset check (at construction and at the
+        start of every export, before capture): see :func:`supported_opset_range`."""
+        resolved = super()._resolve_config(config)
+        if resolved.opset_version is not None:
+            _, highest, source = supported_opset_range()
+            check_opset_version(resolved.opset_version, highest=highest, source=source)
+        return resolved  # type: ignore[return-value]
 
     # -- stages --------------------------------------------------------------------------------
     def _export(

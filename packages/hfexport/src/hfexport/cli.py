@@ -10,7 +10,6 @@ atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import sys
 import time
@@ -204,21 +203,34 @@ def _declared_ranges(distribution: str) -> dict[str, str]:
     return ranges
 
 
+# config field -> the export option that sets it (config errors are reported as that option's)
+_OPTION_OF_FIELD = {"atol": "--atol", "rtol": "--rtol", "opset_version": "--opset", "backend": "--backend"}
+
+
 def _config_for(
     fmt: str,
     *,
     static: bool,
     opset: int | None,
     atol: float | None,
+    rtol: float | None = None,
     optimize: bool,
     validate: bool,
     backend: str | None,
 ) -> Any:
+    """The export config the options describe (no torch import).
+
+    Raises:
+        typer.BadParameter: an option the format does not take, or a value the config rejects
+            (the message is the config's, e.g. ``atol=nan is invalid; allowed: ...``).
+    """
     from hfexport.auto import AutoExportConfig
 
     data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
     if atol is not None:
         data["atol"] = atol
+    if rtol is not None:
+        data["rtol"] = rtol
     cls = AutoExportConfig.config_class(fmt)
     fields = set(cls.__dataclass_fields__)
     if opset is not None:
@@ -231,7 +243,11 @@ def _config_for(
         if "backend" not in fields:
             raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
         data["backend"] = backend
-    return AutoExportConfig.from_dict(data)
+    try:
+        return AutoExportConfig.from_dict(data)
+    except ValueError as exc:
+        field = str(exc).split("=", 1)[0]
+        raise typer.BadParameter(str(exc), param_hint=_OPTION_OF_FIELD.get(field)) from None
 
 
 def _print_validation(report: Any) -> None:
@@ -272,6 +288,10 @@ def export_command(
         bool, typer.Option("--static", help="Export static shapes (default: dynamic).")
     ] = False,
     atol: Annotated[float | None, typer.Option(help="Validation absolute tolerance.")] = None,
+    rtol: Annotated[
+        float | None,
+        typer.Option(help="Validation relative tolerance (default: the backend's for the dtype)."),
+    ] = None,
     no_optimize: Annotated[
         bool, typer.Option("--no-optimize", help="Skip the graph optimizer (onnx).")
     ] = False,
@@ -298,9 +318,9 @@ def export_command(
         check_output_dir(output_dir, overwrite=overwrite, keep=[model])
     except OutputDirectoryError as exc:
         raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
+
+    log_file = setup_cli_logging(verbose)
     stage = "setup"
     try:
         formats = _export_formats()
@@ -311,6 +331,7 @@ def export_command(
             static=static,
             opset=opset,
             atol=atol,
+            rtol=rtol,
             optimize=not no_optimize,
             validate=not no_validate,
             backend=backend,
@@ -405,9 +426,93 @@ def export_command(
         err_console.print(f"[red bold]export failed[/] in stage '{where}': {type(exc).__name__}: {exc}")
         for note in getattr(exc, "__notes__", []):
             err_console.print(note)
-        if verbose:
-            err_console.print_exception()
+        _print_failure_details(verbose, log_file)
         raise typer.Exit(code=1) from None
+    finally:
+        restore_cli_logging()
+
+
+def _print_failure_details(verbose: bool, log_file: Path | None) -> None:
+    """After a failure message: the traceback with ``-v``, else where to find the details."""
+    if verbose:
+        err_console.print_exception()
+        return
+    hint = "rerun with -v for the traceback and library warnings"
+    if log_file is not None and log_file.is_file():
+        hint += f" (library warnings are also logged to {log_file})"
+    err_console.print(hint, style="dim")
+
+
+_MANIFEST_NAME = "generation_manifest.json"  # hfexport.generation.persist.MANIFEST_NAME (torch-free here)
+
+
+def _generation_folder(output_dir: Path) -> dict[str, Any]:
+    """The generation manifest of ``output_dir``, read without torch.
+
+    Raises:
+        typer.BadParameter: the folder is missing, is not a folder, holds no manifest, or the
+            manifest is not a JSON object.
+    """
+    hint = "OUTPUT_DIR"
+    if not output_dir.exists():
+        raise typer.BadParameter(f"{output_dir} does not exist", param_hint=hint)
+    if not output_dir.is_dir():
+        raise typer.BadParameter(f"{output_dir} is not a folder", param_hint=hint)
+    path = output_dir / _MANIFEST_NAME
+    if not path.is_file():
+        raise typer.BadParameter(
+            f"{output_dir} holds no {_MANIFEST_NAME}; export one with "
+            "`hfexport export <format> --task text-generation --model ... OUTPUT_DIR`",
+            param_hint=hint,
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise typer.BadParameter(
+            f"{path} cannot be read as JSON ({exc}); export again", param_hint=hint
+        ) from None
+    if not isinstance(manifest, dict):
+        raise typer.BadParameter(f"{path} is not a JSON object; export again", param_hint=hint)
+    return manifest
+
+
+def _vocab_size(output_dir: Path, manifest: dict[str, Any]) -> int | None:
+    """Vocabulary size from the manifest (``vocab_size``) or the folder's ``config.json``
+    (``vocab_size``, else ``text_config.vocab_size``, else ``decoder.vocab_size``); ``None`` when
+    neither says (the ids are then not checked here)."""
+    for holder in (manifest, manifest.get("plan")):
+        if isinstance(holder, dict) and isinstance(holder.get("vocab_size"), int):
+            return int(holder["vocab_size"])
+    try:
+        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    for holder in (config, config.get("text_config"), config.get("decoder")):
+        if (
+            isinstance(holder, dict)
+            and isinstance(holder.get("vocab_size"), int)
+            and holder["vocab_size"] > 0
+        ):
+            return int(holder["vocab_size"])
+    return None
+
+
+def _check_ids(ids: list[int], vocab_size: int | None, option: str) -> None:
+    """Raise ``typer.BadParameter`` for an empty prompt, negative ids or ids >= ``vocab_size``."""
+    if not ids:
+        raise typer.BadParameter("gives no token ids; pass at least one", param_hint=option)
+    negative = [i for i in ids if i < 0]
+    if negative:
+        raise typer.BadParameter(f"token ids must be >= 0, got {negative[:5]}", param_hint=option)
+    if vocab_size is not None:
+        outside = [i for i in ids if i >= vocab_size]
+        if outside:
+            raise typer.BadParameter(
+                f"token ids {outside[:5]} are outside the vocabulary [0, {vocab_size}) of the exported model",
+                param_hint=option,
+            )
 
 
 @app.command("generate")
@@ -424,15 +529,24 @@ def generate_command(
     input_ids: Annotated[
         str | None, typer.Option("--input-ids", help="Comma-separated token ids, e.g. 1,2,3.")
     ] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate.")] = 20,
+    max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (at least 1).")] = 20,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Debug logging; tracebacks on failure.")
+    ] = False,
 ) -> None:
-    """Run greedy generation over exported components and print the tokens (and text)."""
+    """Run greedy generation over exported components and print the tokens (and text).
+
+    Arguments are checked before anything is loaded: a usage error exits with code 2, a failure
+    while loading or generating prints "generate failed: ..." and exits with code 1.
+    """
+    if max_new_tokens < 1:
+        raise typer.BadParameter(f"must be at least 1, got {max_new_tokens}", param_hint="--max-new-tokens")
     if (prompt is None) == (input_ids is None):
         raise typer.BadParameter("pass exactly one of --prompt or --input-ids")
-    from hfexport.generation import generate_from_dir
-
-    tokenizer = None
+    manifest = _generation_folder(output_dir)
+    vocab_size = _vocab_size(output_dir, manifest)
     has_tokenizer = any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json"))
+    ids: list[int] = []
     if prompt is not None:
         if not has_tokenizer:
             raise typer.BadParameter(
@@ -440,23 +554,46 @@ def generate_command(
                 "export from a model folder that has them, or pass token ids with --input-ids 1,2,3",
                 param_hint="--prompt",
             )
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
-        ids = tokenizer(prompt)["input_ids"]
     else:
         try:
             ids = [int(x) for x in input_ids.split(",") if x.strip()]  # type: ignore[union-attr]
         except ValueError:
-            raise typer.BadParameter("--input-ids takes comma-separated integers, e.g. 1,2,3") from None
-    tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
-    console.print("tokens: " + " ".join(map(str, tokens)))
-    if tokenizer is None and has_tokenizer:
-        from transformers import AutoTokenizer
+            raise typer.BadParameter(
+                "takes comma-separated integers, e.g. 1,2,3", param_hint="--input-ids"
+            ) from None
+        _check_ids(ids, vocab_size, "--input-ids")
 
-        tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
-    if tokenizer is not None:
-        console.print("text: " + tokenizer.decode(tokens))
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
+
+    log_file = setup_cli_logging(verbose)
+    tokenizer = None
+    try:
+        if prompt is not None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
+            ids = list(tokenizer(prompt)["input_ids"])
+            _check_ids(ids, vocab_size, "--prompt")
+        from hfexport.generation import generate_from_dir
+
+        tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
+        console.print("tokens: " + " ".join(map(str, tokens)))
+        if tokenizer is None and has_tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
+        if tokenizer is not None:
+            console.print("text: " + tokenizer.decode(tokens))
+    except typer.BadParameter:
+        raise
+    except Exception as exc:
+        err_console.print(f"[red bold]generate failed[/]: {type(exc).__name__}: {exc}")
+        for note in getattr(exc, "__notes__", []):
+            err_console.print(note)
+        _print_failure_details(verbose, log_file)
+        raise typer.Exit(code=1) from None
+    finally:
+        restore_cli_logging()
 
 
 def main() -> None:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,9 +27,11 @@ __all__ = [
     "ExportConfigMixin",
     "ExportFormat",
     "OnnxConfig",
+    "check_opset_version",
     "decode_dynamic_shapes",
     "encode_dynamic_shapes",
     "format_name",
+    "onnx_opset_range",
 ]
 
 
@@ -378,9 +382,12 @@ class DynamoConfig(ExportConfigMixin):
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             if value is not None:
-                _check_type(name, value, (int, float), "a non-negative float or None")
-                if value < 0:
-                    raise ValueError(f"{name}={value!r} is invalid; allowed: a non-negative float or None")
+                allowed = "a finite, non-negative float or None"
+                _check_type(name, value, (int, float), allowed)
+                # nan compares False with everything (so `value < 0` lets it through) and inf makes
+                # every comparison pass: both would turn validation into a no-op or a late failure
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
         if self.dynamic_shapes is not None:
             if not isinstance(self.dynamic_shapes, (dict, list, tuple)):
                 raise ValueError(
@@ -423,16 +430,90 @@ class OnnxConfig(DynamoConfig):
         for name in ("external_data", "optimize", "export_params", "keep_initializers_as_inputs"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
         if self.opset_version is not None:
-            _check_type("opset_version", self.opset_version, (int,), "an int from 18 upwards or None")
-            if self.opset_version < 18:
-                raise ValueError(
-                    f"opset_version={self.opset_version} is invalid; allowed: 18 or newer "
-                    "(torch.onnx's dynamo exporter emits opset 18+) or None"
-                )
+            check_opset_version(self.opset_version)
         if self.output_path is not None:
             if isinstance(self.output_path, os.PathLike):
                 self.output_path = os.fspath(self.output_path)
             _check_type("output_path", self.output_path, (str,), "a file path or None")
+
+
+#: Lowest ONNX default-domain opset an export can target: torch.onnx's dynamo exporter emits opset 18
+#: (``torch.onnx._internal.exporter._constants.TORCHLIB_OPSET``) and does not convert downwards.
+ONNX_MIN_OPSET = 18
+
+#: Highest opset accepted when onnxscript is not installed (the config can then only be read, not
+#: exported; the ONNX backend checks the exact range of the installed onnxscript before capture).
+ONNX_STATIC_MAX_OPSET = 30
+
+# The constant onnxscript's version converter (which torch.onnx calls for ``opset_version``)
+# checks its target against; onnxscript 0.5-0.7 define it in this module.
+_ONNXSCRIPT_CONVERTER = ("version_converter", "_version_converter.py")
+_ONNXSCRIPT_MAX_RE = re.compile(r"^SUPPORTED_MAX_ONNX_OPSET\s*=\s*(\d+)\s*$", re.MULTILINE)
+
+
+@functools.cache
+def onnx_opset_range() -> tuple[int, int, str]:
+    """The ONNX opsets an :class:`OnnxConfig` may name, without importing onnxscript.
+
+    Returns:
+        ``(lowest, highest, source)``: ``lowest`` is :data:`ONNX_MIN_OPSET`; ``highest`` is the
+        ``SUPPORTED_MAX_ONNX_OPSET`` of the installed onnxscript's version converter, read from
+        the module when it is already imported, else from its source file (importing onnxscript
+        takes seconds, and the core must stay importable without it); when onnxscript is not
+        installed, or its layout changed, ``highest`` is :data:`ONNX_STATIC_MAX_OPSET`. ``source``
+        says where ``highest`` came from, for error messages.
+
+    The ONNX backend repeats the check with the imported modules (also capped by the installed
+    onnx's opset) before capture: ``hfexport_onnx.versions.check_opset_version``.
+    """
+    import sys
+
+    module = sys.modules.get("onnxscript.version_converter._version_converter")
+    found = getattr(module, "SUPPORTED_MAX_ONNX_OPSET", None) if module is not None else None
+    if found is None:
+        import importlib.util
+
+        try:
+            spec = importlib.util.find_spec("onnxscript")  # finds the top-level package, no import
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            return ONNX_MIN_OPSET, ONNX_STATIC_MAX_OPSET, "onnxscript is not installed"
+        path = os.path.join(next(iter(spec.submodule_search_locations)), *_ONNXSCRIPT_CONVERTER)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                match = _ONNXSCRIPT_MAX_RE.search(fh.read())
+        except OSError:
+            match = None
+        if match is None:
+            return ONNX_MIN_OPSET, ONNX_STATIC_MAX_OPSET, "the onnxscript version converter was not found"
+        found = int(match.group(1))
+    try:
+        import importlib.metadata
+
+        version = importlib.metadata.version("onnxscript")
+    except Exception:  # metadata missing (a source checkout): the range is still right
+        version = "?"
+    return ONNX_MIN_OPSET, int(found), f"the opsets the installed onnxscript {version} converts to"
+
+
+def check_opset_version(opset_version: Any, *, highest: int | None = None, source: str = "") -> None:
+    """Check an ONNX opset version against :func:`onnx_opset_range` (or an explicit ``highest``).
+
+    Raises:
+        ValueError: not an int, or outside ``[ONNX_MIN_OPSET, highest]``; the message names the
+            allowed range and where its upper end comes from.
+    """
+    lowest, top, why = onnx_opset_range()
+    if highest is not None:
+        top, why = highest, source or why
+    allowed = f"an int from {lowest} to {top} ({why}) or None"
+    _check_type("opset_version", opset_version, (int,), allowed)
+    if not lowest <= opset_version <= top:
+        raise ValueError(
+            f"opset_version={opset_version} is invalid; allowed: {allowed}; torch.onnx's dynamo exporter "
+            f"emits opset {lowest} and converts upwards"
+        )
 
 
 EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
