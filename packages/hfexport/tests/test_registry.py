@@ -485,7 +485,9 @@ def test_listing_resolves_without_applying(monkeypatch):
 
 
 def test_open_kinds_registered_listed_and_applied_by_their_owner():
-    kind = registry.register_kind("demo_rewrite", description="a kind a backend applies itself", targets="ops")
+    kind = registry.register_kind(
+        "demo_rewrite", description="a kind a backend applies itself", targets="ops"
+    )
     assert kind in registry.kinds()
     assert [k.name for k in registry.kinds()][:3] == ["patch", "fx_node_fix", "fx_program_fix"]
 

@@ -29,9 +29,9 @@ import torch
 from hfexport.atomic import atomic_path
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
-from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo-load patch)
 from hfexport_dynamo.errors import ArtifactLoadError, UnsafeArtifactError
 from hfexport_dynamo.safety import inspect_pt2
+from hfexport_dynamo.workarounds import patches as _patches
 
 __all__ = ["load", "save"]
 
@@ -237,7 +237,7 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> to
         torch_logger = logging.getLogger("torch.export")
         torch_logger.addHandler(capture)
         try:
-            with apply_patches("dynamo-load") if trust_remote_code else contextlib.nullcontext():
+            with apply_patches(_patches.LOAD_KEY) if trust_remote_code else contextlib.nullcontext():
                 program = torch.export.load(handle)
         except Exception as exc:
             cause = capture.errors[0] if capture.errors else exc

@@ -40,7 +40,7 @@ from hfexport.config import ExecutorchConfig
 from hfexport.exporter import HfExporter
 from hfexport.report import ExportReport
 from hfexport_executorch import bounds
-from hfexport_executorch.versions import MIN_VERSIONS, TESTED_VERSIONS
+from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
 __all__ = ["ExecutorchExporter"]
 
@@ -80,6 +80,7 @@ class ExecutorchExporter(HfExporter):
     required_packages: ClassVar[tuple[str, ...]] = ("torch", "executorch")
     min_versions: ClassVar[dict[str, str]] = dict(MIN_VERSIONS)
     tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
+    supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "model.pte"
 
     # -- stages ------------------------------------------------------------------------------------
@@ -90,7 +91,6 @@ class ExecutorchExporter(HfExporter):
         from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
         from hfexport.tensors import cast_leaf_tensors
         from hfexport_executorch.backends import prepare_backend
-        from hfexport_executorch.fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
         from hfexport_executorch.lowering import (
             delegation_summary,
             lower_to_edge,
@@ -98,6 +98,7 @@ class ExecutorchExporter(HfExporter):
             planned_memory_bytes,
         )
         from hfexport_executorch.serialize import attach_atomic_save
+        from hfexport_executorch.workarounds.fx_fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
 
         with contextlib.ExitStack() as stack:
             with report.stage("prepare_backend", detail=str(config.backend)):

@@ -143,7 +143,9 @@ def register_kind(name: str, *, description: str, targets: str = "") -> Kind:
             ``description`` is empty or spans lines.
     """
     if not isinstance(name, str) or not _KIND_RE.fullmatch(name):
-        raise ValueError(f"kind name must be lower-case letters, digits and underscores, e.g. 'onnx_ir_fix', got {name!r}")
+        raise ValueError(
+            f"kind name must be lower-case letters, digits and underscores, e.g. 'onnx_ir_fix', got {name!r}"
+        )
     _check_description(description)
     kind = Kind(name=name, description=description.strip(), targets=targets)
     with _KIND_LOCK:
@@ -641,9 +643,7 @@ def register_patch(
     for path in dotted_paths:
         if not isinstance(path, str) or len(path.split(".")) < 2 or not all(path.split(".")):
             raise ValueError(f"patch path must look like 'package.module.attribute', got {path!r}")
-    return register(
-        "patch", backend, *dotted_paths, description=description, issue=issue, versions=versions
-    )
+    return register("patch", backend, *dotted_paths, description=description, issue=issue, versions=versions)
 
 
 def register_fx_node_fix(

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hfexport.inputs import register_export_input_preparer
+from hfexport.workarounds.preparers import register_export_input_preparer
 
 __all__ = [
     "find_rope_index_owner",
@@ -115,7 +115,15 @@ def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> d
     return out
 
 
-@register_export_input_preparer("grid_thw")
+@register_export_input_preparer(
+    "grid_thw",
+    description=(
+        "precompute a Qwen-style vision encoder's rotary position ids, cu_seqlens and window index from "
+        "grid_thw, which the encoder computes with .tolist()/.item() loops torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/158786",
+    versions={"transformers": ">=5.0,<6"},
+)
 def prepare_vision_grid_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Preparer for Qwen-style vision encoders (marker ``grid_thw``).
 
@@ -149,7 +157,17 @@ def _text_positions(
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
-@register_export_input_preparer("input_ids", "image_grid_thw", "mm_token_type_ids")
+@register_export_input_preparer(
+    "input_ids",
+    "image_grid_thw",
+    "mm_token_type_ids",
+    description=(
+        "precompute M-RoPE position ids with the model's get_rope_index, a data-dependent loop over the "
+        "token types that torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
 def prepare_mrope_position_ids(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Preparer for M-RoPE models given processor-style inputs (markers ``input_ids``,
     ``image_grid_thw``, ``mm_token_type_ids``).
