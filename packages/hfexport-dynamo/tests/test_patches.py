@@ -11,8 +11,8 @@ from hfexport.config import DynamoConfig
 from hfexport.errors import ExportStageError
 from hfexport.registry import entries, isolated_registry
 from hfexport.testing import load_case
-from hfexport_dynamo import DynamoExporter
 from hfexport.workarounds.moe import dense_experts_forward
+from hfexport_dynamo import DynamoExporter
 from hfexport_dynamo.versions import SUPPORTED
 
 

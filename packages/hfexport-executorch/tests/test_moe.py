@@ -41,8 +41,9 @@ def test_xnnpack_key_registers_the_shared_dense_experts_for_every_implementation
 
 
 def test_whole_model_logits_match_with_dense_experts(mixtral):
-    import hfexport_executorch  # noqa: F401  (registers the workarounds)
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+
+    import hfexport_executorch  # noqa: F401  (registers the workarounds)
 
     model, inputs = mixtral
     original = ExpertsInterface.__dict__["get_interface"]

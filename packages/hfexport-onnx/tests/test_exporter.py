@@ -16,8 +16,8 @@ from hfexport.registry import isolated_registry, register_fx_node_fix, register_
 from hfexport.report import ExportReport
 from hfexport.validation import validate_artifact
 from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
-from hfexport_onnx.workarounds import ir_fixes, translations
 from hfexport_onnx.io_names import INPUTS_KEY, OUTPUTS_KEY, graph_output_names
+from hfexport_onnx.workarounds import ir_fixes, translations
 
 ATOL = 1e-5  # fp32 tiny modules: ONNX Runtime and PyTorch agree to ~1e-7
 

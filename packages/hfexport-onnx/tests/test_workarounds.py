@@ -8,8 +8,8 @@ from transformers import PretrainedConfig
 from hfexport import registry
 from hfexport.config import OnnxConfig
 from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
-from hfexport_onnx.workarounds import ir_fixes, translations
 from hfexport_onnx.versions import SUPPORTED
+from hfexport_onnx.workarounds import translations
 
 ATOL = 1e-5
 SLIDING = "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length"
