@@ -65,3 +65,25 @@ def test_the_check_catches_an_entry_of_ours_without_metadata():
         "test_the_check_catches_an_entry_of_ours_without_metadata.<locals>.helper_fix: "
         "no description, issue, versions"
     ]
+
+
+def test_importing_the_backends_imports_no_transformers_modeling_module():
+    """Patch targets resolve lazily: a backend import registers its patches without importing them."""
+    import os
+    import subprocess
+    import sys
+
+    installed = [name for name in BACKEND_PACKAGES if importlib.util.find_spec(name) is not None]
+    code = (
+        f"import {', '.join(installed)}, sys\n"
+        "heavy = sorted(m for m in sys.modules if m == 'transformers.modeling_utils'\n"
+        "    or m.startswith(('transformers.integrations.moe', 'transformers.integrations.deepgemm',\n"
+        "                     'transformers.integrations.hub_kernels', 'transformers.core_model_loading'))\n"
+        "    or (m.startswith('transformers.models.') and '.modeling_' in m))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=dict(os.environ), timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "HEAVY []" in done.stdout, done.stdout
