@@ -72,7 +72,6 @@ OUTPUT_FLAG_KEYS: tuple[str, ...] = ("use_cache", "output_attentions", "output_h
 _UNTRACEABLE_ATTENTION_PREFIXES: tuple[str, ...] = ("flash_attention", "flex_attention", "paged|", "paged_")
 
 
-
 # --------------------------------------------------------------------------------------------
 # Config bookkeeping shared by the context managers
 # --------------------------------------------------------------------------------------------
