@@ -292,4 +292,19 @@ PRESETS: dict[str, Preset] = {
 }
 
 # Overlays over the generic shrink, for types its rules get wrong.
-PRESETS.update({})
+PRESETS.update(
+    {
+        "deepseek_v2": Preset(
+            config={"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
+            reason="the default config leaves num_experts_per_tok None, which its router cannot use",
+        ),
+        "gpt_neo": Preset(
+            config={"attention_types": [[["global", "local"], 1]]},
+            reason="attention_types expands to one entry per layer and must match the two layers",
+        ),
+        "mamba2": Preset(
+            config={"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2},
+            reason="num_heads * head_dim must equal expand * hidden_size (2 * 64)",
+        ),
+    }
+)

@@ -70,6 +70,7 @@ _FFN_KEYS = frozenset(
         "expert_intermediate_size",
         "intermediate_size_mlp",
         "dense_intermediate_size",
+        "expert_ffn_hidden_size",
     }
 )
 _LAYER_KEYS = frozenset(
@@ -109,7 +110,9 @@ _POSITION_KEYS = frozenset(
         "original_max_position_embeddings",
     }
 )
-_EXPERT_KEYS = frozenset({"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"})
+_EXPERT_KEYS = frozenset(
+    {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num"}
+)
 _EXPERT_TOPK_KEYS = frozenset({"num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k"})
 _ONE_KEYS = frozenset({"n_group", "topk_group", "n_shared_experts", "num_shared_experts", "n_groups"})
 # multi-head latent attention (deepseek v2/v3 and friends)
@@ -131,6 +134,8 @@ def special_token_ids(config: PretrainedConfig) -> set[int]:
     def visit(cfg: Any) -> None:
         items = cfg.to_dict().items() if isinstance(cfg, PretrainedConfig) else cfg.items()
         for key, value in items:
+            if not isinstance(key, str):
+                continue
             if isinstance(value, PretrainedConfig | Mapping):
                 visit(value)
             elif key.endswith(_TOKEN_SUFFIXES):
@@ -221,7 +226,21 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
         if new is not _KEEP:
             out[key] = new
 
-    layers = out.get("num_hidden_layers", values.get("num_hidden_layers"))
+    layer_key = next(
+        (k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if k in values), None
+    )
+    layers = out.get(layer_key) if layer_key else None
+    old_layers = values.get(layer_key) if layer_key else None
+    if _is_int(layers) and _is_int(old_layers) and old_layers > layers:
+        for key, value in values.items():  # per-layer lists follow the layer count
+            if isinstance(value, list) and len(value) == old_layers:
+                out[key] = list(out.get(key, value))[:layers]
+    if _is_int(values.get("qk_rope_head_dim")):  # MLA: head_dim is the rotary part
+        out["qk_rope_head_dim"] = _MLA["qk_rope_head_dim"]
+        if "head_dim" in values:
+            out["head_dim"] = _MLA["qk_rope_head_dim"]
+        if "qk_head_dim" in values:
+            out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
         types = values.get(key)
         if isinstance(types, list) and _is_int(layers):
@@ -277,6 +296,10 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
         return HEAD_DIM
     if key in _MLA:
         return _MLA[key]
+    if key == "rotary_dim":
+        return min(value, HEAD_DIM)
+    if key == "mm_tokens_per_image":
+        return min(value, 4)
     if key == "vocab_size":
         return min(value, VOCAB)
     if key in _POSITION_KEYS:
@@ -310,6 +333,8 @@ def _vocab_sizes(config: Any) -> list[int]:
     items = config.to_dict().items() if isinstance(config, PretrainedConfig) else config.items()
     sizes = []
     for key, value in items:
+        if not isinstance(key, str):
+            continue
         if isinstance(value, PretrainedConfig | Mapping):
             sizes += _vocab_sizes(value)
         elif key == "vocab_size" and _is_int(value):

@@ -429,8 +429,11 @@ def _image_token_id(config: PretrainedConfig) -> int | None:
     return None
 
 
-def modality(model: PreTrainedModel) -> str:
+def modality(model: PreTrainedModel, task: str | None = None) -> str:
     """The kind of input a model takes, from its ``main_input_name`` and forward signature.
+
+    ``task`` other than ``None``/``"image-text-to-text"`` keeps a text model text-only even when
+    its forward also takes images (gemma3's causal LM).
 
     Returns:
         ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
@@ -441,7 +444,11 @@ def modality(model: PreTrainedModel) -> str:
     main = getattr(model, "main_input_name", "input_ids")
     params = _forward_params(model)
     if main == "input_ids":
-        if "pixel_values" in params and _image_token_id(model.config) is not None:
+        if (
+            task in (None, "image-text-to-text")
+            and "pixel_values" in params
+            and _image_token_id(model.config) is not None
+        ):
             return "image+text"
         return "text"
     return {"pixel_values": "image", "input_values": "audio", "input_features": "audio-features"}.get(
@@ -496,11 +503,13 @@ def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> i
     return rows // pixel_values.shape[0]
 
 
-def _generic_inputs(model: PreTrainedModel, b: int, s: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+def _generic_inputs(
+    model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Inputs of a type without a hand-written preset, from its modality and forward signature."""
     config = model.config
     params = _forward_params(model)
-    kind = modality(model)
+    kind = modality(model, task)
     inputs: dict[str, torch.Tensor] = {}
     if kind == "image" or kind == "image+text":
         channels, size = _image_shape(config)
@@ -615,14 +624,17 @@ def make_inputs(
     """
     config = model.config
     model_type = config.model_type
-    auto_class_name(model_type, task)  # validates model type and task
+    if model_type in SUPPORTED_MODEL_TYPES:
+        auto_class_name(model_type, task)  # validates model type and task
+    elif task is not None:
+        _check_task(task)  # a composite type's model may carry its sub-config's model_type
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
     gen = _generator(seed)
     b, s = batch_size, seq_len
 
     if model_type not in SUPPORTED_MODEL_TYPES:
-        return _generic_inputs(model, b, s, gen)
+        return _generic_inputs(model, task, b, s, gen)
     if model_type == "qwen2_vl":
         return _qwen2_vl_inputs(config, gen)
     if model_type == "vit":
@@ -676,7 +688,12 @@ def _build(
         try:
             model = auto_cls.from_config(config, attn_implementation=chosen)
         except ValueError as exc:
-            if attn_implementation is not None or chosen != "sdpa" or "sdpa" not in str(exc).lower():
+            message = str(exc).lower()
+            if (
+                attn_implementation is not None
+                or chosen != "sdpa"
+                or "attention implementation" not in message
+            ):
                 raise
             torch.manual_seed(seed)  # no SDPA path in this architecture: eager attention
             model = auto_cls.from_config(config, attn_implementation="eager")
