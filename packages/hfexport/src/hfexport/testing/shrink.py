@@ -298,6 +298,8 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
         return _MLA[key]
     if key == "rotary_dim":
         return min(value, HEAD_DIM)
+    if key == "window_size":  # swin-like windows over the 8x8 patch grid of a 32x32 image
+        return min(value, 4)
     if key == "mm_tokens_per_image":
         return min(value, 4)
     if key == "vocab_size":
