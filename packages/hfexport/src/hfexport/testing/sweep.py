@@ -14,8 +14,8 @@ Run it as ``nox -s zoo -- [options]`` or ``python benchmarks/zoo_sweep.py [optio
 
 Cell statuses: ``pass``; ``fail`` (stage and one-line reason); ``skip`` (reason: backend not
 installed, known upstream limit); a type whose tiny model cannot be built is ``unbuildable``, one
-whose eager forward fails is ``eager fails``; both are reported in the "tiny model" column and are
-not export failures.
+whose eager forward fails is ``eager fails``, a hand-written preset without the family's task is
+``not offered``; these are reported in the "tiny model" column and are not export failures.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ except TinyModelUnavailable as exc:
     print(json.dumps({"status": status, "stage": exc.stage, "reason": exc.reason}))
     sys.exit(0)
 except ValueError as exc:
-    print(json.dumps({"status": "unbuildable", "stage": "task", "reason": str(exc).splitlines()[0][:300]}))
+    print(json.dumps({"status": "not offered", "stage": "task", "reason": str(exc).splitlines()[0][:300]}))
     sys.exit(0)
 print(json.dumps({
     "status": "ok", "seconds": round(time.perf_counter() - t0, 2),
