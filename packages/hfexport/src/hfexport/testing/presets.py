@@ -16,7 +16,7 @@ default ``"sdpa"``. ``reason`` says why the entry exists.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 __all__ = ["PRESETS", "Preset"]
@@ -41,7 +41,6 @@ class Preset:
     mode: Literal["replace", "overlay"] = "overlay"
     tasks: tuple[str, ...] | None = None
     attn_implementation: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 _VOCAB = 256
