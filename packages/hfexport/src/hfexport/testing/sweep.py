@@ -283,12 +283,10 @@ def render(out_dir: Path, target: Path) -> str:
     lines.append("- Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
     if run.get("partial"):
         sel = []
-        if run.get("types"):
-            sel.append(f"types {', '.join(run['types'])}")
-        if run.get("limit"):
-            sel.append(f"first {run['limit']} types per family")
-        sel.append(f"families {', '.join(run.get('families', []))}")
-        sel.append(f"backends {', '.join(run.get('backends', []))}")
+        if run.get("types") or run.get("limit"):  # results of earlier partial runs add up
+            sel.append(f"types {', '.join(sorted({r['model_type'] for r in rows}))}")
+        sel.append(f"families {', '.join(families)}")
+        sel.append(f"backends {', '.join(backends)}")
         lines += [
             "",
             f"> **Partial run** ({'; '.join(sel)}). Types and backends not listed here were not swept; "
@@ -308,7 +306,12 @@ def render(out_dir: Path, target: Path) -> str:
             share = f" ({100 * passed / ran:.0f}%)" if ran else ""
             cells.append(f"{passed} pass / {failed} fail / {skipped} skip{share}")
         lines.append(f"| {family} | {len(fam)} | {len(runnable)} | " + " | ".join(cells) + " |")
-    lines += ["", "Percentages are passes among the types whose tiny model runs eagerly and were exported."]
+    lines += [
+        "",
+        "Percentages are passes among the types whose tiny model runs eagerly and were exported. "
+        "Cells: `pass`; `fail` (stage): first line of the error; `skip`: reason; `n/a`: no tiny model; "
+        "`-`: not run by the sweeps so far.",
+    ]
     for family in families:
         fam = sorted((r for r in rows if r["family"] == family), key=lambda r: r["model_type"])
         lines += ["", f"## {family} (`{FAMILIES[family]}`)", ""]
