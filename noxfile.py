@@ -12,6 +12,9 @@
 - ``nox -s build``: builds every wheel and sdist, installs each backend wheel alone in a fresh venv
   from the local wheel folder, imports it and runs one small export.
 - ``nox -s bench``: speed and memory benchmarks (not timed unit tests).
+- ``nox -s zoo``: the whole-library sweep (every model type's tiny model on every backend, each
+  export in its own subprocess); writes ``.bench/zoo/*.json`` and ``docs/coverage.md``. Takes hours
+  on 2 cores; ``nox -s zoo -- --families causal-lm --backends dynamo,onnx --limit 6`` for a part.
 """
 
 from __future__ import annotations
@@ -341,6 +344,20 @@ def bench(session: nox.Session) -> None:
         "--frozen",
         "python",
         str(ROOT / "benchmarks" / "run.py"),
+        *session.posargs,
+        external=True,
+    )
+
+
+@nox.session(python=False, tags=["zoo"])
+def zoo(session: nox.Session) -> None:
+    """Sweep every model type's tiny model on every backend; render docs/coverage.md."""
+    session.run(
+        "uv",
+        "run",
+        "--frozen",
+        "python",
+        str(ROOT / "benchmarks" / "zoo_sweep.py"),
         *session.posargs,
         external=True,
     )

@@ -86,10 +86,10 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "validate_second_shape",
     ]
     assert all(s.status == "ok" for s in report.stages)
-    assert "hfexport_dynamo.patches.dense_experts_while_tracing" in report.applied["patches"]
+    assert "hfexport.workarounds.moe.dense_experts_for_eager" in report.applied["patches"]
     assert report.applied["capture_patches"] == [
-        "hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length",
-        "hfexport.capture_workarounds.keep_size_one_batch_dynamic",
+        "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length",
+        "hfexport.workarounds.capture.keep_size_one_batch_dynamic",
     ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]

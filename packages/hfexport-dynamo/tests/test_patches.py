@@ -11,14 +11,14 @@ from hfexport.config import DynamoConfig
 from hfexport.errors import ExportStageError
 from hfexport.registry import entries, isolated_registry
 from hfexport.testing import load_case
+from hfexport.workarounds.moe import dense_experts_forward
 from hfexport_dynamo import DynamoExporter
-from hfexport_dynamo.patches import dense_experts_forward
 from hfexport_dynamo.versions import SUPPORTED
 
 
 def test_every_patch_names_its_upstream_issue_and_is_active_on_the_tested_pins():
     found = {e.name.rsplit(".", 1)[-1]: e for e in entries("dynamo", kind="patch")}
-    assert "dense_experts_while_tracing" in found
+    assert "dense_experts_for_eager" in found  # the core's shared MoE workaround, "eager" loop only
     # the torch.export faults every backend meets are patched once, by the core capture
     shared = {"torch.export.export", "transformers.cache_utils.DynamicSlidingWindowLayer.update"}
     assert not {p for e in found.values() for p in e.paths} & shared

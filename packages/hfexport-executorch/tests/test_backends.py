@@ -61,11 +61,20 @@ def test_xnnpack_plan_has_partitioner_and_no_adaptation_for_dense_model(toy_proj
 
 
 def test_xnnpack_switches_experts_for_the_export_only():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds.moe import dense_experts_forward
+
     model, _ = tiny_model("mixtral")
     experts = [m for name, m in model.named_modules() if name.endswith("mlp.experts")]
     assert len(experts) == 2
+    implementation = experts[0].config._experts_implementation
     with contextlib.ExitStack() as stack:
         plan = prepare_backend("xnnpack", model, stack)
-        assert all("forward" in vars(m) for m in experts)
         assert "2 experts module(s) computed densely" in plan.adaptations[0]
+        # the shared core workaround, installed with the backend's patches (not on the instances)
+        with apply_patches(plan.registry_key):
+            assert ALL_EXPERTS_FUNCTIONS.get_interface(implementation, None) is dense_experts_forward
+    assert ALL_EXPERTS_FUNCTIONS.get_interface(implementation, None) is not dense_experts_forward
     assert all("forward" not in vars(m) for m in experts)

@@ -9,7 +9,8 @@ from torch.export import Dim
 from hfexport.capture import capture
 from hfexport.config import ExecutorchConfig
 from hfexport.registry import apply_fx_node_fixes, apply_patches, entries
-from hfexport_executorch import bounds, fixes
+from hfexport_executorch import bounds
+from hfexport_executorch.workarounds import fx_fixes as fixes
 
 
 def _input_sizes(program):
@@ -84,7 +85,7 @@ def test_contiguous_attention_outputs_lets_to_edge_run_and_keeps_values(toy_inpu
 
     model, program = _attention_program(toy_inputs)
     applied = apply_fx_node_fixes("executorch", program.graph_module)
-    assert applied == ["hfexport_executorch.fixes.contiguous_attention_outputs"]
+    assert applied == ["hfexport_executorch.workarounds.fx_fixes.contiguous_attention_outputs"]
     clones = [n for n in program.graph.nodes if n.target is torch.ops.aten.clone.default]
     assert len(clones) == 1 and clones[0].args[0].target is torch.ops.aten.transpose.int
     with apply_patches("executorch"):  # the qkv split needs keep_dynamic_dims_in_list_returning_ops
@@ -107,6 +108,9 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         "keep_dynamic_dims_in_list_returning_ops",
     }
     for entry in found:
-        assert entry.issue.startswith("https://github.com/pytorch/"), entry.name
+        # pytorch/ issues, and the shared dense experts' transformers issue
+        assert entry.issue.startswith(("https://github.com/pytorch/", "https://github.com/huggingface/")), (
+            entry.name
+        )
         assert entry.versions and entry.is_active(), entry.name
         assert not entry.is_stale({"torch": ">=2.12", "executorch": ">=1.3"}), entry.name

@@ -1,12 +1,13 @@
-"""The dense mixture-of-experts forward used for XNNPACK matches transformers' experts forward."""
+"""The dense mixture-of-experts forward used for XNNPACK (the core's shared workaround) matches transformers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from hfexport.registry import apply_patches, entries
 from hfexport.testing import tiny_model
-from hfexport_executorch.moe import dense_experts, dense_experts_forward, find_experts_modules
+from hfexport.workarounds.moe import dense_experts_forward, find_experts_modules
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +32,34 @@ def test_dense_forward_matches_each_routing(mixtral):
     assert (actual - expected).abs().max().item() < 1e-5
 
 
+def test_xnnpack_key_registers_the_shared_dense_experts_for_every_implementation():
+    import hfexport_executorch  # noqa: F401  (registers the workarounds)
+
+    names = [e.name for e in entries("executorch.xnnpack", kind="patch")]
+    assert "hfexport.workarounds.moe.dense_experts_for_every_implementation" in names
+    assert not any("moe" in e.name for e in entries("executorch.cuda", kind="patch"))
+
+
 def test_whole_model_logits_match_with_dense_experts(mixtral):
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS, ExpertsInterface
+
+    import hfexport_executorch  # noqa: F401  (registers the workarounds)
+
     model, inputs = mixtral
+    original = ExpertsInterface.__dict__["get_interface"]
     with torch.no_grad():
         expected = model(**inputs).logits
-        with dense_experts(model) as names:
+        with apply_patches("executorch.xnnpack"):
+            _, experts = find_experts_modules(model)[0]
+            picked = ALL_EXPERTS_FUNCTIONS.get_interface(experts.config._experts_implementation, None)
+            assert picked is dense_experts_forward
             actual = model(**inputs).logits
-    assert names == ["model.layers.0.mlp.experts", "model.layers.1.mlp.experts"]
+    assert [name for name, _ in find_experts_modules(model)] == [
+        "model.layers.0.mlp.experts",
+        "model.layers.1.mlp.experts",
+    ]
     assert (actual - expected).abs().max().item() < 1e-5
-
-
-def test_switch_is_undone_on_error(mixtral):
-    model, _ = mixtral
-    with pytest.raises(KeyError), dense_experts(model):
-        raise KeyError("boom")
-    assert all("forward" not in vars(m) for _, m in find_experts_modules(model))
+    assert ExpertsInterface.__dict__["get_interface"] is original  # undone
 
 
 def test_dense_model_has_no_experts():

@@ -15,8 +15,9 @@ from hfexport.errors import ExportStageError, ExportValidationError
 from hfexport.registry import isolated_registry, register_fx_node_fix, register_patch
 from hfexport.report import ExportReport
 from hfexport.validation import validate_artifact
-from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner, ir_fixes, translations
+from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
 from hfexport_onnx.io_names import INPUTS_KEY, OUTPUTS_KEY, graph_output_names
+from hfexport_onnx.workarounds import ir_fixes, translations
 
 ATOL = 1e-5  # fp32 tiny modules: ONNX Runtime and PyTorch agree to ~1e-7
 
@@ -257,9 +258,14 @@ def test_validation_failure_leaves_no_file(exporter, tiny_encoder, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_custom_translation_is_used(exporter, tiny_encoder, monkeypatch):
+@pytest.fixture
+def empty_registry():
+    with isolated_registry():
+        yield
+
+
+def test_custom_translation_is_used(exporter, tiny_encoder, empty_registry):
     model, inputs = tiny_encoder
-    monkeypatch.setattr(translations, "_TRANSLATIONS", {})
 
     @translations.register_translation(
         torch.ops.aten.sin.default, description="sin as Cos", issue=ISSUE, versions={"torch": ">=2"}
@@ -288,9 +294,8 @@ def test_custom_translation_is_used(exporter, tiny_encoder, monkeypatch):
         assert (got - _cos_reference(model, inputs)).abs().max() <= ATOL
 
 
-def test_ir_fixes_run_in_order_and_report_changes(exporter, tiny_encoder, monkeypatch):
+def test_ir_fixes_run_in_order_and_report_changes(exporter, tiny_encoder, empty_registry):
     model, inputs = tiny_encoder
-    monkeypatch.setattr(ir_fixes, "_FIXES", {})
     seen: list[str] = []
 
     @ir_fixes.register_ir_fix(description="tags the graph", issue=ISSUE, versions={"torch": ">=2"})

@@ -7,25 +7,28 @@ from transformers import PretrainedConfig
 
 from hfexport import registry
 from hfexport.config import OnnxConfig
-from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner, ir_fixes, translations
+from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
 from hfexport_onnx.versions import SUPPORTED
+from hfexport_onnx.workarounds import translations
 
 ATOL = 1e-5
-SLIDING = "hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length"
-SIZE_ONE = "hfexport.capture_workarounds.keep_size_one_batch_dynamic"
+SLIDING = "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length"
+SIZE_ONE = "hfexport.workarounds.capture.keep_size_one_batch_dynamic"
 
 
 def test_every_onnx_workaround_names_issue_and_range():
-    found = [*registry.entries("onnx"), *translations.translation_entries(), *ir_fixes.ir_fix_entries()]
-    assert found
+    found = registry.entries("onnx")
+    assert {e.kind for e in found} >= {"patch", "onnx_translation"}
+    assert [e.name for e in translations.translation_entries()] == [
+        e.name for e in found if e.kind == translations.KIND
+    ]
     for entry in found:
         assert entry.issue.startswith("https://github.com/"), entry.name
         assert entry.versions and entry.description, entry.name
         assert entry.is_active(), (
             f"{entry.name} is inactive with the tested versions: {entry.inactive_reason()}"
         )
-        if hasattr(entry, "is_stale"):
-            assert not entry.is_stale(SUPPORTED), f"{entry.name} can be retired"
+        assert not entry.is_stale(SUPPORTED), f"{entry.name} can be retired"
 
 
 def test_shared_capture_faults_are_left_to_the_core():

@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from torch.export import Dim
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
-import hfexport.capture_workarounds as workarounds
+import hfexport.workarounds.capture as workarounds
 from hfexport import registry
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig

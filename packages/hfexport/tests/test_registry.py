@@ -414,9 +414,96 @@ def test_bad_patch_paths_raise_value_error():
         register_patch("onnx", "torch..gelu", **meta())
 
 
-def test_omitted_metadata_is_a_type_error():
-    with pytest.raises(TypeError):
-        register_fx_node_fix("onnx", description="d", versions=ANY_TORCH)  # type: ignore[call-arg]
+def test_documented_form_without_metadata_registers_and_applies(target):
+    """The reference API's calls, no keywords: registered, always active, never stale."""
+    register_patch("onnx", f"{MOD}.double")(tag("plain"))
+
+    @register_fx_node_fix("onnx")
+    def node_fix(gm, node):
+        return False
+
+    @register_fx_program_fix("executorch")
+    def program_fix(ep):
+        return None
+
+    found = entries()
+    assert [(e.kind, e.backend) for e in found] == [
+        ("patch", "onnx"),
+        ("fx_node_fix", "onnx"),
+        ("fx_program_fix", "executorch"),
+    ]
+    for entry in found:
+        assert (entry.description, entry.issue, entry.versions) == (None, None, {})
+        assert entry.issue_text == "no upstream issue recorded" and not entry.has_metadata
+        assert entry.is_active() and not entry.is_stale({"torch": ">=2.12"})
+    with apply_patches("onnx"):
+        assert target.double(1) == 102
+    assert target.double(1) == 2
+
+
+def test_partial_metadata_is_checked_where_given():
+    register_fx_node_fix("onnx", description="d", versions=ANY_TORCH)(lambda gm, n: False)
+    (entry,) = entries()
+    assert (entry.description, entry.issue, entry.versions) == ("d", None, ANY_TORCH)
+    with pytest.raises(ValueError, match="issue"):
+        register_fx_node_fix("onnx", issue="not a url")
+
+
+def test_patch_paths_are_resolved_lazily(monkeypatch, tmp_path):
+    """Registering imports nothing; the first apply (or listing) resolves and reports failures."""
+    pkg = tmp_path / "_hfexport_lazy_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "heavy.py").write_text("def fn(x):\n    return x\n")
+    (pkg / "broken.py").write_text("raise RuntimeError('importing me fails')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("_hfexport_lazy_pkg", "_hfexport_lazy_pkg.heavy", "_hfexport_lazy_pkg.broken"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    register_patch("onnx", "_hfexport_lazy_pkg.heavy.fn", **meta())(tag("lazy"))
+    register_patch("onnx", "_hfexport_lazy_pkg.broken.fn", **meta())(tag("broken"))
+    assert "_hfexport_lazy_pkg.heavy" not in sys.modules  # nothing imported at decoration
+    assert "_hfexport_lazy_pkg.broken" not in sys.modules
+    with apply_patches("onnx"):
+        heavy = sys.modules["_hfexport_lazy_pkg.heavy"]
+        assert heavy.fn(1) == 101
+    assert heavy.fn(1) == 1
+    lazy, broken = entries("onnx")
+    assert lazy.unresolved == ()
+    ((path, reason),) = broken.unresolved
+    assert path == "_hfexport_lazy_pkg.broken.fn"
+    assert reason == "importing _hfexport_lazy_pkg.broken failed: RuntimeError: importing me fails"
+
+
+def test_listing_resolves_without_applying(monkeypatch):
+    monkeypatch.delitem(sys.modules, "_hfexport_never_importable", raising=False)
+    register_patch("dynamo", "_hfexport_never_importable.mod.fn", **meta())(tag("never"))
+    (entry,) = entries("dynamo")
+    assert entry.paths == ("_hfexport_never_importable.mod.fn",)
+    ((path, reason),) = entry.unresolved
+    assert path == "_hfexport_never_importable.mod.fn"
+    assert "No module named '_hfexport_never_importable'" in reason
+
+
+def test_open_kinds_registered_listed_and_applied_by_their_owner():
+    kind = registry.register_kind(
+        "demo_rewrite", description="a kind a backend applies itself", targets="ops"
+    )
+    assert kind in registry.kinds()
+    assert [k.name for k in registry.kinds()][:3] == ["patch", "fx_node_fix", "fx_program_fix"]
+
+    @registry.register("demo_rewrite", "mybackend.cpu", "aten::erf", **meta())
+    def rewrite_erf(x):
+        return x + 1
+
+    (entry,) = entries("mybackend.cpu", kind="demo_rewrite")
+    assert entry.kind == "demo_rewrite" and entry.targets == ("aten::erf",) and entry.paths == ()
+    assert [e.func(1) for e in registry.active_entries("demo_rewrite", "mybackend.cpu")] == [2]
+    assert registry.active_entries("demo_rewrite", "mybackend") == []  # a child scope is not a parent
+    assert registry.backend_keys() == ["mybackend", "mybackend.cpu"]
+    with pytest.raises(ValueError, match="register_kind"):
+        registry.register("no_such_kind", "onnx")
+    with pytest.raises(ValueError, match="kind name"):
+        registry.register_kind("Bad Kind", description="x")
 
 
 # ------------------------------------------------------------------------------------------

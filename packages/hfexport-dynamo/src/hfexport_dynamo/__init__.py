@@ -15,7 +15,6 @@ and every transformers ``Cache`` class defined so far as a pytree node, so plain
 from __future__ import annotations
 
 from hfexport.pytree import register_cache_pytrees
-from hfexport_dynamo import patches  # noqa: F401  (registers the "dynamo" patches)
 from hfexport_dynamo.__about__ import __version__
 from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
 from hfexport_dynamo.exporter import DynamoExporter
@@ -23,6 +22,7 @@ from hfexport_dynamo.runtime import ProgramRunner, program_input_names
 from hfexport_dynamo.safety import check_archive, inspect_pt2
 from hfexport_dynamo.serialization import load, save
 from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+from hfexport_dynamo.workarounds import patches  # noqa: F401  (registers the "dynamo" patches)
 
 __all__ = [
     "MIN_VERSIONS",

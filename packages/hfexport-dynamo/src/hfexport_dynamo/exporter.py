@@ -3,7 +3,7 @@
 Stages of :meth:`DynamoExporter._export` (each a named stage of the export report):
 
 1. ``install_patches``: the active ``register_patch("dynamo", ...)`` workarounds
-   (:mod:`hfexport_dynamo.patches`), installed for the capture only;
+   (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture only;
 2. the core capture (:func:`hfexport.capture.capture`), one report stage per step:
    ``capture.cache_pytrees`` (every ``Cache`` subclass, model-defined ones included, becomes a
    pytree node), ``capture.signature`` (a ``**kwargs`` forward gets an explicit keyword
@@ -11,7 +11,7 @@ Stages of :meth:`DynamoExporter._export` (each a named stage of the export repor
    (``Dim.AUTO`` on every axis for ``dynamic=True`` without explicit ``dynamic_shapes``),
    ``capture.reset_stale_state`` (rotary tables and the like an eager forward cached are cleared
    while tracing, restored after), ``capture.patches`` (the core ``"capture"`` workarounds of
-   :mod:`hfexport.capture_workarounds`: sliding-window cache, size-1 batch axes) and
+   :mod:`hfexport.workarounds.capture`: sliding-window cache, size-1 batch axes) and
    ``capture.torch_export`` (``torch.export.export`` under ``no_grad`` with ``strict`` and
    ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
@@ -37,11 +37,11 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport
-from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo patches)
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
 from hfexport_dynamo.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+from hfexport_dynamo.workarounds import patches as _patches  # noqa: F401  (registers the dynamo patches)
 
 __all__ = ["DynamoExporter"]
 

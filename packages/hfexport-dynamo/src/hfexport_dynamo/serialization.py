@@ -33,9 +33,9 @@ import torch
 from hfexport.atomic import atomic_path
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
-from hfexport_dynamo import patches as _patches  # noqa: F401  (registers the dynamo-load patch)
 from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
 from hfexport_dynamo.safety import check_archive, inspect_pt2, weights_only_loading
+from hfexport_dynamo.workarounds import patches as _patches
 
 __all__ = ["load", "save"]
 
@@ -269,7 +269,7 @@ def load(path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> to
         torch_logger = logging.getLogger("torch.export")
         torch_logger.addHandler(capture)
         try:
-            with apply_patches("dynamo-load") if trust_remote_code else weights_only_loading(str(source)):
+            with apply_patches(_patches.LOAD_KEY) if trust_remote_code else weights_only_loading(str(source)):
                 program = torch.export.load(handle)
         except UnsafeArtifactError:
             raise

@@ -8,9 +8,9 @@ under the ``"executorch"`` format and registers its patches and FX fixes with
 
 from __future__ import annotations
 
-from hfexport_executorch import fixes, patches  # noqa: F401  (register the workarounds)
 from hfexport_executorch.__about__ import __version__
 from hfexport_executorch.exporter import ExecutorchExporter
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
+from hfexport_executorch.workarounds import fx_fixes, patches  # noqa: F401  (register the workarounds)
 
 __all__ = ["MIN_VERSIONS", "SUPPORTED", "TESTED_VERSIONS", "ExecutorchExporter", "__version__"]

@@ -7,8 +7,10 @@ undone when the export ends.
 
 Supported backends:
 
-- ``"xnnpack"``: CPU, through ``XnnpackPartitioner``. Mixture-of-experts layers are switched to
-  a dense implementation (see :mod:`hfexport_executorch.moe`), since XNNPACK has no grouped matmul.
+- ``"xnnpack"``: CPU, through ``XnnpackPartitioner``. Mixture-of-experts layers are computed
+  densely (the core's shared workaround :mod:`hfexport.workarounds.moe`, registered under
+  ``"executorch.xnnpack"`` and installed with the other patches), since XNNPACK has no grouped
+  matmul; the plan lists the experts modules it applies to.
 - ``"cuda"``: NVIDIA GPUs, through ExecuTorch's AOTInductor-based ``CudaPartitioner``. Needs a
   CUDA build of torch with a visible GPU and the CUDA toolkit (AOTInductor compiles kernels at
   lowering time); running the program needs an ExecuTorch runtime built with the CUDA backend.
@@ -79,7 +81,7 @@ def cuda_unavailable_reason() -> str | None:
 def _prepare_xnnpack(model: torch.nn.Module, stack: contextlib.ExitStack) -> BackendPlan:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    from hfexport_executorch.moe import dense_experts
+    from hfexport.workarounds.moe import find_experts_modules
 
     plan = BackendPlan(
         name="xnnpack",
@@ -89,7 +91,7 @@ def _prepare_xnnpack(model: torch.nn.Module, stack: contextlib.ExitStack) -> Bac
         delegate_id="XnnpackBackend",
         runtime_backend="XnnpackBackend",
     )
-    switched = stack.enter_context(dense_experts(model))
+    switched = [name for name, _ in find_experts_modules(model)]
     if switched:
         plan.adaptations.append(
             f"mixture-of-experts: {len(switched)} experts module(s) computed densely "

@@ -40,8 +40,8 @@ from hfexport.config import ExecutorchConfig
 from hfexport.exporter import HfExporter
 from hfexport.report import ExportReport
 from hfexport_executorch import bounds
-from hfexport_executorch import generation as _generation  # also registers its Conv3d patch
-from hfexport_executorch.versions import MIN_VERSIONS, TESTED_VERSIONS
+from hfexport_executorch import generation as _generation
+from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
 __all__ = ["ExecutorchExporter"]
 
@@ -81,6 +81,7 @@ class ExecutorchExporter(HfExporter):
     required_packages: ClassVar[tuple[str, ...]] = ("torch", "executorch")
     min_versions: ClassVar[dict[str, str]] = dict(MIN_VERSIONS)
     tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
+    supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "model.pte"
     #: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
     #: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
@@ -97,7 +98,6 @@ class ExecutorchExporter(HfExporter):
         from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
         from hfexport.tensors import cast_leaf_tensors
         from hfexport_executorch.backends import prepare_backend
-        from hfexport_executorch.fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
         from hfexport_executorch.lowering import (
             delegation_summary,
             lower_to_edge,
@@ -105,6 +105,7 @@ class ExecutorchExporter(HfExporter):
             planned_memory_bytes,
         )
         from hfexport_executorch.serialize import attach_atomic_save
+        from hfexport_executorch.workarounds.fx_fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
 
         with contextlib.ExitStack() as stack:
             with report.stage("prepare_backend", detail=str(config.backend)):

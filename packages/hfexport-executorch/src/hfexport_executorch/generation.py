@@ -10,16 +10,15 @@ call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module ho
   included) go into the generation manifest and the runner is rebuilt from file and specs;
 - :func:`prepare_component`: static-cache components get paired cache inputs/outputs;
 - :func:`component_config`: decode-step components get bounded dynamic axes;
-- :func:`patchify_conv3d_as_matmul` (registered patch, key ``executorch``, registered when the
-  backend is imported): the patch-embedding Conv3d of Qwen-style vision encoders as a matmul,
-  which the runtime can execute.
+- :func:`patchify_conv3d_as_matmul` (re-exported; registered in
+  :mod:`hfexport_executorch.workarounds.patches`, key ``executorch``): the patch-embedding Conv3d
+  of Qwen-style vision encoders as a matmul, which the runtime can execute.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -27,7 +26,7 @@ import torch.utils._pytree as pytree
 
 from hfexport.conventions import TEXT, max_positions, names_with
 from hfexport.pytree import register_known_pytrees
-from hfexport.registry import register_patch
+from hfexport_executorch.workarounds.patches import patchify_conv3d_as_matmul
 
 __all__ = [
     "component_config",
@@ -116,56 +115,6 @@ def prepare_component(name: str, module: Any, kwargs: Mapping[str, Any], plan: A
     if plan.cache_kind == "static" and any(isinstance(v, Cache) for v in kwargs.values()):
         return FunctionalCacheModule(module)
     return module
-
-
-def _patch_sized(conv: torch.nn.Conv3d, x: torch.Tensor) -> bool:
-    """A Conv3d applied to exactly one kernel-sized patch per row (a patch embedding)."""
-    padding = conv.padding if isinstance(conv.padding, tuple) else (conv.padding,) * 3
-    return (
-        x.dim() == 5
-        and tuple(conv.stride) == tuple(conv.kernel_size)
-        and tuple(conv.dilation) == (1, 1, 1)
-        and conv.groups == 1
-        and conv.padding_mode == "zeros"
-        and all(p == 0 for p in padding)
-        and all(isinstance(s, int) and s == k for s, k in zip(x.shape[2:], conv.kernel_size))
-    )
-
-
-@register_patch(
-    "executorch",
-    "torch.nn.Conv3d.forward",
-    description=(
-        "compute a patch-embedding Conv3d (one kernel-sized patch per row) as a matmul, since the portable "
-        "ExecuTorch convolution kernel rejects 5-D inputs and XNNPACK does not take Conv3d"
-    ),
-    issue="https://github.com/pytorch/executorch/issues/11704",
-    versions={"executorch": ">=0.4"},
-)
-def patchify_conv3d_as_matmul(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace ``Conv3d.forward`` by an exact matmul form when each input row is one patch.
-
-    Vision encoders of video-capable models (Qwen2-VL's ``PatchEmbed``) embed ``t x p x p`` patches
-    with a ``Conv3d`` whose kernel and stride equal the input's spatial size. ExecuTorch's
-    portable ``aten::convolution.out`` checks for 3-D/4-D inputs and fails at run time on 5-D ones
-    (pytorch/executorch#11704; the portable Conv3d support of PR 19977 was reverted in PR 20888),
-    and no CPU delegate takes it. Such a convolution is a matrix product: ``[n, c, t, p, p]``
-    flattened to ``[n, c*t*p*p]`` times the weight seen as ``[out, c*t*p*p]``, plus the bias,
-    reshaped to ``[n, out, 1, 1, 1]``. Any other Conv3d (several patches per row, padding,
-    dilation, groups, symbolic spatial sizes) keeps the original forward.
-    """
-
-    @functools.wraps(original)
-    def forward(self: torch.nn.Conv3d, input: torch.Tensor) -> torch.Tensor:
-        if not _patch_sized(self, input):
-            return original(self, input)
-        flat = input.reshape(input.shape[0], -1)
-        out = flat @ self.weight.reshape(self.out_channels, -1).t()
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(input.shape[0], self.out_channels, 1, 1, 1)
-
-    return forward
 
 
 # Token-aligned inputs of the (encoder) text sequence group, from the core input-role table.

@@ -8,10 +8,10 @@ ONNX IR fixes) in their registries.
 
 from __future__ import annotations
 
-from hfexport_onnx import fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
 from hfexport_onnx.__about__ import __version__
 from hfexport_onnx.exporter import OnnxExporter, SaveOptions
 from hfexport_onnx.io_names import IoNames
 from hfexport_onnx.runtime import OnnxRuntimeRunner
+from hfexport_onnx.workarounds import fx_fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
 
 __all__ = ["IoNames", "OnnxExporter", "OnnxRuntimeRunner", "SaveOptions", "__version__"]

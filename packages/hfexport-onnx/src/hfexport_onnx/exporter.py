@@ -11,10 +11,10 @@ Stages (each a method, each a line of the export report):
 3. ``fx_program_fixes`` and ``fx_node_fixes``: ``register_fx_program_fix("onnx")`` and
    ``register_fx_node_fix("onnx")`` entries on the captured program;
 4. ``custom_translations`` then ``translate``: ``torch.onnx.export(program, dynamo=True,
-   custom_translation_table=...)`` with the active :mod:`hfexport_onnx.translations`;
+   custom_translation_table=...)`` with the active :mod:`hfexport_onnx.workarounds.translations`;
 5. ``io_names``: graph inputs/outputs renamed to leaf paths (:mod:`hfexport_onnx.io_names`),
    explicit ``Dim`` names given to the symbolic axes;
-6. ``ir_fixes``: active :mod:`hfexport_onnx.ir_fixes` on the ``onnx_ir`` model;
+6. ``ir_fixes``: active :mod:`hfexport_onnx.workarounds.ir_fixes` on the ``onnx_ir`` model;
 7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
 8. ``external_data``: decides how weights are saved (external data when
    ``config.external_data`` or when they exceed the 2 GiB protobuf limit).
@@ -46,10 +46,10 @@ from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport
 from hfexport_onnx.io_names import IoNames, assign_io_names
-from hfexport_onnx.ir_fixes import apply_ir_fixes
 from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
-from hfexport_onnx.translations import custom_translation_table
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
+from hfexport_onnx.workarounds.ir_fixes import apply_ir_fixes
+from hfexport_onnx.workarounds.translations import custom_translation_table
 
 __all__ = ["BACKEND", "OnnxExporter", "SaveOptions", "supported_opset_range"]
 
@@ -223,7 +223,7 @@ class OnnxExporter(HfExporter):
             record.detail = f"{len(applied)} applied"
 
     def translation_table(self, report: ExportReport) -> dict[Any, Callable[..., Any]]:
-        """Stage ``custom_translations``: the active translations of :mod:`hfexport_onnx.translations`."""
+        """Stage ``custom_translations``: the active translations of :mod:`hfexport_onnx.workarounds.translations`."""
         with report.stage("custom_translations") as record:
             table, names = custom_translation_table()
             report.record_applied("custom_translations", names)
@@ -295,7 +295,7 @@ class OnnxExporter(HfExporter):
         return mapping
 
     def fix_ir(self, onnx_program: Any, report: ExportReport) -> None:
-        """Stage ``ir_fixes``: the active fixes of :mod:`hfexport_onnx.ir_fixes`."""
+        """Stage ``ir_fixes``: the active fixes of :mod:`hfexport_onnx.workarounds.ir_fixes`."""
         with report.stage("ir_fixes") as record:
             applied = apply_ir_fixes(onnx_program.model)
             report.record_applied("ir_fixes", applied)

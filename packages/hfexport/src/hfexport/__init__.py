@@ -41,7 +41,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "apply_patches": ("hfexport.registry", "apply_patches"),
     # inputs and tensors
     "prepare_for_export": ("hfexport.inputs", "prepare_for_export"),
-    "register_export_input_preparer": ("hfexport.inputs", "register_export_input_preparer"),
+    "register_export_input_preparer": ("hfexport.workarounds.preparers", "register_export_input_preparer"),
     "get_leaf_tensors": ("hfexport.tensors", "get_leaf_tensors"),
     # errors
     "HfExportError": ("hfexport.errors", "HfExportError"),

@@ -10,7 +10,7 @@ Stages (each a function, called in order by :func:`capture`):
    :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
    or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out;
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
-5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.capture_workarounds`
+5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.capture`
    (faults of ``torch.export`` every backend meets), installed around the next step only;
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``.
 """
@@ -26,10 +26,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from hfexport import capture_workarounds
 from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
+from hfexport.workarounds import capture as capture_workarounds
 
 __all__ = [
     "KwargsModule",

@@ -121,37 +121,55 @@ def env_command(
     console.print(table)
 
 
-@app.command("patches")
-def patches_command(
-    backend: Annotated[
-        str | None, typer.Option(help="Only this backend key (e.g. onnx, executorch.xnnpack).")
-    ] = None,
-    stale: Annotated[
-        bool, typer.Option("--stale", help="Only entries no supported version needs any more.")
-    ] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-) -> None:
-    """List registered workarounds: what each fixes, its upstream issue, range, and whether it is active."""
-    from hfexport import registry
+def _supported_ranges() -> dict[str, dict[str, str]]:
+    """Root registry key -> ``{distribution: specifier}`` its entries are judged against.
+
+    Every installed backend (entry point ``hfexport.exporters``): the ranges the core declares,
+    overlaid with the backend's ``supported_versions``. The core's own keys
+    (:data:`hfexport.workarounds.CORE_KEYS`): the ranges the ``hfexport`` distribution declares.
+    Loading a backend registers its workarounds; the core's are registered here too.
+    """
+    from hfexport import workarounds
     from hfexport.auto import _entry_points
 
-    supported: dict[str, dict[str, str]] = {}
+    core = _declared_ranges("hfexport")
+    supported: dict[str, dict[str, str]] = {key: dict(core) for key in workarounds.CORE_KEYS}
     for fmt, ep in _entry_points().items():
         try:
             cls = ep.load()
         except Exception as exc:
             err_console.print(f"[yellow]backend {fmt} failed to import: {exc}[/]")
             continue
-        supported[fmt] = dict(getattr(cls, "supported_versions", {}) or {})
-    # core workarounds (key "capture") are judged against the core's declared ranges
-    supported["capture"] = _declared_ranges("hfexport")
-    import hfexport.capture_workarounds  # noqa: F401  (registers the "capture" entries)
+        supported[fmt] = {**core, **dict(getattr(cls, "supported_versions", {}) or {})}
+    workarounds.load()
+    return supported
 
+
+def _patch_rows(backend: str | None, stale_only: bool) -> list[dict[str, Any]]:
+    """One row per registry entry of every kind (see :func:`patches_command`).
+
+    Raises:
+        typer.BadParameter: ``backend`` is not a dotted key, or names no known key.
+    """
+    from hfexport import registry
+
+    supported = _supported_ranges()
+    if backend is not None:
+        known = sorted({*registry.backend_keys(), *supported})
+        root = backend.split(".")[0]
+        if not isinstance(backend, str) or not registry._BACKEND_RE.fullmatch(backend) or root not in known:
+            raise typer.BadParameter(
+                f"unknown backend key {backend!r}; known keys: {', '.join(known)} "
+                "(a scope of one of them, e.g. executorch.xnnpack, also works)",
+                param_hint="--backend",
+            )
     rows = []
     for entry in registry.entries(backend):
         root = entry.backend.split(".")[0]
-        is_stale = entry.is_stale(supported.get(root, {}))
-        if stale and not is_stale:
+        ranges = supported.get(root)
+        # a key no installed backend or core key owns cannot be judged (stale is None)
+        is_stale = entry.is_stale(ranges) if ranges is not None else None
+        if stale_only and not is_stale:
             continue
         rows.append(
             {
@@ -161,11 +179,39 @@ def patches_command(
                 "description": entry.description,
                 "issue": entry.issue,
                 "versions": entry.versions,
+                "targets": [str(t) for t in entry.targets],
                 "active": entry.is_active(),
                 "stale": is_stale,
+                "judged_against": ranges,
                 "unresolved": [list(u) for u in entry.unresolved],
             }
         )
+    return rows
+
+
+@app.command("patches")
+def patches_command(
+    backend: Annotated[
+        str | None,
+        typer.Option(help="Only the entries applied for this key (e.g. onnx, executorch.xnnpack, capture)."),
+    ] = None,
+    stale: Annotated[
+        bool, typer.Option("--stale", help="Only entries no supported version needs any more.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List every registered workaround of every kind: what it fixes, its upstream issue, range, state.
+
+    Kinds: patches, FX node and program fixes, and the kinds backends add (ONNX translations and
+    IR fixes, input preparers, ...). ``--stale`` judges each entry against the supported ranges of
+    its key's root: an installed backend's ``supported_versions`` (scoped keys such as
+    ``executorch.xnnpack`` or ``dynamo.load`` use their backend's), or, for the core keys
+    (``capture``, ``generation``, ``inputs``), the ranges the ``hfexport`` distribution declares.
+    An unknown ``--backend`` key is a usage error (exit 2) listing the known keys.
+    """
+    from hfexport.registry import NO_ISSUE
+
+    rows = _patch_rows(backend, stale)
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -173,16 +219,18 @@ def patches_command(
     for col in ("backend", "kind", "fixes", "upstream", "range", "active", "stale"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        rng = ", ".join(f"{k}{v}" for k, v in r["versions"].items())
-        note = r["description"] + (f" (unresolved: {r['unresolved']})" if r["unresolved"] else "")
+        rng = ", ".join(f"{k}{v}" for k, v in r["versions"].items()) or "any version"
+        note = (r["description"] or r["name"]) + (
+            f" (unresolved: {r['unresolved']})" if r["unresolved"] else ""
+        )
         table.add_row(
             r["backend"],
             r["kind"],
             note,
-            r["issue"],
+            r["issue"] or NO_ISSUE,
             rng,
             "yes" if r["active"] else "no",
-            "yes" if r["stale"] else "no",
+            {True: "yes", False: "no", None: "not judged (no supported range known)"}[r["stale"]],
         )
     console.print(table)
     if not rows:

@@ -18,11 +18,10 @@ exact previous state on exit, also when the body raises.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from transformers.configuration_utils import PreTrainedConfig
@@ -31,6 +30,13 @@ from transformers.utils import ModelOutput
 from hfexport.errors import UnsupportedInputError, UnsupportedModelError
 from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model
 from hfexport.tensors import cast_leaf_tensors
+from hfexport.workarounds.preparers import (
+    ExportInputPreparer,
+    apply_export_input_preparers,
+    register_export_input_preparer,
+    registered_export_input_preparers,
+    unregister_export_input_preparer,
+)
 
 __all__ = [
     "LOSS_INPUT_KEYS",
@@ -65,9 +71,6 @@ OUTPUT_FLAG_KEYS: tuple[str, ...] = ("use_cache", "output_attentions", "output_h
 # Attention implementations that torch.export cannot trace (custom kernels, flex's
 # higher-order op, paged attention with its own cache).
 _UNTRACEABLE_ATTENTION_PREFIXES: tuple[str, ...] = ("flash_attention", "flex_attention", "paged|", "paged_")
-
-PreparerFn = Callable[[Any, dict[str, Any]], Mapping[str, Any]]
-_F = TypeVar("_F", bound=PreparerFn)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,112 +383,15 @@ def restore_model_state(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 
 # --------------------------------------------------------------------------------------------
-# Data-dependent input preparers
+# Data-dependent input preparers (a kind of the central registry, hfexport.workarounds.preparers)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class ExportInputPreparer:
-    """A registered function precomputing data-dependent inputs.
-
-    Attributes:
-        name: qualified name of ``fn`` (``module.qualname``), the registry key.
-        markers: input keys that must all be present (and not None) for ``fn`` to run.
-        fn: ``fn(model, inputs) -> new_inputs``.
-    """
-
-    name: str
-    markers: tuple[str, ...]
-    fn: PreparerFn
-
-
-_PREPARERS: dict[str, ExportInputPreparer] = {}
-_BUILTINS_REGISTERED = False
-
-
-def _register_builtin_preparers() -> None:
-    """Register :data:`hfexport.generation.preparers.BUILTIN_PREPARERS` once, ahead of the others
-    (an entry registered under the same name before is kept)."""
-    global _BUILTINS_REGISTERED
-    if _BUILTINS_REGISTERED:
-        return
-    _BUILTINS_REGISTERED = True
-    from hfexport.generation.preparers import BUILTIN_PREPARERS
-
-    builtins = {}
-    for markers, fn in BUILTIN_PREPARERS:
-        name = _qualified_name(fn)
-        builtins[name] = _PREPARERS.get(name) or ExportInputPreparer(name=name, markers=markers, fn=fn)
-    others = {name: entry for name, entry in _PREPARERS.items() if name not in builtins}
-    _PREPARERS.clear()
-    _PREPARERS.update(builtins)
-    _PREPARERS.update(others)
-
-
-def _qualified_name(fn: Callable[..., Any]) -> str:
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
-
-
-def register_export_input_preparer(*markers: str) -> Callable[[_F], _F]:
-    """Decorator registering a preparer of data-dependent inputs.
-
-    Some forward kwargs imply values that tracing cannot compute from shapes alone (e.g. the
-    vision position ids a model derives from the *values* of ``image_grid_thw``). A preparer
-    computes them eagerly and returns the inputs with those tensors added, so the exported
-    graph receives them as inputs.
-
-    Preparers run in registration order. Registering a function with the same qualified name
-    again (a module imported twice, a reload) replaces the entry in place, keeping its position.
-
-    Args:
-        *markers: input keys that must all be present, with a non-None value, for the preparer
-            to run (e.g. ``"image_grid_thw"``).
-
-    Returns:
-        A decorator that registers ``fn(model, inputs: dict) -> dict`` and returns it
-        unchanged. ``fn`` receives a copy of the inputs it may modify and returns the new
-        inputs.
-
-    Raises:
-        ValueError: no marker given, or a marker is not a non-empty string.
-    """
-    if not markers or not all(isinstance(marker, str) and marker for marker in markers):
-        raise ValueError(f"register_export_input_preparer needs one or more input key names, got {markers!r}")
-
-    def decorator(fn: _F) -> _F:
-        _register_builtin_preparers()
-        name = _qualified_name(fn)
-        if name in _PREPARERS:
-            logger.debug("export input preparer %s registered again; replacing it", name)
-        _PREPARERS[name] = ExportInputPreparer(name=name, markers=tuple(markers), fn=fn)
-        return fn
-
-    return decorator
-
-
-def unregister_export_input_preparer(fn_or_name: Callable[..., Any] | str) -> bool:
-    """Remove a registered preparer.
-
-    Args:
-        fn_or_name: the registered function or its qualified name.
-
-    Returns:
-        True if a preparer was removed, False if none was registered under that name.
-    """
-    _register_builtin_preparers()
-    name = fn_or_name if isinstance(fn_or_name, str) else _qualified_name(fn_or_name)
-    return _PREPARERS.pop(name, None) is not None
-
-
-def registered_export_input_preparers() -> tuple[ExportInputPreparer, ...]:
-    """Return the registered preparers, in the order they run (the built-in vision-language ones
-    of :mod:`hfexport.generation.preparers` first)."""
-    _register_builtin_preparers()
-    return tuple(_PREPARERS.values())
 
 
 def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """Apply every registered preparer whose markers are all present in ``inputs``.
+
+    Registers the built-in vision-language preparers first, then runs
+    :func:`hfexport.workarounds.preparers.apply_export_input_preparers`.
 
     Args:
         model: the model being exported, passed to each preparer.
@@ -493,25 +399,14 @@ def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str,
 
     Returns:
         A new dict of forward kwargs: the output of the last matching preparer, or a copy of
-        ``inputs`` if none matched. A preparer sees the output of the previous ones, so its
-        markers are checked against the inputs as they are when its turn comes.
+        ``inputs`` if none matched.
 
     Raises:
         TypeError: a preparer returned something other than a mapping.
     """
-    _register_builtin_preparers()
-    prepared = dict(inputs)
-    for preparer in tuple(_PREPARERS.values()):
-        if not all(prepared.get(marker) is not None for marker in preparer.markers):
-            continue
-        result = preparer.fn(model, dict(prepared))
-        if not isinstance(result, Mapping):
-            raise TypeError(
-                f"export input preparer {preparer.name} returned {type(result).__name__}, expected a dict of inputs"
-            )
-        logger.debug("export input preparer %s applied (markers %s)", preparer.name, preparer.markers)
-        prepared = dict(result)
-    return prepared
+    import hfexport.generation.preparers  # noqa: F401  (registers the built-in vision-language preparers)
+
+    return apply_export_input_preparers(model, inputs)
 
 
 # --------------------------------------------------------------------------------------------

@@ -155,9 +155,9 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
 
     Args:
         spec: ``PATH`` to a local model folder, ``pkg:<import_name>`` for a model folder shipped in
-            an installed Python package (see :func:`resolve_package_model`), or ``tiny:<model_type>`` (see
-            ``hfexport.testing.SUPPORTED_MODEL_TYPES``); ``tiny:`` models are seeded and identical
-            every time.
+            an installed Python package (see :func:`resolve_package_model`), or ``tiny:<model_type>``
+            for any model type transformers knows (generic tiny presets, see
+            :func:`hfexport.testing.tiny_model`); ``tiny:`` models are seeded and identical every time.
         task: ``"auto"`` (from ``config.architectures``; for ``tiny:`` the model type's default)
             or a task name from :data:`TASK_AUTO_CLASSES`.
 
@@ -169,7 +169,10 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
     Raises:
         FileNotFoundError: ``spec`` is neither ``tiny:...`` nor an existing folder (hub ids are not
             downloaded).
-        ValueError: unknown model type or task.
+        ValueError: unknown model type or task; for ``tiny:``, an unknown model type lists close
+            matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
+            names the tasks it has.
+        hfexport.testing.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
     """
     if spec.startswith("tiny:"):
         from hfexport.testing import default_task, tiny_model

@@ -1,25 +1,38 @@
-"""Registry of workarounds for upstream bugs, keyed by backend.
+"""One registry of workarounds for upstream bugs, keyed by backend, with open kinds.
 
-Three kinds of entries, each filled by a decorator at import time:
+Every workaround is a :class:`RegistryEntry` of some *kind*. The core defines three kinds and
+applies them itself:
 
-- **patches** (:func:`register_patch`): a factory receives the original attribute (a function,
+- ``"patch"`` (:func:`register_patch`): a factory receives the original attribute (a function,
   method, ...) and returns its replacement. :func:`apply_patches` installs the replacements for
   the duration of a ``with`` block and restores the originals afterwards, also on error.
-- **FX node fixes** (:func:`register_fx_node_fix`): ``fix(gm, node) -> bool`` rewrites one node
+- ``"fx_node_fix"`` (:func:`register_fx_node_fix`): ``fix(gm, node) -> bool`` rewrites one node
   of a captured graph; ``True`` means the node was consumed. Applied by
   :func:`apply_fx_node_fixes` over every sub-GraphModule.
-- **FX program fixes** (:func:`register_fx_program_fix`): ``fix(exported_program) -> None``,
+- ``"fx_program_fix"`` (:func:`register_fx_program_fix`): ``fix(exported_program) -> None``,
   for fixes that need the whole program (signature, state dict, ...). Applied by
   :func:`apply_fx_program_fixes`.
+
+The list of kinds is open: a package announces a kind of its own with :func:`register_kind`
+(``register_kind("onnx_translation", description=...)``), registers entries of it with
+:func:`register` and applies them itself, reading :func:`active_entries`. Entries of every kind
+carry the same metadata, are listed by ``hfexport patches`` and judged by ``--stale``.
 
 Backend keys may be scoped with dots (``"executorch.xnnpack"``). Asking for a scoped key also
 applies the entries of its parent keys, parents first (``"executorch"`` then
 ``"executorch.xnnpack"``), and never those of sibling scopes (``"executorch.cuda"``).
 
-Every entry records the upstream issue it works around and, per distribution, the version
-range in which it is needed. An entry is *active* (applied) only when every distribution it
-names is installed at a version inside its range; :meth:`RegistryEntry.is_stale` tells when a
-package's supported range no longer reaches an entry's range, i.e. the entry can be retired.
+An entry may record the upstream issue it works around, a one-line description and, per
+distribution, the version range in which it is needed (``description``, ``issue``, ``versions``,
+all optional, as in the reference API; hfexport's own entries always give them). An entry is
+*active* (applied) only when every distribution it names is installed at a version inside its
+range (an entry without ``versions`` is always active); :meth:`RegistryEntry.is_stale` tells when
+a package's supported range no longer reaches an entry's range, i.e. the entry can be retired.
+
+Patch targets are resolved lazily: registering a patch records its dotted paths and imports
+nothing; the paths are resolved (their modules imported) when the patch is first applied, or when
+:meth:`RegistryEntry.resolve` is called, e.g. by ``hfexport patches`` to list the paths that do not
+resolve. Importing a backend therefore never imports the transformers modules its patches target.
 
 Registration is idempotent: registering the same function (same qualified name) for the same
 backend and kind again, e.g. because its module was imported twice or reloaded, replaces the
@@ -38,41 +51,121 @@ import re
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-import torch.fx
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from hfexport.environment import installed_version, public_version
 
+if TYPE_CHECKING:
+    import torch
+    import torch.fx
+
 __all__ = [
+    "NO_ISSUE",
+    "EntryKind",
+    "Kind",
     "RegistryEntry",
+    "active_entries",
     "apply_fx_node_fixes",
     "apply_fx_program_fixes",
     "apply_patches",
+    "backend_keys",
     "entries",
     "installed_version",
     "isolated_registry",
+    "kinds",
+    "register",
     "register_fx_node_fix",
     "register_fx_program_fix",
+    "register_kind",
     "register_patch",
 ]
 
 logger = logging.getLogger(__name__)
 
-EntryKind = Literal["patch", "fx_node_fix", "fx_program_fix"]
-_KINDS: tuple[str, ...] = ("patch", "fx_node_fix", "fx_program_fix")
+#: A kind name: ``"patch"``, ``"fx_node_fix"``, ``"fx_program_fix"`` or one registered with
+#: :func:`register_kind` (``"onnx_translation"``, ``"input_preparer"``, ...).
+EntryKind = str
+
+#: What listings show for an entry registered without an upstream issue.
+NO_ISSUE = "no upstream issue recorded"
+
 _BACKEND_RE = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_KIND_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 # --------------------------------------------------------------------------------------------
-# Installed versions
+# Kinds
 # --------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """One kind of registry entry.
+
+    Attributes:
+        name: the kind's name, lower-case with underscores (``"onnx_translation"``).
+        description: one line saying what entries of this kind are and who applies them.
+        targets: what an entry's :attr:`RegistryEntry.targets` hold for this kind, for listings
+            (``"dotted paths"``, ``"operators"``, ``"input keys"``); empty when entries have none.
+    """
+
+    name: str
+    description: str
+    targets: str = ""
+
+
+_KIND_TABLE: dict[str, Kind] = {}
+_KIND_LOCK = threading.Lock()
+
+
+def register_kind(name: str, *, description: str, targets: str = "") -> Kind:
+    """Announce a kind of registry entry (idempotent: the same name again replaces its description).
+
+    The registry does not apply entries of a new kind: the package that registers the kind
+    reads :func:`active_entries` at its own stage and calls the entries' functions.
+
+    Args:
+        name: lower-case name with underscores, e.g. ``"onnx_translation"``.
+        description: one line saying what entries of this kind do and where they are applied.
+        targets: what entries' ``targets`` hold (``"operators"``), empty when they hold nothing.
+
+    Returns:
+        The :class:`Kind`.
+
+    Raises:
+        ValueError: when ``name`` is not lower-case letters, digits and underscores, or
+            ``description`` is empty or spans lines.
+    """
+    if not isinstance(name, str) or not _KIND_RE.fullmatch(name):
+        raise ValueError(
+            f"kind name must be lower-case letters, digits and underscores, e.g. 'onnx_ir_fix', got {name!r}"
+        )
+    _check_description(description)
+    kind = Kind(name=name, description=description.strip(), targets=targets)
+    with _KIND_LOCK:
+        _KIND_TABLE[name] = kind
+    return kind
+
+
+def kinds() -> tuple[Kind, ...]:
+    """Every registered kind, in registration order (the core's three first)."""
+    with _KIND_LOCK:
+        return tuple(_KIND_TABLE.values())
+
+
+def _check_kind(kind: str) -> None:
+    with _KIND_LOCK:
+        known = tuple(_KIND_TABLE)
+    if kind not in known:
+        raise ValueError(
+            f"kind must be one of {known} (announce a new kind with hfexport.registry.register_kind), got {kind!r}"
+        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,38 +182,103 @@ class _Target:
     attr: str
 
 
+class _Resolution:
+    """The lazily computed resolution of a patch entry's dotted paths (computed once)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.done = False
+        self.targets: tuple[_Target, ...] = ()
+        self.unresolved: tuple[tuple[str, str], ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class RegistryEntry:
     """One registered workaround.
 
     Attributes:
-        kind: ``"patch"``, ``"fx_node_fix"`` or ``"fx_program_fix"``.
+        kind: ``"patch"``, ``"fx_node_fix"``, ``"fx_program_fix"`` or a kind registered with
+            :func:`register_kind`.
         backend: the backend key it was registered for, e.g. ``"onnx"`` or ``"executorch.xnnpack"``.
         name: qualified name of the decorated function, ``module.qualname``.
-        description: one line saying what the workaround does.
-        issue: URL of the upstream issue the workaround exists for.
-        versions: distribution name -> PEP 440 specifier set in which the workaround is needed.
-        paths: dotted paths the patch replaces (empty for FX fixes).
-        unresolved: ``(path, reason)`` for every path that could not be resolved when the entry
-            was registered; those paths are never patched.
+        description: one line saying what the workaround does (``None`` when not given).
+        issue: URL of the upstream issue the workaround exists for (``None`` when not given).
+        versions: distribution name -> PEP 440 specifier set in which the workaround is needed
+            (empty when not given: the entry is then always active and never stale).
         func: the decorated factory or fix function.
+        targets: what the entry applies to, per kind: dotted paths for patches, operators for
+            ONNX translations, input keys for input preparers; empty for FX fixes.
     """
 
     kind: EntryKind
     backend: str
     name: str
-    description: str
-    issue: str
+    description: str | None
+    issue: str | None
     versions: dict[str, str] = dataclasses.field(hash=False)
     func: Callable[..., Any] = dataclasses.field(compare=False, repr=False)
-    paths: tuple[str, ...] = ()
-    unresolved: tuple[tuple[str, str], ...] = ()
-    _targets: tuple[_Target, ...] = dataclasses.field(default=(), compare=False, repr=False)
+    targets: tuple[Any, ...] = ()
+    _resolution: _Resolution = dataclasses.field(
+        default_factory=_Resolution, compare=False, repr=False, hash=False
+    )
 
     @property
     def key(self) -> tuple[str, str, str]:
         """``(kind, backend, name)``: the identity under which the entry is registered."""
         return (self.kind, self.backend, self.name)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Dotted paths a patch replaces (empty for every other kind)."""
+        return tuple(self.targets) if self.kind == "patch" else ()
+
+    @property
+    def has_metadata(self) -> bool:
+        """True when the entry names its description, upstream issue and version range."""
+        return bool(self.description and self.issue and self.versions)
+
+    @property
+    def issue_text(self) -> str:
+        """The upstream issue URL, or :data:`NO_ISSUE` when none was recorded."""
+        return self.issue or NO_ISSUE
+
+    @property
+    def unresolved(self) -> tuple[tuple[str, str], ...]:
+        """``(path, reason)`` for every dotted path of a patch that does not resolve.
+
+        Reading it resolves the paths (imports their modules) if that has not happened yet;
+        unresolved paths are never patched. Always empty for kinds other than ``"patch"``.
+        """
+        self.resolve()
+        return self._resolution.unresolved
+
+    def resolve(self) -> tuple[_Target, ...]:
+        """Resolve a patch's dotted paths now (once; later calls return the cached result).
+
+        Imports the longest importable module prefix of every path and looks the rest up with
+        ``getattr``. A path that fails (module missing, attribute renamed, import error) is
+        recorded in :attr:`unresolved` with the reason instead of raising.
+
+        Returns:
+            The resolved targets (empty for kinds other than ``"patch"``).
+        """
+        res = self._resolution
+        if res.done:
+            return res.targets
+        with res.lock:
+            if not res.done:
+                targets: list[_Target] = []
+                unresolved: list[tuple[str, str]] = []
+                for path in self.paths:
+                    resolved = _resolve(path)
+                    if isinstance(resolved, str):
+                        logger.debug("patch %s: cannot resolve %s: %s", self.name, path, resolved)
+                        unresolved.append((path, resolved))
+                    else:
+                        targets.append(resolved)
+                res.targets, res.unresolved = tuple(targets), tuple(unresolved)
+                res.done = True
+        return res.targets
 
     def inactive_reason(self) -> str | None:
         """Say why the entry is not active with the installed packages.
@@ -145,8 +303,9 @@ class RegistryEntry:
         """Return whether the workaround applies to the installed packages.
 
         True when every distribution in :attr:`versions` is installed and its version, with
-        any local suffix (``+cpu``, ``+cu126``) ignored, is inside the entry's specifier set.
-        Computed at call time from :func:`installed_version`.
+        any local suffix (``+cpu``, ``+cu126``) ignored, is inside the entry's specifier set
+        (always True for an entry without versions). Computed at call time from
+        :func:`installed_version`.
         """
         return self.inactive_reason() is None
 
@@ -238,6 +397,13 @@ class _Registry:
                 logger.debug("replacing registry entry %s for %r", entry.name, entry.backend)
             self._entries[entry.key] = entry
 
+    def remove(self, predicate: Callable[[RegistryEntry], bool]) -> list[RegistryEntry]:
+        with self._lock:
+            gone = [e for e in self._entries.values() if predicate(e)]
+            for entry in gone:
+                del self._entries[entry.key]
+            return gone
+
     def snapshot(self) -> list[RegistryEntry]:
         with self._lock:
             return list(self._entries.values())
@@ -258,7 +424,7 @@ def isolated_registry() -> Iterator[None]:
     """Swap in an empty registry for the duration of a ``with`` block (for tests).
 
     Entries registered inside the block are dropped on exit and the previous registry is put
-    back, also when the block raises.
+    back, also when the block raises. Kinds registered inside the block stay registered.
     """
     global _REGISTRY
     saved = _REGISTRY
@@ -267,6 +433,17 @@ def isolated_registry() -> Iterator[None]:
         yield
     finally:
         _REGISTRY = saved
+
+
+def unregister(kind: EntryKind, name: str, backend: str | None = None) -> list[RegistryEntry]:
+    """Remove entries of ``kind`` whose qualified name is ``name`` (for one backend key or all).
+
+    Returns:
+        The removed entries (empty when none matched).
+    """
+    return _REGISTRY.remove(
+        lambda e: e.kind == kind and e.name == name and (backend is None or e.backend == backend)
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -281,18 +458,31 @@ def _validate_backend(backend: str) -> None:
         )
 
 
-def _validate_metadata(description: str, issue: str, versions: Mapping[str, str]) -> dict[str, str]:
+def _check_description(description: Any) -> None:
     if not isinstance(description, str) or not description.strip() or "\n" in description.strip():
         raise ValueError(f"description must be one non-empty line, got {description!r}")
-    parsed = urllib.parse.urlparse(issue) if isinstance(issue, str) else None
-    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(
-            f"issue must be the URL of the upstream issue being worked around (https://...), got {issue!r}"
-        )
+
+
+def _validate_metadata(
+    description: str | None, issue: str | None, versions: Mapping[str, str] | None
+) -> tuple[str | None, str | None, dict[str, str]]:
+    """Check the optional metadata; return ``(description, issue, versions)`` normalised."""
+    if description is not None:
+        _check_description(description)
+        description = description.strip()
+    if issue is not None:
+        parsed = urllib.parse.urlparse(issue) if isinstance(issue, str) else None
+        if parsed is None or parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ValueError(
+                f"issue must be the URL of the upstream issue being worked around (https://...), got {issue!r}"
+            )
+    if versions is None:
+        return description, issue, {}
     if not isinstance(versions, Mapping) or not versions:
         raise ValueError(
             "versions must map at least one distribution to the specifier set in which the "
-            "workaround is needed, e.g. {'torch': '<2.14'}; use '>=0' only when no upstream fix is planned"
+            "workaround is needed, e.g. {'torch': '<2.14'} (or be left out); use '>=0' only when no "
+            "upstream fix is planned"
         )
     checked: dict[str, str] = {}
     for dist, spec in versions.items():
@@ -307,7 +497,7 @@ def _validate_metadata(description: str, issue: str, versions: Mapping[str, str]
         except InvalidSpecifier as exc:
             raise ValueError(f"versions[{dist!r}] is not a PEP 440 specifier set: {spec!r}") from exc
         checked[dist] = spec
-    return checked
+    return description, issue, checked
 
 
 def _resolve(path: str) -> _Target | str:
@@ -355,12 +545,65 @@ def _qualified_name(func: Callable[..., Any]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def register(
+    kind: EntryKind,
+    backend: str,
+    *targets: Any,
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
+) -> Callable[[_F], _F]:
+    """Register the decorated function as an entry of ``kind`` for ``backend``.
+
+    The generic form behind :func:`register_patch`, :func:`register_fx_node_fix` and
+    :func:`register_fx_program_fix`, and the one to use for a kind announced with
+    :func:`register_kind`. Nothing is imported or resolved here.
+
+    Args:
+        kind: a registered kind name (see :func:`kinds`).
+        backend: backend key, optionally scoped (``"executorch.xnnpack"``).
+        *targets: what the entry applies to (kind-specific: dotted paths, operators, input keys).
+        description: one line saying what the workaround does.
+        issue: URL of the upstream issue being worked around.
+        versions: distribution -> PEP 440 specifier set in which the workaround is needed,
+            e.g. ``{"torch": "<2.14"}``; without it the entry is always active.
+
+    Returns:
+        A decorator that registers the function and returns it unchanged.
+
+    Raises:
+        ValueError: when ``kind`` is not registered, ``backend`` is not a dotted name,
+            ``description`` is empty or spans lines, ``issue`` is not an http(s) URL, or
+            ``versions`` is empty or holds an invalid specifier set.
+    """
+    _check_kind(kind)
+    _validate_backend(backend)
+    description, issue, checked = _validate_metadata(description, issue, versions)
+
+    def decorator(func: _F) -> _F:
+        _REGISTRY.add(
+            RegistryEntry(
+                kind=kind,
+                backend=backend,
+                name=_qualified_name(func),
+                description=description,
+                issue=issue,
+                versions=checked,
+                func=func,
+                targets=tuple(targets),
+            )
+        )
+        return func
+
+    return decorator
+
+
 def register_patch(
     backend: str,
     *dotted_paths: str,
-    description: str,
-    issue: str,
-    versions: Mapping[str, str],
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> Callable[[_F], _F]:
     """Register a patch factory for ``backend``, replacing the attributes at ``dotted_paths``.
 
@@ -371,10 +614,11 @@ def register_patch(
     factory already returned a descriptor).
 
     Paths such as ``"torch.nn.functional.scaled_dot_product_attention"`` or
-    ``"pkg.mod.Class.method"`` are resolved now: the longest importable module prefix is
-    imported and the rest looked up with ``getattr``. A path that cannot be resolved (module
-    missing, attribute renamed) does not fail the import of the decorating module: it is
-    recorded in :attr:`RegistryEntry.unresolved` with the reason and never patched.
+    ``"pkg.mod.Class.method"`` are not imported here: they are resolved when the patch is first
+    applied (or listed): the longest importable module prefix is imported and the rest looked up
+    with ``getattr``. A path that cannot be resolved (module missing, attribute renamed) is
+    recorded in :attr:`RegistryEntry.unresolved` with the reason, warned about once, and never
+    patched.
 
     Args:
         backend: backend key, optionally scoped (``"executorch.xnnpack"``).
@@ -382,7 +626,7 @@ def register_patch(
         description: one line saying what the patch does.
         issue: URL of the upstream issue being worked around.
         versions: distribution -> PEP 440 specifier set in which the patch is needed,
-            e.g. ``{"torch": "<2.14"}``.
+            e.g. ``{"torch": "<2.14"}``; without it the patch is always applied.
 
     Returns:
         A decorator that registers the factory and returns it unchanged.
@@ -393,67 +637,21 @@ def register_patch(
             http(s) URL, or ``versions`` is empty or holds an invalid specifier set.
     """
     _validate_backend(backend)
-    checked = _validate_metadata(description, issue, versions)
+    _validate_metadata(description, issue, versions)
     if not dotted_paths:
         raise ValueError("register_patch needs at least one dotted path to patch")
     for path in dotted_paths:
         if not isinstance(path, str) or len(path.split(".")) < 2 or not all(path.split(".")):
             raise ValueError(f"patch path must look like 'package.module.attribute', got {path!r}")
-
-    def decorator(factory: _F) -> _F:
-        targets: list[_Target] = []
-        unresolved: list[tuple[str, str]] = []
-        for path in dotted_paths:
-            resolved = _resolve(path)
-            if isinstance(resolved, str):
-                logger.debug("patch %s: cannot resolve %s: %s", _qualified_name(factory), path, resolved)
-                unresolved.append((path, resolved))
-            else:
-                targets.append(resolved)
-        _REGISTRY.add(
-            RegistryEntry(
-                kind="patch",
-                backend=backend,
-                name=_qualified_name(factory),
-                description=description.strip(),
-                issue=issue,
-                versions=checked,
-                paths=tuple(dotted_paths),
-                unresolved=tuple(unresolved),
-                func=factory,
-                _targets=tuple(targets),
-            )
-        )
-        return factory
-
-    return decorator
-
-
-def _register_fix(
-    kind: EntryKind, backend: str, description: str, issue: str, versions: Mapping[str, str]
-) -> Callable[[_F], _F]:
-    _validate_backend(backend)
-    checked = _validate_metadata(description, issue, versions)
-
-    def decorator(fix: _F) -> _F:
-        _REGISTRY.add(
-            RegistryEntry(
-                kind=kind,
-                backend=backend,
-                name=_qualified_name(fix),
-                description=description.strip(),
-                issue=issue,
-                versions=checked,
-                func=fix,
-            )
-        )
-        return fix
-
-    return decorator
+    return register("patch", backend, *dotted_paths, description=description, issue=issue, versions=versions)
 
 
 def register_fx_node_fix(
-    backend: str, *, description: str, issue: str, versions: Mapping[str, str]
+    backend: str,
+    *,
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> Callable[[_F], _F]:
     """Register an FX node fix ``fix(gm, node) -> bool`` for ``backend``.
 
@@ -474,11 +672,15 @@ def register_fx_node_fix(
         ValueError: when ``backend``, ``description``, ``issue`` or ``versions`` is invalid
             (see :func:`register_patch`).
     """
-    return _register_fix("fx_node_fix", backend, description, issue, versions)
+    return register("fx_node_fix", backend, description=description, issue=issue, versions=versions)
 
 
 def register_fx_program_fix(
-    backend: str, *, description: str, issue: str, versions: Mapping[str, str]
+    backend: str,
+    *,
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> Callable[[_F], _F]:
     """Register a program-level fix ``fix(exported_program) -> None`` for ``backend``.
 
@@ -498,7 +700,7 @@ def register_fx_program_fix(
         ValueError: when ``backend``, ``description``, ``issue`` or ``versions`` is invalid
             (see :func:`register_patch`).
     """
-    return _register_fix("fx_program_fix", backend, description, issue, versions)
+    return register("fx_program_fix", backend, description=description, issue=issue, versions=versions)
 
 
 # --------------------------------------------------------------------------------------------
@@ -519,7 +721,8 @@ def entries(backend: str | None = None, *, kind: EntryKind | None = None) -> lis
         backend: ``None`` for every entry; otherwise the entries that apply to this key, i.e.
             those registered for the key itself or one of its parent scopes, in the order they
             are applied (parent scopes first, then registration order).
-        kind: restrict to ``"patch"``, ``"fx_node_fix"`` or ``"fx_program_fix"``.
+        kind: restrict to one kind (``"patch"``, ``"fx_node_fix"``, ``"fx_program_fix"`` or a
+            registered one).
 
     Returns:
         The matching entries, active or not (see :meth:`RegistryEntry.is_active`).
@@ -527,8 +730,8 @@ def entries(backend: str | None = None, *, kind: EntryKind | None = None) -> lis
     Raises:
         ValueError: when ``backend`` is not a dotted name or ``kind`` is unknown.
     """
-    if kind is not None and kind not in _KINDS:
-        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    if kind is not None:
+        _check_kind(kind)
     found = [e for e in _REGISTRY.snapshot() if kind is None or e.kind == kind]
     if backend is None:
         return found
@@ -539,7 +742,22 @@ def entries(backend: str | None = None, *, kind: EntryKind | None = None) -> lis
     return sorted(selected, key=lambda e: rank[e.backend])  # stable: keeps registration order
 
 
-def _active(kind: EntryKind, backend: str) -> list[RegistryEntry]:
+def backend_keys() -> list[str]:
+    """Every backend key with at least one entry, and each of its parent scopes, sorted."""
+    keys: set[str] = set()
+    for entry in _REGISTRY.snapshot():
+        keys.update(_scope_chain(entry.backend))
+    return sorted(keys)
+
+
+def active_entries(kind: EntryKind, backend: str) -> list[RegistryEntry]:
+    """The active entries of ``kind`` that apply to ``backend``, in application order.
+
+    What a package calls to apply the entries of a kind it registered (see :func:`register_kind`).
+
+    Raises:
+        ValueError: when ``backend`` is not a dotted name or ``kind`` is unknown.
+    """
     out = []
     for entry in entries(backend, kind=kind):
         reason = entry.inactive_reason()
@@ -548,6 +766,24 @@ def _active(kind: EntryKind, backend: str) -> list[RegistryEntry]:
         else:
             logger.debug("skipping %s %s: %s", kind, entry.name, reason)
     return out
+
+
+_active = active_entries
+
+
+register_kind(
+    "patch",
+    description="factory(original) -> replacement, installed by apply_patches for the export and undone after",
+    targets="dotted paths",
+)
+register_kind(
+    "fx_node_fix",
+    description="fix(gm, node) -> bool rewriting one node of the captured graph (apply_fx_node_fixes)",
+)
+register_kind(
+    "fx_program_fix",
+    description="fix(exported_program) -> None rewriting the captured program (apply_fx_program_fixes)",
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -660,7 +896,7 @@ def apply_patches(backend: str) -> Iterator[list[RegistryEntry]]:
                     _WARNED.add(entry.key)
                     for path, reason in entry.unresolved:
                         logger.warning("patch %s cannot replace %s: %s", entry.name, path, reason)
-                for target in entry._targets:
+                for target in entry.resolve():
                     records.append(_install(entry, target))
                 _INSTALLED.add(entry.key)
                 installed_keys.append(entry.key)
@@ -709,6 +945,8 @@ def apply_fx_node_fixes(backend: str, gm: torch.fx.GraphModule) -> list[str]:
         Exception: whatever a fix raises (with a note naming the fix and the node), or the
             graph lint error when a fix left the graph inconsistent.
     """
+    import torch.fx
+
     fixes = _active("fx_node_fix", backend)
     if not fixes:
         return []

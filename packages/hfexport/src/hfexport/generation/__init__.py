@@ -17,7 +17,7 @@ first use.
 
 from __future__ import annotations
 
-from hfexport.generation import patches as _patches  # noqa: F401  (registers the workarounds)
+from hfexport.generation import preparers as _preparers  # noqa: F401  (registers the preparers)
 from hfexport.generation.capture import capture_generate_calls, record_generation
 from hfexport.generation.decode import decode_inputs_for_query_length, merge_decode_steps
 from hfexport.generation.decompose import (
@@ -39,6 +39,7 @@ from hfexport.generation.persist import (
 from hfexport.generation.plan import ComponentIO, GenerationPlan
 from hfexport.generation.preparers import mrope_position_ids, vision_grid_inputs
 from hfexport.generation.runner import GenerationRunner, callers_from_exporter, exported_program_caller
+from hfexport.workarounds import generation as _workarounds  # noqa: F401  (registers the workarounds)
 
 __all__ = [
     "MANIFEST_NAME",

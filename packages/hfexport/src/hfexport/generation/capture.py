@@ -341,7 +341,7 @@ def record_generation(
     decode steps are merged by :func:`hfexport.generation.decode.merge_decode_steps`); one more
     for encoder-decoder models, whose first decode step (a one-position self-attention cache) is
     skipped so that a dynamic export keeps the cache length symbolic. The
-    ``generation`` workarounds (:mod:`hfexport.generation.patches`) are installed for the run.
+    ``generation`` workarounds (:mod:`hfexport.workarounds.generation`) are installed for the run.
 
     Decoder-only calls get the 2-D padding mask ``generate`` tracks (``[batch, past + q]``, see
     :func:`padding_mask_for_call`) in place of a missing, 4-D or per-layer-type mask, so every graph
@@ -368,8 +368,8 @@ def record_generation(
             top-level forward calls than the window needs (its ``generate`` bypasses ``forward``).
     """
     from hfexport.generation.decode import merge_decode_steps
-    from hfexport.generation.patches import BACKEND
     from hfexport.registry import apply_patches
+    from hfexport.workarounds.generation import BACKEND
 
     if not isinstance(inputs, Mapping) or not (
         {"input_ids", "inputs_embeds", "input_features"} & set(inputs)

@@ -9,8 +9,8 @@
   ``mm_token_type_ids`` and ``image_grid_thw`` with ``get_rope_index``, a method that lives on the
   inner ``.model`` of ``...ForConditionalGeneration`` classes.
 
-The preparers below (:data:`BUILTIN_PREPARERS`, registered by :mod:`hfexport.inputs` on first
-use) compute them eagerly so the exported graph receives them as inputs; the
+The preparers below (input-preparer entries of the workaround registry,
+:mod:`hfexport.workarounds.preparers`) compute them eagerly so the exported graph receives them as inputs; the
 standalone functions are also what the generation runner calls at run time, when no eager model
 is around (:func:`vision_grid_inputs`, :func:`mrope_position_ids`).
 """
@@ -25,8 +25,9 @@ from typing import Any
 
 import torch
 
+from hfexport.workarounds.preparers import register_export_input_preparer
+
 __all__ = [
-    "BUILTIN_PREPARERS",
     "find_rope_index_owner",
     "mrope_position_ids",
     "prepare_mrope_position_ids",
@@ -115,6 +116,15 @@ def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> d
     return out
 
 
+@register_export_input_preparer(
+    "grid_thw",
+    description=(
+        "precompute a Qwen-style vision encoder's rotary position ids, cu_seqlens and window index from "
+        "grid_thw, which the encoder computes with .tolist()/.item() loops torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/158786",
+    versions={"transformers": ">=5.0,<6"},
+)
 def prepare_vision_grid_inputs(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Preparer for Qwen-style vision encoders (marker ``grid_thw``).
 
@@ -148,6 +158,17 @@ def _text_positions(
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
 
 
+@register_export_input_preparer(
+    "input_ids",
+    "image_grid_thw",
+    "mm_token_type_ids",
+    description=(
+        "precompute M-RoPE position ids with the model's get_rope_index, a data-dependent loop over the "
+        "token types that torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
 def prepare_mrope_position_ids(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
     """Preparer for M-RoPE models given processor-style inputs (markers ``input_ids``,
     ``image_grid_thw``, ``mm_token_type_ids``).
@@ -264,10 +285,3 @@ def mrope_position_ids(
     text = _text_positions(attention_mask, batch, length, device)
     return torch.cat([text[None], out], dim=0), deltas
 
-
-#: The built-in preparers as ``(markers, fn)``, in the order they run. :mod:`hfexport.inputs`
-#: registers them on first use (this module does not import it, so the import graph has no cycle).
-BUILTIN_PREPARERS: tuple[tuple[tuple[str, ...], Any], ...] = (
-    (("grid_thw",), prepare_vision_grid_inputs),
-    (("input_ids", "image_grid_thw", "mm_token_type_ids"), prepare_mrope_position_ids),
-)

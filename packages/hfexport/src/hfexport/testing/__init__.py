@@ -1,7 +1,8 @@
 """Test helpers shared by the hfexport packages: tiny seeded models and the shared regression cases.
 
-* :func:`tiny_model` builds a small random-weight model of a supported architecture plus forward
-  kwargs for it (:mod:`hfexport.testing.zoo`);
+* :func:`tiny_model` builds a small random-weight model of any architecture transformers knows plus
+  forward kwargs for it (:mod:`hfexport.testing.zoo`; generic shrink in
+  :mod:`hfexport.testing.shrink`, per-type overrides in :mod:`hfexport.testing.presets`);
 * :func:`load_case` / :func:`list_cases` read the shared ``*.toml`` cases and build their models
   and inputs (:mod:`hfexport.testing.cases`).
 
@@ -21,9 +22,14 @@ from hfexport.testing.cases import (
 from hfexport.testing.zoo import (
     SUPPORTED_MODEL_TYPES,
     TASK_TO_AUTO_CLASS,
+    TinyModelUnavailable,
+    UnknownModelTypeError,
     auto_class_name,
+    check_runs_eagerly,
     default_task,
+    known_model_types,
     make_inputs,
+    modality,
     shrunk_config,
     supported_tasks,
     tiny_model,
@@ -34,12 +40,17 @@ __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TASK_TO_AUTO_CLASS",
     "Case",
+    "TinyModelUnavailable",
+    "UnknownModelTypeError",
     "auto_class_name",
+    "check_runs_eagerly",
     "default_task",
     "find_cases_dir",
+    "known_model_types",
     "list_cases",
     "load_case",
     "make_inputs",
+    "modality",
     "shrunk_config",
     "supported_tasks",
     "tiny_model",

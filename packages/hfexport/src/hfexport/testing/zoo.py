@@ -1,6 +1,13 @@
 """A zoo of tiny, seeded, random-weight Hugging Face models for tests.
 
-Every supported architecture gets a *shrunk* configuration (hidden size 32-64, two layers, a
+Any model type transformers knows (``transformers.CONFIG_MAPPING``) gets a tiny model: its default
+configuration is shrunk generically (:mod:`hfexport.testing.shrink`), with per-type overrides kept
+as data (:mod:`hfexport.testing.presets`). A type whose tiny model cannot be built, or cannot run
+eagerly on the derived inputs, raises :class:`TinyModelUnavailable` naming the stage and the reason
+(it is not an export failure).
+
+The nineteen hand-written presets (:data:`SUPPORTED_MODEL_TYPES`) are described below; every
+supported architecture there gets a *shrunk* configuration (hidden size 32-64, two layers, a
 vocabulary of 256 tokens, a handful of heads, small images and audio) so that a model builds in a
 fraction of a second and has well under two million parameters, while keeping the structural
 features that make exporting it interesting: grouped-query attention, sliding windows, partial
@@ -30,6 +37,8 @@ architecture's own small defaults where they already fit), and random token ids 
 from __future__ import annotations
 
 import copy
+import difflib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,12 +46,21 @@ import torch
 import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
+from hfexport.errors import HfExportError
+from hfexport.testing.presets import PRESETS, Preset
+from hfexport.testing.shrink import shrink_overrides, special_token_ids
+
 __all__ = [
     "SUPPORTED_MODEL_TYPES",
     "TASK_TO_AUTO_CLASS",
+    "TinyModelUnavailable",
+    "UnknownModelTypeError",
     "auto_class_name",
+    "check_runs_eagerly",
     "default_task",
+    "known_model_types",
     "make_inputs",
+    "modality",
     "shrunk_config",
     "supported_tasks",
     "tiny_model",
@@ -62,220 +80,158 @@ TASK_TO_AUTO_CLASS: dict[str, str] = {
     "image-text-to-text": "AutoModelForImageTextToText",
 }
 
+# task -> (name of the transformers mapping model_type -> class name, auto class), in lookup order
+_TASK_MAPPINGS: dict[str, tuple[tuple[str, str], ...]] = {
+    "text-generation": (("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "AutoModelForCausalLM"),),
+    "feature-extraction": (("MODEL_MAPPING_NAMES", "AutoModel"),),
+    "fill-mask": (("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "AutoModelForMaskedLM"),),
+    "text-classification": (
+        ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForSequenceClassification"),
+    ),
+    "text2text-generation": (("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "AutoModelForSeq2SeqLM"),),
+    "image-classification": (
+        ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "AutoModelForImageClassification"),
+    ),
+    "automatic-speech-recognition": (
+        ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "AutoModelForSpeechSeq2Seq"),
+        ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
+    ),
+    "image-text-to-text": (("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),),
+}
+
+# default task of a type without a preset: the first of these it has a class for
+_DEFAULT_TASK_ORDER = (
+    "text2text-generation",
+    "image-text-to-text",
+    "automatic-speech-recognition",
+    "image-classification",
+    "fill-mask",
+    "text-generation",
+    "feature-extraction",
+    "text-classification",
+)
+
 _AUTO_CLASS_OVERRIDES: dict[tuple[str, str], str] = {
     ("wav2vec2", "automatic-speech-recognition"): "AutoModelForCTC",
 }
 
-_VOCAB = 256
 _NUM_LABELS = 3
-_SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
-# Decoder-only language models share one skeleton; each entry only adds what differs.
-_DECODER_BASE: dict[str, Any] = {
-    "vocab_size": _VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    **_SPECIAL_IDS,
-}
+#: Model types with a hand-written preset (see the module docstring), in a stable order.
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(mt for mt, p in PRESETS.items() if p.mode == "replace")
 
-_ENCODER_BASE: dict[str, Any] = {
-    "vocab_size": _VOCAB,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "max_position_embeddings": 512,
-}
 
-_CONFIGS: dict[str, dict[str, Any]] = {
-    "llama": {**_DECODER_BASE, "head_dim": 16},
-    "qwen2": {**_DECODER_BASE},
-    "qwen3": {**_DECODER_BASE, "head_dim": 16},
-    "mistral": {**_DECODER_BASE, "head_dim": 16},
-    "gemma2": {**_DECODER_BASE, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 32},
-    "phi3": {**_DECODER_BASE, "original_max_position_embeddings": 512},
-    "gpt2": {
-        "vocab_size": _VOCAB,
-        "n_embd": 64,
-        "n_layer": 2,
-        "n_head": 4,
-        "n_inner": 128,
-        "n_positions": 512,
-        **_SPECIAL_IDS,
-    },
-    "gpt_neox": {
-        **{k: v for k, v in _DECODER_BASE.items() if k != "num_key_value_heads"},
-        "rotary_pct": 0.25,
-    },
-    "opt": {
-        "vocab_size": _VOCAB,
-        "hidden_size": 64,
-        "word_embed_proj_dim": 64,
-        "ffn_dim": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "max_position_embeddings": 512,
-        "pad_token_id": 1,
-        "bos_token_id": 2,
-        "eos_token_id": 2,
-    },
-    "mixtral": {
-        **_DECODER_BASE,
-        "head_dim": 16,
-        "num_local_experts": 4,
-        "num_experts_per_tok": 2,
-    },
-    "bert": {**_ENCODER_BASE, "pad_token_id": 0},
-    # roberta offsets positions by pad_token_id + 1, hence the two extra positions.
-    "roberta": {
-        **_ENCODER_BASE,
-        "max_position_embeddings": 514,
-        "pad_token_id": 1,
-        "bos_token_id": 0,
-        "eos_token_id": 2,
-    },
-    "distilbert": {
-        "vocab_size": _VOCAB,
-        "dim": 64,
-        "hidden_dim": 128,
-        "n_layers": 2,
-        "n_heads": 4,
-        "max_position_embeddings": 512,
-        "pad_token_id": 0,
-    },
-    "t5": {
-        "vocab_size": _VOCAB,
-        "d_model": 64,
-        "d_kv": 16,
-        "d_ff": 128,
-        "num_layers": 2,
-        "num_decoder_layers": 2,
-        "num_heads": 4,
-        "relative_attention_num_buckets": 8,
-        "relative_attention_max_distance": 32,
-        "pad_token_id": 0,
-        "eos_token_id": 1,
-        "decoder_start_token_id": 0,
-    },
-    "bart": {
-        "vocab_size": _VOCAB,
-        "d_model": 64,
-        "encoder_layers": 2,
-        "decoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "decoder_attention_heads": 4,
-        "encoder_ffn_dim": 128,
-        "decoder_ffn_dim": 128,
-        "max_position_embeddings": 512,
-        "bos_token_id": 0,
-        "pad_token_id": 1,
-        "eos_token_id": 2,
-        "decoder_start_token_id": 2,
-        "forced_eos_token_id": 2,
-    },
-    "vit": {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "image_size": 32,
-        "patch_size": 8,
-        "encoder_stride": 8,
-    },
-    "whisper": {
-        "vocab_size": _VOCAB,
-        "num_mel_bins": 16,
-        "d_model": 64,
-        "encoder_layers": 2,
-        "decoder_layers": 2,
-        "encoder_attention_heads": 4,
-        "decoder_attention_heads": 4,
-        "encoder_ffn_dim": 128,
-        "decoder_ffn_dim": 128,
-        "max_source_positions": 32,
-        "max_target_positions": 448,
-        **_SPECIAL_IDS,
-        "decoder_start_token_id": 1,
-        # real checkpoints suppress "space" and end-of-text at the first step; ids must fit the vocab
-        "begin_suppress_tokens": [2],
-    },
-    "wav2vec2": {
-        "vocab_size": 32,
-        "hidden_size": 32,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "intermediate_size": 64,
-        "conv_dim": [32, 32],
-        "conv_kernel": [10, 3],
-        "conv_stride": [5, 2],
-        "num_conv_pos_embeddings": 16,
-        "num_conv_pos_embedding_groups": 4,
-        "feat_extract_norm": "layer",
-        "do_stable_layer_norm": True,
-        "layerdrop": 0.0,
-        "mask_time_prob": 0.0,
-        **_SPECIAL_IDS,
-    },
-    "qwen2_vl": {
-        "image_token_id": 250,
-        "video_token_id": 251,
-        "vision_start_token_id": 252,
-        "vision_end_token_id": 253,
-        "text_config": {
-            "vocab_size": _VOCAB,
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 512,
-            "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 4]},
-            **_SPECIAL_IDS,
-        },
-        "vision_config": {
-            "depth": 2,
-            "embed_dim": 32,
-            "hidden_size": 64,
-            "num_heads": 2,
-            "patch_size": 14,
-            "temporal_patch_size": 2,
-            "spatial_merge_size": 2,
-            "in_channels": 3,
-        },
-    },
-}
+class UnknownModelTypeError(ValueError):
+    """``transformers`` knows no such model type; the message lists close matches."""
 
-_CAUSAL_LMS = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "opt", "mixtral")
-_ENCODERS = ("bert", "roberta", "distilbert")
 
-_TASKS: dict[str, tuple[str, ...]] = {
-    **{mt: ("text-generation", "feature-extraction", "text-classification") for mt in _CAUSAL_LMS},
-    **{mt: ("feature-extraction", "fill-mask", "text-classification") for mt in _ENCODERS},
-    "t5": ("text2text-generation", "feature-extraction"),
-    "bart": ("text2text-generation", "feature-extraction"),
-    "vit": ("image-classification", "feature-extraction"),
-    "whisper": ("automatic-speech-recognition", "feature-extraction"),
-    "wav2vec2": ("automatic-speech-recognition", "feature-extraction"),
-    "qwen2_vl": ("image-text-to-text",),
-}
+class TinyModelUnavailable(HfExportError, RuntimeError):
+    """The tiny model of a known model type cannot be built or cannot run eagerly.
 
-# Architectures whose model classes in transformers 5.24 do not implement SDPA attention.
-_EAGER_ONLY = frozenset({"gemma2"})
+    Not an export failure: the sweep reports such a type as "unbuildable" or "eager fails".
 
-#: Model types :func:`tiny_model` can build, in a stable order.
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_CONFIGS)
+    Attributes:
+        model_type: the model type asked for.
+        task: the task asked for.
+        stage: ``"config"`` (the shrunk configuration is refused), ``"build"`` (the model class
+            cannot be instantiated from it) or ``"eager"`` (the forward pass on the derived
+            inputs fails).
+        reason: one line: the exception type and the first line of its message.
+    """
+
+    def __init__(self, model_type: str, task: str | None, stage: str, reason: str) -> None:
+        self.model_type, self.task, self.stage, self.reason = model_type, task, stage, reason
+        super().__init__(f"tiny {model_type} model ({task}) unavailable at {stage}: {reason}")
+
+
+def _one_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _modeling_auto() -> Any:
+    from transformers.models.auto import modeling_auto
+
+    return modeling_auto
+
+
+def _known_types() -> list[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return list(CONFIG_MAPPING_NAMES)
+
+
+def known_model_types(task: str | None = None) -> list[str]:
+    """Model types ``transformers`` knows, sorted; with ``task``, those it has a class for.
+
+    Args:
+        task: a key of :data:`TASK_TO_AUTO_CLASS`, or ``None`` for every model type.
+
+    Returns:
+        Sorted model-type names (``transformers.CONFIG_MAPPING`` keys).
+
+    Raises:
+        ValueError: unknown ``task`` (the message lists the known tasks).
+    """
+    if task is None:
+        return sorted(_known_types())
+    _check_task(task)
+    auto = _modeling_auto()
+    types: set[str] = set()
+    for mapping_name, _ in _TASK_MAPPINGS[task]:
+        types |= set(getattr(auto, mapping_name, {}))
+    return sorted(t for t in types if t in set(_known_types()))
+
+
+def _check_task(task: str) -> None:
+    if task not in TASK_TO_AUTO_CLASS:
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASK_TO_AUTO_CLASS)}")
 
 
 def _check_model_type(model_type: str) -> None:
-    if model_type not in _CONFIGS:
-        raise ValueError(
-            f"unknown model_type {model_type!r} for the tiny-model zoo; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    if model_type in PRESETS:
+        return
+    known = _known_types()
+    if model_type in known:
+        return
+    close = difflib.get_close_matches(model_type, known, n=5, cutoff=0.6)
+    hint = f"close matches: {', '.join(close)}" if close else "no close match"
+    raise UnknownModelTypeError(
+        f"unknown model_type {model_type!r} for the tiny-model zoo: transformers "
+        f"{transformers.__version__} knows no such model type ({hint}); any model type of "
+        f"transformers.CONFIG_MAPPING works, hand-written presets: {', '.join(SUPPORTED_MODEL_TYPES)}"
+    )
+
+
+def _generic_tasks(model_type: str) -> dict[str, str]:
+    """task -> auto class name, for the tasks transformers has a class for (default order)."""
+    auto = _modeling_auto()
+    found: dict[str, str] = {}
+    for task in _DEFAULT_TASK_ORDER:
+        for mapping_name, auto_cls in _TASK_MAPPINGS[task]:
+            if model_type in getattr(auto, mapping_name, {}):
+                found[task] = auto_cls
+                break
+    return found
+
+
+def supported_tasks(model_type: str) -> tuple[str, ...]:
+    """Return the tasks a tiny model of ``model_type`` can be built for, default first.
+
+    A hand-written preset fixes its tasks; any other type has the tasks transformers has an auto
+    class for (among :data:`TASK_TO_AUTO_CLASS`), in the order text2text-generation,
+    image-text-to-text, automatic-speech-recognition, image-classification, fill-mask,
+    text-generation, feature-extraction, text-classification.
+
+    Raises:
+        UnknownModelTypeError: (a ``ValueError``) transformers knows no ``model_type``; the message
+            lists close matches.
+    """
+    _check_model_type(model_type)
+    preset = PRESETS.get(model_type)
+    if preset is not None and preset.tasks is not None:
+        return preset.tasks
+    return tuple(_generic_tasks(model_type))
 
 
 def default_task(model_type: str) -> str:
@@ -286,51 +242,52 @@ def default_task(model_type: str) -> str:
 
     Returns:
         The task name, a key of :data:`TASK_TO_AUTO_CLASS` (``"text-generation"`` for decoder
-        language models, ``"feature-extraction"`` for BERT-like encoders, ...).
+        language models, ``"feature-extraction"`` for the BERT-like presets, ...).
 
     Raises:
-        ValueError: ``model_type`` is not in :data:`SUPPORTED_MODEL_TYPES`.
+        UnknownModelTypeError: unknown ``model_type`` (the message lists close matches).
+        TinyModelUnavailable: transformers has no class of any zoo task for ``model_type``.
     """
-    _check_model_type(model_type)
-    return _TASKS[model_type][0]
-
-
-def supported_tasks(model_type: str) -> tuple[str, ...]:
-    """Return the tasks a tiny model of ``model_type`` can be built for, default first.
-
-    Raises:
-        ValueError: ``model_type`` is not in :data:`SUPPORTED_MODEL_TYPES`.
-    """
-    _check_model_type(model_type)
-    return _TASKS[model_type]
+    tasks = supported_tasks(model_type)
+    if not tasks:
+        raise TinyModelUnavailable(
+            model_type,
+            None,
+            "build",
+            f"transformers has no class of the tasks {', '.join(TASK_TO_AUTO_CLASS)}",
+        )
+    return tasks[0]
 
 
 def auto_class_name(model_type: str, task: str | None = None) -> str:
     """Return the name of the ``transformers`` auto class building ``model_type`` for ``task``.
 
     Args:
-        model_type: one of :data:`SUPPORTED_MODEL_TYPES`.
+        model_type: any model type transformers knows.
         task: a key of :data:`TASK_TO_AUTO_CLASS`; ``None`` means :func:`default_task`.
 
     Returns:
         An attribute name of the ``transformers`` module, e.g. ``"AutoModelForCausalLM"``.
 
     Raises:
-        ValueError: unknown ``model_type``; unknown ``task`` (the message lists the known tasks);
-            a known task the zoo does not build for this model type (the message lists those
-            it does).
+        ValueError: unknown ``model_type`` (:class:`UnknownModelTypeError`, with close matches);
+            unknown ``task`` (the message lists the known tasks); a task the model type has no
+            class for (the message names the tasks it has).
     """
     _check_model_type(model_type)
     if task is None:
         task = default_task(model_type)
-    if task not in TASK_TO_AUTO_CLASS:
-        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASK_TO_AUTO_CLASS)}")
-    if task not in _TASKS[model_type]:
+    _check_task(task)
+    tasks = supported_tasks(model_type)
+    if task not in tasks:
         raise ValueError(
             f"the tiny {model_type} model is not available for task {task!r}; "
-            f"its tasks: {', '.join(_TASKS[model_type])}"
+            f"its tasks: {', '.join(tasks) or '(none of the zoo tasks)'}"
         )
-    return _AUTO_CLASS_OVERRIDES.get((model_type, task), TASK_TO_AUTO_CLASS[task])
+    if (model_type, task) in _AUTO_CLASS_OVERRIDES:
+        return _AUTO_CLASS_OVERRIDES[(model_type, task)]
+    generic = _generic_tasks(model_type)
+    return generic.get(task, TASK_TO_AUTO_CLASS[task])
 
 
 def _merge(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -348,7 +305,10 @@ def shrunk_config(model_type: str, **overrides: Any) -> PretrainedConfig:
     """Build the zoo's small configuration for ``model_type``.
 
     Args:
-        model_type: one of :data:`SUPPORTED_MODEL_TYPES`.
+        model_type: any model type transformers knows; a hand-written preset
+            (:data:`SUPPORTED_MODEL_TYPES`) is used as is, any other type's default configuration
+            is shrunk generically (:func:`hfexport.testing.shrink.shrink_overrides`) and its overlay
+            in :data:`hfexport.testing.presets.PRESETS` (if any) applied.
         **overrides: configuration attributes replacing the zoo's values; a dict given for a
             sub-configuration (``text_config``, ``vision_config``) is merged into the zoo's.
 
@@ -356,11 +316,22 @@ def shrunk_config(model_type: str, **overrides: Any) -> PretrainedConfig:
         A fresh ``PretrainedConfig`` from ``AutoConfig.for_model(model_type, ...)``.
 
     Raises:
-        ValueError: ``model_type`` is not in :data:`SUPPORTED_MODEL_TYPES`.
+        UnknownModelTypeError: (a ``ValueError``) transformers knows no ``model_type``.
+        TinyModelUnavailable: (stage ``"config"``) transformers refuses the shrunk configuration.
     """
     _check_model_type(model_type)
-    base = {"num_labels": _NUM_LABELS, **_CONFIGS[model_type]}
-    return AutoConfig.for_model(model_type, **_merge(base, overrides))
+    preset: Preset | None = PRESETS.get(model_type)
+    if preset is not None and preset.mode == "replace":
+        base = {"num_labels": _NUM_LABELS, **preset.config}
+        return AutoConfig.for_model(model_type, **_merge(base, overrides))
+    try:
+        default = AutoConfig.for_model(model_type)
+        base = {"num_labels": _NUM_LABELS, **shrink_overrides(default)}
+        if preset is not None:
+            base = _merge(base, preset.config)
+        return AutoConfig.for_model(model_type, **_merge(base, overrides))
+    except Exception as exc:  # transformers raises many types here; all mean "no tiny config"
+        raise TinyModelUnavailable(model_type, None, "config", _one_line(exc)) from exc
 
 
 def _generator(seed: int) -> torch.Generator:
@@ -413,6 +384,185 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
+def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One image of a 2m x 2m patch grid (m = spatial merge size) inside a 12-token prompt."""
+    vision = config.vision_config
+    merge = int(vision.spatial_merge_size)
+    grid = (1, 2 * merge, 2 * merge)
+    num_patches = grid[0] * grid[1] * grid[2]
+    num_image_tokens = num_patches // (merge * merge)
+    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    special = (
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_start_token_id,
+        config.vision_end_token_id,
+    )
+    seq_len = 12
+    start = 3
+    input_ids = _random_ids(gen, (1, seq_len), 3, min(min(special), _text_vocab(config)))
+    input_ids[0, start] = config.vision_start_token_id
+    input_ids[0, start + 1 : start + 1 + num_image_tokens] = config.image_token_id
+    input_ids[0, start + 1 + num_image_tokens] = config.vision_end_token_id
+    pixel_values = torch.randn(num_patches, patch_dim, generator=gen, dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": pixel_values,
+        "image_grid_thw": torch.tensor([grid], dtype=torch.int64),
+        "mm_token_type_ids": (input_ids == config.image_token_id).to(torch.int64),
+    }
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _image_token_id(config: PretrainedConfig) -> int | None:
+    for attr in ("image_token_id", "image_token_index"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def modality(model: PreTrainedModel, task: str | None = None) -> str:
+    """The kind of input a model takes, from its ``main_input_name`` and forward signature.
+
+    ``task`` other than ``None``/``"image-text-to-text"`` keeps a text model text-only even when
+    its forward also takes images (gemma3's causal LM).
+
+    Returns:
+        ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
+        (``input_ids`` with ``pixel_values`` and an image token id in the config), ``"audio"``
+        (raw ``input_values``) or ``"audio-features"`` (``input_features``, e.g. mel spectrograms);
+        ``"other"`` for anything else.
+    """
+    main = getattr(model, "main_input_name", "input_ids")
+    params = _forward_params(model)
+    if main == "input_ids":
+        if (
+            task in (None, "image-text-to-text")
+            and "pixel_values" in params
+            and _image_token_id(model.config) is not None
+        ):
+            return "image+text"
+        return "text"
+    return {"pixel_values": "image", "input_values": "audio", "input_features": "audio-features"}.get(
+        main, "other"
+    )
+
+
+def _id_range(config: PretrainedConfig, vocab: int) -> tuple[int, int]:
+    """``[3, high)``: below every special id >= 3 (the generic shrink puts those at the top)."""
+    specials = [i for i in special_token_ids(config) if 3 <= i < vocab]
+    high = min(specials, default=vocab)
+    return (3, high) if high > 3 else (3, vocab)
+
+
+def _sub(config: PretrainedConfig, name: str) -> Any:
+    return getattr(config, name, None) or config
+
+
+def _image_shape(config: PretrainedConfig) -> tuple[int, int]:
+    vision = _sub(config, "vision_config")
+    size = getattr(vision, "image_size", None) or getattr(config, "image_size", None) or 32
+    if isinstance(size, list | tuple):
+        size = size[-1]
+    if isinstance(size, Mapping):
+        size = next(iter(size.values()))
+    channels = getattr(vision, "num_channels", None) or getattr(config, "num_channels", None) or 3
+    return int(channels), int(size)
+
+
+def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> int | None:
+    """Image tokens per image the model's vision tower produces, by running it once."""
+    getter = getattr(model, "get_image_features", None)
+    if getter is None and hasattr(model, "model"):
+        getter = getattr(model.model, "get_image_features", None)
+    if getter is None:
+        return None
+    with torch.no_grad():
+        try:
+            out = getter(pixel_values=pixel_values)
+        except Exception:
+            return None
+    if hasattr(out, "pooler_output") and out.pooler_output is not None:
+        out = out.pooler_output
+    elif hasattr(out, "last_hidden_state"):
+        out = out.last_hidden_state
+    if isinstance(out, list | tuple):
+        rows = sum(int(t.reshape(-1, t.shape[-1]).shape[0]) for t in out)
+    elif isinstance(out, torch.Tensor):
+        rows = int(out.reshape(-1, out.shape[-1]).shape[0])
+    else:
+        return None
+    return rows // pixel_values.shape[0]
+
+
+def _generic_inputs(
+    model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Inputs of a type without a hand-written preset, from its modality and forward signature."""
+    config = model.config
+    params = _forward_params(model)
+    kind = modality(model, task)
+    inputs: dict[str, torch.Tensor] = {}
+    if kind == "image" or kind == "image+text":
+        channels, size = _image_shape(config)
+        inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    if kind == "audio":
+        if getattr(config, "conv_kernel", None) and getattr(config, "conv_stride", None):
+            n = _wav2vec2_samples(config, s)
+        else:
+            n = 320 * s + 80
+        inputs["input_values"] = torch.randn(b, n, generator=gen, dtype=torch.float32)
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones(b, n, dtype=torch.int64)
+    if kind == "audio-features":
+        if getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions", None):
+            shape = (b, int(config.num_mel_bins), 2 * int(config.max_source_positions))  # whisper-like
+            frames = shape[2]
+        else:
+            feat = (
+                getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) or 80
+            )
+            feat *= getattr(config, "input_channels", 1) or 1
+            frames = 4 * s
+            shape = (b, frames, int(feat))
+        inputs["input_features"] = torch.randn(*shape, generator=gen, dtype=torch.float32)
+        if "attention_mask" in params and shape[1] == frames:
+            inputs["attention_mask"] = torch.ones(b, frames, dtype=torch.int64)
+    if kind in ("text", "image+text"):
+        text = config.get_text_config()
+        vocab = int(getattr(text, "vocab_size", None) or 256)
+        low, high = _id_range(config, vocab)
+        input_ids = _random_ids(gen, (b, s), low, high)
+        if kind == "image+text":
+            n = _count_image_tokens(model, inputs["pixel_values"])
+            image_token = _image_token_id(config)
+            if n:
+                image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
+                input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+        inputs["input_ids"] = input_ids
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones_like(input_ids)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        vocab = int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 256))
+        low, high = _id_range(config, vocab)
+        decoder_input_ids = _random_ids(gen, (b, s), low, high)
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is None:
+            start = getattr(config, "pad_token_id", None) or 0
+        decoder_input_ids[:, 0] = int(start)
+        inputs["decoder_input_ids"] = decoder_input_ids
+    return inputs
+
+
 def make_inputs(
     model: PreTrainedModel,
     task: str | None = None,
@@ -421,13 +571,13 @@ def make_inputs(
     seq_len: int = 8,
     seed: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Build deterministic forward kwargs for an already-built model of a supported type.
+    """Build deterministic forward kwargs for an already-built zoo model.
 
     Random values come from a ``torch.Generator`` seeded with ``seed``, so equal arguments give
     equal tensors; the global RNG is not touched. Token ids are int64 in ``[3, vocab_size)``,
     attention masks are int64 ones, floating inputs are float32 standard normal.
 
-    What ``batch_size`` (``b``) and ``seq_len`` (``s``) mean per architecture:
+    What ``batch_size`` (``b``) and ``seq_len`` (``s``) mean for the hand-written presets:
 
     * decoder LMs and BERT-like encoders: ``input_ids``, ``attention_mask`` ``[b, s]``;
     * t5, bart: also ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token;
@@ -441,8 +591,25 @@ def make_inputs(
       at 8; ``mm_token_type_ids`` is 1 on image tokens), ``pixel_values`` ``[16, 1176]``,
       ``image_grid_thw`` ``[[1, 4, 4]]`` (for the zoo's vision config).
 
+    Any other model type gets inputs from its :func:`modality` and forward signature:
+
+    * ``"text"``: ``input_ids`` ``[b, s]`` int64 in ``[3, lowest special id >= 3)``, plus
+      ``attention_mask`` ``[b, s]`` int64 ones when ``forward`` takes one;
+    * ``"image"``: ``pixel_values`` ``[b, num_channels, image_size, image_size]`` float32 (sizes
+      from the config or its ``vision_config``; ``s`` is ignored);
+    * ``"image+text"``: ``pixel_values`` as for images and ``input_ids`` ``[b, s + n]`` whose
+      positions ``1 .. n`` hold the image token, ``n`` being the number of image features the
+      vision tower produces per image (found by running ``get_image_features`` once);
+    * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
+      frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
+      ``[b, n]`` when taken;
+    * ``"audio-features"``: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]``
+      (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like);
+    * encoder-decoders also get ``decoder_input_ids`` ``[b, s]`` starting with the decoder start
+      token (``pad_token_id`` or 0 when the config has none).
+
     Args:
-        model: a model whose ``config.model_type`` is in :data:`SUPPORTED_MODEL_TYPES`.
+        model: a model built by :func:`tiny_model` (any model type transformers knows).
         task: checked against the model type's tasks when given; the inputs do not depend on it.
         batch_size: rows in the batch, >= 1.
         seq_len: sequence length (see above), >= 1.
@@ -452,17 +619,22 @@ def make_inputs(
         A dict of CPU tensors such that ``model(**inputs)`` runs.
 
     Raises:
-        ValueError: unsupported model type, unknown or unsupported task, or a non-positive
-            ``batch_size``/``seq_len``.
+        ValueError: unknown model type, unknown task or one the type has no class for, or a
+            non-positive ``batch_size``/``seq_len``.
     """
     config = model.config
     model_type = config.model_type
-    auto_class_name(model_type, task)  # validates model type and task
+    if model_type in SUPPORTED_MODEL_TYPES:
+        auto_class_name(model_type, task)  # validates model type and task
+    elif task is not None:
+        _check_task(task)  # a composite type's model may carry its sub-config's model_type
     if batch_size < 1 or seq_len < 1:
         raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
     gen = _generator(seed)
     b, s = batch_size, seq_len
 
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return _generic_inputs(model, task, b, s, gen)
     if model_type == "qwen2_vl":
         return _qwen2_vl_inputs(config, gen)
     if model_type == "vit":
@@ -504,11 +676,46 @@ def _build(
 ) -> PreTrainedModel:
     auto_cls = getattr(transformers, auto_class_name(model_type, task))
     config = shrunk_config(model_type, **overrides)
-    if attn_implementation is None:
-        attn_implementation = "eager" if model_type in _EAGER_ONLY else "sdpa"
-    torch.manual_seed(seed)
-    model = auto_cls.from_config(config, attn_implementation=attn_implementation)
+    preset = PRESETS.get(model_type)
+    if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always
+        if attn_implementation is None:
+            attn_implementation = preset.attn_implementation or "sdpa"
+        torch.manual_seed(seed)
+        return auto_cls.from_config(config, attn_implementation=attn_implementation).eval()
+    chosen = attn_implementation or (preset.attn_implementation if preset else None) or "sdpa"
+    try:
+        torch.manual_seed(seed)
+        try:
+            model = auto_cls.from_config(config, attn_implementation=chosen)
+        except ValueError as exc:
+            message = str(exc).lower()
+            if (
+                attn_implementation is not None
+                or chosen != "sdpa"
+                or "attention implementation" not in message
+            ):
+                raise
+            torch.manual_seed(seed)  # no SDPA path in this architecture: eager attention
+            model = auto_cls.from_config(config, attn_implementation="eager")
+    except Exception as exc:  # any failure to instantiate means "no tiny model", with the reason
+        raise TinyModelUnavailable(model_type, task, "build", _one_line(exc)) from exc
     return model.eval()
+
+
+def check_runs_eagerly(
+    model: PreTrainedModel, inputs: Mapping[str, torch.Tensor], task: str | None = None
+) -> Any:
+    """Run ``model(**inputs)`` without gradients and return its output.
+
+    Raises:
+        TinyModelUnavailable: (stage ``"eager"``) the forward pass raised; the reason is the
+            exception's type and first line.
+    """
+    try:
+        with torch.no_grad():
+            return model(**inputs)
+    except Exception as exc:  # any eager failure makes the type unavailable, not an export failure
+        raise TinyModelUnavailable(model.config.model_type, task, "eager", _one_line(exc)) from exc
 
 
 def tiny_model(
@@ -519,6 +726,7 @@ def tiny_model(
     batch_size: int = 2,
     seq_len: int = 8,
     attn_implementation: str | None = None,
+    check_eager: bool = False,
     **overrides: Any,
 ) -> tuple[PreTrainedModel, dict[str, torch.Tensor]]:
     """Build a tiny seeded random-weight model in eval mode and matching forward kwargs.
@@ -531,14 +739,17 @@ def tiny_model(
     :func:`hfexport.testing.cases.tiny_model_from_case`); no other argument may then be given.
 
     Args:
-        model_type: one of :data:`SUPPORTED_MODEL_TYPES`, or ``"case:<name>"``.
+        model_type: any model type transformers knows (:func:`known_model_types`; the nineteen of
+            :data:`SUPPORTED_MODEL_TYPES` have hand-written presets), or ``"case:<name>"``.
         task: a task of the model type (see :func:`supported_tasks`); ``None`` = default task.
         seed: seed for the weights and the inputs.
         batch_size: batch size of the sample inputs.
         seq_len: sequence length of the sample inputs (meaning per architecture in
             :func:`make_inputs`).
         attn_implementation: ``"sdpa"``, ``"eager"``, ...; ``None`` picks ``"sdpa"`` where
-            the architecture supports it in transformers 5.24 and ``"eager"`` otherwise (gemma2).
+            the architecture supports it in transformers 5.24 and ``"eager"`` otherwise (gemma2,
+            and any generic type whose model class refuses SDPA).
+        check_eager: run the model once on the sample inputs (:func:`check_runs_eagerly`).
         **overrides: configuration overrides, see :func:`shrunk_config`.
 
     Returns:
@@ -546,8 +757,13 @@ def tiny_model(
         dict of tensors such that ``model(**sample_inputs)`` runs.
 
     Raises:
-        ValueError: unknown model type (the message lists the supported ones), unknown task (the
-            message lists the tasks), or extra arguments given with a ``"case:"`` name.
+        UnknownModelTypeError: (a ``ValueError``) transformers knows no such model type; the
+            message lists close matches.
+        ValueError: unknown task (the message lists the tasks), a task the type has no class for
+            (the message names the tasks it has), or extra arguments given with a ``"case:"`` name.
+        TinyModelUnavailable: the tiny configuration or model cannot be built (stage
+            ``"config"``/``"build"``), or, with ``check_eager=True``, the forward pass on the
+            sample inputs fails (stage ``"eager"``).
     """
     if model_type.startswith("case:"):
         if task is not None or overrides or attn_implementation is not None:
@@ -556,4 +772,12 @@ def tiny_model(
 
         return tiny_model_from_case(load_case(model_type.removeprefix("case:")))
     model = _build(model_type, task, seed, attn_implementation, overrides)
-    return model, make_inputs(model, task, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    try:
+        inputs = make_inputs(model, task, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    except ValueError:
+        raise
+    except Exception as exc:  # deriving inputs ran into the model (e.g. its vision tower)
+        raise TinyModelUnavailable(model_type, task, "eager", _one_line(exc)) from exc
+    if check_eager:
+        check_runs_eagerly(model, inputs, task)
+    return model, inputs

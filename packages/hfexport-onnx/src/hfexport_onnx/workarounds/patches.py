@@ -7,7 +7,7 @@ Patches of ``torch``/``transformers`` are reported as *torch patches*, patches o
 ``onnxscript``, ``onnx_ir``, ``onnx`` or ``onnxruntime`` as *ONNX patches*.
 
 The ``torch.export`` faults every backend meets (the sliding-window cache slice, size-1 dynamic
-batch axes) are worked around by the core capture itself, see :mod:`hfexport.capture_workarounds`.
+batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.capture`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def eager_experts_as_grouped_matmul(original: Callable[..., Any]) -> Callable[..
     (huggingface/transformers#38518). While exporting, ``"eager"`` is served by transformers' own
     ``grouped_mm`` forward (sort rows by expert, one grouped matmul), whose opaque
     ``transformers::grouped_mm_fallback`` operator is translated to ONNX by
-    :func:`hfexport_onnx.translations.grouped_mm_fallback` with every expert in the graph. Same
+    :func:`hfexport_onnx.workarounds.translations.grouped_mm_fallback` with every expert in the graph. Same
     numbers as the eager loop (float32 sums in another order); other implementations are left
     alone.
     """

@@ -15,20 +15,36 @@ from typing import Any, TypeVar
 
 import torch
 
-from hfexport_onnx.workaround import Workaround, check_metadata, qualified_name
+from hfexport import registry
 
-__all__ = ["custom_translation_table", "register_translation", "translation_entries"]
+__all__ = ["KIND", "custom_translation_table", "register_translation", "translation_entries"]
 
 logger = logging.getLogger(__name__)
 
+#: Registry kind of custom aten -> ONNX translations (applied by the ONNX exporter).
+KIND = "onnx_translation"
+#: Registry key they are registered under.
+KEY = "onnx"
+
 _F = TypeVar("_F", bound=Callable[..., Any])
-_TRANSLATIONS: dict[str, Workaround] = {}
+
+registry.register_kind(
+    KIND,
+    description="ONNX Script function replacing torch.onnx's translation of aten overloads (custom_translation_table)",
+    targets="operators",
+)
 
 
 def register_translation(
-    *targets: Any, description: str, issue: str, versions: Mapping[str, str]
+    *targets: Any,
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
 ) -> Callable[[_F], _F]:
     """Register an ONNX Script translation for the aten overloads ``targets``.
+
+    An entry of kind :data:`KIND` under the ``"onnx"`` key of :mod:`hfexport.registry`, with the
+    same metadata as every other workaround.
 
     Args:
         *targets: ``torch.ops.<namespace>.<op>.<overload>`` objects, or their names as strings
@@ -43,27 +59,18 @@ def register_translation(
         A decorator registering the function (idempotent per qualified name) and returning it.
 
     Raises:
-        ValueError: no target, or invalid metadata (see :func:`~hfexport_onnx.workaround.check_metadata`).
+        ValueError: no target, or invalid metadata (see :func:`hfexport.registry.register_patch`).
     """
     if not targets:
         raise ValueError(
             "register_translation needs at least one aten overload, e.g. torch.ops.aten.erf.default"
         )
-    checked = check_metadata(description, issue, versions)
-
-    def decorate(func: _F) -> _F:
-        name = qualified_name(func)
-        _TRANSLATIONS[name] = Workaround(
-            "translation", name, description.strip(), issue, checked, func, tuple(targets)
-        )
-        return func
-
-    return decorate
+    return registry.register(KIND, KEY, *targets, description=description, issue=issue, versions=versions)
 
 
-def translation_entries() -> list[Workaround]:
+def translation_entries() -> list[registry.RegistryEntry]:
     """Every registered translation, active or not, in registration order."""
-    return list(_TRANSLATIONS.values())
+    return registry.entries(KEY, kind=KIND)
 
 
 def custom_translation_table() -> tuple[dict[Any, Callable[..., Any]], list[str]]:
@@ -75,11 +82,7 @@ def custom_translation_table() -> tuple[dict[Any, Callable[..., Any]], list[str]
     """
     table: dict[Any, Callable[..., Any]] = {}
     names: list[str] = []
-    for entry in _TRANSLATIONS.values():
-        reason = entry.inactive_reason()
-        if reason is not None:
-            logger.debug("translation %s not used: %s", entry.name, reason)
-            continue
+    for entry in registry.active_entries(KIND, KEY):
         resolved = [t for t in (_resolve(target) for target in entry.targets) if t is not None]
         for target in resolved:
             table[target] = entry.func

@@ -12,18 +12,34 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from hfexport_onnx.workaround import Workaround, check_metadata, qualified_name
+from hfexport import registry
 
-__all__ = ["apply_ir_fixes", "ir_fix_entries", "register_ir_fix"]
+__all__ = ["KIND", "apply_ir_fixes", "ir_fix_entries", "register_ir_fix"]
 
 logger = logging.getLogger(__name__)
 
+#: Registry kind of fixes of the translated ONNX model (applied by the ONNX exporter).
+KIND = "onnx_ir_fix"
+#: Registry key they are registered under.
+KEY = "onnx"
+
 _F = TypeVar("_F", bound=Callable[..., Any])
-_FIXES: dict[str, Workaround] = {}
+
+registry.register_kind(
+    KIND,
+    description="fix(model: onnx_ir.Model) -> bool rewriting the translated ONNX model before optimization",
+)
 
 
-def register_ir_fix(*, description: str, issue: str, versions: Mapping[str, str]) -> Callable[[_F], _F]:
+def register_ir_fix(
+    *,
+    description: str | None = None,
+    issue: str | None = None,
+    versions: Mapping[str, str] | None = None,
+) -> Callable[[_F], _F]:
     """Register ``fix(model: onnx_ir.Model) -> bool`` as an ONNX IR fix.
+
+    An entry of kind :data:`KIND` under the ``"onnx"`` key of :mod:`hfexport.registry`.
 
     Args:
         description: one line saying what the fix does.
@@ -34,21 +50,14 @@ def register_ir_fix(*, description: str, issue: str, versions: Mapping[str, str]
         A decorator registering the function (idempotent per qualified name) and returning it.
 
     Raises:
-        ValueError: invalid metadata (see :func:`~hfexport_onnx.workaround.check_metadata`).
+        ValueError: invalid metadata (see :func:`hfexport.registry.register_patch`).
     """
-    checked = check_metadata(description, issue, versions)
-
-    def decorate(func: _F) -> _F:
-        name = qualified_name(func)
-        _FIXES[name] = Workaround("ir_fix", name, description.strip(), issue, checked, func)
-        return func
-
-    return decorate
+    return registry.register(KIND, KEY, description=description, issue=issue, versions=versions)
 
 
-def ir_fix_entries() -> list[Workaround]:
+def ir_fix_entries() -> list[registry.RegistryEntry]:
     """Every registered IR fix, active or not, in registration order."""
-    return list(_FIXES.values())
+    return registry.entries(KEY, kind=KIND)
 
 
 def apply_ir_fixes(model: Any) -> list[str]:
@@ -64,11 +73,7 @@ def apply_ir_fixes(model: Any) -> list[str]:
         Exception: whatever a fix raises, with a note naming the fix.
     """
     changed: list[str] = []
-    for entry in list(_FIXES.values()):
-        reason = entry.inactive_reason()
-        if reason is not None:
-            logger.debug("IR fix %s not applied: %s", entry.name, reason)
-            continue
+    for entry in registry.active_entries(KIND, KEY):
         try:
             if entry.func(model):
                 changed.append(entry.name)

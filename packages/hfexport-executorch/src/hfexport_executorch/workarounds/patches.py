@@ -5,6 +5,10 @@ Patches are registered with :func:`hfexport.registry.register_patch` under ``"ex
 the exporter installs ``apply_patches(f"executorch.{backend}")`` (parent key first, then the
 scope) around capture and lowering, and the originals come back afterwards, also on error.
 One function per upstream issue; each factory receives the original and returns a wrapper.
+
+Mixture-of-experts layers use the core's shared dense experts workaround
+(:mod:`hfexport.workarounds.moe`), registered here under ``"executorch.xnnpack"`` for every experts
+implementation: XNNPACK has neither a grouped matmul kernel nor data-dependent control flow.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.moe import register_dense_experts
 
 __all__ = [
     "conv1d_with_one_dynamic_dim_only",
     "edge_verifier_accepts_symbolic_min_max",
     "keep_dynamic_dims_in_list_returning_ops",
+    "patchify_conv3d_as_matmul",
 ]
 
 logger = logging.getLogger(__name__)
@@ -101,7 +107,7 @@ def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Call
 
     When a traced size is a ``Min``/``Max`` expression (a sliding-window cache keeps
     ``min(length, window - 1)`` positions: see the core capture workaround
-    ``hfexport.capture_workarounds.sliding_window_update_keeps_dynamic_length``, which Gemma-2 needs),
+    ``hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length``, which Gemma-2 needs),
     ``torch.export`` materialises it as a ``torch.sym_min``/``torch.sym_max`` call node. ExecuTorch knows these: its
     ``EdgeToBackendOpsPass`` turns them into ``executorch_prim::sym_min/sym_max`` (added by
     https://github.com/pytorch/executorch/pull/12037), and the runtime implements them. But the edge
@@ -182,3 +188,56 @@ def conv1d_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[.
         return True
 
     return check_constraints
+
+
+def _patch_sized(conv: torch.nn.Conv3d, x: torch.Tensor) -> bool:
+    """A Conv3d applied to exactly one kernel-sized patch per row (a patch embedding)."""
+    padding = conv.padding if isinstance(conv.padding, tuple) else (conv.padding,) * 3
+    return (
+        x.dim() == 5
+        and tuple(conv.stride) == tuple(conv.kernel_size)
+        and tuple(conv.dilation) == (1, 1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+        and all(p == 0 for p in padding)
+        and all(isinstance(s, int) and s == k for s, k in zip(x.shape[2:], conv.kernel_size))
+    )
+
+
+@register_patch(
+    "executorch",
+    "torch.nn.Conv3d.forward",
+    description=(
+        "compute a patch-embedding Conv3d (one kernel-sized patch per row) as a matmul, since the portable "
+        "ExecuTorch convolution kernel rejects 5-D inputs and XNNPACK does not take Conv3d"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11704",
+    versions={"executorch": ">=0.4"},
+)
+def patchify_conv3d_as_matmul(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``Conv3d.forward`` by an exact matmul form when each input row is one patch.
+
+    Vision encoders of video-capable models (Qwen2-VL's ``PatchEmbed``) embed ``t x p x p`` patches
+    with a ``Conv3d`` whose kernel and stride equal the input's spatial size. ExecuTorch's
+    portable ``aten::convolution.out`` checks for 3-D/4-D inputs and fails at run time on 5-D ones
+    (pytorch/executorch#11704; the portable Conv3d support of PR 19977 was reverted in PR 20888),
+    and no CPU delegate takes it. Such a convolution is a matrix product: ``[n, c, t, p, p]``
+    flattened to ``[n, c*t*p*p]`` times the weight seen as ``[out, c*t*p*p]``, plus the bias,
+    reshaped to ``[n, out, 1, 1, 1]``. Any other Conv3d (several patches per row, padding,
+    dilation, groups, symbolic spatial sizes) keeps the original forward.
+    """
+
+    @functools.wraps(original)
+    def forward(self: torch.nn.Conv3d, input: torch.Tensor) -> torch.Tensor:
+        if not _patch_sized(self, input):
+            return original(self, input)
+        flat = input.reshape(input.shape[0], -1)
+        out = flat @ self.weight.reshape(self.out_channels, -1).t()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(input.shape[0], self.out_channels, 1, 1, 1)
+
+    return forward
+
+
+register_dense_experts("executorch.xnnpack", every_implementation=True)

@@ -14,9 +14,10 @@ the original code.
   reasoning when a dynamic batch axis has size 1 in the sample, instead of specialising the
   batch to 1.
 
-Workarounds that depend on what a runtime can execute stay in their backend (for example the
-mixture-of-experts rewrites: a dense every-expert forward for ``hfexport-dynamo``, grouped matmul
-plus a custom translation for ``hfexport-onnx``).
+Workarounds that depend on what a runtime can execute are registered by their backend under its
+own key (for example the mixture-of-experts rewrites: the shared dense every-expert forward of
+:mod:`hfexport.workarounds.moe` for ``hfexport-dynamo`` and ``hfexport-executorch``, grouped
+matmul plus a custom translation for ``hfexport-onnx``).
 """
 
 from __future__ import annotations

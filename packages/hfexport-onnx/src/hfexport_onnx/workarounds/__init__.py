@@ -1,0 +1,10 @@
+"""The workarounds of ``hfexport-onnx``, all entries of :mod:`hfexport.registry` under ``"onnx"``.
+
+- :mod:`~hfexport_onnx.workarounds.patches`: patches (kind ``"patch"``), installed around capture
+  and translation;
+- :mod:`~hfexport_onnx.workarounds.fx_fixes`: FX node and program fixes of the captured program;
+- :mod:`~hfexport_onnx.workarounds.translations`: custom aten -> ONNX translations (kind
+  ``"onnx_translation"``, registered by this package);
+- :mod:`~hfexport_onnx.workarounds.ir_fixes`: fixes of the translated ``onnx_ir`` model (kind
+  ``"onnx_ir_fix"``, registered by this package).
+"""

@@ -1,0 +1,372 @@
+"""Whole-library sweep: export every model type's tiny model on every installed backend.
+
+For each task family (causal LM, masked LM, seq2seq, image classification, speech) the sweep lists
+every model type transformers has a class for, builds its tiny model
+(:func:`hfexport.testing.tiny_model` with ``check_eager=True``) and exports it with
+``dynamic=True`` on each backend; the exporter validates against eager PyTorch at the sample shape
+and at a derived second shape. Every build and every export runs in its own subprocess with a time
+limit. Results are JSON files under ``.bench/zoo/`` (one per family and model type, merged across
+runs so partial runs add up); :func:`render` turns them into ``docs/coverage.md``.
+
+Run it as ``nox -s zoo -- [options]`` or ``python benchmarks/zoo_sweep.py [options]``
+(``--families``, ``--backends``, ``--types``, ``--jobs``, ``--limit``, ``--timeout``,
+``--render-only``).
+
+Cell statuses: ``pass``; ``fail`` (stage and one-line reason); ``skip`` (reason: backend not
+installed, known upstream limit); a type whose tiny model cannot be built is ``unbuildable``, one
+whose eager forward fails is ``eager fails``, a hand-written preset without the family's task is
+``not offered``; these are reported in the "tiny model" column and are not export failures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.metadata
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BACKENDS", "FAMILIES", "KNOWN_SKIPS", "main", "render", "run_sweep", "sweep_types"]
+
+#: family name -> the zoo task its models are built for
+FAMILIES: dict[str, str] = {
+    "causal-lm": "text-generation",
+    "masked-lm": "fill-mask",
+    "seq2seq": "text2text-generation",
+    "image-classification": "image-classification",
+    "speech": "automatic-speech-recognition",
+}
+BACKENDS = ("dynamo", "onnx", "executorch")
+#: (backend, model_type) -> reason the cell is skipped, naming the upstream issue
+KNOWN_SKIPS: dict[tuple[str, str], str] = {}
+_VERSIONED = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "hfexport")
+
+_BUILD_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from hfexport.testing import TinyModelUnavailable, tiny_model
+model_type, task = sys.argv[1], sys.argv[2]
+try:
+    model, inputs = tiny_model(model_type, task, check_eager=True)
+except TinyModelUnavailable as exc:
+    status = "eager fails" if exc.stage == "eager" else "unbuildable"
+    print(json.dumps({"status": status, "stage": exc.stage, "reason": exc.reason}))
+    sys.exit(0)
+except ValueError as exc:
+    print(json.dumps({"status": "not offered", "stage": "task", "reason": str(exc).splitlines()[0][:300]}))
+    sys.exit(0)
+print(json.dumps({
+    "status": "ok", "seconds": round(time.perf_counter() - t0, 2),
+    "params": sum(p.numel() for p in model.parameters()),
+    "model_class": type(model).__name__,
+    "inputs": {k: list(v.shape) for k, v in inputs.items()},
+}))
+"""
+
+_EXPORT_CHILD = r"""
+import json, sys, time
+backend, model_type, task = sys.argv[1], sys.argv[2], sys.argv[3]
+from hfexport.auto import AutoExportConfig, AutoHfExporter
+from hfexport.testing import tiny_model
+model, inputs = tiny_model(model_type, task)
+config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
+exporter = AutoHfExporter.from_config(config)
+t0 = time.perf_counter()
+result = {"status": "pass"}
+try:
+    exporter.export(model, inputs, config)
+except Exception as exc:
+    report = getattr(exporter, "last_report", None)
+    failed = [s.name for s in getattr(report, "stages", []) if s.status not in ("ok", "skipped")]
+    stage = getattr(exc, "stage", None) or (failed[-1] if failed else "export")
+    first = (str(exc).strip().splitlines() or [""])[0]
+    result = {"status": "fail", "stage": stage, "reason": f"{type(exc).__name__}: {first}"[:300]}
+report = getattr(exporter, "last_report", None)
+stages = {s.name: s.status for s in getattr(report, "stages", [])}
+result["seconds"] = round(time.perf_counter() - t0, 1)
+result["stages"] = stages
+if result["status"] == "pass" and stages.get("validate_second_shape") != "ok":
+    result = {**result, "status": "fail", "stage": "validate_second_shape",
+              "reason": "second-shape validation did not run: " + str(stages.get("validate_second_shape"))}
+print(json.dumps(result))
+"""
+
+
+def _run_child(code: str, args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter (own process group) and parse its last stdout line."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"status": "fail", "stage": "timeout", "reason": f"no result within {timeout:.0f} s"}
+    lines = [line for line in out.strip().splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = [line for line in err.strip().splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
+        return {
+            "status": "fail",
+            "stage": "crash",
+            "reason": tail[0][:300],
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+    return json.loads(lines[-1])
+
+
+def installed_backends() -> list[str]:
+    """Backends whose package is installed (``hfexport.auto.available_export_formats``)."""
+    from hfexport.auto import available_export_formats
+
+    return [b for b in BACKENDS if b in available_export_formats()]
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages the coverage page names."""
+    found = {}
+    for dist in _VERSIONED:
+        try:
+            found[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
+def sweep_types(family: str, types: Iterable[str] | None = None, limit: int | None = None) -> list[str]:
+    """The model types of ``family`` transformers has a class for, sorted (filtered by ``types``,
+    cut to the first ``limit``)."""
+    from hfexport.testing import known_model_types
+
+    listed = known_model_types(FAMILIES[family])
+    if types is not None:
+        wanted = set(types)
+        listed = [t for t in listed if t in wanted]
+    return listed[:limit] if limit else listed
+
+
+def _result_path(out_dir: Path, family: str, model_type: str) -> Path:
+    return out_dir / f"{family}--{model_type}.json"
+
+
+def _sweep_one(
+    family: str,
+    model_type: str,
+    backends: Sequence[str],
+    installed: Sequence[str],
+    timeout: float,
+    out_dir: Path,
+) -> dict[str, Any]:
+    task = FAMILIES[family]
+    path = _result_path(out_dir, family, model_type)
+    row = json.loads(path.read_text()) if path.exists() else {}
+    row.update({"family": family, "task": task, "model_type": model_type})
+    build = _run_child(_BUILD_CHILD, [model_type, task], timeout)
+    if build["status"] == "fail":  # the build itself crashed or timed out
+        build = {**build, "status": "unbuildable"}
+    row["build"] = build
+    cells = row.setdefault("backends", {})
+    for backend in backends:
+        if build["status"] != "ok":
+            cells.pop(backend, None)
+            continue
+        if backend not in installed:
+            cells[backend] = {"status": "skip", "reason": f"hfexport-{backend} is not installed"}
+        elif (backend, model_type) in KNOWN_SKIPS:
+            cells[backend] = {"status": "skip", "reason": KNOWN_SKIPS[(backend, model_type)]}
+        else:
+            cells[backend] = _run_child(_EXPORT_CHILD, [backend, model_type, task], timeout)
+        print(f"  {family:<20} {model_type:<28} {backend:<10} {_cell_text(cells[backend])}", flush=True)
+    if build["status"] != "ok":
+        print(f"  {family:<20} {model_type:<28} {build['status']}: {build.get('reason', '')}", flush=True)
+    row["updated"] = _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
+    path.write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def run_sweep(
+    families: Sequence[str],
+    backends: Sequence[str],
+    types: Sequence[str] | None,
+    *,
+    jobs: int = 1,
+    limit: int | None = None,
+    timeout: float = 300.0,
+    out_dir: Path,
+) -> list[dict[str, Any]]:
+    """Build and export every selected model type; write one JSON per (family, type) to ``out_dir``.
+
+    Args:
+        families: keys of :data:`FAMILIES`.
+        backends: names among :data:`BACKENDS` (uninstalled ones become ``skip`` cells).
+        types: only these model types (``None`` = all of each family).
+        jobs: model types swept in parallel (each export is its own subprocess).
+        limit: at most this many types per family (the first in sorted order).
+        timeout: seconds allowed to each build and each export subprocess.
+        out_dir: the results folder (created; existing results of other backends are kept).
+
+    Returns:
+        The result rows written.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    installed = installed_backends()
+    work = [(f, t) for f in families for t in sweep_types(f, types, limit)]
+    run = {
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "families": list(families),
+        "backends": list(backends),
+        "types": list(types) if types else None,
+        "limit": limit,
+        "timeout_s": timeout,
+        "partial": bool(types or limit or set(families) != set(FAMILIES) or set(backends) != set(BACKENDS)),
+    }
+    (out_dir / "_run.json").write_text(json.dumps(run, indent=2) + "\n")
+    print(
+        f"sweeping {len(work)} (family, type) pairs on {', '.join(backends)} with {jobs} job(s)", flush=True
+    )
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        rows = list(
+            pool.map(lambda ft: _sweep_one(ft[0], ft[1], backends, installed, timeout, out_dir), work)
+        )
+    return rows
+
+
+def _cell_text(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    status = cell.get("status")
+    if status == "pass":
+        return "pass"
+    reason = str(cell.get("reason", "")).replace("|", "\\|").replace("\n", " ")
+    if status == "skip":
+        return f"skip: {reason}"
+    return f"**fail** ({cell.get('stage', '?')}): {reason}"
+
+
+def render(out_dir: Path, target: Path) -> str:
+    """Render ``docs/coverage.md`` from the results in ``out_dir``; returns the text written.
+
+    The page gives, per family, the counts per backend (pass / fail / skip among the types whose
+    tiny model runs eagerly) at the top, then one row per model type (sorted) and one column per
+    backend.
+    """
+    run_file = out_dir / "_run.json"
+    run = json.loads(run_file.read_text()) if run_file.exists() else {}
+    rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*--*.json"))]
+    backends = [b for b in BACKENDS if any(b in r.get("backends", {}) for r in rows)]
+    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    date = max((r.get("updated", "") for r in rows), default=run.get("date", ""))
+    lines = ["# Architecture coverage", ""]
+    lines.append(
+        "Generated by `nox -s zoo` (`benchmarks/zoo_sweep.py`): every model type transformers has a class "
+        "for, per task family, built as a tiny random-weight model (`tiny:<model_type>`) and exported with "
+        "`dynamic=True`, validated against eager PyTorch at the sample shape and at a second shape; each "
+        "build and export in its own subprocess with a time limit."
+    )
+    lines.append("")
+    lines.append(f"- Date: {date[:10]} (UTC; last result {date})")
+    vers = run.get("versions", {})
+    lines.append("- Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
+    if run.get("partial"):
+        sel = []
+        if run.get("types") or run.get("limit"):  # results of earlier partial runs add up
+            sel.append(f"types {', '.join(sorted({r['model_type'] for r in rows}))}")
+        sel.append(f"families {', '.join(families)}")
+        sel.append(f"backends {', '.join(backends)}")
+        lines += [
+            "",
+            f"> **Partial run** ({'; '.join(sel)}). Types and backends not listed here were not swept; "
+            "run `nox -s zoo` for the whole library.",
+        ]
+    lines += ["", "## Counts", ""]
+    lines.append("| family | types | tiny model runs | " + " | ".join(backends) + " |")
+    lines.append("|---|---|---|" + "---|" * len(backends))
+    for family in families:
+        fam = [r for r in rows if r["family"] == family]
+        runnable = [r for r in fam if r["build"]["status"] == "ok"]
+        cells = []
+        for backend in backends:
+            got = [r["backends"].get(backend, {}).get("status") for r in runnable]
+            passed, failed, skipped = got.count("pass"), got.count("fail"), got.count("skip")
+            ran = passed + failed
+            share = f" ({100 * passed / ran:.0f}%)" if ran else ""
+            cells.append(f"{passed} pass / {failed} fail / {skipped} skip{share}")
+        lines.append(f"| {family} | {len(fam)} | {len(runnable)} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Percentages are passes among the types whose tiny model runs eagerly and were exported. "
+        "Cells: `pass`; `fail` (stage): first line of the error; `skip`: reason; `n/a`: no tiny model; "
+        "`-`: not run by the sweeps so far.",
+    ]
+    for family in families:
+        fam = sorted((r for r in rows if r["family"] == family), key=lambda r: r["model_type"])
+        lines += ["", f"## {family} (`{FAMILIES[family]}`)", ""]
+        lines.append("| model type | tiny model | " + " | ".join(backends) + " |")
+        lines.append("|---|---|" + "---|" * len(backends))
+        for r in fam:
+            build = r["build"]
+            if build["status"] == "ok":
+                tiny = f"ok ({build.get('params', 0) / 1e6:.2f}M params)"
+                cells = [_cell_text(r["backends"].get(b)) for b in backends]
+            else:
+                reason = str(build.get("reason", "")).replace("|", "\\|")
+                tiny = f"{build['status']} ({build.get('stage', '?')}): {reason}"
+                cells = ["n/a"] * len(backends)
+            lines.append(f"| {r['model_type']} | {tiny} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
+    """Command line of the sweep (see the module docstring); returns the exit status."""
+    root = root or Path.cwd()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma list of {', '.join(FAMILIES)}")
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--types", default=None, help="comma list of model types (default: all)")
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=None, help="at most N types per family")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per build/export subprocess")
+    parser.add_argument("--out", type=Path, default=root / ".bench" / "zoo")
+    parser.add_argument("--doc", type=Path, default=root / "docs" / "coverage.md")
+    parser.add_argument("--render-only", action="store_true", help="only render the page from --out")
+    args = parser.parse_args(argv)
+    families = [f for f in args.families.split(",") if f]
+    unknown = [f for f in families if f not in FAMILIES]
+    backends = [b for b in args.backends.split(",") if b]
+    if unknown or any(b not in BACKENDS for b in backends):
+        parser.error(f"families must be among {', '.join(FAMILIES)}; backends among {', '.join(BACKENDS)}")
+    if not args.render_only:
+        types = [t for t in args.types.split(",") if t] if args.types else None
+        run_sweep(
+            families,
+            backends,
+            types,
+            jobs=args.jobs,
+            limit=args.limit,
+            timeout=args.timeout,
+            out_dir=args.out,
+        )
+    render(args.out, args.doc)
+    print(f"wrote {args.doc}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

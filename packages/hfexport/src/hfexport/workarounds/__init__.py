@@ -1,0 +1,37 @@
+"""The core's workarounds, one module per concept, all entries of :mod:`hfexport.registry`.
+
+- :mod:`hfexport.workarounds.capture`: patches installed around every ``torch.export`` capture
+  (key ``"capture"``), whichever backend asked for it;
+- :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
+  recorded (key ``"generation"``);
+- :mod:`hfexport.workarounds.preparers`: the ``"input_preparer"`` kind (data-dependent inputs
+  precomputed before capture, key ``"inputs"``) and :func:`register_export_input_preparer`;
+- :mod:`hfexport.workarounds.moe`: the dense mixture-of-experts forward every backend that cannot
+  run transformers' data-dependent experts loop registers under its own key.
+
+Importing this package imports none of them (so it stays cheap); :func:`load` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__all__ = ["CORE_KEYS", "CORE_MODULES", "load"]
+
+#: Registry keys the core itself applies; ``hfexport patches --stale`` judges their entries
+#: against the version ranges the ``hfexport`` distribution declares.
+CORE_KEYS: tuple[str, ...] = ("capture", "generation", "inputs")
+
+#: Modules whose import registers the core's built-in entries.
+CORE_MODULES: tuple[str, ...] = (
+    "hfexport.workarounds.capture",
+    "hfexport.workarounds.generation",
+    "hfexport.workarounds.preparers",
+    "hfexport.generation.preparers",
+)
+
+
+def load() -> None:
+    """Import every core workaround module, registering the core's built-in entries."""
+    for name in CORE_MODULES:
+        importlib.import_module(name)

@@ -1,0 +1,69 @@
+"""The zoo sweep's tooling (hfexport.testing.sweep): type lists, subprocess time limit, coverage page."""
+
+from __future__ import annotations
+
+import json
+
+from hfexport.testing import sweep
+
+
+def test_sweep_types_filters_and_limits():
+    causal = sweep.sweep_types("causal-lm")
+    assert len(causal) > 150 and causal == sorted(causal)
+    assert {"llama", "granite", "olmo2", "mamba"} <= set(causal)
+    assert sweep.sweep_types("causal-lm", types=["olmo2", "granite", "vit"]) == ["granite", "olmo2"]
+    assert (
+        sweep.sweep_types("image-classification", limit=3)
+        == sorted(sweep.sweep_types("image-classification"))[:3]
+    )
+
+
+def test_child_past_its_time_limit_is_killed_and_reported():
+    result = sweep._run_child("import time; time.sleep(30)", [], timeout=1)
+    assert result == {"status": "fail", "stage": "timeout", "reason": "no result within 1 s"}
+    crashed = sweep._run_child("raise SystemExit('boom at import')", [], timeout=30)
+    assert (crashed["status"], crashed["stage"], crashed["reason"]) == ("fail", "crash", "boom at import")
+
+
+def _write(out, family, model_type, build, backends):
+    row = {"family": family, "task": sweep.FAMILIES[family], "model_type": model_type, "build": build,
+           "backends": backends, "updated": "2026-12-01T23:00:00+00:00"}  # fmt: skip
+    (out / f"{family}--{model_type}.json").write_text(json.dumps(row))
+
+
+def test_render_counts_rows_cells_and_partial_banner(tmp_path):
+    out = tmp_path / "zoo"
+    out.mkdir()
+    (out / "_run.json").write_text(
+        json.dumps(
+            {
+                "date": "2026-12-01T22:00:00+00:00",
+                "versions": {"torch": "2.13.0", "transformers": "5.24.0"},
+                "families": ["causal-lm"],
+                "backends": ["dynamo", "onnx"],
+                "types": ["a", "b", "c"],
+                "limit": None,
+                "partial": True,
+            }
+        )
+    )
+    ok = {"status": "ok", "params": 120000}
+    _write(out, "causal-lm", "b", ok, {"dynamo": {"status": "pass"}, "onnx": {"status": "pass"}})
+    _write(out, "causal-lm", "a", ok, {"dynamo": {"status": "pass"},
+           "onnx": {"status": "fail", "stage": "translate", "reason": "ConversionError: no | rule"}})  # fmt: skip
+    _write(out, "causal-lm", "c", {"status": "eager fails", "stage": "eager", "reason": "ValueError: x"}, {})
+    text = sweep.render(out, tmp_path / "coverage.md")
+    assert (tmp_path / "coverage.md").read_text() == text
+    assert "- Date: 2026-12-01" in text and "torch 2.13.0, transformers 5.24.0" in text
+    assert "**Partial run** (types a, b, c; families causal-lm; backends dynamo, onnx)" in text
+    assert "| causal-lm | 3 | 2 | 2 pass / 0 fail / 0 skip (100%) | 1 pass / 1 fail / 0 skip (50%) |" in text
+    rows = [
+        line
+        for line in text.splitlines()
+        if line.startswith("| a ") or line.startswith("| b ") or line.startswith("| c ")
+    ]
+    assert rows == [
+        "| a | ok (0.12M params) | pass | **fail** (translate): ConversionError: no \\| rule |",
+        "| b | ok (0.12M params) | pass | pass |",
+        "| c | eager fails (eager): ValueError: x | n/a | n/a |",
+    ]

@@ -1,0 +1,193 @@
+"""Generic tiny presets: any model type transformers knows gets a tiny model (hfexport.testing.zoo).
+
+SAMPLE is a fixed sample of causal-LM and encoder types *outside* the nineteen hand-written presets;
+each must build a model of < 5M parameters that runs eagerly on the derived inputs. Types of the
+sample whose tiny model cannot be built or run are listed in UNAVAILABLE with the stage and the
+reason, so a change in either direction (a new failure, or a fix) fails here instead of being
+silently skipped.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from hfexport.loading import load_model
+from hfexport.testing import (
+    TinyModelUnavailable,
+    UnknownModelTypeError,
+    known_model_types,
+    make_inputs,
+    modality,
+    shrunk_config,
+    supported_tasks,
+    tiny_model,
+)
+
+# ---- the sample (model_type, task): 22 causal LMs, 10 masked-LM encoders
+SAMPLE_CAUSAL = (
+    "granite", "olmo", "olmo2", "phi", "starcoder2", "stablelm", "gemma", "gemma3_text", "cohere",
+    "gptj", "codegen", "gpt_bigcode", "gpt_neo", "bloom", "falcon", "qwen2_moe", "qwen3_moe",
+    "deepseek_v3", "mamba", "mamba2", "jamba", "bamba",
+)  # fmt: skip
+SAMPLE_ENCODERS = (
+    "albert", "electra", "deberta-v2", "camembert", "xlm-roberta", "mpnet", "roformer", "modernbert",
+    "big_bird", "esm",
+)  # fmt: skip
+SAMPLE = [(mt, "text-generation") for mt in SAMPLE_CAUSAL] + [(mt, "fill-mask") for mt in SAMPLE_ENCODERS]
+
+#: sample types whose tiny model is unavailable in transformers 5.24: (stage, words of the reason)
+UNAVAILABLE = {
+    # hybrid mamba/attention: with two layers the dynamic cache holds no attention layer
+    "jamba": ("eager", "`get_seq_length` can only be called on Attention layers"),
+    "bamba": ("eager", "`get_seq_length` can only be called on Attention layers"),
+    # esm's default config leaves the sizes its contact head needs unset
+    "esm": ("build", "must be tuple of ints"),
+}
+
+
+def test_sample_is_outside_the_hand_written_presets_and_known_to_transformers():
+    from hfexport.testing import SUPPORTED_MODEL_TYPES
+
+    assert len(SAMPLE) >= 30
+    assert not {mt for mt, _ in SAMPLE} & set(SUPPORTED_MODEL_TYPES)
+    for mt, task in SAMPLE:
+        assert mt in known_model_types(task), (mt, task)
+
+
+@pytest.mark.parametrize(("model_type", "task"), SAMPLE, ids=[mt for mt, _ in SAMPLE])
+def test_generic_tiny_model_builds_small_and_runs_eagerly(model_type, task):
+    if model_type in UNAVAILABLE:
+        stage, words = UNAVAILABLE[model_type]
+        with pytest.raises(TinyModelUnavailable) as info:
+            tiny_model(model_type, task, check_eager=True)
+        assert (info.value.stage, info.value.model_type, info.value.task) == (stage, model_type, task)
+        assert words in info.value.reason
+        return
+    start = time.perf_counter()
+    model, inputs = tiny_model(model_type, task, check_eager=True)
+    seconds = time.perf_counter() - start
+    params = sum(p.numel() for p in model.parameters())
+    assert params < 5_000_000, params
+    assert seconds < 30, seconds  # < 1 s on an idle core; generous for a loaded CI machine
+    assert not model.training
+    assert {k: tuple(v.shape) for k, v in inputs.items()} in (
+        {"input_ids": (2, 8), "attention_mask": (2, 8)},
+        {"input_ids": (2, 8)},  # forwards without an attention mask (mamba, ...)
+    )
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    vocab = model.config.get_text_config().vocab_size
+    assert vocab <= 256
+    assert tuple(logits.shape) == (2, 8, vocab) and torch.isfinite(logits).all()
+    # random ids avoid every special token (kept in range, at 0..2 or at the top of the vocabulary)
+    ids = inputs["input_ids"]
+    assert int(ids.min()) >= 3 and int(ids.max()) < vocab
+    text = model.config.get_text_config()
+    for attr in ("pad_token_id", "bos_token_id", "eos_token_id"):
+        value = getattr(text, attr, None)
+        for token in value if isinstance(value, list) else [value]:
+            assert token is None or 0 <= token < vocab, (attr, token)
+            assert token is None or not bool((ids == token).any()), (attr, token)
+    # deterministic: same weights, same inputs
+    again, inputs_again = tiny_model(model_type, task)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values()))
+    assert all(torch.equal(inputs[k], inputs_again[k]) for k in inputs)
+
+
+def test_shrunk_generic_configs_are_consistent():
+    granite = shrunk_config("granite")
+    assert (granite.hidden_size, granite.num_hidden_layers, granite.intermediate_size) == (64, 2, 128)
+    assert (granite.num_attention_heads, granite.num_key_value_heads, granite.vocab_size) == (4, 4, 256)
+    assert granite.hidden_size % granite.num_attention_heads == 0
+    qwen3_moe = shrunk_config("qwen3_moe")
+    assert (qwen3_moe.num_experts, qwen3_moe.num_experts_per_tok) == (4, 2)
+    assert qwen3_moe.num_attention_heads % qwen3_moe.num_key_value_heads == 0
+    assert qwen3_moe.hidden_size // qwen3_moe.num_attention_heads == 16
+    gemma3 = shrunk_config("gemma3_text")  # 5:1 sliding/full pattern: both kinds kept in two layers
+    assert gemma3.layer_types == ["sliding_attention", "full_attention"]
+    assert gemma3.sliding_window == 32 and gemma3.head_dim == 16
+    olmo2 = shrunk_config("olmo2")  # eos 50279 moved to the top of the 256-token vocabulary
+    assert (olmo2.pad_token_id, olmo2.eos_token_id, olmo2.vocab_size) == (1, 255, 256)
+    starcoder = shrunk_config("gpt_bigcode")  # multi-query attention stays multi-query
+    assert starcoder.multi_query and starcoder.n_head == 4
+    deepseek = shrunk_config("deepseek_v3")  # MLA: qk head dim = nope + rope
+    assert (deepseek.qk_nope_head_dim, deepseek.qk_rope_head_dim, deepseek.qk_head_dim) == (16, 8, 24)
+    assert deepseek.first_k_dense_replace == 1 and deepseek.n_routed_experts == 4
+    assert shrunk_config("olmo2", num_hidden_layers=3).num_hidden_layers == 3  # overrides still apply
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task", "kind", "shapes"),
+    [
+        ("convnext", "image-classification", "image", {"pixel_values": (2, 3, 32, 32)}),
+        # hubert: conv kernels (10,3,3,3,3,2,2), strides (5,2,2,2,2,2,2) -> 2640 samples for 8 frames
+        (
+            "hubert",
+            "automatic-speech-recognition",
+            "audio",
+            {"input_values": (2, 2640), "attention_mask": (2, 2640)},
+        ),
+        (
+            "speech_to_text",
+            "automatic-speech-recognition",
+            "audio-features",
+            {"input_features": (2, 32, 80), "attention_mask": (2, 32), "decoder_input_ids": (2, 8)},
+        ),
+        # llava: 32x32 image, 8x8 patches -> 16 image tokens inserted after the first text token
+        (
+            "llava",
+            "image-text-to-text",
+            "image+text",
+            {"pixel_values": (2, 3, 32, 32), "input_ids": (2, 24), "attention_mask": (2, 24)},
+        ),
+    ],
+)
+def test_inputs_follow_the_modality(model_type, task, kind, shapes):
+    model, inputs = tiny_model(model_type, task, check_eager=True)
+    assert modality(model, task) == kind
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == shapes
+    if kind == "image+text":
+        image_token = model.config.image_token_id
+        assert (inputs["input_ids"] == image_token).sum(dim=1).tolist() == [16, 16]
+        assert inputs["input_ids"][:, 1:17].eq(image_token).all()
+    second = make_inputs(model, task, batch_size=1, seq_len=5, seed=1)
+    with torch.no_grad():
+        model(**second)
+
+
+def test_unknown_model_type_lists_close_matches():
+    with pytest.raises(UnknownModelTypeError, match=r"unknown model_type 'granit'.*close matches: granite"):
+        tiny_model("granit")
+    with pytest.raises(ValueError, match=r"close matches: olmo2, molmo2, olmo, olmoe, olmo3\)"):
+        load_model("tiny:olmo22")
+    with pytest.raises(UnknownModelTypeError, match=r"no close match"):
+        tiny_model("zzzzqqqq")
+
+
+def test_task_without_a_class_names_the_tasks_the_type_has():
+    assert supported_tasks("granite") == ("text-generation", "feature-extraction")  # no classifier class
+    with pytest.raises(
+        ValueError,
+        match=r"not available for task 'image-classification'; its tasks: text-generation, feature-extraction$",
+    ):
+        tiny_model("granite", "image-classification")
+    with pytest.raises(ValueError, match=r"tiny convnext model is not available for task 'text-generation'"):
+        load_model("tiny:convnext", "text-generation")
+
+
+def test_load_model_tiny_generic_type_uses_its_default_task():
+    loaded = load_model("tiny:olmo2")
+    assert loaded.task == "text-generation"
+    assert type(loaded.model).__name__ == "Olmo2ForCausalLM"
+    assert tuple(loaded.inputs["input_ids"].shape) == (2, 8)
+    assert load_model("tiny:electra").task == "fill-mask"
+
+
+def test_unavailable_is_typed_with_stage_and_reason():
+    with pytest.raises(TinyModelUnavailable) as info:
+        tiny_model("jamba", "text-generation", check_eager=True)
+    assert info.value.stage == "eager" and "ValueError: " in info.value.reason
+    assert "unavailable at eager" in str(info.value)
