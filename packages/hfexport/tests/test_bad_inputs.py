@@ -870,7 +870,7 @@ CASES: list[Case] = [
         "tiny_model_unknown_type",
         lambda env: tiny_model("bret"),
         ValueError,
-        r"unknown model_type 'bret' for the tiny-model zoo; .*\bbert\b",
+        r"unknown model_type 'bret' for the tiny-model zoo: .*\(close matches: bert\b",
     ),
     Case(
         "tiny_model_wrong_task",
