@@ -616,3 +616,18 @@ def _diff(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 def test_the_matrix_has_enough_rows() -> None:
     assert len(ROWS) >= 45
+
+
+def test_the_first_message_line_skips_typer_header_and_box() -> None:
+    output = (
+        "Usage: hfexport export [OPTIONS] FORMAT OUTPUT_DIR\n"
+        "Try 'hfexport export -h' for help.\n"
+        "╭─ Error ──────────────────────────╮\n"
+        "│ Invalid value for --atol: atol=nan is invalid │\n"
+        "╰──────────────────────────────────╯\n"
+    )
+    assert _first_message_line(output) == "Invalid value for --atol: atol=nan is invalid"
+    assert (
+        _first_message_line("\nexport failed in stage 'x': E: m\nmore\n")
+        == "export failed in stage 'x': E: m"
+    )

@@ -1002,3 +1002,50 @@ def _diff(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 def test_the_matrix_has_enough_rows() -> None:
     assert len(CASES) >= 55
+
+
+# --------------------------------------------------------------------------------------------------
+# the harness itself sees what it must see
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_model_fingerprint_sees_every_kind_of_change(monkeypatch) -> None:
+    model, _ = tiny_model("bert")
+    base = _model_fingerprint(model)
+    with torch.no_grad():
+        model.embeddings.word_embeddings.weight[0, 0] += 1e-6
+    assert _model_fingerprint(model)["state"] != base["state"]
+    model, _ = tiny_model("bert")
+    model.train()
+    assert _model_fingerprint(model)["training"] != base["training"]
+    model.eval()
+    model.config.use_cache = not model.config.use_cache
+    assert _model_fingerprint(model)["config"] != base["config"]
+    model, _ = tiny_model("bert")
+    model.config._attn_implementation = "eager"
+    assert _model_fingerprint(model)["attn"] != base["attn"]
+    model, _ = tiny_model("bert")
+    model.forward = lambda **kwargs: None  # an instance attribute left behind
+    assert _model_fingerprint(model)["instance_attrs"] != base["instance_attrs"]
+    model, _ = tiny_model("bert")
+    monkeypatch.setattr(type(model), "forward", lambda self, **kwargs: None)
+    assert _model_fingerprint(model)["class_attrs"] != base["class_attrs"]
+
+
+def test_the_patch_fingerprint_sees_a_patched_function(monkeypatch) -> None:
+    base = _patch_fingerprint()
+    assert "torch.export.export" in base and len(base) >= 3
+    monkeypatch.setattr(torch.export, "export", lambda *a, **k: None)
+    assert _patch_fingerprint() != base
+
+
+def test_the_disk_snapshot_sees_changes(tmp_path) -> None:
+    _make_workdir(tmp_path)
+    base = _disk_snapshot(tmp_path)
+    (tmp_path / "good_export" / "model.txt").write_text("a graph signaturf\n")
+    assert _disk_snapshot(tmp_path) != base
+    (tmp_path / "good_export" / "model.txt").write_text("a graph signature\n")
+    assert _disk_snapshot(tmp_path) == base
+    (tmp_path / ".out.hfexport-staging.1.host.x").mkdir()
+    after = _disk_snapshot(tmp_path)
+    assert after != base and [p for p in after if LEFTOVER.search(p)]
