@@ -290,7 +290,8 @@ def test_generate_failure_is_one_message_and_traceback_only_with_verbose(tmp_pat
     assert result.exit_code == 1, result.output
     failed = [line for line in result.output.splitlines() if line.startswith("generate failed: ")]
     assert len(failed) == 1, result.output
-    assert failed[0].startswith("generate failed: ValueError: ") and "prefill.pt2" in failed[0]
+    assert failed[0].startswith("generate failed: ValueError: ")
+    assert "names component files that are missing: ['prefill.pt2', 'decode.pt2']" in _text(result.output)
     assert "rerun with -v for the traceback" in _text(result.output)
     assert "Traceback" not in result.output
     result = _invoke(["generate", str(folder), "--input-ids", "1,2", "-v"])

@@ -34,6 +34,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from hfexport.config import ExportFormat
+
 __all__ = ["BACKENDS", "FAMILIES", "KNOWN_SKIPS", "main", "render", "run_sweep", "sweep_types"]
 
 #: family name -> the zoo task its models are built for
@@ -44,10 +46,12 @@ FAMILIES: dict[str, str] = {
     "image-classification": "image-classification",
     "speech": "automatic-speech-recognition",
 }
-BACKENDS = ("dynamo", "onnx", "executorch")
+
+#: the built-in formats, from the core's format table (plugins join with ``--backends``)
+BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue
 KNOWN_SKIPS: dict[tuple[str, str], str] = {}
-_VERSIONED = ("torch", "transformers", "onnx", "onnxscript", "onnxruntime", "executorch", "hfexport")
+_VERSIONED = ("hfexport", "torch", "transformers")
 
 _BUILD_CHILD = r"""
 import json, sys, time
@@ -136,9 +140,19 @@ def installed_backends() -> list[str]:
 
 
 def versions() -> dict[str, str]:
-    """Installed versions of the packages the coverage page names."""
+    """Installed versions of the packages the coverage page names: the core's, then each installed
+    backend package and the distributions it was tested with (its exporter's ``tested_versions``)."""
+    from hfexport.auto import KNOWN_BACKEND_PACKAGES, available_export_formats, get_hf_exporter
+
+    names = list(_VERSIONED)
+    for fmt in available_export_formats():
+        try:
+            cls = get_hf_exporter(fmt)
+        except ImportError:
+            continue
+        names += [KNOWN_BACKEND_PACKAGES.get(fmt, cls.package_name), *cls.tested_versions]
     found = {}
-    for dist in _VERSIONED:
+    for dist in dict.fromkeys(names):
         try:
             found[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
