@@ -8,8 +8,9 @@ staging or temporary leftovers. For usage errors the model loader (``hfexport.lo
 and for ``generate`` the component loading) must never have been called.
 
 Rows run in-process through typer's ``CliRunner`` on ``hfexport.cli.app``; three also run as a
-subprocess (``python -m hfexport.cli``) to check what a user's terminal shows. The API rows are
-in ``packages/hfexport/tests/test_bad_inputs.py``.
+subprocess (``python -m hfexport.cli``) to check what a user's terminal shows (``patches`` runs
+in-process only: it imports every backend before it can judge a key, ~13 s as a subprocess).
+The API rows are in ``packages/hfexport/tests/test_bad_inputs.py``.
 """
 
 from __future__ import annotations
@@ -516,10 +517,10 @@ ROWS: list[Row] = [
         subprocess=True,
     ),
     Row(
-        "subprocess_patches_backend_bad_key",
-        ["patches", "--backend", "bad key!"],
+        "subprocess_generate_missing_folder",
+        _generate("--input-ids", "1,2", folder="{tmp}/nowhere"),
         2,
-        r"Invalid value for --backend: .*'bad key!'.*(known|one of)",
+        r"Invalid value for OUTPUT_DIR: .*nowhere does not exist",
         subprocess=True,
     ),
 ]
