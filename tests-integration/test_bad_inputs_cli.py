@@ -352,7 +352,7 @@ ROWS: list[Row] = [
         "export_task_bogus",
         _export("dynamo", "{tmp}/out", "--task", "bogus"),
         1,
-        FAILED + r"ValueError: .*'bogus'",
+        FAILED + r"ValueError: unknown task 'bogus'; known tasks: text-generation",
         loads=True,
     ),
     Row(
