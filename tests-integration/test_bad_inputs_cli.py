@@ -1,0 +1,634 @@
+"""A matrix of bad inputs to the CLI (issue 14, "Done when"): each row is one bad command line.
+
+Every row asserts the exit code (2: a usage error, 1: a failure), the first line of the error
+message (typer's "Usage:"/"Try" header and rich's box drawing removed), that no Python traceback
+is printed without ``-v``, and that nothing changed on disk: the test's working folder (a
+previous good export, a user's file, a generation export), every path, size and SHA-256, with no
+staging or temporary leftovers. For usage errors the model loader (``hfexport.loading.load_model``,
+and for ``generate`` the component loading) must never have been called.
+
+Rows run in-process through typer's ``CliRunner`` on ``hfexport.cli.app``; three also run as a
+subprocess (``python -m hfexport.cli``) to check what a user's terminal shows (``patches`` runs
+in-process only: it imports every backend before it can judge a key, ~13 s as a subprocess).
+The API rows are in ``packages/hfexport/tests/test_bad_inputs.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hfexport import cli_logging
+from hfexport.cli import app
+from hfexport.config import DynamoConfig
+from hfexport.exporter import HfExporter
+from hfexport.tensors import get_leaf_tensors
+from hfexport.testing import tiny_model
+
+runner = CliRunner()
+TRACEBACK = "Traceback (most recent call last)"
+# lines torch and friends print on import; the CLI routes them to its log (issue 14 item 16)
+NOISE = ("is an Enum subclass", "torchvision is not installed")
+
+# --------------------------------------------------------------------------------------------------
+# a generation folder written once, by a test-only backend whose artifact is the eager module
+# --------------------------------------------------------------------------------------------------
+TOY = "clitoy"
+_STORE: dict[str, torch.nn.Module] = {}
+
+
+class EagerExporter(HfExporter):
+    export_format = TOY
+    config_class = DynamoConfig
+    artifact_filename = "model.toy"
+
+    def _export(self, model, inputs, config, report):
+        with report.stage("capture"):
+            return model
+
+    def runner(self, artifact):
+        def run(kwargs):
+            with torch.no_grad():
+                return get_leaf_tensors(artifact(**kwargs))
+
+        return run
+
+    def save(self, artifact, path):
+        token = hashlib.sha256(str(len(_STORE)).encode()).hexdigest()
+        _STORE[token] = artifact
+        Path(path).write_text(token, encoding="utf-8")
+
+    def load(self, path, *, trust_remote_code=False):
+        return _STORE[Path(path).read_text(encoding="utf-8")]
+
+
+@pytest.fixture(scope="module")
+def gen_folder(tmp_path_factory) -> Path:
+    """A generation export of tiny llama (format ``clitoy``) with the config.json the CLI writes."""
+    from hfexport import auto
+    from hfexport.generation import save_components
+    from hfexport.integrity import write_checksums
+
+    model, inputs = tiny_model("llama")
+    auto._EXPORTERS[TOY] = EagerExporter
+    folder = tmp_path_factory.mktemp("toygen") / "gen"
+    try:
+        artifacts = EagerExporter().export_for_generation(model, inputs, DynamoConfig(validate=False))
+        save_components(EagerExporter(), artifacts, folder, model=model)
+        model.config.to_json_file(folder / "config.json")
+        write_checksums(folder)
+        yield folder
+    finally:
+        auto._EXPORTERS.pop(TOY, None)
+
+
+# --------------------------------------------------------------------------------------------------
+# the working folder and its snapshot
+# --------------------------------------------------------------------------------------------------
+
+
+def _make_workdir(tmp: Path, gen_folder: Path) -> None:
+    from hfexport.integrity import write_checksums
+
+    good = tmp / "good_export"
+    good.mkdir()
+    (good / "model.pt2").write_bytes(b"PK a previous good artifact")
+    (good / "config.json").write_text('{"model_type": "bert"}\n')
+    (good / "export_report.json").write_text('{"export_format": "dynamo"}\n')
+    write_checksums(good)
+    (tmp / "notes.txt").write_text("the user's file\n")
+    foreign = tmp / "foreign"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("months of work\n")
+    mymodel = tmp / "mymodel"
+    mymodel.mkdir()
+    (mymodel / "config.json").write_text('{"model_type": "bert"}\n')
+    empty_model = tmp / "no_config_model"
+    empty_model.mkdir()
+    (empty_model / "README.md").write_text("no config here\n")
+    shutil.copytree(gen_folder, tmp / "gen")
+
+
+def _disk_snapshot(root: Path) -> dict[str, tuple[int, str | None]]:
+    snap = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            snap[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = (-1, None)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            data = Path(path).read_bytes()
+            snap[os.path.relpath(path, root)] = (len(data), hashlib.sha256(data).hexdigest())
+    return snap
+
+
+LEFTOVER = re.compile(r"hfexport-staging|\.staging\.|\.tmp|\.partial|~$")
+
+
+def _edit_manifest(text: str | Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[Path], None]:
+    def setup(tmp: Path) -> None:
+        from hfexport.integrity import write_checksums
+
+        path = tmp / "gen" / "generation_manifest.json"
+        new = text if isinstance(text, str) else json.dumps(text(json.loads(path.read_text())))
+        path.write_text(new)
+        write_checksums(tmp / "gen")  # a consistent folder: the point is the manifest itself
+
+    return setup
+
+
+def _flip_component(tmp: Path) -> None:
+    path = sorted((tmp / "gen").glob("*.toy"))[0]
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _plain_folder(tmp: Path) -> None:
+    shutil.copytree(tmp / "good_export", tmp / "plain")
+
+
+# --------------------------------------------------------------------------------------------------
+# the rows
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    id: str
+    args: list[str]  # "{tmp}" is replaced by the working folder
+    exit_code: int
+    first_line: str  # regex, matched at the start of the first line of the error message
+    setup: Callable[[Path], None] | None = None
+    loads: bool = False  # the model loader may be called (a failure while loading)
+    toy_format: bool = False  # register the test backend (generate rows that load components)
+    subprocess: bool = False  # run as `python -m hfexport.cli` instead of in-process
+
+
+def _export(fmt: str, out: str = "{tmp}/out", *extra: str, model: str = "tiny:bert") -> list[str]:
+    return ["export", fmt, out, "--model", model, *extra]
+
+
+def _generate(*extra: str, folder: str = "{tmp}/gen") -> list[str]:
+    return ["generate", folder, *extra]
+
+
+TOL = r"is invalid; allowed: a finite, non-negative float or None"
+OPSET = r"is invalid; allowed: an int from 18 to \d+ \(the opsets the installed onnxscript .*\) or None"
+FAILED = r"export failed in stage 'load_model': "
+
+ROWS: list[Row] = [
+    # -- export: format and output folder (usage errors, before loading) ---------------------------
+    Row(
+        "export_unknown_format",
+        _export("nosuch"),
+        2,
+        r"Invalid value: FORMAT must be one of dynamo, onnx, executorch.*, got 'nosuch'",
+    ),
+    Row(
+        "export_output_dir_a_file",
+        _export("dynamo", "{tmp}/notes.txt"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*notes\.txt' is a file, not a folder",
+    ),
+    Row(
+        "export_output_dir_under_a_file",
+        _export("dynamo", "{tmp}/notes.txt/out"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*notes\.txt/out' cannot be created: "
+        r"'.*notes\.txt' is a file, not a folder",
+    ),
+    Row(
+        "export_foreign_folder_without_overwrite",
+        _export("dynamo", "{tmp}/foreign"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*foreign' is not empty and is not a previous "
+        r"hfexport export \(it holds thesis\.tex",
+    ),
+    Row(
+        "export_overwrite_the_model_folder",
+        _export("dynamo", "{tmp}/mymodel", "--overwrite", model="{tmp}/mymodel"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*mymodel' is or contains '.*mymodel', which an "
+        r"export would delete",
+    ),
+    Row(
+        "export_overwrite_a_folder_holding_the_model",
+        _export("dynamo", "{tmp}", "--overwrite", model="{tmp}/mymodel"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*' is or contains '.*mymodel'",
+    ),
+    # -- export: options the config rejects (usage errors, before loading) ------------------------
+    Row(
+        "export_opset_99",
+        _export("onnx", "{tmp}/out", "--opset", "99"),
+        2,
+        r"Invalid value for --opset: opset_version=99 " + OPSET,
+    ),
+    Row(
+        "export_opset_6",
+        _export("onnx", "{tmp}/out", "--opset", "6"),
+        2,
+        r"Invalid value for --opset: opset_version=6 " + OPSET,
+    ),
+    Row(
+        "export_opset_10_to_the_6",
+        _export("onnx", "{tmp}/out", "--opset", "1000000"),
+        2,
+        r"Invalid value for --opset: opset_version=1000000 " + OPSET,
+    ),
+    Row(
+        "export_opset_on_dynamo",
+        _export("dynamo", "{tmp}/out", "--opset", "18"),
+        2,
+        r"Invalid value: --opset applies to onnx, not dynamo",
+    ),
+    Row(
+        "export_opset_not_an_int",
+        _export("onnx", "{tmp}/out", "--opset", "eighteen"),
+        2,
+        r"Invalid value for '--opset': ('eighteen' is not a valid integer|Input should be a valid integer)",
+    ),
+    Row(
+        "export_atol_nan",
+        _export("dynamo", "{tmp}/out", "--atol", "nan"),
+        2,
+        r"Invalid value for --atol: atol=nan " + TOL,
+    ),
+    Row(
+        "export_atol_negative",
+        _export("dynamo", "{tmp}/out", "--atol=-1"),
+        2,
+        r"Invalid value for --atol: atol=-1\.0 " + TOL,
+    ),
+    Row(
+        "export_rtol_negative",
+        _export("onnx", "{tmp}/out", "--rtol=-1"),
+        2,
+        r"Invalid value for --rtol: rtol=-1\.0 " + TOL,
+    ),
+    Row(
+        "export_rtol_inf",
+        _export("dynamo", "{tmp}/out", "--rtol", "inf"),
+        2,
+        r"Invalid value for --rtol: rtol=inf " + TOL,
+    ),
+    Row(
+        "export_atol_not_a_number",
+        _export("dynamo", "{tmp}/out", "--atol", "tiny"),
+        2,
+        r"Invalid value for '--atol': ('tiny' is not a valid float|Input should be a valid number)",
+    ),
+    Row(
+        "export_backend_on_onnx",
+        _export("onnx", "{tmp}/out", "--backend", "xnnpack"),
+        2,
+        r"Invalid value: --backend applies to executorch, not onnx",
+    ),
+    Row(
+        "export_backend_bogus",
+        _export("executorch", "{tmp}/out", "--backend", "bogus"),
+        2,
+        r"Invalid value for --backend: backend='bogus' is invalid; allowed: 'xnnpack', 'cuda'",
+    ),
+    Row("export_missing_model", ["export", "dynamo", "{tmp}/out"], 2, r"Missing option '--model'"),
+    Row(
+        "export_missing_output_dir",
+        ["export", "dynamo", "--model", "tiny:bert"],
+        2,
+        r"Missing argument 'OUTPUT_DIR'",
+    ),
+    Row("export_unknown_option", _export("dynamo", "{tmp}/out", "--fast"), 2, r"No such option: --fast"),
+    Row("unknown_command", ["exprot", "dynamo"], 2, r"No such command 'exprot'"),
+    # -- export: models that cannot be loaded (failures while loading, exit 1) ---------------------
+    Row(
+        "export_model_missing_path",
+        _export("dynamo", model="{tmp}/no_such_model"),
+        1,
+        FAILED + r"FileNotFoundError: --model '.*no_such_model' is not a local folder",
+        loads=True,
+    ),
+    Row(
+        "export_model_tiny_nonsense",
+        _export("dynamo", model="tiny:nonsense"),
+        1,
+        FAILED + r"UnknownModelTypeError: unknown model_type 'nonsense' for the tiny-model zoo",
+        loads=True,
+    ),
+    Row(
+        "export_model_hub_id",
+        _export("dynamo", model="org/name"),
+        1,
+        FAILED + r"FileNotFoundError: --model 'org/name' is not a local folder; .*not downloaded from a hub",
+        loads=True,
+    ),
+    Row(
+        "export_model_pkg_missing",
+        _export("dynamo", model="pkg:nonexistent_pkg"),
+        1,
+        FAILED + r"FileNotFoundError: pkg:nonexistent_pkg: no installed Python package of that import name",
+        loads=True,
+    ),
+    Row(
+        "export_model_folder_without_config",
+        _export("dynamo", model="{tmp}/no_config_model"),
+        1,
+        FAILED + r"ValueError: Unrecognized model in .*no_config_model",
+        loads=True,
+    ),
+    Row(
+        "export_task_bogus",
+        _export("dynamo", "{tmp}/out", "--task", "bogus"),
+        1,
+        FAILED + r"ValueError: unknown task 'bogus'; known tasks: text-generation",
+        loads=True,
+    ),
+    Row(
+        "export_task_wrong_for_model",
+        _export("dynamo", "{tmp}/out", "--task", "text-generation"),
+        1,
+        FAILED + r"ValueError: the tiny bert model is not available for task 'text-generation'",
+        loads=True,
+    ),
+    # -- generate: usage errors, before anything is loaded ----------------------------------------
+    Row(
+        "generate_missing_folder",
+        _generate("--input-ids", "1,2", folder="{tmp}/nowhere"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*nowhere does not exist",
+    ),
+    Row(
+        "generate_folder_a_file",
+        _generate("--input-ids", "1,2", folder="{tmp}/notes.txt"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*notes\.txt is not a folder",
+    ),
+    Row(
+        "generate_plain_export_folder",
+        _generate("--input-ids", "1,2", folder="{tmp}/plain"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*plain holds no generation_manifest\.json; export one with",
+        setup=_plain_folder,
+    ),
+    Row(
+        "generate_manifest_not_json",
+        _generate("--input-ids", "1,2"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*generation_manifest\.json cannot be read as JSON",
+        setup=_edit_manifest("{not json"),
+    ),
+    Row(
+        "generate_manifest_not_an_object",
+        _generate("--input-ids", "1,2"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*generation_manifest\.json is not a JSON object",
+        setup=_edit_manifest("[1, 2]"),
+    ),
+    Row(
+        "generate_max_new_tokens_0",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "0"),
+        2,
+        r"Invalid value for --max-new-tokens: must be at least 1, got 0",
+    ),
+    Row(
+        "generate_max_new_tokens_negative",
+        _generate("--input-ids", "1,2", "--max-new-tokens=-1"),
+        2,
+        r"Invalid value for --max-new-tokens: must be at least 1, got -1",
+    ),
+    Row(
+        "generate_max_new_tokens_not_an_int",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "many"),
+        2,
+        r"Invalid value for '--max-new-tokens': ('many' is not a valid integer|Input should be a valid integer)",
+    ),
+    Row(
+        "generate_empty_input_ids",
+        _generate("--input-ids", ""),
+        2,
+        r"Invalid value for --input-ids: gives no token ids; pass at least one",
+    ),
+    Row(
+        "generate_only_commas",
+        _generate("--input-ids", ",,"),
+        2,
+        r"Invalid value for --input-ids: gives no token ids; pass at least one",
+    ),
+    Row(
+        "generate_out_of_vocab_ids",
+        _generate("--input-ids", "1,2,99999"),
+        2,
+        r"Invalid value for --input-ids: token ids \[99999\] are outside the vocabulary \[0, \d+\) of the "
+        r"exported model",
+    ),
+    Row(
+        "generate_negative_ids",
+        _generate("--input-ids=-1,2"),
+        2,
+        r"Invalid value for --input-ids: token ids must be >= 0, got \[-1\]",
+    ),
+    Row(
+        "generate_non_integer_ids",
+        _generate("--input-ids", "1,a,3"),
+        2,
+        r"Invalid value for --input-ids: takes comma-separated integers, e.g\. 1,2,3",
+    ),
+    Row(
+        "generate_both_prompt_and_ids",
+        _generate("--input-ids", "1,2", "--prompt", "hello"),
+        2,
+        r"Invalid value: pass exactly one of --prompt or --input-ids",
+    ),
+    Row(
+        "generate_neither_prompt_nor_ids",
+        _generate(),
+        2,
+        r"Invalid value: pass exactly one of --prompt or --input-ids",
+    ),
+    Row(
+        "generate_prompt_without_tokenizer",
+        _generate("--prompt", "hello"),
+        2,
+        r"Invalid value for --prompt: --prompt needs tokenizer files \(tokenizer\.json or tokenizer_config\.json\)",
+    ),
+    Row(
+        "generate_missing_folder_argument",
+        ["generate", "--input-ids", "1"],
+        2,
+        r"Missing argument 'OUTPUT_DIR'",
+    ),
+    # -- generate: failures while loading (exit 1, "generate failed") -----------------------------
+    Row(
+        "generate_flipped_component_byte",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "2"),
+        1,
+        r"generate failed: IntegrityError: .*gen/\w+\.toy does not match its checksum in .*checksums\.sha256",
+        setup=_flip_component,
+        loads=True,
+        toy_format=True,
+    ),
+    Row(
+        "generate_manifest_unknown_format",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "2"),
+        1,
+        r"generate failed: MissingBackendError: .*generation_manifest\.json was written with export format "
+        r"'nosuchformat', which no installed backend provides",
+        setup=_edit_manifest(lambda m: {**m, "format": "nosuchformat"}),
+        loads=True,
+    ),
+    # -- patches ----------------------------------------------------------------------------------
+    Row(
+        "patches_backend_bad_key",
+        ["patches", "--backend", "bad key!"],
+        2,
+        r"Invalid value for --backend: .*'bad key!'.*(known|one of)",
+    ),
+    Row(
+        "patches_backend_nonsense",
+        ["patches", "--backend", "nonsense"],
+        2,
+        r"Invalid value for --backend: .*'nonsense'.*(known|one of)",
+    ),
+    # -- as a user's terminal shows them (subprocess) ---------------------------------------------
+    Row(
+        "subprocess_export_unknown_format",
+        _export("nosuch"),
+        2,
+        r"Invalid value: FORMAT must be one of dynamo, onnx, executorch.*, got 'nosuch'",
+        subprocess=True,
+    ),
+    Row(
+        "subprocess_generate_max_new_tokens_0",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "0"),
+        2,
+        r"Invalid value for --max-new-tokens: must be at least 1, got 0",
+        subprocess=True,
+    ),
+    Row(
+        "subprocess_generate_missing_folder",
+        _generate("--input-ids", "1,2", folder="{tmp}/nowhere"),
+        2,
+        r"Invalid value for OUTPUT_DIR: .*nowhere does not exist",
+        subprocess=True,
+    ),
+]
+
+assert len({r.id for r in ROWS}) == len(ROWS), "duplicate row ids"
+
+_BOX = "│╭╮╰╯─┃━┏┓┗┛"
+
+
+def _first_message_line(output: str) -> str:
+    """The first line of the error message: typer's header and rich's box drawing removed."""
+    for line in output.splitlines():
+        for ch in _BOX:
+            line = line.replace(ch, " ")
+        line = " ".join(line.split())
+        if not line or line.startswith(("Usage:", "Try '")) or line == "Error":
+            continue
+        if any(noise in line for noise in NOISE):
+            continue  # asserted separately
+        return line
+    return ""
+
+
+def _run_in_process(args: list[str]) -> tuple[int, str, BaseException | None]:
+    result = runner.invoke(app, args, env={"COLUMNS": "2000", "NO_COLOR": "1"})
+    return result.exit_code, result.output, result.exception
+
+
+def _run_subprocess(args: list[str], log: Path) -> tuple[int, str, BaseException | None]:
+    env = {**os.environ, "COLUMNS": "2000", "NO_COLOR": "1", cli_logging.LOG_FILE_ENV: str(log)}
+    done = subprocess.run(
+        [sys.executable, "-m", "hfexport.cli", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+    return done.returncode, done.stderr + done.stdout, None
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_command_line(row: Row, gen_folder, tmp_path, tmp_path_factory, monkeypatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    log = tmp_path_factory.mktemp("log") / "cli.log"  # outside the snapshot
+    monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(log))
+    _make_workdir(work, gen_folder)
+    if row.setup is not None:
+        row.setup(work)
+    args = [a.replace("{tmp}", str(work)) for a in row.args]
+
+    calls: list[str] = []
+    if not row.loads:
+        import hfexport.generation
+        import hfexport.generation.persist
+        import hfexport.loading
+
+        def loader_called(*args: Any, **kwargs: Any) -> Any:
+            calls.append(repr(args))
+            raise AssertionError("the model loader ran for a usage error")
+
+        monkeypatch.setattr(hfexport.loading, "load_model", loader_called)
+        monkeypatch.setattr(hfexport.generation, "generate_from_dir", loader_called)
+        monkeypatch.setattr(hfexport.generation.persist, "load_components", loader_called)
+    if row.toy_format:
+        from hfexport import auto
+
+        monkeypatch.setitem(auto._EXPORTERS, TOY, EagerExporter)
+
+    cwd = os.getcwd()
+    before = _disk_snapshot(work)
+    before_gen = _disk_snapshot(gen_folder)
+    code, output, exception = _run_subprocess(args, log) if row.subprocess else _run_in_process(args)
+
+    assert exception is None or isinstance(exception, SystemExit), f"uncaught {exception!r}\n{output}"
+    assert code == row.exit_code, output
+    assert TRACEBACK not in output, output
+    assert not [line for line in output.splitlines() if any(n in line for n in NOISE)], output
+    first = _first_message_line(output)
+    assert re.match(row.first_line, first), (
+        f"first line {first!r} does not match {row.first_line!r}\n{output}"
+    )
+    assert not calls, f"the model loader ran for a usage error: {calls}"
+    assert os.getcwd() == cwd
+    after = _disk_snapshot(work)
+    assert after == before, _diff(before, after)
+    assert not [p for p in after if LEFTOVER.search(p)]
+    assert not [p for p in os.listdir(work.parent) if LEFTOVER.search(p)]
+    assert _disk_snapshot(gen_folder) == before_gen
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any]) -> str:
+    added = sorted(set(after) - set(before))
+    removed = sorted(set(before) - set(after))
+    changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
+    return f"disk changed: added {added}, removed {removed}, changed {changed}"
+
+
+def test_the_matrix_has_enough_rows() -> None:
+    assert len(ROWS) >= 45
+
+
+def test_the_first_message_line_skips_typer_header_and_box() -> None:
+    output = (
+        "Usage: hfexport export [OPTIONS] FORMAT OUTPUT_DIR\n"
+        "Try 'hfexport export -h' for help.\n"
+        "╭─ Error ──────────────────────────╮\n"
+        "│ Invalid value for --atol: atol=nan is invalid │\n"
+        "╰──────────────────────────────────╯\n"
+    )
+    assert _first_message_line(output) == "Invalid value for --atol: atol=nan is invalid"
+    assert (
+        _first_message_line("\nexport failed in stage 'x': E: m\nmore\n")
+        == "export failed in stage 'x': E: m"
+    )
