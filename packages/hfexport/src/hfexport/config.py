@@ -152,16 +152,20 @@ def encode_dynamic_shapes(spec: Any) -> Any:
     )
 
 
-def decode_dynamic_shapes(data: Any) -> Any:
+def decode_dynamic_shapes(data: Any, _where: str = "dynamic_shapes") -> Any:
     """Inverse of :func:`encode_dynamic_shapes`: rebuild ``Dim`` objects and hints.
 
     A ``Dim`` comes back as ``torch.export.Dim(name, min=..., max=...)`` (torch ``Dim`` objects
     compare by identity, so the result is an equivalent, not the identical, object).
+
+    Raises:
+        ValueError: an entry that is not an encoded dynamic-shapes value, or a ``Dim`` whose
+            ``min`` exceeds its ``max``; the message names where it sits (``dynamic_shapes['input_ids'][0]``).
     """
     if data is None or isinstance(data, (bool, int, str)):
         return data
     if isinstance(data, list):
-        return [decode_dynamic_shapes(v) for v in data]
+        return [decode_dynamic_shapes(v, f"{_where}[{i}]") for i, v in enumerate(data)]
     if isinstance(data, dict):
         if set(data) == {_DIM_KEY}:
             from torch.export import Dim
@@ -172,16 +176,21 @@ def decode_dynamic_shapes(data: Any) -> Any:
                 kwargs["min"] = int(spec["min"])
             if spec.get("max") is not None:
                 kwargs["max"] = int(spec["max"])
+            if "min" in kwargs and "max" in kwargs and kwargs["min"] > kwargs["max"]:
+                raise ValueError(
+                    f"{_where}: Dim {spec.get('name')!r} has min={kwargs['min']} > max={kwargs['max']}; "
+                    "give a range with min <= max"
+                )
             return Dim(spec["name"], **kwargs)
         if set(data) == {_HINT_KEY}:
             from torch.export import Dim
 
             return getattr(Dim, data[_HINT_KEY])
         if set(data) == {_TUPLE_KEY}:
-            return tuple(decode_dynamic_shapes(v) for v in data[_TUPLE_KEY])
+            return tuple(decode_dynamic_shapes(v, f"{_where}[{i}]") for i, v in enumerate(data[_TUPLE_KEY]))
         if set(data) == {_INTMAP_KEY}:
-            return {int(k): decode_dynamic_shapes(v) for k, v in data[_INTMAP_KEY]}
-        return {k: decode_dynamic_shapes(v) for k, v in data.items()}
+            return {int(k): decode_dynamic_shapes(v, f"{_where}[{int(k)}]") for k, v in data[_INTMAP_KEY]}
+        return {k: decode_dynamic_shapes(v, f"{_where}[{k!r}]") for k, v in data.items()}
     raise ValueError(f"cannot decode dynamic_shapes entry {data!r}")
 
 

@@ -145,7 +145,8 @@ def read_manifest(output_dir: str | os.PathLike[str]) -> dict[str, Any]:
     Raises:
         FileNotFoundError: the folder has no manifest (it was not written by
             ``hfexport export ... --task text-generation`` / :func:`save_components`).
-        ValueError: a manifest of a newer layout, or one naming missing component files.
+        ValueError: a manifest that is not a JSON object, of a newer layout, or one naming missing
+            component files (the message names the file).
     """
     path = Path(output_dir) / MANIFEST_NAME
     if not path.is_file():
@@ -153,7 +154,18 @@ def read_manifest(output_dir: str | os.PathLike[str]) -> dict[str, Any]:
             f"no {MANIFEST_NAME} in {Path(output_dir)}; export with `hfexport export <format> --task "
             "text-generation` or hfexport.generation.save_components first"
         )
-    manifest = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error}); it should hold the generation manifest that "
+            "save_components writes: re-export the folder"
+        ) from None
+    if not isinstance(manifest, dict):
+        raise ValueError(
+            f"{path} holds a JSON {type(manifest).__name__}, not the generation manifest object that "
+            "save_components writes: re-export the folder"
+        )
     if int(manifest.get("manifest_version", 0)) > MANIFEST_VERSION:
         raise ValueError(
             f"{path} has manifest version {manifest['manifest_version']}, newer than this hfexport reads "
