@@ -152,7 +152,18 @@ def _patch_rows(backend: str | None, stale_only: bool) -> list[dict[str, Any]]:
         typer.BadParameter: ``backend`` is not a dotted key, or names no known key.
     """
     from hfexport import registry
+    from hfexport.workarounds import CORE_KEYS
 
+    if backend is not None:
+        # judged before any backend (and torch) is imported: a key's root must be a core key or an
+        # installed format; the full check below also knows the scopes registered at import
+        cheap = sorted({*CORE_KEYS, *_export_formats()})
+        if not registry._BACKEND_RE.fullmatch(backend) or backend.split(".")[0] not in cheap:
+            raise typer.BadParameter(
+                f"unknown backend key {backend!r}; known keys: {', '.join(cheap)} "
+                "(a scope of one of them, e.g. executorch.xnnpack, also works)",
+                param_hint="--backend",
+            )
     supported = _supported_ranges()
     if backend is not None:
         known = sorted({*registry.backend_keys(), *supported})
