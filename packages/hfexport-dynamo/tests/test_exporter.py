@@ -73,7 +73,8 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
     report = exporter.last_report
     assert [s.name for s in report.stages] == [
         "prepare_inputs",
-        "install_patches",
+        "patches",
+        "capture",
         "capture.cache_pytrees",
         "capture.signature",
         "capture.dynamic_shapes",
@@ -82,10 +83,11 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "capture.torch_export",
         "fx_program_fixes",
         "fx_node_fixes",
+        "lower",
         "validate",
         "validate_second_shape",
     ]
-    assert all(s.status == "ok" for s in report.stages)
+    assert {s.name: s.status for s in report.stages if s.status != "ok"} == {"lower": "skipped"}
     assert "hfexport.workarounds.moe.dense_experts_for_eager" in report.applied["patches"]
     assert report.applied["capture_patches"] == [
         "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length",
@@ -203,4 +205,4 @@ def test_failed_export_restores_patches_and_leaves_the_model_as_it_was(llama):
     assert model.training is True
     model.eval()
     failed = [s for s in exporter.last_report.stages if s.status == "failed"]
-    assert [s.name for s in failed] == ["capture.torch_export"]
+    assert [s.name for s in failed] == ["capture", "capture.torch_export"]

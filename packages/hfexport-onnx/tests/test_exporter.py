@@ -23,11 +23,12 @@ ATOL = 1e-5  # fp32 tiny modules: ONNX Runtime and PyTorch agree to ~1e-7
 
 EXPECTED_STAGES = [
     "prepare_inputs",
-    "torch_patches",
+    "patches",
     "onnx_patches",
     "capture",
     "fx_program_fixes",
     "fx_node_fixes",
+    "lower",
     "custom_translations",
     "translate",
     "io_names",
@@ -64,7 +65,7 @@ def test_every_stage_runs_and_is_reported(exported):
     assert [s.name for s in report.stages] == EXPECTED_STAGES
     assert all(s.status == "ok" for s in report.stages), report.summary_lines()
     for kind in (
-        "torch_patches",
+        "patches",
         "onnx_patches",
         "fx_program_fixes",
         "fx_node_fixes",
@@ -187,7 +188,7 @@ def test_registered_patches_are_installed_during_export_and_restored(exporter, t
     assert torch.sin is original_sin
     assert onnxscript.optimizer.optimize is original_optimize
     applied = exporter.last_report.applied
-    assert applied["torch_patches"] == [f"{__name__}.{count_sin.__qualname__}"]
+    assert applied["patches"] == [f"{__name__}.{count_sin.__qualname__}"]
     assert applied["onnx_patches"] == [f"{__name__}.{wrap_optimize.__qualname__}"]
 
 

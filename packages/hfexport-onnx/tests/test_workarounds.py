@@ -45,7 +45,7 @@ def test_batch_of_one_sample_exports_a_dynamic_batch(tiny_encoder):
     exporter = OnnxExporter()
     program = exporter.export(model, one, OnnxConfig(dynamic=True, external_data=False))
     assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE]
-    assert SIZE_ONE not in exporter.last_report.applied["torch_patches"]
+    assert SIZE_ONE not in exporter.last_report.applied["patches"]
     assert str(program.model.graph.inputs[0].shape[0]) != "1"
     three = {
         "inputs_embeds": torch.randn(3, 11, 8, generator=torch.Generator().manual_seed(5)),

@@ -1,10 +1,11 @@
 """``DynamoExporter``: export a transformers model to a ``torch.export.ExportedProgram`` (``.pt2``).
 
-Stages of :meth:`DynamoExporter._export` (each a named stage of the export report):
+Stages of :meth:`DynamoExporter._export` (each a named stage of the export report; the shared
+names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.report.CAPTURE_STEPS`):
 
-1. ``install_patches``: the active ``register_patch("dynamo", ...)`` workarounds
+1. ``patches``: the active ``register_patch("dynamo", ...)`` workarounds
    (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture only;
-2. the core capture (:func:`hfexport.capture.capture`), one report stage per step:
+2. ``capture``, the core capture (:func:`hfexport.capture.capture`), then one report stage per step:
    ``capture.cache_pytrees`` (every ``Cache`` subclass, model-defined ones included, becomes a
    pytree node), ``capture.signature`` (a ``**kwargs`` forward gets an explicit keyword
    signature, so ``dynamic_shapes`` are keyed by kwarg name), ``capture.dynamic_shapes``
@@ -15,7 +16,8 @@ Stages of :meth:`DynamoExporter._export` (each a named stage of the export repor
    ``capture.torch_export`` (``torch.export.export`` under ``no_grad`` with ``strict`` and
    ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
-   ``register_fx_node_fix("dynamo")`` entries.
+   ``register_fx_node_fix("dynamo")`` entries;
+4. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact.
 
 The base class then validates the program against eager PyTorch at the sample shape and, for
 dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate`).
@@ -36,7 +38,7 @@ from hfexport.capture import capture
 from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
-from hfexport.report import ExportReport
+from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
@@ -78,6 +80,7 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
+    stages: ClassVar[tuple[str, ...]] = CAPTURE_STEPS
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -98,20 +101,22 @@ class DynamoExporter(HfExporter):
             ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
         """
         with contextlib.ExitStack() as patches:
-            with report.stage("install_patches") as record:
+            with report.stage(Stage.PATCHES) as record:
                 entries = patches.enter_context(apply_patches(self.registry_key))
                 names = [entry.name for entry in entries]
                 record.detail = ", ".join(name.rsplit(".", 1)[-1] for name in names)
-                report.record_applied("patches", names)
-            program = capture(model, inputs, config, report, record_stages=True)
-        with report.stage("fx_program_fixes") as record:
+                report.record_applied(Stage.PATCHES, names)
+            with report.stage(Stage.CAPTURE):  # its steps follow it as capture.<step>
+                program = capture(model, inputs, config, report, record_stages=True)
+        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
             applied = apply_fx_program_fixes(self.registry_key, program)
             record.detail = ", ".join(applied)
-            report.record_applied("fx_program_fixes", applied)
-        with report.stage("fx_node_fixes") as record:
+            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
+        with report.stage(Stage.FX_NODE_FIXES) as record:
             applied = apply_fx_node_fixes(self.registry_key, program.graph_module)
             record.detail = ", ".join(applied)
-            report.record_applied("fx_node_fixes", applied)
+            report.record_applied(Stage.FX_NODE_FIXES, applied)
+        report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
         return program
 

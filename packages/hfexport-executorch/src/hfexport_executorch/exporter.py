@@ -38,7 +38,7 @@ from hfexport.auto import register_exporter
 from hfexport.batching import widen_unit_batch
 from hfexport.config import ExecutorchConfig
 from hfexport.exporter import HfExporter
-from hfexport.report import ExportReport
+from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
 from hfexport_executorch import generation as _generation
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
@@ -83,6 +83,12 @@ class ExecutorchExporter(HfExporter):
     tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
     supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "model.pte"
+    stages: ClassVar[tuple[str, ...]] = (
+        "prepare_backend",
+        "dynamic_shapes",
+        "memory_budget",
+        "memory_planning",
+    )
     #: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
     #: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
     #: ones it recomputes, and aborts the process (closest upstream discussion: pytorch/executorch
@@ -112,9 +118,9 @@ class ExecutorchExporter(HfExporter):
                 plan = prepare_backend(config.backend, model, stack)
                 report.extra["backend"] = plan.name
                 report.extra["backend_adaptations"] = list(plan.adaptations)
-            with report.stage("patches", detail=plan.registry_key) as record:
+            with report.stage(Stage.PATCHES, detail=plan.registry_key) as record:
                 installed = stack.enter_context(apply_patches(plan.registry_key))
-                report.record_applied("patch", [entry.name for entry in installed])
+                report.record_applied(Stage.PATCHES, [entry.name for entry in installed])
                 for entry in installed:  # by key: "executorch" first, then the backend scope
                     record.data.setdefault(entry.backend, []).append(entry.name)
             if plan.device.type != "cpu":
@@ -124,18 +130,18 @@ class ExecutorchExporter(HfExporter):
                 if widened:
                     report.extra["trace_inputs"] = widened
                 dynamic = bounds.plan_dynamic_shapes(model, trace_inputs, config)
-            with report.stage("capture"):
+            with report.stage(Stage.CAPTURE):
                 program = _capture_with_fallback(capture, model, trace_inputs, config, dynamic, report)
-            with report.stage("fx_program_fixes"):
+            with report.stage(Stage.FX_PROGRAM_FIXES):
                 symbols = bounds.collect_symbols(program, trace_inputs, dynamic)
                 program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, model)
                 applied = apply_fx_program_fixes(plan.registry_key, program)
-                report.record_applied("fx_program_fix", applied)
+                report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
                 bounded_by_fix = program.graph_module.meta.get(BOUNDED_META_KEY, {})
-            with report.stage("fx_node_fixes"):
+            with report.stage(Stage.FX_NODE_FIXES):
                 applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
-                report.record_applied("fx_node_fix", applied)
-            with report.stage("lower", detail=plan.delegate_id):
+                report.record_applied(Stage.FX_NODE_FIXES, applied)
+            with report.stage(Stage.LOWER, detail=plan.delegate_id):
                 edge = lower_to_edge(program, plan.partitioners)
                 report.extra["delegation"] = delegation_summary(edge)
             with report.stage("memory_budget"):

@@ -1,15 +1,19 @@
 """``OnnxExporter``: transformers model -> ``torch.onnx.ONNXProgram``, validated in ONNX Runtime.
 
-Stages (each a method, each a line of the export report):
+Stages (each a method, each a line of the export report; the shared names are
+:class:`hfexport.report.Stage`, the ONNX-only ones :attr:`OnnxExporter.stages`):
 
-1. ``torch_patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
+1. ``patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
    installed (one ``apply_patches("onnx")`` block around capture and translation); patches of
-   ``torch``/``transformers`` are reported under the first stage, patches of ``torch.onnx``,
-   ``onnxscript``, ``onnx_ir``, ``onnx`` and ``onnxruntime`` under the second;
+   ``torch``/``transformers`` are reported under the shared ``patches`` stage, patches of
+   ``torch.onnx``, ``onnxscript``, ``onnx_ir``, ``onnx`` and ``onnxruntime`` under
+   ``onnx_patches``;
 2. ``capture``: :func:`hfexport.capture.capture` (``torch.export.export`` with dynamic shapes,
    under the core ``"capture"`` workarounds, reported in ``applied["capture_patches"]``);
 3. ``fx_program_fixes`` and ``fx_node_fixes``: ``register_fx_program_fix("onnx")`` and
    ``register_fx_node_fix("onnx")`` entries on the captured program;
+The shared ``lower`` stage encloses stages 4-8 (recorded after it):
+
 4. ``custom_translations`` then ``translate``: ``torch.onnx.export(program, dynamo=True,
    custom_translation_table=...)`` with the active :mod:`hfexport_onnx.workarounds.translations`;
 5. ``io_names``: graph inputs/outputs renamed to leaf paths (:mod:`hfexport_onnx.io_names`),
@@ -44,7 +48,7 @@ from hfexport.capture import capture
 from hfexport.config import OnnxConfig, check_opset_version, onnx_opset_range
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
-from hfexport.report import ExportReport
+from hfexport.report import ExportReport, Stage
 from hfexport_onnx.io_names import IoNames, assign_io_names
 from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
@@ -159,6 +163,15 @@ class OnnxExporter(HfExporter):
     tested_versions: ClassVar[dict[str, str]] = TESTED_VERSIONS
     supported_versions: ClassVar[dict[str, str]] = SUPPORTED
     artifact_filename: ClassVar[str] = "model.onnx"
+    stages: ClassVar[tuple[str, ...]] = (
+        "onnx_patches",
+        "custom_translations",
+        "translate",
+        "io_names",
+        "ir_fixes",
+        "optimize",
+        "external_data",
+    )
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OnnxConfig:
@@ -175,28 +188,32 @@ class OnnxExporter(HfExporter):
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
     ) -> Any:
         """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
-        with contextlib.ExitStack() as stack:
-            self.install_patches(stack, report)
-            program = self.capture_program(model, inputs, config, report)
-            self.apply_fx_fixes(program, report)
-            table = self.translation_table(report)
-            onnx_program = self.translate(program, config, table, report)
-        self.name_io(onnx_program, program, config, report)
-        self.fix_ir(onnx_program, report)
-        self.optimize(onnx_program, config, report)
-        self.plan_external_data(onnx_program, config, report)
+        # the shared "lower" stage spans translation (under the patches) and the IR stages after
+        # the patches are restored, hence its own exit stack, entered inside the patches' one
+        with contextlib.ExitStack() as lowering:
+            with contextlib.ExitStack() as stack:
+                self.install_patches(stack, report)
+                program = self.capture_program(model, inputs, config, report)
+                self.apply_fx_fixes(program, report)
+                lowering.enter_context(report.stage(Stage.LOWER, detail="torch.onnx.export"))
+                table = self.translation_table(report)
+                onnx_program = self.translate(program, config, table, report)
+            self.name_io(onnx_program, program, config, report)
+            self.fix_ir(onnx_program, report)
+            self.optimize(onnx_program, config, report)
+            self.plan_external_data(onnx_program, config, report)
         return onnx_program
 
     def install_patches(self, stack: contextlib.ExitStack, report: ExportReport) -> list[Any]:
-        """Stages ``torch_patches`` and ``onnx_patches``: install the active ``"onnx"`` patches.
+        """Stages ``patches`` (torch/transformers side) and ``onnx_patches``: install the active ``"onnx"`` patches.
 
         The patches stay installed until ``stack`` closes (after translation) and are restored
         then, also on error. Returns the entries in effect.
         """
-        with report.stage("torch_patches") as record:
+        with report.stage(Stage.PATCHES) as record:
             in_effect = stack.enter_context(apply_patches(BACKEND))
             torch_side = [e.name for e in in_effect if not _is_onnx_side(e)]
-            report.record_applied("torch_patches", torch_side)
+            report.record_applied(Stage.PATCHES, torch_side)
             record.detail = f"{len(torch_side)} installed"
         with report.stage("onnx_patches") as record:
             onnx_side = [e.name for e in in_effect if _is_onnx_side(e)]
@@ -208,18 +225,18 @@ class OnnxExporter(HfExporter):
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
     ) -> torch.export.ExportedProgram:
         """Stage ``capture``: :func:`hfexport.capture.capture`."""
-        with report.stage("capture"):
+        with report.stage(Stage.CAPTURE):
             return capture(model, inputs, config, report)
 
     def apply_fx_fixes(self, program: torch.export.ExportedProgram, report: ExportReport) -> None:
         """Stages ``fx_program_fixes`` and ``fx_node_fixes`` on the captured program, in place."""
-        with report.stage("fx_program_fixes") as record:
+        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
             applied = apply_fx_program_fixes(BACKEND, program)
-            report.record_applied("fx_program_fixes", applied)
+            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
             record.detail = f"{len(applied)} applied"
-        with report.stage("fx_node_fixes") as record:
+        with report.stage(Stage.FX_NODE_FIXES) as record:
             applied = apply_fx_node_fixes(BACKEND, program.graph_module)
-            report.record_applied("fx_node_fixes", applied)
+            report.record_applied(Stage.FX_NODE_FIXES, applied)
             record.detail = f"{len(applied)} applied"
 
     def translation_table(self, report: ExportReport) -> dict[Any, Callable[..., Any]]:

@@ -5,7 +5,8 @@ found by module name or probed with ``getattr``. A backend subclass sets the cla
 implements three methods:
 
 - ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
-  lowering), each inside ``report.stage(name)``;
+  lowering), each inside ``report.stage(name)``, the shared ones named by
+  :class:`hfexport.report.Stage` and its own declared in the ``stages`` class attribute;
 - ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
 - ``save(artifact, path)``: write the artifact file.
 
@@ -38,7 +39,7 @@ import torch
 
 from hfexport.config import ExportConfigMixin
 from hfexport.environment import check_environment, format_problems, warn_drift_once
-from hfexport.report import ExportReport
+from hfexport.report import ExportReport, Stage
 
 __all__ = ["HfExporter"]
 
@@ -59,6 +60,8 @@ class HfExporter(abc.ABC):
         artifact_filename: file name the CLI writes (``model.onnx``, ...); its suffix is also the
             suffix of saved generation components (``decode.onnx``).
         supports_empty_growing_cache: see the generation hooks below (default True).
+        stages: the names of the backend's own report stages (those not in
+            :class:`hfexport.report.Stage`), in run order; a test holds every report to them.
 
     Methods a backend implements: :meth:`_export`, :meth:`runner`, :meth:`save`. Methods with
     defaults it may override: :meth:`load`, :meth:`default_tolerances`, and the generation hooks
@@ -86,6 +89,8 @@ class HfExporter(abc.ABC):
     #: i.e. serve the prefill of a decoder-only model (read by ``export_for_generation``: when it is
     #: False and no ``prefill`` component is exported on a dynamic cache, the export is refused).
     supports_empty_growing_cache: ClassVar[bool] = True
+    #: The backend's own stage names (the shared ones are :class:`hfexport.report.Stage`).
+    stages: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: ExportConfigMixin | None = None) -> None:
         self.validate_environment()
@@ -192,7 +197,7 @@ class HfExporter(abc.ABC):
         self.last_report = report
         with contextlib.ExitStack() as stack:
             stack.enter_context(restore_model_state(model))
-            with report.stage("prepare_inputs"):
+            with report.stage(Stage.PREPARE_INPUTS):
                 stack.enter_context(attention_for_export(model))
                 model, inputs, flags = prepare_for_export(model, sample_inputs)
                 stack.enter_context(apply_output_flags(model, flags))
@@ -207,10 +212,10 @@ class HfExporter(abc.ABC):
                 if getattr(config, "validate", True):
                     self.validate(artifact, model, inputs, config, report)
                 else:
-                    report.skip("validate", "config.validate is False")
+                    report.skip(Stage.VALIDATE, "config.validate is False")
         output_path = getattr(config, "output_path", None)
         if output_path:
-            with report.stage("save", detail=str(output_path)):
+            with report.stage(Stage.SAVE, detail=str(output_path)):
                 self.save(artifact, output_path)
         return artifact
 
@@ -419,7 +424,7 @@ class HfExporter(abc.ABC):
         rtol = getattr(config, "rtol", None)
         rtol = rtol if rtol is not None else rtol_default
         run = self.runner(artifact)
-        with report.stage("validate", detail="sample inputs"):
+        with report.stage(Stage.VALIDATE, detail="sample inputs"):
             rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="sample")
             report.validation["sample"] = [r.to_dict() for r in rows]
         if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
@@ -427,9 +432,9 @@ class HfExporter(abc.ABC):
         if second_inputs is None:
             second_inputs, reason = derive_second_inputs(model, inputs, config=config)
             if second_inputs is None:
-                report.skip("validate_second_shape", reason)
+                report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
                 return
-        with report.stage("validate_second_shape"):
+        with report.stage(Stage.VALIDATE_SECOND_SHAPE):
             rows = validate_artifact(model, run, second_inputs, atol=atol, rtol=rtol, label="second shape")
             report.validation["second_shape"] = [r.to_dict() for r in rows]
 

@@ -8,6 +8,7 @@ component and with which inputs.
 from __future__ import annotations
 
 import contextlib
+import enum
 import json
 import time
 from collections.abc import Iterator
@@ -16,7 +17,62 @@ from typing import Any
 
 from hfexport.errors import ExportStageError, HfExportError
 
-__all__ = ["ExportReport", "StageRecord"]
+__all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "ExportReport", "Stage", "StageRecord"]
+
+
+class Stage(enum.StrEnum):
+    """The stages every backend runs, named once so every ``export_report.json`` shares the keys.
+
+    In run order: ``prepare_inputs`` (base class: output flags, attention, preparers),
+    ``patches``, ``capture``, ``fx_program_fixes``, ``fx_node_fixes``, ``lower``, ``validate``,
+    ``validate_second_shape``, ``save`` (the last three by the base class). A backend records a
+    shared stage under exactly this name (members are ``str``, so ``report.stage(Stage.CAPTURE)``
+    records ``"capture"``) and the names of the patches/fixes it applied there under the same key
+    of ``report.applied``. Rules:
+
+    - ``patches`` installs the workarounds on torch/transformers code that are active around
+      capture (registry kind ``patch`` under the backend's key). Patches a backend puts on its
+      own toolchain (ONNX: torch.onnx/onnxscript) are a backend stage ``<backend>_patches``
+      (``onnx_patches``) recorded right after ``patches``.
+    - ``lower`` turns the captured program into the backend's artifact. A backend whose lowering
+      is several steps records ``lower`` around them and its own stages inside (ONNX:
+      ``custom_translations``, ``translate``, ``io_names``, ``ir_fixes``, ``optimize``,
+      ``external_data``); a backend without lowering records it as skipped (dynamo: the
+      ``ExportedProgram`` is the artifact).
+    - A stage made of named steps lists the steps after it as ``<stage>.<step>``
+      (:data:`CAPTURE_STEPS`). A failure marks the innermost step and the enclosing stage failed;
+      the error names the innermost.
+    - Anything else is a backend stage, declared in the exporter's ``stages`` class attribute
+      (ExecuTorch: ``prepare_backend``, ``dynamic_shapes``, ``memory_budget``,
+      ``memory_planning``), recorded between the shared stages in run order.
+
+    ``validate_second_shape`` and ``save`` appear only when they apply (a dynamic export; an
+    ``output_path``); ``validate`` appears as skipped when ``config.validate`` is False.
+    """
+
+    PREPARE_INPUTS = "prepare_inputs"
+    PATCHES = "patches"
+    CAPTURE = "capture"
+    FX_PROGRAM_FIXES = "fx_program_fixes"
+    FX_NODE_FIXES = "fx_node_fixes"
+    LOWER = "lower"
+    VALIDATE = "validate"
+    VALIDATE_SECOND_SHAPE = "validate_second_shape"
+    SAVE = "save"
+
+
+#: the shared stage names in run order
+SHARED_STAGES: tuple[str, ...] = tuple(s.value for s in Stage)
+
+#: the steps of :func:`hfexport.capture.capture` when it records them (``record_stages=True``)
+CAPTURE_STEPS: tuple[str, ...] = (
+    "capture.cache_pytrees",
+    "capture.signature",
+    "capture.dynamic_shapes",
+    "capture.reset_stale_state",
+    "capture.patches",
+    "capture.torch_export",
+)
 
 # Errors the user can act on directly keep their type; anything else is wrapped so the message
 # names the stage it came from.
@@ -69,6 +125,7 @@ class ExportReport:
         ``ImportError``) propagate unchanged with a note naming the stage; any other exception is
         re-raised as :class:`~hfexport.errors.ExportStageError` naming the stage and component.
         """
+        name = str(name)
         record = StageRecord(name=name, detail=detail)
         self.stages.append(record)
         if self.callback is not None:
@@ -79,7 +136,8 @@ class ExportReport:
         except _PASS_THROUGH as exc:
             record.status = "failed"
             record.error = f"{type(exc).__name__}: {exc}"
-            if not getattr(exc, "_hfexport_noted", False):
+            # an ExportStageError from a nested stage already names the innermost stage
+            if not isinstance(exc, ExportStageError) and not getattr(exc, "_hfexport_noted", False):
                 exc.add_note(
                     f"hfexport: failed in stage '{name}' ({self.export_format}, component '{self.component}')"
                 )
@@ -101,11 +159,11 @@ class ExportReport:
 
     def skip(self, name: str, reason: str) -> None:
         """Record a stage that did not run and why."""
-        self.stages.append(StageRecord(name=name, status="skipped", detail=reason))
+        self.stages.append(StageRecord(name=str(name), status="skipped", detail=reason))
 
     def record_applied(self, kind: str, names: list[str]) -> None:
         """Add the names of applied patches/fixes under ``kind``."""
-        self.applied.setdefault(kind, []).extend(names)
+        self.applied.setdefault(str(kind), []).extend(names)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict of the whole report."""

@@ -1,0 +1,129 @@
+"""Output flags (``use_cache``, ``output_attentions``, ``output_hidden_states``, ``return_dict``).
+
+They select outputs rather than feed the graph (python bools are not graph inputs), so
+:func:`hfexport.inputs.prepare_for_export` lifts them out of the kwargs and
+:func:`apply_output_flags` applies them to the model's configs for the ``with`` body only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from transformers.configuration_utils import PreTrainedConfig
+from transformers.utils import ModelOutput
+
+from hfexport.errors import UnsupportedInputError
+from hfexport.inputs.config_undo import ConfigChanges, model_configs
+
+__all__ = ["OUTPUT_FLAG_KEYS", "apply_output_flags"]
+
+#: Forward kwargs that select outputs; lifted into the config rather than traced.
+OUTPUT_FLAG_KEYS: tuple[str, ...] = ("use_cache", "output_attentions", "output_hidden_states", "return_dict")
+
+
+_MISSING = object()
+
+
+def _wrap_forward_return_dict(model: torch.nn.Module, return_dict: bool) -> Callable[[], None]:
+    """Make ``model(...)`` return a tuple (False) or a ModelOutput (True); return the undo."""
+    original = model.forward
+    previous = model.__dict__.get("forward", _MISSING)
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if return_dict and getattr(getattr(model, "config", None), "return_dict", True) is False:
+            kwargs.setdefault("return_dict", True)
+        output = original(*args, **kwargs)
+        if not return_dict and isinstance(output, ModelOutput):
+            output = output.to_tuple()
+        return output
+
+    model.forward = forward
+
+    def undo() -> None:
+        if previous is _MISSING:
+            model.__dict__.pop("forward", None)
+        else:
+            model.__dict__["forward"] = previous
+
+    return undo
+
+
+@contextlib.contextmanager
+def apply_output_flags(model: Any, output_flags: Mapping[str, Any]) -> Iterator[None]:
+    """Apply output flags to the model for the duration of the ``with`` body.
+
+    Each flag but ``return_dict`` is set on ``model.config`` (created if the config lacks it)
+    and on every other config of the model that already has the attribute: nested sub-configs
+    (``text_config``, ``vision_config``, ...) and the configs of sub-models; transformers reads
+    ``use_cache``, ``output_attentions`` and ``output_hidden_states`` from there when the kwarg
+    is absent.
+
+    ``return_dict`` is not written to the config: in transformers 5.x ``config.return_dict``
+    is read by every nested sub-model, so ``False`` there makes the inner model return a tuple
+    to an outer model that expects a ``ModelOutput``. Instead ``model.forward`` is wrapped on
+    the instance: with ``False`` a ``ModelOutput`` result is turned into ``output.to_tuple()``
+    (None fields dropped, as transformers does); with ``True`` nothing changes unless the
+    config says ``return_dict=False``, in which case ``return_dict=True`` is passed.
+
+    On exit, also when the body raises, every config is put back exactly as it was: previous
+    values restored, attributes that did not exist deleted, side effects of property setters
+    undone; the forward wrapper is removed.
+
+    Args:
+        model: a ``PreTrainedModel`` (a ``torch.nn.Module`` with a transformers ``config``).
+        output_flags: ``{name: value}``, typically the ``output_flags`` returned by
+            :func:`prepare_for_export` (``use_cache``, ``output_attentions``,
+            ``output_hidden_states``, ``return_dict``). ``None`` values are ignored.
+
+    Yields:
+        Nothing; the model is configured inside the ``with`` body.
+
+    Raises:
+        UnsupportedInputError: a flag is refused by the config, e.g. ``output_attentions=True``
+            with an attention implementation other than ``eager`` (nothing stays changed).
+        TypeError: ``model`` has no transformers config and a flag has a non-None value (with no
+            flags, a plain module passes through unchanged).
+    """
+    root = getattr(model, "config", None)
+    if not isinstance(root, PreTrainedConfig):
+        if not any(value is not None for value in output_flags.values()):
+            yield  # a plain module: no config flags to apply
+            return
+        raise TypeError(
+            f"apply_output_flags needs a model with a transformers config to apply {sorted(output_flags)}, got "
+            f"{type(model).__name__}; pass flags of a plain module as forward kwargs (prepare_for_export keeps them)"
+        )
+    changes = ConfigChanges()
+    undo_forward: Callable[[], None] | None = None
+    configs = model_configs(model)
+    try:
+        for name, value in output_flags.items():
+            if value is None:
+                continue
+            if name == "return_dict":
+                undo_forward = _wrap_forward_return_dict(model, bool(value))
+                continue
+            for config in configs:
+                if config is root or hasattr(config, name):
+                    try:
+                        changes.setattr(config, name, value)
+                    except ValueError as error:
+                        raise UnsupportedInputError(
+                            f"cannot set {name}={value!r} on {type(config).__name__} for export: {error} "
+                            + (
+                                "Load the model with attn_implementation='eager' to export attention weights, "
+                                "or drop output_attentions from the inputs."
+                                if name == "output_attentions"
+                                else f"Drop {name} from the inputs."
+                            )
+                        ) from error
+        yield
+    finally:
+        if undo_forward is not None:
+            undo_forward()
+        changes.undo()

@@ -1,0 +1,145 @@
+"""Check and convert sample forward kwargs for export: :func:`prepare_for_export`.
+
+Refuses the loss/training path, lifts the output flags, casts tensors to the model's dtype and
+device, and precomputes data-dependent inputs with the registered preparers
+(:mod:`hfexport.workarounds.preparers`, applied by :func:`precompute_export_inputs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers.configuration_utils import PreTrainedConfig
+
+from hfexport.errors import UnsupportedInputError
+from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model
+from hfexport.inputs.flags import OUTPUT_FLAG_KEYS
+from hfexport.tensors import cast_leaf_tensors
+from hfexport.workarounds.preparers import apply_export_input_preparers
+
+__all__ = ["LOSS_INPUT_KEYS", "precompute_export_inputs", "prepare_for_export"]
+
+#: Forward kwargs that only feed a loss: exporting them would export the training path.
+LOSS_INPUT_KEYS: tuple[str, ...] = (
+    "labels",
+    "future_values",
+    "start_positions",
+    "end_positions",
+    "next_sentence_label",
+    "sentence_order_label",
+    "mc_labels",
+)
+
+
+def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply every registered preparer whose markers are all present in ``inputs``.
+
+    Registers the built-in vision-language preparers first, then runs
+    :func:`hfexport.workarounds.preparers.apply_export_input_preparers`.
+
+    Args:
+        model: the model being exported, passed to each preparer.
+        inputs: forward kwargs; not modified.
+
+    Returns:
+        A new dict of forward kwargs: the output of the last matching preparer, or a copy of
+        ``inputs`` if none matched.
+
+    Raises:
+        TypeError: a preparer returned something other than a mapping.
+    """
+    import hfexport.generation.preparers  # noqa: F401  (registers the built-in vision-language preparers)
+
+    return apply_export_input_preparers(model, inputs)
+
+
+def _model_dtype_and_device(model: Any) -> tuple[torch.dtype | None, torch.device | None]:
+    dtype = device = None
+    try:
+        dtype = model.dtype
+    except (AttributeError, StopIteration):
+        pass
+    try:
+        device = model.device
+    except (AttributeError, StopIteration):
+        pass
+    if isinstance(model, torch.nn.Module) and (dtype is None or device is None):
+        for parameter in model.parameters():
+            device = device if device is not None else parameter.device
+            if dtype is None and parameter.is_floating_point():
+                dtype = parameter.dtype
+            if dtype is not None:
+                break
+    if dtype is not None and not dtype.is_floating_point:
+        dtype = None
+    return dtype, device
+
+
+def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Check and convert sample forward kwargs for export.
+
+    Steps, in order: refuse a model that is not an ``nn.Module`` with a keyword forward; refuse
+    loss inputs; refuse kwargs the forward does not take and inputs whose shared axes disagree or
+    are empty (:mod:`hfexport.input_checks`); lift the output flags out of the kwargs (a plain
+    ``nn.Module`` without a transformers config keeps them as forward kwargs); cast floating
+    point tensors to the model's dtype and move every tensor (caches included) to the model's
+    device; run :func:`precompute_export_inputs`. Neither ``model`` nor ``inputs`` is modified.
+
+    Args:
+        model: the ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward) to export.
+        inputs: forward kwargs (``model(**inputs)``): tensors such as ``input_ids`` (int64
+            ``[batch, seq]``), ``attention_mask``, ``pixel_values`` (float), caches, flags.
+
+    Returns:
+        ``(model, prepared_inputs, output_flags)``: the same model object; a new dict of
+        kwargs without the flags; ``{flag: value}`` for the flags among ``use_cache``,
+        ``output_attentions``, ``output_hidden_states``, ``return_dict`` that were given a
+        non-None value, to apply with :func:`apply_output_flags`.
+
+    Raises:
+        TypeError: ``inputs`` is not a mapping with string keys; ``model`` is not an ``nn.Module``
+            or its forward takes no keyword arguments.
+        UnsupportedInputError: ``inputs`` carries a loss input (``labels``, ``future_values``,
+            ``start_positions``, ... with a non-None value) or ``return_loss=True``; a kwarg the
+            forward does not take; inputs whose batch or sequence sizes disagree, or an empty
+            batch/sequence axis. The message names the key (and sizes) and what to do.
+    """
+    check_model(model)
+    if not isinstance(inputs, Mapping) or not all(isinstance(key, str) for key in inputs):
+        raise TypeError(
+            f"prepare_for_export expects forward kwargs as a dict with string keys, got {type(inputs).__name__}"
+        )
+    prepared = dict(inputs)
+
+    for key in LOSS_INPUT_KEYS:
+        if prepared.get(key) is not None:
+            raise UnsupportedInputError(
+                f"the sample inputs contain {key!r}, which only feeds the loss: the loss/training path is not "
+                f"exported. Drop {key!r} from the inputs to export the inference forward."
+            )
+        prepared.pop(key, None)
+    if "return_loss" in prepared:
+        if prepared["return_loss"]:
+            raise UnsupportedInputError(
+                "the sample inputs set 'return_loss=True': the loss/training path is not exported. "
+                "Drop 'return_loss' from the inputs to export the inference forward."
+            )
+        prepared.pop("return_loss")
+
+    check_forward_kwargs(model, prepared, extra_names=OUTPUT_FLAG_KEYS)
+    check_input_sizes(prepared)
+
+    output_flags: dict[str, Any] = {}
+    has_config = isinstance(getattr(model, "config", None), PreTrainedConfig)
+    for key in OUTPUT_FLAG_KEYS if has_config else ():
+        if key in prepared:
+            value = prepared.pop(key)
+            if value is not None:
+                output_flags[key] = value
+
+    dtype, device = _model_dtype_and_device(model)
+    prepared = cast_leaf_tensors(prepared, dtype=dtype, device=device)
+    prepared = precompute_export_inputs(model, prepared)
+    return model, prepared, output_flags
