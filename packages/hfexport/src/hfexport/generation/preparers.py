@@ -284,4 +284,3 @@ def mrope_position_ids(
         deltas[b, 0] = (int(positions.max()) + 1 if positions.numel() else 0) - len(types)
     text = _text_positions(attention_mask, batch, length, device)
     return torch.cat([text[None], out], dim=0), deltas
-
