@@ -78,8 +78,10 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
     # the patches stage lists what it installed per key: parent key first, then the xnnpack scope
     installed = next(s for s in exporter.last_report.stages if s.name == "patches").data
     assert list(installed) == ["executorch", "executorch.xnnpack"]
-    assert installed["executorch.xnnpack"] == [
-        "hfexport_executorch.workarounds.patches.conv1d_with_one_dynamic_dim_only"
+    # the xnnpack scope: the conv1d rule and the core's shared dense-experts MoE forward
+    assert sorted(installed["executorch.xnnpack"]) == [
+        "hfexport.workarounds.moe.dense_experts_for_every_implementation",
+        "hfexport_executorch.workarounds.patches.conv1d_with_one_dynamic_dim_only",
     ]
     assert (
         "hfexport_executorch.workarounds.patches.keep_dynamic_dims_in_list_returning_ops"

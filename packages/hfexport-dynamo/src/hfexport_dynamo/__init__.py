@@ -6,7 +6,7 @@
 >>> program.module()(input_ids=ids, attention_mask=mask).logits
 
 Importing the package registers its workarounds with :mod:`hfexport.registry` (``"dynamo"`` key)
-and every transformers ``Cache`` class defined so far as a pytree node, so plain
+and transformers' ``Cache`` classes and model outputs as pytree nodes, so plain
 ``torch.export.load`` reads ``.pt2`` files whose inputs or outputs hold caches.
 :func:`load` does that and more: it refuses files whose content could run code unless
 ``trust_remote_code=True``.
@@ -14,7 +14,7 @@ and every transformers ``Cache`` class defined so far as a pytree node, so plain
 
 from __future__ import annotations
 
-from hfexport.pytree import register_cache_pytrees
+from hfexport.pytree import register_known_pytrees
 from hfexport_dynamo.__about__ import __version__
 from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
 from hfexport_dynamo.exporter import DynamoExporter
@@ -41,4 +41,6 @@ __all__ = [
     "save",
 ]
 
-register_cache_pytrees()
+# transformers' Cache classes and model outputs (transformers.modeling_outputs), so a plain
+# torch.export.load in a process that imported this package reads cache-carrying programs
+register_known_pytrees()

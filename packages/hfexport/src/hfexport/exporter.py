@@ -133,7 +133,8 @@ class HfExporter(abc.ABC):
         """True when ``config`` is this exporter's own config: an instance of exactly
         ``config_class``, or of a subclass that keeps its ``export_format`` (a user's
         ``DynamoConfig`` subclass is fine for dynamo; an ``OnnxConfig``, which subclasses
-        ``DynamoConfig`` but names another format, is not)."""
+        ``DynamoConfig`` but names another format, is not). An exporter that keeps the base
+        ``ExportConfigMixin`` as its ``config_class`` takes any config naming its ``export_format``."""
         if type(config) is cls.config_class:
             return True
         if not isinstance(config, cls.config_class):
@@ -143,6 +144,8 @@ class HfExporter(abc.ABC):
         if not own:
             field = getattr(cls.config_class, "__dataclass_fields__", {}).get("export_format")
             own = getattr(field, "default", None)
+        if not own:  # a config_class that names no format (the base mixin): the exporter's format
+            own = cls.export_format
         return bool(own) and str(getattr(config, "export_format", "")) == str(own)
 
     # -- the export --------------------------------------------------------------------------------

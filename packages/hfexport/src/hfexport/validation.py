@@ -566,6 +566,14 @@ def _derive_declared(
                 sizes[node] = int(d.derived[1](sizes[root_node]))
     if not sizes:
         return None, "no declared dynamic axis can take another size: " + "; ".join(notes)
+    for key, t in tensors.items():
+        # integer inputs the role table does not know (cu_seqlens, grid_thw ...) usually describe the
+        # other inputs' layout: values drawn for a new size would not describe them any more
+        if input_role(key, t.dim(), present=tensors) is None and not t.is_floating_point():
+            return None, (
+                f"input {key!r} {tuple(t.shape)} holds integers the input-role table has no rule for; "
+                "their values may depend on the other inputs' sizes, so pass second_inputs explicitly"
+            )
 
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
