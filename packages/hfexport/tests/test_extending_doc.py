@@ -250,7 +250,12 @@ def test_plugin_wheel_in_fresh_venv_cli_export_and_env(plugin_venv):
         cwd=root,
         env=env,
     )
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "export_report.json", "model.myformat"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "checksums.sha256",
+        "config.json",
+        "export_report.json",
+        "model.myformat",
+    ]
     assert (out / "model.myformat").read_bytes().startswith(b"MYFORMAT1\n")
     report = json.loads((out / "export_report.json").read_text())
     assert report["export_format"] == "myformat"
