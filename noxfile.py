@@ -295,7 +295,7 @@ others = {'hfexport_dynamo', 'hfexport_onnx', 'hfexport_executorch'} - {'hfexpor
 assert not (installed & others), installed & others
 model, inputs = tiny_model('bert')
 exporter = cls()
-artefact = exporter.export(model, inputs)
+artifact = exporter.export(model, inputs)
 print(fmt, 'ok', [s.name + ':' + s.status for s in exporter.last_report.stages])
 """
 
@@ -337,7 +337,7 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=False, tags=["bench"])
 def bench(session: nox.Session) -> None:
-    """Export-time and artefact-size benchmarks on the locked workspace (writes .bench/results.json)."""
+    """Export-time and artifact-size benchmarks on the locked workspace (writes .bench/results.json)."""
     session.run(
         "uv",
         "run",

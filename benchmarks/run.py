@@ -53,16 +53,16 @@ t_load = time.perf_counter() - t0
 config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
 exporter = AutoHfExporter.from_config(config)
 t1 = time.perf_counter()
-artefact = exporter.export(loaded.model, loaded.inputs, config)
+artifact = exporter.export(loaded.model, loaded.inputs, config)
 t_export = time.perf_counter() - t1
 path = exporter.artifact_path(out_dir)
-exporter.save(artefact, path)
+exporter.save(artifact, path)
 size = sum(p.stat().st_size for p in out_dir.iterdir() if p.is_file())
 print(json.dumps({
     "backend": backend, "model": spec, "load_s": round(t_load, 2), "export_s": round(t_export, 2),
     "stages": {s.name: s.seconds for s in exporter.last_report.stages},
     "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-    "artefact_mb": round(size / 1e6, 3),
+    "artifact_mb": round(size / 1e6, 3),
 }))
 """
 
@@ -223,7 +223,7 @@ def run_exports(args: argparse.Namespace, results: list) -> int:
             continue
         print(
             f"{r['backend']:<11} {r['model']:<28} {r['export_s']:>9.1f} {r['target_s'] or '-':>7} "
-            f"{r['peak_rss_mib']:>9.0f} {r['artefact_mb']:>8.2f}"
+            f"{r['peak_rss_mib']:>9.0f} {r['artifact_mb']:>8.2f}"
         )
     if missed:
         print(f"{len(missed)} export(s) slower than target", file=sys.stderr)

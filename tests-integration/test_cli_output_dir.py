@@ -33,7 +33,7 @@ def test_a_plain_export_over_a_generation_export_leaves_no_old_manifest(tmp_path
         "model.pt2",
     ]
     report = json.loads((out / "export_report.json").read_text())
-    assert report["model"] == "tiny:bert" and sorted(report["artefact_sizes_bytes"]) == [
+    assert report["model"] == "tiny:bert" and sorted(report["artifact_sizes_bytes"]) == [
         "config.json",
         "model.pt2",
     ]

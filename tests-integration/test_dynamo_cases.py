@@ -69,8 +69,8 @@ def test_case(case, tmp_path):
     second = case.second_inputs(model)
     path = exporter.artifact_path(tmp_path)
     exporter.save(program, path)
-    for label, artefact in (("exported", program), ("reloaded", load(path))):
-        run = exporter.runner(artefact)
+    for label, artifact in (("exported", program), ("reloaded", load(path))):
+        run = exporter.runner(artifact)
         for kwargs in (inputs, second) if second is not None else (inputs,):
             rows = validate_artifact(model, run, kwargs, atol=atol, rtol=atol, label=f"{label} {case.name}")
             assert rows[0].name == "logits" and all(r.ok for r in rows)

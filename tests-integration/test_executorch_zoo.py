@@ -54,7 +54,7 @@ def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
     # only axes without a role may be specialised (ViT's image size, Whisper's mel bins and frames)
     assert all(s["role"] == "other" for s in report.extra["dynamic_bounds"]["specialized"])
 
-    # the share XNNPACK took is recorded per artefact
+    # the share XNNPACK took is recorded per artifact
     delegation = report.extra["delegation"]
     record_property("delegated_share", delegation["delegated_share"])
     assert delegation["partitions"] >= 1 and 0.0 < delegation["delegated_share"] <= 1.0

@@ -327,7 +327,7 @@ def test_workaround_metadata_is_checked():
         translations.register_translation(description="x", issue=ISSUE, versions={"torch": ">=2"})
 
 
-# -- validation catches a wrong artefact ------------------------------------------------------------
+# -- validation catches a wrong artifact ------------------------------------------------------------
 def _copy_model(program) -> ir.Model:
     return ir.from_proto(program.model_proto)
 

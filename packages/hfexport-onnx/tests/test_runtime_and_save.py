@@ -82,7 +82,7 @@ def test_failed_save_keeps_the_previous_file_and_leaves_no_debris(program, tmp_p
     assert target.read_bytes() == b"previous good model"
 
 
-def test_save_refuses_a_directory_and_a_foreign_artefact(program, tmp_path):
+def test_save_refuses_a_directory_and_a_foreign_artifact(program, tmp_path):
     exporter, onnx_program, _model, _inputs = program
     with pytest.raises(IsADirectoryError, match="pass a file path"):
         exporter.save(onnx_program, tmp_path)

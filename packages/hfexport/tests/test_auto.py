@@ -27,12 +27,12 @@ class _Toy(HfExporter):
     required_packages = ("torch",)
 
     def _export(self, model, inputs, config, report):
-        return "artefact"
+        return "artifact"
 
-    def runner(self, artefact):
+    def runner(self, artifact):
         return lambda inputs: {}
 
-    def save(self, artefact, path):
+    def save(self, artifact, path):
         pass
 
 

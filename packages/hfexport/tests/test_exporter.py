@@ -30,16 +30,16 @@ class CoreOnlyExporter(HfExporter):
                 raise RuntimeError("boom")
             return capture(model, inputs, config, report)
 
-    def runner(self, artefact):
+    def runner(self, artifact):
         def run(kwargs):
-            out = get_leaf_tensors(artefact.module()(**kwargs))
+            out = get_leaf_tensors(artifact.module()(**kwargs))
             return {k: v + self.perturb if v.is_floating_point() else v for k, v in out.items()}
 
         return run
 
-    def save(self, artefact, path):
+    def save(self, artifact, path):
         with atomic_path(path) as tmp:
-            tmp.write_text(str(artefact.graph_signature))
+            tmp.write_text(str(artifact.graph_signature))
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,7 @@ class _TouchOnUnpickle:
 
 
 class ProgramExporter(HfExporter):
-    """Core-only exporter: the artefact is the ``ExportedProgram`` from ``hfexport.capture``."""
+    """Core-only exporter: the artifact is the ``ExportedProgram`` from ``hfexport.capture``."""
 
     export_format = "dynamo"
     config_class = DynamoConfig
@@ -95,10 +95,10 @@ def llama():
 def dynamic_parts(llama):
     model, inputs = llama
     exporter = ProgramExporter()
-    artefacts = exporter.export_for_generation(
+    artifacts = exporter.export_for_generation(
         model, inputs, DynamoConfig(dynamic=True), multi_token_decode=True
     )
-    return exporter, artefacts
+    return exporter, artifacts
 
 
 @pytest.fixture(scope="module")
@@ -106,10 +106,10 @@ def static_parts(llama):
     model, inputs = llama
     exporter = ProgramExporter()
     config = GenerationConfig(cache_implementation="static", max_cache_len=40)
-    artefacts = exporter.export_for_generation(
+    artifacts = exporter.export_for_generation(
         model, inputs, DynamoConfig(dynamic=True), generation_config=config, multi_token_decode=True
     )
-    return exporter, artefacts
+    return exporter, artifacts
 
 
 def _reference(model, inputs, **generation):
@@ -137,12 +137,12 @@ def _check_parity(runner, model, inputs, **generation):
 @pytest.mark.slow
 def test_dynamic_cache_parity_with_generate(llama, dynamic_parts) -> None:
     model, inputs = llama
-    _, artefacts = dynamic_parts
-    assert list(artefacts) == ["prefill", "decode"]
-    assert isinstance(artefacts["decode"], torch.export.ExportedProgram)
-    decode_report = artefacts.reports["decode"]
+    _, artifacts = dynamic_parts
+    assert list(artifacts) == ["prefill", "decode"]
+    assert isinstance(artifacts["decode"], torch.export.ExportedProgram)
+    decode_report = artifacts.reports["decode"]
     assert {"sample", "decode_q1", "decode_q4"} <= set(decode_report.validation)
-    runner = GenerationRunner(artefacts.plan, {n: exported_program_caller(a) for n, a in artefacts.items()})
+    runner = GenerationRunner(artifacts.plan, {n: exported_program_caller(a) for n, a in artifacts.items()})
     _check_parity(runner, model, inputs)
 
 
@@ -156,8 +156,8 @@ def decode_kwargs(llama):
 @pytest.mark.parametrize("q", [1, 2, 4])
 def test_multi_token_decode_graph_takes_any_query_length(llama, dynamic_parts, decode_kwargs, q) -> None:
     model, _ = llama
-    _, artefacts = dynamic_parts
-    decode = artefacts["decode"].module()
+    _, artifacts = dynamic_parts
+    decode = artifacts["decode"].module()
     inputs = decode_inputs_for_query_length(decode_kwargs, q, seed=q)
     inputs.pop("use_cache"), inputs.pop("return_dict")
     with torch.no_grad():
@@ -171,12 +171,12 @@ def test_multi_token_decode_graph_takes_any_query_length(llama, dynamic_parts, d
 @pytest.mark.slow
 def test_static_cache_parity_and_in_place_update(llama, static_parts) -> None:
     model, inputs = llama
-    _, artefacts = static_parts
-    assert artefacts.plan.cache_kind == "static" and artefacts.plan.max_cache_len == 40
-    assert "decode_prefill_empty_cache" in artefacts.reports["decode"].validation
-    callers = {n: exported_program_caller(a) for n, a in artefacts.items()}
+    _, artifacts = static_parts
+    assert artifacts.plan.cache_kind == "static" and artifacts.plan.max_cache_len == 40
+    assert "decode_prefill_empty_cache" in artifacts.reports["decode"].validation
+    callers = {n: exported_program_caller(a) for n, a in artifacts.items()}
     _check_parity(
-        GenerationRunner(artefacts.plan, callers),
+        GenerationRunner(artifacts.plan, callers),
         model,
         inputs,
         cache_implementation="static",
@@ -184,25 +184,25 @@ def test_static_cache_parity_and_in_place_update(llama, static_parts) -> None:
     )
     # prefill through the decode graph on an empty static cache gives the same tokens
     _check_parity(
-        GenerationRunner(artefacts.plan, callers, prefill_with_decode=True),
+        GenerationRunner(artifacts.plan, callers, prefill_with_decode=True),
         model,
         inputs,
         cache_implementation="static",
         max_cache_len=40,
     )
     with pytest.raises(ValueError, match=r"static cache holds 40 positions but this run needs 48"):
-        GenerationRunner(artefacts.plan, callers).generate(inputs["input_ids"], max_new_tokens=40)
+        GenerationRunner(artifacts.plan, callers).generate(inputs["input_ids"], max_new_tokens=40)
 
 
 @pytest.mark.slow
 def test_static_cache_passed_to_the_decode_graph_grows_in_place(llama, static_parts) -> None:
     model, inputs = llama
-    _, artefacts = static_parts
+    _, artifacts = static_parts
     config = GenerationConfig(cache_implementation="static", max_cache_len=40)
     kwargs = decompose_prefill_decode(model, inputs, generation_config=config, multi_token_decode=True)[
         "decode"
     ][1]
-    decode = artefacts["decode"].module()
+    decode = artifacts["decode"].module()
     for q, empty in ((1, False), (2, False), (4, False), (4, True)):
         sample = decode_inputs_for_query_length(kwargs, q, empty_cache=empty, seed=q)
         sample.pop("use_cache"), sample.pop("return_dict")
@@ -254,8 +254,8 @@ def test_a_failing_component_is_named_and_the_model_left_as_it_was(llama) -> Non
 @pytest.mark.slow
 def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path, monkeypatch) -> None:
     model, inputs = llama
-    exporter, artefacts = dynamic_parts
-    written = save_components(exporter, artefacts, tmp_path, model=model)
+    exporter, artifacts = dynamic_parts
+    written = save_components(exporter, artifacts, tmp_path, model=model)
     assert sorted(p.name for p in written) == sorted(
         [MANIFEST_NAME, "checksums.sha256", "decode.pt2", "prefill.pt2"]
     )
@@ -310,7 +310,7 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path, monkeypatch)
 
 @pytest.mark.slow
 def test_a_failed_save_leaves_nothing_behind(dynamic_parts, tmp_path) -> None:
-    exporter, artefacts = dynamic_parts
+    exporter, artifacts = dynamic_parts
 
     class Failing(ProgramExporter):
         def save(self, artifact, path):
@@ -320,9 +320,9 @@ def test_a_failed_save_leaves_nothing_behind(dynamic_parts, tmp_path) -> None:
 
     (tmp_path / "keep.txt").write_text("existing")
     with pytest.raises(OutputDirectoryError, match="not a previous hfexport export"):
-        save_components(exporter, artefacts, tmp_path)  # would delete keep.txt: refused
+        save_components(exporter, artifacts, tmp_path)  # would delete keep.txt: refused
     with pytest.raises(OSError, match="disk full"):
-        save_components(Failing(), artefacts, tmp_path, overwrite=True)
+        save_components(Failing(), artifacts, tmp_path, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     with pytest.raises(ValueError, match="needs the generation plan"):
-        save_components(exporter, dict(artefacts), tmp_path)
+        save_components(exporter, dict(artifacts), tmp_path)

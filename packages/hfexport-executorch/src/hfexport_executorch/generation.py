@@ -49,18 +49,18 @@ def _modules(spec: pytree.TreeSpec) -> list[str]:
     return found
 
 
-def component_metadata(artefact: Any) -> dict[str, Any]:
+def component_metadata(artifact: Any) -> dict[str, Any]:
     """The program's input/output pytree specs, the modules defining their node types (for
     information only: :func:`load_component` never imports them) and the delegate backend the
     runtime needs (e.g. ``XnnpackBackend``)."""
     from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR
 
-    spec = artefact.exported_program("forward").call_spec
+    spec = artifact.exported_program("forward").call_spec
     return {
         "in_spec": pytree.treespec_dumps(spec.in_spec),
         "out_spec": pytree.treespec_dumps(spec.out_spec),
         "modules": sorted(set(_modules(spec.in_spec)) | set(_modules(spec.out_spec))),
-        "required_backend": getattr(artefact, _RUNTIME_BACKEND_ATTR, None),
+        "required_backend": getattr(artifact, _RUNTIME_BACKEND_ATTR, None),
     }
 
 

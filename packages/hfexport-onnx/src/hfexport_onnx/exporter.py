@@ -96,7 +96,7 @@ def supported_opset_range() -> tuple[int, int, str]:
 
 @dataclasses.dataclass(frozen=True)
 class SaveOptions:
-    """How :meth:`OnnxExporter.save` writes an artefact (decided by the export's config).
+    """How :meth:`OnnxExporter.save` writes an artifact (decided by the export's config).
 
     Attributes:
         external_data: weights go to ``<file>.data`` next to the model.
@@ -109,7 +109,7 @@ class SaveOptions:
     keep_initializers_as_inputs: bool = False
 
 
-# Save options of the artefacts exported in this process, keyed by the ONNXProgram.
+# Save options of the artifacts exported in this process, keyed by the ONNXProgram.
 _SAVE_OPTIONS: weakref.WeakKeyDictionary[Any, SaveOptions] = weakref.WeakKeyDictionary()
 
 

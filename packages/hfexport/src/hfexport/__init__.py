@@ -1,4 +1,4 @@
-"""hfexport: export Hugging Face transformers models to runtime artefacts and prove they match.
+"""hfexport: export Hugging Face transformers models to runtime artifacts and prove they match.
 
 The core holds the shared machinery (configs, the ``HfExporter`` base, Auto classes, workaround
 registries, version checks, input preparation, validation); backends live in their own packages

@@ -1,8 +1,8 @@
 """The ``hfexport`` command line: ``env``, ``patches``, ``export <format>``, ``generate``.
 
 ``hfexport export onnx --model PATH OUTPUT_DIR`` loads a local model folder (or ``tiny:<type>``),
-exports it with the installed backend, validates the artefact against eager PyTorch, and writes
-the artefact, the model's config and tokenizer files and ``export_report.json`` into OUTPUT_DIR
+exports it with the installed backend, validates the artifact against eager PyTorch, and writes
+the artifact, the model's config and tokenizer files and ``export_report.json`` into OUTPUT_DIR
 atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR as it was; see
 :mod:`hfexport.atomic` for the rules, ``--overwrite`` for a folder that is not a previous export).
 """
@@ -338,7 +338,7 @@ def export_command(
         ),
     ],
     output_dir: Annotated[
-        Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artefact into.")
+        Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artifact into.")
     ],
     model: Annotated[str, typer.Option("--model", help="Local model folder, or tiny:<model_type>.")],
     task: Annotated[str, typer.Option(help="auto (from config.architectures) or a task name.")] = "auto",
@@ -430,17 +430,17 @@ def export_command(
                 stage = "export_for_generation"
                 from hfexport.generation import save_components
 
-                artefacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
-                written = save_components(exporter, artefacts, staging, model=loaded.model)
+                artifacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
+                written = save_components(exporter, artifacts, staging, model=loaded.model)
                 report_dict: dict[str, Any] = {
-                    "components": list(artefacts),
+                    "components": list(artifacts),
                     "files": [str(w) for w in written],
                 }
                 reports = [exporter.last_report] if exporter.last_report else []
             else:
-                artefact = exporter.export(loaded.model, loaded.inputs, config)
+                artifact = exporter.export(loaded.model, loaded.inputs, config)
                 stage = "save"
-                exporter.save(artefact, exporter.artifact_path(staging))
+                exporter.save(artifact, exporter.artifact_path(staging))
                 reports = [exporter.last_report]
                 report_dict = {}
             for f in loaded.files_to_copy:
@@ -461,7 +461,7 @@ def export_command(
                         for d in ("hfexport", exporter.package_name, *exporter.tested_versions)
                     },
                     "report": reports[-1].to_dict() if reports else None,
-                    "artefact_sizes_bytes": sizes,
+                    "artifact_sizes_bytes": sizes,
                 }
             )
             from hfexport.integrity import compute_checksums, write_checksums

@@ -360,7 +360,7 @@ class DynamoConfig(ExportConfigMixin):
         dynamic_shapes: explicit ``torch.export`` dynamic shapes keyed by forward kwarg name;
             they win over ``dynamic``.
         prefer_deferred_runtime_asserts_over_guards: passed to ``torch.export.export``.
-        validate: run the artefact after export and compare with eager PyTorch.
+        validate: run the artifact after export and compare with eager PyTorch.
         atol / rtol: validation tolerances; ``None`` takes the backend's default for the dtype.
         validate_second_shape: for dynamic exports also validate on a second input with another
             batch size and a longer sequence derived from the sample inputs; with explicit

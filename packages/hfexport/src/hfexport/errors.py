@@ -69,7 +69,7 @@ class ExportStageError(HfExportError, RuntimeError):
 
 
 class ExportValidationError(HfExportError, AssertionError):
-    """The exported artefact does not reproduce eager PyTorch within tolerance.
+    """The exported artifact does not reproduce eager PyTorch within tolerance.
 
     Attributes:
         table: the per-output comparison rows (``hfexport.validation.OutputComparison``),

@@ -157,7 +157,7 @@ class HfExporter(abc.ABC):
         *,
         component: str = "model",
     ) -> Any:
-        """Export ``model`` traced on ``sample_inputs``, validate it, and return the artefact.
+        """Export ``model`` traced on ``sample_inputs``, validate it, and return the artifact.
 
         Args:
             model: a ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward).
@@ -170,14 +170,14 @@ class HfExporter(abc.ABC):
             component: name of the exported component, used in the report and errors.
 
         Returns:
-            The backend's artefact (``ExportedProgram``, ``torch.onnx.ONNXProgram``,
+            The backend's artifact (``ExportedProgram``, ``torch.onnx.ONNXProgram``,
             ``ExecutorchProgramManager``). ``self.last_report`` holds the :class:`ExportReport`.
 
         Raises:
             UnsupportedInputError: loss inputs (``labels`` ...) among ``sample_inputs``.
             UnsupportedModelError: an attention implementation with no export path.
             ExportStageError: a stage failed (the message names the stage and component).
-            ExportValidationError: the artefact's outputs differ from eager PyTorch beyond
+            ExportValidationError: the artifact's outputs differ from eager PyTorch beyond
                 tolerance (the message holds the per-output table).
 
         The model is left as it was: training mode, config flags, attention implementation and
@@ -373,7 +373,7 @@ class HfExporter(abc.ABC):
                 for a static-cache multi-token decode graph, which then also serves the prefill.
 
         Returns:
-            ``{component_name: artefact}`` (a ``GenerationArtefacts`` dict carrying ``.plan`` and
+            ``{component_name: artifact}`` (a ``GenerationArtifacts`` dict carrying ``.plan`` and
             ``.reports``; give it to :func:`hfexport.generation.save_components`).
 
         Raises:
@@ -411,7 +411,7 @@ class HfExporter(abc.ABC):
         *,
         second_inputs: Mapping[str, Any] | None = None,
     ) -> None:
-        """Compare the artefact with eager PyTorch at the sample shape and, for dynamic exports, a
+        """Compare the artifact with eager PyTorch at the sample shape and, for dynamic exports, a
         second shape (another batch size, a longer sequence; see
         :func:`hfexport.validation.derive_second_inputs`).
 
@@ -443,7 +443,7 @@ class HfExporter(abc.ABC):
 
     # -- helpers for the CLI -----------------------------------------------------------------------
     def artifact_path(self, output_dir: str | os.PathLike[str]) -> Path:
-        """Where the CLI writes the artefact inside ``output_dir``."""
+        """Where the CLI writes the artifact inside ``output_dir``."""
         return Path(output_dir) / self.artifact_filename
 
     def __repr__(self) -> str:

@@ -67,7 +67,7 @@ class LoadedModel:
         task: the task it was loaded for.
         source: the folder it came from, or ``None`` for ``tiny:`` models.
         preprocessor: the tokenizer/processor when the folder has one.
-        files_to_copy: files of the source folder to copy next to the artefact.
+        files_to_copy: files of the source folder to copy next to the artifact.
     """
 
     model: torch.nn.Module

@@ -1,7 +1,7 @@
 """The export report: every stage of an export, its outcome and its time.
 
 A report is filled while an export runs (:meth:`ExportReport.stage`) and ends up in
-``export_report.json`` next to the artefact, so a failure says where it happened, for which
+``export_report.json`` next to the artifact, so a failure says where it happened, for which
 component and with which inputs.
 """
 

@@ -1,6 +1,6 @@
-"""Verification that an exported artefact computes what eager PyTorch computes.
+"""Verification that an exported artifact computes what eager PyTorch computes.
 
-Every backend runs its artefact through a *runner* (a callable taking forward kwargs and returning
+Every backend runs its artifact through a *runner* (a callable taking forward kwargs and returning
 ``{output_name: tensor}``); this module derives a second input shape for dynamic exports, runs
 the eager model, compares every output and raises :class:`~hfexport.errors.ExportValidationError`
 with the per-output table when a difference is above tolerance.
@@ -60,7 +60,7 @@ class OutputComparison:
 
     Attributes:
         name: output leaf path (``logits``, ``past_key_values.layers.0.keys``, ...).
-        shape: shape of the artefact's output; ``expected_shape`` that of eager PyTorch.
+        shape: shape of the artifact's output; ``expected_shape`` that of eager PyTorch.
         max_abs_diff: ``max |actual - expected|`` over compared elements (``inf`` on shape mismatch).
         max_rel_diff: ``max |actual - expected| / (|expected| + 1e-12)`` over compared elements.
         atol / rtol: tolerances used; ``ok`` is ``allclose`` under them (NaNs must match).
@@ -116,11 +116,11 @@ def compare_outputs(
     rtol: float | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> list[OutputComparison]:
-    """Compare artefact outputs with eager outputs, output by output.
+    """Compare artifact outputs with eager outputs, output by output.
 
     Args:
         expected: ``{name: tensor}`` from eager PyTorch.
-        actual: ``{name: tensor}`` from the artefact; every expected name must be present.
+        actual: ``{name: tensor}`` from the artifact; every expected name must be present.
         atol / rtol: tolerances; ``None`` picks :func:`default_tolerances` for each output's dtype.
         attention_mask: 2-D ``[batch, seq]`` mask of the inputs; for outputs whose first two
             dimensions are ``[batch, seq]``, positions where it is 0 (padding) are not compared,
@@ -603,7 +603,7 @@ def validate_artifact(
     label: str = "sample",
     raise_on_failure: bool = True,
 ) -> list[OutputComparison]:
-    """Run the artefact and eager PyTorch on ``inputs`` and compare every output.
+    """Run the artifact and eager PyTorch on ``inputs`` and compare every output.
 
     Args:
         model: the eager model (in eval mode, flags applied as for the export).
@@ -635,7 +635,7 @@ def validate_artifact(
     if raise_on_failure and not all(r.ok for r in rows):
         bad = [r.name for r in rows if not r.ok]
         raise ExportValidationError(
-            f"exported artefact does not match eager PyTorch on the {label} inputs for output(s) {bad}:\n{table}\n"
+            f"exported artifact does not match eager PyTorch on the {label} inputs for output(s) {bad}:\n{table}\n"
             "Pass a looser atol/rtol if the difference is expected (e.g. reduced precision), or report the model.",
             rows,
         )

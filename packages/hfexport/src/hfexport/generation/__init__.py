@@ -25,7 +25,7 @@ from hfexport.generation.decompose import (
     decompose_for_generation,
     decompose_prefill_decode,
 )
-from hfexport.generation.export import ComponentExportError, GenerationArtefacts, export_components
+from hfexport.generation.export import ComponentExportError, GenerationArtifacts, export_components
 from hfexport.generation.multimodal import decompose_multimodal, find_multimodal_layout, is_multimodal
 from hfexport.generation.parity import GenerationParity, compare_with_generate
 from hfexport.generation.persist import (
@@ -46,7 +46,7 @@ __all__ = [
     "ComponentExportError",
     "ComponentIO",
     "Decomposition",
-    "GenerationArtefacts",
+    "GenerationArtifacts",
     "GenerationParity",
     "GenerationPlan",
     "GenerationRunner",

@@ -35,7 +35,7 @@ from hfexport.generation.plan import GenerationPlan
 
 __all__ = [
     "ComponentExportError",
-    "GenerationArtefacts",
+    "GenerationArtifacts",
     "export_components",
     "resolve_component_configs",
     "validate_decode_lengths",
@@ -60,8 +60,8 @@ class ComponentExportError(HfExportError, RuntimeError):
         self.input_keys = input_keys
 
 
-class GenerationArtefacts(dict):
-    """``{component: artefact}`` as ``export_for_generation`` returns it, plus:
+class GenerationArtifacts(dict):
+    """``{component: artifact}`` as ``export_for_generation`` returns it, plus:
 
     Attributes:
         plan: the :class:`GenerationPlan` (what the runner and ``save_components`` need).
@@ -71,12 +71,12 @@ class GenerationArtefacts(dict):
 
     def __init__(
         self,
-        artefacts: Mapping[str, Any],
+        artifacts: Mapping[str, Any],
         plan: GenerationPlan,
         reports: Mapping[str, Any],
         export_format: str,
     ) -> None:
-        super().__init__(artefacts)
+        super().__init__(artifacts)
         self.plan = plan
         self.reports = dict(reports)
         self.export_format = export_format
@@ -124,7 +124,7 @@ def resolve_component_configs(config: Any, components: list[str]) -> dict[str, A
 
 def validate_decode_lengths(
     exporter: Any,
-    artefact: Any,
+    artifact: Any,
     model: torch.nn.Module,
     kwargs: Mapping[str, Any],
     config: Any,
@@ -144,7 +144,7 @@ def validate_decode_lengths(
     atol_default, rtol_default = exporter.default_tolerances(model)
     atol = config.atol if getattr(config, "atol", None) is not None else atol_default
     rtol = config.rtol if getattr(config, "rtol", None) is not None else rtol_default
-    run = exporter.runner(artefact)
+    run = exporter.runner(artifact)
     cases: list[tuple[str, dict[str, Any]]] = [
         ("decode_q1", decode_inputs_for_query_length(kwargs, 1, seed=1)),
         ("decode_q4", decode_inputs_for_query_length(kwargs, 4, seed=2)),
@@ -194,7 +194,7 @@ def export_components(
     multi_token_decode: bool = False,
     components: Sequence[str] | None = None,
     decomposition: Decomposition | None = None,
-) -> GenerationArtefacts:
+) -> GenerationArtifacts:
     """Decompose ``model`` and export every component with ``exporter``.
 
     Args:
@@ -209,7 +209,7 @@ def export_components(
         decomposition: reuse an existing decomposition instead of recording a new one.
 
     Returns:
-        :class:`GenerationArtefacts` ``{component: artefact}`` with ``.plan`` and ``.reports``.
+        :class:`GenerationArtifacts` ``{component: artifact}`` with ``.plan`` and ``.reports``.
 
     Raises:
         ValueError: bad inputs or a per-component config with missing entries.
@@ -243,7 +243,7 @@ def export_components(
         )
     configs = resolve_component_configs(config, names)
     parent_config = getattr(model, "config", None)
-    artefacts: dict[str, Any] = {}
+    artifacts: dict[str, Any] = {}
     reports: dict[str, Any] = {}
     for name in names:
         module, kwargs = decomposition[name]
@@ -253,7 +253,7 @@ def export_components(
             resolved = exporter._resolve_config(configs[name])
             resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
             resolved = exporter.component_config(name, exportable, kwargs, plan, resolved)
-            artefact = exporter.export(exportable, kwargs, resolved, component=name)
+            artifact = exporter.export(exportable, kwargs, resolved, component=name)
             reports[name] = exporter.last_report
             if (
                 name == "decode"
@@ -262,7 +262,7 @@ def export_components(
                 and getattr(resolved, "validate", True)
             ):
                 validate_decode_lengths(
-                    exporter, artefact, exportable, kwargs, resolved, plan, exporter.last_report
+                    exporter, artifact, exportable, kwargs, resolved, plan, exporter.last_report
                 )
         except Exception as exc:
             keys = sorted(kwargs)
@@ -273,5 +273,5 @@ def export_components(
                 model_class=type(module).__name__,
                 input_keys=keys,
             ) from exc
-        artefacts[name] = artefact
-    return GenerationArtefacts(artefacts, plan, reports, exporter.export_format)
+        artifacts[name] = artifact
+    return GenerationArtifacts(artifacts, plan, reports, exporter.export_format)

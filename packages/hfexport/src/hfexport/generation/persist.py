@@ -57,7 +57,7 @@ def _suffix(exporter: Any) -> str:
 
 def save_components(
     exporter: Any,
-    artefacts: Mapping[str, Any],
+    artifacts: Mapping[str, Any],
     output_dir: str | os.PathLike[str],
     *,
     model: Any = None,
@@ -67,17 +67,17 @@ def save_components(
     """Write one file per component and ``generation_manifest.json`` as the folder ``output_dir``.
 
     Args:
-        exporter: the ``HfExporter`` that produced ``artefacts`` (its ``save`` writes each file,
+        exporter: the ``HfExporter`` that produced ``artifacts`` (its ``save`` writes each file,
             its ``component_metadata`` gives each component's manifest metadata, its
             ``artifact_filename`` gives the extension, e.g. ``.onnx``).
-        artefacts: ``{component: artefact}`` as ``export_for_generation`` returns it.
+        artifacts: ``{component: artifact}`` as ``export_for_generation`` returns it.
         output_dir: the folder (created if needed). It is replaced as a whole by
             :func:`hfexport.atomic.atomic_output_dir`: once everything was written the new folder
             takes its place (files of an earlier export are gone); on error nothing is left behind
             and the existing folder is untouched. It must be new, empty or a previous export
             (holding ``generation_manifest.json`` or ``export_report.json``) unless ``overwrite``.
         model: the exported model (optional): its generation config refreshes the token ids.
-        plan: the generation plan; defaults to ``artefacts.plan``.
+        plan: the generation plan; defaults to ``artifacts.plan``.
         overwrite: replace ``output_dir`` even if it holds other files (they are deleted).
 
     Returns:
@@ -85,8 +85,8 @@ def save_components(
         their final place.
 
     Raises:
-        ValueError: no plan (``artefacts`` is not what ``export_for_generation`` returned and no
-            ``plan`` is given), or the artefacts do not match the plan's components.
+        ValueError: no plan (``artifacts`` is not what ``export_for_generation`` returned and no
+            ``plan`` is given), or the artifacts do not match the plan's components.
         OutputDirectoryError: (a ``ValueError``) ``output_dir`` is a file, not writable, or a
             non-empty folder that is not a previous export and ``overwrite`` is false; checked
             before anything is written.
@@ -96,16 +96,16 @@ def save_components(
     from hfexport.generation.decompose import token_ids_of
     from hfexport.integrity import write_checksums
 
-    plan = plan if plan is not None else getattr(artefacts, "plan", None)
+    plan = plan if plan is not None else getattr(artifacts, "plan", None)
     if plan is None:
         raise ValueError(
             "save_components needs the generation plan: pass what export_for_generation returned, or plan="
         )
-    if sorted(artefacts) != sorted(plan.components):
+    if sorted(artifacts) != sorted(plan.components):
         raise ValueError(
-            f"artefacts {sorted(artefacts)} do not match the plan's components {plan.components}"
+            f"artifacts {sorted(artifacts)} do not match the plan's components {plan.components}"
         )
-    export_format = str(exporter.export_format or getattr(artefacts, "export_format", ""))
+    export_format = str(exporter.export_format or getattr(artifacts, "export_format", ""))
     token_ids = dict(plan.token_ids)
     if model is not None:
         token_ids.update({k: v for k, v in token_ids_of(model).items() if v not in (None, [])})
@@ -116,9 +116,9 @@ def save_components(
     with atomic_output_dir(target, overwrite=overwrite) as staging:
         for name in plan.components:
             filename = f"{name}{suffix}"
-            exporter.save(artefacts[name], staging / filename)
+            exporter.save(artifacts[name], staging / filename)
             files[name] = filename
-            components[name] = {"file": filename, "metadata": exporter.component_metadata(artefacts[name])}
+            components[name] = {"file": filename, "metadata": exporter.component_metadata(artifacts[name])}
         plan_dict = plan.to_dict()
         plan_dict["token_ids"] = token_ids
         manifest = {

@@ -3,7 +3,7 @@
 The core owns the loop; a backend only supplies, per component, a *caller*: a function taking the
 component's forward kwargs (tensors, caches and model outputs, rebuilt from the component's
 recorded pytree spec) and returning ``{output_leaf_path: tensor}`` (``logits``,
-``cache.layers.0.keys``, ...), which is exactly what ``HfExporter.runner(artefact)`` returns.
+``cache.layers.0.keys``, ...), which is exactly what ``HfExporter.runner(artifact)`` returns.
 
 The loop reproduces ``generate(do_sample=False)``: argmax of the last position's logits; after a
 row emits an end-of-sequence token it receives the pad token; generation stops when every row has
@@ -50,9 +50,9 @@ def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
     return call
 
 
-def callers_from_exporter(exporter: Any, artefacts: Mapping[str, Any]) -> dict[str, Caller]:
-    """One caller per component from a backend exporter: ``exporter.runner(artefact)``."""
-    return {name: exporter.runner(artefact) for name, artefact in artefacts.items()}
+def callers_from_exporter(exporter: Any, artifacts: Mapping[str, Any]) -> dict[str, Caller]:
+    """One caller per component from a backend exporter: ``exporter.runner(artifact)``."""
+    return {name: exporter.runner(artifact) for name, artifact in artifacts.items()}
 
 
 def _only(outputs: Mapping[str, Any], component: str) -> torch.Tensor:
