@@ -384,36 +384,6 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
-def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    """One image of a 2m x 2m patch grid (m = spatial merge size) inside a 12-token prompt."""
-    vision = config.vision_config
-    merge = int(vision.spatial_merge_size)
-    grid = (1, 2 * merge, 2 * merge)
-    num_patches = grid[0] * grid[1] * grid[2]
-    num_image_tokens = num_patches // (merge * merge)
-    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
-    special = (
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_start_token_id,
-        config.vision_end_token_id,
-    )
-    seq_len = 12
-    start = 3
-    input_ids = _random_ids(gen, (1, seq_len), 3, min(min(special), _text_vocab(config)))
-    input_ids[0, start] = config.vision_start_token_id
-    input_ids[0, start + 1 : start + 1 + num_image_tokens] = config.image_token_id
-    input_ids[0, start + 1 + num_image_tokens] = config.vision_end_token_id
-    pixel_values = torch.randn(num_patches, patch_dim, generator=gen, dtype=torch.float32)
-    return {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "pixel_values": pixel_values,
-        "image_grid_thw": torch.tensor([grid], dtype=torch.int64),
-        "mm_token_type_ids": (input_ids == config.image_token_id).to(torch.int64),
-    }
-
-
 def _forward_params(model: torch.nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
