@@ -23,7 +23,7 @@ def test_a_plain_export_over_a_generation_export_leaves_no_old_manifest(tmp_path
     )
     (out / "decode.pt2").write_bytes(b"old component")
     (out / "prefill.pt2").write_bytes(b"old component")
-    (out / "export_report.json").write_text("{}")
+    (out / "export_report.json").write_text('{"export_format": "dynamo"}')
     result = runner.invoke(app, ["export", "dynamo", "--model", "tiny:bert", str(out)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == [

@@ -4,6 +4,7 @@ stale temporary folders of killed runs cleaned, foreign folders refused without 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def previous(tmp_path) -> Path:
     (out / "generation_manifest.json").write_text('{"files": {"decode": "decode.onnx"}}')
     (out / "decode.onnx").write_bytes(b"old graph")
     (out / "decode.onnx.data").write_bytes(bytes(range(256)) * 4)
-    (out / "export_report.json").write_text("{}")
+    (out / "export_report.json").write_text(json.dumps({"export_format": "onnx"}))
     (out / "sub" / "nested.bin").write_bytes(b"\x00\x01")
     return out
 
@@ -188,7 +189,7 @@ def test_nested_use_as_the_cli_does_with_save_components(tmp_path):
     with atomic_output_dir(out) as outer:
         with atomic_output_dir(outer) as inner:
             (inner / "decode.pt2").write_bytes(b"component")
-        (outer / "export_report.json").write_text("{}")
+        (outer / "export_report.json").write_text(json.dumps({"export_format": "onnx"}))
     assert sorted(p.name for p in out.iterdir()) == ["decode.pt2", "export_report.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -274,10 +275,34 @@ def test_empty_new_and_previous_export_folders_are_accepted(tmp_path, marker):
     (tmp_path / "empty").mkdir()
     check_output_dir(tmp_path / "empty")
     (tmp_path / "prev").mkdir()
-    (tmp_path / "prev" / marker).write_text("{}")
+    key = "export_format" if marker == "export_report.json" else "manifest_version"
+    (tmp_path / "prev" / marker).write_text(json.dumps({key: 1}))
     (tmp_path / "prev" / "model.pt2").write_bytes(b"x")
     check_output_dir(tmp_path / "prev")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "prev"]  # the check writes nothing
+
+
+def test_a_marker_hfexport_did_not_write_or_a_file_added_later_is_refused(tmp_path):
+    from hfexport.integrity import write_checksums
+
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "export_report.json").write_text("{}")
+    (fake / "thesis.docx").write_text("precious")
+    with pytest.raises(OutputDirectoryError, match=r"its export_report\.json is not one hfexport wrote"):
+        check_output_dir(fake)
+    prev = tmp_path / "prev"
+    prev.mkdir()
+    (prev / "export_report.json").write_text(json.dumps({"export_format": "onnx"}))
+    (prev / "model.onnx").write_bytes(b"graph")
+    write_checksums(prev)
+    check_output_dir(prev)  # every file listed: a previous export
+    (prev / "notes.txt").write_text("added after the export")
+    with pytest.raises(OutputDirectoryError) as info:
+        check_output_dir(prev)
+    assert "notes.txt is not among the files the export listed in checksums.sha256" in str(info.value)
+    assert (prev / "notes.txt").read_text() == "added after the export" and (fake / "thesis.docx").exists()
+    check_output_dir(prev, overwrite=True)
 
 
 def test_a_file_or_a_path_under_a_file_is_refused(tmp_path):

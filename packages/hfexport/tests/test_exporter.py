@@ -114,7 +114,9 @@ def test_output_path_is_written_atomically(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_text("old")
-    (out / "export_report.json").write_text("{}")  # a previous export: may be replaced
+    (out / "export_report.json").write_text(
+        '{"export_format": "dynamo"}'
+    )  # a previous export: may be replaced
     with pytest.raises(KeyError), atomic_output_dir(out) as staging:
         (staging / "model.onnx").write_text("partial")
         raise KeyError("fail")
