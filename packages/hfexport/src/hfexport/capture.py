@@ -262,7 +262,7 @@ def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, 
     if getattr(config, "dynamic", False):
         if not _AUTO_WARNED:
             _AUTO_WARNED = True
-            logger.warning(
+            logger.info(
                 "dynamic=True marks every axis Dim.AUTO, which exports slower than naming only the axes that "
                 "vary (config.dynamic_shapes)"
             )

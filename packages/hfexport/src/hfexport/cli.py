@@ -340,7 +340,14 @@ def export_command(
     output_dir: Annotated[
         Path, typer.Argument(metavar="OUTPUT_DIR", help="Folder to write the artifact into.")
     ],
-    model: Annotated[str, typer.Option("--model", help="Local model folder, or tiny:<model_type>.")],
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="Local model folder, pkg:<package> (a model folder an installed package ships), or "
+            "tiny:<model_type> (a seeded random tiny model of any model type transformers knows).",
+        ),
+    ],
     task: Annotated[str, typer.Option(help="auto (from config.architectures) or a task name.")] = "auto",
     opset: Annotated[int | None, typer.Option(help="ONNX opset version (onnx only).")] = None,
     static: Annotated[

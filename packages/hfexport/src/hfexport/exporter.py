@@ -31,6 +31,8 @@ import abc
 import contextlib
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,6 +44,22 @@ from hfexport.environment import check_environment, format_problems, warn_drift_
 from hfexport.report import ExportReport, Stage
 
 __all__ = ["HfExporter"]
+
+_LOCKS_GUARD = threading.Lock()
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+
+
+def _model_lock(model: Any) -> threading.RLock:
+    """The lock that serializes exports of one model object across threads (re-entrant, so a
+    generation export may export its components inside)."""
+    with _LOCKS_GUARD:
+        try:
+            lock = _MODEL_LOCKS.get(model)
+        except TypeError:  # not weak-referenceable: no sharing to guard
+            return threading.RLock()
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 logger = logging.getLogger(__name__)
 
@@ -199,6 +217,8 @@ class HfExporter(abc.ABC):
         )
         self.last_report = report
         with contextlib.ExitStack() as stack:
+            # one export of a model object at a time: torch.export swaps its parameters for fakes
+            stack.enter_context(_model_lock(model))
             stack.enter_context(restore_model_state(model))
             with report.stage(Stage.PREPARE_INPUTS):
                 stack.enter_context(attention_for_export(model))
@@ -426,8 +446,8 @@ class HfExporter(abc.ABC):
         atol = atol if atol is not None else atol_default
         rtol = getattr(config, "rtol", None)
         rtol = rtol if rtol is not None else rtol_default
-        run = self.runner(artifact)
         with report.stage(Stage.VALIDATE, detail="sample inputs"):
+            run = self.runner(artifact)  # a runtime that refuses the artifact fails in this stage
             rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="sample")
             report.validation["sample"] = [r.to_dict() for r in rows]
         if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
