@@ -363,6 +363,13 @@ def export_command(
     ] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
     backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            help="Write the folder a runtime's own loader reads: genai (onnx, ONNX Runtime GenAI), "
+            "transformers.js (onnx), llm-runner (executorch), ... (`hfexport env` lists them)."
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     overwrite: Annotated[
         bool,
@@ -404,7 +411,14 @@ def export_command(
         )
         from hfexport.auto import AutoHfExporter
 
-        exporter = AutoHfExporter.from_config(config)
+        exporter = AutoHfExporter.from_config(config)  # imports the backend: its layouts register
+        if layout is not None:
+            from hfexport.layouts import check_layout
+
+            try:
+                check_layout(export_format, layout)
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--layout") from None
         stage = "load_model"
         t0 = time.perf_counter()
         with console.status(f"loading {model} ..."):
@@ -427,13 +441,43 @@ def export_command(
                 mark = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(record.status, record.status)
                 console.print(f"  {mark} {record.name} ({record.seconds:.2f}s)")
 
+        if layout is not None:
+            from hfexport.layouts import check_layout
+
+            try:  # task, model and tokenizer: still before any capture work
+                chosen_layout = check_layout(
+                    export_format, layout, model=loaded.model, task=loaded.task, files=loaded.files_to_copy
+                )
+            except ValueError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--layout") from None
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
         with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+            if layout is not None:
+                # the layout's writer fills the folder with what its runtime loads (graphs, runtime
+                # config, tokenizer files); the report and checksums are added below as always
+                from hfexport.layouts import LayoutRequest
+
+                stage = f"layout {layout}"
+                report_dict = {"layout": layout, "runtime": chosen_layout.runtime}
+                report_dict.update(
+                    chosen_layout.resolve_writer()(
+                        LayoutRequest(
+                            exporter=exporter,
+                            model=loaded.model,
+                            inputs=loaded.inputs,
+                            config=config,
+                            task=loaded.task,
+                            output_dir=staging,
+                            files=tuple(loaded.files_to_copy),
+                        )
+                    )
+                )
+                reports = [exporter.last_report] if exporter.last_report else []
             # an explicit --task text-generation exports the generation components (prefill/decode,
             # or encoders/language model/lm_head/decode); --task auto exports the plain forward
-            if task in GENERATION_TASKS:
+            elif task in GENERATION_TASKS:
                 stage = "export_for_generation"
                 from hfexport.generation import save_components
 
@@ -450,9 +494,9 @@ def export_command(
                 exporter.save(artifact, exporter.artifact_path(staging))
                 reports = [exporter.last_report]
                 report_dict = {}
-            for f in loaded.files_to_copy:
+            for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
-            if loaded.source is None and hasattr(loaded.model, "config"):
+            if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
                 loaded.model.config.to_json_file(staging / "config.json")
             from hfexport.environment import installed_version
 
