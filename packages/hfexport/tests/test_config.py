@@ -100,3 +100,54 @@ def test_auto_config_dispatch_and_errors():
         AutoExportConfig.from_dict({"export_format": "tflite"})
     with pytest.raises(ValueError, match="has export_format='onnx', got 'dynamo'"):
         OnnxConfig(export_format="dynamo")
+
+
+def test_precision_fields_round_trip_and_refuse_bad_values():
+    from hfexport.config import OnnxConfig, QuantizationConfig
+
+    config = OnnxConfig(
+        dtype="float16", quantization="int8-dynamic", ort_fusions="cpu", quality_gates={"cosine": 0.98}
+    )
+    assert config.quantization == QuantizationConfig(method="int8-dynamic")
+    assert OnnxConfig.from_json_string(config.to_json_string()) == config
+    for bad, message in [
+        ({"dtype": "fp16"}, "dtype='fp16' is invalid; allowed: float32, float16, bfloat16"),
+        ({"quantization": {"method": "x", "bits": 3}}, "unknown quantization field(s) ['bits']"),
+        ({"quantization": {"method": "8da4w", "group_size": 0}}, "quantization.group_size=0 is invalid"),
+        ({"quantization": {"method": "8da4w", "embedding_bits": 2}}, "embedding_bits=2 is invalid"),
+        ({"ort_fusions": "npu"}, "ort_fusions='npu' is invalid; allowed: None, 'cpu', 'cuda'"),
+        ({"quality_gates": {"cosine": float("nan")}}, "quality_gates['cosine']=nan is invalid"),
+    ]:
+        with pytest.raises(ValueError) as info:
+            OnnxConfig(**bad)
+        assert message in str(info.value)
+
+
+def test_exporter_refuses_dtype_and_method_it_does_not_have_before_capture():
+    import torch
+
+    from hfexport.config import DynamoConfig
+    from hfexport.exporter import HfExporter
+
+    class Minimal(HfExporter):
+        export_format = "dynamo"
+        config_class = DynamoConfig
+
+        def _export(self, model, inputs, config, report):  # pragma: no cover - never reached
+            raise AssertionError("capture must not start")
+
+        def runner(self, artifact):  # pragma: no cover
+            raise NotImplementedError
+
+        def save(self, artifact, path):  # pragma: no cover
+            raise NotImplementedError
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(
+        ValueError, match=r"dtype='bfloat16' is not supported by the dynamo backend here; allowed: float32"
+    ):
+        Minimal().export(model, {"input": torch.ones(1, 2)}, DynamoConfig(dtype="bfloat16"))
+    with pytest.raises(
+        ValueError, match=r"quantization method '8da4w' .* allowed: none \(this backend does not quantize\)"
+    ):
+        Minimal().export(model, {"input": torch.ones(1, 2)}, DynamoConfig(quantization="8da4w"))

@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "DTYPES",
+    "ORT_FUSION_TARGETS",
     "DynamoConfig",
     "ExecutorchConfig",
     "ExportConfigMixin",
     "ExportFormat",
     "OnnxConfig",
+    "QuantizationConfig",
     "check_opset_version",
     "decode_dynamic_shapes",
     "encode_dynamic_shapes",
@@ -285,6 +288,8 @@ class ExportConfigMixin:
             value = getattr(self, f.name)
             if f.name == "dynamic_shapes":
                 value = encode_dynamic_shapes(value)
+            elif isinstance(value, QuantizationConfig):
+                value = value.to_dict()
             elif isinstance(value, enum.Enum):
                 value = value.value
             elif isinstance(value, os.PathLike):
@@ -348,6 +353,106 @@ def _check_type(name: str, value: Any, types: tuple[type, ...], allowed: str) ->
         raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
 
 
+#: Compute dtypes an export can capture in (``ExportConfig.dtype``); names as ``torch.<name>``.
+DTYPES = ("float32", "float16", "bfloat16")
+
+#: ONNX Runtime execution providers ``OnnxConfig.ort_fusions`` can target.
+ORT_FUSION_TARGETS = ("cpu", "cuda")
+
+
+@dataclass
+class QuantizationConfig:
+    """What to quantize and how (``ExportConfig.quantization``); the backend applies it.
+
+    Which ``method`` names exist is the backend's: each exporter lists its own in
+    ``HfExporter.quantization_methods`` (e.g. ONNX ``int8-dynamic``, ``int8-static``, ``int4-weight``;
+    ExecuTorch ``8da4w``, ``int8-dynamic``, ``4w``, ``8w``; dynamo ``int8-weight``). An unknown name is
+    refused by the exporter before capture with the list of its methods.
+
+    Attributes:
+        method: the quantization recipe name.
+        group_size: elements per quantization group / block for grouped (4-bit) weights
+            (``None`` takes the method's default, e.g. 32 for ``8da4w``, 32 for ``int4-weight``).
+        embedding_bits: also quantize the token embedding to 4 or 8 bits (ExecuTorch); ``None`` leaves it.
+        per_channel: per-output-channel weight scales (True) or one per tensor.
+        exclude: fully qualified module names (or ``fnmatch`` patterns over them) left in float,
+            e.g. ``("lm_head",)``.
+        calibration: a UTF-8 text file of prompts, one per line, tokenized with the model's tokenizer
+            for static methods; ``None`` calibrates on the sample inputs plus seeded random variants
+            (with a warning). The Python API also accepts an iterable of forward-kwarg dicts where the
+            exporter takes ``calibration=``.
+        num_calibration_samples: at most this many calibration batches are run.
+    """
+
+    method: str
+    group_size: int | None = None
+    embedding_bits: int | None = None
+    per_channel: bool = True
+    exclude: tuple[str, ...] = ()
+    calibration: str | None = None
+    num_calibration_samples: int = 32
+
+    def __post_init__(self) -> None:
+        _check_type("quantization.method", self.method, (str,), "a method name such as 'int8-dynamic'")
+        if not self.method:
+            raise ValueError("quantization.method is empty; allowed: a method name such as 'int8-dynamic'")
+        if self.group_size is not None:
+            _check_type("quantization.group_size", self.group_size, (int,), "a positive int or None")
+            if self.group_size <= 0:
+                raise ValueError(
+                    f"quantization.group_size={self.group_size} is invalid; allowed: a positive int or None"
+                )
+        if self.embedding_bits is not None and self.embedding_bits not in (4, 8):
+            raise ValueError(
+                f"quantization.embedding_bits={self.embedding_bits!r} is invalid; allowed: 4, 8 or None"
+            )
+        _check_type("quantization.per_channel", self.per_channel, (bool,), "True or False")
+        if isinstance(self.exclude, str):
+            self.exclude = (self.exclude,)
+        self.exclude = tuple(self.exclude)
+        for name in self.exclude:
+            _check_type("quantization.exclude", name, (str,), "module names or fnmatch patterns")
+        if self.calibration is not None:
+            if isinstance(self.calibration, os.PathLike):
+                self.calibration = os.fspath(self.calibration)
+            _check_type("quantization.calibration", self.calibration, (str,), "a text file path or None")
+        _check_type(
+            "quantization.num_calibration_samples", self.num_calibration_samples, (int,), "a positive int"
+        )
+        if self.num_calibration_samples <= 0:
+            raise ValueError(
+                f"quantization.num_calibration_samples={self.num_calibration_samples} is invalid; "
+                "allowed: a positive int"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every field."""
+        out = dataclasses.asdict(self)
+        out["exclude"] = list(self.exclude)
+        return out
+
+    @classmethod
+    def from_value(cls, value: Any) -> QuantizationConfig | None:
+        """``None``, a method name, a dict (as :meth:`to_dict` writes) or a ``QuantizationConfig``.
+
+        Raises:
+            ValueError: an unknown key (listing the known ones) or an invalid value.
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str):
+            return cls(method=value)
+        if isinstance(value, dict):
+            known = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(value) - known)
+            if unknown:
+                raise ValueError(f"unknown quantization field(s) {unknown}; known fields: {sorted(known)}")
+            return cls(**value)
+        raise ValueError(
+            f"quantization={value!r} is invalid; allowed: None, a method name, a dict or a QuantizationConfig"
+        )
+
+
 @dataclass
 class DynamoConfig(ExportConfigMixin):
     """How to capture the model with ``torch.export`` (shared by every backend).
@@ -366,6 +471,13 @@ class DynamoConfig(ExportConfigMixin):
             batch size and a longer sequence derived from the sample inputs; with explicit
             ``dynamic_shapes`` only the declared dynamic axes change, within their ``min``/``max``
             (:func:`hfexport.validation.derive_second_inputs`).
+        dtype: compute dtype of the capture, one of :data:`DTYPES`: the model and its float inputs
+            are cast to it (the user's model is restored afterwards); reduced precision is validated
+            with quality gates against the fp32 eager model instead of allclose.
+        quantization: a :class:`QuantizationConfig` (or a method name / dict, converted), or ``None``.
+        quality_gates: overrides of the quality-gate thresholds by metric name (e.g.
+            ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
+            and quantization method.
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
@@ -378,8 +490,26 @@ class DynamoConfig(ExportConfigMixin):
     atol: float | None = None
     rtol: float | None = None
     validate_second_shape: bool = True
+    dtype: str = "float32"
+    quantization: QuantizationConfig | None = None
+    quality_gates: dict[str, float] | None = None
 
     def validate_fields(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {', '.join(DTYPES)}")
+        self.quantization = QuantizationConfig.from_value(self.quantization)
+        if self.quality_gates is not None:
+            if not isinstance(self.quality_gates, dict):
+                raise ValueError(
+                    f"quality_gates={self.quality_gates!r} is invalid; allowed: None or a dict of metric "
+                    "name -> threshold"
+                )
+            for key, threshold in self.quality_gates.items():
+                _check_type(f"quality_gates[{key!r}]", threshold, (int, float), "a finite float")
+                if not math.isfinite(threshold):
+                    raise ValueError(
+                        f"quality_gates[{key!r}]={threshold!r} is invalid; allowed: a finite float"
+                    )
         for name in (
             "dynamic",
             "strict",
@@ -423,6 +553,8 @@ class OnnxConfig(DynamoConfig):
         optimize: run the onnxscript optimizer on the exported model.
         export_params: store the weights in the model (False exports the graph only).
         keep_initializers_as_inputs: also list initializers as graph inputs.
+        ort_fusions: rewrite the optimized graph into ONNX Runtime's fused contrib ops for that
+            execution provider (one of :data:`ORT_FUSION_TARGETS`), or ``None`` for a plain graph.
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.ONNX.value
@@ -433,9 +565,14 @@ class OnnxConfig(DynamoConfig):
     optimize: bool = True
     export_params: bool = True
     keep_initializers_as_inputs: bool = False
+    ort_fusions: str | None = None
 
     def validate_fields(self) -> None:
         super().validate_fields()
+        if self.ort_fusions is not None and self.ort_fusions not in ORT_FUSION_TARGETS:
+            raise ValueError(
+                f"ort_fusions={self.ort_fusions!r} is invalid; allowed: None, {', '.join(map(repr, ORT_FUSION_TARGETS))}"
+            )
         for name in ("external_data", "optimize", "export_params", "keep_initializers_as_inputs"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
         if self.opset_version is not None:

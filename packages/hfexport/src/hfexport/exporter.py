@@ -61,6 +61,7 @@ def _model_lock(model: Any) -> threading.RLock:
             lock = _MODEL_LOCKS[model] = threading.RLock()
         return lock
 
+
 logger = logging.getLogger(__name__)
 
 
@@ -109,6 +110,10 @@ class HfExporter(abc.ABC):
     supports_empty_growing_cache: ClassVar[bool] = True
     #: The backend's own stage names (the shared ones are :class:`hfexport.report.Stage`).
     stages: ClassVar[tuple[str, ...]] = ()
+    #: ``config.dtype`` values this backend can capture and run here (see :meth:`check_precision`).
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: ``config.quantization.method`` names this backend implements -> one-line description.
+    quantization_methods: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, config: ExportConfigMixin | None = None) -> None:
         self.validate_environment()
@@ -166,6 +171,31 @@ class HfExporter(abc.ABC):
             own = cls.export_format
         return bool(own) and str(getattr(config, "export_format", "")) == str(own)
 
+    def check_precision(self, config: Any) -> None:
+        """Refuse a ``dtype`` or quantization method this backend cannot produce, before capture.
+
+        Backends with more conditions (an ONNX Runtime build without fp16 kernels, a fusion target
+        the installed runtime does not ship) extend this and call ``super()``.
+
+        Raises:
+            ValueError: ``config.dtype`` not in :attr:`supported_dtypes`, or
+                ``config.quantization.method`` not in :attr:`quantization_methods`; the message names
+                what this backend allows.
+        """
+        dtype = getattr(config, "dtype", "float32")
+        if dtype not in self.supported_dtypes:
+            raise ValueError(
+                f"dtype={dtype!r} is not supported by the {self.export_format} backend here; "
+                f"allowed: {', '.join(self.supported_dtypes)}"
+            )
+        quantization = getattr(config, "quantization", None)
+        if quantization is not None and quantization.method not in self.quantization_methods:
+            allowed = ", ".join(self.quantization_methods) or "none (this backend does not quantize)"
+            raise ValueError(
+                f"quantization method {quantization.method!r} is not one of the {self.export_format} "
+                f"backend's; allowed: {allowed}"
+            )
+
     # -- the export --------------------------------------------------------------------------------
     def export(
         self,
@@ -209,6 +239,7 @@ class HfExporter(abc.ABC):
         )
 
         config = self._resolve_config(config)
+        self.check_precision(config)
         report = ExportReport(
             export_format=self.export_format,
             component=component,
