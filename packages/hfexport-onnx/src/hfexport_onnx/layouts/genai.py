@@ -41,6 +41,7 @@ __all__ = [
     "check_genai",
     "genai_config",
     "genai_model_type",
+    "tokenizer_warning",
     "write_genai",
 ]
 
@@ -182,6 +183,27 @@ def genai_config(model: Any, graph: Any, *, generation_config: Any = None) -> di
     return {"model": model_section, "search": search}
 
 
+def tokenizer_warning(tokenizer_json: Path) -> str | None:
+    """Why ``og.Tokenizer`` will not read this ``tokenizer.json``, or ``None`` when it should.
+
+    ONNX Runtime GenAI tokenizes with onnxruntime-extensions, which reads BPE and Unigram
+    (SentencePiece) ``tokenizer.json`` models only (onnxruntime-genai 0.18.0); a WordPiece or
+    WordLevel tokenizer fails in ``og.Tokenizer(model)`` (``Cannot know how to parse line``). The
+    graph still runs: encode prompts with another tokenizer and pass the ids to the generator.
+    """
+    try:
+        kind = json.loads(Path(tokenizer_json).read_text(encoding="utf-8")).get("model", {}).get("type")
+    except (OSError, ValueError):
+        return None
+    if kind in (None, "BPE", "Unigram"):
+        return None
+    return (
+        f"the tokenizer is a {kind} model; onnxruntime-genai's og.Tokenizer reads BPE and Unigram (SentencePiece) "
+        "tokenizers only, so encode prompts with another tokenizer (e.g. tokenizers.Tokenizer.from_file("
+        "'tokenizer.json')) and pass the ids to og.Generator.append_tokens"
+    )
+
+
 def write_genai(request: LayoutRequest) -> dict[str, Any]:
     """Writer of the ``genai`` layout: decoder graph + ``genai_config.json`` + tokenizer and model files.
 
@@ -217,6 +239,11 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
     text = request.model.config
     text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
     _, context_source = _context_length(text)
+    extra: dict[str, Any] = {}
+    warning = tokenizer_warning(out / "tokenizer.json")
+    if warning is not None:
+        logger.warning("%s", warning)
+        extra["tokenizer_warning"] = warning
     return {
         "genai": {
             "model_type": content["model"]["type"],
@@ -229,6 +256,7 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
             "inputs": list(graph.input_names),
             "outputs": list(graph.output_names),
             "files": [p.name for p in graph.files] + [CONFIG_NAME] + copied,
+            **extra,
         }
     }
 
