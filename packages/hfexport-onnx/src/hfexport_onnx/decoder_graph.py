@@ -237,8 +237,6 @@ def _token_range(sample_inputs: Mapping[str, Any], model: torch.nn.Module) -> tu
 
 
 def _step_inputs(
-    model: torch.nn.Module,
-    num_layers: int,
     past_cache: list[tuple[torch.Tensor, torch.Tensor]],
     *,
     batch: int,
@@ -397,8 +395,6 @@ def export_decoder_with_past(
     _, num_kv_heads, _, head_dim = past_cache[0][0].shape
     wrapper = DecoderWithPast(model, num_layers)
     trace = _step_inputs(
-        model,
-        num_layers,
         past_cache,
         batch=_TRACE_BATCH,
         sequence=_TRACE_SEQUENCE,
@@ -422,13 +418,15 @@ def export_decoder_with_past(
     dynamic_shapes["past_key_values"] = [
         {"key": {0: batch, 2: past}, "value": {0: batch, 2: past}}
     ] * num_layers
-    too_big = None if external_data is None else bool(external_data)
+    # None: weights inside the file unless they exceed the protobuf limit (the exporter forces
+    # external data then)
+    use_external = None if external_data is None else bool(external_data)
     resolved = config.replace(
         dynamic=True,
         dynamic_shapes=dynamic_shapes,
         validate_second_shape=False,
         output_path=None,
-        external_data=bool(too_big),
+        external_data=bool(use_external),
     )
     artifact = exporter.export(wrapper, trace, resolved, component="decoder")
     report = exporter.last_report
@@ -447,8 +445,6 @@ def export_decoder_with_past(
             model.eval()
             for label, shape in cases.items():
                 inputs = _step_inputs(
-                    model,
-                    num_layers,
                     past_cache,
                     takes_position_ids=takes_position_ids,
                     token_range=token_range,
@@ -478,7 +474,7 @@ def export_decoder_with_past(
     if output_dir is not None:
         target.parent.mkdir(parents=True, exist_ok=True)
         with report.stage(Stage.SAVE, detail=str(target)):
-            exporter.save(artifact, target, external_data=too_big)
+            exporter.save(artifact, target, external_data=use_external)
         data = target.with_name(target.name + ".data")
         files = [data, target] if data.is_file() else [target]
     report.extra["decoder_graph"] = {
