@@ -279,3 +279,20 @@ def test_env_lists_the_genai_layout():
     table = _invoke(["env"])
     assert table.exit_code == 0
     assert "genai" in _text(table.output) and "onnxruntime-genai" in _text(table.output)
+
+
+def test_decoder_graph_refuses_encoder_decoders_and_sliding_window_caches():
+    from hfexport.errors import UnsupportedModelError
+    from hfexport.testing.zoo import tiny_model
+    from hfexport_onnx.decoder_graph import decoder_cache_refusal, export_decoder_with_past
+
+    gemma2, _ = tiny_model("gemma2", "text-generation")
+    assert decoder_cache_refusal(gemma2) == (
+        "Gemma2ForCausalLM's cache has DynamicSlidingWindowLayer layers (sliding-window, linear-attention or "
+        "state-space state), not only plain growing attention layers [batch, kv_heads, past, head_dim]"
+    )
+    t5, inputs = tiny_model("t5")
+    with pytest.raises(
+        UnsupportedModelError, match=r"T5ForConditionalGeneration is an encoder-decoder model"
+    ):
+        export_decoder_with_past(t5, inputs, None, None)
