@@ -2,8 +2,9 @@
 
 ``OnnxExporter().export(model, forward_kwargs, OnnxConfig(dynamic=True))`` returns a
 ``torch.onnx.ONNXProgram`` (``.save("model.onnx")``); importing this package registers the
-exporter under the format ``"onnx"`` and its workarounds (patches, FX fixes, custom translations,
-ONNX IR fixes) in their registries.
+exporter under the format ``"onnx"``, its workarounds (patches, FX fixes, custom translations,
+ONNX IR fixes) in their registries and its runtime layouts (``genai``: ONNX Runtime GenAI, see
+:mod:`hfexport_onnx.layouts.genai`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from hfexport_onnx.__about__ import __version__
 from hfexport_onnx.exporter import OnnxExporter, SaveOptions
 from hfexport_onnx.io_names import IoNames
+from hfexport_onnx.layouts import genai as _genai_layout  # noqa: F401  (registers the "genai" layout)
 from hfexport_onnx.runtime import OnnxRuntimeRunner
 from hfexport_onnx.workarounds import fx_fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
 

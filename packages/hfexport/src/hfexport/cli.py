@@ -78,14 +78,36 @@ def _backend_rows() -> list[dict[str, Any]]:
             except Exception as exc:  # a broken backend is reported, not fatal for `env`
                 row["error"] = f"{type(exc).__name__}: {exc}"
         rows.append(row)
+    from hfexport.layouts import layouts
+
+    for row in rows:  # registered when the backend was imported above
+        row["layouts"] = [lay.name for lay in layouts(row["format"])]
     return rows
+
+
+def _layout_rows() -> list[dict[str, Any]]:
+    """One row per registered runtime layout (after :func:`_backend_rows` imported the backends)."""
+    from hfexport.layouts import layouts
+
+    return [
+        {
+            "format": lay.export_format,
+            "name": lay.name,
+            "runtime": lay.runtime,
+            "tasks": list(lay.tasks),
+            "needs_tokenizer": lay.needs_tokenizer,
+            "description": lay.description,
+        }
+        for lay in layouts()
+    ]
 
 
 @app.command("env")
 def env_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Show installed backends, their versions, the versions they were tested with, and drift."""
+    """Show installed backends, their versions, the versions they were tested with, drift, and the
+    runtime layouts each backend registers (``--layout`` values)."""
     from hfexport.__about__ import __version__
     from hfexport.environment import installed_version
 
@@ -98,6 +120,7 @@ def env_command(
                     "torch": installed_version("torch"),
                     "transformers": installed_version("transformers"),
                     "backends": rows,
+                    "layouts": _layout_rows(),
                 }
             )
         )
@@ -119,6 +142,20 @@ def env_command(
             drift = "; ".join(r["drift"]) or "none"
         table.add_row(r["format"], r["package"] or "-", r["version"] or "-", tested, drift)
     console.print(table)
+    layout_rows = _layout_rows()
+    if layout_rows:
+        table = Table(title="runtime layouts (hfexport export FORMAT --layout NAME)")
+        for col in ("format", "layout", "runtime", "tasks", "tokenizer"):
+            table.add_column(col, overflow="fold")
+        for lay in layout_rows:
+            table.add_row(
+                lay["format"],
+                lay["name"],
+                lay["runtime"],
+                ", ".join(lay["tasks"]),
+                "needed" if lay["needs_tokenizer"] else "-",
+            )
+        console.print(table)
 
 
 def _supported_ranges() -> dict[str, dict[str, str]]:
