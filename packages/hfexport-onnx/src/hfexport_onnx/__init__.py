@@ -11,6 +11,7 @@ from __future__ import annotations
 from hfexport_onnx.__about__ import __version__
 from hfexport_onnx.exporter import OnnxExporter, SaveOptions
 from hfexport_onnx.io_names import IoNames
+from hfexport_onnx.layouts import transformers_js  # noqa: F401  (registers the transformers.js layout)
 from hfexport_onnx.runtime import OnnxRuntimeRunner
 from hfexport_onnx.workarounds import fx_fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
 
