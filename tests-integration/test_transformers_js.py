@@ -117,6 +117,72 @@ def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformer
     assert float((want[0] - want[1]).abs().max()) > 1e-2
 
 
+TEXT_GENERATION_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, prompt, maxNewTokens] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const generator = await pipeline("text-generation", modelDir, { local_files_only: true });
+const options = { max_new_tokens: Number(maxNewTokens), do_sample: false };
+const [first] = await generator(prompt, options);          // what a user gets: the text
+const inputs = generator.tokenizer(prompt);
+const ids = await generator.model.generate({ ...inputs, ...options });  // the same loop, as ids
+writeFileSync(out, JSON.stringify({
+  text: first.generated_text,
+  ids: Array.from(ids.data, Number),
+  inputNames: generator.model.sessions.model.inputNames,
+  outputNames: generator.model.sessions.model.outputNames,
+}));
+"""
+PROMPT = "The quick brown fox"
+NEW_TOKENS = 20
+
+
+@pytest.mark.parametrize("model_type", ["llama", pytest.param("qwen3", marks=pytest.mark.extended)])
+def test_text_generation_runs_greedily_in_transformers_js(tmp_path, transformers_js, model_type):
+    from hfexport.testing.folders import tiny_model_folder
+
+    folder = tiny_model_folder(model_type, tmp_path / model_type)
+    out = tmp_path / f"{model_type}-js"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--task",
+            "text-generation",
+            "--model",
+            str(folder),
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "onnx" / "model.onnx").is_file() and (out / "generation_config.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == model_type
+    assert config["transformers.js_config"]["dtype"] == "fp32"
+
+    got = _run_js(TEXT_GENERATION_JS, transformers_js, tmp_path / "node", str(out), PROMPT, str(NEW_TOKENS))
+    layers = config["num_hidden_layers"]
+    cache = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    assert got["inputNames"] == ["input_ids", "attention_mask", "position_ids", *cache]
+    assert got["outputNames"] == ["logits", *(n.replace("past_key_values", "present") for n in cache)]
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    prompt = tokenizer(PROMPT, return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**prompt, do_sample=False, max_new_tokens=NEW_TOKENS)[0].tolist()
+    assert len(want) == prompt["input_ids"].shape[1] + NEW_TOKENS  # no early eos: 20 real steps compared
+    assert got["ids"] == want
+    assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
 def test_task_the_layout_does_not_serve_is_a_usage_error(tmp_path):
     out = tmp_path / "vit-js"
     result = runner.invoke(
