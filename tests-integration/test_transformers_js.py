@@ -135,16 +135,49 @@ writeFileSync(out, JSON.stringify({
   outputNames: generator.model.sessions.model.outputNames,
 }));
 """
-PROMPT = "The quick brown fox"
 NEW_TOKENS = 20
+# the real IgLM-S (GPT-2 trained on antibody sequences) gets the start of a human heavy chain
+IGLM_PROMPT = "[CLS] [HEAVY] [HUMAN] EVQLVESGG"
 
 
-@pytest.mark.parametrize("model_type", ["llama", pytest.param("qwen3", marks=pytest.mark.extended)])
-def test_text_generation_runs_greedily_in_transformers_js(tmp_path, transformers_js, model_type):
-    from hfexport.testing.folders import tiny_model_folder
+def _tiny_folder(model_type: str):
+    def build(dest: Path) -> Path:
+        from hfexport.testing.folders import tiny_model_folder
 
-    folder = tiny_model_folder(model_type, tmp_path / model_type)
-    out = tmp_path / f"{model_type}-js"
+        return tiny_model_folder(model_type, dest)
+
+    return build
+
+
+def _iglm_folder(dest: Path) -> Path:
+    from hfexport.testing.folders import package_model_folder
+
+    try:
+        return package_model_folder("iglm/IgLM-S", dest)
+    except FileNotFoundError as exc:
+        pytest.skip(f"needs the iglm package's checkpoints (pip install --no-deps iglm): {exc}")
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "prompt", "model_type"),
+    [
+        pytest.param("llama", _tiny_folder("llama"), "The quick brown fox", "llama", id="llama"),
+        pytest.param(
+            "qwen3",
+            _tiny_folder("qwen3"),
+            "The quick brown fox",
+            "qwen3",
+            marks=pytest.mark.extended,
+            id="qwen3",
+        ),
+        pytest.param("iglm-s", _iglm_folder, IGLM_PROMPT, "gpt2", marks=pytest.mark.extended, id="iglm-s"),
+    ],
+)
+def test_text_generation_runs_greedily_in_transformers_js(
+    tmp_path, transformers_js, name, build, prompt, model_type
+):
+    folder = build(tmp_path / name)
+    out = tmp_path / f"{name}-js"
     result = runner.invoke(
         app,
         [
@@ -160,13 +193,13 @@ def test_text_generation_runs_greedily_in_transformers_js(tmp_path, transformers
         ],
     )
     assert result.exit_code == 0, result.output
-    assert (out / "onnx" / "model.onnx").is_file() and (out / "generation_config.json").is_file()
+    assert (out / "onnx" / "model.onnx").is_file()
     config = json.loads((out / "config.json").read_text())
     assert config["model_type"] == model_type
     assert config["transformers.js_config"]["dtype"] == "fp32"
 
-    got = _run_js(TEXT_GENERATION_JS, transformers_js, tmp_path / "node", str(out), PROMPT, str(NEW_TOKENS))
-    layers = config["num_hidden_layers"]
+    got = _run_js(TEXT_GENERATION_JS, transformers_js, tmp_path / "node", str(out), prompt, str(NEW_TOKENS))
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
     cache = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
     assert got["inputNames"] == ["input_ids", "attention_mask", "position_ids", *cache]
     assert got["outputNames"] == ["logits", *(n.replace("past_key_values", "present") for n in cache)]
@@ -175,12 +208,39 @@ def test_text_generation_runs_greedily_in_transformers_js(tmp_path, transformers
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    prompt = tokenizer(PROMPT, return_tensors="pt")
+    encoded = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
-        want = model.generate(**prompt, do_sample=False, max_new_tokens=NEW_TOKENS)[0].tolist()
-    assert len(want) == prompt["input_ids"].shape[1] + NEW_TOKENS  # no early eos: 20 real steps compared
+        want = model.generate(**encoded, do_sample=False, max_new_tokens=NEW_TOKENS)[0].tolist()
+    assert len(want) == encoded["input_ids"].shape[1] + NEW_TOKENS  # no early eos: 20 real steps compared
     assert got["ids"] == want
     assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_sliding_window_cache_is_refused_before_capture(tmp_path):
+    from hfexport.testing.folders import tiny_model_folder
+
+    folder = tiny_model_folder("mistral", tmp_path / "mistral", sliding_window=4)
+    out = tmp_path / "mistral-js"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--task",
+            "text-generation",
+            "--model",
+            str(folder),
+            str(out),
+        ],
+    )
+    shown = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2, result.output
+    assert "transformers.js's text-generation needs one decoder graph with past/present tensors" in shown
+    assert "DynamicSlidingWindowLayer" in shown
+    assert "no onnx layout fits; drop --layout for the default export" in shown
+    assert not out.exists()
 
 
 def test_task_the_layout_does_not_serve_is_a_usage_error(tmp_path):
