@@ -7,8 +7,9 @@ Methods (:data:`QUANTIZATION_METHODS`):
   ``MatMulInteger``); the word embedding ``Gather`` is quantized too. Without
   ``quantization.exclude``, the FFN down-projections of the first two blocks stay float
   (:func:`sensitive_ffn_nodes`); with it, exactly the named modules do.
-- ``int8-static``: ``quantize_static`` in QDQ format, MatMuls only, activation ranges calibrated
-  (MinMax) on :func:`hfexport.calibration.calibration_inputs`.
+- ``int8-static``: ``quantize_static`` in QDQ format, MatMuls with constant weights only, activation
+  ranges calibrated (MinMax) on :func:`hfexport.calibration.calibration_inputs`; without
+  ``quantization.exclude`` every FFN down-projection stays float.
 - ``int4-weight``: ``MatMulNBitsQuantizer``: 4-bit block-quantized MatMul weights, asymmetric
   (``com.microsoft.MatMulNBits``), ``group_size`` elements per block (default 32); activations and
   embeddings stay float.
@@ -215,8 +216,9 @@ def quantize_ir_model(
         )
     exclude = excluded_nodes(model, quantization.exclude)
     facts: dict[str, Any] = {"method": method}
-    if method == "int8-dynamic" and not quantization.exclude:
-        auto = sensitive_ffn_nodes(model)
+    if method in ("int8-dynamic", "int8-static") and not quantization.exclude:
+        # static QDQ fixes activation ranges ahead of time: every FFN down-projection stays float
+        auto = sensitive_ffn_nodes(model, SENSITIVE_FFN_LAYERS if method == "int8-dynamic" else 10**6)
         exclude += auto
         facts["kept_float"] = auto
     facts["excluded_nodes"] = len(exclude)
