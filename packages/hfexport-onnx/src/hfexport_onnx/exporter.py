@@ -20,8 +20,15 @@ The shared ``lower`` stage encloses stages 4-8 (recorded after it):
    explicit ``Dim`` names given to the symbolic axes;
 6. ``ir_fixes``: active :mod:`hfexport_onnx.workarounds.ir_fixes` on the ``onnx_ir`` model;
 7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
+   then ``ort_fusions`` (``config.ort_fusions``: ORT contrib-op rewrites, :mod:`hfexport_onnx.fusions`)
+   and ``quantize`` (``config.quantization``: :mod:`hfexport_onnx.quantize`) when asked for;
 8. ``external_data``: decides how weights are saved (external data when
    ``config.external_data`` or when they exceed the 2 GiB protobuf limit).
+
+``config.dtype="float16"`` captures in half precision (the core casts model and inputs); ONNX
+Runtime's CPU provider has no bfloat16 kernels for MatMul/Add/Softmax here, so bfloat16 is
+refused before capture. Reduced precision and quantization are validated with the core's quality
+gates (:mod:`hfexport.quality`) against the fp32 eager model.
 
 The base class then validates in ONNX Runtime (sample inputs and, for dynamic exports, a second
 shape) and saves when ``config.output_path`` is set.
@@ -50,6 +57,7 @@ from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
 from hfexport_onnx.io_names import IoNames, assign_io_names
+from hfexport_onnx.quantize import QUANTIZATION_METHODS
 from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_onnx.workarounds.ir_fixes import apply_ir_fixes
@@ -139,6 +147,17 @@ def _explicit_dim_names(dynamic_shapes: Any) -> dict[str, dict[int, str]]:
     return out
 
 
+def _eager_float32_bytes(model: torch.nn.Module) -> int:
+    """Bytes the model's floating point parameters and buffers take in float32 (each tensor once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * 4
+    return total
+
+
 @register_exporter(BACKEND)
 class OnnxExporter(HfExporter):
     """Export transformers models to ONNX with ``torch.onnx`` (dynamo) and run them in ONNX Runtime.
@@ -170,8 +189,49 @@ class OnnxExporter(HfExporter):
         "io_names",
         "ir_fixes",
         "optimize",
+        "ort_fusions",
+        "quantize",
         "external_data",
     )
+    #: float16 runs on ONNX Runtime's CPU provider; bfloat16 does not (no MatMul/Add kernels)
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
+    quantization_methods: ClassVar[Mapping[str, str]] = QUANTIZATION_METHODS
+
+    def __init__(self, config: Any = None, *, calibration_data: Any = None) -> None:
+        """
+        Args:
+            config: default :class:`hfexport.config.OnnxConfig`.
+            calibration_data: forward-kwarg dicts calibrating ``int8-static`` (wins over
+                ``quantization.calibration``); their keys must be the sample inputs' keys.
+        """
+        super().__init__(config)
+        self.calibration_data = calibration_data
+
+    def check_precision(self, config: Any) -> None:
+        """The core checks (dtype, method, gate names) plus, before capture: bfloat16 refused with
+        what this ONNX Runtime runs; quantization only of float32 graphs; the ``ort_fusions``
+        provider shipped by the installed onnxruntime (:func:`hfexport_onnx.fusions.check_fusion_target`).
+
+        Raises:
+            ValueError: any of those, naming what is allowed.
+        """
+        dtype = getattr(config, "dtype", "float32")
+        if dtype not in self.supported_dtypes:
+            import onnxruntime as ort
+
+            raise ValueError(
+                f"dtype={dtype!r} cannot run in ONNX Runtime {ort.__version__}'s CPU provider (no {dtype} "
+                f"MatMul/Add/Softmax kernels); allowed for onnx: {', '.join(self.supported_dtypes)}"
+            )
+        super().check_precision(config)
+        if getattr(config, "quantization", None) is not None and dtype != "float32":
+            raise ValueError(
+                f"ONNX Runtime quantizes float32 graphs; dtype={dtype!r} with quantization "
+                f"{config.quantization.method!r} is not allowed: use dtype='float32' (allowed: float32)"
+            )
+        from hfexport_onnx.fusions import check_fusion_target
+
+        check_fusion_target(getattr(config, "ort_fusions", None))
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OnnxConfig:
@@ -188,6 +248,8 @@ class OnnxExporter(HfExporter):
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
     ) -> Any:
         """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
+        calibration = self.calibration_batches(model, inputs, config)  # bad keys fail before capture
+        report.extra["eager_weights_bytes"] = _eager_float32_bytes(model)
         # the shared "lower" stage spans translation (under the patches) and the IR stages after
         # the patches are restored, hence its own exit stack, entered inside the patches' one
         with contextlib.ExitStack() as lowering:
@@ -201,8 +263,78 @@ class OnnxExporter(HfExporter):
             self.name_io(onnx_program, program, config, report)
             self.fix_ir(onnx_program, report)
             self.optimize(onnx_program, config, report)
+            self.fuse_for_ort(onnx_program, config, report)
+            self.quantize(onnx_program, config, report, calibration)
             self.plan_external_data(onnx_program, config, report)
         return onnx_program
+
+    def calibration_batches(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig
+    ) -> list[dict[str, Any]] | None:
+        """Calibration inputs for ``int8-static`` (:func:`hfexport.calibration.calibration_inputs`:
+        ``calibration_data``, else the prompt file, else sample inputs + seeded random variants with
+        a warning); ``None`` for other methods.
+
+        Raises:
+            ValueError: calibration keys that are not the model's inputs, an unreadable prompt file.
+        """
+        quantization = config.quantization
+        if quantization is None or quantization.method != "int8-static":
+            return None
+        from hfexport.calibration import calibration_inputs
+
+        return calibration_inputs(quantization, model, inputs, data=self.calibration_data)
+
+    def fuse_for_ort(self, onnx_program: Any, config: OnnxConfig, report: ExportReport) -> None:
+        """Stage ``ort_fusions``: the registered ORT fusions for ``config.ort_fusions``
+        (:func:`hfexport_onnx.fusions.apply_ort_fusions`); ``report.applied["ort_fusions"]`` lists
+        ``"<rewrite> x<count>"`` for each that fused, ``report.extra["ort_fusions"]`` the counts
+        and the contrib ops in the graph."""
+        if config.ort_fusions is None:
+            return
+        from hfexport_onnx.fusions import apply_ort_fusions, contrib_op_counts
+
+        with report.stage("ort_fusions", detail=config.ort_fusions) as record:
+            graph = onnx_program.model.graph
+            before = graph.num_nodes()
+            counts = apply_ort_fusions(onnx_program.model, config.ort_fusions, dtype=config.dtype)
+            fused = {name: n for name, n in counts.items() if n}
+            ops = contrib_op_counts(onnx_program.model)
+            report.record_applied("ort_fusions", [f"{name} x{n}" for name, n in fused.items()])
+            report.extra["ort_fusions"] = {"provider": config.ort_fusions, "fused": fused, "contrib_ops": ops}
+            record.detail = (
+                f"{config.ort_fusions}: {before} -> {onnx_program.model.graph.num_nodes()} nodes; "
+                + (", ".join(f"{op.rsplit('.', 1)[-1]} x{n}" for op, n in ops.items()) or "nothing fused")
+            )
+
+    def quantize(
+        self,
+        onnx_program: Any,
+        config: OnnxConfig,
+        report: ExportReport,
+        calibration: list[dict[str, Any]] | None,
+    ) -> None:
+        """Stage ``quantize``: ``config.quantization`` with ONNX Runtime's quantizers
+        (:func:`hfexport_onnx.quantize.quantize_ir_model`); the program's model is replaced by the
+        quantized one. ``report.extra["quantization"]`` records the method, options, weight bytes
+        before/after and the quantized op counts."""
+        if config.quantization is None:
+            return
+        from hfexport_onnx.quantize import quantize_ir_model
+
+        with report.stage("quantize", detail=config.quantization.method) as record:
+            before = initializer_bytes(onnx_program.model)
+            quantized, facts = quantize_ir_model(
+                onnx_program.model, config.quantization, calibration=calibration
+            )
+            onnx_program.model = quantized
+            after = initializer_bytes(quantized)
+            facts.update(weights_bytes_before=before, weights_bytes_after=after)
+            report.extra["quantization"] = facts
+            report.record_applied("quantize", [config.quantization.method])
+            record.detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + ", ".join(
+                f"{op} x{n}" for op, n in facts["quantized_ops"].items()
+            )
 
     def install_patches(self, stack: contextlib.ExitStack, report: ExportReport) -> list[Any]:
         """Stages ``patches`` (torch/transformers side) and ``onnx_patches``: install the active ``"onnx"`` patches.

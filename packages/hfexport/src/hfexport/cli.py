@@ -300,7 +300,40 @@ def _declared_ranges(distribution: str) -> dict[str, str]:
 
 
 # config field -> the export option that sets it (config errors are reported as that option's)
-_OPTION_OF_FIELD = {"atol": "--atol", "rtol": "--rtol", "opset_version": "--opset", "backend": "--backend"}
+_OPTION_OF_FIELD = {
+    "atol": "--atol",
+    "rtol": "--rtol",
+    "opset_version": "--opset",
+    "backend": "--backend",
+    "dtype": "--dtype",
+    "ort_fusions": "--ort-fusions",
+    "quantization": "--quantize",
+    "quality_gates": "--gate",
+}
+
+
+def _parse_gates(gates: list[str] | None) -> dict[str, float] | None:
+    """``["cosine=0.98", "top1_agreement=0.85"]`` -> ``{"cosine": 0.98, ...}``.
+
+    Raises:
+        typer.BadParameter: an item that is not ``metric=float``.
+    """
+    if not gates:
+        return None
+    out: dict[str, float] = {}
+    for item in gates:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{item!r} is not METRIC=THRESHOLD; allowed metrics: cosine, cosine_min, top1_agreement, "
+                "max_abs_diff (e.g. --gate cosine=0.98)",
+                param_hint="--gate",
+            ) from None
+    return out
 
 
 def _config_for(
@@ -313,6 +346,12 @@ def _config_for(
     optimize: bool,
     validate: bool,
     backend: str | None,
+    dtype: str | None = None,
+    ort_fusions: str | None = None,
+    quantize: str | None = None,
+    calibration: Path | None = None,
+    group_size: int | None = None,
+    gates: dict[str, float] | None = None,
 ) -> Any:
     """The export config the options describe (no torch import).
 
@@ -339,6 +378,31 @@ def _config_for(
         if "backend" not in fields:
             raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
         data["backend"] = backend
+    if dtype is not None:
+        data["dtype"] = dtype
+    if ort_fusions is not None:
+        if "ort_fusions" not in fields:
+            raise typer.BadParameter(f"--ort-fusions applies to onnx, not {fmt}", param_hint="--ort-fusions")
+        data["ort_fusions"] = ort_fusions
+    if (calibration is not None or group_size is not None) and quantize is None:
+        raise typer.BadParameter(
+            "--calibration and --group-size apply to a quantization; add --quantize METHOD",
+            param_hint="--quantize",
+        )
+    if quantize is not None:
+        quantization: dict[str, Any] = {"method": quantize}
+        if calibration is not None:
+            if not calibration.is_file():
+                raise typer.BadParameter(
+                    f"{calibration} is not a file; allowed: a UTF-8 text file, one prompt per line",
+                    param_hint="--calibration",
+                )
+            quantization["calibration"] = str(calibration)
+        if group_size is not None:
+            quantization["group_size"] = group_size
+        data["quantization"] = quantization
+    if gates is not None:
+        data["quality_gates"] = gates
     try:
         return AutoExportConfig.from_dict(data)
     except ValueError as exc:
@@ -346,8 +410,33 @@ def _config_for(
         raise typer.BadParameter(str(exc), param_hint=_OPTION_OF_FIELD.get(field)) from None
 
 
+def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]) -> None:
+    gate_text = ", ".join(f"{k} >= {v}" if k != "max_abs_diff" else f"{k} <= {v}" for k, v in gates.items())
+    table = Table(title=f"quality vs fp32 eager: {label} inputs ({gate_text})")
+    for col in ("output", "shape", "cosine", "cosine min", "top-1", "max abs diff", "ok"):
+        table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
+
+    def num(value: Any, spec: str = ".4f") -> str:
+        return format(value, spec) if isinstance(value, float) else ("-" if value is None else str(value))
+
+    for r in rows:
+        table.add_row(
+            r["name"],
+            "x".join(map(str, r["shape"])),
+            num(r.get("cosine")),
+            num(r.get("cosine_min")),
+            num(r.get("top1_agreement")),
+            num(r.get("max_abs_diff"), ".3e"),
+            "[green]yes[/]" if r["ok"] else "[red]NO[/]",
+        )
+    console.print(table)
+
+
 def _print_validation(report: Any) -> None:
     for label, rows in report.validation.items():
+        if rows and rows[0].get("kind") == "quality":
+            _print_quality(label, rows, report.extra.get("quality_gates", {}))
+            continue
         table = Table(title=f"validation: {label} inputs")
         for col in ("output", "shape", "max abs diff", "max rel diff", "atol", "ok"):
             table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
@@ -400,6 +489,41 @@ def export_command(
     ] = False,
     no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
     backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="Compute dtype of the capture: float32 (default), float16, bfloat16 (what the backend runs)."
+        ),
+    ] = None,
+    ort_fusions: Annotated[
+        str | None,
+        typer.Option(
+            "--ort-fusions", help="Rewrite into ONNX Runtime fused contrib ops for cpu or cuda (onnx)."
+        ),
+    ] = None,
+    quantize: Annotated[
+        str | None,
+        typer.Option(
+            "--quantize",
+            help="Quantization method of the backend: onnx int8-dynamic, int8-static, int4-weight; "
+            "executorch/dynamo: see `hfexport env`.",
+        ),
+    ] = None,
+    calibration: Annotated[
+        Path | None,
+        typer.Option(help="Text file of calibration prompts, one per line (static quantization)."),
+    ] = None,
+    group_size: Annotated[
+        int | None, typer.Option("--group-size", help="Block/group size of 4-bit weights.")
+    ] = None,
+    gate: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--gate",
+            help="Override a quality gate, METRIC=THRESHOLD (cosine, cosine_min, top1_agreement, "
+            "max_abs_diff); repeatable.",
+        ),
+    ] = None,
     layout: Annotated[
         str | None,
         typer.Option(
@@ -445,10 +569,24 @@ def export_command(
             optimize=not no_optimize,
             validate=not no_validate,
             backend=backend,
+            dtype=dtype,
+            ort_fusions=ort_fusions,
+            quantize=quantize,
+            calibration=calibration,
+            group_size=group_size,
+            gates=_parse_gates(gate),
         )
         from hfexport.auto import AutoHfExporter
 
         exporter = AutoHfExporter.from_config(config)  # imports the backend: its layouts register
+        try:  # dtype, method, fusion target, gate names: refused before the model is loaded
+            exporter.check_precision(config)
+        except ValueError as exc:
+            field = str(exc).split("=", 1)[0].split(" ", 1)[0]
+            hint = _OPTION_OF_FIELD.get(field) or (
+                "--quantize" if "quantiz" in str(exc) else "--gate" if "quality_gates" in str(exc) else None
+            )
+            raise typer.BadParameter(str(exc), param_hint=hint) from None
         if layout is not None:
             from hfexport.layouts import check_layout
 
@@ -538,6 +676,9 @@ def export_command(
             from hfexport.environment import installed_version
 
             sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
+            size_change = _size_change(config, loaded.model, sizes, exporter.artifact_filename)
+            if size_change:
+                report_dict["size_change"] = size_change
             report_dict.update(
                 {
                     "model": model,
@@ -559,6 +700,11 @@ def export_command(
             write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
         for r in reports:
             _print_validation(r)
+        if size_change:
+            console.print(
+                f"[bold]size[/]: fp32 eager weights {size_change['eager_float32_bytes'] / 1e6:.1f} MB -> "
+                f"artifact {size_change['artifact_bytes'] / 1e6:.1f} MB ({size_change['ratio']:.2f}x)"
+            )
         files = sorted(p for p in output_dir.iterdir() if p.is_file())
         console.print(
             f"[bold green]exported[/] {model} -> {output_dir}/ "
@@ -577,6 +723,24 @@ def export_command(
         raise typer.Exit(code=1) from None
     finally:
         restore_cli_logging()
+
+
+def _size_change(config: Any, model: Any, sizes: dict[str, int], artifact_name: str) -> dict[str, Any] | None:
+    """Eager fp32 weight bytes vs the artifact's files (``model.onnx`` + ``model.onnx.data`` ...) for
+    a reduced-precision, fused or quantized export; ``None`` otherwise or without an artifact file."""
+    plain = getattr(config, "dtype", "float32") == "float32" and getattr(config, "quantization", None) is None
+    if plain and getattr(config, "ort_fusions", None) is None:
+        return None
+    artifact = sum(n for name, n in sizes.items() if name.startswith(artifact_name))
+    seen: set[int] = set()
+    eager = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in seen:
+            seen.add(id(tensor))
+            eager += tensor.numel() * 4
+    if not artifact or not eager:
+        return None
+    return {"eager_float32_bytes": eager, "artifact_bytes": artifact, "ratio": round(artifact / eager, 4)}
 
 
 def _print_failure_details(verbose: bool, log_file: Path | None) -> None:
