@@ -309,8 +309,33 @@ def _config_for(
         raise typer.BadParameter(str(exc), param_hint=_OPTION_OF_FIELD.get(field)) from None
 
 
+def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]) -> None:
+    gate_text = ", ".join(f"{k} >= {v}" if k != "max_abs_diff" else f"{k} <= {v}" for k, v in gates.items())
+    table = Table(title=f"quality vs fp32 eager: {label} inputs ({gate_text})")
+    for col in ("output", "shape", "cosine", "cosine min", "top-1", "max abs diff", "ok"):
+        table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
+
+    def num(value: Any, spec: str = ".4f") -> str:
+        return format(value, spec) if isinstance(value, float) else ("-" if value is None else str(value))
+
+    for r in rows:
+        table.add_row(
+            r["name"],
+            "x".join(map(str, r["shape"])),
+            num(r.get("cosine")),
+            num(r.get("cosine_min")),
+            num(r.get("top1_agreement")),
+            num(r.get("max_abs_diff"), ".3e"),
+            "[green]yes[/]" if r["ok"] else "[red]NO[/]",
+        )
+    console.print(table)
+
+
 def _print_validation(report: Any) -> None:
     for label, rows in report.validation.items():
+        if rows and rows[0].get("kind") == "quality":
+            _print_quality(label, rows, report.extra.get("quality_gates", {}))
+            continue
         table = Table(title=f"validation: {label} inputs")
         for col in ("output", "shape", "max abs diff", "max rel diff", "atol", "ok"):
             table.add_column(col, justify="right" if col not in ("output", "ok") else "left")

@@ -178,9 +178,9 @@ class HfExporter(abc.ABC):
         the installed runtime does not ship) extend this and call ``super()``.
 
         Raises:
-            ValueError: ``config.dtype`` not in :attr:`supported_dtypes`, or
-                ``config.quantization.method`` not in :attr:`quantization_methods`; the message names
-                what this backend allows.
+            ValueError: ``config.dtype`` not in :attr:`supported_dtypes`,
+                ``config.quantization.method`` not in :attr:`quantization_methods`, or
+                ``config.quality_gates`` naming an unknown metric; the message names what is allowed.
         """
         dtype = getattr(config, "dtype", "float32")
         if dtype not in self.supported_dtypes:
@@ -189,6 +189,9 @@ class HfExporter(abc.ABC):
                 f"allowed: {', '.join(self.supported_dtypes)}"
             )
         quantization = getattr(config, "quantization", None)
+        from hfexport.quality import quality_gates_for
+
+        quality_gates_for(config)  # unknown gate names are refused before capture
         if quantization is not None and quantization.method not in self.quantization_methods:
             allowed = ", ".join(self.quantization_methods) or "none (this backend does not quantize)"
             raise ValueError(
@@ -262,7 +265,7 @@ class HfExporter(abc.ABC):
                     for k, v in get_leaf_tensors(inputs).items()
                 }
             with torch.no_grad():
-                artifact = self._export(model, inputs, config, report)
+                artifact = self._export_in_dtype(model, inputs, config, report)
                 if getattr(config, "validate", True):
                     self.validate(artifact, model, inputs, config, report)
                 else:
@@ -272,6 +275,22 @@ class HfExporter(abc.ABC):
             with report.stage(Stage.SAVE, detail=str(output_path)):
                 self.save(artifact, output_path)
         return artifact
+
+    def _export_in_dtype(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
+    ) -> Any:
+        """Run :meth:`_export` with the model and its float inputs cast to ``config.dtype`` (the
+        shared capture path of every backend); the model's own weights are back when it returns or
+        raises (:func:`hfexport.precision.model_in_dtype`), so validation compares with fp32."""
+        dtype = str(getattr(config, "dtype", "float32") or "float32")
+        if dtype == "float32":
+            return self._export(model, inputs, config, report)
+        from hfexport.precision import model_in_dtype, torch_dtype
+        from hfexport.tensors import cast_leaf_tensors
+
+        report.extra["dtype"] = dtype
+        with model_in_dtype(model, dtype):
+            return self._export(model, cast_leaf_tensors(inputs, torch_dtype(dtype)), config, report)
 
     @abc.abstractmethod
     def _export(
@@ -466,11 +485,31 @@ class HfExporter(abc.ABC):
         second shape (another batch size, a longer sequence; see
         :func:`hfexport.validation.derive_second_inputs`).
 
+        A reduced-precision or quantized export (``config.dtype != "float32"`` or
+        ``config.quantization``) is scored against the fp32 eager ``model`` with the quality gates
+        of :func:`hfexport.quality.quality_gates_for` (cosine, top-1 agreement; the artifact gets
+        its float inputs in ``config.dtype``) instead of allclose; ``report.validation`` then holds
+        :class:`hfexport.quality.OutputQuality` rows and ``report.extra["quality_gates"]`` the gates.
+
         Raises:
-            ExportValidationError: an output differs beyond tolerance.
+            ExportValidationError: an output differs beyond tolerance, or misses a quality gate
+                (the message names the metric, its value and the threshold).
         """
+        from hfexport.quality import quality_gates_for, validate_quality
         from hfexport.validation import derive_second_inputs, validate_artifact
 
+        gates = quality_gates_for(config)
+        dtype = str(getattr(config, "dtype", "float32") or "float32")
+
+        def check(run: Any, these: Mapping[str, Any], label: str) -> list[dict[str, Any]]:
+            if gates is not None:
+                found = validate_quality(model, run, these, gates=gates, dtype=dtype, label=label)
+            else:
+                found = validate_artifact(model, run, these, atol=atol, rtol=rtol, label=label)
+            return [r.to_dict() for r in found]
+
+        if gates is not None:
+            report.extra["quality_gates"] = dict(gates)
         atol_default, rtol_default = self.default_tolerances(model)
         # a plugin's config need not have DynamoConfig's fields: absent ones take the defaults
         atol = getattr(config, "atol", None)
@@ -479,8 +518,7 @@ class HfExporter(abc.ABC):
         rtol = rtol if rtol is not None else rtol_default
         with report.stage(Stage.VALIDATE, detail="sample inputs"):
             run = self.runner(artifact)  # a runtime that refuses the artifact fails in this stage
-            rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="sample")
-            report.validation["sample"] = [r.to_dict() for r in rows]
+            report.validation["sample"] = check(run, inputs, "sample")
         if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
             return
         if second_inputs is None:
@@ -489,8 +527,7 @@ class HfExporter(abc.ABC):
                 report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
                 return
         with report.stage(Stage.VALIDATE_SECOND_SHAPE):
-            rows = validate_artifact(model, run, second_inputs, atol=atol, rtol=rtol, label="second shape")
-            report.validation["second_shape"] = [r.to_dict() for r in rows]
+            report.validation["second_shape"] = check(run, second_inputs, "second shape")
 
     # -- helpers for the CLI -----------------------------------------------------------------------
     def artifact_path(self, output_dir: str | os.PathLike[str]) -> Path:

@@ -139,8 +139,10 @@ def validate_decode_lengths(
         ExportValidationError: an output differs from eager PyTorch beyond tolerance.
     """
     from hfexport.inputs import apply_output_flags, prepare_for_export
+    from hfexport.quality import quality_gates_for, validate_quality
     from hfexport.validation import validate_artifact
 
+    gates = quality_gates_for(config)
     atol_default, rtol_default = exporter.default_tolerances(model)
     atol = config.atol if getattr(config, "atol", None) is not None else atol_default
     rtol = config.rtol if getattr(config, "rtol", None) is not None else rtol_default
@@ -159,9 +161,14 @@ def validate_decode_lengths(
     for label, raw in cases:
         _, prepared, flags = prepare_for_export(model, raw)
         with report.stage(f"validate_{label}"), apply_output_flags(model, flags), torch.no_grad():
-            rows = validate_artifact(
-                model, run, prepared, atol=atol, rtol=rtol, label=label.replace("_", " ")
-            )
+            if gates is not None:
+                rows = validate_quality(
+                    model, run, prepared, gates=gates, dtype=config.dtype, label=label.replace("_", " ")
+                )
+            else:
+                rows = validate_artifact(
+                    model, run, prepared, atol=atol, rtol=rtol, label=label.replace("_", " ")
+                )
             report.validation[label] = [r.to_dict() for r in rows]
 
 

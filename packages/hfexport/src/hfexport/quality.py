@@ -1,0 +1,369 @@
+"""Quality gates: how close a reduced-precision or quantized artifact stays to the fp32 eager model.
+
+``allclose`` is the wrong test for an fp16 or int8 artifact: its outputs are *meant* to differ
+from fp32. Instead each output is scored against the fp32 eager model and the export fails when a
+score falls below its gate:
+
+- ``cosine``: for every float output, the cosine similarity of each vector along the last axis
+  (one per token for ``[batch, seq, hidden]``, one per sample for ``[batch, hidden]``, one per
+  cached position for ``[batch, heads, seq, head_dim]``; the whole tensor for 0-D/1-D outputs),
+  padded positions (``attention_mask == 0``) excluded, **averaged** over the vectors. Gated.
+- ``cosine_min``: the smallest of those per-vector cosines (recorded; gated only when set).
+- ``top1_agreement``: for token logits (an output whose last path part is ``logits`` with three
+  axes ``[batch, seq, classes]``: causal and masked LMs, token classifiers), the fraction of
+  non-padded positions whose arg-max class equals the eager model's. Gated.
+- ``max_abs_diff``: ``max |artifact - eager|`` (recorded; gated, as an upper bound, only when set).
+
+Integer outputs must equal the eager model's exactly.
+
+Default gates (:func:`default_quality_gates`): ``cosine >= 0.99`` for fp16/bf16 and 8-bit methods,
+``>= 0.98`` for 4-bit methods; ``top1_agreement >= 0.98`` for fp16/bf16, ``>= 0.9`` for any
+quantization. ``config.quality_gates`` overrides them by metric name.
+
+Backends do not call this module directly: :meth:`hfexport.exporter.HfExporter.validate` runs
+:func:`validate_quality` instead of allclose whenever :func:`quality_gates_for` returns gates
+(``config.dtype != "float32"`` or ``config.quantization`` set). A backend that validates outside
+``HfExporter.validate`` calls :func:`validate_quality` itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from hfexport.errors import ExportValidationError
+
+__all__ = [
+    "GATED_METRICS",
+    "QUALITY_METRICS",
+    "OutputQuality",
+    "default_quality_gates",
+    "format_quality_table",
+    "is_four_bit",
+    "quality_gates_for",
+    "score_outputs",
+    "validate_quality",
+]
+
+logger = logging.getLogger(__name__)
+
+Runner = Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]
+
+#: every metric name ``config.quality_gates`` may set
+QUALITY_METRICS = ("cosine", "cosine_min", "top1_agreement", "max_abs_diff")
+#: metrics gated by default (the others only when ``quality_gates`` names them)
+GATED_METRICS = ("cosine", "top1_agreement")
+# metrics where lower is better: the gate is an upper bound
+_UPPER_BOUND = ("max_abs_diff",)
+
+_FOUR_BIT = re.compile(r"(int4|4w|4bit|nf4|uint4)")
+
+
+def is_four_bit(quantization: Any) -> bool:
+    """True for a 4-bit quantization: a method name containing ``int4``/``4w``/``4bit``/``nf4``
+    (``int4-weight``, ``8da4w``, ``4w``) or ``embedding_bits == 4``."""
+    if quantization is None:
+        return False
+    method = str(getattr(quantization, "method", quantization))
+    return bool(_FOUR_BIT.search(method)) or getattr(quantization, "embedding_bits", None) == 4
+
+
+def default_quality_gates(dtype: str = "float32", quantization: Any = None) -> dict[str, float]:
+    """Default thresholds for an export in ``dtype`` with ``quantization`` (a method name, a
+    ``QuantizationConfig`` or ``None``).
+
+    Returns:
+        ``{"cosine": ..., "top1_agreement": ...}``: fp16/bf16 only: 0.99 / 0.98; an 8-bit method:
+        0.99 / 0.9; a 4-bit method (:func:`is_four_bit`): 0.98 / 0.9. With both a reduced dtype and
+        a quantization the quantization's (looser) gates apply.
+    """
+    if quantization is not None:
+        return {"cosine": 0.98 if is_four_bit(quantization) else 0.99, "top1_agreement": 0.9}
+    return {"cosine": 0.99, "top1_agreement": 0.98}
+
+
+def quality_gates_for(config: Any) -> dict[str, float] | None:
+    """The gates an export with ``config`` is validated with, or ``None`` for plain allclose.
+
+    Gated exports are those with ``config.dtype`` other than ``"float32"`` or a
+    ``config.quantization``; ``config.quality_gates`` overrides the defaults by metric name and may
+    add ``cosine_min`` / ``max_abs_diff``.
+
+    Raises:
+        ValueError: ``quality_gates`` names a metric that does not exist (the message lists
+            :data:`QUALITY_METRICS`), or a similarity gate outside ``[0, 1]``.
+    """
+    overrides = dict(getattr(config, "quality_gates", None) or {})
+    unknown = sorted(set(overrides) - set(QUALITY_METRICS))
+    if unknown:
+        raise ValueError(
+            f"quality_gates names unknown metric(s) {unknown}; allowed: {', '.join(QUALITY_METRICS)}"
+        )
+    for name, value in overrides.items():
+        if name not in _UPPER_BOUND and not 0.0 <= float(value) <= 1.0:
+            raise ValueError(f"quality_gates[{name!r}]={value!r} is invalid; allowed: a float in [0, 1]")
+    dtype = str(getattr(config, "dtype", "float32") or "float32")
+    quantization = getattr(config, "quantization", None)
+    if dtype == "float32" and quantization is None:
+        return None
+    gates = default_quality_gates(dtype, quantization)
+    gates.update({k: float(v) for k, v in overrides.items()})
+    return gates
+
+
+@dataclass
+class OutputQuality:
+    """The quality metrics of one output against the fp32 eager model.
+
+    Attributes:
+        name: output leaf path (``logits``, ``last_hidden_state`` ...).
+        shape / expected_shape: the artifact's and the eager output's shapes.
+        dtype: the artifact output's dtype (``torch.float16`` ...).
+        cosine: mean per-vector cosine similarity (``None`` for integer outputs).
+        cosine_min: smallest per-vector cosine similarity.
+        top1_agreement: arg-max agreement over positions (token logits only, else ``None``).
+        max_abs_diff: ``max |artifact - eager|`` (``inf`` for a missing output or shape mismatch).
+        compared: number of vectors (or elements, for integer outputs) compared.
+        gates: the thresholds applied to this output, by metric.
+        failures: ``"metric value vs threshold"`` strings for the gates this output misses.
+        ok: no gate missed.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    expected_shape: tuple[int, ...]
+    dtype: str
+    cosine: float | None
+    cosine_min: float | None
+    top1_agreement: float | None
+    max_abs_diff: float
+    compared: int
+    gates: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    ok: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (``inf``/``nan`` as strings); has the ``name``/``shape``/``ok`` keys of
+        :class:`hfexport.validation.OutputComparison` rows."""
+        out = asdict(self)
+        out["kind"] = "quality"
+        for key in ("cosine", "cosine_min", "top1_agreement", "max_abs_diff"):
+            if isinstance(out[key], float) and not math.isfinite(out[key]):
+                out[key] = str(out[key])
+        return out
+
+
+def _keep_mask(name: str, expected: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Bool mask over ``expected.shape[:-1]`` (the vectors) of positions that carry meaning."""
+    if attention_mask is None or attention_mask.dim() != 2 or expected.dim() < 3:
+        return None
+    mask = attention_mask.to(torch.bool)
+    if (
+        expected.dim() == 4
+        and name.rsplit(".", 1)[-1] in ("keys", "values")
+        and (expected.shape[0], expected.shape[2]) == tuple(mask.shape)
+    ):
+        return mask[:, None, :].expand(expected.shape[:3])
+    if tuple(expected.shape[:2]) != tuple(mask.shape):
+        return None
+    keep = mask
+    while keep.dim() < expected.dim() - 1:
+        keep = keep.unsqueeze(-1)
+    return keep.expand(expected.shape[:-1])
+
+
+def _cosines(expected: torch.Tensor, actual: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Per-vector cosine similarities (float64, 1-D) over the last axis; both vectors ~0 -> 1."""
+    if expected.dim() <= 1:
+        expected, actual = expected.reshape(1, -1), actual.reshape(1, -1)
+    if keep is not None:
+        expected, actual = expected[keep], actual[keep]
+    else:
+        expected = expected.reshape(-1, expected.shape[-1])
+        actual = actual.reshape(-1, actual.shape[-1])
+    dot = (expected * actual).sum(-1)
+    norm_e = expected.norm(dim=-1)
+    norm_a = actual.norm(dim=-1)
+    tiny = 1e-12
+    cos = dot / (norm_e * norm_a).clamp_min(tiny)
+    both_zero = (norm_e <= tiny) & (norm_a <= tiny)
+    return torch.where(both_zero, torch.ones_like(cos), cos)
+
+
+def _is_token_logits(name: str, tensor: torch.Tensor) -> bool:
+    return name.rsplit(".", 1)[-1] == "logits" and tensor.dim() == 3
+
+
+def score_outputs(
+    expected: Mapping[str, torch.Tensor],
+    actual: Mapping[str, torch.Tensor],
+    *,
+    gates: Mapping[str, float],
+    attention_mask: torch.Tensor | None = None,
+) -> list[OutputQuality]:
+    """Score artifact outputs against fp32 eager outputs and apply ``gates``.
+
+    Args:
+        expected: ``{name: tensor}`` of the fp32 eager model.
+        actual: ``{name: tensor}`` of the artifact (any float dtype; compared in float64).
+        gates: ``{metric: threshold}`` (see :data:`QUALITY_METRICS`); a metric absent from it is
+            recorded only.
+        attention_mask: 2-D ``[batch, seq]`` mask of the inputs; padded positions are not scored.
+
+    Returns:
+        One :class:`OutputQuality` per expected output, in ``expected`` order; a missing output or a
+        shape mismatch is a failed row with ``max_abs_diff = inf``.
+    """
+    rows: list[OutputQuality] = []
+    for name, exp in expected.items():
+        exp_t = exp.detach()
+        got = actual.get(name)
+        if got is None or tuple(torch.as_tensor(got).shape) != tuple(exp_t.shape):
+            got_shape = () if got is None else tuple(torch.as_tensor(got).shape)
+            why = "missing from the artifact's outputs" if got is None else f"shape {got_shape} != eager"
+            rows.append(
+                OutputQuality(
+                    name, got_shape, tuple(exp_t.shape), str(exp_t.dtype), None, None, None, math.inf, 0,
+                    dict(gates), [why], False,
+                )
+            )  # fmt: skip
+            continue
+        got_t = torch.as_tensor(got).detach().to(device=exp_t.device)
+        if not exp_t.is_floating_point():
+            equal = torch.equal(got_t.to(exp_t.dtype), exp_t)
+            diff = 0.0 if equal else float((got_t.double() - exp_t.double()).abs().max())
+            rows.append(
+                OutputQuality(
+                    name, tuple(got_t.shape), tuple(exp_t.shape), str(got_t.dtype), None, None, None, diff,
+                    exp_t.numel(), {}, [] if equal else ["integer output differs from eager"], equal,
+                )
+            )  # fmt: skip
+            continue
+        e64, g64 = exp_t.double(), got_t.double()
+        keep = _keep_mask(name, e64, attention_mask)
+        if torch.isnan(g64).any() and not torch.isnan(e64).any():
+            cos = torch.zeros(1, dtype=torch.float64)  # NaNs where eager has none: no similarity
+        else:
+            cos = _cosines(torch.nan_to_num(e64), torch.nan_to_num(g64), keep)
+        finite = ~(torch.isnan(e64) | torch.isnan(g64))
+        diff = (g64 - e64).abs()[finite]
+        max_abs = float(diff.max()) if diff.numel() else 0.0
+        if torch.isnan(g64).sum() != torch.isnan(e64).sum():
+            max_abs = math.inf
+        top1: float | None = None
+        if _is_token_logits(name, e64):
+            agree = e64.argmax(-1) == g64.argmax(-1)
+            if keep is not None:
+                agree = agree[keep]
+            top1 = float(agree.double().mean()) if agree.numel() else 1.0
+        row = OutputQuality(
+            name,
+            tuple(got_t.shape),
+            tuple(exp_t.shape),
+            str(got_t.dtype),
+            float(cos.mean()) if cos.numel() else 1.0,
+            float(cos.min()) if cos.numel() else 1.0,
+            top1,
+            max_abs,
+            int(cos.numel()),
+        )
+        for metric, threshold in gates.items():
+            value = getattr(row, metric, None)
+            if value is None:
+                continue
+            row.gates[metric] = float(threshold)
+            missed = value > threshold if metric in _UPPER_BOUND else not value >= threshold
+            if missed:
+                relation = "<=" if metric in _UPPER_BOUND else ">="
+                row.failures.append(f"{metric} = {value:.4f} (gate {relation} {threshold})")
+        row.ok = not row.failures
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_quality_table(rows: list[OutputQuality], title: str = "") -> str:
+    """Render quality rows as a fixed-width text table (one line per output)."""
+    head = f"{'output':<40} {'shape':<18} {'cosine':>8} {'cos min':>8} {'top-1':>8} {'max abs diff':>13}  ok"
+    lines = [title] if title else []
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        shape = "x".join(map(str, r.shape)) or "-"
+        lines.append(
+            f"{r.name[:40]:<40} {shape[:18]:<18} {_fmt(r.cosine):>8} {_fmt(r.cosine_min):>8} "
+            f"{_fmt(r.top1_agreement):>8} {r.max_abs_diff:>13.3e}  {'yes' if r.ok else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def _artifact_inputs(inputs: Mapping[str, Any], dtype: torch.dtype | None) -> dict[str, Any]:
+    from hfexport.tensors import cast_leaf_tensors, duplicate_leaf_tensors
+
+    copied = duplicate_leaf_tensors(dict(inputs))
+    if dtype is None or dtype == torch.float32:
+        return copied
+    return cast_leaf_tensors(copied, dtype)
+
+
+def validate_quality(
+    model: torch.nn.Module,
+    run: Runner,
+    inputs: Mapping[str, Any],
+    *,
+    gates: Mapping[str, float],
+    dtype: str | torch.dtype | None = None,
+    label: str = "sample",
+    raise_on_failure: bool = True,
+) -> list[OutputQuality]:
+    """Run the fp32 eager ``model`` and the artifact on ``inputs`` and score every output.
+
+    Args:
+        model: the eager model **in float32** (the reference; the user's model after capture).
+        run: the backend runner: forward kwargs -> ``{output_name: tensor}``.
+        inputs: forward kwargs in float32; the artifact gets a copy with floating point tensors
+            (caches included) cast to ``dtype``.
+        gates: ``{metric: threshold}``, e.g. from :func:`quality_gates_for`.
+        dtype: the artifact's compute dtype (``"float16"``, ``torch.bfloat16``; ``None``/float32:
+            inputs unchanged).
+        label: name of this input set in messages (``"sample"``, ``"second shape"``).
+        raise_on_failure: raise when a gate is missed.
+
+    Returns:
+        The :class:`OutputQuality` rows.
+
+    Raises:
+        ExportValidationError: an output is missing, has another shape, or misses a gate; the
+            message names the output, the metric, its value, the threshold and how to override it.
+    """
+    from hfexport.validation import eager_outputs
+
+    torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    expected = eager_outputs(model, inputs)
+    actual = run(_artifact_inputs(inputs, torch_dtype))
+    mask = inputs.get("attention_mask") if isinstance(inputs.get("attention_mask"), torch.Tensor) else None
+    rows = score_outputs(expected, actual, gates=gates, attention_mask=mask)
+    table = format_quality_table(
+        rows,
+        title=f"quality on {label} inputs vs fp32 eager "
+        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)),
+    )
+    logger.info("%s", table)
+    if raise_on_failure and not all(r.ok for r in rows):
+        missed = "; ".join(f"{r.name}: {', '.join(r.failures)}" for r in rows if not r.ok)
+        raise ExportValidationError(
+            f"the artifact misses its quality gates against the fp32 eager model on the {label} inputs: "
+            f"{missed}.\n{table}\n"
+            "Lower a gate if the loss is acceptable (config.quality_gates={'cosine': 0.98}, CLI "
+            "--gate cosine=0.98), or exclude sensitive layers from quantization (quantization.exclude).",
+            rows,
+        )
+    return rows
