@@ -292,6 +292,7 @@ def _quantize_source(
     """The model to capture for ``quantization``: a quantized copy for the source-transform methods
     and ``embedding_bits`` (:func:`hfexport_executorch.quantize.quantize_copy`), ``model`` itself for
     ``int8-dynamic`` alone (quantized after capture). Fills ``report.extra["quantization"]``."""
+    from hfexport.linear_forms import weight_bytes
     from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
 
     if plan.name != "xnnpack":
@@ -300,7 +301,7 @@ def _quantize_source(
             f"backend={plan.name!r} has none here; allowed: ExecutorchConfig(backend='xnnpack') or "
             "quantization=None"
         )
-    summary: dict[str, Any] = {"method": quantization.method, "weight_bytes_before": _weight_bytes(model)}
+    summary: dict[str, Any] = {"method": quantization.method, "weight_bytes_before": weight_bytes(model)}
     if quantization.method in SOURCE_TRANSFORM_METHODS or quantization.embedding_bits is not None:
         model, applied = quantize_copy(model, quantization)
         summary.update(applied, embedding_bits=quantization.embedding_bits)
@@ -311,19 +312,6 @@ def _quantize_source(
         summary["per_channel"] = quantization.per_channel
     report.extra["quantization"] = summary
     return model
-
-
-def _weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of ``model``'s parameters and buffers, each storage counted once (tied weights)."""
-    seen: set[int] = set()
-    total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        key = tensor.untyped_storage().data_ptr()
-        if key in seen:
-            continue
-        seen.add(key)
-        total += tensor.untyped_storage().nbytes()
-    return total
 
 
 def _record_sizes(summary: dict[str, Any], manager: Any) -> None:

@@ -14,7 +14,8 @@ Two families, applied at different points of the export:
 
 Transformers' GPT-2 family computes its projections with ``transformers.pytorch_utils.Conv1D`` (an
 ``addmm`` over a ``[in, out]`` weight) instead of ``nn.Linear``; :func:`conv1d_as_linear` turns
-them into equivalent ``nn.Linear`` modules on the copy so they are quantized too.
+them into equivalent ``nn.Linear`` modules on the copy (:func:`hfexport.linear_forms.conv1d_as_linear`)
+so they are quantized too.
 
 The user's model is never modified: every transform runs on ``copy.deepcopy(model)``.
 """
@@ -23,18 +24,18 @@ from __future__ import annotations
 
 import collections
 import copy
-import fnmatch
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
 
+from hfexport.linear_forms import conv1d_as_linear, matches_any
+
 __all__ = [
     "DEFAULT_GROUP_SIZE",
     "METHODS",
     "SOURCE_TRANSFORM_METHODS",
-    "conv1d_as_linear",
     "pt2e_quantize",
     "quantize_copy",
     "quantized_op_counts",
@@ -65,46 +66,6 @@ _QUANT_OP_MARKERS = (
     "quantize_per",
     "dequantize_per",
 )
-
-
-def _excluded(name: str, patterns: Iterable[str]) -> bool:
-    return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-def conv1d_as_linear(model: torch.nn.Module) -> list[str]:
-    """Replace every ``transformers.pytorch_utils.Conv1D`` in ``model`` (in place) by an ``nn.Linear``.
-
-    ``Conv1D(nf, nx)`` computes ``x @ weight + bias`` with ``weight`` ``[nx, nf]``; the replacement
-    ``nn.Linear(nx, nf)`` holds ``weight.T`` ``[nf, nx]`` and the same bias, so outputs are identical
-    (up to float reassociation). Call it on a copy: the module tree changes.
-
-    Args:
-        model: any module; modules of other types are left alone.
-
-    Returns:
-        The qualified names of the replaced modules.
-    """
-    try:
-        from transformers.pytorch_utils import Conv1D
-    except ImportError:  # pragma: no cover - transformers is a core dependency
-        return []
-    replaced = []
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if type(child) is not Conv1D:
-                continue
-            weight = child.weight.detach()
-            linear = torch.nn.Linear(
-                weight.shape[0], weight.shape[1], bias=child.bias is not None, dtype=weight.dtype
-            )
-            with torch.no_grad():
-                linear.weight.copy_(weight.t())
-                if child.bias is not None:
-                    linear.bias.copy_(child.bias.detach())
-            linear.train(child.training)
-            setattr(module, child_name, linear)
-            replaced.append(f"{name}.{child_name}" if name else child_name)
-    return replaced
 
 
 def _granularity(group_size: int | None) -> Any:
@@ -186,7 +147,7 @@ def quantize_copy(model: torch.nn.Module, quantization: Any) -> tuple[torch.nn.M
         def filter_fn(module: torch.nn.Module, fqn: str) -> bool:
             if type(module) is not kind:
                 return False
-            if _excluded(fqn, exclude):
+            if matches_any(fqn, exclude):
                 summary["excluded"].append(fqn)
                 return False
             width = module.weight.shape[-1]
