@@ -110,6 +110,14 @@ class DynamoExporter(HfExporter):
     #: see :mod:`hfexport_dynamo.quantize`.
     quantization_methods: ClassVar[Mapping[str, str]] = dict(_quantize_methods)
 
+    def check_precision(self, config: Any) -> None:
+        """The base checks, then the options ``int8-weight`` does not have (``embedding_bits``,
+        ``per_channel=False``, ``group_size``): ``ValueError`` naming what is allowed, before capture."""
+        super().check_precision(config)
+        from hfexport_dynamo.quantize import check_quantization
+
+        check_quantization(getattr(config, "quantization", None))
+
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
     ) -> torch.export.ExportedProgram:

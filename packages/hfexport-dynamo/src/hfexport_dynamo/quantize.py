@@ -22,13 +22,41 @@ import torch
 
 from hfexport.linear_forms import conv1d_as_linear, matches_any
 
-__all__ = ["METHODS", "program_weight_bytes", "quantize_copy", "to_plain_aten"]
+__all__ = ["METHODS", "check_quantization", "program_weight_bytes", "quantize_copy", "to_plain_aten"]
 
 #: Method name -> one-line description (``DynamoExporter.quantization_methods``).
 METHODS: dict[str, str] = {
     "int8-weight": "int8 weight-only linear layers (torchao Int8WeightOnlyConfig, per-channel), "
     "decomposed to plain aten ops",
 }
+
+
+def check_quantization(quantization: Any) -> None:
+    """Refuse the options this backend's methods do not have (called before capture).
+
+    Raises:
+        ValueError: ``quantization.embedding_bits`` is set (``int8-weight`` quantizes linear layers
+            only) or ``per_channel`` is False (torchao's int8 weight-only scales are per channel);
+            the message names what is allowed.
+    """
+    if quantization is None:
+        return
+    if quantization.embedding_bits is not None:
+        raise ValueError(
+            f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the dynamo "
+            "backend (int8-weight quantizes linear layers only); allowed: embedding_bits=None, or "
+            "export_format='executorch' for 4/8-bit embeddings"
+        )
+    if not quantization.per_channel:
+        raise ValueError(
+            "quantization.per_channel=False is not supported by the dynamo int8-weight method "
+            "(one scale per output channel); allowed: per_channel=True"
+        )
+    if quantization.group_size is not None:
+        raise ValueError(
+            f"quantization.group_size={quantization.group_size} is not used by the dynamo int8-weight "
+            "method (one scale per output channel); allowed: group_size=None"
+        )
 
 
 def quantize_copy(model: torch.nn.Module, quantization: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
@@ -44,20 +72,9 @@ def quantize_copy(model: torch.nn.Module, quantization: Any) -> tuple[torch.nn.M
         "conv1d_as_linear": Conv1D modules rewritten, "excluded": [names]}``.
 
     Raises:
-        ValueError: ``quantization.embedding_bits`` is set (this backend quantizes linear layers only)
-            or ``per_channel`` is False (torchao's int8 weight-only scales are per channel).
+        ValueError: see :func:`check_quantization`.
     """
-    if quantization.embedding_bits is not None:
-        raise ValueError(
-            f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the dynamo "
-            "backend (int8-weight quantizes linear layers only); allowed: embedding_bits=None, or "
-            "export_format='executorch' for 4/8-bit embeddings"
-        )
-    if not quantization.per_channel:
-        raise ValueError(
-            "quantization.per_channel=False is not supported by the dynamo int8-weight method "
-            "(one scale per output channel); allowed: per_channel=True"
-        )
+    check_quantization(quantization)
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     quantized = copy.deepcopy(model)
