@@ -39,6 +39,7 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
+from hfexport_dynamo.quantize import METHODS as _quantize_methods
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
@@ -52,6 +53,29 @@ logger = logging.getLogger(__name__)
 # fp32 programs run the same aten kernels as eager PyTorch; differences come from decompositions
 # and reassociation only (measured below 2e-6 on the tiny-model zoo).
 _FP32_TOLERANCES = (1e-5, 1e-5)
+
+
+def _quantized_matmuls(program: torch.export.ExportedProgram) -> int:
+    """``aten.mm`` / ``addmm`` / ``linear`` nodes whose weight operand is computed from an int8 tensor."""
+
+    def from_int8(node: Any, depth: int = 0) -> bool:
+        if not isinstance(node, torch.fx.Node) or depth > 4:
+            return False
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.dtype == torch.int8:
+            return True
+        return node.op == "call_function" and any(from_int8(a, depth + 1) for a in node.all_input_nodes)
+
+    count = 0
+    for node in program.graph.nodes:
+        name = str(node.target)
+        if node.op == "call_function" and name in (
+            "aten.mm.default",
+            "aten.addmm.default",
+            "aten.linear.default",
+        ):
+            count += any(from_int8(a) for a in node.all_input_nodes)
+    return count
 
 
 @register_exporter("dynamo")
@@ -80,7 +104,19 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
-    stages: ClassVar[tuple[str, ...]] = CAPTURE_STEPS
+    stages: ClassVar[tuple[str, ...]] = ("quantize", *CAPTURE_STEPS)
+    #: fp16 and bf16 programs run on CPU with the same aten kernels as eager PyTorch.
+    supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: see :mod:`hfexport_dynamo.quantize`.
+    quantization_methods: ClassVar[Mapping[str, str]] = dict(_quantize_methods)
+
+    def check_precision(self, config: Any) -> None:
+        """The base checks, then the options ``int8-weight`` does not have (``embedding_bits``,
+        ``per_channel=False``, ``group_size``): ``ValueError`` naming what is allowed, before capture."""
+        super().check_precision(config)
+        from hfexport_dynamo.quantize import check_quantization
+
+        check_quantization(getattr(config, "quantization", None))
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -100,6 +136,17 @@ class DynamoExporter(HfExporter):
             ExportStageError: a stage failed; ``stage`` names it (``capture.torch_export`` ...).
             ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
         """
+        quantization = getattr(config, "quantization", None)
+        if quantization is not None:
+            with report.stage("quantize", detail=quantization.method) as record:
+                from hfexport.linear_forms import weight_bytes
+                from hfexport_dynamo.quantize import quantize_copy
+
+                before = weight_bytes(model)
+                model, summary = quantize_copy(model, quantization)
+                summary["weight_bytes_before"] = before
+                record.detail = f"{quantization.method}: {summary['linear']} linear module(s)"
+                report.extra["quantization"] = summary
         with contextlib.ExitStack() as patches:
             with report.stage(Stage.PATCHES) as record:
                 entries = patches.enter_context(apply_patches(self.registry_key))
@@ -116,7 +163,16 @@ class DynamoExporter(HfExporter):
             applied = apply_fx_node_fixes(self.registry_key, program.graph_module)
             record.detail = ", ".join(applied)
             report.record_applied(Stage.FX_NODE_FIXES, applied)
-        report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
+        if quantization is None:
+            report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
+        else:
+            with report.stage(Stage.LOWER, detail="run_decompositions: torchao weights -> plain aten"):
+                from hfexport_dynamo.quantize import program_weight_bytes, to_plain_aten
+
+                program = to_plain_aten(program)
+                summary["weight_bytes_after"] = after = program_weight_bytes(program)
+                summary["size_ratio"] = round(after / summary["weight_bytes_before"], 4)
+                summary["quantized_mm_nodes"] = _quantized_matmuls(program)
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
         return program
 
