@@ -17,7 +17,12 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
    ``register_fx_node_fix("dynamo")`` entries;
-4. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact.
+4. ``flat_io``: the program's root call is given flat keyword inputs and, where its outputs name
+   transformers classes (model outputs, caches), a flat dict of outputs
+   (:func:`hfexport_dynamo.flat_io.flatten_program_io`), so stock ``torch.export.load`` in a
+   process that imports only torch reads and runs the ``.pt2``; the names are recorded in the
+   report (``extra["flat_io"]``);
+5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact.
 
 The base class then validates the program against eager PyTorch at the sample shape and, for
 dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate`).
@@ -39,6 +44,7 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
+from hfexport_dynamo.flat_io import flatten_program_io, io_names
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
@@ -80,7 +86,7 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
-    stages: ClassVar[tuple[str, ...]] = CAPTURE_STEPS
+    stages: ClassVar[tuple[str, ...]] = (*CAPTURE_STEPS, "flat_io")
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -116,6 +122,10 @@ class DynamoExporter(HfExporter):
             applied = apply_fx_node_fixes(self.registry_key, program.graph_module)
             record.detail = ", ".join(applied)
             report.record_applied(Stage.FX_NODE_FIXES, applied)
+        with report.stage("flat_io") as record:
+            names = flatten_program_io(program)
+            record.detail = f"{len(names['inputs'])} input and {len(names.get('outputs', {}))} output leaves"
+            report.extra["flat_io"] = names
         report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
         return program
@@ -172,6 +182,14 @@ class DynamoExporter(HfExporter):
             UnsafeArtifactError, ArtifactLoadError: see :func:`hfexport_dynamo.load`.
         """
         return load_program(path, trust_remote_code=trust_remote_code)
+
+    def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
+        """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.
+
+        The names a torch-only process passes to ``torch.export.load(file).module()(**leaves)`` and
+        reads from its output dict (see :mod:`hfexport_dynamo.flat_io`).
+        """
+        return {"flat_io": io_names(artifact)}
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""
