@@ -493,7 +493,13 @@ def export_command(
                 stage = "save"
                 exporter.save(artifact, exporter.artifact_path(staging))
                 reports = [exporter.last_report]
-                report_dict = {}
+                # what hfexport.load needs: the file and the backend's load_component metadata
+                report_dict = {
+                    "artifact": {
+                        "file": exporter.artifact_path(staging).name,
+                        "metadata": exporter.component_metadata(artifact),
+                    }
+                }
             for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
             if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
