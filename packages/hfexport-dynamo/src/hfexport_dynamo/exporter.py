@@ -22,7 +22,10 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    (:func:`hfexport_dynamo.flat_io.flatten_program_io`), so stock ``torch.export.load`` in a
    process that imports only torch reads and runs the ``.pt2``; the names are recorded in the
    report (``extra["flat_io"]``);
-5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact.
+5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact;
+6. ``aoti_compile`` (only with ``config.aoti``): the program compiled with AOTInductor
+   (:mod:`hfexport_dynamo.aoti`); :meth:`save` writes the package next to the ``.pt2``
+   (``model.aoti.pt2``) and validation adds the stage ``validate_aoti``.
 
 The base class then validates the program against eager PyTorch at the sample shape and, for
 dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate`).
@@ -44,6 +47,7 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
+from hfexport_dynamo import aoti as _aoti
 from hfexport_dynamo.flat_io import flatten_program_io, io_names
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
@@ -86,7 +90,7 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
-    stages: ClassVar[tuple[str, ...]] = (*CAPTURE_STEPS, "flat_io")
+    stages: ClassVar[tuple[str, ...]] = (*CAPTURE_STEPS, "flat_io", "aoti_compile", "validate_aoti")
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -128,7 +132,67 @@ class DynamoExporter(HfExporter):
             report.extra["flat_io"] = names
         report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
+        if getattr(config, "aoti", False):
+            with report.stage("aoti_compile") as record:
+                package = _aoti.compile_package(program)
+                record.detail = f"{package.stat().st_size / 1e6:.2f} MB"
         return program
+
+    def check_precision(self, config: Any) -> None:
+        """The base checks (dtype, quantization), and for ``config.aoti`` a C++ compiler on PATH.
+
+        Runs at the start of :meth:`export`, before capture.
+
+        Raises:
+            ValueError: see :meth:`hfexport.exporter.HfExporter.check_precision`.
+            RuntimeError: ``config.aoti`` without a C++ compiler (:func:`hfexport_dynamo.aoti.check_aoti_available`).
+        """
+        super().check_precision(config)
+        if getattr(config, "aoti", False):
+            _aoti.check_aoti_available()
+
+    def validate(
+        self,
+        artifact: Any,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        second_inputs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Core validation of the program; then, when it was AOTInductor-compiled, stage
+        ``validate_aoti``: the package loaded with ``torch._inductor.aoti_load_package`` against eager
+        PyTorch at the sample shape and (dynamic exports) the second shape, recorded as
+        ``report.validation["aoti_sample"]`` / ``["aoti_second_shape"]``.
+
+        Raises:
+            ExportValidationError: the program or the package differs from eager beyond tolerance.
+        """
+        super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
+        package = _aoti.attached_package(artifact)
+        if package is None:
+            return
+        from hfexport.validation import derive_second_inputs, validate_artifact
+
+        atol_default, rtol_default = self.default_tolerances(model)
+        atol = config.atol if config.atol is not None else atol_default
+        rtol = config.rtol if config.rtol is not None else rtol_default
+        with report.stage("validate_aoti") as record:
+            run = _aoti.AotiRunner(package)
+            rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="aoti sample")
+            report.validation["aoti_sample"] = [r.to_dict() for r in rows]
+            shapes = ["sample"]
+            if config.is_dynamic and config.validate_second_shape:
+                if second_inputs is None:
+                    second_inputs, _ = derive_second_inputs(model, inputs, config=config)
+                if second_inputs is not None:
+                    rows = validate_artifact(
+                        model, run, second_inputs, atol=atol, rtol=rtol, label="aoti second shape"
+                    )
+                    report.validation["aoti_second_shape"] = [r.to_dict() for r in rows]
+                    shapes.append("second shape")
+            record.detail = " and ".join(shapes)
 
     def runner(
         self, artifact: torch.export.ExportedProgram
@@ -158,6 +222,7 @@ class DynamoExporter(HfExporter):
             ValueError: ``path`` does not end with ``.pt2``.
         """
         save_program(artifact, path)
+        _aoti.save_package(artifact, path)
 
     def load(
         self, path: str | os.PathLike[str], *, trust_remote_code: bool = False

@@ -276,6 +276,7 @@ def _config_for(
     optimize: bool,
     validate: bool,
     backend: str | None,
+    aoti: bool = False,
 ) -> Any:
     """The export config the options describe (no torch import).
 
@@ -284,6 +285,7 @@ def _config_for(
             (the message is the config's, e.g. ``atol=nan is invalid; allowed: ...``).
     """
     from hfexport.auto import AutoExportConfig
+    from hfexport.config import ExportFormat
 
     data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
     if atol is not None:
@@ -298,6 +300,10 @@ def _config_for(
         data["opset_version"] = opset
     if "optimize" in fields:
         data["optimize"] = optimize
+    if aoti:
+        if fmt != ExportFormat.DYNAMO.value:
+            raise typer.BadParameter(f"--aoti applies to the {ExportFormat.DYNAMO.value} format, not {fmt}")
+        data["aoti"] = True
     if backend is not None:
         if "backend" not in fields:
             raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
@@ -370,6 +376,14 @@ def export_command(
             "transformers.js (onnx), llm-runner (executorch), ... (`hfexport env` lists them)."
         ),
     ] = None,
+    aoti: Annotated[
+        bool,
+        typer.Option(
+            "--aoti",
+            help="dynamo: also compile an AOTInductor package (model.aoti.pt2) and validate it at both shapes "
+            "(needs a C++ compiler).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     overwrite: Annotated[
         bool,
@@ -408,6 +422,7 @@ def export_command(
             optimize=not no_optimize,
             validate=not no_validate,
             backend=backend,
+            aoti=aoti,
         )
         from hfexport.auto import AutoHfExporter
 
