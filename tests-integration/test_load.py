@@ -66,7 +66,9 @@ def test_load_generation_folder_generates_like_model_generate(tmp_path):
     assert model.is_generation and model.output_class.__name__ == "CausalLMOutputWithPast"
     eager = load_model(str(folder), "text-generation").model
     prompt = torch.tensor([[5, 9, 13, 21, 34, 55]])
-    expected = eager.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False)
+    expected = eager.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False
+    )
     got = model.generate(input_ids=prompt, max_new_tokens=12)
     assert got.tolist() == expected.tolist()
     # a forward call runs the prefill and returns eager's logits and a DynamicCache
@@ -83,7 +85,7 @@ def test_load_refuses_what_is_not_an_export(tmp_path):
     with pytest.raises(ExportFolderError, match="is not a folder"):
         hfexport.load(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ExportFolderError, match="neither generation_manifest.json nor export_report.json"):
+    with pytest.raises(ExportFolderError, match=r"neither generation_manifest\.json nor export_report\.json"):
         hfexport.load(tmp_path / "empty")
 
 
@@ -93,7 +95,7 @@ def test_load_checks_checksums_and_names_the_missing_backend(tmp_path, monkeypat
     data = bytearray((folder / "model.pt2").read_bytes())
     data[-100] ^= 0xFF
     (folder / "model.pt2").write_bytes(bytes(data))
-    with pytest.raises(IntegrityError, match="model.pt2"):
+    with pytest.raises(IntegrityError, match=r"model\.pt2"):
         hfexport.load(folder)
 
     other = tmp_path / "other"

@@ -28,7 +28,9 @@ def test_aoti_config_field_round_trips_through_json():
 
 
 def test_aoti_flag_is_refused_for_other_formats(tmp_path):
-    result = CliRunner().invoke(app, ["export", "onnx", str(tmp_path / "o"), "--model", "tiny:bert", "--aoti"])
+    result = CliRunner().invoke(
+        app, ["export", "onnx", str(tmp_path / "o"), "--model", "tiny:bert", "--aoti"]
+    )
     assert result.exit_code == 2
     assert "--aoti applies to the dynamo format, not onnx" in result.output
     assert not (tmp_path / "o").exists()
@@ -39,7 +41,9 @@ def test_no_cxx_compiler_fails_before_capture(monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
     model, inputs = tiny_model("bert")
     exporter = DynamoExporter()
-    with pytest.raises(RuntimeError, match=r"needs a C\+\+ compiler; none of \['no-such-compiler', 'g\+\+'\]"):
+    with pytest.raises(
+        RuntimeError, match=r"needs a C\+\+ compiler; none of \['no-such-compiler', 'g\+\+'\]"
+    ):
         exporter.export(model, inputs, DynamoConfig(dynamic=True, aoti=True))
     assert exporter.last_report is None  # refused before the report (and the capture) began
 

@@ -103,7 +103,7 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
     assert tuple(report.validation["second_shape"][0]["shape"][:2]) == (3, 65)
     with torch.no_grad():
         expected = model(**inputs).logits
-    assert torch.equal(program.module()(**inputs)["logits"], expected)
+    assert torch.equal(program.module()(**inputs).logits, expected)
 
 
 def test_runner_names_outputs_like_eager_and_refuses_other_inputs(llama, llama_export):

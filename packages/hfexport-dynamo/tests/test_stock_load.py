@@ -41,7 +41,10 @@ _SCRIPT = textwrap.dedent(
 def _run_torch_only(cases: dict, tmp_path) -> dict[str, float]:
     torch.save(cases, tmp_path / "cases.pt")
     done = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "cases.pt")], capture_output=True, text=True, timeout=600
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "cases.pt")],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     assert "imported: []" in done.stdout, done.stdout  # neither transformers nor hfexport was imported

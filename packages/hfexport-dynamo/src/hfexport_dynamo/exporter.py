@@ -17,11 +17,11 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
    ``register_fx_node_fix("dynamo")`` entries;
-4. ``flat_io``: the program's root call is given flat keyword inputs and, where its outputs name
-   transformers classes (model outputs, caches), a flat dict of outputs
-   (:func:`hfexport_dynamo.flat_io.flatten_program_io`), so stock ``torch.export.load`` in a
-   process that imports only torch reads and runs the ``.pt2``; the names are recorded in the
-   report (``extra["flat_io"]``);
+4. ``flat_io``: the flat names the saved ``.pt2`` will use (:mod:`hfexport_dynamo.flat_io`:
+   :meth:`save` writes the program with flat keyword inputs and, where its outputs name
+   transformers classes, a flat dict of outputs, so stock ``torch.export.load`` in a process that
+   imports only torch reads and runs it), recorded in the report (``extra["flat_io"]``); the
+   returned program itself keeps the eager input/output objects;
 5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact;
 6. ``aoti_compile`` (only with ``config.aoti``): the program compiled with AOTInductor
    (:mod:`hfexport_dynamo.aoti`); :meth:`save` writes the package next to the ``.pt2``
@@ -48,7 +48,7 @@ from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
 from hfexport_dynamo import aoti as _aoti
-from hfexport_dynamo.flat_io import flatten_program_io, io_names
+from hfexport_dynamo.flat_io import flat_io_names, flat_program_io
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
 from hfexport_dynamo.serialization import save as save_program
@@ -127,13 +127,13 @@ class DynamoExporter(HfExporter):
             record.detail = ", ".join(applied)
             report.record_applied(Stage.FX_NODE_FIXES, applied)
         with report.stage("flat_io") as record:
-            names = flatten_program_io(program)
+            names = flat_io_names(program)
             record.detail = f"{len(names['inputs'])} input and {len(names.get('outputs', {}))} output leaves"
             report.extra["flat_io"] = names
         report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
         if getattr(config, "aoti", False):
-            with report.stage("aoti_compile") as record:
+            with report.stage("aoti_compile") as record, flat_program_io(program):
                 package = _aoti.compile_package(program)
                 record.detail = f"{package.stat().st_size / 1e6:.2f} MB"
         return program
@@ -254,7 +254,7 @@ class DynamoExporter(HfExporter):
         The names a torch-only process passes to ``torch.export.load(file).module()(**leaves)`` and
         reads from its output dict (see :mod:`hfexport_dynamo.flat_io`).
         """
-        return {"flat_io": io_names(artifact)}
+        return {"flat_io": flat_io_names(artifact)}
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""

@@ -28,8 +28,9 @@ recorded pytree spec) and ``hfexport.load`` (which rebuilds the model output) ne
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -41,7 +42,9 @@ from hfexport.pytree import register_cache_pytrees
 __all__ = [
     "FLAT_SEPARATOR",
     "flat_inputs",
+    "flat_io_names",
     "flat_name",
+    "flat_program_io",
     "flatten_program_io",
     "io_names",
     "is_flat",
@@ -210,6 +213,49 @@ def flatten_program_io(program: torch.export.ExportedProgram) -> dict[str, dict[
         leaves = pytree.tree_leaves(examples)
         program._example_inputs = ((), dict(zip(in_names, leaves, strict=True)))
     return io_names(program)
+
+
+@contextlib.contextmanager
+def flat_program_io(program: torch.export.ExportedProgram) -> Iterator[dict[str, dict[str, str]]]:
+    """Give ``program`` flat inputs/outputs (:func:`flatten_program_io`) for the block, then restore it.
+
+    :func:`hfexport_dynamo.save` writes every keyword-input program inside this block, so the
+    in-memory program keeps returning the eager output objects (``program.module()(**kw).logits``)
+    while the ``.pt2`` on disk is the flat one stock ``torch.export.load`` reads.
+
+    Yields:
+        The names, as :func:`flatten_program_io` returns them.
+
+    Raises:
+        ValueError: see :func:`flatten_program_io` (the program is left as it was).
+    """
+    signature = program.module_call_graph[0].signature
+    saved = (
+        signature.in_spec,
+        signature.out_spec,
+        signature.forward_arg_names,
+        getattr(program, "_example_inputs", None),
+        list(getattr(program, "_guards_code", None) or []),
+    )
+    try:
+        yield flatten_program_io(program)
+    finally:
+        signature.in_spec, signature.out_spec, signature.forward_arg_names = saved[:3]
+        program._example_inputs = saved[3]
+        if hasattr(program, "_guards_code"):
+            program._guards_code = saved[4]
+
+
+def flat_io_names(program: torch.export.ExportedProgram) -> dict[str, dict[str, str]]:
+    """The names :func:`flatten_program_io` would give ``program`` (``{}`` when it cannot be
+    flattened: positional inputs), without changing it."""
+    if takes_flat_inputs(program) and is_flat(program):
+        return io_names(program)
+    try:
+        with flat_program_io(program) as names:
+            return names
+    except ValueError:
+        return {}
 
 
 def flat_inputs(inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,7 +59,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ExportFolderError(f"{path} cannot be read as JSON ({exc}); export the folder again") from None
     if not isinstance(data, dict):
-        raise ExportFolderError(f"{path} holds a JSON {type(data).__name__}, not an object; export the folder again")
+        raise ExportFolderError(
+            f"{path} holds a JSON {type(data).__name__}, not an object; export the folder again"
+        )
     return data
 
 
@@ -159,7 +161,9 @@ def to_model_output(outputs: Mapping[str, torch.Tensor], cls: type | None) -> An
         known = {f.name for f in dataclasses.fields(cls)}
         if set(fields) <= known:
             return cls(**fields)
-        logger.warning("outputs %s are not all fields of %s; returning a ModelOutput", sorted(fields), cls.__name__)
+        logger.warning(
+            "outputs %s are not all fields of %s; returning a ModelOutput", sorted(fields), cls.__name__
+        )
     return ModelOutput(**fields)
 
 
@@ -325,13 +329,19 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
 
             cls = CausalLMOutputWithPast
         return ExportedModel(
-            folder, exporter.export_format, task=task or "text-generation", output_class=cls, generation_runner=runner
+            folder,
+            exporter.export_format,
+            task=task or "text-generation",
+            output_class=cls,
+            generation_runner=runner,
         )
     exporter = _exporter(report.get("export_format"), report_path)
     entry = report.get("artifact") or {}
     filename = entry.get("file") or exporter.artifact_filename
     path = folder / filename
     if not path.is_file():
-        raise ExportFolderError(f"{folder} has no {filename}, the artifact its {REPORT_NAME} names; export it again")
+        raise ExportFolderError(
+            f"{folder} has no {filename}, the artifact its {REPORT_NAME} names; export it again"
+        )
     caller = exporter.load_component(path, entry.get("metadata") or {})
     return ExportedModel(folder, exporter.export_format, task=task, output_class=cls, runner=caller)
