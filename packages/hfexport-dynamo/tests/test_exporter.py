@@ -83,11 +83,14 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "capture.torch_export",
         "fx_program_fixes",
         "fx_node_fixes",
+        "flat_io",
         "lower",
         "validate",
         "validate_second_shape",
     ]
     assert {s.name: s.status for s in report.stages if s.status != "ok"} == {"lower": "skipped"}
+    assert report.extra["flat_io"]["inputs"] == {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    assert report.extra["flat_io"]["outputs"]["cache__layers__1__values"] == "cache.layers.1.values"
     assert "hfexport.workarounds.moe.dense_experts_for_eager" in report.applied["patches"]
     assert report.applied["capture_patches"] == [
         "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length",

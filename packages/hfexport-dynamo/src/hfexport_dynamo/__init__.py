@@ -6,10 +6,12 @@
 >>> program.module()(input_ids=ids, attention_mask=mask).logits
 
 Importing the package registers its workarounds with :mod:`hfexport.registry` (``"dynamo"`` key)
-and transformers' ``Cache`` classes and model outputs as pytree nodes, so plain
-``torch.export.load`` reads ``.pt2`` files whose inputs or outputs hold caches.
-:func:`load` does that and more: it refuses files whose content could run code unless
-``trust_remote_code=True``.
+and transformers' ``Cache`` classes and model outputs as pytree nodes. :func:`save` writes
+programs with flat tensor inputs and outputs (:mod:`hfexport_dynamo.flat_io`), so stock
+``torch.export.load`` runs them in a process that imports only torch; :func:`load` is the safe
+way in: it verifies checksums and refuses files whose content could run code unless
+``trust_remote_code=True``. ``DynamoConfig(aoti=True)`` also writes an AOTInductor package
+(:mod:`hfexport_dynamo.aoti`).
 """
 
 from __future__ import annotations

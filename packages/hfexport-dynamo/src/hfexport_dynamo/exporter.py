@@ -17,7 +17,15 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    ``prefer_deferred_runtime_asserts_over_guards`` from the config);
 3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``register_fx_program_fix("dynamo")`` /
    ``register_fx_node_fix("dynamo")`` entries;
-4. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact.
+4. ``flat_io``: the flat names the saved ``.pt2`` will use (:mod:`hfexport_dynamo.flat_io`:
+   :meth:`save` writes the program with flat keyword inputs and, where its outputs name
+   transformers classes, a flat dict of outputs, so stock ``torch.export.load`` in a process that
+   imports only torch reads and runs it), recorded in the report (``extra["flat_io"]``); the
+   returned program itself keeps the eager input/output objects;
+5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact;
+6. ``aoti_compile`` (only with ``config.aoti``): the program compiled with AOTInductor
+   (:mod:`hfexport_dynamo.aoti`); :meth:`save` writes the package next to the ``.pt2``
+   (``model.aoti.pt2``) and validation adds the stage ``validate_aoti``.
 
 The base class then validates the program against eager PyTorch at the sample shape and, for
 dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate`).
@@ -39,6 +47,8 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
+from hfexport_dynamo import aoti as _aoti
+from hfexport_dynamo.flat_io import flat_io_names, flat_program_io
 from hfexport_dynamo.quantize import METHODS as _quantize_methods
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
@@ -104,19 +114,17 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
-    stages: ClassVar[tuple[str, ...]] = ("quantize", *CAPTURE_STEPS)
+    stages: ClassVar[tuple[str, ...]] = (
+        "quantize",
+        *CAPTURE_STEPS,
+        "flat_io",
+        "aoti_compile",
+        "validate_aoti",
+    )
     #: fp16 and bf16 programs run on CPU with the same aten kernels as eager PyTorch.
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     #: see :mod:`hfexport_dynamo.quantize`.
     quantization_methods: ClassVar[Mapping[str, str]] = dict(_quantize_methods)
-
-    def check_precision(self, config: Any) -> None:
-        """The base checks, then the options ``int8-weight`` does not have (``embedding_bits``,
-        ``per_channel=False``, ``group_size``): ``ValueError`` naming what is allowed, before capture."""
-        super().check_precision(config)
-        from hfexport_dynamo.quantize import check_quantization
-
-        check_quantization(getattr(config, "quantization", None))
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -173,8 +181,78 @@ class DynamoExporter(HfExporter):
                 summary["weight_bytes_after"] = after = program_weight_bytes(program)
                 summary["size_ratio"] = round(after / summary["weight_bytes_before"], 4)
                 summary["quantized_mm_nodes"] = _quantized_matmuls(program)
+        with report.stage("flat_io") as record:
+            names = flat_io_names(program)
+            record.detail = f"{len(names['inputs'])} input and {len(names.get('outputs', {}))} output leaves"
+            report.extra["flat_io"] = names
         report.extra["range_constraints"] = {str(k): str(v) for k, v in program.range_constraints.items()}
+        if getattr(config, "aoti", False):
+            with report.stage("aoti_compile") as record, flat_program_io(program):
+                package = _aoti.compile_package(program)
+                record.detail = f"{package.stat().st_size / 1e6:.2f} MB"
         return program
+
+    def check_precision(self, config: Any) -> None:
+        """The base checks (dtype, quantization method), the options ``int8-weight`` does not have
+        (``embedding_bits``, ``per_channel=False``, ``group_size``), and for ``config.aoti`` a C++
+        compiler on PATH.
+
+        Runs at the start of :meth:`export`, before capture.
+
+        Raises:
+            ValueError: see :meth:`hfexport.exporter.HfExporter.check_precision`; an option
+                ``int8-weight`` does not have, naming what is allowed.
+            RuntimeError: ``config.aoti`` without a C++ compiler (:func:`hfexport_dynamo.aoti.check_aoti_available`).
+        """
+        super().check_precision(config)
+        from hfexport_dynamo.quantize import check_quantization
+
+        check_quantization(getattr(config, "quantization", None))
+        if getattr(config, "aoti", False):
+            _aoti.check_aoti_available()
+
+    def validate(
+        self,
+        artifact: Any,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        second_inputs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Core validation of the program; then, when it was AOTInductor-compiled, stage
+        ``validate_aoti``: the package loaded with ``torch._inductor.aoti_load_package`` against eager
+        PyTorch at the sample shape and (dynamic exports) the second shape, recorded as
+        ``report.validation["aoti_sample"]`` / ``["aoti_second_shape"]``.
+
+        Raises:
+            ExportValidationError: the program or the package differs from eager beyond tolerance.
+        """
+        super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
+        package = _aoti.attached_package(artifact)
+        if package is None:
+            return
+        from hfexport.validation import derive_second_inputs, validate_artifact
+
+        atol_default, rtol_default = self.default_tolerances(model)
+        atol = config.atol if config.atol is not None else atol_default
+        rtol = config.rtol if config.rtol is not None else rtol_default
+        with report.stage("validate_aoti") as record:
+            run = _aoti.AotiRunner(package)
+            rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="aoti sample")
+            report.validation["aoti_sample"] = [r.to_dict() for r in rows]
+            shapes = ["sample"]
+            if config.is_dynamic and config.validate_second_shape:
+                if second_inputs is None:
+                    second_inputs, _ = derive_second_inputs(model, inputs, config=config)
+                if second_inputs is not None:
+                    rows = validate_artifact(
+                        model, run, second_inputs, atol=atol, rtol=rtol, label="aoti second shape"
+                    )
+                    report.validation["aoti_second_shape"] = [r.to_dict() for r in rows]
+                    shapes.append("second shape")
+            record.detail = " and ".join(shapes)
 
     def runner(
         self, artifact: torch.export.ExportedProgram
@@ -204,6 +282,7 @@ class DynamoExporter(HfExporter):
             ValueError: ``path`` does not end with ``.pt2``.
         """
         save_program(artifact, path)
+        _aoti.save_package(artifact, path)
 
     def load(
         self, path: str | os.PathLike[str], *, trust_remote_code: bool = False
@@ -228,6 +307,14 @@ class DynamoExporter(HfExporter):
             UnsafeArtifactError, ArtifactLoadError: see :func:`hfexport_dynamo.load`.
         """
         return load_program(path, trust_remote_code=trust_remote_code)
+
+    def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
+        """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.
+
+        The names a torch-only process passes to ``torch.export.load(file).module()(**leaves)`` and
+        reads from its output dict (see :mod:`hfexport_dynamo.flat_io`).
+        """
+        return {"flat_io": flat_io_names(artifact)}
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""

@@ -10,6 +10,7 @@ import torch
 
 from hfexport.errors import UnsupportedInputError
 from hfexport.tensors import get_leaf_tensors
+from hfexport_dynamo.flat_io import FLAT_SEPARATOR, flat_inputs, leaf_path, takes_flat_inputs
 
 __all__ = ["ProgramRunner", "program_input_names"]
 
@@ -22,7 +23,9 @@ def program_input_names(program: torch.export.ExportedProgram) -> list[str]:
 
     Returns:
         The names, e.g. ``["input_ids", "attention_mask"]``; empty for a program exported from
-        positional arguments only.
+        positional arguments only. For a program with flat inputs
+        (:func:`hfexport_dynamo.flat_io.flatten_program_io`) these are the forward kwargs the leaves
+        came from (``cache`` for ``cache__layers__0__keys``).
     """
     spec = program.call_spec.in_spec
     if spec is None:
@@ -30,15 +33,21 @@ def program_input_names(program: torch.export.ExportedProgram) -> list[str]:
     children = spec.children() if hasattr(spec, "children") else spec.children_specs
     if len(children) < 2 or children[1].type is not dict:
         return []
-    return [str(name) for name in children[1].context]
+    names = [str(name) for name in children[1].context]
+    if takes_flat_inputs(program):
+        names = list(dict.fromkeys(name.split(FLAT_SEPARATOR, 1)[0] for name in names))
+    return names
 
 
 class ProgramRunner:
     """Callable running an ``ExportedProgram``: forward kwargs -> ``{output_leaf_path: tensor}``.
 
-    The module is built once (``program.module()``) on first use. Outputs are flattened with
-    :func:`hfexport.tensors.get_leaf_tensors`, so they carry the eager output's names
-    (``logits``, ``last_hidden_state``, ``cache.layers.0.keys``, ...).
+    The module is built once (``program.module()``) on first use. Forward kwargs are given to a
+    program with flat inputs (every ``.pt2`` hfexport writes, see :mod:`hfexport_dynamo.flat_io`) as
+    their leaves (``cache`` -> ``cache__layers__0__keys`` ...; the same tensor objects, so in-place
+    static-cache updates reach the caller's cache). Outputs are flattened with
+    :func:`hfexport.tensors.get_leaf_tensors` and flat names mapped back, so they carry the eager
+    output's leaf paths (``logits``, ``last_hidden_state``, ``cache.layers.0.keys``, ...).
 
     Args:
         program: the exported program.
@@ -66,15 +75,19 @@ class ProgramRunner:
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Run the program on forward kwargs ``inputs``; return its leaf tensors by path."""
-        if self.input_names:
-            missing = [name for name in self.input_names if name not in inputs]
-            extra = sorted(set(inputs) - set(self.input_names))
+        flat = takes_flat_inputs(self.program)
+        kwargs = flat_inputs(inputs) if flat else dict(inputs)
+        expected = self.program.call_spec.in_spec.child(1).context if flat else self.input_names
+        if expected:
+            missing = [name for name in expected if name not in kwargs]
+            extra = sorted(set(kwargs) - set(expected))
             if missing or extra:
+                leaves = " (cache leaves are named like cache__layers__0__keys)" if flat else ""
                 raise UnsupportedInputError(
-                    f"the exported program takes the inputs {self.input_names}; missing {missing}, "
+                    f"the exported program takes the inputs {list(expected)}{leaves}; missing {missing}, "
                     f"unexpected {extra}. Pass exactly the inputs the model was exported with "
                     "(None where the sample had None)."
                 )
         with torch.no_grad():
-            outputs = self.module(**dict(inputs))
-        return get_leaf_tensors(outputs)
+            outputs = self.module(**kwargs)
+        return {leaf_path(name): value for name, value in get_leaf_tensors(outputs).items()}

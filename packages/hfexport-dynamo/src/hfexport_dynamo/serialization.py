@@ -34,6 +34,7 @@ from hfexport.atomic import atomic_path
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport_dynamo.errors import ArtifactLoadError, CorruptArtifactError, UnsafeArtifactError
+from hfexport_dynamo.flat_io import flat_program_io
 from hfexport_dynamo.safety import check_archive, inspect_pt2, weights_only_loading
 from hfexport_dynamo.workarounds import patches as _patches
 
@@ -77,11 +78,26 @@ def _portable_sample_inputs(program: torch.export.ExportedProgram) -> Iterator[b
         program._example_inputs = original
 
 
+def _keyword_only(program: torch.export.ExportedProgram) -> bool:
+    spec = program.module_call_graph[0].signature
+    in_spec = spec.in_spec if spec is not None else None
+    return (
+        in_spec is not None
+        and in_spec.type is tuple
+        and in_spec.num_children == 2
+        and in_spec.child(0).num_children == 0
+        and in_spec.child(1).type is dict
+    )
+
+
 def save(program: torch.export.ExportedProgram, path: str | os.PathLike[str]) -> Path:
     """Write ``program`` to ``path`` (``.pt2``) atomically with ``torch.export.save``.
 
     The file is written next to ``path`` under a temporary name and renamed onto it once
-    complete: a failure leaves no partial file and an existing ``path`` untouched. Sample inputs
+    complete: a failure leaves no partial file and an existing ``path`` untouched. A program taking
+    keyword inputs is written with flat inputs and outputs (:func:`hfexport_dynamo.flat_io.flat_program_io`:
+    caches and model outputs become named tensor leaves, so stock ``torch.export.load`` runs the
+    file in a process that imports only torch); ``program`` itself is unchanged. Sample inputs
     that the weights-only unpickler would refuse (caches among the traced inputs) are not stored,
     so the file loads without full unpickling, with :func:`load` as with ``torch.export.load``.
 
@@ -104,7 +120,8 @@ def save(program: torch.export.ExportedProgram, path: str | os.PathLike[str]) ->
             f"an ExportedProgram file must end with .pt2, got {target.name!r}; e.g. {target.stem}.pt2"
         )
     register_cache_pytrees()
-    with _portable_sample_inputs(program) as dropped, atomic_path(target) as tmp:
+    flat = flat_program_io(program) if _keyword_only(program) else contextlib.nullcontext()
+    with flat, _portable_sample_inputs(program) as dropped, atomic_path(target) as tmp:
         if dropped:
             logger.debug("sample inputs of %s hold objects weights-only loading refuses; not stored", target)
         with open(tmp, "wb") as handle:

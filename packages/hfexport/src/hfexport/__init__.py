@@ -43,6 +43,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "prepare_for_export": ("hfexport.inputs", "prepare_for_export"),
     "register_export_input_preparer": ("hfexport.workarounds.preparers", "register_export_input_preparer"),
     "get_leaf_tensors": ("hfexport.tensors", "get_leaf_tensors"),
+    "load": ("hfexport.loader", "load"),
+    "ExportedModel": ("hfexport.loader", "ExportedModel"),
     # errors
     "HfExportError": ("hfexport.errors", "HfExportError"),
     "ExportValidationError": ("hfexport.errors", "ExportValidationError"),

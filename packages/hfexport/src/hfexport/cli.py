@@ -352,6 +352,7 @@ def _config_for(
     calibration: Path | None = None,
     group_size: int | None = None,
     gates: dict[str, float] | None = None,
+    aoti: bool = False,
 ) -> Any:
     """The export config the options describe (no torch import).
 
@@ -360,6 +361,7 @@ def _config_for(
             (the message is the config's, e.g. ``atol=nan is invalid; allowed: ...``).
     """
     from hfexport.auto import AutoExportConfig
+    from hfexport.config import ExportFormat
 
     data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
     if atol is not None:
@@ -374,6 +376,10 @@ def _config_for(
         data["opset_version"] = opset
     if "optimize" in fields:
         data["optimize"] = optimize
+    if aoti:
+        if fmt != ExportFormat.DYNAMO.value:
+            raise typer.BadParameter(f"--aoti applies to the {ExportFormat.DYNAMO.value} format, not {fmt}")
+        data["aoti"] = True
     if backend is not None:
         if "backend" not in fields:
             raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
@@ -531,6 +537,14 @@ def export_command(
             "transformers.js (onnx), llm-runner (executorch), ... (`hfexport env` lists them)."
         ),
     ] = None,
+    aoti: Annotated[
+        bool,
+        typer.Option(
+            "--aoti",
+            help="dynamo: also compile an AOTInductor package (model.aoti.pt2) and validate it at both shapes "
+            "(needs a C++ compiler).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     overwrite: Annotated[
         bool,
@@ -575,6 +589,7 @@ def export_command(
             calibration=calibration,
             group_size=group_size,
             gates=_parse_gates(gate),
+            aoti=aoti,
         )
         from hfexport.auto import AutoHfExporter
 
@@ -668,7 +683,13 @@ def export_command(
                 stage = "save"
                 exporter.save(artifact, exporter.artifact_path(staging))
                 reports = [exporter.last_report]
-                report_dict = {}
+                # what hfexport.load needs: the file and the backend's load_component metadata
+                report_dict = {
+                    "artifact": {
+                        "file": exporter.artifact_path(staging).name,
+                        "metadata": exporter.component_metadata(artifact),
+                    }
+                }
             for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
             if layout is None and loaded.source is None and hasattr(loaded.model, "config"):

@@ -478,6 +478,10 @@ class DynamoConfig(ExportConfigMixin):
         quality_gates: overrides of the quality-gate thresholds by metric name (e.g.
             ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
             and quantization method.
+        aoti: (dynamo format only; other backends ignore it) also compile the program with
+            AOTInductor (``torch._inductor.aoti_compile_and_package``) into ``model.aoti.pt2`` next
+            to ``model.pt2`` and validate the package at the sample and second shapes; needs a C++
+            compiler (refused before capture without one).
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
@@ -493,6 +497,7 @@ class DynamoConfig(ExportConfigMixin):
     dtype: str = "float32"
     quantization: QuantizationConfig | None = None
     quality_gates: dict[str, float] | None = None
+    aoti: bool = False
 
     def validate_fields(self) -> None:
         if self.dtype not in DTYPES:
@@ -511,6 +516,7 @@ class DynamoConfig(ExportConfigMixin):
                         f"quality_gates[{key!r}]={threshold!r} is invalid; allowed: a finite float"
                     )
         for name in (
+            "aoti",
             "dynamic",
             "strict",
             "prefer_deferred_runtime_asserts_over_guards",
