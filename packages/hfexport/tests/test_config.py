@@ -151,3 +151,9 @@ def test_exporter_refuses_dtype_and_method_it_does_not_have_before_capture():
         ValueError, match=r"quantization method '8da4w' .* allowed: none \(this backend does not quantize\)"
     ):
         Minimal().export(model, {"input": torch.ones(1, 2)}, DynamoConfig(quantization="8da4w"))
+
+
+def test_aoti_is_a_dynamo_option_only():
+    assert DynamoConfig(aoti=True).aoti is True
+    with pytest.raises(ValueError, match="aoti=True applies to the dynamo format only, not onnx"):
+        OnnxConfig(aoti=True)

@@ -478,7 +478,7 @@ class DynamoConfig(ExportConfigMixin):
         quality_gates: overrides of the quality-gate thresholds by metric name (e.g.
             ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
             and quantization method.
-        aoti: (dynamo format only; other backends ignore it) also compile the program with
+        aoti: (dynamo format only; other formats refuse ``True``) also compile the program with
             AOTInductor (``torch._inductor.aoti_compile_and_package``) into ``model.aoti.pt2`` next
             to ``model.pt2`` and validate the package at the sample and second shapes; needs a C++
             compiler (refused before capture without one).
@@ -524,6 +524,11 @@ class DynamoConfig(ExportConfigMixin):
             "validate_second_shape",
         ):
             _check_type(name, getattr(self, name), (bool,), "True or False")
+        if self.aoti and self.export_format != ExportFormat.DYNAMO.value:
+            raise ValueError(
+                f"aoti=True applies to the {ExportFormat.DYNAMO.value} format only, not {self.export_format}; "
+                "drop it or export with DynamoConfig"
+            )
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             if value is not None:
