@@ -35,13 +35,26 @@ logger = logging.getLogger(__name__)
 _BOOKKEEPING = {operator.getitem}
 
 
-def lower_to_edge(ep: torch.export.ExportedProgram, partitioners: list[Any]) -> EdgeProgramManager:
+def lower_to_edge(
+    ep: torch.export.ExportedProgram,
+    partitioners: list[Any],
+    constant_methods: dict[str, Any] | None = None,
+) -> EdgeProgramManager:
     """Convert ``ep`` to the ExecuTorch edge dialect and delegate what ``partitioners`` claim.
+
+    Args:
+        ep: the captured program.
+        partitioners: the backend's partitioners.
+        constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that
+            become methods of the program returning that value (ExecuTorch's LLM runner reads its
+            metadata this way, e.g. ``get_max_seq_len``); ``None`` for none.
 
     Raises:
         Whatever ``to_edge_transform_and_lower`` raises (the caller's report stage names it).
     """
-    return _to_edge_transform_and_lower(ep, partitioner=list(partitioners))
+    return _to_edge_transform_and_lower(
+        ep, partitioner=list(partitioners), constant_methods=dict(constant_methods) if constant_methods else None
+    )
 
 
 def _compute_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:
