@@ -78,7 +78,18 @@ print("RESULT " + json.dumps({
 def _export(folder: Path, out: Path, *extra: str):
     return CliRunner().invoke(
         app,
-        ["export", "executorch", "--task", "text-generation", "--layout", "llm-runner", "--model", str(folder), str(out), *extra],
+        [
+            "export",
+            "executorch",
+            "--task",
+            "text-generation",
+            "--layout",
+            "llm-runner",
+            "--model",
+            str(folder),
+            str(out),
+            *extra,
+        ],
         env={"COLUMNS": "2000"},
     )
 
@@ -101,12 +112,16 @@ def _expected(folder: Path, prompt: str, new_tokens: int) -> tuple[list[int], li
     from tokenizers import Tokenizer
     from transformers import AutoModelForCausalLM
 
-    prompt_ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(prompt, add_special_tokens=False).ids
+    prompt_ids = (
+        Tokenizer.from_file(str(folder / "tokenizer.json")).encode(prompt, add_special_tokens=False).ids
+    )
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=new_tokens, do_sample=False,
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
         )
     return prompt_ids, out[0, len(prompt_ids) :].tolist()
 
@@ -158,8 +173,19 @@ def _refused(folder: Path, task: str, out: Path) -> str:
     return " ".join(result.output.split())
 
 
+def test_real_gpt2_runner_generates_like_generate(tmp_path: Path) -> None:
+    # IgLM-S: a real GPT-2 checkpoint (3 layers) from the iglm package, with a character-level
+    # WordPiece tokenizer the layout writes as the equivalent BPE (the runner reads BPE only)
+    folder = package_model_folder("iglm/IgLM-S", tmp_path / "iglm")
+    report = _check_parity(folder, tmp_path / "out", prompt="[HEAVY] [HUMAN] EVQLVESGGG")
+    assert report["tokenizer_conversion"].startswith("character-level WordPiece")
+    assert report["metadata"]["get_eos_ids"] == [3] and report["max_context_len"] == 512
+
+
 @pytest.mark.parametrize(
-    ("model_type", "task"), [("t5", "text2text-generation"), ("bert", "feature-extraction")], ids=["seq2seq", "encoder"]
+    ("model_type", "task"),
+    [("t5", "text2text-generation"), ("bert", "feature-extraction")],
+    ids=["seq2seq", "encoder"],
 )
 def test_layout_refuses_seq2seq_and_encoder_models(tmp_path: Path, model_type: str, task: str) -> None:
     from hfexport.testing import tiny_model

@@ -53,7 +53,9 @@ def lower_to_edge(
         Whatever ``to_edge_transform_and_lower`` raises (the caller's report stage names it).
     """
     return _to_edge_transform_and_lower(
-        ep, partitioner=list(partitioners), constant_methods=dict(constant_methods) if constant_methods else None
+        ep,
+        partitioner=list(partitioners),
+        constant_methods=dict(constant_methods) if constant_methods else None,
     )
 
 

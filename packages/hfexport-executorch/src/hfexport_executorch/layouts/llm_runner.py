@@ -132,8 +132,69 @@ def _tokenizer_json(files: Sequence[Path]) -> Path | None:
     return next((Path(f) for f in files if Path(f).name == "tokenizer.json"), None)
 
 
-def _check_runner_tokenizer(path: Path | None) -> dict[str, Any]:
+def _isolates_characters(pre: Any) -> bool:
+    """True when the pre-tokenizer cuts text into single characters (a ``Split`` on the empty
+    string, isolated), after an optional whitespace split."""
+    if not isinstance(pre, Mapping):
+        return False
+    parts = list(pre.get("pretokenizers") or ()) if pre.get("type") == "Sequence" else [pre]
+    kinds = [p.get("type") for p in parts if isinstance(p, Mapping)]
+    last = parts[-1] if parts else {}
+    return (
+        set(kinds[:-1]) <= {"WhitespaceSplit", "Whitespace"}
+        and last.get("type") == "Split"
+        and (last.get("pattern") or {}).get("String") == ""
+        and last.get("behavior") == "Isolated"
+    )
+
+
+def _character_bpe(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The character-level BPE ``tokenizer.json`` equivalent to a character-level WordPiece one, or
+    ``None`` when ``data`` is not that.
+
+    A WordPiece tokenizer whose vocabulary holds single characters only (besides its added special
+    tokens) and whose pre-tokenizer isolates characters (what protein / chemistry checkpoints
+    ship, e.g. IgLM's ``vocab.txt``) maps every character to its own id; a BPE with the same vocabulary,
+    no merges and a pre-tokenizer that drops whitespace and isolates characters gives the same ids.
+    The runner's tokenizer reads BPE only, so the layout writes this form.
+    """
+    model = data.get("model") or {}
+    if model.get("type") != "WordPiece" or not _isolates_characters(data.get("pre_tokenizer")):
+        return None
+    added = {t.get("content") for t in data.get("added_tokens") or ()}
+    vocab = dict(model.get("vocab") or {})
+    if any(len(token) != 1 for token in vocab if token not in added):
+        return None
+    converted = dict(data)
+    converted["model"] = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": model.get("unk_token"),
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "ignore_merges": False,
+        "vocab": vocab,
+        "merges": [],
+    }
+    converted["pre_tokenizer"] = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False},
+            {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": False},
+        ],
+    }
+    converted["decoder"] = None
+    return converted
+
+
+def _check_runner_tokenizer(path: Path | None) -> tuple[dict[str, Any], str | None]:
     """Parse ``tokenizer.json`` and check the runner's tokenizer can load it.
+
+    Returns:
+        ``(tokenizer.json contents to write, conversion note or None)``: a character-level WordPiece
+        tokenizer comes back as its equivalent BPE (see :func:`_character_bpe`).
 
     Raises:
         ValueError: no ``tokenizer.json``, or a tokenizer model / pre-tokenizer the runner's
@@ -145,6 +206,10 @@ def _check_runner_tokenizer(path: Path | None) -> dict[str, Any]:
             "tokenizer.json and tokenizer_config.json to the model folder, e.g. tokenizer.save_pretrained(folder)"
         )
     data = json.loads(path.read_text(encoding="utf-8"))
+    note = None
+    converted = _character_bpe(data)
+    if converted is not None:
+        data, note = converted, "character-level WordPiece written as the equivalent character-level BPE"
     kind = (data.get("model") or {}).get("type")
     if kind != "BPE":
         raise ValueError(
@@ -167,7 +232,7 @@ def _check_runner_tokenizer(path: Path | None) -> dict[str, Any]:
             f"{path}'s pre-tokenizer ({', '.join(unread) or 'none'}) is not one ExecuTorch 1.4's runner reads "
             f"({', '.join(_RUNNER_PRE_TOKENIZERS)}); ship a tokenizer.json with one of those"
         )
-    return data
+    return data, note
 
 
 def runner_vocab_size(tokenizer: Mapping[str, Any]) -> int:
@@ -200,7 +265,9 @@ class RunnerProgram(torch.nn.Module):
     max_context_len, head dim]``, one per layer), written in place at ``input_pos``.
     """
 
-    def __init__(self, model: torch.nn.Module, max_context_len: int, *, logits_size: int | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, max_context_len: int, *, logits_size: int | None = None
+    ) -> None:
         super().__init__()
         from transformers.cache_utils import StaticCache
 
@@ -217,7 +284,11 @@ class RunnerProgram(torch.nn.Module):
         # one eager step lets every layer allocate its tensors with the shapes the model uses
         with torch.no_grad():
             device = next(model.parameters()).device
-            model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), use_cache=True, **{self._cache_kwarg: cache})
+            model(
+                input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
         self.cache = cache
         for i, layer in enumerate(cache.layers):
             layer.keys.zero_()
@@ -347,7 +418,9 @@ def validate_runner_sequence(
     from hfexport.errors import ExportValidationError
 
     if required_backend and not Runtime.get().backend_registry.is_available(required_backend):
-        raise RuntimeError(f"the ExecuTorch runtime in this process has no {required_backend}; cannot validate")
+        raise RuntimeError(
+            f"the ExecuTorch runtime in this process has no {required_backend}; cannot validate"
+        )
     method = Runtime.get().load_program(manager.buffer).load_method("forward")
     n = int(prompt.shape[1])
     n1 = max(2, min(n - 1, max_context_len - 2))
@@ -449,7 +522,7 @@ def export_llm_runner(
     reason = refusal(model, "text-generation")
     if reason is not None:
         raise ValueError(reason)
-    tokenizer = _check_runner_tokenizer(_tokenizer_json(files))
+    tokenizer, tokenizer_note = _check_runner_tokenizer(_tokenizer_json(files))
     tok_vocab = runner_vocab_size(tokenizer)
     context, why = _max_context_len(model, max_context_len)
     exporter = exporter if exporter is not None else ExecutorchExporter()
@@ -499,7 +572,10 @@ def export_llm_runner(
     written = [_PTE_NAME]
     for f in files:
         if f.name in _CARRIED_FILES and f.is_file():
-            shutil.copy2(f, output_dir / f.name)
+            if f.name == "tokenizer.json" and tokenizer_note:
+                (output_dir / f.name).write_text(json.dumps(tokenizer, ensure_ascii=False, indent=2) + "\n")
+            else:
+                shutil.copy2(f, output_dir / f.name)
             written.append(f.name)
     if not (output_dir / "config.json").exists():
         model.config.to_json_file(output_dir / "config.json")
@@ -509,6 +585,7 @@ def export_llm_runner(
         "max_context_len_source": why,
         "metadata": metadata,
         "runner_vocab_size": tok_vocab,
+        "tokenizer_conversion": tokenizer_note,
         "model_vocab_size": model_vocab,
         "sequence_validation": sequence,
         "files": written,
