@@ -155,7 +155,8 @@ def _character_bpe(data: dict[str, Any]) -> dict[str, Any] | None:
     A WordPiece tokenizer whose vocabulary holds single characters only (besides its added special
     tokens) and whose pre-tokenizer isolates characters (what protein / chemistry checkpoints
     ship, e.g. IgLM's ``vocab.txt``) maps every character to its own id; a BPE with the same vocabulary,
-    no merges and a pre-tokenizer that drops whitespace and isolates characters gives the same ids.
+    no merges and a pre-tokenizer that drops spaces and isolates characters gives the same ids (for
+    text whose whitespace is spaces; tabs and newlines become unknown tokens).
     The runner's tokenizer reads BPE only, so the layout writes this form.
     """
     model = data.get("model") or {}
@@ -181,7 +182,9 @@ def _character_bpe(data: dict[str, Any]) -> dict[str, Any] | None:
     converted["pre_tokenizer"] = {
         "type": "Sequence",
         "pretokenizers": [
-            {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior": "Removed", "invert": False},
+            # read alike by `tokenizers` and by the runner, whose Split keeps the matches of a Regex
+            # pattern whatever the behavior, and splits on a String pattern as a delimiter
+            {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed", "invert": False},
             {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": False},
         ],
     }
