@@ -221,3 +221,31 @@ def test_refusal_names_state_space_and_encoder_decoder() -> None:
     assert "recurrent (state-space) cache" in refusal(mamba, "text-generation")
     llama, _ = tiny_model("llama", "text-generation", seed=0)
     assert refusal(llama, "text-generation") is None
+
+
+def test_program_keeps_the_cache_as_mutated_buffers() -> None:
+    from torch.export import Dim
+
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import RunnerProgram
+
+    model, _ = tiny_model("llama", "text-generation", seed=0)
+    program = RunnerProgram(model.eval(), 16).eval()
+    ids = torch.tensor([[5, 9, 11, 3, 7]])
+    with torch.no_grad():
+        prefill = program(ids[:, :4], torch.arange(4))
+        decode = program(ids[:, 4:], torch.tensor([4]))
+        full = model(input_ids=ids).logits[0]
+    assert prefill.shape == (1, model.config.vocab_size)
+    torch.testing.assert_close(prefill[0], full[3], atol=1e-5, rtol=0)
+    torch.testing.assert_close(decode[0], full[4], atol=1e-5, rtol=0)  # read what the prefill wrote
+    seq = Dim("seq", min=1, max=16)
+    with torch.no_grad():
+        ep = torch.export.export(
+            program, (ids[:, :4], torch.arange(4)), dynamic_shapes=({1: seq}, {0: seq}), strict=False
+        )
+    signature = ep.run_decompositions({}).graph_signature  # in-place updates -> buffer mutations
+    layers = model.config.num_hidden_layers
+    expected = {f"{kind}_cache_{i}" for kind in "kv" for i in range(layers)}
+    assert set(signature.buffers_to_mutate.values()) == expected
+    assert list(signature.user_inputs) == ["tokens", "input_pos"] and len(signature.user_outputs) == 1
