@@ -105,6 +105,7 @@ class ExecutorchExporter(HfExporter):
         from hfexport.tensors import cast_leaf_tensors
         from hfexport_executorch.backends import prepare_backend
         from hfexport_executorch.lowering import (
+            constant_methods_of,
             delegation_summary,
             lower_to_edge,
             plan_memory,
@@ -142,7 +143,7 @@ class ExecutorchExporter(HfExporter):
                 applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
                 report.record_applied(Stage.FX_NODE_FIXES, applied)
             with report.stage(Stage.LOWER, detail=plan.delegate_id):
-                edge = lower_to_edge(program, plan.partitioners, _constant_methods(model))
+                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
                 report.extra["delegation"] = delegation_summary(edge)
             with report.stage("memory_budget"):
                 edge_program = edge.exported_program()
@@ -257,18 +258,6 @@ class ExecutorchExporter(HfExporter):
         from hfexport_executorch.serialize import save_program
 
         save_program(artifact, path)
-
-
-#: Attribute a module to export may carry: ``{method name: value}`` written as constant methods of
-#: the program (see :func:`hfexport_executorch.lowering.lower_to_edge`); the ``llm-runner`` layout's
-#: program declares the runner's metadata (``get_max_seq_len`` ...) this way.
-CONSTANT_METHODS_ATTR = "executorch_constant_methods"
-
-
-def _constant_methods(model: Any) -> dict[str, Any] | None:
-    """The constant methods ``model`` declares (:data:`CONSTANT_METHODS_ATTR`), or ``None``."""
-    found = getattr(model, CONSTANT_METHODS_ATTR, None)
-    return dict(found) if found else None
 
 
 def _fit_to_bounds(

@@ -22,6 +22,8 @@ from executorch.exir import to_edge_transform_and_lower as _to_edge_transform_an
 from executorch.exir.passes import MemoryPlanningPass
 
 __all__ = [
+    "CONSTANT_METHODS_ATTR",
+    "constant_methods_of",
     "delegation_summary",
     "lower_to_edge",
     "memory_planning_pass",
@@ -33,6 +35,18 @@ logger = logging.getLogger(__name__)
 
 # Nodes that move values around without computing: not counted on either side of the share.
 _BOOKKEEPING = {operator.getitem}
+
+
+#: Attribute a module to export may carry: ``{method name: value}`` written as constant methods of
+#: the program (see :func:`lower_to_edge`); the ``llm-runner`` layout's program declares the
+#: runner's metadata (``get_max_seq_len`` ...) this way.
+CONSTANT_METHODS_ATTR = "executorch_constant_methods"
+
+
+def constant_methods_of(model: Any) -> dict[str, Any] | None:
+    """The constant methods ``model`` declares (:data:`CONSTANT_METHODS_ATTR`), or ``None``."""
+    found = getattr(model, CONSTANT_METHODS_ATTR, None)
+    return dict(found) if found else None
 
 
 def lower_to_edge(

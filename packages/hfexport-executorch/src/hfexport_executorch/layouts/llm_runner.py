@@ -518,7 +518,8 @@ def export_llm_runner(
     from torch.export import Dim
 
     from hfexport.config import ExecutorchConfig
-    from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR, CONSTANT_METHODS_ATTR, ExecutorchExporter
+    from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR, ExecutorchExporter
+    from hfexport_executorch.lowering import CONSTANT_METHODS_ATTR
 
     output_dir = Path(output_dir)
     files = [Path(f) for f in files]
