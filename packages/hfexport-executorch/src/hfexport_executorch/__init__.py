@@ -3,13 +3,15 @@
 ``ExecutorchExporter`` lowers through XNNPACK (CPU) or the CUDA backend and validates the program
 in the ExecuTorch runtime against eager PyTorch. Importing this package registers the exporter
 under the ``"executorch"`` format and registers its patches and FX fixes with
-:mod:`hfexport.registry`.
+:mod:`hfexport.registry`, and its runtime layouts (``llm-runner``, :mod:`hfexport_executorch.layouts`) with
+:mod:`hfexport.layouts`.
 """
 
 from __future__ import annotations
 
 from hfexport_executorch.__about__ import __version__
 from hfexport_executorch.exporter import ExecutorchExporter
+from hfexport_executorch.layouts import LLM_RUNNER as _LLM_RUNNER  # noqa: F401  (register the layouts)
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 from hfexport_executorch.workarounds import fx_fixes, patches  # noqa: F401  (register the workarounds)
 

@@ -127,6 +127,7 @@ class ExecutorchExporter(HfExporter):
         from hfexport.tensors import cast_leaf_tensors
         from hfexport_executorch.backends import prepare_backend
         from hfexport_executorch.lowering import (
+            constant_methods_of,
             delegation_summary,
             lower_to_edge,
             plan_memory,
@@ -176,7 +177,7 @@ class ExecutorchExporter(HfExporter):
                 applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
                 report.record_applied(Stage.FX_NODE_FIXES, applied)
             with report.stage(Stage.LOWER, detail=plan.delegate_id):
-                edge = lower_to_edge(program, plan.partitioners)
+                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
                 report.extra["delegation"] = delegation_summary(edge)
                 if quantization is not None:
                     from hfexport_executorch.quantize import quantized_op_counts

@@ -22,6 +22,8 @@ from executorch.exir import to_edge_transform_and_lower as _to_edge_transform_an
 from executorch.exir.passes import MemoryPlanningPass
 
 __all__ = [
+    "CONSTANT_METHODS_ATTR",
+    "constant_methods_of",
     "delegation_summary",
     "lower_to_edge",
     "memory_planning_pass",
@@ -35,13 +37,40 @@ logger = logging.getLogger(__name__)
 _BOOKKEEPING = {operator.getitem}
 
 
-def lower_to_edge(ep: torch.export.ExportedProgram, partitioners: list[Any]) -> EdgeProgramManager:
+#: Attribute a module to export may carry: ``{method name: value}`` written as constant methods of
+#: the program (see :func:`lower_to_edge`); the ``llm-runner`` layout's program declares the
+#: runner's metadata (``get_max_seq_len`` ...) this way.
+CONSTANT_METHODS_ATTR = "executorch_constant_methods"
+
+
+def constant_methods_of(model: Any) -> dict[str, Any] | None:
+    """The constant methods ``model`` declares (:data:`CONSTANT_METHODS_ATTR`), or ``None``."""
+    found = getattr(model, CONSTANT_METHODS_ATTR, None)
+    return dict(found) if found else None
+
+
+def lower_to_edge(
+    ep: torch.export.ExportedProgram,
+    partitioners: list[Any],
+    constant_methods: dict[str, Any] | None = None,
+) -> EdgeProgramManager:
     """Convert ``ep`` to the ExecuTorch edge dialect and delegate what ``partitioners`` claim.
+
+    Args:
+        ep: the captured program.
+        partitioners: the backend's partitioners.
+        constant_methods: ``{method name: value}`` (an int, float, bool or a list of them) that
+            become methods of the program returning that value (ExecuTorch's LLM runner reads its
+            metadata this way, e.g. ``get_max_seq_len``); ``None`` for none.
 
     Raises:
         Whatever ``to_edge_transform_and_lower`` raises (the caller's report stage names it).
     """
-    return _to_edge_transform_and_lower(ep, partitioner=list(partitioners))
+    return _to_edge_transform_and_lower(
+        ep,
+        partitioner=list(partitioners),
+        constant_methods=dict(constant_methods) if constant_methods else None,
+    )
 
 
 def _compute_nodes(graph: torch.fx.Graph) -> list[torch.fx.Node]:

@@ -1,0 +1,251 @@
+"""The ``llm-runner`` layout, run by ExecuTorch's own ``TextLLMRunner`` in a process without hfexport.
+
+Each export goes through the CLI (``hfexport export executorch --task text-generation --layout
+llm-runner``); then a subprocess that imports only torch and ExecuTorch's runner extension runs
+``TextLLMRunner`` greedily (temperature 0) and the generated ids must equal
+``model.generate(do_sample=False)``.
+
+How the ids come out of the runner: its Python binding hands each generated token to the callback
+as the decoded text piece (``str``), and a byte-level token that is part of a UTF-8 character
+cannot become a ``str`` (the binding raises ``UnicodeDecodeError``). So the subprocess runs the
+program twice: once with the exported folder as written (its ``tokenizer.json``, the count of
+generated tokens from the stats callback), once with a copy of that ``tokenizer.json`` without
+its ``decoder`` entry, which makes every piece the token's vocabulary string, mapped back to its id
+exactly. The program is the same file both times.
+
+The subprocess loads the runner's compiled module ``_llm_runner`` directly: the package
+``executorch.extension.llm.runner`` also imports ``transformers`` (for its multimodal helper
+``generate_hf``), which would make the "no transformers at run time" assertion meaningless.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hfexport.cli import app
+from hfexport.testing.folders import package_model_folder, tiny_model_folder
+
+NEW_TOKENS = 24
+PROMPT = "The quick brown fox"
+
+RUNNER_SCRIPT = r"""
+import importlib.machinery, importlib.util, json, os, shutil, sys, tempfile
+import torch  # the runner extension links libtorch (as executorch.extension.llm.runner does)
+
+spec = importlib.util.find_spec("executorch")
+base = os.path.join(list(spec.submodule_search_locations)[0], "extension", "llm", "runner")
+so = next(f for f in os.listdir(base) if f.startswith("_llm_runner") and f.endswith(".so"))
+loader = importlib.machinery.ExtensionFileLoader("_llm_runner", os.path.join(base, so))
+module = importlib.util.module_from_spec(importlib.util.spec_from_loader("_llm_runner", loader))
+loader.exec_module(module)
+TextLLMRunner, GenerationConfig = module.TextLLMRunner, module.GenerationConfig
+leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("hfexport", "hfexport_executorch", "transformers"))
+assert not leaked, leaked
+
+folder, prompt, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+stats = []
+runner = TextLLMRunner(os.path.join(folder, "model.pte"), os.path.join(folder, "tokenizer.json"))
+runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0), None, stats.append)
+
+tokenizer = json.load(open(os.path.join(folder, "tokenizer.json"), encoding="utf-8"))
+tokenizer["decoder"] = None
+tmp = tempfile.mkdtemp()
+with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+    json.dump(tokenizer, f)
+ids_of = dict(tokenizer["model"]["vocab"])
+ids_of.update({t["content"]: t["id"] for t in tokenizer.get("added_tokens") or ()})
+pieces = []
+plain = TextLLMRunner(os.path.join(folder, "model.pte"), os.path.join(tmp, "tokenizer.json"))
+plain.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0), pieces.append, None)
+shutil.rmtree(tmp)
+print("RESULT " + json.dumps({
+    "ids": [ids_of[p] for p in pieces],
+    "num_prompt_tokens": stats[0].num_prompt_tokens,
+    "num_generated_tokens": stats[0].num_generated_tokens,
+    "modules": sorted({m.split(".")[0] for m in sys.modules}),
+}))
+"""
+
+
+def _export(folder: Path, out: Path, *extra: str):
+    return CliRunner().invoke(
+        app,
+        [
+            "export",
+            "executorch",
+            "--task",
+            "text-generation",
+            "--layout",
+            "llm-runner",
+            "--model",
+            str(folder),
+            str(out),
+            *extra,
+        ],
+        env={"COLUMNS": "2000"},
+    )
+
+
+def _run_runner(out: Path, prompt: str, new_tokens: int) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no worktree sources on the path
+    proc = subprocess.run(
+        [sys.executable, "-c", RUNNER_SCRIPT, str(out), prompt, str(new_tokens)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def _expected(folder: Path, prompt: str, new_tokens: int) -> tuple[list[int], list[int]]:
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    prompt_ids = (
+        Tokenizer.from_file(str(folder / "tokenizer.json")).encode(prompt, add_special_tokens=False).ids
+    )
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+        )
+    return prompt_ids, out[0, len(prompt_ids) :].tolist()
+
+
+def _check_parity(folder: Path, out: Path, prompt: str = PROMPT, new_tokens: int = NEW_TOKENS) -> dict:
+    result = _export(folder, out)
+    assert result.exit_code == 0, result.output
+    assert (out / "model.pte").is_file() and (out / "tokenizer.json").is_file()
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["layout"] == "llm-runner"
+    steps = report["sequence_validation"]["steps"]
+    assert [s["step"] for s in steps] == ["prefill", "decode", "prefill_again"]
+    assert all(s["max_abs_diff"] < 1e-4 for s in steps), steps
+    prompt_ids, expected = _expected(folder, prompt, new_tokens)
+    assert len(expected) >= 20, f"the eager model stopped after {len(expected)} tokens; pick another prompt"
+    got = _run_runner(out, prompt, new_tokens)
+    assert not {"hfexport", "hfexport_executorch", "transformers"} & set(got["modules"])
+    assert got["num_prompt_tokens"] == len(prompt_ids)
+    # the runner's stats count the tokens of its decode loop, not the one its prefill samples
+    assert got["num_generated_tokens"] + 1 == len(expected)
+    assert got["ids"] == expected
+    return report
+
+
+def test_tiny_llama_runner_generates_like_generate(tmp_path: Path) -> None:
+    # vocab_size 428 = what the offline tokenizer reaches: the runner samples among the
+    # tokenizer's ids, generate among the model's, so both sizes are equal here
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    report = _check_parity(folder, tmp_path / "out")
+    metadata = report["metadata"]
+    assert metadata["get_max_seq_len"] == metadata["get_max_context_len"] == report["max_context_len"]
+    assert metadata["get_eos_ids"] == [2] and metadata["use_kv_cache"] is True
+    assert metadata["enable_dynamic_shape"] is True and metadata["get_vocab_size"] == 428
+
+
+@pytest.mark.extended
+def test_tiny_qwen3_runner_generates_like_generate(tmp_path: Path) -> None:
+    folder = tiny_model_folder("qwen3", tmp_path / "qwen3", vocab_size=428)
+    _check_parity(folder, tmp_path / "out")
+
+
+def _refused(folder: Path, task: str, out: Path) -> str:
+    result = CliRunner().invoke(
+        app,
+        ["export", "executorch", "--task", task, "--layout", "llm-runner", "--model", str(folder), str(out)],
+        env={"COLUMNS": "2000"},
+    )
+    assert result.exit_code == 2, result.output
+    return " ".join(result.output.split())
+
+
+def test_real_gpt2_runner_generates_like_generate(tmp_path: Path) -> None:
+    # IgLM-S: a real GPT-2 checkpoint (3 layers) from the iglm package, with a character-level
+    # WordPiece tokenizer the layout writes as the equivalent BPE (the runner reads BPE only)
+    folder = package_model_folder("iglm/IgLM-S", tmp_path / "iglm")
+    report = _check_parity(folder, tmp_path / "out", prompt="[HEAVY] [HUMAN] EVQLVESGGG")
+    assert report["tokenizer_conversion"].startswith("character-level WordPiece")
+    assert report["metadata"]["get_eos_ids"] == [3] and report["max_context_len"] == 512
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task"),
+    [("t5", "text2text-generation"), ("bert", "feature-extraction")],
+    ids=["seq2seq", "encoder"],
+)
+def test_layout_refuses_seq2seq_and_encoder_models(tmp_path: Path, model_type: str, task: str) -> None:
+    from hfexport.testing import tiny_model
+
+    model, _ = tiny_model(model_type, task, seed=0)
+    folder = tmp_path / model_type
+    model.save_pretrained(folder)
+    out = tmp_path / "out"
+    text = _refused(folder, task, out)
+    assert f"layout 'llm-runner' serves tasks text-generation, not '{task}'" in text
+    assert "no executorch layout fits; drop --layout for the default export" in text
+    assert not out.exists()
+
+
+def test_layout_needs_tokenizer(tmp_path: Path) -> None:
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / name).unlink(missing_ok=True)
+    out = tmp_path / "out"
+    text = _refused(folder, "text-generation", out)
+    assert "layout 'llm-runner' needs the tokenizer next to the model" in text
+    assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in text
+    assert not out.exists()
+
+
+def test_refusal_names_state_space_and_encoder_decoder() -> None:
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import refusal
+
+    t5, _ = tiny_model("t5", "text2text-generation", seed=0)
+    assert refusal(t5, "text-generation").startswith("T5ForConditionalGeneration is an encoder-decoder model")
+    mamba, _ = tiny_model("mamba", "text-generation", seed=0)
+    assert "recurrent (state-space) cache" in refusal(mamba, "text-generation")
+    llama, _ = tiny_model("llama", "text-generation", seed=0)
+    assert refusal(llama, "text-generation") is None
+
+
+def test_program_keeps_the_cache_as_mutated_buffers() -> None:
+    from torch.export import Dim
+
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import RunnerProgram
+
+    model, _ = tiny_model("llama", "text-generation", seed=0)
+    program = RunnerProgram(model.eval(), 16).eval()
+    ids = torch.tensor([[5, 9, 11, 3, 7]])
+    with torch.no_grad():
+        prefill = program(ids[:, :4], torch.arange(4))
+        decode = program(ids[:, 4:], torch.tensor([4]))
+        full = model(input_ids=ids).logits[0]
+    assert prefill.shape == (1, model.config.vocab_size)
+    torch.testing.assert_close(prefill[0], full[3], atol=1e-5, rtol=0)
+    torch.testing.assert_close(decode[0], full[4], atol=1e-5, rtol=0)  # read what the prefill wrote
+    seq = Dim("seq", min=1, max=16)
+    with torch.no_grad():
+        ep = torch.export.export(
+            program, (ids[:, :4], torch.arange(4)), dynamic_shapes=({1: seq}, {0: seq}), strict=False
+        )
+    signature = ep.run_decompositions({}).graph_signature  # in-place updates -> buffer mutations
+    layers = model.config.num_hidden_layers
+    expected = {f"{kind}_cache_{i}" for kind in "kv" for i in range(layers)}
+    assert set(signature.buffers_to_mutate.values()) == expected
+    assert list(signature.user_inputs) == ["tokens", "input_pos"] and len(signature.user_outputs) == 1
