@@ -216,6 +216,54 @@ def test_text_generation_runs_greedily_in_transformers_js(
     assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
 
 
+FILL_MASK_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, text] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const unmasker = await pipeline("fill-mask", modelDir, { local_files_only: true });
+const top = await unmasker(text, { top_k: 5 });
+const encoded = unmasker.tokenizer(text);
+writeFileSync(out, JSON.stringify({ top, ids: Array.from(encoded.input_ids.data, Number) }));
+"""
+# a reaction SMILES with one masked token, with the [CLS]/[SEP] rxnmapper was trained with
+REACTION = "[CLS]CC(C)[MASK].CN(C)C=O>>CC(C)OC[SEP]"
+
+
+@pytest.mark.extended
+def test_rxnmapper_fill_mask_runs_in_transformers_js(tmp_path, transformers_js):
+    from hfexport.testing.folders import package_model_folder
+
+    try:
+        folder = package_model_folder("rxnmapper", tmp_path / "rxnmapper")
+    except FileNotFoundError as exc:
+        pytest.skip(f"needs the rxnmapper package's checkpoint (pip install --no-deps rxnmapper): {exc}")
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "mask_token": "[MASK]"}))
+    out = tmp_path / "rxnmapper-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "export_report.json").read_text())["task"] == "fill-mask"
+
+    got = _run_js(FILL_MASK_JS, transformers_js, tmp_path / "node", str(out), REACTION)
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForMaskedLM.from_pretrained(folder).eval()
+    encoded = tokenizer(REACTION, return_tensors="pt")
+    assert got["ids"] == encoded["input_ids"][0].tolist()  # the same tokens in both tokenizers
+    with torch.no_grad():
+        logits = model(**encoded).logits
+    position = int((encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0, 0])
+    scores, ids = logits[0, position].softmax(-1).topk(5)
+    assert [t["token"] for t in got["top"]] == ids.tolist()
+    assert max(abs(t["score"] - s) for t, s in zip(got["top"], scores.tolist())) <= 1e-5
+
+
 def test_sliding_window_cache_is_refused_before_capture(tmp_path):
     from hfexport.testing.folders import tiny_model_folder
 
