@@ -264,6 +264,53 @@ def test_rxnmapper_fill_mask_runs_in_transformers_js(tmp_path, transformers_js):
     assert max(abs(t["score"] - s) for t, s in zip(got["top"], scores.tolist())) <= 1e-5
 
 
+TEXT_CLASSIFICATION_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, sentencesJson] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const classifier = await pipeline("text-classification", modelDir, { local_files_only: true });
+const results = [];
+for (const text of JSON.parse(sentencesJson)) results.push(await classifier(text, { top_k: null }));
+writeFileSync(out, JSON.stringify({ results }));
+"""
+
+
+@pytest.mark.extended
+def test_text_classification_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
+    """A tiny seeded BERT classifier with the real MiniLM tokenizer: labels and scores as PyTorch's."""
+    import shutil
+
+    from hfexport.testing import tiny_model
+
+    model, _ = tiny_model(
+        "bert", "text-classification", vocab_size=30522, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"}
+    )
+    folder = tmp_path / "classifier"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy2(minilm_path / name, folder / name)
+    out = tmp_path / "classifier-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "export_report.json").read_text())["task"] == "text-classification"
+
+    got = _run_js(TEXT_CLASSIFICATION_JS, transformers_js, tmp_path / "node", str(out), json.dumps(SENTENCES))
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for text, labels in zip(SENTENCES, got["results"]):
+        with torch.no_grad():
+            probs = model(**tokenizer(text, return_tensors="pt")).logits[0].softmax(-1)
+        want = {model.config.id2label[i]: float(p) for i, p in enumerate(probs)}
+        assert {r["label"] for r in labels} == {"neg", "neu", "pos"}
+        assert max(abs(r["score"] - want[r["label"]]) for r in labels) <= 1e-5
+
+
 def test_sliding_window_cache_is_refused_before_capture(tmp_path):
     from hfexport.testing.folders import tiny_model_folder
 
