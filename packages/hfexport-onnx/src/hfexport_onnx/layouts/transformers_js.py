@@ -245,7 +245,6 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
     reason = check_transformers_js(request.model, request.task)
     if reason is not None:
         raise UnsupportedModelError(reason)
-    js_dtype, suffix = DTYPES[_model_dtype(request.model)]
     tokenizer = _copy_tokenizer(request.files, out)  # before the export: a missing tokenizer fails fast
 
     from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, initializer_bytes
@@ -270,6 +269,16 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
     inputs = [v.name for v in onnx_model.graph.inputs]
     outputs = [v.name for v in onnx_model.graph.outputs]
     _check_outputs(request.task, outputs)
+    # the file name and "dtype" follow the graph's float type (config.dtype casts at capture,
+    # the eager model stays float32): transformers.js picks model.onnx for fp32, model_fp16.onnx for fp16
+    graph_dtype = str(getattr(onnx_model.graph.outputs[0].dtype, "name", "")).lower()
+    torch_dtype = {"float": "float32", "float16": "float16"}.get(graph_dtype)
+    if torch_dtype is None:
+        raise UnsupportedModelError(
+            f"the graph's {outputs[0]} is {graph_dtype or 'untyped'}; the transformers.js layout writes float32 or "
+            "float16 graphs (onnx/model.onnx, onnx/model_fp16.onnx)"
+        )
+    js_dtype, suffix = DTYPES[torch_dtype]
 
     external = bool(getattr(request.config, "external_data", True)) or (
         initializer_bytes(onnx_model) >= PROTOBUF_LIMIT_BYTES
