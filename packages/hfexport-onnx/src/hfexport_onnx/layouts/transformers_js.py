@@ -41,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -125,22 +126,46 @@ def _copy_tokenizer(files: Sequence[Path], dest: Path) -> list[str]:
     # fast tokenizer, whose save writes both files transformers.js reads
     source = found[0].parent if found else None
     error = None
-    if source is not None:
-        try:
-            from transformers import AutoTokenizer
+    with tempfile.TemporaryDirectory(prefix=".tokenizer.", dir=dest) as tmp:
+        converted = Path(tmp)
+        if source is not None:
+            try:
+                from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(dest))
-        except Exception as exc:  # a tokenizer transformers cannot load or convert
-            error = f"{type(exc).__name__}: {exc}"
-    missing = [n for n in REQUIRED_TOKENIZER_FILES if not (dest / n).is_file()]
-    if missing:
-        raise ValueError(
-            "layout 'transformers.js' needs the tokenizer as transformers.js reads it: add "
-            + " and ".join(REQUIRED_TOKENIZER_FILES)
-            + " to the model folder (tokenizer.save_pretrained(model_folder) with a fast tokenizer)"
-            + (f"; converting the folder's {', '.join(sorted(names))} failed: {error}" if error else "")
-        )
-    return sorted(p.name for p in dest.iterdir() if p.name in {*names, *REQUIRED_TOKENIZER_FILES})
+                AutoTokenizer.from_pretrained(str(source)).save_pretrained(str(converted))
+            except Exception as exc:  # a tokenizer transformers cannot load or convert
+                error = f"{type(exc).__name__}: {exc}"
+        complete = all((converted / n).is_file() for n in REQUIRED_TOKENIZER_FILES)
+        vocab = next((f for f in found if f.name == "vocab.txt"), None)
+        if complete and vocab is not None:
+            # transformers 5 may "convert" a vocab.txt it does not understand into a tokenizer of a
+            # handful of tokens (the rxnmapper ALBERT folder: 591 entries -> 5): refuse, do not ship it
+            entries = sum(1 for line in vocab.read_text(encoding="utf-8").splitlines() if line.strip())
+            size = _tokenizer_size(converted / "tokenizer.json")
+            if size < entries:
+                complete = False
+                error = (
+                    f"the conversion gave a tokenizer of {size} tokens for the {entries} entries of vocab.txt "
+                    "(transformers' AutoTokenizer does not understand this folder)"
+                )
+        if not complete:
+            raise ValueError(
+                "layout 'transformers.js' needs the tokenizer as transformers.js reads it: add "
+                + " and ".join(REQUIRED_TOKENIZER_FILES)
+                + " to the model folder (tokenizer.save_pretrained(model_folder) with a fast tokenizer)"
+                + (f"; converting the folder's {', '.join(sorted(names))} failed: {error}" if error else "")
+            )
+        written = sorted(p.name for p in converted.iterdir() if p.is_file())
+        for name in written:
+            shutil.move(str(converted / name), dest / name)
+    return written
+
+
+def _tokenizer_size(path: Path) -> int:
+    """Number of tokens of a ``tokenizer.json`` (model vocabulary plus added tokens)."""
+    from tokenizers import Tokenizer
+
+    return int(Tokenizer.from_file(str(path)).get_vocab_size(with_added_tokens=True))
 
 
 def _config_dict(request: LayoutRequest) -> dict[str, Any]:
@@ -220,7 +245,6 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
     reason = check_transformers_js(request.model, request.task)
     if reason is not None:
         raise UnsupportedModelError(reason)
-    js_dtype, suffix = DTYPES[_model_dtype(request.model)]
     tokenizer = _copy_tokenizer(request.files, out)  # before the export: a missing tokenizer fails fast
 
     from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, initializer_bytes
@@ -245,6 +269,16 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
     inputs = [v.name for v in onnx_model.graph.inputs]
     outputs = [v.name for v in onnx_model.graph.outputs]
     _check_outputs(request.task, outputs)
+    # the file name and "dtype" follow the graph's float type (config.dtype casts at capture,
+    # the eager model stays float32): transformers.js picks model.onnx for fp32, model_fp16.onnx for fp16
+    graph_dtype = str(getattr(onnx_model.graph.outputs[0].dtype, "name", "")).lower()
+    torch_dtype = {"float": "float32", "float16": "float16"}.get(graph_dtype)
+    if torch_dtype is None:
+        raise UnsupportedModelError(
+            f"the graph's {outputs[0]} is {graph_dtype or 'untyped'}; the transformers.js layout writes float32 or "
+            "float16 graphs (onnx/model.onnx, onnx/model_fp16.onnx)"
+        )
+    js_dtype, suffix = DTYPES[torch_dtype]
 
     external = bool(getattr(request.config, "external_data", True)) or (
         initializer_bytes(onnx_model) >= PROTOBUF_LIMIT_BYTES
