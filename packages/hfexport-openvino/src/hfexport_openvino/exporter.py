@@ -303,6 +303,59 @@ class OpenvinoExporter(HfExporter):
             verify_file(file)
         return ov.Core().read_model(os.fspath(path))
 
+    # -- generation ------------------------------------------------------------------------------
+    def export_for_generation(
+        self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Export for greedy generation; see :meth:`hfexport.exporter.HfExporter.export_for_generation`.
+
+        With ``config.stateful`` (the default) the model must be a decoder-only language model: it is
+        exported as one stateful decoder (:func:`hfexport_openvino.stateful.export_stateful_decoder`,
+        component ``"stateful_decoder"``, saved as ``openvino_model.xml``), validated stateless at
+        the sample and then as state against ``model.generate`` (greedy tokens equal). With
+        ``stateful=False``, or a per-component config dict, the core's stateless components.
+
+        Raises:
+            StatefulExportError: ``stateful=True`` for a model with no KV cache, an encoder-decoder
+                or a multimodal model (before any capture).
+            ValueError: ``stateful=True`` with ``multi_token_decode``/``components``/
+                ``generation_config`` options that only stateless components take.
+        """
+        if isinstance(config, Mapping) and "export_format" not in config:  # {component: config}
+            return super().export_for_generation(model, inputs, config, **kwargs)
+        resolved = self._resolve_config(config)
+        if not resolved.stateful:
+            return super().export_for_generation(model, inputs, resolved, **kwargs)
+        used = sorted(k for k, v in kwargs.items() if v not in (None, False))
+        if used:
+            raise ValueError(
+                f"{used} apply to stateless generation components; pass OpenvinoConfig(stateful=False) to use them"
+            )
+        from hfexport_openvino.stateful import export_stateful_decoder
+
+        return export_stateful_decoder(self, model, inputs, resolved)
+
+    def component_filename(self, name: str) -> str:
+        """``openvino_model.xml`` for the stateful decoder (the file OpenVINO GenAI reads), else ``<name>.xml``."""
+        from hfexport_openvino.stateful import STATEFUL_COMPONENT
+
+        return self.artifact_filename if name == STATEFUL_COMPONENT else f"{name}.xml"
+
+    def component_metadata(self, artifact: Any) -> dict[str, Any]:
+        """``{"stateful": bool, "inference_precision_hint": str | None}`` of a component model."""
+        hint_key = ["runtime_options", "INFERENCE_PRECISION_HINT"]
+        hint = str(artifact.get_rt_info(hint_key).astype(str)) if artifact.has_rt_info(hint_key) else None
+        return {"stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])), "inference_precision_hint": hint}
+
+    def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
+        """A :class:`~hfexport_openvino.stateful.StatefulGenerationRunner` for a stateful decoder folder,
+        else the core's ``GenerationRunner``."""
+        from hfexport_openvino.stateful import STATEFUL_COMPONENT, StatefulGenerationRunner
+
+        if list(plan.components) == [STATEFUL_COMPONENT]:
+            return StatefulGenerationRunner(plan, callers[STATEFUL_COMPONENT])
+        return super().generation_runner(plan, callers, **runner_kwargs)
+
     def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
         """A runner over a saved component: :class:`~hfexport_openvino.runtime.OpenvinoRunner`, or a
         :class:`~hfexport_openvino.stateful.StatefulDecoder` for a stateful decoder (``metadata["stateful"]``)."""

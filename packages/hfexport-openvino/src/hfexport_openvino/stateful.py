@@ -358,7 +358,7 @@ def export_stateful_decoder(exporter: Any, model: Any, inputs: Mapping[str, Any]
                     f"model.generate's {expected[0, prompt.shape[1]:].tolist()}"
                 )
             record.detail = f"{new} greedy tokens equal to model.generate"
-            report.validation["generation"] = [{"name": "greedy_tokens", "ok": True, "tokens": got[0].tolist()}]
+            report.extra["validation_generation"] = {"greedy_tokens": got[0].tolist(), "equal_to_generate": True}
     finally:
         model.train(was_training)
     plan = GenerationPlan(
