@@ -24,7 +24,7 @@ class StatefulExportError(UnsupportedModelError):
 # "Exception happened during conversion of operation cat_3/aten.cat.default with schema ..."
 _OP_FAILURE = re.compile(r"conversion of operation (?P<node>[^\s/]+)/(?P<op>[\w.:]+)")
 # "-- aten.cat.default with a message:" / "-- No conversion rule found for operations: aten.foo.default"
-_SUMMARY = re.compile(r"Conversion is failed for:\s*(?P<ops>[^\n]+)")
+_SUMMARY = re.compile(r"(?:Conversion is failed for|No conversion rule found for operations):\s*(?P<ops>[^\n]+)")
 
 
 def failed_nodes(message: str) -> list[tuple[str, str]]:
@@ -44,16 +44,32 @@ def failed_nodes(message: str) -> list[tuple[str, str]]:
 class OpenvinoConversionError(ExportStageError):
     """``openvino.convert_model`` rejected the captured program.
 
+    Args:
+        detail: OpenVINO's ``OpConversionFailure`` message.
+        graph_nodes: ``{op: [fx node names]}`` of the converted program, to name the nodes of ops
+            OpenVINO reports without a node ("No conversion rule found for operations: ...").
+
     Attributes:
         nodes: ``[(fx_node_name, op)]`` OpenVINO names as failed (``[("cat_3", "aten.cat.default")]``),
             empty when its message names none.
         ops: the op names OpenVINO's summary lists (``["aten.cat.default"]``).
     """
 
-    def __init__(self, message: str, *, stage: str, component: str | None = None, detail: str = "") -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        stage: str,
+        component: str | None = None,
+        detail: str = "",
+        graph_nodes: dict[str, list[str]] | None = None,
+    ) -> None:
         self.nodes = failed_nodes(detail)
-        summary = _SUMMARY.search(detail)
-        self.ops = [op.strip() for op in summary.group("ops").split(",")] if summary else []
+        self.ops = []
+        for summary in _SUMMARY.finditer(detail):
+            self.ops += [op.strip() for op in summary.group("ops").split(",") if op.strip() not in self.ops]
+        if not self.nodes and graph_nodes:  # "no conversion rule" names ops only: find their FX nodes
+            self.nodes = [(node, op) for op in self.ops for node in graph_nodes.get(op, [])]
         if self.nodes:
             message += "; failed FX node(s): " + ", ".join(f"{node} ({op})" for node, op in self.nodes)
         elif self.ops:

@@ -208,11 +208,18 @@ class OpenvinoExporter(HfExporter):
                 except Exception as exc:
                     if type(exc).__name__ != "OpConversionFailure":
                         raise
+                    graph_nodes: dict[str, list[str]] = {}
+                    for module in program.graph_module.modules():
+                        if isinstance(module, torch.fx.GraphModule):
+                            for node in module.graph.nodes:
+                                if node.op == "call_function":
+                                    graph_nodes.setdefault(str(node.target), []).append(node.name)
                     raise OpenvinoConversionError(
                         f"openvino.convert_model rejected the captured program of component '{report.component}'",
                         stage="convert",
                         component=report.component,
                         detail=str(exc),
+                        graph_nodes=graph_nodes,
                     ) from exc
                 record.detail = f"{len(ov_model.get_ops())} ops"
             with report.stage("io_names") as record:
