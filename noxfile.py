@@ -49,12 +49,16 @@ def lint(session: nox.Session) -> None:
     session.run("uv", "run", "--frozen", "ruff", "format", "--check", ".", external=True)
 
 
+# extras a package's own tests need besides its tested pins (OpenVINO GenAI runs the genai layout)
+TEST_EXTRAS = {"hfexport-openvino": "[tested,genai]"}
+
+
 @nox.session(python=PYTHON, tags=["unit"])
 @nox.parametrize("package", PACKAGES, ids=PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """Unit tests of one package, installed alone with its declared (tested) dependencies."""
     pkg_dir = ROOT / "packages" / package
-    extra = "" if package == "hfexport" else "[tested]"
+    extra = "" if package == "hfexport" else TEST_EXTRAS.get(package, "[tested]")
     session.install("pytest>=8")
     # the core from the workspace (not an index), then the package itself
     session.install("-e", str(ROOT / "packages" / "hfexport"))
