@@ -28,16 +28,30 @@ def test_cli_export_tiny_llama_prints_stages_and_writes_the_report(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(app, ["export", "openvino", "--model", "tiny:llama", str(out)])
     assert result.exit_code == 0, result.output
-    for stage in ("capture", "fx_node_fixes", "convert", "io_names", "lower", "validate", "validate_second_shape"):
+    for stage in (
+        "capture",
+        "fx_node_fixes",
+        "convert",
+        "io_names",
+        "lower",
+        "validate",
+        "validate_second_shape",
+    ):
         assert f"ok {stage} (" in result.output, stage
     assert sorted(p.name for p in out.iterdir()) == [
-        "checksums.sha256", "config.json", "export_report.json", "openvino_model.bin", "openvino_model.xml",
+        "checksums.sha256",
+        "config.json",
+        "export_report.json",
+        "openvino_model.bin",
+        "openvino_model.xml",
     ]
     report = json.loads((out / "export_report.json").read_text())
     assert report["export_format"] == "openvino"
     assert report["report"]["extra"]["openvino_inputs"] == ["input_ids", "attention_mask"]
     assert report["report"]["extra"]["openvino_outputs"][0] == "logits"
-    assert report["report"]["applied"]["fx_node_fixes"] == ["hfexport_openvino.workarounds.fx_fixes.drop_empty_cat_operands"]
+    assert report["report"]["applied"]["fx_node_fixes"] == [
+        "hfexport_openvino.workarounds.fx_fixes.drop_empty_cat_operands"
+    ]
     rows = report["report"]["validation"]["second_shape"]
     assert rows[0]["name"] == "logits" and all(r["ok"] and r["max_abs_diff"] <= 1e-4 for r in rows)
 
@@ -45,7 +59,8 @@ def test_cli_export_tiny_llama_prints_stages_and_writes_the_report(tmp_path):
 def test_cli_refuses_the_genai_layout_for_a_task_it_does_not_serve(tmp_path):
     out = tmp_path / "out"
     result = CliRunner().invoke(
-        app, ["export", "openvino", "--task", "fill-mask", "--layout", "genai", "--model", "tiny:bert", str(out)]
+        app,
+        ["export", "openvino", "--task", "fill-mask", "--layout", "genai", "--model", "tiny:bert", str(out)],
     )
     assert result.exit_code == 2, result.output
     assert "layout 'genai' serves tasks text-generation, not 'fill-mask'" in " ".join(result.output.split())
@@ -69,12 +84,30 @@ def _genai_parity(model_type: str, tmp_path) -> None:
     folder = tiny_model_folder(model_type, tmp_path / "model")
     out = tmp_path / "genai"
     result = CliRunner().invoke(
-        app, ["export", "openvino", "--task", "text-generation", "--layout", "genai", "--model", str(folder), str(out)]
+        app,
+        [
+            "export",
+            "openvino",
+            "--task",
+            "text-generation",
+            "--layout",
+            "genai",
+            "--model",
+            str(folder),
+            str(out),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "ok make_stateful (" in result.output and "ok validate_generation (" in result.output
-    for name in ("openvino_model.xml", "openvino_model.bin", "openvino_tokenizer.xml", "openvino_detokenizer.xml",
-                 "generation_manifest.json", "config.json", "export_report.json"):
+    for name in (
+        "openvino_model.xml",
+        "openvino_model.bin",
+        "openvino_tokenizer.xml",
+        "openvino_detokenizer.xml",
+        "generation_manifest.json",
+        "config.json",
+        "export_report.json",
+    ):
         assert (out / name).is_file(), name
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -82,9 +115,12 @@ def _genai_parity(model_type: str, tmp_path) -> None:
     prompt_ids = tokenizer(PROMPT, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         expected = model.generate(
-            prompt_ids, attention_mask=torch.ones_like(prompt_ids), max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS, do_sample=False,
-        )[0, prompt_ids.shape[1]:].tolist()
+            prompt_ids,
+            attention_mask=torch.ones_like(prompt_ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+        )[0, prompt_ids.shape[1] :].tolist()
     assert len(expected) == NEW_TOKENS
 
     pipe = ov_genai.LLMPipeline(str(out), "CPU", INFERENCE_PRECISION_HINT="f32")
@@ -102,8 +138,15 @@ def _genai_parity(model_type: str, tmp_path) -> None:
 
     # our own runner over the same folder: `hfexport generate`
     result = CliRunner().invoke(
-        app, ["generate", str(out), "--input-ids", ",".join(map(str, prompt_ids[0].tolist())),
-              "--max-new-tokens", str(NEW_TOKENS)]
+        app,
+        [
+            "generate",
+            str(out),
+            "--input-ids",
+            ",".join(map(str, prompt_ids[0].tolist())),
+            "--max-new-tokens",
+            str(NEW_TOKENS),
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "tokens: " + " ".join(map(str, expected)) in result.output
@@ -127,12 +170,19 @@ def test_stateless_generation_components_run_with_hfexport_generate(tmp_path):
     folder = tiny_model_folder("llama", tmp_path / "model")
     loaded = load_model(str(folder), "text-generation")
     exporter = OpenvinoExporter()
-    artifacts = exporter.export_for_generation(loaded.model, loaded.inputs, OpenvinoConfig(dynamic=True, stateful=False))
+    artifacts = exporter.export_for_generation(
+        loaded.model, loaded.inputs, OpenvinoConfig(dynamic=True, stateful=False)
+    )
     assert sorted(artifacts) == ["decode", "prefill"]
     save_components(exporter, artifacts, tmp_path / "out", model=loaded.model)
     assert (tmp_path / "out" / "decode.xml").is_file()
     prompt = loaded.inputs["input_ids"][:1]
     with torch.no_grad():
-        expected = loaded.model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5,
-                                         min_new_tokens=5, do_sample=False)[0, prompt.shape[1]:].tolist()
+        expected = loaded.model.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=5,
+            min_new_tokens=5,
+            do_sample=False,
+        )[0, prompt.shape[1] :].tolist()
     assert generate_from_dir(tmp_path / "out", prompt[0].tolist(), max_new_tokens=5) == expected

@@ -23,7 +23,10 @@ def test_config_is_in_the_core_format_table_and_round_trips():
     )
     assert type(config) is OpenvinoConfig
     assert (config.device, config.compress_to_fp16, config.inference_precision_hint, config.stateful) == (
-        "CPU", False, "f32", False,
+        "CPU",
+        False,
+        "f32",
+        False,
     )
     assert OpenvinoConfig().stateful is True and OpenvinoConfig().device == "CPU"
     assert type(AutoHfExporter.from_config(config)) is OpenvinoExporter
@@ -33,7 +36,11 @@ def test_config_is_in_the_core_format_table_and_round_trips():
     ("field", "value", "message"),
     [
         ("device", "TPU", "device='TPU' is invalid; allowed: 'CPU', 'GPU', 'NPU'"),
-        ("inference_precision_hint", "int8", "inference_precision_hint='int8' is invalid; allowed: None, 'f32'"),
+        (
+            "inference_precision_hint",
+            "int8",
+            "inference_precision_hint='int8' is invalid; allowed: None, 'f32'",
+        ),
         ("compress_to_fp16", "yes", "compress_to_fp16"),
         ("stateful", 1, "stateful"),
     ],
@@ -52,7 +59,9 @@ def test_absent_device_is_refused_before_capture(tiny_encoder, monkeypatch):
     exporter = OpenvinoExporter()
     called = []
     monkeypatch.setattr("hfexport_openvino.exporter.capture", lambda *a, **k: called.append(1))
-    with pytest.raises(DeviceUnavailableError, match=r"device 'NPU' is not present here; available devices: CPU"):
+    with pytest.raises(
+        DeviceUnavailableError, match=r"device 'NPU' is not present here; available devices: CPU"
+    ):
         exporter.export(model, inputs, OpenvinoConfig(device="NPU"))
     assert called == []
 
@@ -68,7 +77,10 @@ def test_precision_hint_the_device_lacks_is_refused(monkeypatch):
         return real(self, device, name)
 
     monkeypatch.setattr(ov.Core, "get_property", fake)
-    with pytest.raises(DeviceUnavailableError, match=r"inference_precision_hint='bf16' is not supported by OpenVINO device 'CPU'.*allowed here: None, 'f32'"):
+    with pytest.raises(
+        DeviceUnavailableError,
+        match=r"inference_precision_hint='bf16' is not supported by OpenVINO device 'CPU'.*allowed here: None, 'f32'",
+    ):
         OpenvinoExporter(OpenvinoConfig(inference_precision_hint="bf16"))
 
 
@@ -80,7 +92,16 @@ def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, 
     assert [p.get_any_name() for p in ov_model.outputs] == ["last_hidden_state"]
     report = exporter.last_report
     statuses = {s.name: s.status for s in report.stages}
-    for stage in ("patches", "capture", "fx_node_fixes", "lower", "convert", "io_names", "validate", "validate_second_shape"):
+    for stage in (
+        "patches",
+        "capture",
+        "fx_node_fixes",
+        "lower",
+        "convert",
+        "io_names",
+        "validate",
+        "validate_second_shape",
+    ):
         assert statuses[stage] == "ok", report.summary_lines()
     assert report.validation["second_shape"][0]["shape"] != report.validation["sample"][0]["shape"]
     assert all(row["max_abs_diff"] <= 1e-4 for row in report.validation["sample"])
@@ -95,8 +116,10 @@ def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, 
     expected = model(**inputs).last_hidden_state
     torch.testing.assert_close(outputs["last_hidden_state"], expected, atol=1e-5, rtol=1e-5)
     names = json.loads(str(loaded.get_rt_info(["hfexport", "io"]).astype(str)))
-    assert names == {"inputs": {"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
-                     "outputs": {"last_hidden_state": "last_hidden_state"}}
+    assert names == {
+        "inputs": {"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
+        "outputs": {"last_hidden_state": "last_hidden_state"},
+    }
 
 
 def test_compress_to_fp16_stores_half_weights(tiny_encoder, tmp_path):

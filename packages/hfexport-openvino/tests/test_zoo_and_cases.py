@@ -65,7 +65,10 @@ def test_zoo_slice_exports_and_matches_at_two_shapes(model_type, exporter):
 
 @pytest.mark.parametrize(
     "case",
-    [pytest.param(c, id=c.name, marks=() if c.name in DEFAULT_CASES else pytest.mark.extended) for c in CASES],
+    [
+        pytest.param(c, id=c.name, marks=() if c.name in DEFAULT_CASES else pytest.mark.extended)
+        for c in CASES
+    ],
 )
 def test_shared_case(case, exporter):
     atol = float(case.expect.get("atol", ATOL))
@@ -83,7 +86,9 @@ def test_shared_case(case, exporter):
         assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok"
     second = case.second_inputs(model)
     if second is not None:
-        rows = validate_artifact(model, exporter.runner(ov_model), second, atol=atol, label="case second input")
+        rows = validate_artifact(
+            model, exporter.runner(ov_model), second, atol=atol, label="case second input"
+        )
         first = rows[0]
         assert first.ok and first.max_abs_diff <= atol
         mask = second.get("attention_mask")

@@ -21,10 +21,10 @@ from hfexport_openvino.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds import fx_fixes  # noqa: F401  (registers the "openvino" workarounds)
 
 __all__ = [
+    "GENAI_LAYOUT",
     "MIN_VERSIONS",
     "SUPPORTED",
     "TESTED_VERSIONS",
-    "GENAI_LAYOUT",
     "DeviceUnavailableError",
     "OpenvinoConversionError",
     "OpenvinoExporter",

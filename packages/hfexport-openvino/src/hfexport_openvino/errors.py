@@ -24,7 +24,9 @@ class StatefulExportError(UnsupportedModelError):
 # "Exception happened during conversion of operation cat_3/aten.cat.default with schema ..."
 _OP_FAILURE = re.compile(r"conversion of operation (?P<node>[^\s/]+)/(?P<op>[\w.:]+)")
 # "-- aten.cat.default with a message:" / "-- No conversion rule found for operations: aten.foo.default"
-_SUMMARY = re.compile(r"(?:Conversion is failed for|No conversion rule found for operations):\s*(?P<ops>[^\n]+)")
+_SUMMARY = re.compile(
+    r"(?:Conversion is failed for|No conversion rule found for operations):\s*(?P<ops>[^\n]+)"
+)
 
 
 def failed_nodes(message: str) -> list[tuple[str, str]]:

@@ -73,7 +73,9 @@ def check_device(device: str, precision_hint: str | None) -> None:
     available = list(core.available_devices)
     wanted = device.upper()
     family = wanted.split(".", 1)[0]
-    present = wanted in available or ("." not in wanted and any(d.split(".", 1)[0] == family for d in available))
+    present = wanted in available or (
+        "." not in wanted and any(d.split(".", 1)[0] == family for d in available)
+    )
     if not present:
         raise DeviceUnavailableError(
             f"OpenVINO device {device!r} is not present here; available devices: {', '.join(available) or 'none'}. "
@@ -115,7 +117,9 @@ def save_model(ov_model: Any, path: str | os.PathLike[str], *, compress_to_fp16:
     if target.suffix != ".xml":
         raise ValueError(f"OpenVINO models are saved as .xml (+ .bin); got {target}")
     if target.is_dir():
-        raise IsADirectoryError(f"{target} is a directory; pass a file path such as {target / 'openvino_model.xml'}")
+        raise IsADirectoryError(
+            f"{target} is a directory; pass a file path such as {target / 'openvino_model.xml'}"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
     try:
@@ -193,7 +197,9 @@ class OpenvinoExporter(HfExporter):
             report.record_applied(Stage.FX_NODE_FIXES, applied)
         return program
 
-    def convert(self, program: torch.export.ExportedProgram, config: OpenvinoConfig, report: ExportReport) -> Any:
+    def convert(
+        self, program: torch.export.ExportedProgram, config: OpenvinoConfig, report: ExportReport
+    ) -> Any:
         """Stage ``lower`` with ``convert`` (``openvino.convert_model``) and ``io_names``.
 
         Raises:
@@ -235,7 +241,9 @@ class OpenvinoExporter(HfExporter):
         """Store the save option and the precision hint (``runtime_options``) in the model's ``rt_info``."""
         ov_model.set_rt_info(str(bool(config.compress_to_fp16)), _COMPRESS_KEY)
         if config.inference_precision_hint is not None:
-            ov_model.set_rt_info(config.inference_precision_hint, ["runtime_options", "INFERENCE_PRECISION_HINT"])
+            ov_model.set_rt_info(
+                config.inference_precision_hint, ["runtime_options", "INFERENCE_PRECISION_HINT"]
+            )
 
     # -- runtime, tolerances, save, load ---------------------------------------------------------
     def _device_settings(self) -> tuple[str, str | None]:
@@ -243,7 +251,9 @@ class OpenvinoExporter(HfExporter):
         last = getattr(self, "_active_config", None) or config
         return (last.device, last.inference_precision_hint) if last is not None else ("CPU", None)
 
-    def validate(self, artifact: Any, model: Any, inputs: Any, config: Any, report: Any, **kwargs: Any) -> None:
+    def validate(
+        self, artifact: Any, model: Any, inputs: Any, config: Any, report: Any, **kwargs: Any
+    ) -> None:
         """The base class validation, compiled on ``config.device`` with its precision hint."""
         self._active_config = config
         try:
@@ -352,7 +362,10 @@ class OpenvinoExporter(HfExporter):
         """``{"stateful": bool, "inference_precision_hint": str | None}`` of a component model."""
         hint_key = ["runtime_options", "INFERENCE_PRECISION_HINT"]
         hint = str(artifact.get_rt_info(hint_key).astype(str)) if artifact.has_rt_info(hint_key) else None
-        return {"stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])), "inference_precision_hint": hint}
+        return {
+            "stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])),
+            "inference_precision_hint": hint,
+        }
 
     def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
         """A :class:`~hfexport_openvino.stateful.StatefulGenerationRunner` for a stateful decoder folder,

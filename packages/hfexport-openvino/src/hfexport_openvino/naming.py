@@ -28,7 +28,14 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 
 from hfexport.tensors import get_leaf_tensors
 
-__all__ = ["COLLISION_SUFFIX", "RT_INFO_KEY", "IoNames", "io_names_from_model", "name_model_io", "program_io_paths"]
+__all__ = [
+    "COLLISION_SUFFIX",
+    "RT_INFO_KEY",
+    "IoNames",
+    "io_names_from_model",
+    "name_model_io",
+    "program_io_paths",
+]
 
 #: Suffix appended to an output name that is already an input name.
 COLLISION_SUFFIX = ".out"

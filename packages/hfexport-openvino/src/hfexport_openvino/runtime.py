@@ -59,7 +59,9 @@ class OpenvinoRunner:
         import openvino as ov
 
         self.core = ov.Core()
-        self.model = self.core.read_model(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else model
+        self.model = (
+            self.core.read_model(os.fspath(model)) if isinstance(model, (str, os.PathLike)) else model
+        )
         self.names = io_names_from_model(self.model)
         self.device = device
         self.precision_hint = precision_hint
@@ -73,7 +75,9 @@ class OpenvinoRunner:
 
     def _compiled(self) -> Any:
         if self._request is None:
-            compiled = self.core.compile_model(self.model, self.device, compile_properties(self.precision_hint))
+            compiled = self.core.compile_model(
+                self.model, self.device, compile_properties(self.precision_hint)
+            )
             self._request = compiled.create_infer_request()
         return self._request
 

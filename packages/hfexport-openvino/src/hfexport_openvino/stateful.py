@@ -70,17 +70,24 @@ def check_stateful_model(model: Any) -> None:
     name = type(model).__name__
     hint = "export it with OpenvinoConfig(stateful=False) (stateless components) or as a plain forward"
     if config is None or not getattr(model, "can_generate", lambda: False)():
-        raise StatefulExportError(f"{name} does not generate text, so it has no KV cache to keep as state; {hint}")
+        raise StatefulExportError(
+            f"{name} does not generate text, so it has no KV cache to keep as state; {hint}"
+        )
     if getattr(config, "is_encoder_decoder", False):
         raise StatefulExportError(
             f"{name} is an encoder-decoder model; stateful OpenVINO exports cover decoder-only language models; {hint}"
         )
-    if getattr(config, "text_config", None) is not None and getattr(config, "vision_config", None) is not None:
+    if (
+        getattr(config, "text_config", None) is not None
+        and getattr(config, "vision_config", None) is not None
+    ):
         raise StatefulExportError(
             f"{name} is a multimodal model; stateful OpenVINO exports cover decoder-only language models; {hint}"
         )
     if cache_kwarg(model) is None or getattr(config, "use_cache", None) is None:
-        raise StatefulExportError(f"{name} has no KV cache (its forward takes no cache / past_key_values); {hint}")
+        raise StatefulExportError(
+            f"{name} has no KV cache (its forward takes no cache / past_key_values); {hint}"
+        )
 
 
 def sample_inputs(model: Any, input_ids: torch.Tensor) -> dict[str, Any]:
@@ -140,7 +147,9 @@ def make_stateful(
     results = {port.get_any_name(): port.get_node() for port in ov_model.outputs}
     cache_inputs = [n for n in params if n.split(".", 1)[0] in CACHE_KWARGS and _CACHE_PATH.search(n)]
     if not cache_inputs:
-        raise StatefulExportError("the decoder has no cache inputs (cache.layers.N.keys ...) to turn into state")
+        raise StatefulExportError(
+            "the decoder has no cache inputs (cache.layers.N.keys ...) to turn into state"
+        )
     outputs_by_slot = {}
     for out_name, path in names.outputs.items():
         match = _CACHE_PATH.search(path)
@@ -198,7 +207,9 @@ def make_stateful(
     ov_model.add_parameters([beam_idx])
     ov_model.validate_nodes_and_infer_types()
     inputs = {p.get_any_name(): p.get_any_name() for p in ov_model.inputs}
-    outputs = {o.get_any_name(): names.outputs.get(o.get_any_name(), o.get_any_name()) for o in ov_model.outputs}
+    outputs = {
+        o.get_any_name(): names.outputs.get(o.get_any_name(), o.get_any_name()) for o in ov_model.outputs
+    }
     import json
 
     ov_model.set_rt_info(json.dumps({"inputs": inputs, "outputs": outputs}), [RT_INFO_KEY, "io"])
@@ -226,7 +237,9 @@ class StatefulDecoder:
         if isinstance(model, (str, os.PathLike)):
             model = core.read_model(os.fspath(model))
         self.model = model
-        self.request = core.compile_model(model, device, compile_properties(precision_hint)).create_infer_request()
+        self.request = core.compile_model(
+            model, device, compile_properties(precision_hint)
+        ).create_infer_request()
         self.past = 0
 
     def reset(self) -> None:
@@ -248,7 +261,12 @@ class StatefulDecoder:
         return torch.from_numpy(np.array(out["logits"], copy=True))
 
     def generate(
-        self, input_ids: torch.Tensor, *, max_new_tokens: int, eos_token_id: Sequence[int] = (), pad_token_id: int = 0
+        self,
+        input_ids: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        eos_token_id: Sequence[int] = (),
+        pad_token_id: int = 0,
     ) -> torch.Tensor:
         """Greedy generation: int64 ``[batch, seq]`` -> ``[batch, seq + n]``, ``n <= max_new_tokens``.
 
@@ -283,28 +301,42 @@ class StatefulGenerationRunner:
         self.decoder = decoder
 
     def generate(
-        self, input_ids: Any, attention_mask: torch.Tensor | None = None, *, max_new_tokens: int = 20, **inputs: Any
+        self,
+        input_ids: Any,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        max_new_tokens: int = 20,
+        **inputs: Any,
     ) -> torch.Tensor:
         """Greedy generation; ``attention_mask`` must be all ones (no padding), other inputs are refused."""
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
         if inputs:
-            raise ValueError(f"a stateful OpenVINO decoder takes only input_ids and attention_mask, got {sorted(inputs)}")
+            raise ValueError(
+                f"a stateful OpenVINO decoder takes only input_ids and attention_mask, got {sorted(inputs)}"
+            )
         ids = torch.as_tensor(input_ids, dtype=torch.int64)
         if ids.dim() == 1:
             ids = ids[None]
         if attention_mask is not None and not bool(torch.as_tensor(attention_mask).all()):
-            raise ValueError("a stateful OpenVINO decoder runs unpadded prompts only (attention_mask all ones)")
+            raise ValueError(
+                "a stateful OpenVINO decoder runs unpadded prompts only (attention_mask all ones)"
+            )
         token_ids = self.plan.token_ids
         eos = token_ids.get("eos_token_id") or []
         eos = [eos] if isinstance(eos, int) else list(eos)
         pad = token_ids.get("pad_token_id")
         return self.decoder.generate(
-            ids, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad if isinstance(pad, int) else 0
+            ids,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad if isinstance(pad, int) else 0,
         )
 
 
-def export_stateful_decoder(exporter: Any, model: Any, inputs: Mapping[str, Any], config: Any) -> dict[str, Any]:
+def export_stateful_decoder(
+    exporter: Any, model: Any, inputs: Mapping[str, Any], config: Any
+) -> dict[str, Any]:
     """Export ``model`` as a stateful decoder, validated stateless first, then as state against ``generate``.
 
     Args:
@@ -347,18 +379,27 @@ def export_stateful_decoder(exporter: Any, model: Any, inputs: Mapping[str, Any]
             new = 5
             with torch.no_grad():
                 expected = model.generate(
-                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
-                    do_sample=False, num_beams=1,
+                    prompt,
+                    attention_mask=torch.ones_like(prompt),
+                    max_new_tokens=new,
+                    min_new_tokens=new,
+                    do_sample=False,
+                    num_beams=1,
                 )
-            decoder = StatefulDecoder(ov_model, device=config.device, precision_hint=config.inference_precision_hint)
+            decoder = StatefulDecoder(
+                ov_model, device=config.device, precision_hint=config.inference_precision_hint
+            )
             got = decoder.generate(prompt, max_new_tokens=new)
             if not torch.equal(got, expected):
                 raise ExportValidationError(
-                    f"the stateful decoder's greedy tokens {got[0, prompt.shape[1]:].tolist()} differ from "
-                    f"model.generate's {expected[0, prompt.shape[1]:].tolist()}"
+                    f"the stateful decoder's greedy tokens {got[0, prompt.shape[1] :].tolist()} differ from "
+                    f"model.generate's {expected[0, prompt.shape[1] :].tolist()}"
                 )
             record.detail = f"{new} greedy tokens equal to model.generate"
-            report.extra["validation_generation"] = {"greedy_tokens": got[0].tolist(), "equal_to_generate": True}
+            report.extra["validation_generation"] = {
+                "greedy_tokens": got[0].tolist(),
+                "equal_to_generate": True,
+            }
     finally:
         model.train(was_training)
     plan = GenerationPlan(
@@ -367,4 +408,6 @@ def export_stateful_decoder(exporter: Any, model: Any, inputs: Mapping[str, Any]
         components=[STATEFUL_COMPONENT],
         token_ids=token_ids_of(model),
     )
-    return GenerationArtifacts({STATEFUL_COMPONENT: ov_model}, plan, {STATEFUL_COMPONENT: report}, exporter.export_format)
+    return GenerationArtifacts(
+        {STATEFUL_COMPONENT: ov_model}, plan, {STATEFUL_COMPONENT: report}, exporter.export_format
+    )

@@ -27,7 +27,12 @@ BACKEND = "openvino"
 
 def _is_legacy_empty(value: Any) -> bool:
     val = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else value
-    return isinstance(val, torch.Tensor) and val.dim() == 1 and isinstance(val.shape[0], int) and val.shape[0] == 0
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dim() == 1
+        and isinstance(val.shape[0], int)
+        and val.shape[0] == 0
+    )
 
 
 @register_fx_node_fix(
