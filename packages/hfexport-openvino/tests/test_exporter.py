@@ -109,8 +109,7 @@ def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, 
     target = tmp_path / "out" / "openvino_model.xml"
     exporter.save(ov_model, target)
     assert sorted(p.name for p in target.parent.iterdir()) == ["openvino_model.bin", "openvino_model.xml"]
-    # saved as exported (fp32 weights: compress_to_fp16 defaults to False)
-    assert "f16" not in target.read_text().split("<rt_info>")[0].split('element_type="')[1][:4]
+    assert 'element_type="f16"' not in target.read_text()  # compress_to_fp16 defaults to False
     loaded = exporter.load(target)
     outputs = exporter.runner(loaded)(inputs)
     expected = model(**inputs).last_hidden_state
@@ -122,22 +121,22 @@ def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, 
     }
 
 
-def test_compress_to_fp16_stores_half_weights(tiny_encoder, tmp_path):
-    model, inputs = tiny_encoder
-    exporter = OpenvinoExporter()
-    ov_model = exporter.export(model, inputs, OpenvinoConfig(compress_to_fp16=True, validate=False))
-    exporter.save(ov_model, tmp_path / "openvino_model.xml")
-    exporter.save(exporter.export(model, inputs, OpenvinoConfig(validate=False)), tmp_path / "full.xml")
-    assert (tmp_path / "openvino_model.bin").stat().st_size < (tmp_path / "full.bin").stat().st_size
-    assert 'element_type="f16"' in (tmp_path / "openvino_model.xml").read_text()
-
-
-def test_save_is_atomic_and_refuses_other_suffixes(tiny_encoder, tmp_path, monkeypatch):
+def test_compress_to_fp16_stores_half_weights_and_save_is_atomic(tiny_encoder, tmp_path, monkeypatch):
     import openvino as ov
 
     model, inputs = tiny_encoder
     exporter = OpenvinoExporter()
-    ov_model = exporter.export(model, inputs, OpenvinoConfig(validate=False))
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(compress_to_fp16=True, validate=False))
+    exporter.save(ov_model, tmp_path / "half" / "openvino_model.xml")
+    ov_model.set_rt_info("False", ["hfexport", "compress_to_fp16"])  # as an export without the option
+    exporter.save(ov_model, tmp_path / "full" / "openvino_model.xml")
+    half, full = (tmp_path / d / "openvino_model.bin" for d in ("half", "full"))
+    assert half.stat().st_size < full.stat().st_size
+    assert 'element_type="f16"' in (tmp_path / "half" / "openvino_model.xml").read_text()
+    assert 'element_type="f16"' not in (tmp_path / "full" / "openvino_model.xml").read_text()
+
+    tmp_path = tmp_path / "atomic"
+    tmp_path.mkdir()
     with pytest.raises(ValueError, match=r"saved as \.xml"):
         exporter.save(ov_model, tmp_path / "model.onnx")
     target = tmp_path / "openvino_model.xml"
