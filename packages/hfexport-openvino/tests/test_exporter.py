@@ -202,3 +202,18 @@ def test_empty_cat_operand_fix_is_registered_and_rewrites():
     compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
     x = np.random.rand(1, 2, 3, 4).astype(np.float32)
     np.testing.assert_allclose(compiled(x)[0], x)
+
+
+def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):
+    import openvino as ov
+
+    from hfexport_openvino import OpenvinoRunner
+
+    model, inputs = tiny_encoder
+    exporter = OpenvinoExporter()
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(inference_precision_hint="f32", validate=False))
+    exporter.save(ov_model, tmp_path / "openvino_model.xml")
+    runner = OpenvinoRunner(tmp_path / "openvino_model.xml")
+    assert runner.precision_hint == "f32"
+    runner(inputs)
+    assert runner._request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32

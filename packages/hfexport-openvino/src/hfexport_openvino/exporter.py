@@ -42,7 +42,7 @@ from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply
 from hfexport.report import ExportReport, Stage
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.naming import name_model_io
-from hfexport_openvino.runtime import OpenvinoRunner
+from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
 from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds.fx_fixes import BACKEND
 
@@ -238,12 +238,15 @@ class OpenvinoExporter(HfExporter):
 
     @staticmethod
     def _record_options(ov_model: Any, config: OpenvinoConfig) -> None:
-        """Store the save option and the precision hint (``runtime_options``) in the model's ``rt_info``."""
+        """Store the save option and the precision hint in the model's ``rt_info`` (``hfexport/...``).
+
+        The hint is read back by :class:`~hfexport_openvino.runtime.OpenvinoRunner` and the stateful
+        runner; OpenVINO itself does not apply an IR's recorded ``INFERENCE_PRECISION_HINT`` (2026.4),
+        so other loaders (``LLMPipeline``) take it as a property.
+        """
         ov_model.set_rt_info(str(bool(config.compress_to_fp16)), _COMPRESS_KEY)
         if config.inference_precision_hint is not None:
-            ov_model.set_rt_info(
-                config.inference_precision_hint, ["runtime_options", "INFERENCE_PRECISION_HINT"]
-            )
+            ov_model.set_rt_info(config.inference_precision_hint, PRECISION_KEY)
 
     # -- runtime, tolerances, save, load ---------------------------------------------------------
     def _device_settings(self) -> tuple[str, str | None]:
@@ -360,8 +363,7 @@ class OpenvinoExporter(HfExporter):
 
     def component_metadata(self, artifact: Any) -> dict[str, Any]:
         """``{"stateful": bool, "inference_precision_hint": str | None}`` of a component model."""
-        hint_key = ["runtime_options", "INFERENCE_PRECISION_HINT"]
-        hint = str(artifact.get_rt_info(hint_key).astype(str)) if artifact.has_rt_info(hint_key) else None
+        hint = recorded_precision_hint(artifact)
         return {
             "stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])),
             "inference_precision_hint": hint,

@@ -20,7 +20,17 @@ from hfexport.errors import UnsupportedInputError
 from hfexport.tensors import get_leaf_tensors
 from hfexport_openvino.naming import io_names_from_model
 
-__all__ = ["OpenvinoRunner", "compile_properties"]
+__all__ = ["PRECISION_KEY", "OpenvinoRunner", "compile_properties", "recorded_precision_hint"]
+
+#: ``rt_info`` path where the export records ``OpenvinoConfig.inference_precision_hint``.
+PRECISION_KEY = ["hfexport", "inference_precision_hint"]
+
+
+def recorded_precision_hint(model: Any) -> str | None:
+    """The precision hint an export recorded in ``model``'s ``rt_info``, or ``None``."""
+    if model.has_rt_info(PRECISION_KEY):
+        return str(model.get_rt_info(PRECISION_KEY).astype(str))
+    return None
 
 
 def compile_properties(precision_hint: str | None) -> dict[str, str]:
@@ -46,7 +56,8 @@ class OpenvinoRunner:
     Args:
         model: an ``openvino.Model`` or the path of an ``openvino_model.xml`` (its ``.bin`` next to it).
         device: the OpenVINO device (``"CPU"`` ...).
-        precision_hint: ``INFERENCE_PRECISION_HINT`` (``None``: ``"f32"``, see :func:`compile_properties`).
+        precision_hint: ``INFERENCE_PRECISION_HINT``; ``None`` takes the one the export recorded
+            (:func:`recorded_precision_hint`), else ``"f32"`` (see :func:`compile_properties`).
 
     Raises (on call):
         UnsupportedInputError: the kwargs miss an input the model takes (the message lists the
@@ -64,7 +75,7 @@ class OpenvinoRunner:
         )
         self.names = io_names_from_model(self.model)
         self.device = device
-        self.precision_hint = precision_hint
+        self.precision_hint = precision_hint or recorded_precision_hint(self.model)
         self._request: Any = None
         self._lock = threading.Lock()
 

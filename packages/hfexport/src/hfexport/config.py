@@ -733,8 +733,8 @@ class OpenvinoConfig(DynamoConfig):
         inference_precision_hint: ``None`` (the device's default: bf16 on CPUs with AMX or
             AVX512-BF16, else f32; validation then compiles with ``"f32"``) or ``"f32"`` /
             ``"f16"`` / ``"bf16"``: compiled with that ``INFERENCE_PRECISION_HINT`` for validation
-            and written into the IR's ``runtime_options`` so OpenVINO GenAI and ``compile_model``
-            use it too.
+            and recorded in the IR's ``rt_info`` for hfexport's runners (other loaders, such as
+            OpenVINO GenAI, take it as a compile property).
         stateful: generation exports of decoder-only language models keep the KV cache as internal
             state (``ReadValue``/``Assign``, a ``beam_idx`` input), the form OpenVINO GenAI's
             ``LLMPipeline`` runs; False exports stateless prefill/decode graphs whose cache is
