@@ -217,3 +217,31 @@ def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_pat
     assert runner.precision_hint == "f32"
     runner(inputs)
     assert runner._request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+
+
+def test_fully_masked_sdpa_rows_stay_finite():
+    """openvino#35959: a boolean SDPA mask with an all-False row gives NaN in OpenVINO; the fix keeps it finite."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("finite_sdpa_mask")]
+    assert entry.issue == "https://github.com/openvinotoolkit/openvino/issues/35959"
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 4, generator=gen) for _ in range(3))
+    mask = torch.tensor([[[[False, False, False], [True, False, False], [True, True, False]]]])
+    program = torch.export.export(Attention(), (q, k, v, mask))
+    feed = [t.numpy() for t in (q, k, v, mask)]
+    unfixed = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert np.isnan(unfixed(feed)[0][0, 0, 0]).all()  # the upstream fault: once it is gone, retire the fix
+    node = next(n for n in program.graph_module.graph.nodes if "scaled_dot_product" in str(n.target))
+    assert entry.func(program.graph_module, node) is True
+    program.graph_module.recompile()
+    fixed = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    out = fixed(feed)[0]
+    assert np.isfinite(out).all()
+    expected = Attention()(q, k, v, mask).numpy()
+    np.testing.assert_allclose(out[0, 0, 1:], expected[0, 0, 1:], atol=1e-6)
