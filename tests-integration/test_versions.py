@@ -13,7 +13,7 @@ import pytest
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
-BACKENDS = ["dynamo", "onnx", "executorch"]
+BACKENDS = ["dynamo", "onnx", "executorch", "openvino"]
 
 
 def _lock_versions() -> dict[str, str]:
@@ -44,7 +44,12 @@ def test_tested_pins_agree_everywhere(backend):
     exporter = importlib.import_module(f"hfexport_{backend}.exporter")
     cls = getattr(
         exporter,
-        {"dynamo": "DynamoExporter", "onnx": "OnnxExporter", "executorch": "ExecutorchExporter"}[backend],
+        {
+            "dynamo": "DynamoExporter",
+            "onnx": "OnnxExporter",
+            "executorch": "ExecutorchExporter",
+            "openvino": "OpenvinoExporter",
+        }[backend],
     )
     assert dict(cls.tested_versions) == constant
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import hfexport
 
 ROOT = Path(hfexport.__file__).parent
-BACKENDS = ("dynamo", "onnx", "executorch")
+BACKENDS = ("dynamo", "onnx", "executorch", "openvino")
 #: Modules that may name the built-in backends: the built-in format table (``ExportFormat`` in
 #: config.py, the install hints of auto.py), the lazy ``from hfexport import DynamoExporter ...``
 #: names of __init__.py, and cli.py, whose closed ``BACKENDS`` tuple is being replaced by the

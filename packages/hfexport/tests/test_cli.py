@@ -27,7 +27,7 @@ def test_env_json_reports_drift(monkeypatch):
     data = json.loads(result.output)
     assert data["torch"] == "9.9.9"
     backends = {b["format"]: b for b in data["backends"]}
-    assert set(backends) == {"dynamo", "onnx", "executorch"}
+    assert set(backends) == {"dynamo", "onnx", "executorch", "openvino"}
     for b in backends.values():
         if b["tested"].get("torch"):
             assert any(d.startswith("torch 9.9.9") for d in b["drift"]), b
@@ -36,7 +36,7 @@ def test_env_json_reports_drift(monkeypatch):
 def test_export_rejects_unknown_format_and_missing_model(tmp_path):
     result = runner.invoke(app, ["export", "tflite", str(tmp_path / "out"), "--model", "tiny:bert"])
     assert result.exit_code != 0
-    assert "FORMAT must be one of dynamo, onnx, executorch" in " ".join(result.output.split())
+    assert "FORMAT must be one of dynamo, onnx, executorch, openvino" in " ".join(result.output.split())
     result = runner.invoke(
         app, ["export", "dynamo", str(tmp_path / "out"), "--model", str(tmp_path / "nope")]
     )

@@ -277,3 +277,36 @@ def test_a_structure_naming_an_unregistered_type_is_a_clear_error(saved, evil_mo
         io.spec()
     assert not evil_module.exists()
     assert EVIL not in sys.modules
+
+
+def test_component_filename_and_generation_runner_hooks(llama, exported, toy_format, tmp_path) -> None:
+    """A backend names its component files and supplies the runner ``hfexport generate`` uses."""
+    from hfexport.generation import GenerationRunner, load_runner
+
+    model, inputs = llama
+    artifacts, _ = exported
+    exporter = EagerExporter()
+    assert exporter.component_filename("decode") == "decode.toy"  # the default: name + artifact suffix
+    assert isinstance(
+        exporter.generation_runner(artifacts.plan, {"prefill": None, "decode": None}), GenerationRunner
+    )
+
+    class OwnLoop(EagerExporter):
+        def component_filename(self, name):
+            return f"{name}_graph.toy"
+
+        def generation_runner(self, plan, callers, **runner_kwargs):
+            runner = super().generation_runner(plan, callers, **runner_kwargs)
+            runner.made_by = "OwnLoop"
+            return runner
+
+    folder = tmp_path / "own"
+    save_components(OwnLoop(), artifacts, folder, model=model)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    assert manifest["files"] == {"prefill": "prefill_graph.toy", "decode": "decode_graph.toy"}
+    runner = load_runner(folder, exporter=OwnLoop())
+    assert runner.made_by == "OwnLoop"
+    prompt = inputs["input_ids"][0].tolist()
+    assert generate_from_dir(folder, prompt, max_new_tokens=NEW_TOKENS, exporter=OwnLoop()) == _want(
+        model, prompt
+    )

@@ -2,8 +2,8 @@
 
 The core holds the shared machinery (configs, the ``HfExporter`` base, Auto classes, workaround
 registries, version checks, input preparation, validation); backends live in their own packages
-(``hfexport-dynamo``, ``hfexport-onnx``, ``hfexport-executorch``) and are found through the
-``hfexport.exporters`` entry-point group.
+(``hfexport-dynamo``, ``hfexport-onnx``, ``hfexport-executorch``, ``hfexport-openvino``) and are
+found through the ``hfexport.exporters`` entry-point group.
 
 ``from hfexport import OnnxExporter`` (likewise ``DynamoExporter``, ``ExecutorchExporter``) resolves
 lazily to the installed backend; when it is not installed the import raises ``ImportError`` with
@@ -25,6 +25,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "DynamoConfig": ("hfexport.config", "DynamoConfig"),
     "OnnxConfig": ("hfexport.config", "OnnxConfig"),
     "ExecutorchConfig": ("hfexport.config", "ExecutorchConfig"),
+    "OpenvinoConfig": ("hfexport.config", "OpenvinoConfig"),
     # exporter base and auto classes
     "HfExporter": ("hfexport.exporter", "HfExporter"),
     "AutoExportConfig": ("hfexport.auto", "AutoExportConfig"),
@@ -60,6 +61,7 @@ _BACKEND_CLASSES = {
     "DynamoExporter": "dynamo",
     "OnnxExporter": "onnx",
     "ExecutorchExporter": "executorch",
+    "OpenvinoExporter": "openvino",
 }
 
 __all__ = ["__version__", *_LAZY, *_BACKEND_CLASSES]

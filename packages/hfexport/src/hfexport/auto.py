@@ -46,6 +46,7 @@ KNOWN_BACKEND_PACKAGES = {
     ExportFormat.DYNAMO.value: "hfexport-dynamo",
     ExportFormat.ONNX.value: "hfexport-onnx",
     ExportFormat.EXECUTORCH.value: "hfexport-executorch",
+    ExportFormat.OPENVINO.value: "hfexport-openvino",
 }
 
 _EXPORTERS: dict[str, type] = {}

@@ -29,6 +29,7 @@ __all__ = [
     "ExportConfigMixin",
     "ExportFormat",
     "OnnxConfig",
+    "OpenvinoConfig",
     "QuantizationConfig",
     "check_opset_version",
     "decode_dynamic_shapes",
@@ -49,6 +50,7 @@ class ExportFormat(enum.StrEnum):
     DYNAMO = "dynamo"
     ONNX = "onnx"
     EXECUTORCH = "executorch"
+    OPENVINO = "openvino"
 
     @classmethod
     def parse(cls, value: str | ExportFormat) -> ExportFormat:
@@ -719,10 +721,75 @@ class ExecutorchConfig(DynamoConfig):
             _check_type("output_path", self.output_path, (str,), "a file path or None")
 
 
+#: OpenVINO devices an :class:`OpenvinoConfig` may name (whether one is present is checked by the
+#: backend against ``openvino.Core().available_devices`` before capture).
+OPENVINO_DEVICES = ("CPU", "GPU", "NPU")
+#: ``OpenvinoConfig.inference_precision_hint`` values (OpenVINO's ``INFERENCE_PRECISION_HINT``).
+OPENVINO_PRECISION_HINTS = ("f32", "f16", "bf16")
+
+
+@dataclass
+class OpenvinoConfig(DynamoConfig):
+    """``DynamoConfig`` plus OpenVINO conversion, saving and compilation options.
+
+    Readable and checked without OpenVINO installed; whether the device is present and supports the
+    precision hint is checked by the ``openvino`` backend before capture.
+
+    Attributes:
+        device: the OpenVINO device validation compiles for: ``"CPU"`` (default), ``"GPU"`` or
+            ``"NPU"``; an indexed device (``"GPU.1"``) names one of several.
+        compress_to_fp16: store the IR weights as fp16 (``openvino.save_model(compress_to_fp16=...)``);
+            the computation precision is unchanged. Default False: the ``.bin`` holds the weights as
+            exported.
+        inference_precision_hint: ``None`` (the device's default: bf16 on CPUs with AMX or
+            AVX512-BF16, else f32; validation then compiles with ``"f32"``) or ``"f32"`` /
+            ``"f16"`` / ``"bf16"``: compiled with that ``INFERENCE_PRECISION_HINT`` for validation
+            and recorded in the IR's ``rt_info`` for hfexport's runners (other loaders, such as
+            OpenVINO GenAI, take it as a compile property).
+        stateful: generation exports of decoder-only language models keep the KV cache as internal
+            state (``ReadValue``/``Assign``, a ``beam_idx`` input), the form OpenVINO GenAI's
+            ``LLMPipeline`` runs; False exports stateless prefill/decode graphs whose cache is
+            inputs and outputs.
+        output_path: when set, the exported model is also saved there (``openvino_model.xml``).
+    """
+
+    FORMAT: ClassVar[str | None] = ExportFormat.OPENVINO.value
+
+    device: str = "CPU"
+    compress_to_fp16: bool = False
+    inference_precision_hint: str | None = None
+    stateful: bool = True
+    output_path: str | None = None
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _check_type("device", self.device, (str,), "'CPU', 'GPU' or 'NPU' (optionally indexed, 'GPU.1')")
+        if self.device.split(".", 1)[0].upper() not in OPENVINO_DEVICES:
+            raise ValueError(
+                f"device={self.device!r} is invalid; allowed: {', '.join(map(repr, OPENVINO_DEVICES))} "
+                "(optionally indexed, 'GPU.1')"
+            )
+        self.device = self.device.upper()
+        for name in ("compress_to_fp16", "stateful"):
+            _check_type(name, getattr(self, name), (bool,), "True or False")
+        if self.inference_precision_hint is not None and (
+            self.inference_precision_hint not in OPENVINO_PRECISION_HINTS
+        ):
+            raise ValueError(
+                f"inference_precision_hint={self.inference_precision_hint!r} is invalid; allowed: None, "
+                + ", ".join(map(repr, OPENVINO_PRECISION_HINTS))
+            )
+        if self.output_path is not None:
+            if isinstance(self.output_path, os.PathLike):
+                self.output_path = os.fspath(self.output_path)
+            _check_type("output_path", self.output_path, (str,), "a file path or None")
+
+
 BUILTIN_CONFIGS: dict[str, type[ExportConfigMixin]] = {
     ExportFormat.DYNAMO.value: DynamoConfig,
     ExportFormat.ONNX.value: OnnxConfig,
     ExportFormat.EXECUTORCH.value: ExecutorchConfig,
+    ExportFormat.OPENVINO.value: OpenvinoConfig,
 }
 
 _ = field  # re-exported helper for subclasses defined elsewhere

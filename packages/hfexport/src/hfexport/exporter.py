@@ -387,6 +387,35 @@ class HfExporter(abc.ABC):
         """
         return {}
 
+    def component_filename(self, name: str) -> str:
+        """File name of generation component ``name`` in a saved folder (default: ``name`` plus the
+        extension of :attr:`artifact_filename`, e.g. ``decode.onnx``).
+
+        A backend whose runtime loads fixed file names (OpenVINO GenAI reads ``openvino_model.xml``)
+        returns them here; ``save_components`` records the name in the manifest, so loading needs
+        no rule.
+        """
+        suffix = "".join(Path(str(self.artifact_filename)).suffixes) or ".bin"
+        return f"{name}{suffix}"
+
+    def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
+        """The greedy runner over loaded components (default: :class:`hfexport.generation.GenerationRunner`).
+
+        Called by :func:`hfexport.generation.load_runner` (hence ``hfexport generate``) with the
+        folder's plan and the callers :meth:`load_component` returned. A backend whose components
+        are not stateless graphs (a decoder keeping its KV cache as runtime state) returns its own
+        runner here; it must offer ``plan`` and ``generate(input_ids, attention_mask=None, *,
+        max_new_tokens, **inputs) -> int64 [batch, seq + n]`` like ``GenerationRunner``.
+
+        Args:
+            plan: the :class:`hfexport.generation.plan.GenerationPlan` of the folder.
+            callers: ``{component: caller}`` from :meth:`load_component`.
+            runner_kwargs: passed on to ``GenerationRunner`` (``prefill_with_decode`` ...).
+        """
+        from hfexport.generation.runner import GenerationRunner
+
+        return GenerationRunner(plan, callers, **runner_kwargs)
+
     def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
         """Load one saved generation component and return its caller.
 

@@ -115,7 +115,8 @@ def save_components(
     components: dict[str, dict[str, Any]] = {}
     with atomic_output_dir(target, overwrite=overwrite) as staging:
         for name in plan.components:
-            filename = f"{name}{suffix}"
+            namer = getattr(exporter, "component_filename", None)
+            filename = namer(name) if callable(namer) else f"{name}{suffix}"
             exporter.save(artifacts[name], staging / filename)
             files[name] = filename
             components[name] = {"file": filename, "metadata": exporter.component_metadata(artifacts[name])}
@@ -263,9 +264,19 @@ def load_runner(
     """A :class:`GenerationRunner` over the components saved in ``output_dir``.
 
     ``exporter`` is passed to :func:`load_components` (default: the manifest format's registered
-    exporter); ``runner_kwargs`` to :class:`GenerationRunner`.
+    exporter); the runner is ``exporter.generation_runner(plan, callers, **runner_kwargs)``
+    (:meth:`hfexport.exporter.HfExporter.generation_runner`: a :class:`GenerationRunner` unless the
+    backend runs its components its own way).
     """
+    if exporter is None:
+        from hfexport.integrity import verify_checksums
+
+        verify_checksums(output_dir)  # before the manifest is read, as load_components does
+        exporter = _exporter_for(read_manifest(output_dir), output_dir)
     plan, callers = load_components(output_dir, exporter=exporter)
+    make_runner = getattr(exporter, "generation_runner", None)
+    if callable(make_runner):  # the backend's runner (a stateful decoder's own loop), else the core's
+        return make_runner(plan, callers, **runner_kwargs)
     return GenerationRunner(plan, callers, **runner_kwargs)
 
 

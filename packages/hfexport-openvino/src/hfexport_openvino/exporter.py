@@ -1,0 +1,389 @@
+"""``OpenvinoExporter``: transformers model -> OpenVINO IR, validated in OpenVINO Runtime.
+
+Stages of :meth:`OpenvinoExporter._export` (each a stage of the export report; the shared names are
+:class:`hfexport.report.Stage`, this backend's own :attr:`OpenvinoExporter.stages`):
+
+1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the capture;
+2. ``capture``: the core capture (:func:`hfexport.capture.capture`, ``torch.export.export``), with
+   its steps as ``capture.<step>``;
+3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``"openvino"`` FX fixes
+   (:mod:`hfexport_openvino.workarounds.fx_fixes`);
+4. ``lower`` (``openvino.convert_model``), enclosing ``convert`` (a rejected op raises
+   :class:`~hfexport_openvino.errors.OpenvinoConversionError` naming the FX node and op) and
+   ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`).
+
+The base class then validates the model compiled on ``config.device`` against eager PyTorch at
+the sample shape and, for dynamic exports, a second shape.
+
+Generation (:meth:`OpenvinoExporter.export_for_generation`): with ``config.stateful`` (the default)
+a decoder-only language model is exported as one stateful decoder
+(:mod:`hfexport_openvino.stateful`), the model OpenVINO GenAI's ``LLMPipeline`` runs; otherwise
+the core's stateless prefill/decode components.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from hfexport.auto import register_exporter
+from hfexport.capture import capture
+from hfexport.config import OpenvinoConfig
+from hfexport.exporter import HfExporter
+from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+from hfexport.report import ExportReport, Stage
+from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
+from hfexport_openvino.naming import name_model_io
+from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
+from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
+from hfexport_openvino.workarounds.fx_fixes import BACKEND
+
+__all__ = ["OpenvinoExporter", "check_device", "save_model"]
+
+logger = logging.getLogger(__name__)
+
+#: ``rt_info`` path recording ``compress_to_fp16`` for :meth:`OpenvinoExporter.save`.
+_COMPRESS_KEY = ["hfexport", "compress_to_fp16"]
+# OpenVINO's OPTIMIZATION_CAPABILITIES name -> our precision hint
+_CAPABILITY = {"f32": "FP32", "f16": "FP16", "bf16": "BF16"}
+
+
+def check_device(device: str, precision_hint: str | None) -> None:
+    """Check that ``device`` is present and supports ``precision_hint``, before any capture.
+
+    Args:
+        device: ``"CPU"``, ``"GPU"``, ``"NPU"`` or an indexed one (``"GPU.1"``).
+        precision_hint: ``None`` or ``"f32"`` / ``"f16"`` / ``"bf16"``.
+
+    Raises:
+        DeviceUnavailableError: the device is not among ``openvino.Core().available_devices``, or
+            its ``OPTIMIZATION_CAPABILITIES`` lack the precision; the message lists what is there.
+    """
+    import openvino as ov
+
+    core = ov.Core()
+    available = list(core.available_devices)
+    wanted = device.upper()
+    family = wanted.split(".", 1)[0]
+    present = wanted in available or (
+        "." not in wanted and any(d.split(".", 1)[0] == family for d in available)
+    )
+    if not present:
+        raise DeviceUnavailableError(
+            f"OpenVINO device {device!r} is not present here; available devices: {', '.join(available) or 'none'}. "
+            "Pass device='CPU' (the default) or install the device's driver and OpenVINO plugin."
+        )
+    if precision_hint is None:
+        return
+    capabilities = [str(c) for c in core.get_property(wanted, "OPTIMIZATION_CAPABILITIES")]
+    if _CAPABILITY[precision_hint] not in capabilities:
+        supported = [hint for hint, cap in _CAPABILITY.items() if cap in capabilities]
+        raise DeviceUnavailableError(
+            f"inference_precision_hint={precision_hint!r} is not supported by OpenVINO device {device!r} "
+            f"(its OPTIMIZATION_CAPABILITIES: {', '.join(capabilities)}); allowed here: None, "
+            + ", ".join(map(repr, supported))
+        )
+
+
+def save_model(ov_model: Any, path: str | os.PathLike[str], *, compress_to_fp16: bool = False) -> list[Path]:
+    """Write ``ov_model`` as ``path`` (``.xml``) and its weights next to it (``.bin``), atomically.
+
+    Both files are written into a hidden staging folder next to ``path`` and moved into place,
+    weights first, the ``.xml`` last, so no half-written model is ever visible at ``path``.
+
+    Args:
+        ov_model: an ``openvino.Model``.
+        path: the ``.xml`` file (e.g. ``out/openvino_model.xml``); the weights go to ``out/openvino_model.bin``.
+        compress_to_fp16: store the weights as fp16.
+
+    Returns:
+        ``[xml_path, bin_path]``.
+
+    Raises:
+        ValueError: ``path`` does not end with ``.xml``.
+        IsADirectoryError: ``path`` is a directory.
+    """
+    import openvino as ov
+
+    target = Path(path)
+    if target.suffix != ".xml":
+        raise ValueError(f"OpenVINO models are saved as .xml (+ .bin); got {target}")
+    if target.is_dir():
+        raise IsADirectoryError(
+            f"{target} is a directory; pass a file path such as {target / 'openvino_model.xml'}"
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))
+    try:
+        ov.save_model(ov_model, staging / target.name, compress_to_fp16=compress_to_fp16)
+        weights = target.with_suffix(".bin")
+        os.replace(staging / weights.name, weights)
+        os.replace(staging / target.name, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return [target, weights]
+
+
+@register_exporter(BACKEND)
+class OpenvinoExporter(HfExporter):
+    """Export transformers models to OpenVINO IR and run them with ``openvino.Core().compile_model``.
+
+    ``export(model, forward_kwargs, OpenvinoConfig(dynamic=True))`` returns an ``openvino.Model``
+    whose inputs are named by forward kwarg leaf path and outputs by model output leaf path;
+    :meth:`save` writes ``openvino_model.xml`` + ``openvino_model.bin``.
+
+    Args:
+        config: default :class:`hfexport.config.OpenvinoConfig` for :meth:`export`.
+
+    Raises:
+        ImportError: torch, transformers or openvino is missing or older than
+            :data:`hfexport_openvino.versions.MIN_VERSIONS`.
+        DeviceUnavailableError: (from :meth:`export` and construction with a config) the device is
+            not present or does not support the precision hint.
+    """
+
+    export_format: ClassVar[str] = BACKEND
+    config_class: ClassVar[type[OpenvinoConfig]] = OpenvinoConfig
+    package_name: ClassVar[str] = "hfexport-openvino"
+    required_packages: ClassVar[tuple[str, ...]] = REQUIRED_PACKAGES
+    min_versions: ClassVar[dict[str, str]] = dict(MIN_VERSIONS)
+    tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
+    supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
+    artifact_filename: ClassVar[str] = "openvino_model.xml"
+    stages: ClassVar[tuple[str, ...]] = ("convert", "io_names")
+
+    # -- config ------------------------------------------------------------------------------
+    def _resolve_config(self, config: Any) -> OpenvinoConfig:
+        """The base's resolution plus the device / precision check (before any capture)."""
+        resolved = super()._resolve_config(config)
+        check_device(resolved.device, resolved.inference_precision_hint)
+        return resolved  # type: ignore[return-value]
+
+    # -- stages --------------------------------------------------------------------------------
+    def _export(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
+    ) -> Any:
+        """Stages 1-4 of the module docstring; returns the named ``openvino.Model``."""
+        program = self.capture_program(model, inputs, config, report)
+        return self.convert(program, config, report)
+
+    def capture_program(
+        self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
+    ) -> torch.export.ExportedProgram:
+        """Stages ``patches``, ``capture``, ``fx_program_fixes``, ``fx_node_fixes``."""
+        with contextlib.ExitStack() as patches:
+            with report.stage(Stage.PATCHES) as record:
+                entries = patches.enter_context(apply_patches(BACKEND))
+                names = [entry.name for entry in entries]
+                record.detail = f"{len(names)} installed"
+                report.record_applied(Stage.PATCHES, names)
+            with report.stage(Stage.CAPTURE):
+                program = capture(model, inputs, config, report, record_stages=True)
+        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
+            applied = apply_fx_program_fixes(BACKEND, program)
+            record.detail = f"{len(applied)} applied"
+            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
+        with report.stage(Stage.FX_NODE_FIXES) as record:
+            applied = apply_fx_node_fixes(BACKEND, program.graph_module)
+            record.detail = f"{len(applied)} applied"
+            report.record_applied(Stage.FX_NODE_FIXES, applied)
+        return program
+
+    def convert(
+        self, program: torch.export.ExportedProgram, config: OpenvinoConfig, report: ExportReport
+    ) -> Any:
+        """Stage ``lower`` with ``convert`` (``openvino.convert_model``) and ``io_names``.
+
+        Raises:
+            OpenvinoConversionError: OpenVINO rejected ops; the message names the FX node(s) and op(s).
+        """
+        import openvino as ov
+
+        with report.stage(Stage.LOWER, detail="openvino.convert_model"):
+            with report.stage("convert") as record:
+                try:
+                    ov_model = ov.convert_model(program)
+                except Exception as exc:
+                    if type(exc).__name__ != "OpConversionFailure":
+                        raise
+                    graph_nodes: dict[str, list[str]] = {}
+                    for module in program.graph_module.modules():
+                        if isinstance(module, torch.fx.GraphModule):
+                            for node in module.graph.nodes:
+                                if node.op == "call_function":
+                                    graph_nodes.setdefault(str(node.target), []).append(node.name)
+                    raise OpenvinoConversionError(
+                        f"openvino.convert_model rejected the captured program of component '{report.component}'",
+                        stage="convert",
+                        component=report.component,
+                        detail=str(exc),
+                        graph_nodes=graph_nodes,
+                    ) from exc
+                record.detail = f"{len(ov_model.get_ops())} ops"
+            with report.stage("io_names") as record:
+                names = name_model_io(ov_model, program)
+                report.extra["openvino_inputs"] = list(names.inputs)
+                report.extra["openvino_outputs"] = list(names.outputs)
+                record.detail = f"{len(names.inputs)} inputs, {len(names.outputs)} outputs"
+            self._record_options(ov_model, config)
+        return ov_model
+
+    @staticmethod
+    def _record_options(ov_model: Any, config: OpenvinoConfig) -> None:
+        """Store the save option and the precision hint in the model's ``rt_info`` (``hfexport/...``).
+
+        The hint is read back by :class:`~hfexport_openvino.runtime.OpenvinoRunner` and the stateful
+        runner; OpenVINO itself does not apply an IR's recorded ``INFERENCE_PRECISION_HINT`` (2026.4),
+        so other loaders (``LLMPipeline``) take it as a property.
+        """
+        ov_model.set_rt_info(str(bool(config.compress_to_fp16)), _COMPRESS_KEY)
+        if config.inference_precision_hint is not None:
+            ov_model.set_rt_info(config.inference_precision_hint, PRECISION_KEY)
+
+    # -- runtime, tolerances, save, load ---------------------------------------------------------
+    def _device_settings(self) -> tuple[str, str | None]:
+        config = self.config if isinstance(self.config, OpenvinoConfig) else None
+        last = getattr(self, "_active_config", None) or config
+        return (last.device, last.inference_precision_hint) if last is not None else ("CPU", None)
+
+    def validate(
+        self, artifact: Any, model: Any, inputs: Any, config: Any, report: Any, **kwargs: Any
+    ) -> None:
+        """The base class validation, compiled on ``config.device`` with its precision hint."""
+        self._active_config = config
+        try:
+            super().validate(artifact, model, inputs, config, report, **kwargs)
+        finally:
+            self._active_config = None
+
+    def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
+        """An :class:`~hfexport_openvino.runtime.OpenvinoRunner` over ``artifact``.
+
+        Args:
+            artifact: the ``openvino.Model`` from :meth:`export` or a saved ``openvino_model.xml`` path.
+
+        Returns:
+            A callable: forward kwargs -> ``{output_leaf_path: tensor}``.
+        """
+        device, hint = self._device_settings()
+        return OpenvinoRunner(artifact, device=device, precision_hint=hint)
+
+    def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
+        """fp32: ``(1e-4, 1e-3)`` (OpenVINO fuses and reorders fp32 kernels); otherwise the core's defaults."""
+        param = next(iter(model.parameters()), None)
+        if param is None or param.dtype == torch.float32:
+            return 1e-4, 1e-3
+        return None, None
+
+    def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
+        """Write ``artifact`` (an ``openvino.Model``) as ``path`` (``.xml``) + ``.bin``, atomically.
+
+        ``compress_to_fp16`` is the export's ``config.compress_to_fp16`` (recorded in the model).
+
+        Raises:
+            TypeError: ``artifact`` is not an ``openvino.Model``.
+            ValueError: ``path`` does not end with ``.xml``.
+        """
+        import openvino as ov
+
+        if not isinstance(artifact, ov.Model):
+            raise TypeError(f"OpenvinoExporter.save expects an openvino.Model, got {type(artifact).__name__}")
+        compress = False
+        if artifact.has_rt_info(_COMPRESS_KEY):
+            compress = str(artifact.get_rt_info(_COMPRESS_KEY).astype(str)) == "True"
+        save_model(artifact, path, compress_to_fp16=compress)
+
+    def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
+        """Read a saved ``openvino_model.xml`` (+ ``.bin``) as an ``openvino.Model``.
+
+        The files are checked against a ``checksums.sha256`` next to them when it lists them. IR
+        files hold no Python code, so ``trust_remote_code`` changes nothing.
+
+        Raises:
+            FileNotFoundError: no ``.xml`` at ``path`` or no ``.bin`` next to it.
+            hfexport.errors.IntegrityError: a file differs from its recorded SHA-256.
+        """
+        import openvino as ov
+
+        from hfexport.integrity import verify_file
+
+        path = Path(path)
+        weights = path.with_suffix(".bin")
+        for file in (path, weights):
+            if not file.is_file():
+                raise FileNotFoundError(f"no OpenVINO model file at {file}")
+            verify_file(file)
+        return ov.Core().read_model(os.fspath(path))
+
+    # -- generation ------------------------------------------------------------------------------
+    def export_for_generation(
+        self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Export for greedy generation; see :meth:`hfexport.exporter.HfExporter.export_for_generation`.
+
+        With ``config.stateful`` (the default) the model must be a decoder-only language model: it is
+        exported as one stateful decoder (:func:`hfexport_openvino.stateful.export_stateful_decoder`,
+        component ``"stateful_decoder"``, saved as ``openvino_model.xml``), validated stateless at
+        the sample and then as state against ``model.generate`` (greedy tokens equal). With
+        ``stateful=False``, or a per-component config dict, the core's stateless components.
+
+        Raises:
+            StatefulExportError: ``stateful=True`` for a model with no KV cache, an encoder-decoder
+                or a multimodal model (before any capture).
+            ValueError: ``stateful=True`` with ``multi_token_decode``/``components``/
+                ``generation_config`` options that only stateless components take.
+        """
+        if isinstance(config, Mapping) and "export_format" not in config:  # {component: config}
+            return super().export_for_generation(model, inputs, config, **kwargs)
+        resolved = self._resolve_config(config)
+        if not resolved.stateful:
+            return super().export_for_generation(model, inputs, resolved, **kwargs)
+        used = sorted(k for k, v in kwargs.items() if v not in (None, False))
+        if used:
+            raise ValueError(
+                f"{used} apply to stateless generation components; pass OpenvinoConfig(stateful=False) to use them"
+            )
+        from hfexport_openvino.stateful import export_stateful_decoder
+
+        return export_stateful_decoder(self, model, inputs, resolved)
+
+    def component_filename(self, name: str) -> str:
+        """``openvino_model.xml`` for the stateful decoder (the file OpenVINO GenAI reads), else ``<name>.xml``."""
+        from hfexport_openvino.stateful import STATEFUL_COMPONENT
+
+        return self.artifact_filename if name == STATEFUL_COMPONENT else f"{name}.xml"
+
+    def component_metadata(self, artifact: Any) -> dict[str, Any]:
+        """``{"stateful": bool, "inference_precision_hint": str | None}`` of a component model."""
+        hint = recorded_precision_hint(artifact)
+        return {
+            "stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])),
+            "inference_precision_hint": hint,
+        }
+
+    def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
+        """A :class:`~hfexport_openvino.stateful.StatefulGenerationRunner` for a stateful decoder folder,
+        else the core's ``GenerationRunner``."""
+        from hfexport_openvino.stateful import STATEFUL_COMPONENT, StatefulGenerationRunner
+
+        if list(plan.components) == [STATEFUL_COMPONENT]:
+            return StatefulGenerationRunner(plan, callers[STATEFUL_COMPONENT])
+        return super().generation_runner(plan, callers, **runner_kwargs)
+
+    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
+        """A runner over a saved component: :class:`~hfexport_openvino.runtime.OpenvinoRunner`, or a
+        :class:`~hfexport_openvino.stateful.StatefulDecoder` for a stateful decoder (``metadata["stateful"]``)."""
+        model = self.load(path)
+        if metadata.get("stateful"):
+            from hfexport_openvino.stateful import StatefulDecoder
+
+            return StatefulDecoder(model, precision_hint=metadata.get("inference_precision_hint"))
+        return OpenvinoRunner(model, precision_hint=metadata.get("inference_precision_hint"))

@@ -1,0 +1,153 @@
+"""Names of the OpenVINO model's inputs and outputs: the leaf paths of hfexport's naming.
+
+Rule (as for every backend, see ``docs/backends/openvino.md``):
+
+* an **input** is named by the leaf path of the forward kwarg it comes from, as
+  :func:`hfexport.tensors.get_leaf_tensors` names it: ``input_ids``, ``attention_mask``,
+  ``past_key_values.layers.0.keys``;
+* an **output** is named by the leaf path of the eager model output: ``logits``,
+  ``last_hidden_state``, ``past_key_values.layers.0.keys``;
+* an output whose path is also an input's name gets the suffix :data:`COLLISION_SUFFIX`
+  (``.out``), since OpenVINO tensor names are unique within a model.
+
+The mapping ``{name: leaf path}`` is also stored in the IR's ``rt_info`` under ``hfexport``
+(:data:`RT_INFO_KEY`), so a saved ``openvino_model.xml`` is run by :mod:`hfexport_openvino.runtime`
+without the Python objects of the export.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
+
+from hfexport.tensors import get_leaf_tensors
+
+__all__ = [
+    "COLLISION_SUFFIX",
+    "RT_INFO_KEY",
+    "IoNames",
+    "io_names_from_model",
+    "name_model_io",
+    "program_io_paths",
+]
+
+#: Suffix appended to an output name that is already an input name.
+COLLISION_SUFFIX = ".out"
+#: ``rt_info`` section holding the JSON ``{"inputs": {...}, "outputs": {...}}`` mapping.
+RT_INFO_KEY = "hfexport"
+
+
+@dataclass
+class IoNames:
+    """Model tensor names and the leaf paths they stand for.
+
+    Attributes:
+        inputs: ``{input name: forward kwarg leaf path}`` in model input order.
+        outputs: ``{output name: model output leaf path}`` in model output order.
+    """
+
+    inputs: dict[str, str] = field(default_factory=dict)
+    outputs: dict[str, str] = field(default_factory=dict)
+
+
+def _key_path(keys: Sequence[Any]) -> str:
+    parts = []
+    for key in keys:
+        for attr in ("key", "idx", "name"):
+            if hasattr(key, attr):
+                parts.append(str(getattr(key, attr)))
+                break
+        else:
+            parts.append(str(key))
+    return ".".join(parts)
+
+
+def _leaf_paths(spec: pytree.TreeSpec, kwargs_only: bool) -> list[str]:
+    """Leaf paths of ``spec`` in leaf order, named as :func:`get_leaf_tensors` names real leaves."""
+    markers = [torch.empty(0) for _ in range(spec.num_leaves)]
+    tree = pytree.tree_unflatten(markers, spec)
+    if kwargs_only:
+        args, kwargs = tree
+        tree = {**{str(i): a for i, a in enumerate(args)}, **kwargs}
+    by_id = {id(t): path for path, t in get_leaf_tensors(tree).items()}
+    keyed, _ = pytree.tree_flatten_with_path(tree)
+    return [by_id.get(id(marker)) or _key_path(keys) for marker, (keys, _leaf) in zip(markers, keyed)]
+
+
+def program_io_paths(program: torch.export.ExportedProgram) -> tuple[list[str], list[str]]:
+    """Leaf paths of the tensor user inputs and user outputs of ``program``, in graph order.
+
+    Args:
+        program: a program captured from keyword inputs (:func:`hfexport.capture.capture`).
+
+    Returns:
+        ``(inputs, outputs)``: e.g. ``(["input_ids", "attention_mask"], ["logits",
+        "past_key_values.layers.0.keys", ...])``; non-tensor (constant) leaves are left out, as
+        ``openvino.convert_model`` leaves them out of the model's parameters and results.
+    """
+    signature = program.graph_signature
+    in_paths = _leaf_paths(program.call_spec.in_spec, kwargs_only=True)
+    user_inputs = [s for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    inputs = [p for p, s in zip(in_paths, user_inputs) if isinstance(s.arg, TensorArgument)]
+    out_paths = _leaf_paths(program.call_spec.out_spec, kwargs_only=False)
+    user_outputs = [s for s in signature.output_specs if s.kind == OutputKind.USER_OUTPUT]
+    outputs = [p for p, s in zip(out_paths, user_outputs) if isinstance(s.arg, TensorArgument)]
+    return inputs, outputs
+
+
+def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNames:
+    """Give the converted model's inputs and outputs their leaf-path names; record the mapping.
+
+    Args:
+        ov_model: the ``openvino.Model`` that ``openvino.convert_model(program)`` returned.
+        program: the program it was converted from.
+
+    Returns:
+        The :class:`IoNames` now set on ``ov_model`` (also stored in its ``rt_info``).
+
+    Raises:
+        RuntimeError: the model has another number of inputs or outputs than the program's tensor
+            user inputs/outputs (the conversion dropped or added one); the message lists both.
+    """
+    in_paths, out_paths = program_io_paths(program)
+    if len(ov_model.inputs) != len(in_paths) or len(ov_model.outputs) != len(out_paths):
+        raise RuntimeError(
+            f"the OpenVINO model has {len(ov_model.inputs)} inputs / {len(ov_model.outputs)} outputs, the "
+            f"program {len(in_paths)} ({in_paths}) / {len(out_paths)} ({out_paths}); cannot name them"
+        )
+    names = IoNames()
+    for port, path in zip(ov_model.inputs, in_paths):
+        port.get_tensor().set_names({path})
+        names.inputs[path] = path
+    taken = set(names.inputs)
+    for port, path in zip(ov_model.outputs, out_paths):
+        name = path
+        while name in taken:
+            name += COLLISION_SUFFIX
+        taken.add(name)
+        port.get_tensor().set_names({name})
+        names.outputs[name] = path
+    ov_model.set_rt_info(json.dumps({"inputs": names.inputs, "outputs": names.outputs}), [RT_INFO_KEY, "io"])
+    return names
+
+
+def io_names_from_model(ov_model: Any) -> IoNames:
+    """The :class:`IoNames` recorded by :func:`name_model_io` (or the tensor names themselves).
+
+    Works on an ``openvino.Model`` and on a ``CompiledModel``'s ports alike: a model without the
+    ``rt_info`` record maps every input/output name to itself.
+    """
+    try:
+        data = json.loads(str(ov_model.get_rt_info([RT_INFO_KEY, "io"]).astype(str)))
+        return IoNames(dict(data["inputs"]), dict(data["outputs"]))
+    except Exception:  # not recorded (a model from elsewhere): the names are the paths
+        return IoNames(
+            {p.get_any_name(): p.get_any_name() for p in ov_model.inputs},
+            {p.get_any_name(): p.get_any_name() for p in ov_model.outputs},
+        )

@@ -1,0 +1,126 @@
+"""Workarounds for OpenVINO conversion faults, applied to the captured program (key ``"openvino"``).
+
+- :func:`drop_empty_cat_operands`: ``aten.cat`` operands that are 1-D empty tensors are removed.
+  PyTorch keeps the legacy rule that such tensors are skipped whatever ``dim`` says (transformers'
+  ``DynamicCache`` starts every layer as ``torch.tensor([])`` and concatenates the first keys onto
+  it); OpenVINO's PyTorch frontend builds a ``Concat`` over all operands and fails
+  ("Axis -2 out of the tensor rank range [-1, 0]").
+- :func:`finite_sdpa_mask`: a boolean ``attn_mask`` of ``aten.scaled_dot_product_attention`` becomes
+  a float mask with a finite minimum: OpenVINO returns NaN for a fully masked row (a left-padded
+  position; openvino#35959) where PyTorch returns finite values, and the next layer spreads the
+  NaN over the whole row.
+- the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
+  implementation: OpenVINO has no conversion for ``torch._grouped_mm``, and the ``"eager"`` loop
+  depends on the routing of the sample (``nonzero()``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from hfexport.registry import register_fx_node_fix
+from hfexport.workarounds.moe import register_dense_experts
+
+__all__ = ["BACKEND", "drop_empty_cat_operands", "finite_sdpa_mask"]
+
+#: Registry key of this backend's workarounds.
+BACKEND = "openvino"
+
+
+def _is_legacy_empty(value: Any) -> bool:
+    val = getattr(value, "meta", {}).get("val") if isinstance(value, torch.fx.Node) else value
+    return (
+        isinstance(val, torch.Tensor)
+        and val.dim() == 1
+        and isinstance(val.shape[0], int)
+        and val.shape[0] == 0
+    )
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "drop 1-D empty operands of aten.cat (PyTorch's legacy skip rule, hit by DynamicCache's lazy "
+        "torch.tensor([]) layers), which OpenVINO's Concat rejects as an axis out of range"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/185535",
+    versions={"openvino": ">=2026.0"},
+)
+def drop_empty_cat_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.cat([empty_1d, x, ...], dim)`` as ``aten.cat([x, ...], dim)``.
+
+    Only operands whose traced value is exactly 1-D with 0 elements are dropped, and only when
+    another operand has more dimensions (PyTorch skips exactly those). Returns True when the node
+    was rewritten.
+    """
+    if node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    operands = node.args[0]
+    if not isinstance(operands, (list, tuple)):
+        return False
+    kept = [x for x in operands if not _is_legacy_empty(x)]
+    if len(kept) == len(operands) or not kept:
+        return False
+    if not any(getattr(x, "meta", {}).get("val", torch.empty(0)).dim() > 1 for x in kept):
+        return False
+    node.args = (kept, *node.args[1:])
+    return True
+
+
+# OpenVINO converts no torch._grouped_mm; the "eager" loop specialises on the sample routing
+register_dense_experts(BACKEND, every_implementation=True)
+
+
+_SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "give scaled_dot_product_attention a float mask with a finite minimum instead of a boolean one: "
+        "OpenVINO's SDPA turns a fully masked row (a left-padded position) into NaN, which the next "
+        "layer spreads to every position of the row (0 * NaN); PyTorch returns finite values there"
+    ),
+    issue="https://github.com/openvinotoolkit/openvino/issues/35959",
+    versions={"openvino": ">=2026.0"},
+)
+def finite_sdpa_mask(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite a boolean ``attn_mask`` of ``aten.scaled_dot_product_attention`` as ``(1 - mask) * finfo.min``.
+
+    Allowed positions get 0, masked ones the most negative finite value of the query's dtype, so a
+    row with every position masked gets uniform weights (finite) instead of NaN. Returns True when
+    the node was rewritten.
+    """
+    if node.target not in _SDPA:
+        return False
+    args = list(node.args)
+    kwargs = dict(node.kwargs)
+    if len(args) > 3:
+        mask, where = args[3], "arg"
+    else:
+        mask, where = kwargs.get("attn_mask"), "kwarg"
+    mask_val = getattr(mask, "meta", {}).get("val") if isinstance(mask, torch.fx.Node) else None
+    query_val = getattr(args[0], "meta", {}).get("val") if isinstance(args[0], torch.fx.Node) else None
+    if mask_val is None or query_val is None or mask_val.dtype != torch.bool:
+        return False
+    dtype = query_val.dtype
+    lowest = torch.finfo(dtype).min
+    graph = node.graph
+    with graph.inserting_before(node):
+        as_float = graph.call_function(torch.ops.aten._to_copy.default, (mask,), {"dtype": dtype})
+        inverted = graph.call_function(torch.ops.aten.rsub.Scalar, (as_float, 1.0))
+        float_mask = graph.call_function(torch.ops.aten.mul.Scalar, (inverted, lowest))
+    fake_mode = getattr(mask_val, "fake_mode", None)
+    if fake_mode is not None:
+        with fake_mode:
+            as_float.meta["val"] = mask_val.to(dtype)
+            inverted.meta["val"] = 1.0 - as_float.meta["val"]
+            float_mask.meta["val"] = inverted.meta["val"] * lowest
+    if where == "arg":
+        args[3] = float_mask
+    else:
+        kwargs["attn_mask"] = float_mask
+    node.args, node.kwargs = tuple(args), kwargs
+    return True

@@ -1,0 +1,247 @@
+"""OpenvinoExporter on a toy module: config checks before capture, leaf-path names, atomic save,
+load, the failed-conversion error, and the empty-operand ``aten.cat`` workaround."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hfexport import AutoExportConfig, AutoHfExporter
+from hfexport.config import OpenvinoConfig
+from hfexport.registry import entries
+from hfexport_openvino import DeviceUnavailableError, OpenvinoConversionError, OpenvinoExporter
+from hfexport_openvino.errors import failed_nodes
+
+
+def test_config_is_in_the_core_format_table_and_round_trips():
+    config = AutoExportConfig.from_dict(
+        {"export_format": "openvino", "device": "cpu", "inference_precision_hint": "f32", "stateful": False}
+    )
+    assert type(config) is OpenvinoConfig
+    assert (config.device, config.compress_to_fp16, config.inference_precision_hint, config.stateful) == (
+        "CPU",
+        False,
+        "f32",
+        False,
+    )
+    assert OpenvinoConfig().stateful is True and OpenvinoConfig().device == "CPU"
+    assert type(AutoHfExporter.from_config(config)) is OpenvinoExporter
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("device", "TPU", "device='TPU' is invalid; allowed: 'CPU', 'GPU', 'NPU'"),
+        (
+            "inference_precision_hint",
+            "int8",
+            "inference_precision_hint='int8' is invalid; allowed: None, 'f32'",
+        ),
+        ("compress_to_fp16", "yes", "compress_to_fp16"),
+        ("stateful", 1, "stateful"),
+    ],
+)
+def test_bad_config_values_are_refused(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        OpenvinoConfig(**{field: value})
+
+
+def test_absent_device_is_refused_before_capture(tiny_encoder, monkeypatch):
+    import openvino as ov
+
+    if "NPU" in ov.Core().available_devices:
+        pytest.skip("this machine has an NPU")
+    model, inputs = tiny_encoder
+    exporter = OpenvinoExporter()
+    called = []
+    monkeypatch.setattr("hfexport_openvino.exporter.capture", lambda *a, **k: called.append(1))
+    with pytest.raises(
+        DeviceUnavailableError, match=r"device 'NPU' is not present here; available devices: CPU"
+    ):
+        exporter.export(model, inputs, OpenvinoConfig(device="NPU"))
+    assert called == []
+
+
+def test_precision_hint_the_device_lacks_is_refused(monkeypatch):
+    import openvino as ov
+
+    real = ov.Core.get_property
+
+    def fake(self, device, name):
+        if name == "OPTIMIZATION_CAPABILITIES":
+            return ["FP32", "INT8"]
+        return real(self, device, name)
+
+    monkeypatch.setattr(ov.Core, "get_property", fake)
+    with pytest.raises(
+        DeviceUnavailableError,
+        match=r"inference_precision_hint='bf16' is not supported by OpenVINO device 'CPU'.*allowed here: None, 'f32'",
+    ):
+        OpenvinoExporter(OpenvinoConfig(inference_precision_hint="bf16"))
+
+
+def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, tmp_path):
+    model, inputs = tiny_encoder
+    exporter = OpenvinoExporter()
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(dynamic=True))
+    assert [p.get_any_name() for p in ov_model.inputs] == ["inputs_embeds", "attention_mask"]
+    assert [p.get_any_name() for p in ov_model.outputs] == ["last_hidden_state"]
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    for stage in (
+        "patches",
+        "capture",
+        "fx_node_fixes",
+        "lower",
+        "convert",
+        "io_names",
+        "validate",
+        "validate_second_shape",
+    ):
+        assert statuses[stage] == "ok", report.summary_lines()
+    assert report.validation["second_shape"][0]["shape"] != report.validation["sample"][0]["shape"]
+    assert all(row["max_abs_diff"] <= 1e-4 for row in report.validation["sample"])
+
+    target = tmp_path / "out" / "openvino_model.xml"
+    exporter.save(ov_model, target)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["openvino_model.bin", "openvino_model.xml"]
+    assert 'element_type="f16"' not in target.read_text()  # compress_to_fp16 defaults to False
+    loaded = exporter.load(target)
+    outputs = exporter.runner(loaded)(inputs)
+    expected = model(**inputs).last_hidden_state
+    torch.testing.assert_close(outputs["last_hidden_state"], expected, atol=1e-5, rtol=1e-5)
+    names = json.loads(str(loaded.get_rt_info(["hfexport", "io"]).astype(str)))
+    assert names == {
+        "inputs": {"inputs_embeds": "inputs_embeds", "attention_mask": "attention_mask"},
+        "outputs": {"last_hidden_state": "last_hidden_state"},
+    }
+
+
+def test_compress_to_fp16_stores_half_weights_and_save_is_atomic(tiny_encoder, tmp_path, monkeypatch):
+    import openvino as ov
+
+    model, inputs = tiny_encoder
+    exporter = OpenvinoExporter()
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(compress_to_fp16=True, validate=False))
+    exporter.save(ov_model, tmp_path / "half" / "openvino_model.xml")
+    ov_model.set_rt_info("False", ["hfexport", "compress_to_fp16"])  # as an export without the option
+    exporter.save(ov_model, tmp_path / "full" / "openvino_model.xml")
+    half, full = (tmp_path / d / "openvino_model.bin" for d in ("half", "full"))
+    assert half.stat().st_size < full.stat().st_size
+    assert 'element_type="f16"' in (tmp_path / "half" / "openvino_model.xml").read_text()
+    assert 'element_type="f16"' not in (tmp_path / "full" / "openvino_model.xml").read_text()
+
+    tmp_path = tmp_path / "atomic"
+    tmp_path.mkdir()
+    with pytest.raises(ValueError, match=r"saved as \.xml"):
+        exporter.save(ov_model, tmp_path / "model.onnx")
+    target = tmp_path / "openvino_model.xml"
+    target.write_text("old")
+
+    def broken(*args, **kwargs):
+        Path(args[1]).write_text("half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ov, "save_model", broken)
+    with pytest.raises(OSError, match="disk full"):
+        exporter.save(ov_model, target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["openvino_model.xml"]
+    assert target.read_text() == "old"
+
+
+class _Unconvertible(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import PretrainedConfig
+
+        self.config = PretrainedConfig()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.special.zeta(x, x + 1.0)  # aten.special_zeta: no OpenVINO conversion rule
+
+
+def test_failed_conversion_names_the_fx_node_and_op():
+    exporter = OpenvinoExporter()
+    with pytest.raises(OpenvinoConversionError) as info:
+        exporter.export(_Unconvertible(), {"x": torch.rand(2, 3) + 2.0}, OpenvinoConfig())
+    error = info.value
+    assert error.stage == "convert"
+    assert error.ops == ["aten.special_zeta.default"]
+    assert error.nodes == [("special_zeta", "aten.special_zeta.default")]
+    assert "failed FX node(s): special_zeta (aten.special_zeta.default)" in str(error)
+
+
+def test_failed_nodes_parses_openvino_messages():
+    message = (
+        "Exception happened during conversion of operation cat_3/aten.cat.default with schema NONE\n"
+        "Summary:\n-- Conversion is failed for: SequenceMark, aten.cat.default\n"
+    )
+    assert failed_nodes(message) == [("cat_3", "aten.cat.default")]
+
+
+def test_empty_cat_operand_fix_is_registered_and_rewrites():
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("drop_empty_cat_operands")]
+    assert entry.issue.startswith("https://github.com/") and entry.versions == {"openvino": ">=2026.0"}
+
+    class Cat(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([torch.tensor([]), x], dim=-2)
+
+    program = torch.export.export(Cat(), (torch.rand(1, 2, 3, 4),))
+    node = next(n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default)
+    assert len(node.args[0]) == 2
+    assert entry.func(program.graph_module, node) is True
+    assert len(node.args[0]) == 1
+    program.graph_module.recompile()
+    import openvino as ov
+
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    x = np.random.rand(1, 2, 3, 4).astype(np.float32)
+    np.testing.assert_allclose(compiled(x)[0], x)
+
+
+def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):
+    import openvino as ov
+
+    from hfexport_openvino import OpenvinoRunner
+
+    model, inputs = tiny_encoder
+    exporter = OpenvinoExporter()
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(inference_precision_hint="f32", validate=False))
+    exporter.save(ov_model, tmp_path / "openvino_model.xml")
+    runner = OpenvinoRunner(tmp_path / "openvino_model.xml")
+    assert runner.precision_hint == "f32"
+    runner(inputs)
+    assert runner._request.get_compiled_model().get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+
+
+def test_fully_masked_sdpa_rows_stay_finite():
+    """openvino#35959: a boolean SDPA mask with an all-False row gives NaN in OpenVINO; the fix keeps it finite."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("finite_sdpa_mask")]
+    assert entry.issue == "https://github.com/openvinotoolkit/openvino/issues/35959"
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, mask):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 3, 4, generator=gen) for _ in range(3))
+    mask = torch.tensor([[[[False, False, False], [True, False, False], [True, True, False]]]])
+    program = torch.export.export(Attention(), (q, k, v, mask))
+    feed = [t.numpy() for t in (q, k, v, mask)]
+    unfixed = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    assert np.isnan(unfixed(feed)[0][0, 0, 0]).all()  # the upstream fault: once it is gone, retire the fix
+    node = next(n for n in program.graph_module.graph.nodes if "scaled_dot_product" in str(n.target))
+    assert entry.func(program.graph_module, node) is True
+    program.graph_module.recompile()
+    fixed = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    out = fixed(feed)[0]
+    assert np.isfinite(out).all()
+    expected = Attention()(q, k, v, mask).numpy()
+    np.testing.assert_allclose(out[0, 0, 1:], expected[0, 0, 1:], atol=1e-6)

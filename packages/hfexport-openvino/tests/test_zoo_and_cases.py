@@ -1,0 +1,96 @@
+"""The zoo slice and the shared regression cases, on OpenVINO.
+
+Reuses the shared parametrizations: the model types of ``tests-integration/test_zoo_slice.py``
+(``DEFAULT_SLICE`` / ``EXTENDED_SLICE``) and the cases of ``hfexport.testing.list_cases`` that the
+graph backends run (the ones listing ``onnx``: OpenVINO converts the same ``torch.export`` graphs).
+One zoo model and one case run by default; the rest are ``extended``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from hfexport.config import OpenvinoConfig
+from hfexport.errors import ExportStageError
+from hfexport.testing import list_cases, tiny_model
+from hfexport.validation import validate_artifact
+
+pytestmark = [pytest.mark.slow]
+
+_SLICE_FILE = Path(__file__).resolve().parents[3] / "tests-integration" / "test_zoo_slice.py"
+_spec = importlib.util.spec_from_file_location("_zoo_slice", _SLICE_FILE)
+_zoo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_zoo)
+
+ATOL = 1e-4  # the backend's fp32 default
+DEFAULT = _zoo.DEFAULT_SLICE[:1]
+ZOO = [
+    pytest.param(mt, id=mt, marks=() if mt in DEFAULT else pytest.mark.extended)
+    for mt in (*_zoo.DEFAULT_SLICE, *_zoo.EXTENDED_SLICE)
+]
+CASES = list_cases("onnx")
+DEFAULT_CASES = ("C06-gqa-sdpa-no-mask",)
+SKIPS = {
+    "C04-qwen2vl-vision-grid": (
+        "the plain forward of Qwen2-VL cannot be traced: data-dependent torch.split on "
+        "cu_seqlens.tolist() / image_grid_thw.tolist() (pytorch/pytorch#126685)"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def exporter():
+    from hfexport_openvino import OpenvinoExporter
+
+    return OpenvinoExporter()
+
+
+@pytest.mark.parametrize("model_type", ZOO)
+def test_zoo_slice_exports_and_matches_at_two_shapes(model_type, exporter):
+    model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+    exporter.export(model, inputs, OpenvinoConfig(dynamic=True))
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    assert statuses["validate_second_shape"] == "ok", report.summary_lines()
+    sample, second = report.validation["sample"], report.validation["second_shape"]
+    assert sample[0]["name"] == "logits" and tuple(sample[0]["shape"]) == (2, 8, model.config.vocab_size)
+    assert tuple(second[0]["shape"]) != tuple(sample[0]["shape"])
+    for row in sample + second:
+        assert row["ok"] and float(row["max_abs_diff"]) <= ATOL, row
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, id=c.name, marks=() if c.name in DEFAULT_CASES else pytest.mark.extended)
+        for c in CASES
+    ],
+)
+def test_shared_case(case, exporter):
+    atol = float(case.expect.get("atol", ATOL))
+    model = case.build_model()
+    inputs = case.sample_inputs(model)
+    if case.name in SKIPS:
+        with pytest.raises(ExportStageError, match="data-dependent") as info:
+            exporter.export(model, inputs, OpenvinoConfig(dynamic=case.dynamic, atol=atol))
+        assert info.value.stage.startswith("capture")
+        pytest.skip(SKIPS[case.name])
+    ov_model = exporter.export(model, inputs, OpenvinoConfig(dynamic=case.dynamic, atol=atol))
+    report = exporter.last_report
+    assert all(s.status in ("ok", "skipped") for s in report.stages), report.summary_lines()
+    if case.dynamic:
+        assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok"
+    second = case.second_inputs(model)
+    if second is not None:
+        rows = validate_artifact(
+            model, exporter.runner(ov_model), second, atol=atol, label="case second input"
+        )
+        first = rows[0]
+        assert first.ok and first.max_abs_diff <= atol
+        mask = second.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and not bool(mask.all()) and first.name == "logits":
+            assert first.compared == int(mask.sum()) * first.shape[-1]
