@@ -151,6 +151,56 @@ def sensitive_ffn_nodes(model: Any, count: int = SENSITIVE_FFN_LAYERS) -> list[s
     return found
 
 
+def _gemm_to_matmul(model: Any) -> int:
+    """Rewrite ``Gemm(A, B, C)`` with a constant ``B`` (GPT-2's ``Conv1D`` is ``addmm``) into
+    ``MatMul(A, B or B^T) + C`` in place, so the quantizers, which match ``MatMul``
+    (``MatMulNBits``, dynamic ``MatMulInteger``), see those weights too. Only the plain form
+    (``alpha = beta = 1``, ``transA = 0``) is rewritten; the node's metadata (module scopes) moves to
+    the ``MatMul``. Returns the number of rewrites."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    count = 0
+    for node in list(graph):
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx"):
+            continue
+        attrs = {name: attr.value for name, attr in node.attributes.items()}
+        if attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0):
+            continue
+        a, b = node.inputs[0], node.inputs[1]
+        c = node.inputs[2] if len(node.inputs) > 2 else None
+        if b is None or b.const_value is None:
+            continue
+        weight = b
+        if attrs.get("transB", 0):
+            array = b.const_value.numpy().T.copy()
+            weight = ir.Value(
+                name=f"{b.name}_transposed", const_value=ir.tensor(array, name=f"{b.name}_transposed")
+            )
+            weight.shape = ir.Shape(array.shape)
+            weight.dtype = b.dtype
+            graph.register_initializer(weight)
+        matmul = ir.Node("", "MatMul", inputs=[a, weight], name=f"{node.name}_matmul")
+        matmul.metadata_props.update(node.metadata_props)
+        new_nodes = [matmul]
+        result = matmul.outputs[0]
+        if c is not None:
+            add = ir.Node("", "Add", inputs=[result, c], name=f"{node.name}_bias")
+            add.metadata_props.update(node.metadata_props)
+            new_nodes.append(add)
+            result = add.outputs[0]
+        graph.insert_before(node, new_nodes)
+        old = node.outputs[0]
+        result.shape, result.dtype = old.shape, old.dtype
+        ir.convenience.replace_all_uses_with(old, result)
+        if old in graph.outputs:
+            graph.outputs[graph.outputs.index(old)] = result
+            result.name, old.name = old.name, f"{old.name}_gemm"
+        graph.remove(node, safe=True)
+        count += 1
+    return count
+
+
 def quantized_op_counts(model: Any) -> dict[str, int]:
     """``{op_type: count}`` of the quantization ops in an ``onnx_ir.Model`` or ``onnx.ModelProto``."""
     nodes = model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph.node
@@ -216,6 +266,7 @@ def quantize_ir_model(
         )
     exclude = excluded_nodes(model, quantization.exclude)
     facts: dict[str, Any] = {"method": method}
+    facts["gemm_to_matmul"] = _gemm_to_matmul(model)
     if method in ("int8-dynamic", "int8-static") and not quantization.exclude:
         # static QDQ fixes activation ranges ahead of time: every FFN down-projection stays float
         auto = sensitive_ffn_nodes(model, SENSITIVE_FFN_LAYERS if method == "int8-dynamic" else 10**6)
