@@ -37,8 +37,8 @@ def bert():
     "fmt",
     [
         "dynamo",
-        pytest.param("onnx", marks=pytest.mark.slow),
-        pytest.param("executorch", marks=pytest.mark.slow),
+        pytest.param("onnx", marks=pytest.mark.extended),
+        pytest.param("executorch", marks=pytest.mark.extended),
     ],
 )
 def test_load_plain_folder_returns_the_eager_output_class(fmt, bert, tmp_path):

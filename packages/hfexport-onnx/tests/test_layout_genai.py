@@ -119,7 +119,10 @@ def _assert_same_tokens(
     return ran
 
 
-@pytest.mark.parametrize(("model_type", "runtime_type"), [("llama", "llama"), ("qwen3", "qwen3")])
+@pytest.mark.parametrize(
+    ("model_type", "runtime_type"),
+    [("llama", "llama"), pytest.param("qwen3", "qwen3", marks=pytest.mark.extended)],
+)
 def test_genai_generator_matches_generate_on_tiny_models(tmp_path, model_type, runtime_type):
     folder = tiny_model_folder(model_type, tmp_path / "model")
     out = tmp_path / "out"
