@@ -27,6 +27,7 @@ sample shape and, for dynamic exports, at a second shape.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -315,6 +316,13 @@ def _quantize_source(
         record.detail = (
             f"{quantization.method}: {applied['linear']} linear, {applied['embedding']} embedding module(s)"
         )
+    elif quantization.method == "int8-dynamic":
+        from hfexport.linear_forms import conv1d_as_linear
+
+        # XNNPACKQuantizer annotates aten.linear only: GPT-2's Conv1D (addmm) would stay float
+        if any(type(m).__name__ == "Conv1D" for m in model.modules()):
+            model = copy.deepcopy(model)
+            summary["conv1d_as_linear"] = len(conv1d_as_linear(model))
     if quantization.method == "int8-dynamic":
         summary["per_channel"] = quantization.per_channel
     report.extra["quantization"] = summary
