@@ -87,7 +87,9 @@ def test_unknown_method_is_refused_before_capture_listing_the_allowed_ones():
 def test_quantization_on_the_cuda_backend_is_refused_before_capture():
     model, inputs = tiny_model("gpt2")
     config = ExecutorchConfig(backend="cuda", quantization="8da4w")
-    with pytest.raises(ValueError, match=r"backend='cuda' has none here; allowed: ExecutorchConfig\(backend='xnnpack'\)"):
+    with pytest.raises(
+        ValueError, match=r"backend='cuda' has none here; allowed: ExecutorchConfig\(backend='xnnpack'\)"
+    ):
         ExecutorchExporter().export(model, inputs, config)
 
 
