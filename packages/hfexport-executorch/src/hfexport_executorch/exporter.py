@@ -200,7 +200,8 @@ class ExecutorchExporter(HfExporter):
                     "fits": outcome.fits,
                 }
             with report.stage("memory_planning"):
-                manager = plan_memory(edge, config)
+                fuse = quantization is not None and quantization.embedding_bits is not None
+                manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
                 if quantization is not None:
                     _record_sizes(report.extra["quantization"], manager)
