@@ -49,7 +49,9 @@ def iglm(tmp_path_factory):
     folder = package_model_folder("iglm/IgLM-S", tmp_path_factory.mktemp("iglm-s"))
     enc = AutoTokenizer.from_pretrained(folder)(ANTIBODIES, return_tensors="pt", padding=True)
     model = AutoModelForCausalLM.from_pretrained(folder).eval()
-    return model, {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    # logits only: the KV cache a use_cache forward also returns is an intermediate, and 4-bit weights
+    # move the deepest layer's values further (cosine 0.95 on IgLM-S) than its logits
+    return model, {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "use_cache": False}
 
 
 @pytest.fixture(scope="module")
@@ -73,21 +75,35 @@ def _logits_row(report) -> dict:
 # -- refusals before capture --------------------------------------------------------------------------
 def test_methods_are_listed_on_the_exporter():
     assert dict(ExecutorchExporter.quantization_methods) == METHODS
-    assert list(METHODS) == ["8da4w", "int8-dynamic", "4w", "8w"]
+    assert list(METHODS) == ["8da4w", "int8-dynamic"]
     assert ExecutorchExporter.supported_dtypes == ("float32", "float16", "bfloat16")
 
 
-def test_unknown_method_is_refused_before_capture_listing_the_allowed_ones():
+@pytest.mark.parametrize("method", ["int4-weight", "4w", "8w"])
+def test_unknown_method_is_refused_before_capture_listing_the_allowed_ones(method):
     model, inputs = tiny_model("gpt2")
-    with pytest.raises(ValueError, match=r"'int4-weight'.*allowed: 8da4w, int8-dynamic, 4w, 8w") as info:
-        ExecutorchExporter().export(model, inputs, ExecutorchConfig(quantization="int4-weight"))
+    with pytest.raises(ValueError, match=rf"'{method}'.*allowed: 8da4w, int8-dynamic$") as info:
+        ExecutorchExporter().export(model, inputs, ExecutorchConfig(quantization=method))
     assert "executorch" in str(info.value)
 
 
 def test_quantization_on_the_cuda_backend_is_refused_before_capture():
     model, inputs = tiny_model("gpt2")
     config = ExecutorchConfig(backend="cuda", quantization="8da4w")
-    with pytest.raises(ValueError, match=r"backend='cuda' has none here; allowed: ExecutorchConfig\(backend='xnnpack'\)"):
+    with pytest.raises(
+        ValueError, match=r"backend='cuda' has none here; allowed: ExecutorchConfig\(backend='xnnpack'\)"
+    ):
+        ExecutorchExporter().export(model, inputs, config)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_embedding_bits_are_refused_before_capture_naming_the_missing_runtime_kernel(bits):
+    model, inputs = tiny_model("gpt2")
+    config = ExecutorchConfig(quantization={"method": "8da4w", "embedding_bits": bits})
+    with pytest.raises(
+        ValueError,
+        match=rf"embedding_bits={bits} is not supported .*no quantized embedding kernel .*allowed: embedding_bits=None",
+    ):
         ExecutorchExporter().export(model, inputs, config)
 
 
@@ -146,23 +162,6 @@ def test_8da4w_gpt2_real_weights_quarter_size_top1_and_delegated_quantized_linea
     assert row["top1_agreement"] >= 0.9 and row["cosine"] >= 0.99, row
     _assert_intact(model, before, kinds)
     print(f"8da4w IgLM-S: ratio {summary['size_ratio']}, top-1 {row['top1_agreement']:.4f}, {seconds:.0f} s")
-
-
-@pytest.mark.extended
-@pytest.mark.parametrize(
-    ("method", "embedding_bits", "max_ratio"),
-    [("4w", None, 0.3), ("8w", None, 0.4), ("8da4w", 4, 0.25), ("8da4w", 8, 0.3)],
-)
-def test_weight_only_and_embedding_quantization_gpt2_real_weights(iglm, method, embedding_bits, max_ratio):
-    model, inputs = iglm
-    exporter = ExecutorchExporter()
-    quantization = QuantizationConfig(method=method, embedding_bits=embedding_bits)
-    exporter.export(model, inputs, ExecutorchConfig(quantization=quantization))
-    summary = exporter.last_report.extra["quantization"]
-    assert summary["embedding"] == (2 if embedding_bits else 0)
-    assert summary["ops"]["delegated_quantized_linear"] + summary["ops"]["portable_quantized_linear"] == 13
-    assert summary["size_ratio"] <= max_ratio, summary
-    assert _logits_row(exporter.last_report)["top1_agreement"] >= 0.9
 
 
 @pytest.mark.extended

@@ -27,6 +27,7 @@ sample shape and, for dynamic exports, at a second shape.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -112,6 +113,15 @@ class ExecutorchExporter(HfExporter):
         super().check_precision(config)
         quantization = getattr(config, "quantization", None)
         backend = getattr(config, "backend", "xnnpack")
+        if quantization is not None and quantization.embedding_bits is not None:
+            # the torchao embedding pattern becomes quantized_decomposed::embedding_4bit / embedding_byte
+            # (quant fusion), whose kernels the executorch 1.4.1 runtime here does not register
+            # (measured: "Missing operator: quantized_decomposed::embedding_byte.out" at load)
+            raise ValueError(
+                f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the executorch "
+                "backend here: the installed ExecuTorch runtime has no quantized embedding kernel "
+                "(quantized_decomposed::embedding_4bit / embedding_byte); allowed: embedding_bits=None"
+            )
         if quantization is not None and backend != "xnnpack":
             raise ValueError(
                 f"quantization method {quantization.method!r} lowers to XNNPACK's quantized kernels; "
@@ -200,7 +210,8 @@ class ExecutorchExporter(HfExporter):
                     "fits": outcome.fits,
                 }
             with report.stage("memory_planning"):
-                manager = plan_memory(edge, config)
+                fuse = quantization is not None and quantization.embedding_bits is not None
+                manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
                 if quantization is not None:
                     _record_sizes(report.extra["quantization"], manager)
@@ -316,6 +327,13 @@ def _quantize_source(
         record.detail = (
             f"{quantization.method}: {applied['linear']} linear, {applied['embedding']} embedding module(s)"
         )
+    elif quantization.method == "int8-dynamic":
+        from hfexport.linear_forms import conv1d_as_linear
+
+        # XNNPACKQuantizer annotates aten.linear only: GPT-2's Conv1D (addmm) would stay float
+        if any(type(m).__name__ == "Conv1D" for m in model.modules()):
+            model = copy.deepcopy(model)
+            summary["conv1d_as_linear"] = len(conv1d_as_linear(model))
     if quantization.method == "int8-dynamic":
         summary["per_channel"] = quantization.per_channel
     report.extra["quantization"] = summary

@@ -137,7 +137,9 @@ def memory_planning_pass(config: Any) -> MemoryPlanningPass:
     )
 
 
-def plan_memory(edge: EdgeProgramManager, config: Any) -> ExecutorchProgramManager:
+def plan_memory(
+    edge: EdgeProgramManager, config: Any, *, quant_fusion: bool = False
+) -> ExecutorchProgramManager:
     """Run ExecuTorch memory planning and emission on ``edge``.
 
     Args:
@@ -146,11 +148,18 @@ def plan_memory(edge: EdgeProgramManager, config: Any) -> ExecutorchProgramManag
             ``alloc_graph_input=False`` leaves input memory to the caller,
             ``alloc_graph_output=False`` output memory, ``alloc_mutable_buffers=False`` the memory of
             mutable buffers (KV caches), instead of placing them in the planned arena.
+        quant_fusion: run ExecuTorch's quant fusion and constant propagation
+            (``do_quant_fusion_and_const_prop``): ``torchao.dequantize_affine`` + ``embedding`` left
+            outside the delegate become ``quantized_decomposed.embedding_4bit`` / ``embedding_byte``,
+            which the runtime's quantized kernels run (the portable kernels have no
+            ``dequantize_affine``).
 
     Returns:
         The ``ExecutorchProgramManager``.
     """
-    backend_config = ExecutorchBackendConfig(memory_planning_pass=memory_planning_pass(config))
+    backend_config = ExecutorchBackendConfig(
+        memory_planning_pass=memory_planning_pass(config), do_quant_fusion_and_const_prop=quant_fusion
+    )
     return edge.to_executorch(backend_config)
 
 
