@@ -202,3 +202,55 @@ def test_conv1d_stays_portable_and_runs_with_the_patch():
             expected = model(x)
         assert out.shape == expected.shape
         assert (out - expected).abs().max().item() < 1e-5
+
+
+class ToyInterleavedRotary(torch.nn.Module):
+    """GPT-J/Cohere-style ``rotate_every_two``: ``stack((-x2, x1), -1).flatten(-2)`` on ``[b, s, h, d]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = self.proj(hidden).view(hidden.shape[0], hidden.shape[1], 2, 4)
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        rotated = torch.stack((-x2, x1), dim=-1).flatten(-2)
+        return (x + rotated).flatten(-2) * 2
+
+
+def _lower_rotary(patched: bool):
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    dims = {"hidden": {0: Dim("batch", min=1, max=4), 1: Dim("seq", min=1, max=64)}}
+    program = capture(
+        ToyInterleavedRotary(), {"hidden": torch.randn(2, 5, 8)}, ExecutorchConfig(dynamic_shapes=dims)
+    )
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+
+
+def test_xnnpack_unsqueeze_with_dynamic_batch_and_sequence_fails_without_the_patch():
+    # Documents pytorch/executorch#11449 (unsqueeze_copy as static_reshape) on the installed executorch.
+    with pytest.raises(RuntimeError, match="XNNPACK reshape only supports 1 dynamic dimension"):
+        _lower_rotary(patched=False)
+
+
+def test_unsqueeze_stays_portable_and_runs_with_the_patch():
+    from executorch.runtime import Runtime
+
+    edge = _lower_rotary(patched=True)
+    targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    assert any("unsqueeze" in t for t in targets)  # kept out of the delegate
+    assert any("executorch_call_delegate" in t for t in targets)  # the linear still is delegated
+    buffer = edge.to_executorch().buffer  # the loaded program reads this buffer: keep it alive
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    model = ToyInterleavedRotary()
+    for batch, seq in ((1, 1), (3, 17), (4, 64)):
+        x = torch.randn(batch, seq, 8)
+        (out,) = method.execute([x])
+        with torch.no_grad():
+            expected = model(x)
+        assert out.shape == (batch, seq, 8)
+        assert (out - expected).abs().max().item() < 1e-5

@@ -30,6 +30,7 @@ __all__ = [
     "edge_verifier_accepts_symbolic_min_max",
     "keep_dynamic_dims_in_list_returning_ops",
     "patchify_conv3d_as_matmul",
+    "unsqueeze_with_one_dynamic_dim_only",
 ]
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,41 @@ def conv1d_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[.
         source = node.args[0] if node.args else None
         if len(stride) == 1 and source is not None and _dynamic_dims(source) > 1:
             logger.debug("conv1d %s stays on portable kernels: more than one dynamic dimension", node.name)
+            return False
+        return True
+
+    return check_constraints
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.UnsqueezeCopyConfig.check_constraints",
+    description=(
+        "keep unsqueeze_copy nodes whose output has more than one dynamic dimension out of XNNPACK: they are "
+        "serialised as static_reshape, which takes one dynamic dimension, and fail at preprocess otherwise"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11449",
+    versions={"executorch": ">=1.3"},
+)
+def unsqueeze_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``UnsqueezeCopyConfig.check_constraints`` to decline unsqueezes XNNPACK cannot build.
+
+    XNNPACK serialises ``unsqueeze_copy`` (trailing dimension) as ``static_reshape``, whose new
+    shape may hold a single dynamic (0) entry (https://github.com/pytorch/executorch/issues/11449,
+    open: move squeeze/unsqueeze to ``expand_dims``/``fuse_dims``). Unlike ``ViewCopyConfig``, the
+    unsqueeze config does not check this, so an unsqueeze of a tensor with a dynamic batch *and* a
+    dynamic sequence (GPT-J's and Cohere's interleaved rotary embedding, ``stack`` of ``[b, s, h, d]``
+    halves; Swin's window partition) is claimed and then fails at preprocess with "XNNPACK reshape
+    only supports 1 dynamic dimension". The wrapper declines those nodes (they run on ExecuTorch's
+    portable kernel, a copy); every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if _dynamic_dims(node) > 1:
+            logger.debug("unsqueeze %s stays on portable kernels: more than one dynamic dimension", node.name)
             return False
         return True
 
