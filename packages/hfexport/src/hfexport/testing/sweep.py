@@ -49,8 +49,15 @@ FAMILIES: dict[str, str] = {
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
-#: (backend, model_type) -> reason the cell is skipped, naming the upstream issue
-KNOWN_SKIPS: dict[tuple[str, str], str] = {}
+#: transformers 5.24 mamba: the selective scan is a Python loop over the sequence under export
+_MAMBA_SCAN = "model-side: transformers 5.24 mamba_selective_scan runs its recurrence as a Python loop over the sequence (its associative-scan path is gated off under torch.export), so capture specialises the sequence length (Guard failed: attention_mask.size()[1] == 8); needs an exportable scan in MambaMixer (no upstream issue found)"
+#: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
+_LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns list(image_features), which specialises the image batch at capture, and get_placeholder_mask's torch_compilable_check leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch); needs a tensor (not list) feature path and a trace-time-only check (no upstream issue found)"
+#: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
+KNOWN_SKIPS: dict[tuple[str, str], str] = {
+    **{(backend, "mamba"): _MAMBA_SCAN for backend in ("dynamo", "onnx", "executorch")},
+    **{(backend, "llava"): _LLAVA_MERGE for backend in ("dynamo", "onnx", "executorch")},
+}
 _VERSIONED = ("hfexport", "torch", "transformers")
 
 _BUILD_CHILD = r"""
