@@ -709,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
         "--only-part",
         default=",".join(PARTS),
         help=f"comma-separated parts to run, of {', '.join(PARTS)} (the others keep their previous rows "
-        "in .bench/results.json and on the page)",
+        "in .bench/results.json and on the page; an empty value only re-renders the page)",
     )
     parser.add_argument(
         "--pairs", type=int, default=2, help="alternating ours/reference export pairs (exports part)"
@@ -745,29 +745,37 @@ def main(argv: list[str] | None = None) -> int:
         "exports": lambda: run_exports(args.pairs),
     }
     started = time.time()
+    if not isinstance(previous, dict):
+        previous = {}
+    missed: list[str] = []
+    page = ""
     for part in parts:
         prefix = "export/" if part == "exports" else f"{part}/"
         rows = {k: v for k, v in rows.items() if not k.startswith(prefix)}
         rows.update(runners[part]())
         when[part] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
         print(f"{part}: done", file=sys.stderr)
-    when = {p: when[p] for p in PARTS if p in when}
-    missed = check_targets(rows)
-    if not isinstance(previous, dict):
-        previous = {}
-    previous["runtime"] = {
-        "when_by_part": when,
-        "machine": machine(),
-        "load_average": list(os.getloadavg()),
-        "note": args.loaded,
-        "rows": rows,
-        "missed": missed,
-        "seconds": round(time.time() - started, 1),
-    }
-    path.write_text(json.dumps(previous, indent=2) + "\n")
-    page = render(rows, missed, when, args.loaded)
-    if not args.no_doc:
-        DOC.write_text(page)
+        # written after every part, so an interrupted run keeps what it measured
+        when = {p: when[p] for p in PARTS if p in when}
+        missed = check_targets(rows)
+        previous["runtime"] = {
+            "when_by_part": when,
+            "machine": machine(),
+            "load_average": list(os.getloadavg()),
+            "note": args.loaded,
+            "rows": rows,
+            "missed": missed,
+            "seconds": round(time.time() - started, 1),
+        }
+        path.write_text(json.dumps(previous, indent=2) + "\n")
+        page = render(rows, missed, when, args.loaded)
+        if not args.no_doc:
+            DOC.write_text(page)
+    if not parts:  # --only-part "": re-render the page from the stored rows (e.g. with a new --loaded note)
+        missed = check_targets(rows)
+        page = render(rows, missed, {p: when[p] for p in PARTS if p in when}, args.loaded or old.get("note"))
+        if not args.no_doc:
+            DOC.write_text(page)
     print(page)
     if missed:
         print(f"{len(missed)} runtime target(s) missed", file=sys.stderr)
