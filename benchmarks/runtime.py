@@ -317,6 +317,10 @@ row["export_s"] = round(time.perf_counter() - t0, 2)
 row["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 row["size_mb"] = round(sum(p.stat().st_size for p in (out_dir / "gen").rglob("*.pte")) / 1e6, 3)
 row["pte_files"] = sorted(p.name for p in (out_dir / "gen").rglob("*.pte"))
+quant = (exporter.last_report.extra or {}).get("quantization") or {}  # the last component's (decode)
+if quant:
+    row["quantized_linear_at_source"] = quant.get("linear")
+    row["quantized_ops_lowered"] = {k: v for k, v in (quant.get("ops") or {}).items() if isinstance(v, int)}
 runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
 made = runner.generate(ids, mask, max_new_tokens=new_tokens)
 row["tokens_equal_to_eager"] = int((made[0, ids.shape[1]:] == greedy[0, ids.shape[1]:made.shape[1]]).long().cumprod(0).sum())
@@ -668,6 +672,13 @@ def render(
                 f"| {_cell(o, 'top1_agreement')} | {_cell(o, 'cosine_mean')} | {_cell(o, 'tokens_equal_to_eager')} "
                 f"/ {GPT2_NEW_TOKENS} | {_cell(o, 'export_s')} | {_cell(o, 'peak_rss_mib')} |"
             )
+        q = g.get("gpt2/8da4w/ours", {})
+        if "quantized_ops_lowered" in q:
+            lines += [
+                "",
+                f"8da4w decode component: {q.get('quantized_linear_at_source')} linear layers quantized in the source "
+                f"model; quantized ops in the lowered program: {q['quantized_ops_lowered']}.",
+            ]
         lines += _errors(g, "gpt2/")
     e = {k: v for k, v in rows.items() if k.startswith("export/")}
     if e:
