@@ -658,7 +658,7 @@ def render(
             f"tokens/s = new tokens / median wall time of the whole generate call. Top-1: the prefill graph's logits "
             f"over eager's greedy sequence (teacher-forced) against fp32 eager. Eager PyTorch `generate`: "
             f"{_cell(eager, 'tokens_per_s')} tokens/s, {_cell(eager, 'size_mb')} MB of parameters. The reference "
-            "exporter is not run for this model here (its ExecuTorch export offers no `8da4w` recipe to compare).",
+            "exporter is not run for this model in this benchmark.",
             "",
             "| variant | .pte MB | x fp32 | tokens/s | x fp32 | top-1 vs fp32 eager | cosine mean | greedy tokens equal to eager "
             "| export s | peak RSS MiB |",
