@@ -241,13 +241,15 @@ def main() -> int:
         help="run one part (default: exports and startup; runtime is benchmarks/runtime.py, run on request)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per start-up command")
-    args = parser.parse_args()
+    args, rest = parser.parse_known_args()
+    if rest and args.only != "runtime":
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (runtime options go with --only runtime)")
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.only == "runtime":
         from runtime import main as runtime_main  # benchmarks/ is on sys.path when run as a script
 
-        return runtime_main([])
+        return runtime_main(rest)  # --runs, --only-part, --pairs ... (runtime.py --help)
     OUT.mkdir(exist_ok=True)
     previous = _read_previous()
     code = 0
