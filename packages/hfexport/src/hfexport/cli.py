@@ -792,6 +792,20 @@ def _generation_folder(output_dir: Path) -> dict[str, Any]:
         raise typer.BadParameter(f"{output_dir} is not a folder", param_hint=hint)
     path = output_dir / _MANIFEST_NAME
     if not path.is_file():
+        try:  # a runtime layout folder: its runtime's own loader runs it, not this command
+            layout = json.loads((output_dir / "export_report.json").read_text(encoding="utf-8")).get("layout")
+            runtime = json.loads((output_dir / "export_report.json").read_text(encoding="utf-8")).get(
+                "runtime"
+            )
+        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            layout = runtime = None
+        if layout:
+            raise typer.BadParameter(
+                f"{output_dir} holds the {layout!r} layout, which {runtime or 'its runtime'}'s own loader runs "
+                "(see docs/backends/); for `hfexport generate`, export without --layout: "
+                "`hfexport export <format> --task text-generation --model ... OUTPUT_DIR`",
+                param_hint=hint,
+            )
         raise typer.BadParameter(
             f"{output_dir} holds no {_MANIFEST_NAME}; export one with "
             "`hfexport export <format> --task text-generation --model ... OUTPUT_DIR`",

@@ -79,8 +79,9 @@ def tiny_model_folder(
 ) -> Path:
     """Save a tiny seeded causal LM of ``model_type`` with an offline tokenizer into ``dest``.
 
-    The model comes from :func:`hfexport.testing.tiny_model` (task ``text-generation``) with
-    ``vocab_size`` (so a byte-level tokenizer fits), bos/eos/pad ids 1/2/0 and ``overrides``; the
+    The model comes from :func:`hfexport.testing.tiny_model` (task ``text-generation``) with the
+    vocabulary of :func:`offline_tokenizer` ``(vocab_size)`` (at most ``vocab_size`` tokens: the
+    model emits no id the tokenizer lacks), bos/eos/pad ids 1/2/0 and ``overrides``; the
     folder holds ``config.json``, weights, ``generation_config.json`` (greedy) and the tokenizer.
 
     Returns:
@@ -90,11 +91,13 @@ def tiny_model_folder(
 
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    tokenizer = offline_tokenizer(vocab_size)
     model, _ = tiny_model(
         model_type,
         "text-generation",
         seed=seed,
-        vocab_size=vocab_size,
+        # every id the model can emit is a token of the tokenizer (runtimes decode each new id)
+        vocab_size=len(tokenizer),
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -105,7 +108,7 @@ def tiny_model_folder(
     model.generation_config.eos_token_id = 2
     model.generation_config.pad_token_id = 0
     model.save_pretrained(dest)
-    offline_tokenizer(vocab_size).save_pretrained(dest)
+    tokenizer.save_pretrained(dest)
     return dest
 
 
