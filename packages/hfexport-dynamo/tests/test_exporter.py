@@ -83,8 +83,8 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "capture.torch_export",
         "fx_program_fixes",
         "fx_node_fixes",
-        "flat_io",
         "lower",
+        "flat_io",
         "validate",
         "validate_second_shape",
     ]

@@ -173,6 +173,7 @@ def _refused(folder: Path, task: str, out: Path) -> str:
     return " ".join(result.output.split())
 
 
+@pytest.mark.extended
 def test_real_gpt2_runner_generates_like_generate(tmp_path: Path) -> None:
     # IgLM-S: a real GPT-2 checkpoint (3 layers) from the iglm package, with a character-level
     # WordPiece tokenizer the layout writes as the equivalent BPE (the runner reads BPE only)

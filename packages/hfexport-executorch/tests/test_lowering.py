@@ -82,6 +82,7 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
     assert sorted(installed["executorch.xnnpack"]) == [
         "hfexport.workarounds.moe.dense_experts_for_every_implementation",
         "hfexport_executorch.workarounds.patches.conv1d_with_one_dynamic_dim_only",
+        "hfexport_executorch.workarounds.patches.unsqueeze_with_one_dynamic_dim_only",
     ]
     assert (
         "hfexport_executorch.workarounds.patches.keep_dynamic_dims_in_list_returning_ops"

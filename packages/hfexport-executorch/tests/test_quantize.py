@@ -141,6 +141,7 @@ def test_layers_whose_width_is_not_a_multiple_of_the_group_are_skipped_and_liste
 
 
 # -- real weights ---------------------------------------------------------------------------------------
+@pytest.mark.extended
 def test_8da4w_gpt2_real_weights_quarter_size_top1_and_delegated_quantized_linears(iglm):
     """IgLM-S (GPT-2, 1.4M params): 8da4w .pte <= 0.3x the fp32 weights (measured 0.22x), top-1
     agreement of the logits with fp32 eager >= 0.9 (measured 0.94), all 13 linears delegated."""

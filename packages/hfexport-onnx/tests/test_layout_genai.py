@@ -266,7 +266,7 @@ def test_env_lists_the_genai_layout():
     result = _invoke(["env", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
-    genai = [lay for lay in data["layouts"] if lay["name"] == "genai"]
+    genai = [lay for lay in data["layouts"] if lay["name"] == "genai" and lay["format"] == "onnx"]
     assert genai == [
         {
             "format": "onnx",

@@ -98,6 +98,7 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
         assert hidden["gates"] == {"cosine": 0.99}
 
 
+@pytest.mark.extended
 def test_minilm_float16_export_restores_the_model(minilm):
     from hfexport_onnx import OnnxExporter
 
@@ -118,6 +119,7 @@ def test_minilm_float16_export_restores_the_model(minilm):
         assert hidden["dtype"] == "torch.float16" and hidden["cosine"] > 0.9999 and hidden["ok"]
 
 
+@pytest.mark.extended
 def test_gpt2_int4_weight_matmulnbits_and_top1(iglm_folder):
     from hfexport.loading import load_model
     from hfexport_onnx import OnnxExporter

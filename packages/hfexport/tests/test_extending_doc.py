@@ -125,7 +125,8 @@ def test_unknown_format_error_names_the_package_of_a_missing_builtin(in_process_
         auto.AutoExportConfig.from_dict({"export_format": "tflite"})
     assert str(info.value) == (
         "export_format='tflite' is not known; available: myformat, dynamo (pip install hfexport-dynamo), "
-        "onnx (pip install hfexport-onnx), executorch (pip install hfexport-executorch)"
+        "onnx (pip install hfexport-onnx), executorch (pip install hfexport-executorch), "
+        "openvino (pip install hfexport-openvino)"
     )
 
 
@@ -169,7 +170,9 @@ def test_cli_exports_a_decorator_registered_format(in_process_plugin, tmp_path):
     assert all(row["ok"] for row in report["report"]["validation"]["sample"])
     result = CliRunner().invoke(app, ["export", "tflite", str(tmp_path / "x"), "--model", "tiny:bert"])
     assert result.exit_code != 0
-    assert "FORMAT must be one of dynamo, onnx, executorch, myformat" in " ".join(result.output.split())
+    assert "FORMAT must be one of dynamo, onnx, executorch, openvino, myformat" in " ".join(
+        result.output.split()
+    )
 
 
 # --------------------------------------------------------------------------------------------------

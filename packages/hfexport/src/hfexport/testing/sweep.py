@@ -55,8 +55,8 @@ _MAMBA_SCAN = "model-side: transformers 5.24 mamba_selective_scan runs its recur
 _LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns list(image_features), which specialises the image batch at capture, and get_placeholder_mask's torch_compilable_check leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch); needs a tensor (not list) feature path and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
-    **{(backend, "mamba"): _MAMBA_SCAN for backend in ("dynamo", "onnx", "executorch")},
-    **{(backend, "llava"): _LLAVA_MERGE for backend in ("dynamo", "onnx", "executorch")},
+    **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
+    **{(backend, "llava"): _LLAVA_MERGE for backend in BACKENDS},
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 
