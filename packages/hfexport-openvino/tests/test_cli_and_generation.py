@@ -14,6 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+import hfexport
 from hfexport.cli import app
 from hfexport.config import OpenvinoConfig
 from hfexport.testing.folders import tiny_model_folder
@@ -151,6 +152,11 @@ def _genai_parity(model_type: str, tmp_path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "tokens: " + " ".join(map(str, expected)) in result.output
+    # and hfexport.load, which agrees with `hfexport generate` on what it runs
+    loaded = hfexport.load(out)
+    assert loaded.is_generation and loaded.export_format == "openvino"
+    generated = loaded.generate(input_ids=prompt_ids, max_new_tokens=NEW_TOKENS)
+    assert generated[0, prompt_ids.shape[1] :].tolist() == expected
 
 
 def test_genai_llm_pipeline_matches_generate_on_tiny_llama(tmp_path):

@@ -49,3 +49,28 @@ def test_export_rejects_unknown_format_and_missing_model(tmp_path):
 def test_generate_needs_exactly_one_prompt_kind(tmp_path):
     result = runner.invoke(app, ["generate", str(tmp_path)])
     assert result.exit_code != 0 and "exactly one of --prompt or --input-ids" in result.output
+
+
+def test_validation_table_names_a_bare_tensor_output(monkeypatch):
+    """A forward returning one tensor (the ExecuTorch llm-runner forward) has an empty leaf path;
+    the table still names the row."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    import hfexport.cli as cli
+
+    buffer = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=buffer, width=200))
+    row = {
+        "name": "",
+        "shape": [2, 8, 512],
+        "max_abs_diff": 1.5e-6,
+        "max_rel_diff": 2e-5,
+        "atol": 1e-4,
+        "ok": True,
+    }
+    cli._print_validation(SimpleNamespace(validation={"sample": [row]}, extra={}))
+    text = buffer.getvalue()
+    assert "output 0 (a bare tensor)" in text and "2x8x512" in text and "1.500e-06" in text

@@ -446,11 +446,11 @@ def _print_validation(report: Any) -> None:
         table = Table(title=f"validation: {label} inputs")
         for col in ("output", "shape", "max abs diff", "max rel diff", "atol", "ok"):
             table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
-        for r in rows:
+        for i, r in enumerate(rows):
             mad = r["max_abs_diff"]
             mrd = r["max_rel_diff"]
             table.add_row(
-                r["name"],
+                r["name"] or f"output {i} (a bare tensor)",  # a forward returning one tensor has no path
                 "x".join(map(str, r["shape"])),
                 f"{mad:.3e}" if isinstance(mad, float) else str(mad),
                 f"{mrd:.3e}" if isinstance(mrd, float) else str(mrd),
@@ -545,6 +545,14 @@ def export_command(
             "(needs a C++ compiler).",
         ),
     ] = False,
+    allow_untrained: Annotated[
+        bool,
+        typer.Option(
+            "--allow-untrained",
+            help="Export even when the checkpoint lacks weights of the task's class (e.g. a fresh LM head "
+            "on an encoder-only checkpoint); refused by default.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     overwrite: Annotated[
         bool,
@@ -605,16 +613,22 @@ def export_command(
         if layout is not None:
             from hfexport.layouts import check_layout
 
-            try:
-                check_layout(export_format, layout)
+            try:  # the name, and an explicit --task, before the model is loaded
+                check_layout(export_format, layout, task=None if task == "auto" else task)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         stage = "load_model"
         t0 = time.perf_counter()
         with console.status(f"loading {model} ..."):
+            from hfexport.cli_logging import quiet_progress_bars
+            from hfexport.errors import UntrainedWeightsError
             from hfexport.loading import load_model
 
-            loaded = load_model(model, task)
+            quiet_progress_bars()
+            try:
+                loaded = load_model(model, task, allow_untrained=allow_untrained)
+            except UntrainedWeightsError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--task") from None
         console.print(
             f"[bold]loaded[/] {type(loaded.model).__name__} for {loaded.task} "
             f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters) "
@@ -726,10 +740,10 @@ def export_command(
                 f"[bold]size[/]: fp32 eager weights {size_change['eager_float32_bytes'] / 1e6:.1f} MB -> "
                 f"artifact {size_change['artifact_bytes'] / 1e6:.1f} MB ({size_change['ratio']:.2f}x)"
             )
-        files = sorted(p for p in output_dir.iterdir() if p.is_file())
+        files = sorted(p for p in output_dir.rglob("*") if p.is_file())  # layouts nest (onnx/, ...)
         console.print(
             f"[bold green]exported[/] {model} -> {output_dir}/ "
-            + ", ".join(f"{p.name} ({p.stat().st_size / 1e6:.2f} MB)" for p in files)
+            + ", ".join(f"{p.relative_to(output_dir)} ({p.stat().st_size / 1e6:.2f} MB)" for p in files)
         )
     except typer.BadParameter:
         raise

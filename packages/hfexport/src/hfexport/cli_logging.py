@@ -28,7 +28,14 @@ import sys
 import warnings
 from pathlib import Path
 
-__all__ = ["LOG_FILE_ENV", "NOISY_LOGGERS", "log_file_path", "restore_cli_logging", "setup_cli_logging"]
+__all__ = [
+    "LOG_FILE_ENV",
+    "NOISY_LOGGERS",
+    "log_file_path",
+    "quiet_progress_bars",
+    "restore_cli_logging",
+    "setup_cli_logging",
+]
 
 #: Environment variable naming the CLI log file; an empty value disables the file.
 LOG_FILE_ENV = "HFEXPORT_LOG_FILE"
@@ -156,6 +163,22 @@ def _remove_ours(logger: logging.Logger) -> None:
 _saved_root_level: list[int] = []
 
 
+_progress_bars_disabled: list[bool] = []  # True while quiet_progress_bars() has them off
+
+
+def quiet_progress_bars() -> None:
+    """Turn transformers' tqdm bars (``Loading weights: 100%|...``) off for the rest of a non-verbose
+    command; :func:`restore_cli_logging` turns them back on. Call it where transformers is being
+    imported anyway (before loading a model), so usage errors never import it."""
+    if _saved_root_level and logging.getLogger().level <= logging.DEBUG:
+        return  # -v: show everything
+    from transformers.utils import logging as hf_logging
+
+    if hf_logging.is_progress_bar_enabled():
+        hf_logging.disable_progress_bar()
+        _progress_bars_disabled.append(True)
+
+
 def restore_cli_logging() -> None:
     """Undo :func:`setup_cli_logging`: remove its handlers and filters, restore the root logger's
     level and ``warnings.showwarning``. The commands call it when they end, so running them in a
@@ -169,6 +192,11 @@ def restore_cli_logging() -> None:
     if _saved_root_level:
         root.setLevel(_saved_root_level.pop())
         _saved_root_level.clear()
+    if _progress_bars_disabled:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.enable_progress_bar()
+        _progress_bars_disabled.clear()
 
 
 def setup_cli_logging(verbose: bool) -> Path | None:

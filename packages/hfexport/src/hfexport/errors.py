@@ -15,6 +15,7 @@ __all__ = [
     "OutputDirectoryError",
     "UnsupportedInputError",
     "UnsupportedModelError",
+    "UntrainedWeightsError",
 ]
 
 
@@ -28,6 +29,15 @@ class UnsupportedInputError(HfExportError, ValueError):
 
 class UnsupportedModelError(HfExportError, ValueError):
     """The model cannot be exported as configured (e.g. an attention backend with no sdpa path)."""
+
+
+class UntrainedWeightsError(HfExportError, ValueError):
+    """The checkpoint has no trained weights for some parameters of the class the task loads.
+
+    transformers would initialize them at random (e.g. ``--task text-generation`` on an encoder-only
+    checkpoint gives a fresh LM head), so the export would compute meaningless outputs. The
+    message names the missing parameters, the checkpoint's own architecture and the task that fits it.
+    """
 
 
 class MissingBackendError(HfExportError, ImportError):

@@ -109,10 +109,11 @@ class Layout:
         return _resolve(self.writer)
 
     def refusal(self, model: Any, task: str) -> str | None:
-        """Why ``model`` cannot be written in this layout for ``task``, or ``None``."""
+        """Why ``model`` cannot be written in this layout for ``task``, or ``None`` (``model=None``:
+        the task alone is checked, as before a model is loaded)."""
         if task not in self.tasks:
             return f"layout {self.name!r} serves tasks {', '.join(self.tasks)}, not {task!r}"
-        if self.check is None:
+        if self.check is None or model is None:
             return None
         return _resolve(self.check)(model, task)
 
@@ -181,8 +182,8 @@ def check_layout(
     Args:
         export_format: backend format key.
         name: layout name.
-        model: the eager model (``None`` to check the name only).
-        task: the task name (``None`` to skip the task check).
+        model: the eager model (``None``: no model check, e.g. before the model is loaded).
+        task: the task name (``None`` to skip the task and model checks).
         files: the model folder's files; layouts with ``needs_tokenizer`` need a tokenizer among them.
 
     Returns:

@@ -288,7 +288,9 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
     Raises:
         ExportFolderError: (a ``ValueError``) ``output_dir`` is not a folder, holds neither
             ``generation_manifest.json`` nor ``export_report.json``, holds a runtime layout
-            (``--layout``; load it with its runtime's own loader), or its files are unreadable.
+            (``--layout``) without a ``generation_manifest.json`` (load it with its runtime's own
+            loader), or its files are unreadable. A layout folder that carries the manifest (the
+            OpenVINO ``genai`` layout) loads like a generation folder, as ``hfexport generate`` runs it.
         hfexport.errors.IntegrityError: a file differs from its SHA-256 in ``checksums.sha256``
             (checked before anything is loaded; the message names the file).
         MissingBackendError: (an ``ImportError``) the backend that wrote the folder is not
@@ -311,7 +313,9 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
         )
     verify_checksums(folder)  # every listed file, before anything is parsed or loaded
     report = _read_json(report_path) if report_path.is_file() else {}
-    if report.get("layout"):
+    if report.get("layout") and not manifest_path.is_file():
+        # a layout that also carries our generation manifest (OpenVINO GenAI's) runs here as well,
+        # as `hfexport generate` runs it; the others are for their runtime's loader alone
         raise ExportFolderError(
             f"{folder} holds the {report['layout']!r} layout for {report.get('runtime', 'another runtime')}; "
             "load it with that runtime's own loader (see docs/backends)"

@@ -163,7 +163,39 @@ def resolve_package_model(import_name: str) -> Path:
     return candidates[0]
 
 
-def load_model(spec: str, task: str = "auto") -> LoadedModel:
+def _refuse_untrained(model: Any, info: dict[str, Any], config: Any, task: str, spec: str) -> None:
+    """Raise :class:`hfexport.errors.UntrainedWeightsError` when ``from_pretrained`` left parameters
+    at their random initialization (missing from the checkpoint, or of another shape)."""
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = sorted(
+        str(k[0]) if isinstance(k, tuple) else str(k) for k in info.get("mismatched_keys") or []
+    )
+    fresh = missing + mismatched
+    if not fresh:
+        return
+    from hfexport.errors import UntrainedWeightsError
+
+    archs = list(getattr(config, "architectures", None) or [])
+    try:
+        fitting = infer_task(config)
+    except ValueError:
+        fitting = None
+    shown = ", ".join(fresh[:6]) + (f" and {len(fresh) - 6} more" if len(fresh) > 6 else "")
+    advice = (
+        f"the checkpoint's own architecture is {', '.join(archs)} (task {fitting}): pass --task {fitting} "
+        "or --task auto"
+        if fitting and fitting != task
+        else "use a checkpoint trained for this task"
+    )
+    raise UntrainedWeightsError(
+        f"--task {task} loads {type(model).__name__}, but {spec} has no trained weights for {shown}; "
+        f"transformers would initialize them at random, so the export would compute meaningless outputs. "
+        f"{advice[0].upper()}{advice[1:]} (or load_model(..., allow_untrained=True) to export the random "
+        "weights anyway)"
+    )
+
+
+def load_model(spec: str, task: str = "auto", *, allow_untrained: bool = False) -> LoadedModel:
     """Load ``spec`` (a local folder or ``tiny:<model_type>``) for ``task`` with sample inputs.
 
     Args:
@@ -173,6 +205,8 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
             :func:`hfexport.testing.tiny_model`); ``tiny:`` models are seeded and identical every time.
         task: ``"auto"`` (from ``config.architectures``; for ``tiny:`` the model type's default)
             or a task name from :data:`TASK_AUTO_CLASSES`.
+        allow_untrained: load even when the checkpoint lacks weights of the task's class (they stay
+            randomly initialized); by default that is refused.
 
     Returns:
         A :class:`LoadedModel`. Sample inputs come from the folder's tokenizer (a padded batch of
@@ -186,6 +220,9 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
             matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
             names the tasks it has.
         hfexport.testing.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
+        hfexport.errors.UntrainedWeightsError: (a ``ValueError``) the folder's checkpoint has no
+            trained weights for some parameters of the task's class (e.g. ``text-generation`` on an
+            encoder-only checkpoint: a fresh LM head); the message names them and the task that fits.
     """
     if spec.startswith("tiny:"):
         from hfexport.testing import default_task, tiny_model
@@ -206,7 +243,12 @@ def load_model(spec: str, task: str = "auto") -> LoadedModel:
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     chosen = infer_task(config) if task == "auto" else task
     auto_cls = _auto_class(chosen)
-    model = auto_cls.from_pretrained(path, local_files_only=True, attn_implementation="sdpa").eval()
+    model, info = auto_cls.from_pretrained(
+        path, local_files_only=True, attn_implementation="sdpa", output_loading_info=True
+    )
+    model.eval()
+    if not allow_untrained:
+        _refuse_untrained(model, info, config, chosen, spec)
     preprocessor = None
     inputs: dict[str, Any] | None = None
     if any((path / name).exists() for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt")):
