@@ -516,6 +516,14 @@ class HfExporter(abc.ABC):
             RuntimeError: ``generate`` failed, or a component failed to export (the message names
                 the component, the submodel class and the input keys).
 
+        A ``config.quantization`` that transforms the weights before capture is applied once:
+        :meth:`generation_source` builds one transformed copy that every component is captured
+        from (``model`` is never modified). A reduced-precision or quantized export is gated per
+        component against the fp32 eager model (top-1 agreement of the logits, cosine; KV-cache
+        outputs at :data:`hfexport.quality.CACHE_COSINE_GATE`), and a greedy generation over the
+        exported components is compared with ``model.generate`` (``reports["decode"].extra
+        ["greedy_parity"]``: matching new tokens, first divergence; reported, not gated).
+
         The model is left as it was, also when an export fails.
         """
         from hfexport.generation.export import export_components
