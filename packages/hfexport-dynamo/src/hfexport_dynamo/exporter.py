@@ -147,13 +147,20 @@ class DynamoExporter(HfExporter):
         quantization = getattr(config, "quantization", None)
         if quantization is not None:
             with report.stage("quantize", detail=quantization.method) as record:
+                from hfexport.generation.parts import transformed_source_of
                 from hfexport.linear_forms import weight_bytes
                 from hfexport_dynamo.quantize import quantize_copy
 
-                before = weight_bytes(model)
-                model, summary = quantize_copy(model, quantization)
-                summary["weight_bytes_before"] = before
-                record.detail = f"{quantization.method}: {summary['linear']} linear module(s)"
+                shared = transformed_source_of(model)
+                if shared is not None:  # a generation component of the copy quantized once for all
+                    summary, source = dict(shared[0]), shared[1]
+                    summary["weight_bytes_before"] = weight_bytes(source if source is not None else model)
+                    record.detail = f"{quantization.method}: quantized once for every generation component"
+                else:
+                    before = weight_bytes(model)
+                    model, summary = quantize_copy(model, quantization)
+                    summary["weight_bytes_before"] = before
+                    record.detail = f"{quantization.method}: {summary['linear']} linear module(s)"
                 report.extra["quantization"] = summary
         with contextlib.ExitStack() as patches:
             with report.stage(Stage.PATCHES) as record:
@@ -307,6 +314,22 @@ class DynamoExporter(HfExporter):
             UnsafeArtifactError, ArtifactLoadError: see :func:`hfexport_dynamo.load`.
         """
         return load_program(path, trust_remote_code=trust_remote_code)
+
+    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
+        """The int8 weight-only copy every generation component is captured from, built once with
+        :func:`hfexport_dynamo.quantize.quantize_copy` (fp32 capture; a reduced ``dtype`` casts
+        before quantizing, which each component's export does); ``None`` without quantization.
+        ``model`` is never modified."""
+        quantization = getattr(config, "quantization", None)
+        if quantization is None or str(getattr(config, "dtype", "float32") or "float32") != "float32":
+            return None
+        self.check_precision(config)
+        from hfexport.generation.parts import mark_transformed_source
+        from hfexport_dynamo.quantize import quantize_copy
+
+        quantized, summary = quantize_copy(model, quantization)
+        mark_transformed_source(quantized, model, {**summary, "shared_by_components": True})
+        return quantized
 
     def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
         """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.

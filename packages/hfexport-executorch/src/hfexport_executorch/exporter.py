@@ -284,6 +284,27 @@ class ExecutorchExporter(HfExporter):
         :func:`hfexport_executorch.generation.component_config`."""
         return _generation.component_config(name, module, kwargs, plan, config)
 
+    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
+        """The quantized copy every generation component is captured from (source-transform methods
+        ``8da4w`` / ``4w`` / ``8w`` and ``embedding_bits``, fp32 capture), built once with
+        :func:`hfexport_executorch.quantize.quantize_copy` so ``prefill`` and ``decode`` share one
+        set of quantized weights; ``None`` otherwise (``int8-dynamic`` quantizes each captured
+        graph; a reduced ``dtype`` casts before quantizing, which each component's export does).
+        ``model`` is never modified."""
+        from hfexport.generation.parts import mark_transformed_source
+        from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
+
+        quantization = getattr(config, "quantization", None)
+        dtype = str(getattr(config, "dtype", "float32") or "float32")
+        if quantization is None or dtype != "float32":
+            return None
+        if quantization.method not in SOURCE_TRANSFORM_METHODS and quantization.embedding_bits is None:
+            return None
+        self.check_precision(config)
+        quantized, applied = quantize_copy(model, quantization)
+        mark_transformed_source(quantized, model, {**applied, "shared_by_components": True})
+        return quantized
+
     def component_metadata(self, artifact: Any) -> dict[str, Any]:
         """The program's input/output pytree specs and the delegate backend it needs (a ``.pte``
         holds the flat program only); see :func:`hfexport_executorch.generation.component_metadata`."""
@@ -317,9 +338,21 @@ def _quantize_source(
     """The model to capture for ``quantization``: a quantized copy for the source-transform methods
     and ``embedding_bits`` (:func:`hfexport_executorch.quantize.quantize_copy`), ``model`` itself for
     ``int8-dynamic`` alone (quantized after capture). Fills ``report.extra["quantization"]``."""
+    from hfexport.generation.parts import transformed_source_of
     from hfexport.linear_forms import weight_bytes
     from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
 
+    shared = transformed_source_of(model)
+    if shared is not None:  # a generation component of the copy quantized once for all components
+        applied, source = shared
+        summary = {
+            **applied,
+            "embedding_bits": quantization.embedding_bits,
+            "weight_bytes_before": weight_bytes(source) if source is not None else None,
+        }
+        record.detail = f"{quantization.method}: quantized once for every generation component"
+        report.extra["quantization"] = summary
+        return model
     summary: dict[str, Any] = {"method": quantization.method, "weight_bytes_before": weight_bytes(model)}
     if quantization.method in SOURCE_TRANSFORM_METHODS or quantization.embedding_bits is not None:
         model, applied = quantize_copy(model, quantization)

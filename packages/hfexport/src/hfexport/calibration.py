@@ -89,6 +89,17 @@ def _prompt_batches(
             "calibration prompts apply to models taking input_ids [batch, seq]; give calibration data as "
             "forward-kwarg dicts instead"
         )
+    from transformers.cache_utils import Cache
+
+    filled = [k for k, v in sample_inputs.items() if isinstance(v, Cache) and v.get_seq_length() > 0]
+    if filled:
+        # a generation export's decode component: prompts give fresh token ids, not the cache of
+        # their own past, so the sample's cache would be paired with unrelated tokens
+        raise ValueError(
+            f"calibration prompts cannot feed a component that takes a filled KV cache ({filled[0]!r}, the decode "
+            "step of a generation export); calibrate it on its sample inputs (no --calibration), or give "
+            "calibration data as forward-kwarg dicts per component"
+        )
     batch, length = int(ids.shape[0]), int(ids.shape[1])
     if getattr(tokenizer, "pad_token", None) is None:
         tokenizer.pad_token = getattr(tokenizer, "eos_token", None) or getattr(tokenizer, "unk_token", None)

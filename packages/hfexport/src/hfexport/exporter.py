@@ -17,8 +17,9 @@ It may override, where the defaults do not fit:
   ``prepare_component`` (adapt a component's module before export, default: unchanged),
   ``component_config`` (adapt its config, default: unchanged), ``component_metadata`` (JSON-safe
   facts the loader needs, stored in ``generation_manifest.json``, default: ``{}``),
-  ``load_component`` (a saved component file -> caller, default: ``runner(load(path))``) and
-  ``supports_empty_growing_cache`` (default: True).
+  ``load_component`` (a saved component file -> caller, default: ``runner(load(path))``),
+  ``generation_source`` (one transformed copy of the model, e.g. quantized, that every component
+  is captured from, default: ``None``) and ``supports_empty_growing_cache`` (default: True).
 
 The base class owns what every backend shares: environment validation, input preparation, the
 reversible model state (training mode, attention implementation, output flags), validation
@@ -85,7 +86,7 @@ class HfExporter(abc.ABC):
     Methods a backend implements: :meth:`_export`, :meth:`runner`, :meth:`save`. Methods with
     defaults it may override: :meth:`load`, :meth:`default_tolerances`, and the generation hooks
     :meth:`prepare_component`, :meth:`component_config`, :meth:`component_metadata`,
-    :meth:`load_component`.
+    :meth:`load_component`, :meth:`generation_source`.
 
     Args:
         config: the default config for :meth:`export` (an instance of ``config_class``).
@@ -207,6 +208,7 @@ class HfExporter(abc.ABC):
         config: ExportConfigMixin | Mapping[str, Any] | None = None,
         *,
         component: str = "model",
+        source: torch.nn.Module | None = None,
     ) -> Any:
         """Export ``model`` traced on ``sample_inputs``, validate it, and return the artifact.
 
@@ -219,6 +221,11 @@ class HfExporter(abc.ABC):
             config: the backend's config (or a dict for ``config_class.from_dict``); defaults to the
                 one given at construction, else the class defaults.
             component: name of the exported component, used in the report and errors.
+            source: a transformed copy of ``model`` (same structure and forward, e.g. the quantized
+                copy :meth:`generation_source` built once for every generation component) to
+                capture instead of ``model``; the artifact is still validated against ``model``
+                (the fp32 eager reference). The same output flags and attention settings are applied
+                to it for the export and undone afterwards.
 
         Returns:
             The backend's artifact (``ExportedProgram``, ``torch.onnx.ONNXProgram``,
@@ -254,10 +261,15 @@ class HfExporter(abc.ABC):
             # one export of a model object at a time: torch.export swaps its parameters for fakes
             stack.enter_context(_model_lock(model))
             stack.enter_context(restore_model_state(model))
+            if source is not None:
+                stack.enter_context(restore_model_state(source))
             with report.stage(Stage.PREPARE_INPUTS):
                 stack.enter_context(attention_for_export(model))
                 model, inputs, flags = prepare_for_export(model, sample_inputs)
                 stack.enter_context(apply_output_flags(model, flags))
+                if source is not None:
+                    stack.enter_context(attention_for_export(source))
+                    stack.enter_context(apply_output_flags(source, flags))
                 from hfexport.tensors import get_leaf_tensors
 
                 report.input_names = {
@@ -265,7 +277,7 @@ class HfExporter(abc.ABC):
                     for k, v in get_leaf_tensors(inputs).items()
                 }
             with torch.no_grad():
-                artifact = self._export_in_dtype(model, inputs, config, report)
+                artifact = self._export_in_dtype(model if source is None else source, inputs, config, report)
                 if getattr(config, "validate", True):
                     self.validate(artifact, model, inputs, config, report)
                 else:
@@ -436,6 +448,29 @@ class HfExporter(abc.ABC):
         """
         return self.runner(self.load(path, trust_remote_code=False))
 
+    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
+        """A transformed copy of ``model`` that every generation component is captured from, built
+        once per :meth:`export_for_generation` (default: ``None``, each component's :meth:`export`
+        transforms what it needs itself).
+
+        A backend whose config transforms the model's weights before capture (a quantizing source
+        transform) returns one transformed deep copy here, so that ``prefill``, ``decode`` and the
+        other components share one set of transformed weights instead of transforming the model
+        once per component; ``model`` itself is never modified. The copy must keep ``model``'s
+        module structure (components are found in it by their qualified names) and let the
+        backend's ``_export`` recognise it as already transformed. Components are exported with
+        ``export(component_module, kwargs, config, source=<the same module in the copy>)`` and still
+        validated against the untransformed model.
+
+        Args:
+            model: the generative model (left untouched).
+            config: the component config (an instance of :attr:`config_class`).
+
+        Returns:
+            The copy, or ``None`` when ``config`` asks for no source transform.
+        """
+        return None
+
     def export_for_generation(
         self,
         model: torch.nn.Module,
@@ -480,6 +515,14 @@ class HfExporter(abc.ABC):
                 and the expected names); a static cache without ``max_cache_len``.
             RuntimeError: ``generate`` failed, or a component failed to export (the message names
                 the component, the submodel class and the input keys).
+
+        A ``config.quantization`` that transforms the weights before capture is applied once:
+        :meth:`generation_source` builds one transformed copy that every component is captured
+        from (``model`` is never modified). A reduced-precision or quantized export is gated per
+        component against the fp32 eager model (top-1 agreement of the logits, cosine; KV-cache
+        outputs at :data:`hfexport.quality.CACHE_COSINE_GATE`), and a greedy generation over the
+        exported components is compared with ``model.generate`` (``reports["decode"].extra
+        ["greedy_parity"]``: matching new tokens, first divergence; reported, not gated).
 
         The model is left as it was, also when an export fails.
         """

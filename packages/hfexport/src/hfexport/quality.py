@@ -16,6 +16,14 @@ score falls below its gate:
 
 Integer outputs must equal the eager model's exactly.
 
+KV-cache outputs of a language model (an output set with token ``logits``; cache paths
+``cache.*``, ``past_key_values.*``, ``present*``) are gated at ``cosine >=``
+:data:`CACHE_COSINE_GATE` (0.9, or the ``cosine`` gate if that is lower): the model is gated on
+its logits (top-1 and cosine), which is what a user of the cache sees one step later; the cache
+tensors themselves only have to stay recognisably the same vectors (a broken cache scores near 0).
+4-bit weights perturb every key/value vector (measured: mean cosine 0.95 on the real GPT-2 IgLM-S
+under ExecuTorch ``8da4w``, logits top-1 1.0), which the 0.98 output gate would refuse.
+
 Default gates (:func:`default_quality_gates`): ``cosine >= 0.99`` for fp16/bf16 and 8-bit methods,
 ``>= 0.98`` for 4-bit methods; ``top1_agreement >= 0.98`` for fp16/bf16, ``>= 0.9`` for any
 quantization. ``config.quality_gates`` overrides them by metric name.
@@ -40,6 +48,7 @@ import torch
 from hfexport.errors import ExportValidationError
 
 __all__ = [
+    "CACHE_COSINE_GATE",
     "GATED_METRICS",
     "QUALITY_METRICS",
     "OutputQuality",
@@ -63,6 +72,11 @@ GATED_METRICS = ("cosine", "top1_agreement")
 _UPPER_BOUND = ("max_abs_diff",)
 
 _FOUR_BIT = re.compile(r"(int4|4w|4bit|nf4|uint4)")
+
+#: Cosine gate of the KV-cache outputs of a language model (see the module docstring); the
+#: ``cosine`` gate applies instead when it is lower.
+CACHE_COSINE_GATE = 0.9
+_CACHE_OUTPUT = re.compile(r"^(cache|past_key_values|present[a-z_]*)(\.|$)")
 
 
 def is_four_bit(quantization: Any) -> bool:
@@ -213,7 +227,8 @@ def score_outputs(
         expected: ``{name: tensor}`` of the fp32 eager model.
         actual: ``{name: tensor}`` of the artifact (any float dtype; compared in float64).
         gates: ``{metric: threshold}`` (see :data:`QUALITY_METRICS`); a metric absent from it is
-            recorded only.
+            recorded only. The KV-cache outputs of a language model get
+            ``{"cosine": min(gates["cosine"], CACHE_COSINE_GATE)}`` instead (module docstring).
         attention_mask: 2-D ``[batch, seq]`` mask of the inputs; padded positions are not scored.
 
     Returns:
@@ -221,6 +236,8 @@ def score_outputs(
         shape mismatch is a failed row with ``max_abs_diff = inf``.
     """
     rows: list[OutputQuality] = []
+    language_model = any(_is_token_logits(n, torch.as_tensor(t)) for n, t in expected.items())
+    cache_gates = {"cosine": min(float(gates["cosine"]), CACHE_COSINE_GATE)} if "cosine" in gates else {}
     for name, exp in expected.items():
         exp_t = exp.detach()
         got = actual.get(name)
@@ -273,7 +290,8 @@ def score_outputs(
             max_abs,
             int(cos.numel()),
         )
-        for metric, threshold in gates.items():
+        row_gates = cache_gates if language_model and _CACHE_OUTPUT.match(name) else gates
+        for metric, threshold in row_gates.items():
             value = getattr(row, metric, None)
             if value is None:
                 continue

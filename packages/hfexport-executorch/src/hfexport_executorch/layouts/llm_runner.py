@@ -394,6 +394,7 @@ def validate_runner_sequence(
     atol: float,
     rtol: float = 0.0,
     required_backend: str | None = None,
+    gates: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """Run the program as the runner does (one loaded method, state kept) and compare with eager.
 
@@ -409,12 +410,18 @@ def validate_runner_sequence(
         max_context_len: the program's cache positions.
         atol / rtol: tolerances (``|a - b| <= atol + rtol * |b|``).
         required_backend: delegate backend the runtime must have.
+        gates: quality gates of a quantized or reduced-precision program
+            (:func:`hfexport.quality.quality_gates_for`): instead of the tolerances, each step's
+            logits row must reach ``gates["cosine"]`` against the fp32 eager row, and the share of
+            steps whose arg-max token equals eager's must reach ``gates["top1_agreement"]``.
 
     Returns:
-        ``{"steps": [{"step", "positions", "max_abs_diff", "same_argmax"}], "max_abs_diff": float}``.
+        ``{"steps": [{"step", "positions", "max_abs_diff", "same_argmax", "cosine"}], "max_abs_diff":
+        float}``, plus ``"top1_agreement"`` and ``"gates"`` when gated.
 
     Raises:
-        hfexport.errors.ExportValidationError: a step differs beyond tolerance (names the step).
+        hfexport.errors.ExportValidationError: a step differs beyond tolerance, or misses a gate
+            (names the step or the metric, its value and the gate).
     """
     from executorch.runtime import Runtime
 
@@ -452,20 +459,41 @@ def validate_runner_sequence(
     for name, _ids, actual, expected, positions in plan:
         diff = float((actual - expected).abs().max())
         worst = max(worst, diff)
+        cosine = float(
+            torch.nn.functional.cosine_similarity(actual.double(), expected.double(), dim=-1).min()
+        )
         steps.append(
             {
                 "step": name,
                 "positions": positions,
                 "max_abs_diff": diff,
                 "same_argmax": bool(torch.equal(actual.argmax(-1), expected.argmax(-1))),
+                "cosine": cosine,
             }
         )
+        if gates is not None:
+            if "cosine" in gates and not cosine >= gates["cosine"]:
+                raise ExportValidationError(
+                    f"the llm-runner program's {name} step (positions {positions}) misses its quality gate against "
+                    f"fp32 eager: cosine = {cosine:.4f} (gate >= {gates['cosine']}); lower it with --gate "
+                    "cosine=... or exclude sensitive layers from quantization"
+                )
+            continue
         if not torch.allclose(actual, expected, atol=atol, rtol=rtol):
             raise ExportValidationError(
                 f"the llm-runner program's {name} step (positions {positions}) differs from eager PyTorch: max abs "
                 f"diff {diff:.3g} > atol {atol:g}; the cache kept between calls does not reproduce the model"
             )
-    return {"steps": steps, "max_abs_diff": worst}
+    result: dict[str, Any] = {"steps": steps, "max_abs_diff": worst}
+    if gates is not None:
+        top1 = sum(step["same_argmax"] for step in steps) / len(steps)
+        result.update(top1_agreement=top1, gates=dict(gates))
+        if "top1_agreement" in gates and not top1 >= gates["top1_agreement"]:
+            raise ExportValidationError(
+                f"the llm-runner program's next token differs from fp32 eager's: top1_agreement = {top1:.4f} over "
+                f"{len(steps)} steps (gate >= {gates['top1_agreement']}); steps: {steps}"
+            )
+    return result
 
 
 # -- writer -------------------------------------------------------------------------------------
@@ -563,6 +591,8 @@ def export_llm_runner(
         )
     sequence = None
     if getattr(export_config, "validate", True):
+        from hfexport.quality import quality_gates_for
+
         sequence = validate_runner_sequence(
             manager,
             model,
@@ -571,6 +601,7 @@ def export_llm_runner(
             atol=float(getattr(export_config, "atol", 1e-4) or 1e-4),
             rtol=float(getattr(export_config, "rtol", 0.0) or 0.0),
             required_backend=getattr(manager, _RUNTIME_BACKEND_ATTR, None),
+            gates=quality_gates_for(export_config),
         )
     exporter.save(manager, output_dir / _PTE_NAME)
     written = [_PTE_NAME]

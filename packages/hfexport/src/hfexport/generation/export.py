@@ -34,6 +34,7 @@ from hfexport.generation.parts import exportable_module
 from hfexport.generation.plan import GenerationPlan
 
 __all__ = [
+    "GREEDY_PARITY_TOKENS",
     "ComponentExportError",
     "GenerationArtifacts",
     "export_components",
@@ -250,8 +251,10 @@ def export_components(
         )
     configs = resolve_component_configs(config, names)
     parent_config = getattr(model, "config", None)
+    sources = _SourceCopies(exporter, model)
     artifacts: dict[str, Any] = {}
     reports: dict[str, Any] = {}
+    resolved_configs: dict[str, Any] = {}
     for name in names:
         module, kwargs = decomposition[name]
         exportable = exportable_module(module, parent_config)
@@ -260,7 +263,9 @@ def export_components(
             resolved = exporter._resolve_config(configs[name])
             resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
             resolved = exporter.component_config(name, exportable, kwargs, plan, resolved)
-            artifact = exporter.export(exportable, kwargs, resolved, component=name)
+            resolved_configs[name] = resolved
+            source = sources.component(name, module, kwargs, plan, resolved)
+            artifact = exporter.export(exportable, kwargs, resolved, component=name, source=source)
             reports[name] = exporter.last_report
             if (
                 name == "decode"
@@ -281,4 +286,108 @@ def export_components(
                 input_keys=keys,
             ) from exc
         artifacts[name] = artifact
-    return GenerationArtifacts(artifacts, plan, reports, exporter.export_format)
+    sources.release()
+    result = GenerationArtifacts(artifacts, plan, reports, exporter.export_format)
+    _record_greedy_parity(exporter, result, model, inputs, resolved_configs, generation_config)
+    return result
+
+
+#: New tokens of the greedy run that a gated (reduced-precision or quantized) generation export is
+#: compared with ``model.generate`` on (:func:`_record_greedy_parity`).
+GREEDY_PARITY_TOKENS = 16
+
+
+class _SourceCopies:
+    """The transformed copies of the model (:meth:`HfExporter.generation_source`), one per distinct
+    transform among the component configs, built on first use and shared by every component; a
+    component is found in its copy by its qualified name in the model."""
+
+    def __init__(self, exporter: Any, model: torch.nn.Module) -> None:
+        self.exporter = exporter
+        self.model = model
+        self.copies: dict[str, torch.nn.Module | None] = {}
+        self.paths = {id(m): path for path, m in model.named_modules(remove_duplicate=False)}
+
+    @staticmethod
+    def _key(config: Any) -> str:
+        quantization = getattr(config, "quantization", None)
+        to_dict = getattr(quantization, "to_dict", None)
+        described = to_dict() if callable(to_dict) else quantization
+        return repr((str(getattr(config, "dtype", "float32")), described))
+
+    def component(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: GenerationPlan, config: Any
+    ) -> torch.nn.Module | None:
+        """The component's module in the transformed copy, adapted as the component itself is
+        (:func:`exportable_module`, ``exporter.prepare_component``), or ``None`` (no transform, or
+        the component is no submodule of the model: its own export then transforms it)."""
+        key = self._key(config)
+        if key not in self.copies:
+            self.copies[key] = self.exporter.generation_source(self.model, config)
+        copy = self.copies[key]
+        path = self.paths.get(id(module))
+        if copy is None or path is None:
+            return None
+        part = copy.get_submodule(path)
+        exportable = exportable_module(part, getattr(copy, "config", None))
+        return self.exporter.prepare_component(name, exportable, kwargs, plan)
+
+    def release(self) -> None:
+        self.copies.clear()
+
+
+def _record_greedy_parity(
+    exporter: Any,
+    artifacts: GenerationArtifacts,
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    configs: Mapping[str, Any],
+    generation_config: Any,
+) -> None:
+    """For a gated export (reduced precision or quantization, :func:`hfexport.quality.quality_gates_for`),
+    run a greedy generation of :data:`GREEDY_PARITY_TOKENS` tokens over the exported components
+    next to ``model.generate`` (fp32 eager) and record in the ``decode`` component's report
+    (``report.extra["greedy_parity"]``): ``new_tokens``, ``matching_prefix`` (new tokens equal to
+    eager's before the first divergence), ``first_divergence`` (``[row, new-token index]`` or
+    ``None``), ``tokens_equal`` and the per-step ``top1_agreement`` of the runner's logits with
+    ``generate``'s over the steps both ran on the same prefix. Reported, not gated: the component
+    gates (top-1 of the logits over the sample tokens) are; a quantized model may legitimately
+    pick another token once two logits are close, and every later token then differs. A failure
+    to run the loop is recorded as ``error`` and does not fail the export."""
+    from hfexport.generation.parity import compare_with_generate
+    from hfexport.generation.runner import GenerationRunner, callers_from_exporter
+    from hfexport.quality import quality_gates_for
+
+    if not artifacts or not any(quality_gates_for(c) is not None for c in configs.values()):
+        return
+    if not all(getattr(c, "validate", True) for c in configs.values()):
+        return
+    report = artifacts.reports.get("decode") or artifacts.reports[list(artifacts)[-1]]
+    record: dict[str, Any] = {"new_tokens": GREEDY_PARITY_TOKENS}
+    try:
+        runner = GenerationRunner(artifacts.plan, callers_from_exporter(exporter, artifacts))
+        parity = compare_with_generate(
+            runner, model, inputs, max_new_tokens=GREEDY_PARITY_TOKENS, generation_config=generation_config
+        )
+        prompt = int(inputs["input_ids"].shape[1])
+        divergence = parity.first_mismatch
+        record["first_divergence"] = (
+            None if divergence is None else [divergence[0], max(0, divergence[1] - prompt)]
+        )
+        record["matching_prefix"] = (
+            GREEDY_PARITY_TOKENS if divergence is None else max(0, divergence[1] - prompt)
+        )
+        record["tokens_equal"] = parity.tokens_equal
+        steps = record["matching_prefix"] + (0 if divergence is None else 1)
+        agree = [
+            float((ours.argmax(-1) == theirs.argmax(-1).to(ours.device)).double().mean())
+            for ours, theirs in list(zip(runner.last_logits, parity.reference_logits))[:steps]
+        ]
+        record["top1_agreement"] = round(sum(agree) / len(agree), 4) if agree else None
+        record["sequence"] = parity.sequences[0, prompt:].tolist()
+        record["reference"] = parity.reference[0, prompt:].tolist()
+    except Exception as exc:  # reported, never fatal: the components passed their gates
+        logger.warning("greedy parity of the exported components could not run: %s", exc)
+        record["error"] = f"{type(exc).__name__}: {exc}"
+    report.extra["greedy_parity"] = record
+    logger.info("greedy parity vs model.generate: %s", record)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,12 +29,15 @@ class GenerationParity:
         max_logit_diff: the largest ``|runner - generate|`` over the logits of every generated
             position (``inf`` when the runs have different lengths).
         first_mismatch: ``(row, position)`` of the first differing token, or ``None``.
+        reference_logits: ``generate``'s logits, one ``[batch, vocab]`` tensor per new token (the
+            runner's are ``runner.last_logits``).
     """
 
     sequences: torch.Tensor
     reference: torch.Tensor
     max_logit_diff: float
     first_mismatch: tuple[int, int] | None
+    reference_logits: tuple[torch.Tensor, ...] = field(default=(), repr=False)
 
     @property
     def tokens_equal(self) -> bool:
@@ -102,4 +105,4 @@ def compare_with_generate(
         )
     else:
         diff = float("inf")
-    return GenerationParity(sequences, reference.sequences, diff, mismatch)
+    return GenerationParity(sequences, reference.sequences, diff, mismatch, tuple(reference.logits))

@@ -4,6 +4,9 @@
   flags, attention implementation); a bare ``nn.Embedding`` or ``nn.Linear`` has none, and its
   output is a bare tensor, whose leaf path is the empty string (no name for a graph output). The
   wrapper gives such a part its model's config and names its output ``output``.
+- :func:`mark_transformed_source` / :func:`transformed_source_of`: a backend's transformed copy of
+  the model (``HfExporter.generation_source``, e.g. quantized once for every component) carries
+  its summary on each module, so the backend's export recognises a component of it.
 - :class:`FunctionalCacheModule`: a static cache is updated in place, which ``torch.export``
   records as a mutation of the graph's inputs. Runtimes that do not write mutated inputs back
   (ExecuTorch returns them as extra outputs) get a graph that copies the cache first and returns
@@ -12,12 +15,20 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 from transformers.configuration_utils import PreTrainedConfig
 
-__all__ = ["OUTPUT_NAME", "ComponentModule", "FunctionalCacheModule", "exportable_module"]
+__all__ = [
+    "OUTPUT_NAME",
+    "ComponentModule",
+    "FunctionalCacheModule",
+    "exportable_module",
+    "mark_transformed_source",
+    "transformed_source_of",
+]
 
 #: Output name of a wrapped part whose forward returns a bare tensor.
 OUTPUT_NAME = "output"
@@ -76,3 +87,34 @@ class FunctionalCacheModule(torch.nn.Module):
 
         copied = {k: duplicate_leaf_tensors(v) if isinstance(v, Cache) else v for k, v in kwargs.items()}
         return self.inner(**copied)
+
+
+# Attribute set on every module of a transformed generation source (mark_transformed_source).
+_SOURCE_ATTR = "_hfexport_transformed_source"
+
+
+def mark_transformed_source(
+    copy: torch.nn.Module, original: torch.nn.Module, summary: dict[str, Any]
+) -> None:
+    """Mark every module of ``copy`` (a transformed deep copy of ``original`` with the same module
+    names) with ``summary`` and a weak reference to its counterpart in ``original``; see
+    :func:`transformed_source_of`. ``original`` is not touched."""
+    originals = dict(original.named_modules(remove_duplicate=False))
+    for path, module in copy.named_modules(remove_duplicate=False):
+        counterpart = originals.get(path)
+        module.__dict__[_SOURCE_ATTR] = (
+            summary,
+            weakref.ref(counterpart) if counterpart is not None else None,
+        )
+
+
+def transformed_source_of(module: torch.nn.Module) -> tuple[dict[str, Any], torch.nn.Module | None] | None:
+    """``(summary, original counterpart or None)`` when ``module`` or one of its submodules (a
+    component wrapper around a part of the copy) was marked by :func:`mark_transformed_source`
+    (the outermost marked module's), else ``None``."""
+    for part in module.modules():
+        marked = part.__dict__.get(_SOURCE_ATTR)
+        if marked is not None:
+            summary, ref = marked
+            return summary, (ref() if ref is not None else None)
+    return None

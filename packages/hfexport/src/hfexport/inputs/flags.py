@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -29,20 +30,30 @@ _MISSING = object()
 
 
 def _wrap_forward_return_dict(model: torch.nn.Module, return_dict: bool) -> Callable[[], None]:
-    """Make ``model(...)`` return a tuple (False) or a ModelOutput (True); return the undo."""
-    original = model.forward
-    previous = model.__dict__.get("forward", _MISSING)
+    """Make ``model(...)`` return a tuple (False) or a ModelOutput (True); return the undo.
 
-    @functools.wraps(original)
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        if return_dict and getattr(getattr(model, "config", None), "return_dict", True) is False:
+    The wrapper is a method bound to ``model`` (``types.MethodType``), not a closure over it: a
+    ``copy.deepcopy(model)`` taken inside the ``with`` body (a backend's quantized copy) then calls
+    the copy's own forward. A closure would keep calling the original model, so the copy's
+    transformed weights would never be traced (measured: an ExecuTorch ``8da4w`` generation export
+    of GPT-2 captured the fp32 weights, since generation sample inputs carry ``return_dict``).
+    """
+    previous = model.__dict__.get("forward", _MISSING)
+    original = model.forward
+    if previous is _MISSING:
+        original = None  # resolved on the bound instance at call time (the copy's own forward)
+
+    @functools.wraps(type(model).forward)
+    def forward(self: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if return_dict and getattr(getattr(self, "config", None), "return_dict", True) is False:
             kwargs.setdefault("return_dict", True)
-        output = original(*args, **kwargs)
+        inner = original if original is not None else type(self).forward.__get__(self)
+        output = inner(*args, **kwargs)
         if not return_dict and isinstance(output, ModelOutput):
             output = output.to_tuple()
         return output
 
-    model.forward = forward
+    model.forward = types.MethodType(forward, model)
 
     def undo() -> None:
         if previous is _MISSING:
