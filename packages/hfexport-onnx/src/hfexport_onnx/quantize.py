@@ -417,9 +417,10 @@ class _Reader:
 
 def ffn_up_nodes(model: Any, depth: int = 3) -> list[str]:
     """Names of the constant-weight ``MatMul`` nodes of ``model`` (``onnx_ir.Model``) whose output
-    reaches a GELU (``Gelu``/``FastGelu``/``BiasGelu`` or the decomposed ``Erf``/``Tanh``) within
-    ``depth`` consumers: the FFN up-projections, the MatMuls that lose most at 4 bits."""
-    gelu = {*_GELU_OPS, "Erf", "Tanh"}
+    reaches a GELU (``Gelu``/``FastGelu``/``BiasGelu`` or the decomposed erf GELU's ``Erf``) within
+    ``depth`` consumers: the FFN up-projections, the MatMuls that lose most at 4 bits. (A ``Tanh``
+    is not one: BERT's pooler is ``tanh(x @ W + b)``.)"""
+    gelu = {*_GELU_OPS, "Erf"}
     found = []
     for node in model.graph.all_nodes():
         if node.op_type != "MatMul" or not node.name or node.inputs[1] is None:
