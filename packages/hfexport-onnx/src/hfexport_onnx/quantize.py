@@ -156,8 +156,9 @@ def sensitive_ffn_nodes(model: Any, count: int = SENSITIVE_FFN_LAYERS) -> list[s
 def activation_matmuls(model: Any) -> list[str]:
     """Names of the ``MatMul`` nodes of ``model`` (``onnx_ir.Model``) whose second input is not a
     constant: the attention score ``Q @ K^T`` and context ``softmax @ V`` products. Static QDQ keeps
-    them float: ORT 1.32's ``quantize_static`` QDQ-wraps them even with ``MatMulConstBOnly`` (the
-    option is honoured by the dynamic quantizer only), and uint8 softmax probabilities cost
+    them float by naming them in ``nodes_to_exclude``: with onnxruntime 1.32's QDQ format,
+    ``quantize_static`` wrapped their inputs in Q/DQ pairs although ``MatMulConstBOnly`` was set
+    (observed here; no upstream issue found), and uint8 softmax probabilities cost
     all-MiniLM-L6-v2 most of its accuracy."""
     return [
         node.name
