@@ -98,6 +98,85 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
         assert hidden["gates"] == {"cosine": 0.99}
 
 
+def _assert_default_gates_pass(report, cosine_gate: float) -> dict[str, dict]:
+    """Both shapes of every output meet the method's default gates; returns the hidden-state rows."""
+    assert report.extra["quality_gates"] == {"cosine": cosine_gate, "top1_agreement": 0.9}
+    hidden = {}
+    for label in ("sample", "second_shape"):
+        rows = _rows(report, label)
+        assert all(r["ok"] and r["cosine"] >= cosine_gate for r in rows.values()), rows
+        hidden[label] = rows["last_hidden_state"]
+        assert hidden[label]["gates"] == {"cosine": cosine_gate}
+    return hidden
+
+
+def test_minilm_int8_static_passes_the_default_gates(minilm):
+    """Static QDQ on real weights with default options: mean per-token cosine >= 0.99 (measured
+    0.9964 / 0.9946, min 0.994 / 0.975 at 2 x 13 and 3 x 65) at <= 0.27x the fp32 weight bytes."""
+    from hfexport_onnx import OnnxExporter
+
+    exporter = OnnxExporter()
+    with pytest.warns(UserWarning, match="no calibration data for 'int8-static'"):
+        artifact = exporter.export(
+            minilm.model, minilm.inputs, OnnxConfig(dynamic=True, quantization="int8-static")
+        )
+    report = exporter.last_report
+    quant = report.extra["quantization"]
+    hidden = _assert_default_gates_pass(report, 0.99)
+    assert 0.995 <= hidden["sample"]["cosine"] < 0.9999 and hidden["sample"]["cosine_min"] >= 0.99
+    assert 0.993 <= hidden["second_shape"]["cosine"] < 0.9999 and hidden["second_shape"]["cosine_min"] >= 0.96
+    assert quant["weights_bytes_after"] <= 0.27 * report.extra["eager_weights_bytes"]  # measured 0.259x
+    assert len(quant["int8_embeddings"]) == 1 and len(quant["kept_float"]) == 2
+    # one activation Q/DQ pair per smoothed MatMul input (4 per block, minus the 2 kept FFN
+    # down-projections' inputs, plus the pooler); 37 per-channel weight DQs + the word embedding's DQ
+    assert quant["smoothed_activations"] == 23 and quant["float_activation_matmuls"] == 12
+    ops = _ops(artifact)
+    assert quant["quantized_ops"] == {"DequantizeLinear": 61, "QuantizeLinear": 23}
+    assert ops["QuantizeLinear"] == 23 and ops["DequantizeLinear"] == 61 and ops["Softmax"] == 6
+    # activation Q/DQ pairs feed MatMuls only: residual Adds, LayerNorms and softmax stay float,
+    # and no MatMul output is re-quantized
+    graph = artifact.model.graph
+    for node in graph.all_nodes():
+        producer = node.inputs[0].producer() if node.inputs else None
+        if (
+            node.op_type == "DequantizeLinear"
+            and producer is not None
+            and producer.op_type == "QuantizeLinear"
+        ):
+            assert {user.op_type for user, _ in node.outputs[0].uses()} == {"MatMul"}
+        if node.op_type == "QuantizeLinear":
+            assert node.inputs[0].producer().op_type in ("Mul", "DequantizeLinear"), node.inputs[0].producer()
+    assert quant["int8_weight_only"] == quant["kept_float"]
+    for name in quant["kept_float"]:  # float activation, int8 per-column weight
+        kept = next(n for n in graph.all_nodes() if n.name == name)
+        assert kept.inputs[0].producer().op_type != "DequantizeLinear"
+        weight_dq = kept.inputs[1].producer()
+        assert weight_dq.op_type == "DequantizeLinear" and weight_dq.inputs[0].dtype.name == "INT8"
+
+
+def test_minilm_int4_weight_passes_the_default_4bit_gate(minilm):
+    """MatMulNBits with default options: 4-bit blocks of 16, the FFN up-projections at 8 bits, int8
+    word embedding: mean per-token cosine >= 0.98 (measured 0.988 / 0.987) at <= 0.26x the bytes."""
+    from hfexport_onnx import OnnxExporter
+
+    exporter = OnnxExporter()
+    artifact = exporter.export(
+        minilm.model, minilm.inputs, OnnxConfig(dynamic=True, quantization="int4-weight")
+    )
+    report = exporter.last_report
+    quant = report.extra["quantization"]
+    hidden = _assert_default_gates_pass(report, 0.98)
+    for label in ("sample", "second_shape"):
+        assert 0.984 <= hidden[label]["cosine"] < 0.999 and hidden[label]["cosine_min"] >= 0.95
+    assert quant["group_size"] == 16 and len(quant["eight_bit"]) == 6
+    assert quant["weights_bytes_after"] <= 0.26 * report.extra["eager_weights_bytes"]
+    nbits = [n for n in artifact.model.graph.all_nodes() if n.op_type == "MatMulNBits"]
+    bits = collections.Counter((n.attributes["bits"].value, n.attributes["block_size"].value) for n in nbits)
+    assert bits == {(4, 16): 31, (8, 32): 6}  # 36 encoder projections + the pooler
+    assert quant["quantized_ops"] == {"DequantizeLinear": 1, "MatMulNBits": 37}
+    assert _ops(artifact)["MatMul"] == 12  # the attention score/context products stay float
+
+
 @pytest.mark.extended
 def test_minilm_float16_export_restores_the_model(minilm):
     from hfexport_onnx import OnnxExporter
@@ -199,15 +278,19 @@ def test_minilm_int8_static_calibrated_on_prompts(minilm, tmp_path):
         )
     )
     exporter = OnnxExporter()
+    # ranges calibrated on 4 real sentences only: the second shape's random tokens (3 x 65) leave
+    # them (measured mean 0.9891, min 0.935), so this test gates at 0.985; with no calibration file
+    # the seeded random variants cover them (test_minilm_int8_static_passes_the_default_gates)
     config = OnnxConfig(
         dynamic=True,
         quantization={"method": "int8-static", "calibration": str(prompts)},
-        quality_gates={"cosine": 0.97},
+        quality_gates={"cosine": 0.985},
     )
     artifact = exporter.export(minilm.model, minilm.inputs, config)
     quant = exporter.last_report.extra["quantization"]
-    assert quant["calibration_batches"] == 2 and len(quant["kept_float"]) == 6
-    assert _ops(artifact)["QuantizeLinear"] > 0 and _ops(artifact)["DequantizeLinear"] > 0
-    hidden = _rows(exporter.last_report, "sample")["last_hidden_state"]
-    assert 0.97 <= hidden["cosine"] < 0.999
+    assert quant["calibration_batches"] == 2 and len(quant["kept_float"]) == 2
+    assert _ops(artifact)["QuantizeLinear"] == 23 and _ops(artifact)["DequantizeLinear"] == 61
+    hidden = _assert_default_gates_pass(exporter.last_report, 0.985)
+    assert 0.99 <= hidden["sample"]["cosine"] < 0.9999  # real text, like the calibration
+    assert 0.985 <= hidden["second_shape"]["cosine"] < 0.995
     assert json.dumps(exporter.last_report.to_dict())  # the report stays JSON-safe

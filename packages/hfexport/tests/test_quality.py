@@ -10,6 +10,7 @@ from hfexport.errors import ExportValidationError
 from hfexport.precision import model_in_dtype
 from hfexport.quality import (
     default_quality_gates,
+    describe_gates,
     is_four_bit,
     quality_gates_for,
     score_outputs,
@@ -123,3 +124,18 @@ def test_validate_quality_names_metric_value_and_override():
     assert "on the second shape inputs: y: cosine = -1.0000 (gate >= 0.99)" in text
     assert "config.quality_gates={'cosine': 0.98}" in text and "--gate cosine=0.98" in text
     assert info.value.table[0].cosine == pytest.approx(-1.0)
+    # the table title states what is gated: the mean cosine, with the min recorded only
+    assert "(gated: mean per-vector cosine >= 0.99 (cosine); min cosine recorded, not gated)" in text
+    assert "cos mean" in text and "cos min" in text
+
+
+def test_describe_gates_names_statistic_direction_and_threshold():
+    assert describe_gates({"cosine": 0.99, "top1_agreement": 0.9}) == (
+        "gated: mean per-vector cosine >= 0.99 (cosine); top-1 agreement (fraction of positions) >= 0.9 "
+        "(top1_agreement); min cosine recorded, not gated"
+    )
+    assert describe_gates({"cosine": 0.98, "cosine_min": 0.9, "max_abs_diff": 0.5}) == (
+        "gated: mean per-vector cosine >= 0.98 (cosine); min per-vector cosine >= 0.9 (cosine_min); "
+        "max |artifact - eager| <= 0.5 (max_abs_diff)"
+    )
+    assert describe_gates({}) == "no quality gates"

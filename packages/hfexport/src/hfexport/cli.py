@@ -417,9 +417,10 @@ def _config_for(
 
 
 def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]) -> None:
-    gate_text = ", ".join(f"{k} >= {v}" if k != "max_abs_diff" else f"{k} <= {v}" for k, v in gates.items())
-    table = Table(title=f"quality vs fp32 eager: {label} inputs ({gate_text})")
-    for col in ("output", "shape", "cosine", "cosine min", "top-1", "max abs diff", "ok"):
+    from hfexport.quality import describe_gates
+
+    table = Table(title=f"quality vs fp32 eager: {label} inputs ({describe_gates(gates)})")
+    for col in ("output", "shape", "cosine mean", "cosine min", "top-1", "max abs diff", "ok"):
         table.add_column(col, justify="right" if col not in ("output", "ok") else "left")
 
     def num(value: Any, spec: str = ".4f") -> str:

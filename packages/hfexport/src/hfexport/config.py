@@ -374,7 +374,7 @@ class QuantizationConfig:
     Attributes:
         method: the quantization recipe name.
         group_size: elements per quantization group / block for grouped (4-bit) weights
-            (``None`` takes the method's default, e.g. 32 for ``8da4w``, 32 for ``int4-weight``).
+            (``None`` takes the method's default, e.g. 32 for ``8da4w``, 16 for ONNX ``int4-weight``).
         embedding_bits: also quantize the token embedding to 4 or 8 bits (ExecuTorch); ``None`` leaves it.
         per_channel: per-output-channel weight scales (True) or one per tensor.
         exclude: fully qualified module names (or ``fnmatch`` patterns over them) left in float,

@@ -53,6 +53,7 @@ __all__ = [
     "QUALITY_METRICS",
     "OutputQuality",
     "default_quality_gates",
+    "describe_gates",
     "format_quality_table",
     "is_four_bit",
     "quality_gates_for",
@@ -305,13 +306,41 @@ def score_outputs(
     return rows
 
 
+#: what each gated metric is, as shown next to its threshold
+_GATE_WORDING = {
+    "cosine": "mean per-vector cosine",
+    "cosine_min": "min per-vector cosine",
+    "top1_agreement": "top-1 agreement (fraction of positions)",
+    "max_abs_diff": "max |artifact - eager|",
+}
+
+
+def describe_gates(gates: Mapping[str, float]) -> str:
+    """One line saying exactly what is gated: ``{"cosine": 0.99}`` -> ``"gated: mean per-vector
+    cosine >= 0.99 (cosine); min cosine recorded, not gated"``. The statistic (mean / min /
+    fraction) and the bound's direction come with each metric name; ``cosine_min`` is named as
+    recorded-only unless it is gated itself."""
+    if not gates:
+        return "no quality gates"
+    parts = [
+        f"{_GATE_WORDING.get(k, k)} {'<=' if k in _UPPER_BOUND else '>='} {v:g} ({k})"
+        for k, v in gates.items()
+    ]
+    text = "gated: " + "; ".join(parts)
+    if "cosine" in gates and "cosine_min" not in gates:
+        text += "; min cosine recorded, not gated"
+    return text
+
+
 def _fmt(value: float | None, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
 def format_quality_table(rows: list[OutputQuality], title: str = "") -> str:
     """Render quality rows as a fixed-width text table (one line per output)."""
-    head = f"{'output':<40} {'shape':<18} {'cosine':>8} {'cos min':>8} {'top-1':>8} {'max abs diff':>13}  ok"
+    head = (
+        f"{'output':<40} {'shape':<18} {'cos mean':>8} {'cos min':>8} {'top-1':>8} {'max abs diff':>13}  ok"
+    )
     lines = [title] if title else []
     lines += [head, "-" * len(head)]
     for r in rows:
@@ -372,7 +401,8 @@ def validate_quality(
     table = format_quality_table(
         rows,
         title=f"quality on {label} inputs vs fp32 eager "
-        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)),
+        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor))
+        + f" ({describe_gates(gates)})",
     )
     logger.info("%s", table)
     if raise_on_failure and not all(r.ok for r in rows):
