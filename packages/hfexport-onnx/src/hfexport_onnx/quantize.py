@@ -36,10 +36,15 @@ import numpy as np
 __all__ = [
     "QUANTIZATION_METHODS",
     "QUANTIZED_OP_TYPES",
+    "activation_matmuls",
     "excluded_nodes",
+    "ffn_up_nodes",
+    "int8_weight_only",
+    "quantize_embeddings",
     "quantize_ir_model",
     "quantized_op_counts",
     "sensitive_ffn_nodes",
+    "smooth_activations",
 ]
 
 logger = logging.getLogger(__name__)
