@@ -66,3 +66,21 @@ def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
         rows = validate_artifact(model, run, kwargs, label=f"batch {batch}, {seq} tokens")
         assert rows and all(r.ok for r in rows)
         assert rows[0].shape[0] == batch
+
+
+def test_tiny_siglip_validates_at_both_shapes():
+    # SigLIP's towers use gelu_pytorch_tanh, which XNNPACK computed as exact GELU (pytorch/executorch#22851):
+    # every output was off by ~1e-4 until the gelu_tanh_stays_portable partitioner rule kept it portable.
+    model, inputs = tiny_model("siglip")  # SiglipForImageClassification, pixel_values [2, 3, 32, 32]
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == stages["validate_second_shape"] == "ok", report.summary_lines()
+    assert "hfexport_executorch.workarounds.patches.gelu_tanh_stays_portable" in report.applied["patches"]
+    sample_rows, second_rows = report.validation["sample"], report.validation["second_shape"]
+    assert all(r["ok"] and r["max_abs_diff"] < 1e-5 for r in sample_rows + second_rows), (
+        sample_rows + second_rows
+    )
+    assert second_rows[0]["shape"][0] == 3  # batch 2 -> 3
+    assert any("gelu" in op for op in report.extra["delegation"]["portable_ops"]), report.extra["delegation"]

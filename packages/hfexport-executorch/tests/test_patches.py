@@ -254,3 +254,51 @@ def test_unsqueeze_stays_portable_and_runs_with_the_patch():
             expected = model(x)
         assert out.shape == (batch, seq, 8)
         assert (out - expected).abs().max().item() < 1e-5
+
+
+class ToyTanhGelu(torch.nn.Module):
+    """A linear layer then ``gelu(approximate="tanh")`` (transformers' ``gelu_pytorch_tanh``: SigLIP, Gemma)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.proj(hidden) * 4, approximate="tanh")
+
+
+def _run_tanh_gelu(patched: bool) -> tuple[list[str], float]:
+    """Lower ToyTanhGelu for XNNPACK (dynamic batch), run it; return (edge targets, max abs diff to eager)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model = ToyTanhGelu()
+    dims = {"hidden": {0: Dim("batch", min=1, max=64)}}
+    program = capture(model, {"hidden": torch.randn(2, 8)}, ExecutorchConfig(dynamic_shapes=dims))
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    buffer = edge.to_executorch().buffer  # the loaded program reads this buffer: keep it alive
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    x = torch.linspace(-1.5, 1.5, 64 * 8).reshape(64, 8)
+    (out,) = method.execute([x])
+    with torch.no_grad():
+        expected = model(x)
+    return targets, (out - expected).abs().max().item()
+
+
+def test_xnnpack_computes_tanh_gelu_as_exact_gelu_without_the_patch():
+    # Documents pytorch/executorch#22851 on the installed executorch (retire the patch when this fails):
+    # the delegated GELU ignores approximate="tanh"; exact and tanh GELU differ by up to ~5e-4.
+    targets, diff = _run_tanh_gelu(patched=False)
+    assert not any("gelu" in t for t in targets)  # delegated
+    assert diff > 1e-4
+
+
+def test_tanh_gelu_stays_portable_and_matches_eager_with_the_patch():
+    targets, diff = _run_tanh_gelu(patched=True)
+    assert any("gelu" in t for t in targets)  # kept out of the delegate
+    assert any("executorch_call_delegate" in t for t in targets)  # the linear still is delegated
+    assert diff < 1e-5

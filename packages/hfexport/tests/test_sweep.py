@@ -76,3 +76,45 @@ def test_known_skips_name_the_model_side_change_for_mamba_and_llava():
         assert "mamba_selective_scan" in KNOWN_SKIPS[(backend, "mamba")]
         assert "list(image_features)" in KNOWN_SKIPS[(backend, "llava")]
         assert "aten._is_all_true" in KNOWN_SKIPS[(backend, "llava")]
+
+
+def test_mamba_skip_names_the_model_side_construct():
+    reason = sweep.KNOWN_SKIPS[("dynamo", "mamba")]
+    assert {sweep.KNOWN_SKIPS[(b, "mamba")] for b in sweep.BACKENDS} == {reason}
+    for part in (
+        "transformers 5.24",
+        "models/mamba/modeling_mamba.py",
+        "mamba_selective_scan",
+        "for index in range(seq_len)",
+        "is_torchdynamo_exporting()",
+        "Guard failed: attention_mask.size()[1] == 8",
+    ):
+        assert part in reason, part
+
+
+def test_mamba_capture_still_specialises_the_sequence_length():
+    # Documents the construct behind the mamba skip on the installed transformers: the plain forward's
+    # selective scan is a Python loop over the sequence, unrolled at capture. Retire the skip when this fails.
+    import inspect
+
+    import pytest
+    import torch
+    from transformers.models.mamba import modeling_mamba
+
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.testing import make_inputs, tiny_model
+
+    source = inspect.getsource(modeling_mamba.mamba_selective_scan)
+    assert "for index in range(seq_len):" in source
+    assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
+
+    model, inputs = tiny_model("mamba", "text-generation")  # batch 2, 8 tokens
+    assert inputs["input_ids"].shape == (2, 8)
+    program = capture(model, inputs, DynamoConfig(dynamic=True))
+    module = program.module()
+    with torch.no_grad():
+        out = module(**make_inputs(model, batch_size=3, seq_len=8, seed=1))  # the batch stays dynamic
+    assert out["logits"].shape[:2] == (3, 8)
+    with pytest.raises(AssertionError, match=r"Guard failed: .*size\(\)\[1\] == 8"):
+        module(**make_inputs(model, batch_size=2, seq_len=9, seed=2))

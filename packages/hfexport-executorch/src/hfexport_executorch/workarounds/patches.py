@@ -28,6 +28,7 @@ from hfexport.workarounds.moe import register_dense_experts
 __all__ = [
     "conv1d_with_one_dynamic_dim_only",
     "edge_verifier_accepts_symbolic_min_max",
+    "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
     "patchify_conv3d_as_matmul",
     "unsqueeze_with_one_dynamic_dim_only",
@@ -220,6 +221,57 @@ def unsqueeze_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callabl
             return False
         if _dynamic_dims(node) > 1:
             logger.debug("unsqueeze %s stays on portable kernels: more than one dynamic dimension", node.name)
+            return False
+        return True
+
+    return check_constraints
+
+
+def _xnnpack_has_approximate_gelu() -> bool:
+    """The installed XNNPACK delegate serialises tanh GELU as its own node (pytorch/executorch#22851)."""
+    from executorch.backends.xnnpack.serialization import xnnpack_graph_schema
+
+    return hasattr(xnnpack_graph_schema, "XNNApproxGelu")
+
+
+def _gelu_approximation(node: Any) -> str:
+    if "approximate" in node.kwargs:
+        return str(node.kwargs["approximate"])
+    return str(node.args[1]) if len(node.args) > 1 else "none"
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.GeluConfig.check_constraints",
+    description=(
+        "keep gelu(approximate='tanh') out of XNNPACK: its GELU node ignores the approximation and computes exact "
+        "(erf) GELU, so models using gelu_pytorch_tanh (SigLIP, Gemma) drift from eager; ExecuTorch's portable "
+        "gelu kernel honours 'tanh' (GPT-2's gelu_new is written out with torch.tanh and is unaffected)"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/22851",
+    versions={"executorch": ">=0.4"},
+)
+def gelu_tanh_stays_portable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``GeluConfig.check_constraints`` to decline tanh-approximated GELU nodes.
+
+    XNNPACK's ``GeluVisitor`` serialises every ``aten.gelu`` as ``XNNGelu`` without looking at
+    ``approximate``, so ``gelu(x, approximate="tanh")`` (``gelu_pytorch_tanh``, SigLIP's vision and
+    text towers) runs as exact GELU once delegated: up to ~5e-4 apart per activation, enough to put
+    every output of a tiny SigLIP past the validation tolerance. The partitioner does not check
+    this either. pytorch/executorch#22851 (merged 2026-09-15, not in executorch 1.4.1) adds an
+    ``XNNApproxGelu`` node; until the installed delegate has it, the wrapper declines these nodes
+    (they run on ExecuTorch's portable ``gelu.out``, which computes the tanh form) and stands down
+    by itself once ``xnnpack_graph_schema.XNNApproxGelu`` exists. Exact GELU and every other
+    decision are the original's.
+    """
+    fixed = _xnnpack_has_approximate_gelu()
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if not fixed and _gelu_approximation(node) != "none":
+            logger.debug("gelu %s stays on portable kernels: XNNPACK ignores approximate='tanh'", node.name)
             return False
         return True
 

@@ -49,8 +49,16 @@ FAMILIES: dict[str, str] = {
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
-#: transformers 5.24 mamba: the selective scan is a Python loop over the sequence under export
-_MAMBA_SCAN = "model-side: transformers 5.24 mamba_selective_scan runs its recurrence as a Python loop over the sequence (its associative-scan path is gated off under torch.export), so capture specialises the sequence length (Guard failed: attention_mask.size()[1] == 8); needs an exportable scan in MambaMixer (no upstream issue found)"
+#: transformers 5.24 mamba (checked with torch 2.13): the plain forward (use_cache=False) reaches the sequential
+#: branch of mamba_selective_scan under torch.export; see the reason text for the construct and the change needed
+_MAMBA_SCAN = (
+    "model-side: transformers 5.24 models/mamba/modeling_mamba.py, mamba_selective_scan (called by MambaMixer.forward "
+    "also with use_cache=False) runs the recurrence as `for index in range(seq_len)`, which torch.export unrolls, so "
+    "capture specialises the sequence length (Guard failed: attention_mask.size()[1] == 8); its loop-free branches "
+    "are closed under export (associative_scan needs config.use_associative_scan and is gated by "
+    "`is_torchdynamo_compiling() and not is_torchdynamo_exporting()`; mambapy's pscan is not a dependency). Needs a "
+    "loop-free scan allowed under export, e.g. the chunked segment-sum form Mamba2/FalconH1 use (no upstream issue found)"
+)
 #: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
 _LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns list(image_features), which specialises the image batch at capture, and get_placeholder_mask's torch_compilable_check leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch); needs a tensor (not list) feature path and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
