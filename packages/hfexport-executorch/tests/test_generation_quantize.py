@@ -164,6 +164,7 @@ def test_8da4w_generation_export_of_real_gpt2_iglm_quarter_size(
 
 
 # -- llm-runner layout ---------------------------------------------------------------------------------
+@pytest.mark.extended  # a 512-position static-cache program: minutes of lowering, like the fp32 IgLM-S runner test
 def test_llm_runner_layout_honours_quantize_8da4w(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

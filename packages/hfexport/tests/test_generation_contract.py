@@ -310,3 +310,35 @@ def test_component_filename_and_generation_runner_hooks(llama, exported, toy_for
     assert generate_from_dir(folder, prompt, max_new_tokens=NEW_TOKENS, exporter=OwnLoop()) == _want(
         model, prompt
     )
+
+
+def test_generation_source_is_built_once_and_every_component_is_captured_from_it(llama, toy_format) -> None:
+    # a backend that transforms the weights before capture (quantization) builds one copy for all
+    # components; each component is captured from its counterpart in the copy and validated
+    # against the untouched model
+    import copy
+
+    from hfexport.generation.parts import mark_transformed_source, transformed_source_of
+
+    model, inputs = llama
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    built = []
+
+    class Scaling(EagerExporter):
+        def generation_source(self, model, config):
+            twin = copy.deepcopy(model)
+            with torch.no_grad():
+                twin.lm_head.weight.mul_(1.0001)
+            mark_transformed_source(twin, model, {"method": "scale"})
+            built.append(twin)
+            return twin
+
+    artifacts = Scaling().export_for_generation(model, inputs, DynamoConfig(atol=1e-2, rtol=1e-2))
+    assert len(built) == 1
+    assert artifacts["prefill"] is artifacts["decode"] is built[0]  # captured from the copy, shared
+    assert transformed_source_of(artifacts["decode"]) == ({"method": "scale"}, model)
+    assert transformed_source_of(model) is None
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in before.items())
+    assert "forward" not in model.__dict__ and "forward" not in built[0].__dict__
+    assert artifacts.reports["prefill"].validation["sample"]  # validated against the original
+    assert "greedy_parity" not in artifacts.reports["decode"].extra  # fp32, no quantization: not gated
