@@ -145,6 +145,8 @@ def _check_quantized_generation(name: str, tmp_path: Path, monkeypatch: pytest.M
     return facts
 
 
+@pytest.mark.extended  # two XNNPACK 8da4w lowerings of real weights: minutes on 2 cores (the unit tests
+# above catch the root cause, a copy running the original's weights, in the default run)
 def test_8da4w_generation_export_of_real_gpt2_is_quantized_and_gated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
