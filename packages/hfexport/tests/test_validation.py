@@ -225,13 +225,34 @@ def test_fit_static_spatial_axes_narrows_only_image_sides():
     from hfexport.validation import fit_static_spatial_axes
 
     second = {"pixel_values": torch.randn(3, 3, 64, 64), "input_ids": torch.ones(3, 65, dtype=torch.long)}
-    fitted = fit_static_spatial_axes(
-        second,
-        {"pixel_values": (None, 3, 32, 32), "input_ids": (None, 8)},  # a ViT-like fixed image size
-    )
+    program_axes = [  # a ViT-like program: image sides fixed, tokens specialised to 8
+        {"input": "pixel_values", "axis": 2, "status": "static", "min": 32, "max": 32},
+        {"input": "pixel_values", "axis": 3, "status": "static", "min": 32, "max": 32},
+        {"input": "input_ids", "axis": 1, "status": "static", "min": 8, "max": 8},
+    ]
+    fitted = fit_static_spatial_axes(second, program_axes)
     assert tuple(fitted["pixel_values"].shape) == (3, 3, 32, 32)
     assert torch.equal(fitted["pixel_values"], second["pixel_values"][:, :, :32, :32])
     assert fitted["input_ids"] is second["input_ids"]  # a specialised token axis is still reported
+
+
+def test_second_shape_follows_the_program_image_axes():
+    # issue 15: sides the program fixes stay, bounded sides take the nearest size inside the range
+    model = torch.nn.Conv2d(3, 4, 3)
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    fixed = [
+        {"input": "pixel_values", "axis": 2, "status": "static", "min": 32, "max": 32},
+        {"input": "pixel_values", "axis": 3, "status": "dynamic", "min": 32, "max": 63},
+    ]
+    second, reason = derive_second_inputs(model, inputs, program_axes=fixed)
+    assert reason == ""
+    assert tuple(second["pixel_values"].shape) == (3, 3, 32, 63)  # height kept, width at its bound
+    free = [{"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": None} for a in (2, 3)]
+    second, _ = derive_second_inputs(model, inputs, program_axes=free)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 64, 64)
+    bounded = [{"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": 48} for a in (2, 3)]
+    second, _ = derive_second_inputs(model, inputs, program_axes=bounded)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 48, 48)
 
 
 def test_second_shape_keeps_image_tokens_of_an_image_text_prompt():

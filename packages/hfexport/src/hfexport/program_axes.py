@@ -59,6 +59,8 @@ def _meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, An
         prefix = "video" if role.modality == "video" else "image"
         side = "height" if axis == role.spatial_axes[0] else "width"
         return f"{prefix} {side}"
+    if role.kind == "pixels" and role.spatial_axes and axis == role.spatial_axes[0] - 1:
+        return "video channels" if role.modality == "video" else "image channels"
     if role.kind == "features":
         return f"audio features axis {axis}"
     return f"axis {axis}"
