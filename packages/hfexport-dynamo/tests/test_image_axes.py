@@ -20,7 +20,7 @@ def _export(model_type, task="image-classification"):
 
 def test_vit_image_size_is_reported_static_and_kept_by_the_second_shape():
     # ViT without interpolate_pos_encoding adds a 4x4 position grid: the capture fixes 32x32
-    model, inputs, program, report = _export("vit")
+    model, inputs, _program, report = _export("vit")
     summary = report.extra["dynamic_axes_summary"]
     assert "pixel_values image height/width: static 32 (model-fixed)" in summary, summary
     sides = [a for a in report.extra["dynamic_axes"] if a["meaning"] in ("image height", "image width")]

@@ -250,7 +250,9 @@ def test_second_shape_follows_the_program_image_axes():
     free = [{"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": None} for a in (2, 3)]
     second, _ = derive_second_inputs(model, inputs, program_axes=free)
     assert tuple(second["pixel_values"].shape) == (3, 3, 64, 64)
-    bounded = [{"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": 48} for a in (2, 3)]
+    bounded = [
+        {"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": 48} for a in (2, 3)
+    ]
     second, _ = derive_second_inputs(model, inputs, program_axes=bounded)
     assert tuple(second["pixel_values"].shape) == (3, 3, 48, 48)
 

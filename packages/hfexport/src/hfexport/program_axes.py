@@ -41,7 +41,9 @@ def _is_dynamic_leaf(leaf: Any) -> bool:
 def _asked_dynamic(spec: Any, ndim: int) -> list[int]:
     """Axes of one tensor's ``dynamic_shapes`` entry marked dynamic."""
     if isinstance(spec, Mapping):
-        return sorted(a for a, leaf in spec.items() if isinstance(a, int) and a < ndim and _is_dynamic_leaf(leaf))
+        return sorted(
+            a for a, leaf in spec.items() if isinstance(a, int) and a < ndim and _is_dynamic_leaf(leaf)
+        )
     if isinstance(spec, (list, tuple)):
         return [a for a, leaf in enumerate(spec[:ndim]) if _is_dynamic_leaf(leaf)]
     return []
