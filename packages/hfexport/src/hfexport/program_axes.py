@@ -112,7 +112,8 @@ def program_input_axes(
         ``meaning`` (``"batch"``, ``"sequence"``, ``"image height"``, ``"audio features axis 1"``
         ...), ``sample`` (its size in ``inputs``), ``status`` (``"dynamic"`` or ``"static"``),
         ``min``/``max`` (the program's range; ``max`` is ``None`` when unbounded; both the size for a
-        static axis) and ``note``: ``"model-fixed"`` for an axis the capture specialised,
+        static axis) and ``note``: ``"model-fixed"`` for an axis the capture specialised
+        (``"weights"`` for image channels, which the first layer fixes),
         ``"model-bounded"`` for an image side or audio feature axis whose range ends below
         :data:`SPATIAL_GROWTH` times the sample, else ``""``. ``[]`` when ``dynamic_shapes`` is not
         a dict or the program's inputs cannot be matched to the kwargs.
@@ -145,7 +146,9 @@ def program_input_axes(
                 entry.update(status=STATUS_DYNAMIC, min=low, max=high, note=note)
             else:
                 value = int(expr) if expr is not None else int(size)
-                entry.update(status=STATUS_STATIC, min=value, max=value, note="model-fixed")
+                # channels are fixed by the first layer's weights, never expected to vary
+                note = "weights" if meaning.endswith(" channels") else "model-fixed"
+                entry.update(status=STATUS_STATIC, min=value, max=value, note=note)
             out.append(entry)
     return out
 
