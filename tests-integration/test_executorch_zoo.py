@@ -51,8 +51,9 @@ def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
     assert {a["role"] for a in axes} >= {"batch"}
     assert all(a["max"] >= 3 for a in axes if a["role"] == "batch")
     assert all(a["max"] >= 256 for a in axes if a["role"] in ("sequence", "decoder_sequence"))
-    # only axes without a role may be specialised (ViT's image size, Whisper's mel bins and frames)
-    assert all(s["role"] == "other" for s in report.extra["dynamic_bounds"]["specialized"])
+    # only axes without a shared role may be specialised (ViT's image size, Whisper's mel bins and frames)
+    roles = {s["role"] for s in report.extra["dynamic_bounds"]["specialized"]}
+    assert roles <= {"other", "spatial", "frames"}, roles
 
     # the share XNNPACK took is recorded per artifact
     delegation = report.extra["delegation"]

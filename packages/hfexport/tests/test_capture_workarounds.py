@@ -272,3 +272,23 @@ def test_workarounds_are_restored_when_the_capture_fails():
     assert torch.export.export is export
     assert DynamicSlidingWindowLayer.__dict__["update"] is update
     assert not fx_config.backed_size_oblivious
+
+
+def test_dynamic_image_sides_are_not_pinned_by_a_size_one_feature_map():
+    # issue 15: ConvNeXt traced on 32x32 has a 1x1 last-stage map; without the size-oblivious trace
+    # the sides were guarded to [32, 63] and a 64x64 image was refused
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.testing import tiny_model
+    from hfexport.workarounds.capture import dynamic_image_side_axes
+
+    model, inputs = tiny_model("convnext", "image-classification")
+    assert dynamic_image_side_axes(inputs, {"pixel_values": {0: None, 2: torch.export.Dim.AUTO}}) == [
+        "inputs['pixel_values'].shape[2]"
+    ]
+    program = capture(model, inputs, DynamoConfig(dynamic=True))
+    image = torch.randn(3, 3, 64, 72, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        got = program.module()(pixel_values=image).logits
+        expected = model(pixel_values=image).logits
+    assert (got - expected).abs().max().item() < 1e-4

@@ -207,3 +207,69 @@ def test_derived_dim_follows_its_root():
     inputs = {"a": torch.zeros(2, 4), "b": torch.zeros(2, 8)}
     second, _ = derive_second_inputs(_Toy(), inputs, config=_config({"a": {1: seq}, "b": {1: 2 * seq}}))
     assert second["a"].shape == (2, 8) and second["b"].shape == (2, 16)
+
+
+def test_dynamic_second_shape_changes_image_sides_too():
+    # issue 15: a dynamic image export must be validated at another image size, not only another batch
+    model = torch.nn.Conv2d(3, 4, 3)
+    pixels = torch.randn(2, 3, 32, 32)
+    mask = torch.ones(2, 32, 32, dtype=torch.long)
+    second, reason = derive_second_inputs(model, {"pixel_values": pixels, "pixel_mask": mask})
+    assert reason == ""
+    assert tuple(second["pixel_values"].shape) == (3, 3, 64, 64)
+    assert tuple(second["pixel_mask"].shape) == (3, 64, 64)
+    assert second["pixel_mask"].dtype == torch.long and bool((second["pixel_mask"] == 1).all())
+
+
+def test_fit_static_spatial_axes_narrows_only_image_sides():
+    from hfexport.validation import fit_static_spatial_axes
+
+    second = {"pixel_values": torch.randn(3, 3, 64, 64), "input_ids": torch.ones(3, 65, dtype=torch.long)}
+    program_axes = [  # a ViT-like program: image sides fixed, tokens specialised to 8
+        {"input": "pixel_values", "axis": 2, "status": "static", "min": 32, "max": 32},
+        {"input": "pixel_values", "axis": 3, "status": "static", "min": 32, "max": 32},
+        {"input": "input_ids", "axis": 1, "status": "static", "min": 8, "max": 8},
+    ]
+    fitted = fit_static_spatial_axes(second, program_axes)
+    assert tuple(fitted["pixel_values"].shape) == (3, 3, 32, 32)
+    assert torch.equal(fitted["pixel_values"], second["pixel_values"][:, :, :32, :32])
+    assert fitted["input_ids"] is second["input_ids"]  # a specialised token axis is still reported
+
+
+def test_second_shape_follows_the_program_image_axes():
+    # issue 15: sides the program fixes stay, bounded sides take the nearest size inside the range
+    model = torch.nn.Conv2d(3, 4, 3)
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    fixed = [
+        {"input": "pixel_values", "axis": 2, "status": "static", "min": 32, "max": 32},
+        {"input": "pixel_values", "axis": 3, "status": "dynamic", "min": 32, "max": 63},
+    ]
+    second, reason = derive_second_inputs(model, inputs, program_axes=fixed)
+    assert reason == ""
+    assert tuple(second["pixel_values"].shape) == (3, 3, 32, 63)  # height kept, width at its bound
+    free = [{"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": None} for a in (2, 3)]
+    second, _ = derive_second_inputs(model, inputs, program_axes=free)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 64, 64)
+    bounded = [
+        {"input": "pixel_values", "axis": a, "status": "dynamic", "min": 32, "max": 48} for a in (2, 3)
+    ]
+    second, _ = derive_second_inputs(model, inputs, program_axes=bounded)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 48, 48)
+
+
+def test_second_shape_keeps_image_tokens_of_an_image_text_prompt():
+    # issue 15: LLaVA checks that the prompt holds one <image> token per vision feature
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("llava")
+    token = model.config.image_token_id
+    per_row = (inputs["input_ids"] == token).sum(-1)
+    assert per_row.tolist() == [16, 16]
+    second, reason = derive_second_inputs(model, inputs)
+    assert reason == ""
+    assert tuple(second["pixel_values"].shape) == (3, 3, 32, 32)  # image size kept: 16 features each
+    assert tuple(second["input_ids"].shape) == (3, 65)
+    assert (second["input_ids"] == token).sum(-1).tolist() == [16, 16, 16]
+    with torch.no_grad():
+        logits = model(**second).logits
+    assert tuple(logits.shape) == (3, 65, model.config.text_config.vocab_size)

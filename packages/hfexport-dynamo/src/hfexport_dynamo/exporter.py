@@ -252,7 +252,9 @@ class DynamoExporter(HfExporter):
             shapes = ["sample"]
             if config.is_dynamic and config.validate_second_shape:
                 if second_inputs is None:
-                    second_inputs, _ = derive_second_inputs(model, inputs, config=config)
+                    second_inputs, _ = derive_second_inputs(
+                        model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
+                    )
                 if second_inputs is not None:
                     rows = validate_artifact(
                         model, run, second_inputs, atol=atol, rtol=rtol, label="aoti second shape"

@@ -17,7 +17,8 @@ gives every dynamic dimension a finite bound, in two steps:
    bounded hint ``Dim.AUTO(min=1, max=N)``. When ``torch.export`` rejects the named dimensions (the
    model specialises an axis, or needs a relation the roles do not express), the exporter captures
    again with bounded hints on every axis (:attr:`DynamicPlan.fallback`). Axes of sample size 0
-   or 1 are never named (``torch.export`` specialises them). The bound by role:
+   or 1 are never named (``torch.export`` specialises them), nor are image sides and audio
+   feature axes (height and width need not be equal). The bound by role:
 
    ==========================  ===========================================================
    role                        upper bound
@@ -29,6 +30,10 @@ gives every dynamic dimension a finite bound, in two steps:
    ``decoder_sequence``        the decoder's maximum positions (``max_target_positions``...)
    ``cache_sequence``          as ``decoder_sequence`` (axis 2 of 4-D cache tensors)
    ``signal`` (raw audio)      :data:`DEFAULT_MAX_SIGNAL`
+   ``spatial`` (image sides)   ``max(SPATIAL_GROWTH * sample, config image_size)`` (the
+                               config's ``image_size``, its vision config's, first)
+   ``frames`` (audio features) ``FRAMES_GROWTH * sample`` (non-batch axes of
+                               ``input_features``; the mel axis is specialised by capture)
    ``other``                   the sample size: no rule says how far such an axis may grow
    ==========================  ===========================================================
 
@@ -94,6 +99,10 @@ DEFAULT_MAX_SEQUENCE = 4096
 DEFAULT_MAX_SIGNAL = 30 * 16000
 #: Memory budget for the planned activations at the upper bounds, in bytes (1 GiB).
 DEFAULT_MAX_DYNAMIC_BYTES = 1 << 30
+#: Image sides and audio feature axes of a ``dynamic=True`` export grow to this many times their
+#: sample size (or the config's ``image_size``, when larger).
+SPATIAL_GROWTH = 4
+FRAMES_GROWTH = 4
 #: The budget shrinks sequence bounds to this before it touches batch bounds.
 SEQUENCE_FLOOR = 256
 #: The budget shrinks batch bounds to this before it shrinks sequences below ``SEQUENCE_FLOOR``.
@@ -104,8 +113,19 @@ ROLE_SEQUENCE = "sequence"
 ROLE_DECODER_SEQUENCE = "decoder_sequence"
 ROLE_CACHE_SEQUENCE = "cache_sequence"
 ROLE_SIGNAL = "signal"
+ROLE_SPATIAL = "spatial"
+ROLE_FRAMES = "frames"
 ROLE_OTHER = "other"
-_SEQUENCE_ROLES = (ROLE_SEQUENCE, ROLE_DECODER_SEQUENCE, ROLE_CACHE_SEQUENCE, ROLE_SIGNAL)
+_SEQUENCE_ROLES = (
+    ROLE_SEQUENCE,
+    ROLE_DECODER_SEQUENCE,
+    ROLE_CACHE_SEQUENCE,
+    ROLE_SIGNAL,
+    ROLE_SPATIAL,
+    ROLE_FRAMES,
+)
+# roles whose axes share one named Dim per export (image sides and feature axes do not)
+_SHARED_ROLES = (ROLE_BATCH, ROLE_SEQUENCE, ROLE_DECODER_SEQUENCE, ROLE_CACHE_SEQUENCE, ROLE_SIGNAL)
 
 # Sequence groups of the input-role table (hfexport.conventions.roles) -> bound roles here.
 _GROUP_ROLES = {TEXT: ROLE_SEQUENCE, DECODER: ROLE_DECODER_SEQUENCE, SIGNAL: ROLE_SIGNAL}
@@ -121,7 +141,8 @@ class AxisPolicy:
     Attributes:
         path: the input leaf path (``input_ids``, ``past_key_values.3``).
         axis: dimension index.
-        role: ``batch``, ``sequence``, ``decoder_sequence``, ``cache_sequence``, ``signal`` or ``other``.
+        role: ``batch``, ``sequence``, ``decoder_sequence``, ``cache_sequence``, ``signal``,
+            ``spatial``, ``frames`` or ``other``.
         sample: the axis size in the sample inputs.
         max: the upper bound asked for; ``None`` for a user ``Dim`` without ``max``.
         source: where ``max`` comes from (``"user"``, ``"config.max_position_embeddings"``,
@@ -202,7 +223,22 @@ def axis_role(path: str, tensor: torch.Tensor, axis: int, top_level: Mapping[str
         return ROLE_BATCH
     if axis == role.sequence_axis and role.sequence in _GROUP_ROLES:
         return _GROUP_ROLES[role.sequence]
+    if axis in role.spatial_axes:
+        return ROLE_SPATIAL
+    if role.kind == "features":
+        return ROLE_FRAMES
     return ROLE_OTHER
+
+
+def _image_size(config: Any) -> tuple[int | None, str]:
+    """The largest side of the config's ``image_size`` (its vision config's first), if any."""
+    for cfg, prefix in ((getattr(config, "vision_config", None), "config.vision_config"), (config, "config")):
+        value = getattr(cfg, "image_size", None) if cfg is not None else None
+        if isinstance(value, (list, tuple)) and value and all(isinstance(v, int) for v in value):
+            value = max(value)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value, f"{prefix}.image_size"
+    return None, ""
 
 
 def role_bound(role: str, sample: int, config: Any) -> tuple[int, str]:
@@ -220,6 +256,13 @@ def role_bound(role: str, sample: int, config: Any) -> tuple[int, str]:
         source = source or "default sequence bound (the config declares no maximum positions)"
     elif role == ROLE_SIGNAL:
         bound, source = DEFAULT_MAX_SIGNAL, "default audio bound (30 s at 16 kHz)"
+    elif role == ROLE_SPATIAL:
+        bound, source = SPATIAL_GROWTH * sample, f"{SPATIAL_GROWTH}x the sample image side"
+        limit, limit_source = _image_size(config) if config is not None else (None, "")
+        if limit is not None and limit > bound:
+            bound, source = limit, limit_source
+    elif role == ROLE_FRAMES:
+        bound, source = FRAMES_GROWTH * sample, f"{FRAMES_GROWTH}x the sample audio feature axis"
     else:
         bound, source = sample, "sample size (no rule bounds this axis; pass an explicit Dim to let it grow)"
     if bound < sample:
@@ -313,7 +356,7 @@ class _Planner:
             bound, source = role_bound(role, sample, self.config)
             self.axes.append(AxisPolicy(path, axis, role, sample, bound, source, low))
             hint = factory(min=low, max=bound)
-            if role != ROLE_OTHER and sample >= 2 and leaf.min is None:
+            if role in _SHARED_ROLES and sample >= 2 and leaf.min is None:
                 return self.named_dim(role, bound), hint
             return hint, hint
         if _is_named_dim(leaf):

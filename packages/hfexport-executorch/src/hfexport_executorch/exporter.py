@@ -30,7 +30,7 @@ import contextlib
 import copy
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -186,7 +186,7 @@ class ExecutorchExporter(HfExporter):
             with report.stage(Stage.FX_NODE_FIXES):
                 applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
                 report.record_applied(Stage.FX_NODE_FIXES, applied)
-            with report.stage(Stage.LOWER, detail=plan.delegate_id):
+            with report.stage(Stage.LOWER, detail=plan.delegate_id), _size_oblivious_if_image_sides(report):
                 edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
                 report.extra["delegation"] = delegation_summary(edge)
                 if quantization is not None:
@@ -263,7 +263,9 @@ class ExecutorchExporter(HfExporter):
         if second_inputs is None and config.is_dynamic and config.validate_second_shape:
             from hfexport.validation import derive_second_inputs
 
-            derived, _ = derive_second_inputs(model, inputs, config=config)
+            derived, _ = derive_second_inputs(
+                model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
+            )
             if derived is not None:
                 second_inputs = _fit_to_bounds(derived, inputs, report.extra.get("dynamic_bounds"))
         super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
@@ -401,6 +403,31 @@ def _fit_to_bounds(
                 value = value.narrow(axis, 0, int(limit))
         out[key] = value.contiguous()
     return out
+
+
+@contextlib.contextmanager
+def _size_oblivious_if_image_sides(report: ExportReport) -> Iterator[None]:
+    """Lower with ``backed_size_oblivious`` when the program has a dynamic image side.
+
+    The capture traced such a program size-obliviously
+    (:func:`hfexport.workarounds.capture.keep_size_one_batch_dynamic`): a feature map that is 1x1
+    in the sample (ConvNeXt's last stage on 32x32 images) stays symbolic. ``to_edge`` re-traces the
+    program for its decompositions; without the flag that re-trace takes such a map as the
+    constant 1 (the layer norm of ConvNeXt's last stage came out ``[batch, 1, 1, 128]``, planned for
+    1x1 and refused a 64x64 image at run time), so the lowering runs under the same flag.
+    """
+    import torch.fx.experimental._config as fx_config
+
+    sides = [
+        a
+        for a in report.extra.get("dynamic_axes") or []
+        if a.get("status") == "dynamic" and str(a.get("meaning", "")).startswith(("image ", "video "))
+    ]
+    if not sides:
+        yield
+        return
+    with fx_config.patch(backed_size_oblivious=True):
+        yield
 
 
 def _is_constraint_error(exc: BaseException) -> bool:

@@ -340,7 +340,9 @@ def capture(
         config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
             ``prefer_deferred_runtime_asserts_over_guards`` are used.
         report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``, the
-            names of the capture workarounds in effect in ``applied["capture_patches"]``.
+            names of the capture workarounds in effect in ``applied["capture_patches"]``, and what
+            the program made of each axis asked dynamic in ``extra["dynamic_axes"]`` (with
+            ``extra["dynamic_axes_summary"]``; see :func:`hfexport.program_axes.program_input_axes`).
         record_stages: with a ``report``, run each step inside ``report.stage(...)`` so the report
             (and an error) names it: ``capture.cache_pytrees``, ``capture.signature``,
             ``capture.dynamic_shapes``, ``capture.reset_stale_state``, ``capture.patches``,
@@ -395,4 +397,11 @@ def capture(
                     getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
                 ),
             )
+    if report is not None:
+        from hfexport.program_axes import axes_summary, program_input_axes
+
+        # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's image size)
+        axes = program_input_axes(program, kwargs, dynamic_shapes)
+        report.extra["dynamic_axes"] = axes
+        report.extra["dynamic_axes_summary"] = axes_summary(axes)
     return program

@@ -736,6 +736,10 @@ def export_command(
             write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
         for r in reports:
             _print_validation(r)
+            # axes asked dynamic that the model fixed or bounded (ViT's image size), from the capture
+            for line in r.extra.get("dynamic_axes_summary") or []:
+                if "(model-" in line:
+                    console.print(f"[bold]dynamic axes[/]: {line}")
         if size_change:
             console.print(
                 f"[bold]size[/]: fp32 eager weights {size_change['eager_float32_bytes'] / 1e6:.1f} MB -> "

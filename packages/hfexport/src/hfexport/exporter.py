@@ -594,7 +594,10 @@ class HfExporter(abc.ABC):
         if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
             return
         if second_inputs is None:
-            second_inputs, reason = derive_second_inputs(model, inputs, config=config)
+            # image sides the captured program holds static (ViT's image size) keep their size
+            second_inputs, reason = derive_second_inputs(
+                model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
+            )
             if second_inputs is None:
                 report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
                 return

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-from hfexport.conventions import DECODER, SIGNAL, TEXT, InputRole, input_role, max_positions
+from hfexport.conventions import (
+    DECODER,
+    SIGNAL,
+    TEXT,
+    InputRole,
+    input_role,
+    max_positions,
+    modality_of,
+    placeholder_token_ids,
+)
 from hfexport.errors import ExportValidationError
 from hfexport.tensors import get_leaf_tensors
 
@@ -26,6 +35,7 @@ __all__ = [
     "default_tolerances",
     "derive_second_inputs",
     "eager_outputs",
+    "fit_static_spatial_axes",
     "format_table",
     "validate_artifact",
 ]
@@ -299,7 +309,12 @@ def _tile(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torc
 
 
 def derive_second_inputs(
-    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1, config: Any = None
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    *,
+    seed: int = 1,
+    config: Any = None,
+    program_axes: Sequence[Mapping[str, Any]] | None = None,
 ) -> tuple[dict[str, Any] | None, str]:
     """Build a second set of forward kwargs of another shape, to validate a dynamic export.
 
@@ -316,12 +331,24 @@ def derive_second_inputs(
     from the sample, or the axis stays.
 
     Without ``dynamic_shapes`` (``dynamic=True``), the batch grows by one, token sequences double
-    and reach at least 65 tokens (capped by the model's maximum positions), image and audio
-    features only change batch, raw audio (``input_values``) grows by half.
+    and reach at least 65 tokens (capped by the model's maximum positions), image sides double
+    (every input of one modality takes the same new height and width: ``pixel_values`` and
+    ``pixel_mask``), audio features only change batch, raw audio (``input_values``) grows by half.
+    With ``program_axes`` (what the captured program made of each axis, as
+    :func:`hfexport.program_axes.program_input_axes` gives and the export report records in
+    ``extra["dynamic_axes"]``), an image side the program holds static (ViT: its position
+    embeddings fix the image size) keeps its size, and one the program bounds takes the size
+    nearest to double inside its range; token and batch axes are not fitted, so a program that
+    specialised them still fails the second shape.
 
     Values: masks are ones, ``position_ids`` count up, token ids are drawn (seeded) from the range
     the sample uses, floats are standard normal; other inputs (images, features, unknown names)
-    are the sample repeated along the changed axes, plus noise for floats.
+    are the sample repeated along the changed axes, plus noise for floats. A prompt holding
+    placeholder tokens of a present modality (LLaVA's ``<image>`` tokens next to
+    ``pixel_values``; the ids come from :func:`hfexport.conventions.placeholder_token_ids`) keeps
+    them: derived row ``i`` has the placeholders of sample row ``i % batch`` at the same positions
+    (its image is that row's, tiled), no drawn id equals a placeholder id, and the image size
+    stays, so the count matches the features the encoder produces for the new batch.
 
     Args:
         model: the eager model (its config gives the maximum positions).
@@ -329,6 +356,8 @@ def derive_second_inputs(
         seed: seed for the random values.
         config: the export config; its ``dynamic_shapes`` select the axes (``None``: the
             ``dynamic=True`` rule above).
+        program_axes: the captured program's axis outcomes (list of dicts with ``input``,
+            ``axis``, ``status``, ``min``, ``max``); ``None``: image sides are taken as dynamic.
 
     Returns:
         ``(second_inputs, reason)``: ``second_inputs`` is ``None`` when no sound second shape
@@ -347,12 +376,16 @@ def derive_second_inputs(
         return None, "no tensor inputs"
     explicit = getattr(config, "dynamic_shapes", None) if config is not None else None
     if explicit:
-        return _derive_declared(model, tensors, others, explicit, gen)
+        derived, reason = _derive_declared(model, tensors, others, explicit, gen)
+        if derived is not None and program_axes:
+            derived = fit_static_spatial_axes(derived, program_axes)
+        return derived, reason
     batch = next(iter(tensors.values())).shape[0]
     if any(t.dim() == 0 or t.shape[0] != batch for t in tensors.values()):
         return None, "inputs do not share a leading batch dimension"
     new_batch = batch + 1
     config_ = getattr(model, "config", None)
+    placeholders = _prompt_placeholders(tensors, config_)
     lengths: dict[str, int] = {}
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
@@ -380,11 +413,151 @@ def derive_second_inputs(
                 out[key] = torch.ones(shape, dtype=t.dtype)
             else:
                 out[key] = torch.randn(shape, generator=gen).to(t.dtype).to(t.device)
+        elif role.spatial_axes:
+            shape = list(t.shape)
+            shape[0] = new_batch
+            for side, axis in zip(("height", "width"), role.spatial_axes):
+                sample = int(t.shape[axis])
+                # a prompt with image tokens has one token per vision feature: keep the image size
+                grow = sample > 1 and role.modality not in placeholders
+                size = 2 * sample if grow else sample
+                if grow and program_axes is not None:
+                    size = _program_size(program_axes, key, axis, sample, size)
+                shape[axis] = lengths.setdefault(f"{role.modality}.{side}", size)
+            out[key] = _tile(t, tuple(shape), gen) if t.is_floating_point() else _tile_exact(t, tuple(shape))
         else:
             reps = [new_batch // batch + 1] + [1] * (t.dim() - 1)
             noise = torch.randn(t.shape, generator=gen).to(t.dtype).to(t.device) * 0.1
             out[key] = (t + noise).repeat(*reps)[:new_batch].contiguous()
+    return _keep_placeholders(tensors, out, placeholders)
+
+
+def _prompt_placeholders(tensors: Mapping[str, torch.Tensor], config: Any) -> dict[str, int]:
+    """``{modality: placeholder token id}`` for the modalities whose input is present and whose
+    placeholder token occurs in a text ``ids`` input (LLaVA: ``pixel_values`` and ``<image>``
+    tokens in ``input_ids``)."""
+    present = {modality_of(k) for k in tensors}
+    ids = [
+        t
+        for k, t in tensors.items()
+        if (role := input_role(k, t.dim(), present=tensors)) is not None and role.kind == "ids"
+    ]
+    found: dict[str, int] = {}
+    for modality, token in placeholder_token_ids(config).items():
+        if modality in present and any(bool((t == token).any()) for t in ids):
+            found[modality] = token
+    return found
+
+
+def _keep_placeholders(
+    sample: Mapping[str, torch.Tensor], out: dict[str, Any], placeholders: Mapping[str, int]
+) -> tuple[dict[str, Any] | None, str]:
+    """Put the prompt's placeholder tokens back into the derived token ids.
+
+    A multimodal model replaces each placeholder token (``<image>``) by one feature of its
+    encoder, and checks that the counts match. Derived row ``i`` repeats sample row ``i % batch``
+    (images are tiled the same way), so it gets that row's placeholders at the same positions;
+    drawn ids that happen to equal a placeholder id become another id.
+    """
+    if not placeholders:
+        return out, ""
+    tokens = set(placeholders.values())
+    for key, t in sample.items():
+        role = input_role(key, t.dim(), present=sample)
+        new = out.get(key)
+        if role is None or role.kind != "ids" or not isinstance(new, torch.Tensor) or new is t:
+            continue
+        axis = role.sequence_axis
+        if axis != 1 or new.dim() != 2:
+            continue
+        used = sorted({int(v) for v in t.unique()} - tokens)
+        filler = used[0] if used else 0
+        new = new.clone()
+        for token in tokens:
+            new[new == token] = filler
+        batch = int(t.shape[0])
+        for row in range(int(new.shape[0])):
+            source = t[row % batch]
+            hits = (source.unsqueeze(-1) == torch.tensor(sorted(tokens), dtype=t.dtype)).any(-1)
+            positions = hits.nonzero().flatten()
+            if positions.numel() and int(positions.max()) >= int(new.shape[1]):
+                return None, (
+                    f"{key!r} holds placeholder tokens up to position {int(positions.max())}, beyond the derived "
+                    f"length {int(new.shape[1])}; pass second_inputs explicitly"
+                )
+            new[row, positions] = source[positions]
+        out[key] = new
     return out, ""
+
+
+def _tile_exact(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t`` repeated (or cut) along every axis to ``shape``, without noise (integer masks)."""
+    out = t
+    for axis, size in enumerate(shape):
+        current = int(out.shape[axis])
+        if size > current and current > 0:
+            reps = [1] * out.dim()
+            reps[axis] = -(-size // current)
+            out = out.repeat(*reps)
+        out = out.narrow(axis, 0, size)
+    return out.contiguous()
+
+
+def _program_size(
+    program_axes: Sequence[Mapping[str, Any]], key: str, axis: int, sample: int, preferred: int
+) -> int:
+    """``preferred`` fitted to what the program holds for ``key``/``axis``: the sample size for a
+    static axis, the size nearest ``preferred`` inside the range of a dynamic one; ``preferred``
+    for an axis the program does not list."""
+    for entry in program_axes:
+        if entry.get("input") != key or entry.get("axis") != axis:
+            continue
+        if entry.get("status") == "static":
+            return sample
+        low = int(entry.get("min") or 0)
+        high = entry.get("max")
+        return _choose(sample, preferred, low, int(high) if high is not None else None)
+    return preferred
+
+
+def fit_static_spatial_axes(
+    second: Mapping[str, Any], program_axes: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
+    """Narrow the image sides of derived second inputs to what the captured program takes.
+
+    A model whose forward fixes its image size (ViT without position interpolation) is captured
+    with static sides; a dynamic side may also be bounded. Only the spatial axes of the
+    input-role table are narrowed (leading rows and columns kept): a batch or sequence axis the
+    program holds static stays as derived, so the second-shape validation still reports a
+    specialised token axis.
+
+    Args:
+        second: the derived forward kwargs.
+        program_axes: the program's axis outcomes (``input``, ``axis``, ``status``, ``min``,
+            ``max``), as :func:`hfexport.program_axes.program_input_axes` gives them.
+
+    Returns:
+        A new dict; inputs without a spatial axis beyond the program's size are the same objects.
+    """
+    limits = {
+        (str(e.get("input")), int(e.get("axis", -1))): e.get("max")
+        for e in program_axes
+        if e.get("max") is not None
+    }
+    tensors = {k: v for k, v in second.items() if isinstance(v, torch.Tensor)}
+    out = dict(second)
+    for key, t in tensors.items():
+        role = input_role(key, t.dim(), present=tensors)
+        if role is None:
+            continue
+        value = t
+        for axis in role.spatial_axes:
+            limit = limits.get((key, axis))
+            if limit is not None and int(value.shape[axis]) > int(limit):
+                value = value.narrow(axis, 0, int(limit))
+        if value is not t:
+            out[key] = value.contiguous()
+    return out
 
 
 # -- second shape from explicit dynamic_shapes ----------------------------------------------------
@@ -575,6 +748,7 @@ def _derive_declared(
                 "their values may depend on the other inputs' sizes, so pass second_inputs explicitly"
             )
 
+    placeholders = _prompt_placeholders(tensors, config_)
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
         changed = {axis: size for (k, axis), size in sizes.items() if k == key}
@@ -590,7 +764,7 @@ def _derive_declared(
             out[key] = _generate(t, role, shape, gen)
         else:
             out[key] = _tile(t, shape, gen)
-    return out, ""
+    return _keep_placeholders(tensors, out, placeholders)
 
 
 def validate_artifact(

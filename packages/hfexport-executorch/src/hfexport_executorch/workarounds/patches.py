@@ -27,6 +27,7 @@ from hfexport.workarounds.moe import register_dense_experts
 
 __all__ = [
     "conv1d_with_one_dynamic_dim_only",
+    "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
@@ -153,6 +154,44 @@ def _dynamic_dims(node: Any) -> int:
     if not isinstance(value, torch.Tensor):
         return 0
     return sum(1 for size in value.shape if isinstance(size, torch.SymInt) and size.node.expr.free_symbols)
+
+
+@register_patch(
+    "executorch",
+    "torch._C._conv_determine_backend_memory_format",
+    description=(
+        "fake-tensor convolutions on symbolic sizes leave their output layout undecided instead of asking the "
+        "eager layout rule, which guards on the sizes: a dynamic image side whose last feature map is 1x1 in "
+        "the sample (ConvNeXt traced on 32x32) was narrowed to [32, 63] when to_edge re-traced the program"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/157621",
+    versions={"torch": ">=2.12"},
+)
+def conv_layout_without_size_guard(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``torch._C._conv_determine_backend_memory_format`` for symbolic sizes.
+
+    torch's fake-tensor convolution (``torch._subclasses.fake_impls.conv``, torch 2.12-2.13) asks
+    the eager layout rule which memory format the output has whenever every size has a hint; the
+    rule compares sizes with 1 (a 1x1 map is both contiguous and channels-last), which on
+    symbolic sizes installs guards. ``torch.export`` itself traces through the meta kernel and
+    keeps the range, but ExecuTorch's ``to_edge`` decomposition re-runs the fake convolution, so
+    a ConvNeXt captured on 32x32 images with sides in [32, 128] came out of lowering with sides in
+    [32, 63] (the last stage's map, ``side // 32``, pinned to 1: the 0/1 specialisation of
+    pytorch/pytorch#157621), and the ``.pte`` refused a 64x64 image. For inputs or weights with a
+    symbolic size the wrapper returns ``None``, the "layout undecided" answer torch's own code gives
+    for unhinted sizes (the output keeps the strides the kernel produced: contiguous); concrete
+    sizes get the original rule. ExecuTorch fixes every tensor's dim order itself, so nothing it
+    plans depends on the answer.
+    """
+
+    @functools.wraps(original)
+    def determine(input_: Any, weight: Any, backend: Any) -> Any:
+        sizes = (*getattr(input_, "shape", ()), *getattr(weight, "shape", ()))
+        if any(isinstance(size, torch.SymInt) for size in sizes):
+            return None
+        return original(input_, weight, backend)
+
+    return determine
 
 
 @register_patch(

@@ -5,12 +5,13 @@
   parity derive their key sets from it. A new input name or modality is one
   :func:`~hfexport.conventions.roles.register_input_role` call (or one table entry).
 - :mod:`hfexport.conventions.config_lookups`: attribute lookups on transformers configs
-  (the maximum number of positions), written once.
+  (the maximum number of positions, the placeholder token ids of image/video/audio prompts),
+  written once.
 """
 
 from __future__ import annotations
 
-from hfexport.conventions.config_lookups import max_positions
+from hfexport.conventions.config_lookups import max_positions, placeholder_token_ids
 from hfexport.conventions.roles import (
     AUDIO,
     DECODER,
@@ -50,6 +51,7 @@ __all__ = [
     "max_positions",
     "modality_of",
     "names_with",
+    "placeholder_token_ids",
     "register_input_role",
     "sequence_axis",
     "sequence_group",

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DECODER_POSITION_ATTRIBUTES", "ENCODER_POSITION_ATTRIBUTES", "max_positions"]
+__all__ = [
+    "DECODER_POSITION_ATTRIBUTES",
+    "ENCODER_POSITION_ATTRIBUTES",
+    "PLACEHOLDER_TOKEN_ATTRIBUTES",
+    "max_positions",
+    "placeholder_token_ids",
+]
 
 #: Attributes giving the maximum number of positions of the (encoder) input sequence, in order.
 ENCODER_POSITION_ATTRIBUTES: tuple[str, ...] = (
@@ -25,6 +31,36 @@ DECODER_POSITION_ATTRIBUTES: tuple[str, ...] = (
     "n_positions",
     "n_ctx",
 )
+
+#: Attributes giving the token id that stands for one embedding of another modality in the
+#: prompt (LLaVA's ``<image>`` tokens: the vision tower's features replace them), by modality.
+PLACEHOLDER_TOKEN_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "image": ("image_token_id", "image_token_index"),
+    "video": ("video_token_id", "video_token_index"),
+    "audio": ("audio_token_id", "audio_token_index"),
+}
+
+
+def placeholder_token_ids(config: Any) -> dict[str, int]:
+    """The placeholder token id of each modality a (multimodal) config declares.
+
+    Args:
+        config: a transformers config, or ``None``.
+
+    Returns:
+        ``{modality: token id}`` for the modalities of :data:`PLACEHOLDER_TOKEN_ATTRIBUTES` whose
+        attribute is a non-negative int on the config; ``{}`` for a text-only model.
+    """
+    out: dict[str, int] = {}
+    if config is None:
+        return out
+    for modality, names in PLACEHOLDER_TOKEN_ATTRIBUTES.items():
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                out[modality] = value
+                break
+    return out
 
 
 def _text_configs(config: Any, decoder: bool) -> list[Any]:

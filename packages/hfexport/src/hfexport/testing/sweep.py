@@ -60,7 +60,7 @@ _MAMBA_SCAN = (
     "loop-free scan allowed under export, e.g. the chunked segment-sum form Mamba2/FalconH1 use (no upstream issue found)"
 )
 #: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
-_LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns list(image_features), which specialises the image batch at capture, and get_placeholder_mask's torch_compilable_check leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch); needs a tensor (not list) feature path and a trace-time-only check (no upstream issue found)"
+_LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns pooler_output as list(image_features), one output tensor per image, so the output structure depends on the image batch and capture fixes it (report: 'pixel_values batch: static 2 (model-fixed)'); get_placeholder_mask's torch_compilable_check also leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch). A dynamic prompt length exports and validates on dynamo (image tokens kept); needs a tensor (not list) feature output and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
     **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},

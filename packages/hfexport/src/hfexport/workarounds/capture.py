@@ -35,6 +35,7 @@ from hfexport.registry import register_patch
 
 __all__ = [
     "BACKEND",
+    "dynamic_image_side_axes",
     "dynamic_size_one_batch_axes",
     "keep_last",
     "keep_size_one_batch_dynamic",
@@ -186,12 +187,40 @@ def dynamic_size_one_batch_axes(inputs: Any, dynamic_shapes: Any, path: str = "i
     return found
 
 
+def dynamic_image_side_axes(inputs: Any, dynamic_shapes: Any) -> list[str]:
+    """Image height/width axes (the input-role table's spatial axes) marked dynamic.
+
+    Args:
+        inputs: forward kwargs.
+        dynamic_shapes: the matching ``dynamic_shapes`` dict keyed by kwarg name.
+
+    Returns:
+        One ``"inputs['pixel_values'].shape[2]"`` per such axis.
+    """
+    from hfexport.conventions import input_role
+
+    found: list[str] = []
+    if not isinstance(inputs, dict) or not isinstance(dynamic_shapes, dict):
+        return found
+    for key, value in inputs.items():
+        spec = dynamic_shapes.get(key)
+        if not isinstance(value, torch.Tensor) or spec is None:
+            continue
+        role = input_role(key, value.dim(), present=inputs)
+        for axis in role.spatial_axes if role is not None else ():
+            leaf = spec.get(axis) if isinstance(spec, dict) else (spec[axis] if axis < len(spec) else None)
+            if _is_dynamic_marker(leaf):
+                found.append(f"inputs[{key!r}].shape[{axis}]")
+    return found
+
+
 @register_patch(
     BACKEND,
     "torch.export.export",
     description=(
-        "dynamic batch axes whose sample size is 1: trace with backed_size_oblivious so the batch stays "
-        "dynamic instead of being 0/1-specialised; retried without it if that trace fails"
+        "dynamic batch axes whose sample size is 1, and dynamic image sides: trace with backed_size_oblivious so "
+        "the batch (and feature maps that shrink to 1 at the sample image size) are not 0/1-specialised; retried "
+        "without it if that trace fails"
     ),
     issue="https://github.com/pytorch/pytorch/issues/157621",
     versions={"torch": ">=2.12"},
@@ -207,8 +236,15 @@ def keep_size_one_batch_dynamic(original: Callable[..., Any]) -> Callable[..., A
     and reasons about them as if they were not 0 or 1 (pytorch/pytorch#184837 turns it on inside
     torch, for named ``Dim`` ranges only, so ``Dim.AUTO`` still needs this).
 
+    The same specialisation pins the image sides of a dynamic image export: a ConvNeXt traced on
+    32x32 images has a 1x1 feature map in its last stage, so ``side // 32 == 1`` is guarded and the
+    program only takes sides in [32, 63] (a 64x64 image is refused). The flag is therefore also on
+    when image sides (the input-role table's spatial axes) are marked dynamic
+    (:func:`dynamic_image_side_axes`).
+
     The wrapper turns the flag on for the one call, and only when ``dynamic_shapes`` mark axis 0
-    of an input whose sample size there is 1 (:func:`dynamic_size_one_batch_axes`); other exports
+    of an input whose sample size there is 1 (:func:`dynamic_size_one_batch_axes`) or an image
+    side (:func:`dynamic_image_side_axes`); other exports
     trace exactly as before. The flag applies to the whole trace, so in such a call other size-1
     axes marked dynamic (a single-token query of a batch-1 decode step) become symbolic as well.
     If the size-oblivious trace raises, the plain trace runs instead (the batch then stays 1, as
@@ -235,10 +271,14 @@ def keep_size_one_batch_dynamic(original: Callable[..., Any]) -> Callable[..., A
             )
         elif isinstance(dynamic_shapes, (list, tuple)):
             found = dynamic_size_one_batch_axes(tuple(call_args), tuple(dynamic_shapes), "args")
+        if isinstance(dynamic_shapes, dict) and call_kwargs:
+            found += dynamic_image_side_axes(
+                dict(call_kwargs), {k: v for k, v in dynamic_shapes.items() if k in call_kwargs}
+            )
         if not found:
             return original(*args, **kwargs)
         logger.info(
-            "dynamic batch axes of size 1 in the sample (%s): tracing with backed_size_oblivious", found
+            "dynamic size-1 batch axes or image sides (%s): tracing with backed_size_oblivious", found
         )
         try:
             with fx_config.patch(backed_size_oblivious=True):

@@ -1,0 +1,55 @@
+"""Image axes of a dynamic ExecuTorch export stay dynamic beyond the sample size (issue 15)."""
+
+from __future__ import annotations
+
+import torch
+
+from hfexport.config import ExecutorchConfig
+from hfexport.testing import tiny_model
+from hfexport_executorch import ExecutorchExporter, bounds
+
+
+def test_spatial_axes_are_bounded_at_four_times_the_sample_or_the_config_image_size():
+    pixels = torch.randn(2, 3, 32, 32)
+    plan = bounds.plan_dynamic_shapes(
+        torch.nn.Identity(), {"pixel_values": pixels}, ExecutorchConfig(dynamic=True)
+    )
+    sides = {p.axis: (p.role, p.max) for p in plan.axes if p.axis in (2, 3)}
+    assert sides == {2: ("spatial", 128), 3: ("spatial", 128)}
+    # height and width get their own symbols (non-square images), not one shared named Dim
+    spec = plan.dynamic_shapes["pixel_values"]
+    assert type(spec[2]).__name__ == "_DimHint" and type(spec[3]).__name__ == "_DimHint"
+
+    class WithImageSize(torch.nn.Identity):
+        config = type("Config", (), {"image_size": 224})()
+
+    plan = bounds.plan_dynamic_shapes(
+        WithImageSize(), {"pixel_values": pixels}, ExecutorchConfig(dynamic=True)
+    )
+    assert {p.axis: p.max for p in plan.axes if p.axis in (2, 3)} == {2: 224, 3: 224}
+
+
+def test_convnext_traced_at_32_runs_a_64_pixel_image():
+    # issue 15: the .pte refused a 3x3x64x64 image (set_inputs error 0x10): sides bounded at the sample;
+    # then to_edge's re-trace took the 1x1 last-stage map as constant (planned for 1x1, error 0x12)
+    model, inputs = tiny_model("convnext", "image-classification")
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)
+    exporter = ExecutorchExporter()
+    program = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    second = report.validation["second_shape"]
+    assert second and all(row["ok"] for row in second)
+    sides = {a["axis"]: a["max"] for a in report.extra["dynamic_bounds"]["axes"] if a["role"] == "spatial"}
+    assert sides == {2: 128, 3: 128}
+
+    assert "pixel_values image height/width: dynamic [32, 128]" in report.extra["dynamic_axes_summary"]
+
+    atol, _ = exporter.default_tolerances(model)
+    run = exporter.runner(program)
+    for shape in ((3, 3, 64, 64), (1, 3, 96, 80)):
+        image = torch.randn(*shape, generator=torch.Generator().manual_seed(3))
+        got = run({"pixel_values": image})
+        with torch.no_grad():
+            expected = model(pixel_values=image).logits
+        assert tuple(got["logits"].shape) == (shape[0], model.config.num_labels)
+        assert (got["logits"] - expected).abs().max().item() < (atol or 1e-4)

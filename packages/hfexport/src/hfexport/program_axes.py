@@ -1,0 +1,178 @@
+"""What a captured program made of the input axes an export asked to be dynamic.
+
+``torch.export`` may keep an axis marked dynamic (``Dim.AUTO``, a named ``Dim``) symbolic, bound
+it, or specialise it to its sample size because the model needs that size: ViT without
+``interpolate_pos_encoding`` compares the image side with ``config.image_size`` and adds position
+embeddings of that grid, so its image height and width come out static. Nothing but the captured
+program says which happened, so :func:`program_input_axes` reads it from the program's input
+placeholders and range constraints, the capture records it in the export report
+(``report.extra["dynamic_axes"]``, with one line per input in ``report.extra["dynamic_axes_summary"]``
+such as ``"pixel_values image height/width: static 32 (model-fixed)"``), and the second-shape
+validation keeps such axes at their size (:func:`hfexport.validation.derive_second_inputs`,
+``program_axes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from hfexport.conventions import DECODER, SIGNAL, input_role
+
+__all__ = ["SPATIAL_GROWTH", "axes_summary", "program_input_axes"]
+
+#: A dynamic image side (or audio feature axis) is expected to reach at least this many times its
+#: sample size; a program range ending below that is reported as ``model-bounded``.
+SPATIAL_GROWTH = 4
+
+STATUS_STATIC = "static"
+STATUS_DYNAMIC = "dynamic"
+
+
+def _is_dynamic_leaf(leaf: Any) -> bool:
+    from hfexport.workarounds.capture import _is_dynamic_marker
+
+    return _is_dynamic_marker(leaf)
+
+
+def _asked_dynamic(spec: Any, ndim: int) -> list[int]:
+    """Axes of one tensor's ``dynamic_shapes`` entry marked dynamic."""
+    if isinstance(spec, Mapping):
+        return sorted(
+            a for a, leaf in spec.items() if isinstance(a, int) and a < ndim and _is_dynamic_leaf(leaf)
+        )
+    if isinstance(spec, (list, tuple)):
+        return [a for a, leaf in enumerate(spec[:ndim]) if _is_dynamic_leaf(leaf)]
+    return []
+
+
+def _meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, Any]) -> str:
+    role = input_role(key, tensor.dim(), present=present)
+    if role is None:
+        return f"axis {axis}"
+    if axis == role.batch_axis:
+        return "batch"
+    if axis == role.sequence_axis:
+        return {DECODER: "decoder sequence", SIGNAL: "audio samples"}.get(str(role.sequence), "sequence")
+    if axis in role.spatial_axes:
+        prefix = "video" if role.modality == "video" else "image"
+        side = "height" if axis == role.spatial_axes[0] else "width"
+        return f"{prefix} {side}"
+    if role.kind == "pixels" and role.spatial_axes and axis == role.spatial_axes[0] - 1:
+        return "video channels" if role.modality == "video" else "image channels"
+    if role.kind == "features":
+        return f"audio features axis {axis}"
+    return f"axis {axis}"
+
+
+def _user_input_values(program: torch.export.ExportedProgram) -> dict[str, Any] | None:
+    """The program's keyword inputs as fake values (tensors with ``SymInt`` sizes), by name."""
+    from torch.export.graph_signature import InputKind
+
+    names = [s.arg.name for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    by_name = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    spec = program.call_spec.in_spec
+    if spec is None or any(n not in by_name for n in names):
+        return None
+    values = [by_name[n].meta.get("val") for n in names]
+    try:
+        args_kwargs = pytree.tree_unflatten(values, spec)
+    except Exception:  # a spec that does not match the placeholders: nothing to read
+        return None
+    if not isinstance(args_kwargs, tuple) or len(args_kwargs) != 2 or not isinstance(args_kwargs[1], dict):
+        return None
+    return args_kwargs[1]
+
+
+def _finite(value: Any) -> int | None:
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        return None
+    if as_float == float("inf") or as_float >= 2**62:
+        return None
+    return int(value)
+
+
+def program_input_axes(
+    program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Any
+) -> list[dict[str, Any]]:
+    """The outcome of every top-level tensor input axis that ``dynamic_shapes`` marked dynamic.
+
+    Args:
+        program: the captured program (its keyword inputs are the forward kwargs).
+        inputs: the forward kwargs it was traced with (sample sizes).
+        dynamic_shapes: the ``dynamic_shapes`` given to ``torch.export`` (dict keyed by kwarg).
+
+    Returns:
+        One dict per such axis, in input and axis order: ``input`` (kwarg name), ``axis``,
+        ``meaning`` (``"batch"``, ``"sequence"``, ``"image height"``, ``"audio features axis 1"``
+        ...), ``sample`` (its size in ``inputs``), ``status`` (``"dynamic"`` or ``"static"``),
+        ``min``/``max`` (the program's range; ``max`` is ``None`` when unbounded; both the size for a
+        static axis) and ``note``: ``"model-fixed"`` for an axis the capture specialised
+        (``"weights"`` for image channels, which the first layer fixes),
+        ``"model-bounded"`` for an image side or audio feature axis whose range ends below
+        :data:`SPATIAL_GROWTH` times the sample, else ``""``. ``[]`` when ``dynamic_shapes`` is not
+        a dict or the program's inputs cannot be matched to the kwargs.
+    """
+    if not isinstance(dynamic_shapes, Mapping):
+        return []
+    values = _user_input_values(program)
+    if values is None:
+        return []
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
+    out: list[dict[str, Any]] = []
+    for key, tensor in tensors.items():
+        fake = values.get(key)
+        if not isinstance(fake, torch.Tensor) or fake.dim() != tensor.dim():
+            continue
+        for axis in _asked_dynamic(dynamic_shapes.get(key), tensor.dim()):
+            size = fake.shape[axis]
+            sample = int(tensor.shape[axis])
+            meaning = _meaning(key, tensor, axis, tensors)
+            entry: dict[str, Any] = {"input": key, "axis": axis, "meaning": meaning, "sample": sample}
+            expr = size.node.expr if isinstance(size, torch.SymInt) else None
+            if expr is not None and expr.free_symbols:
+                vr = program.range_constraints.get(expr)
+                low = _finite(vr.lower) if vr is not None else None
+                high = _finite(vr.upper) if vr is not None else None
+                note = ""
+                grows = meaning.startswith(("image", "video", "audio features"))
+                if grows and high is not None and high < SPATIAL_GROWTH * sample:
+                    note = "model-bounded"
+                entry.update(status=STATUS_DYNAMIC, min=low, max=high, note=note)
+            else:
+                value = int(expr) if expr is not None else int(size)
+                # channels are fixed by the first layer's weights, never expected to vary
+                note = "weights" if meaning.endswith(" channels") else "model-fixed"
+                entry.update(status=STATUS_STATIC, min=value, max=value, note=note)
+            out.append(entry)
+    return out
+
+
+def _describe(entry: Mapping[str, Any]) -> str:
+    if entry["status"] == STATUS_STATIC:
+        return f"static {entry['max']} ({entry['note']})"
+    high = "inf" if entry["max"] is None else str(entry["max"])
+    text = f"dynamic [{entry['min']}, {high}]"
+    return f"{text} ({entry['note']})" if entry.get("note") else text
+
+
+def axes_summary(entries: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per input and outcome, e.g. ``"pixel_values image height/width: static 32
+    (model-fixed)"`` or ``"input_ids batch, sequence: dynamic [2, inf]"``; image height and width
+    with one outcome share a line."""
+    lines: list[str] = []
+    groups: dict[tuple[str, str], list[str]] = {}
+    for entry in entries:
+        groups.setdefault((str(entry["input"]), _describe(entry)), []).append(str(entry["meaning"]))
+    for (key, text), meanings in groups.items():
+        sides = [m for m in meanings if m.endswith((" height", " width"))]
+        if len(sides) == 2 and sides[0].split()[0] == sides[1].split()[0]:
+            merged = f"{sides[0].split()[0]} height/width"
+            meanings = [merged if m == sides[0] else m for m in meanings if m != sides[1]]
+        lines.append(f"{key} {', '.join(meanings)}: {text}")
+    return lines
