@@ -204,6 +204,35 @@ def test_empty_cat_operand_fix_is_registered_and_rewrites():
     np.testing.assert_allclose(compiled(x)[0], x)
 
 
+def test_sym_min_fix_lets_openvino_convert_a_sliding_window_cut():
+    """The core's keep_last (sliding-window cache capture workaround) traces to torch.sym_min, which
+    OpenVINO's frontend cannot convert; the fix computes it over 0-d tensors, same values."""
+    import openvino as ov
+
+    from hfexport.workarounds.capture import keep_last
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_min_max_as_tensor_ops")]
+    assert entry.versions == {"openvino": ">=2026.0"}
+
+    class Cut(torch.nn.Module):
+        def forward(self, x):
+            return keep_last(x, 4, dim=1) * 2
+
+    length = torch.export.Dim("length", min=2, max=64)
+    program = torch.export.export(Cut(), (torch.rand(2, 6, 3),), dynamic_shapes=({1: length},))
+    nodes = [n for n in program.graph_module.graph.nodes if n.target is torch.sym_min]
+    assert len(nodes) == 1
+    with pytest.raises(Exception, match="sym_min"):
+        ov.convert_model(program)
+    assert entry.func(program.graph_module, nodes[0]) is True
+    program.graph_module.recompile()
+    assert not [n for n in program.graph_module.graph.nodes if n.target is torch.sym_min]
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    for n in (3, 4, 9):  # shorter than, equal to and longer than the window
+        x = np.random.rand(2, n, 3).astype(np.float32)
+        np.testing.assert_allclose(compiled(x)[0], x[:, -min(n, 4) :] * 2, rtol=1e-6)
+
+
 def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):
     import openvino as ov
 

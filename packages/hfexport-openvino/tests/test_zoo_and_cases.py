@@ -16,7 +16,7 @@ import torch
 
 from hfexport.config import OpenvinoConfig
 from hfexport.errors import ExportStageError
-from hfexport.testing import list_cases, tiny_model
+from hfexport.testing import SUPPORTED_MODEL_TYPES, list_cases, tiny_model
 from hfexport.validation import validate_artifact
 
 pytestmark = [pytest.mark.slow]
@@ -94,3 +94,41 @@ def test_shared_case(case, exporter):
         mask = second.get("attention_mask")
         if isinstance(mask, torch.Tensor) and not bool(mask.all()) and first.name == "logits":
             assert first.compared == int(mask.sum()) * first.shape[-1]
+
+
+# every hand-written preset of the zoo (the set the other backends' zoo tests run), default task;
+# one per family by default, the rest extended (the matrix cells run them all)
+PRESET_DEFAULT = ("bert", "vit")
+PRESET_SKIPS = {
+    "qwen2_vl": (
+        "the plain forward of Qwen2-VL cannot be traced: data-dependent torch.split on "
+        "cu_seqlens.tolist() / image_grid_thw.tolist() (pytorch/pytorch#126685); it exports through "
+        "export_for_generation"
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        pytest.param(mt, id=mt, marks=() if mt in PRESET_DEFAULT else pytest.mark.extended)
+        for mt in SUPPORTED_MODEL_TYPES
+    ],
+)
+def test_every_zoo_preset_exports_and_matches_at_two_shapes(model_type, exporter):
+    model, inputs = tiny_model(model_type)
+    if model_type in PRESET_SKIPS:
+        # skip only on the known failure: once the capture works, this fails and the skip must go
+        with pytest.raises(ExportStageError, match="data-dependent") as info:
+            exporter.export(model, inputs, OpenvinoConfig(dynamic=True))
+        assert info.value.stage.startswith("capture")
+        pytest.skip(PRESET_SKIPS[model_type])
+    exporter.export(model, inputs, OpenvinoConfig(dynamic=True))
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    assert statuses["validate"] == "ok" and statuses["validate_second_shape"] == "ok", report.summary_lines()
+    sample, second = report.validation["sample"], report.validation["second_shape"]
+    assert [r["name"] for r in sample] == [r["name"] for r in second]
+    for row in sample + second:
+        assert row["ok"] and float(row["max_abs_diff"]) <= ATOL, row
+    assert any(tuple(a["shape"]) != tuple(b["shape"]) for a, b in zip(sample, second))
