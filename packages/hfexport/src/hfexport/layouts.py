@@ -182,9 +182,10 @@ def check_layout(
     Args:
         export_format: backend format key.
         name: layout name.
-        model: the eager model (``None``: no model check, e.g. before the model is loaded).
-        task: the task name (``None`` to skip the task and model checks).
-        files: the model folder's files; layouts with ``needs_tokenizer`` need a tokenizer among them.
+        model: the eager model (``None``: no model or tokenizer check, e.g. before the model is loaded).
+        task: the task name (``None`` to skip the task, model and tokenizer checks).
+        files: the model folder's files; layouts with ``needs_tokenizer`` need a tokenizer among them
+            (checked with a model).
 
     Returns:
         The :class:`Layout`.
@@ -206,6 +207,8 @@ def check_layout(
             else f"no {export_format} layout fits; drop --layout for the default export"
         )
         raise ValueError(f"{reason}; {alternatives}")
+    if model is None:
+        return layout  # before loading: the tokenizer files are known once the model folder is read
     if layout.needs_tokenizer and not any(
         f.name in ("tokenizer.json", "tokenizer_config.json") for f in tokenizer_files(files)
     ):
