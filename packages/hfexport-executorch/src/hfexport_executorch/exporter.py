@@ -113,15 +113,6 @@ class ExecutorchExporter(HfExporter):
         super().check_precision(config)
         quantization = getattr(config, "quantization", None)
         backend = getattr(config, "backend", "xnnpack")
-        if quantization is not None and quantization.embedding_bits is not None:
-            # the torchao embedding pattern becomes quantized_decomposed::embedding_4bit / embedding_byte
-            # (quant fusion), whose kernels the executorch 1.4.1 runtime here does not register
-            # (measured: "Missing operator: quantized_decomposed::embedding_byte.out" at load)
-            raise ValueError(
-                f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the executorch "
-                "backend here: the installed ExecuTorch runtime has no quantized embedding kernel "
-                "(quantized_decomposed::embedding_4bit / embedding_byte); allowed: embedding_bits=None"
-            )
         if quantization is not None and backend != "xnnpack":
             raise ValueError(
                 f"quantization method {quantization.method!r} lowers to XNNPACK's quantized kernels; "
