@@ -87,6 +87,49 @@ def test_unknown_method_is_refused_before_capture_listing_the_allowed_ones(metho
     assert "executorch" in str(info.value)
 
 
+@pytest.mark.parametrize("method", ["4w", "8w"])
+def test_weight_only_methods_are_refused_naming_the_verified_upstream_cause(method):
+    model, inputs = tiny_model("gpt2")
+    with pytest.raises(ValueError) as info:
+        ExecutorchExporter().export(model, inputs, ExecutorchConfig(quantization=method))
+    message = str(info.value)
+    assert message.startswith(
+        f"quantization method '{method}' (weight-only linears) is not offered by the executorch"
+    )
+    assert "executorch 1.4.1 XNNPACK has no weight-only linear" in message
+    assert "computes with the raw integers" in message
+    assert "no torchao::dequantize_affine" in message
+    assert "https://github.com/pytorch/executorch/issues/9855" in message
+    assert message.endswith("allowed: 8da4w, int8-dynamic")
+
+
+@pytest.mark.parametrize("method", ["8w", "4w"])
+def test_upstream_canary_xnnpack_weight_only_linear_drops_the_weight_scales(method):
+    """Why ``4w`` / ``8w`` are refused (executorch 1.4.1): a weight-only linear lowered to XNNPACK
+    computes ``x @ qdata.T + bias`` with the raw integer weights. When this starts failing, upstream
+    changed: re-measure IgLM-S and offer the methods if they pass the gates."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    linear = torch.nn.Sequential(torch.nn.Linear(64, 32)).eval()
+    quantized, summary = quantize_copy(linear, QuantizationConfig(method=method))
+    assert summary["linear"] == 1
+    x = torch.randn(2, 5, 64)
+    program = to_edge_transform_and_lower(
+        torch.export.export(quantized, (x,)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+    (got,) = Runtime.get().load_program(program.buffer).load_method("forward").execute([x])
+    weight = quantized[0].weight
+    with torch.no_grad():
+        expected = quantized(x)
+    raw = x @ weight.qdata.float().T + quantized[0].bias
+    assert (got - raw).abs().max().item() < 1e-3
+    assert (got - expected).abs().max().item() > 10
+    assert len(program.buffer) > 64 * 32 * 4  # the integer weights stored as fp32
+
+
 def test_quantization_on_the_cuda_backend_is_refused_before_capture():
     model, inputs = tiny_model("gpt2")
     config = ExecutorchConfig(backend="cuda", quantization="8da4w")

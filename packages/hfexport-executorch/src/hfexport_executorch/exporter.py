@@ -109,9 +109,18 @@ class ExecutorchExporter(HfExporter):
     # -- stages ------------------------------------------------------------------------------------
     def check_precision(self, config: Any) -> None:
         """The base checks, then: quantization needs ``backend="xnnpack"`` (the methods lower to its
-        quantized kernels). ``ValueError`` naming what is allowed, before capture."""
-        super().check_precision(config)
+        quantized kernels); ``4w`` / ``8w`` are refused with the verified upstream cause
+        (:data:`hfexport_executorch.quantize.WEIGHT_ONLY_REFUSAL`). ``ValueError`` naming what is
+        allowed, before capture."""
         quantization = getattr(config, "quantization", None)
+        if quantization is not None and quantization.method in ("4w", "8w"):
+            from hfexport_executorch.quantize import WEIGHT_ONLY_REFUSAL
+
+            raise ValueError(
+                f"quantization method {quantization.method!r} (weight-only linears) is not offered by the "
+                f"executorch backend: {WEIGHT_ONLY_REFUSAL}; allowed: {', '.join(self.quantization_methods)}"
+            )
+        super().check_precision(config)
         backend = getattr(config, "backend", "xnnpack")
         if quantization is not None and backend != "xnnpack":
             raise ValueError(
