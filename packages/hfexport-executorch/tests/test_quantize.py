@@ -87,6 +87,49 @@ def test_unknown_method_is_refused_before_capture_listing_the_allowed_ones(metho
     assert "executorch" in str(info.value)
 
 
+@pytest.mark.parametrize("method", ["4w", "8w"])
+def test_weight_only_methods_are_refused_naming_the_verified_upstream_cause(method):
+    model, inputs = tiny_model("gpt2")
+    with pytest.raises(ValueError) as info:
+        ExecutorchExporter().export(model, inputs, ExecutorchConfig(quantization=method))
+    message = str(info.value)
+    assert message.startswith(
+        f"quantization method '{method}' (weight-only linears) is not offered by the executorch"
+    )
+    assert "executorch 1.4.1 XNNPACK has no weight-only linear" in message
+    assert "computes with the raw integers" in message
+    assert "no torchao::dequantize_affine" in message
+    assert "https://github.com/pytorch/executorch/issues/9855" in message
+    assert message.endswith("allowed: 8da4w, int8-dynamic")
+
+
+@pytest.mark.parametrize("method", ["8w", "4w"])
+def test_upstream_canary_xnnpack_weight_only_linear_drops_the_weight_scales(method):
+    """Why ``4w`` / ``8w`` are refused (executorch 1.4.1): a weight-only linear lowered to XNNPACK
+    computes ``x @ qdata.T + bias`` with the raw integer weights. When this starts failing, upstream
+    changed: re-measure IgLM-S and offer the methods if they pass the gates."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    torch.manual_seed(0)
+    linear = torch.nn.Sequential(torch.nn.Linear(64, 32)).eval()
+    quantized, summary = quantize_copy(linear, QuantizationConfig(method=method))
+    assert summary["linear"] == 1
+    x = torch.randn(2, 5, 64)
+    program = to_edge_transform_and_lower(
+        torch.export.export(quantized, (x,)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+    (got,) = Runtime.get().load_program(program.buffer).load_method("forward").execute([x])
+    weight = quantized[0].weight
+    with torch.no_grad():
+        expected = quantized(x)
+    raw = x @ weight.qdata.float().T + quantized[0].bias
+    assert (got - raw).abs().max().item() < 1e-3
+    assert (got - expected).abs().max().item() > 10
+    assert len(program.buffer) > 64 * 32 * 4  # the integer weights stored as fp32
+
+
 def test_quantization_on_the_cuda_backend_is_refused_before_capture():
     model, inputs = tiny_model("gpt2")
     config = ExecutorchConfig(backend="cuda", quantization="8da4w")
@@ -96,15 +139,44 @@ def test_quantization_on_the_cuda_backend_is_refused_before_capture():
         ExecutorchExporter().export(model, inputs, config)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
-def test_embedding_bits_are_refused_before_capture_naming_the_missing_runtime_kernel(bits):
+_RUNNER_IN_A_FRESH_PROCESS = """
+import sys, torch
+from executorch.extension.pybindings import _portable_lib
+from hfexport_executorch.runtime import ExecutorchRunner, program_operators
+path = sys.argv[1]
+before = "executorch.kernels.quantized" in sys.modules
+spec = torch.load(sys.argv[2], weights_only=False)
+out = ExecutorchRunner(path, spec["in"], spec["out"])({"input_ids": spec["ids"]})
+print(sorted(program_operators(path)), before, "executorch.kernels.quantized" in sys.modules, tuple(out["logits"].shape))
+"""
+
+
+def test_a_saved_program_with_quantized_embeddings_loads_in_a_fresh_process(tmp_path):
+    """The runner registers the quantized kernels (``executorch.kernels.quantized``) before loading a
+    program that calls ``quantized_decomposed::embedding_byte``; without that the runtime refuses the
+    program ("Missing operator: quantized_decomposed::embedding_byte.out")."""
+    import subprocess
+    import sys
+
     model, inputs = tiny_model("gpt2")
-    config = ExecutorchConfig(quantization={"method": "8da4w", "embedding_bits": bits})
-    with pytest.raises(
-        ValueError,
-        match=rf"embedding_bits={bits} is not supported .*no quantized embedding kernel .*allowed: embedding_bits=None",
-    ):
-        ExecutorchExporter().export(model, inputs, config)
+    ids = inputs["input_ids"]
+    config = ExecutorchConfig(quantization={"method": "8da4w", "embedding_bits": 8}, validate=False)
+    program = ExecutorchExporter().export(model, {"input_ids": ids}, config)
+    path = tmp_path / "model.pte"
+    program.save(path)
+    call = program.exported_program().call_spec
+    torch.save({"in": call.in_spec, "out": call.out_spec, "ids": ids}, tmp_path / "spec.pt")
+    done = subprocess.run(
+        [sys.executable, "-c", _RUNNER_IN_A_FRESH_PROCESS, str(path), str(tmp_path / "spec.pt")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    vocab = model.config.vocab_size
+    assert done.stdout.strip().splitlines()[-1] == (
+        f"['quantized_decomposed::embedding_byte'] False True ({ids.shape[0]}, {ids.shape[1]}, {vocab})"
+    )
 
 
 # -- the source transform on a copy -------------------------------------------------------------------
@@ -141,6 +213,31 @@ def test_layers_whose_width_is_not_a_multiple_of_the_group_are_skipped_and_liste
 
 
 # -- real weights ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("bits", "kernel"), [(8, "embedding_byte"), (4, "embedding_4bit")])
+def test_embedding_bits_gpt2_real_weights_gates_op_counts_and_size(iglm, bits, kernel):
+    """IgLM-S with ``8da4w`` + ``embedding_bits``: both embeddings quantized, the token embedding runs
+    on the quantized kernel ``quantized_decomposed::{kernel}`` (the static position lookup is folded
+    to a constant), logits pass the 4-bit gates in the ExecuTorch runtime, and the ``.pte`` is smaller
+    than ``8da4w`` alone (measured 0.166x the fp32 weights vs 0.217x)."""
+    model, inputs = iglm
+    before, kinds = _state(model), {n: type(m).__name__ for n, m in model.named_modules()}
+    exporter = ExecutorchExporter()
+    config = ExecutorchConfig(quantization={"method": "8da4w", "embedding_bits": bits})
+    program = exporter.export(model, inputs, config)
+    summary = exporter.last_report.extra["quantization"]
+    assert (summary["embedding"], summary["embedding_bits"], summary["linear"]) == (2, bits, 13)
+    assert summary["ops"]["quantized_embedding"] == 2
+    assert summary["ops"]["delegated_quantized_linear"] == 13
+    (plan,) = program.executorch_program.execution_plan
+    quantized_ops = sorted(o.name for o in plan.operators if o.name.startswith("quantized_decomposed::"))
+    assert quantized_ops == [f"quantized_decomposed::{kernel}"]
+    assert summary["size_ratio"] <= 0.19, summary
+    row = _logits_row(exporter.last_report)
+    assert row["ok"] and row["gates"] == {"cosine": 0.98, "top1_agreement": 0.9}
+    assert row["top1_agreement"] >= 0.93 and row["cosine"] >= 0.99, row
+    _assert_intact(model, before, kinds)
+
+
 @pytest.mark.extended
 def test_8da4w_gpt2_real_weights_quarter_size_top1_and_delegated_quantized_linears(iglm):
     """IgLM-S (GPT-2, 1.4M params): 8da4w .pte <= 0.3x the fp32 weights (measured 0.22x), top-1

@@ -109,19 +109,19 @@ class ExecutorchExporter(HfExporter):
     # -- stages ------------------------------------------------------------------------------------
     def check_precision(self, config: Any) -> None:
         """The base checks, then: quantization needs ``backend="xnnpack"`` (the methods lower to its
-        quantized kernels). ``ValueError`` naming what is allowed, before capture."""
-        super().check_precision(config)
+        quantized kernels); ``4w`` / ``8w`` are refused with the verified upstream cause
+        (:data:`hfexport_executorch.quantize.WEIGHT_ONLY_REFUSAL`). ``ValueError`` naming what is
+        allowed, before capture."""
         quantization = getattr(config, "quantization", None)
-        backend = getattr(config, "backend", "xnnpack")
-        if quantization is not None and quantization.embedding_bits is not None:
-            # the torchao embedding pattern becomes quantized_decomposed::embedding_4bit / embedding_byte
-            # (quant fusion), whose kernels the executorch 1.4.1 runtime here does not register
-            # (measured: "Missing operator: quantized_decomposed::embedding_byte.out" at load)
+        if quantization is not None and quantization.method in ("4w", "8w"):
+            from hfexport_executorch.quantize import WEIGHT_ONLY_REFUSAL
+
             raise ValueError(
-                f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the executorch "
-                "backend here: the installed ExecuTorch runtime has no quantized embedding kernel "
-                "(quantized_decomposed::embedding_4bit / embedding_byte); allowed: embedding_bits=None"
+                f"quantization method {quantization.method!r} (weight-only linears) is not offered by the "
+                f"executorch backend: {WEIGHT_ONLY_REFUSAL}; allowed: {', '.join(self.quantization_methods)}"
             )
+        super().check_precision(config)
+        backend = getattr(config, "backend", "xnnpack")
         if quantization is not None and backend != "xnnpack":
             raise ValueError(
                 f"quantization method {quantization.method!r} lowers to XNNPACK's quantized kernels; "

@@ -36,6 +36,7 @@ __all__ = [
     "DEFAULT_GROUP_SIZE",
     "METHODS",
     "SOURCE_TRANSFORM_METHODS",
+    "WEIGHT_ONLY_REFUSAL",
     "pt2e_quantize",
     "quantize_copy",
     "quantized_op_counts",
@@ -48,11 +49,27 @@ METHODS: dict[str, str] = {
     "8da4w": "8-bit dynamic per-token activations and 4-bit grouped weights (torchao), XNNPACK kernels",
     "int8-dynamic": "PT2E with ExecuTorch's XNNPACKQuantizer: 8-bit dynamic activations, int8 per-channel weights",
 }
-# Not offered: "4w" / "8w" weight-only linears (torchao IntxWeightOnlyConfig, as ExecuTorch's LLM export
-# builds them). With executorch 1.4.1 the XNNPACK partitioner takes the dequantize_affine + linear
-# pattern but the delegate computes wrong results and stores the weights unpacked: on IgLM-S the
-# logits' top-1 agreement with fp32 eager was 0.19 (4w) / 0.13 (8w) at 1.05x / 1.02x the fp32 size.
-# quantize_copy still builds them (SOURCE_TRANSFORM_METHODS) for when a fixed release is pinned.
+#: Why ``4w`` / ``8w`` (weight-only linears, torchao ``IntxWeightOnlyConfig`` as ExecuTorch's LLM export
+#: builds them) are not offered; :meth:`ExecutorchExporter.check_precision` raises it. Verified with
+#: executorch 1.4.1 / torchao 0.18 on one ``nn.Linear(64, 32)`` and on IgLM-S: the torchao copy is right
+#: (IgLM-S ``8w`` eager top-1 0.996 vs fp32) and so is the captured program, but XNNPACK has no weight-only
+#: GEMM: ``GEMMConfig._detect_precision`` calls a dequantized weight with a float activation
+#: "static quant", whose activation must come from a dequantize, so the linear is decomposed to
+#: ``permute + addmm``; the partitioner still takes ``dequantize_affine`` with it, and
+#: ``OpDequantizeAffine`` skips a non-dynamic per-channel(-group) dequantize (it expects a quantized
+#: GEMM to consume the weight), so the fp32 ``addmm`` gets the raw integers: the program computes
+#: ``x @ qdata.T + bias`` (scales dropped; IgLM-S top-1 0.13 / 0.19) and stores them as fp32 (1.02x /
+#: 1.05x the fp32 size). Off XNNPACK there is no kernel: ``to_executorch`` fails with "Missing out
+#: variants: {'torchao::dequantize_affine'}", and quant fusion has no weight-only linear pattern
+#: (only embeddings). No upstream issue names this exactly; the closest is pytorch/executorch#9855.
+WEIGHT_ONLY_REFUSAL = (
+    "with executorch 1.4.1 XNNPACK has no weight-only linear (float activations x integer weights): its "
+    "partitioner decomposes the linear and drops the dequantize of the weight, so the program computes "
+    "with the raw integers (measured on GPT-2 IgLM-S: logits top-1 0.19 (4w) / 0.13 (8w) vs fp32) and "
+    "stores them as fp32; the portable kernels have no torchao::dequantize_affine either (closest "
+    "upstream issue: https://github.com/pytorch/executorch/issues/9855); for smaller linears use 8da4w "
+    "(4-bit weights, int8 dynamic activations) or int8-dynamic"
+)
 
 #: Methods applied to a copy of the model before capture (torchao ``quantize_``).
 SOURCE_TRANSFORM_METHODS = ("8da4w", "4w", "8w")

@@ -4,12 +4,23 @@
 ``Runtime.get().load_program``, flattens forward kwargs in the order of the exported program's
 input spec, executes the method, and maps the flat list of outputs back to the eager output's
 leaf paths (``logits``, ``past_key_values.layers.0.keys``) through the program's output spec.
+
+Kernel libraries: the ExecuTorch Python runtime registers the portable (``aten::*``) kernels only.
+The quantized kernels (``quantized_decomposed::embedding_byte`` / ``embedding_4bit`` ..., which a
+program with quantized embeddings calls) are registered by importing ``executorch.kernels.quantized``
+(it loads ``libquantized_ops_aot_lib``, which registers their ExecuTorch out-variants in the same
+runtime). :func:`load_program` reads the operator namespaces a program names and imports the library
+it needs first; a deploying C++ runtime must link the same kernels (``quantized_ops_lib``, CMake
+``EXECUTORCH_BUILD_KERNELS_QUANTIZED=ON``).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
+import mmap
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +30,13 @@ import torch.utils._pytree as pytree
 from hfexport.pytree import register_cache_pytrees
 from hfexport.tensors import get_leaf_tensors
 
-__all__ = ["ExecutorchRunner"]
+__all__ = [
+    "KERNEL_LIBRARIES",
+    "ExecutorchRunner",
+    "ensure_kernel_libraries",
+    "load_program",
+    "program_operators",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +52,79 @@ def _program_bytes(program: Any) -> bytes | str:
             f"ExecutorchRunner takes an ExecutorchProgramManager, .pte bytes or a .pte path, got {type(program).__name__}"
         )
     return buffer
+
+
+#: Operator namespace -> the module whose import registers its kernels in the ExecuTorch Python
+#: runtime (they are not among the portable kernels the runtime starts with).
+KERNEL_LIBRARIES: dict[str, str] = {"quantized_decomposed": "executorch.kernels.quantized"}
+
+# Operator names as the program's flatbuffer stores them (UTF-8 strings; the overload is a separate string).
+_OPERATOR_NAME = re.compile(
+    rb"(" + b"|".join(re.escape(ns.encode()) for ns in KERNEL_LIBRARIES) + rb")::[A-Za-z0-9_]+"
+)
+
+
+def program_operators(source: bytes | str | os.PathLike[str]) -> set[str]:
+    """Operator names (``"quantized_decomposed::embedding_byte"``) of the namespaces in
+    :data:`KERNEL_LIBRARIES` that a serialized program (``.pte`` bytes or path) names.
+
+    The program's flatbuffer stores each operator name as a plain string, so the bytes are scanned
+    (memory-mapped for a path); a constant that happened to contain such a name would only make
+    :func:`ensure_kernel_libraries` import a library the program does not need.
+    """
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return {m.group(0).decode() for m in _OPERATOR_NAME.finditer(source)}
+    with open(os.fspath(source), "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            return set()
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return {m.group(0).decode() for m in _OPERATOR_NAME.finditer(data)}
+
+
+def ensure_kernel_libraries(source: bytes | str | os.PathLike[str]) -> list[str]:
+    """Register the kernel libraries the program needs (:data:`KERNEL_LIBRARIES`) in this process's
+    ExecuTorch runtime, before it is loaded.
+
+    Args:
+        source: the ``.pte`` bytes or path.
+
+    Returns:
+        The modules imported for it (``["executorch.kernels.quantized"]``), ``[]`` when the program
+        needs none.
+
+    Raises:
+        RuntimeError: after the import, an operator the program names is still not registered (an
+            executorch build without the quantized kernels); the message names the operators.
+    """
+    from executorch.runtime import Runtime
+
+    needed = program_operators(source)
+    if not needed:
+        return []
+    imported = []
+    for namespace in sorted({name.split("::")[0] for name in needed}):
+        module = KERNEL_LIBRARIES[namespace]
+        importlib.import_module(module)
+        imported.append(module)
+    registered = {name.split(".")[0] for name in Runtime.get().operator_registry.operator_names}
+    missing = sorted(needed - registered)
+    if missing:
+        raise RuntimeError(
+            f"the ExecuTorch program calls {', '.join(missing)}, which the runtime in this process does not "
+            f"register even after importing {', '.join(imported)}; install an executorch build that ships the "
+            "quantized kernels (executorch/kernels/quantized/libquantized_ops_aot_lib), or export without "
+            "quantization.embedding_bits"
+        )
+    return imported
+
+
+def load_program(source: bytes | str | os.PathLike[str]) -> Any:
+    """``executorch.runtime.Runtime.get().load_program(source)`` after
+    :func:`ensure_kernel_libraries` (``.pte`` bytes or path); returns the runtime ``Program``."""
+    from executorch.runtime import Runtime
+
+    ensure_kernel_libraries(source)
+    return Runtime.get().load_program(source)
 
 
 def _planned_input_sizes(method: Any) -> list[tuple[int, ...] | None]:
@@ -126,7 +216,7 @@ class ExecutorchRunner:
                     f"{runtime.backend_registry.registered_backend_names}); install an executorch build that includes "
                     "it, or export with validate=False and run the program where that backend exists"
                 )
-            program = runtime.load_program(self._source)
+            program = load_program(self._source)
             method = program.load_method(self.method_name)
             if method is None:
                 raise RuntimeError(f"the ExecuTorch program has no method {self.method_name!r}")
