@@ -52,11 +52,16 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     _write(out, "causal-lm", "a", ok, {"dynamo": {"status": "pass"},
            "onnx": {"status": "fail", "stage": "translate", "reason": "ConversionError: no | rule"}})  # fmt: skip
     _write(out, "causal-lm", "c", {"status": "eager fails", "stage": "eager", "reason": "ValueError: x"}, {})
-    text = sweep.render(out, tmp_path / "coverage.md")
+    text = sweep.render(
+        out, tmp_path / "coverage.md", known={"causal-lm": ["a", "b", "c", "d"], "speech": ["s"]}
+    )
     assert (tmp_path / "coverage.md").read_text() == text
     assert "- Date: 2026-12-01" in text and "torch 2.13.0, transformers 5.24.0" in text
-    assert "**Partial run** (types a, b, c; families causal-lm; backends dynamo, onnx)" in text
-    assert "| causal-lm | 3 | 2 | 2 pass / 0 fail / 0 skip (100%) | 1 pass / 1 fail / 0 skip (50%) |" in text
+    assert "**Partial sweep** (causal-lm 3 of 4 types, speech 0 of 1 types; backends dynamo, onnx)" in text
+    assert (
+        "| causal-lm | 3 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) "
+        "| 1 pass / 1 fail / 0 skip (50%, target 95%: **missed**) |"
+    ) in text
     rows = [
         line
         for line in text.splitlines()
@@ -118,3 +123,36 @@ def test_mamba_capture_still_specialises_the_sequence_length():
     assert out["logits"].shape[:2] == (3, 8)
     with pytest.raises(AssertionError, match=r"Guard failed: .*size\(\)\[1\] == 8"):
         module(**make_inputs(model, batch_size=2, seq_len=9, seed=2))
+
+
+def test_results_file_accumulates_runs_and_keeps_cells_a_new_run_did_not_cover(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    first, second = tmp_path / "run1", tmp_path / "run2"
+    first.mkdir()
+    second.mkdir()
+    results = tmp_path / "coverage.json"
+    _write(first, "causal-lm", "a", ok, {"dynamo": {"status": "fail", "stage": "capture", "reason": "x"},
+           "onnx": {"status": "pass"}})  # fmt: skip
+    _write(first, "causal-lm", "b", ok, {"dynamo": {"status": "pass"}})
+    sweep.merge_results(first, results)
+    # a later run (fresh checkout: run1 is gone) re-exports only "a" on dynamo
+    row = {"family": "causal-lm", "task": "text-generation", "model_type": "a", "build": ok,
+           "backends": {"dynamo": {"status": "pass"}}, "updated": "2026-12-02T10:00:00+00:00"}  # fmt: skip
+    (second / "causal-lm--a.json").write_text(json.dumps(row))
+    text = sweep.render(second, tmp_path / "coverage.md", results=results, known={"causal-lm": ["a", "b"]})
+    doc = json.loads(results.read_text())
+    assert [(r["model_type"], r["backends"]) for r in doc["rows"]] == [
+        ("a", {"dynamo": {"status": "pass"}, "onnx": {"status": "pass"}}),
+        ("b", {"dynamo": {"status": "pass"}}),
+    ]
+    assert (
+        "| causal-lm | 2 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) | 1 pass / 0 fail / 0 skip (100%"
+        in text
+    )
+    assert "1 cell(s) not run" in text
+    # an older row never replaces a newer stored one
+    stale = {**row, "backends": {"dynamo": {"status": "fail", "stage": "x", "reason": "old"}},
+             "updated": "2026-11-01T00:00:00+00:00"}  # fmt: skip
+    (second / "causal-lm--a.json").write_text(json.dumps(stale))
+    sweep.merge_results(second, results)
+    assert json.loads(results.read_text())["rows"][0]["backends"]["dynamo"] == {"status": "pass"}

@@ -5,8 +5,9 @@ every model type transformers has a class for, builds its tiny model
 (:func:`hfexport.testing.tiny_model` with ``check_eager=True``) and exports it with
 ``dynamic=True`` on each backend; the exporter validates against eager PyTorch at the sample shape
 and at a derived second shape. Every build and every export runs in its own subprocess with a time
-limit. Results are JSON files under ``.bench/zoo/`` (one per family and model type, merged across
-runs so partial runs add up); :func:`render` turns them into ``docs/coverage.md``.
+limit. Each run writes JSON files under ``.bench/zoo/`` (one per family and model type);
+:func:`merge_results` folds them into the committed ``docs/coverage.json`` so runs on fresh
+checkouts and partial runs add up, and :func:`render` turns that into ``docs/coverage.md``.
 
 Run it as ``nox -s zoo -- [options]`` or ``python benchmarks/zoo_sweep.py [options]``
 (``--families``, ``--backends``, ``--types``, ``--jobs``, ``--limit``, ``--timeout``,
@@ -36,7 +37,16 @@ from typing import Any
 
 from hfexport.config import ExportFormat
 
-__all__ = ["BACKENDS", "FAMILIES", "KNOWN_SKIPS", "main", "render", "run_sweep", "sweep_types"]
+__all__ = [
+    "BACKENDS",
+    "FAMILIES",
+    "KNOWN_SKIPS",
+    "main",
+    "merge_results",
+    "render",
+    "run_sweep",
+    "sweep_types",
+]
 
 #: family name -> the zoo task its models are built for
 FAMILIES: dict[str, str] = {
@@ -65,6 +75,12 @@ _LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features retu
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
     **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
     **{(backend, "llava"): _LLAVA_MERGE for backend in BACKENDS},
+}
+#: (family, backend) -> the share of eagerly running types that must export and validate (percent)
+TARGETS: dict[tuple[str, str], int] = {
+    ("causal-lm", "dynamo"): 95,
+    ("causal-lm", "onnx"): 95,
+    ("causal-lm", "executorch"): 90,
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 
@@ -286,16 +302,65 @@ def _cell_text(cell: dict[str, Any] | None) -> str:
     return f"**fail** ({cell.get('stage', '?')}): {reason}"
 
 
-def render(out_dir: Path, target: Path) -> str:
-    """Render ``docs/coverage.md`` from the results in ``out_dir``; returns the text written.
+def merge_results(out_dir: Path, results: Path) -> dict[str, Any]:
+    """Fold the per-type result files of ``out_dir`` into the committed results file ``results``.
+
+    ``results`` (``docs/coverage.json``) keeps every row the sweeps have produced so far, so runs
+    on fresh checkouts and partial runs add up. A row from ``out_dir`` replaces the stored row of the
+    same (family, model type) when it is newer (its ``updated`` time); backend cells the new row did
+    not run are kept from the stored one. The latest ``_run.json`` becomes the file's ``run``.
+
+    Args:
+        out_dir: folder of ``<family>--<type>.json`` rows and ``_run.json`` (may be missing).
+        results: the JSON file to update (created when missing).
+
+    Returns:
+        The merged document: ``{"run": {...}, "rows": [row, ...]}`` with rows sorted by family, type.
+    """
+    doc = json.loads(results.read_text()) if results.exists() else {"run": {}, "rows": []}
+    rows = {(r["family"], r["model_type"]): r for r in doc.get("rows", [])}
+    run_file = out_dir / "_run.json"
+    if run_file.exists():
+        doc["run"] = json.loads(run_file.read_text())
+    for path in sorted(out_dir.glob("*--*.json")) if out_dir.exists() else []:
+        new = json.loads(path.read_text())
+        key = (new["family"], new["model_type"])
+        old = rows.get(key)
+        if old is not None and old.get("updated", "") > new.get("updated", ""):
+            continue
+        if old is not None and new["build"].get("status") == "ok":
+            new["backends"] = {**old.get("backends", {}), **new.get("backends", {})}
+        rows[key] = new
+    doc["rows"] = [rows[k] for k in sorted(rows)]
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    return doc
+
+
+def render(
+    out_dir: Path, target: Path, results: Path | None = None, known: dict[str, list[str]] | None = None
+) -> str:
+    """Render ``docs/coverage.md`` from the sweep results; returns the text written.
+
+    Args:
+        out_dir: the per-type results of the latest run (``.bench/zoo``).
+        target: the page to write.
+        results: the committed results file; when given, ``out_dir`` is first folded into it
+            (:func:`merge_results`) and the page shows every row it holds.
+        known: family -> every model type it has (default :func:`sweep_types` per family); the page
+            says how many of them the results cover.
 
     The page gives, per family, the counts per backend (pass / fail / skip among the types whose
     tiny model runs eagerly) at the top, then one row per model type (sorted) and one column per
     backend.
     """
-    run_file = out_dir / "_run.json"
-    run = json.loads(run_file.read_text()) if run_file.exists() else {}
-    rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*--*.json"))]
+    if results is not None:
+        doc = merge_results(out_dir, results)
+        run, rows = doc["run"], doc["rows"]
+    else:
+        run_file = out_dir / "_run.json"
+        run = json.loads(run_file.read_text()) if run_file.exists() else {}
+        rows = [json.loads(p.read_text()) for p in sorted(out_dir.glob("*--*.json"))]
     backends = [b for b in BACKENDS if any(b in r.get("backends", {}) for r in rows)]
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
     date = max((r.get("updated", "") for r in rows), default=run.get("date", ""))
@@ -310,16 +375,25 @@ def render(out_dir: Path, target: Path) -> str:
     lines.append(f"- Date: {date[:10]} (UTC; last result {date})")
     vers = run.get("versions", {})
     lines.append("- Versions: " + ", ".join(f"{k} {v}" for k, v in vers.items()))
-    if run.get("partial"):
-        sel = []
-        if run.get("types") or run.get("limit"):  # results of earlier partial runs add up
-            sel.append(f"types {', '.join(sorted({r['model_type'] for r in rows}))}")
-        sel.append(f"families {', '.join(families)}")
-        sel.append(f"backends {', '.join(backends)}")
+    if known is None:
+        known = {family: sweep_types(family) for family in FAMILIES}
+    swept = {f: {r["model_type"] for r in rows if r["family"] == f} for f in FAMILIES}
+    not_run = sum(
+        1
+        for r in rows
+        if r["build"].get("status") == "ok"
+        for b in backends
+        if b not in r.get("backends", {})
+    )
+    short = [f for f in known if not set(known[f]) <= swept.get(f, set())]
+    if short or not_run:
+        parts = [f"{f} {len(swept.get(f, set()) & set(known[f]))} of {len(known[f])} types" for f in known]
+        cells = f"; {not_run} cell(s) not run (`-`)" if not_run else ""
         lines += [
             "",
-            f"> **Partial run** ({'; '.join(sel)}). Types and backends not listed here were not swept; "
-            "run `nox -s zoo` for the whole library.",
+            f"> **Partial sweep** ({', '.join(parts)}; backends {', '.join(backends)}{cells}). "
+            "Counts cover the types swept so far; run `nox -s zoo` for the rest (results add up in "
+            "`docs/coverage.json`).",
         ]
     lines += ["", "## Counts", ""]
     lines.append("| family | types | tiny model runs | " + " | ".join(backends) + " |")
@@ -332,7 +406,11 @@ def render(out_dir: Path, target: Path) -> str:
             got = [r["backends"].get(backend, {}).get("status") for r in runnable]
             passed, failed, skipped = got.count("pass"), got.count("fail"), got.count("skip")
             ran = passed + failed
-            share = f" ({100 * passed / ran:.0f}%)" if ran else ""
+            goal = TARGETS.get((family, backend))
+            verdict = ""
+            if goal is not None and ran:
+                verdict = f", target {goal}%: {'met' if 100 * passed / ran >= goal else '**missed**'}"
+            share = f" ({100 * passed / ran:.0f}%{verdict})" if ran else ""
             cells.append(f"{passed} pass / {failed} fail / {skipped} skip{share}")
         lines.append(f"| {family} | {len(fam)} | {len(runnable)} | " + " | ".join(cells) + " |")
     lines += [
@@ -374,7 +452,15 @@ def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per build/export subprocess")
     parser.add_argument("--out", type=Path, default=root / ".bench" / "zoo")
     parser.add_argument("--doc", type=Path, default=root / "docs" / "coverage.md")
-    parser.add_argument("--render-only", action="store_true", help="only render the page from --out")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=root / "docs" / "coverage.json",
+        help="committed results, merged across runs",
+    )
+    parser.add_argument(
+        "--render-only", action="store_true", help="only render the page from --out and --results"
+    )
     args = parser.parse_args(argv)
     families = [f for f in args.families.split(",") if f]
     unknown = [f for f in families if f not in FAMILIES]
@@ -392,7 +478,7 @@ def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
             timeout=args.timeout,
             out_dir=args.out,
         )
-    render(args.out, args.doc)
+    render(args.out, args.doc, results=args.results)
     print(f"wrote {args.doc}")
     return 0
 
