@@ -20,7 +20,12 @@ def test_sweep_types_filters_and_limits():
 
 def test_child_past_its_time_limit_is_killed_and_reported():
     result = sweep._run_child("import time; time.sleep(30)", [], timeout=1)
-    assert result == {"status": "fail", "stage": "timeout", "reason": "no result within 1 s"}
+    assert {k: result[k] for k in ("status", "stage", "reason")} == {
+        "status": "fail",
+        "stage": "timeout",
+        "reason": "no result within 1 s",
+    }
+    assert 1.0 <= result["seconds"] < 20
     crashed = sweep._run_child("raise SystemExit('boom at import')", [], timeout=30)
     assert (crashed["status"], crashed["stage"], crashed["reason"]) == ("fail", "crash", "boom at import")
 
@@ -156,3 +161,39 @@ def test_results_file_accumulates_runs_and_keeps_cells_a_new_run_did_not_cover(t
     (second / "causal-lm--a.json").write_text(json.dumps(stale))
     sweep.merge_results(second, results)
     assert json.loads(results.read_text())["rows"][0]["backends"]["dynamo"] == {"status": "pass"}
+
+
+def test_one_child_per_type_keeps_finished_cells_and_reruns_what_a_hung_backend_blocked(
+    tmp_path, monkeypatch
+):
+    # a fake child: builds, passes on b1, hangs on b2; run alone (--no-build) it passes its backend
+    child = (
+        "import json, sys, time\n"
+        "args = sys.argv[1:]\n"
+        "if args[0] == '--no-build':\n"
+        "    print(json.dumps({'kind': 'cell', 'backend': args[3], 'status': 'pass', 'alone': True}))\n"
+        "    sys.exit(0)\n"
+        "print(json.dumps({'kind': 'build', 'status': 'ok', 'params': 10}), flush=True)\n"
+        "print(json.dumps({'kind': 'cell', 'backend': 'b1', 'status': 'pass'}), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    monkeypatch.setattr(sweep, "_TYPE_CHILD", child)
+    row = sweep._sweep_one("causal-lm", "fake", ["b1", "b2", "b3"], ["b1", "b2", "b3"], 1.0, tmp_path)
+    assert row["build"] == {"status": "ok", "params": 10}
+    assert row["backends"]["b1"] == {"status": "pass"}
+    assert row["backends"]["b2"]["status"] == "fail" and row["backends"]["b2"]["stage"] == "timeout"
+    assert row["backends"]["b2"]["reason"] == "no result within 4 s"  # 1 s per step: build + 3 exports
+    assert row["backends"]["b3"] == {"status": "pass", "alone": True}
+    assert json.loads((tmp_path / "causal-lm--fake.json").read_text())["backends"] == row["backends"]
+
+
+def test_only_missing_skips_types_whose_rows_cover_every_selected_backend(tmp_path, monkeypatch):
+    swept = []
+    monkeypatch.setattr(sweep, "_sweep_one", lambda family, model_type, *a: swept.append(model_type) or {})
+    done = [
+        {"family": "causal-lm", "model_type": "gpt2", "build": {"status": "ok"}, "backends": {"dynamo": {}}},
+        {"family": "causal-lm", "model_type": "llama", "build": {"status": "ok"}, "backends": {"onnx": {}}},
+        {"family": "causal-lm", "model_type": "jamba", "build": {"status": "eager fails"}, "backends": {}},
+    ]
+    sweep.run_sweep(["causal-lm"], ["dynamo"], ["gpt2", "llama", "jamba"], out_dir=tmp_path, done=done)
+    assert swept == ["llama"]

@@ -4,8 +4,10 @@ For each task family (causal LM, masked LM, seq2seq, image classification, speec
 every model type transformers has a class for, builds its tiny model
 (:func:`hfexport.testing.tiny_model` with ``check_eager=True``) and exports it with
 ``dynamic=True`` on each backend; the exporter validates against eager PyTorch at the sample shape
-and at a derived second shape. Every build and every export runs in its own subprocess with a time
-limit. Each run writes JSON files under ``.bench/zoo/`` (one per family and model type);
+and at a derived second shape. Each model type runs in its own subprocess
+(:mod:`hfexport.testing.sweep_child`: the build, then one export per backend) with a time limit per
+step; a backend the subprocess never reached because an earlier one hung or crashed gets a
+subprocess of its own. Each run writes JSON files under ``.bench/zoo/`` (one per family and model type);
 :func:`merge_results` folds them into the committed ``docs/coverage.json`` so runs on fresh
 checkouts and partial runs add up, and :func:`render` turns that into ``docs/coverage.md``.
 
@@ -84,59 +86,15 @@ TARGETS: dict[tuple[str, str], int] = {
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 
-_BUILD_CHILD = r"""
-import json, sys, time
-t0 = time.perf_counter()
-from hfexport.testing import TinyModelUnavailable, tiny_model
-model_type, task = sys.argv[1], sys.argv[2]
-try:
-    model, inputs = tiny_model(model_type, task, check_eager=True)
-except TinyModelUnavailable as exc:
-    status = "eager fails" if exc.stage == "eager" else "unbuildable"
-    print(json.dumps({"status": status, "stage": exc.stage, "reason": exc.reason}))
-    sys.exit(0)
-except ValueError as exc:
-    print(json.dumps({"status": "not offered", "stage": "task", "reason": str(exc).splitlines()[0][:300]}))
-    sys.exit(0)
-print(json.dumps({
-    "status": "ok", "seconds": round(time.perf_counter() - t0, 2),
-    "params": sum(p.numel() for p in model.parameters()),
-    "model_class": type(model).__name__,
-    "inputs": {k: list(v.shape) for k, v in inputs.items()},
-}))
-"""
-
-_EXPORT_CHILD = r"""
-import json, sys, time
-backend, model_type, task = sys.argv[1], sys.argv[2], sys.argv[3]
-from hfexport.auto import AutoExportConfig, AutoHfExporter
-from hfexport.testing import tiny_model
-model, inputs = tiny_model(model_type, task)
-config = AutoExportConfig.from_dict({"export_format": backend, "dynamic": True})
-exporter = AutoHfExporter.from_config(config)
-t0 = time.perf_counter()
-result = {"status": "pass"}
-try:
-    exporter.export(model, inputs, config)
-except Exception as exc:
-    report = getattr(exporter, "last_report", None)
-    failed = [s.name for s in getattr(report, "stages", []) if s.status not in ("ok", "skipped")]
-    stage = getattr(exc, "stage", None) or (failed[-1] if failed else "export")
-    first = (str(exc).strip().splitlines() or [""])[0]
-    result = {"status": "fail", "stage": stage, "reason": f"{type(exc).__name__}: {first}"[:300]}
-report = getattr(exporter, "last_report", None)
-stages = {s.name: s.status for s in getattr(report, "stages", [])}
-result["seconds"] = round(time.perf_counter() - t0, 1)
-result["stages"] = stages
-if result["status"] == "pass" and stages.get("validate_second_shape") != "ok":
-    result = {**result, "status": "fail", "stage": "validate_second_shape",
-              "reason": "second-shape validation did not run: " + str(stages.get("validate_second_shape"))}
-print(json.dumps(result))
-"""
+#: the child process (:mod:`hfexport.testing.sweep_child`): build, then one export per backend
+_TYPE_CHILD = "from hfexport.testing.sweep_child import main; main()"
 
 
-def _run_child(code: str, args: Sequence[str], timeout: float) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter (own process group) and parse its last stdout line."""
+def _run_lines(
+    code: str, args: Sequence[str], timeout: float
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Run ``code`` in a fresh interpreter (own process group); return the JSON lines it printed and,
+    when it did not exit cleanly, a ``fail`` record (stage ``timeout`` or ``crash``) saying why."""
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-c", code, *args],
@@ -145,22 +103,28 @@ def _run_child(code: str, args: Sequence[str], timeout: float) -> dict[str, Any]
         text=True,
         start_new_session=True,
     )
+    error = None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"status": "fail", "stage": "timeout", "reason": f"no result within {timeout:.0f} s"}
-    lines = [line for line in out.strip().splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
+        out, err = proc.communicate()
+        error = {"status": "fail", "stage": "timeout", "reason": f"no result within {timeout:.0f} s"}
+    records = [json.loads(line) for line in out.strip().splitlines() if line.startswith("{")]
+    if error is None and proc.returncode != 0:
         tail = [line for line in err.strip().splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-        return {
-            "status": "fail",
-            "stage": "crash",
-            "reason": tail[0][:300],
-            "seconds": round(time.perf_counter() - start, 1),
-        }
-    return json.loads(lines[-1])
+        error = {"status": "fail", "stage": "crash", "reason": tail[0][:300]}
+    if error is not None:
+        error["seconds"] = round(time.perf_counter() - start, 1)
+    return records, error
+
+
+def _run_child(code: str, args: Sequence[str], timeout: float) -> dict[str, Any]:
+    """Run ``code`` in a fresh interpreter and return its last JSON line (or the failure record)."""
+    records, error = _run_lines(code, args, timeout)
+    if error is not None or not records:
+        return error or {"status": "fail", "stage": "crash", "reason": "no result printed"}
+    return records[-1]
 
 
 def installed_backends() -> list[str]:
@@ -219,21 +183,41 @@ def _sweep_one(
     path = _result_path(out_dir, family, model_type)
     row = json.loads(path.read_text()) if path.exists() else {}
     row.update({"family": family, "task": task, "model_type": model_type})
-    build = _run_child(_BUILD_CHILD, [model_type, task], timeout)
-    if build["status"] == "fail":  # the build itself crashed or timed out
-        build = {**build, "status": "unbuildable"}
-    row["build"] = build
     cells = row.setdefault("backends", {})
+    todo = []
     for backend in backends:
-        if build["status"] != "ok":
-            cells.pop(backend, None)
-            continue
         if backend not in installed:
             cells[backend] = {"status": "skip", "reason": f"hfexport-{backend} is not installed"}
         elif (backend, model_type) in KNOWN_SKIPS:
             cells[backend] = {"status": "skip", "reason": KNOWN_SKIPS[(backend, model_type)]}
         else:
-            cells[backend] = _run_child(_EXPORT_CHILD, [backend, model_type, task], timeout)
+            todo.append(backend)
+    # one interpreter builds the model and exports it on every backend (imports paid once)
+    records, error = _run_lines(
+        _TYPE_CHILD, [model_type, task, ",".join(todo) or "-"], timeout * (1 + len(todo))
+    )
+    builds = [r for r in records if r.get("kind") == "build"]
+    build = (
+        {k: v for k, v in builds[0].items() if k != "kind"}
+        if builds
+        else {**(error or {}), "status": "unbuildable"}
+    )
+    row["build"] = build
+    done = {r["backend"]: {k: v for k, v in r.items() if k not in ("kind", "backend")} for r in records[1:]}
+    for backend in backends:
+        if build["status"] != "ok":
+            cells.pop(backend, None)
+            continue
+        if backend in todo:
+            if backend in done:
+                cells[backend] = done[backend]
+            elif error is not None and not any(b in done for b in todo[todo.index(backend) :]):
+                # the backend the child was on when it died or ran out of time: that is its result
+                cells[backend] = dict(error)
+                error = None
+            else:  # a later backend the dead child never reached: its own child
+                alone = _run_child(_TYPE_CHILD, ["--no-build", model_type, task, backend], timeout)
+                cells[backend] = {k: v for k, v in alone.items() if k not in ("kind", "backend")}
         print(f"  {family:<20} {model_type:<28} {backend:<10} {_cell_text(cells[backend])}", flush=True)
     if build["status"] != "ok":
         print(f"  {family:<20} {model_type:<28} {build['status']}: {build.get('reason', '')}", flush=True)
@@ -251,6 +235,7 @@ def run_sweep(
     limit: int | None = None,
     timeout: float = 300.0,
     out_dir: Path,
+    done: Sequence[dict[str, Any]] = (),
 ) -> list[dict[str, Any]]:
     """Build and export every selected model type; write one JSON per (family, type) to ``out_dir``.
 
@@ -258,17 +243,26 @@ def run_sweep(
         families: keys of :data:`FAMILIES`.
         backends: names among :data:`BACKENDS` (uninstalled ones become ``skip`` cells).
         types: only these model types (``None`` = all of each family).
-        jobs: model types swept in parallel (each export is its own subprocess).
+        jobs: model types swept in parallel (each type is its own subprocess).
         limit: at most this many types per family (the first in sorted order).
-        timeout: seconds allowed to each build and each export subprocess.
+        timeout: seconds allowed per step (the build and each export); a type's subprocess gets
+            the sum of its steps' allowances.
         out_dir: the results folder (created; existing results of other backends are kept).
+        done: result rows already recorded (e.g. ``docs/coverage.json``'s); a (family, type) whose
+            row has a cell for every selected backend, or whose tiny model does not run, is not
+            swept again.
 
     Returns:
         The result rows written.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     installed = installed_backends()
-    work = [(f, t) for f in families for t in sweep_types(f, types, limit)]
+    finished = {
+        (r["family"], r["model_type"])
+        for r in done
+        if r["build"].get("status") != "ok" or all(b in r.get("backends", {}) for b in backends)
+    }
+    work = [(f, t) for f in families for t in sweep_types(f, types, limit) if (f, t) not in finished]
     run = {
         "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "versions": versions(),
@@ -477,6 +471,7 @@ def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
             limit=args.limit,
             timeout=args.timeout,
             out_dir=args.out,
+            done=merge_results(args.out, args.results)["rows"] if args.only_missing else (),
         )
     render(args.out, args.doc, results=args.results)
     print(f"wrote {args.doc}")
