@@ -197,3 +197,26 @@ def test_only_missing_skips_types_whose_rows_cover_every_selected_backend(tmp_pa
     ]
     sweep.run_sweep(["causal-lm"], ["dynamo"], ["gpt2", "llama", "jamba"], out_dir=tmp_path, done=done)
     assert swept == ["llama"]
+
+
+def test_skip_reasons_become_numbered_notes_under_the_family_table(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    long_reason = "model-side: a per-token loop | unrolled at capture"
+    _write(
+        tmp_path,
+        "causal-lm",
+        "m",
+        ok,
+        {b: {"status": "skip", "reason": long_reason} for b in ("dynamo", "onnx")},
+    )
+    _write(
+        tmp_path,
+        "causal-lm",
+        "n",
+        ok,
+        {"dynamo": {"status": "skip", "reason": "other"}, "onnx": {"status": "pass"}},
+    )
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["m", "n"]})
+    assert "| m | ok (0.00M params) | skip [1] | skip [1] |" in text
+    assert "| n | ok (0.00M params) | skip [2] | pass |" in text
+    assert "1. model-side: a per-token loop \\| unrolled at capture\n2. other\n" in text

@@ -284,7 +284,9 @@ def run_sweep(
     return rows
 
 
-def _cell_text(cell: dict[str, Any] | None) -> str:
+def _cell_text(cell: dict[str, Any] | None, notes: dict[str, int] | None = None) -> str:
+    """One table cell; with ``notes``, a skip reason becomes a numbered note under the table (the
+    same reason, e.g. a model-side construct, usually applies to every backend of a type)."""
     if cell is None:
         return "-"
     status = cell.get("status")
@@ -292,7 +294,10 @@ def _cell_text(cell: dict[str, Any] | None) -> str:
         return "pass"
     reason = str(cell.get("reason", "")).replace("|", "\\|").replace("\n", " ")
     if status == "skip":
-        return f"skip: {reason}"
+        if notes is None:
+            return f"skip: {reason}"
+        number = notes.setdefault(reason, len(notes) + 1)
+        return f"skip [{number}]"
     return f"**fail** ({cell.get('stage', '?')}): {reason}"
 
 
@@ -418,16 +423,20 @@ def render(
         lines += ["", f"## {family} (`{FAMILIES[family]}`)", ""]
         lines.append("| model type | tiny model | " + " | ".join(backends) + " |")
         lines.append("|---|---|" + "---|" * len(backends))
+        notes: dict[str, int] = {}
         for r in fam:
             build = r["build"]
             if build["status"] == "ok":
                 tiny = f"ok ({build.get('params', 0) / 1e6:.2f}M params)"
-                cells = [_cell_text(r["backends"].get(b)) for b in backends]
+                cells = [_cell_text(r["backends"].get(b), notes) for b in backends]
             else:
                 reason = str(build.get("reason", "")).replace("|", "\\|")
                 tiny = f"{build['status']} ({build.get('stage', '?')}): {reason}"
                 cells = ["n/a"] * len(backends)
             lines.append(f"| {r['model_type']} | {tiny} | " + " | ".join(cells) + " |")
+        if notes:
+            lines += ["", "Skips:", ""]
+            lines += [f"{number}. {reason}" for reason, number in notes.items()]
     text = "\n".join(lines) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
