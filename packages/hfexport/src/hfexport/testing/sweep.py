@@ -452,7 +452,7 @@ def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
     parser.add_argument("--types", default=None, help="comma list of model types (default: all)")
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="at most N types per family")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per build/export subprocess")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per step (build, each export)")
     parser.add_argument("--out", type=Path, default=root / ".bench" / "zoo")
     parser.add_argument("--doc", type=Path, default=root / "docs" / "coverage.md")
     parser.add_argument(
@@ -460,6 +460,11 @@ def main(argv: Sequence[str] | None = None, root: Path | None = None) -> int:
         type=Path,
         default=root / "docs" / "coverage.json",
         help="committed results, merged across runs",
+    )
+    parser.add_argument(
+        "--only-missing",
+        action="store_true",
+        help="skip types whose results (in --out or --results) already cover every selected backend",
     )
     parser.add_argument(
         "--render-only", action="store_true", help="only render the page from --out and --results"
