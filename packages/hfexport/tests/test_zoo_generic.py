@@ -40,9 +40,6 @@ SAMPLE = [(mt, "text-generation") for mt in SAMPLE_CAUSAL] + [(mt, "fill-mask") 
 
 #: sample types whose tiny model is unavailable in transformers 5.24: (stage, words of the reason)
 UNAVAILABLE = {
-    # hybrid mamba/attention: with two layers the dynamic cache holds no attention layer
-    "jamba": ("eager", "`get_seq_length` can only be called on Attention layers"),
-    "bamba": ("eager", "`get_seq_length` can only be called on Attention layers"),
     # esm's default config leaves the sizes its contact head needs unset
     "esm": ("build", "must be tuple of ints"),
 }
@@ -188,6 +185,20 @@ def test_load_model_tiny_generic_type_uses_its_default_task():
 
 def test_unavailable_is_typed_with_stage_and_reason():
     with pytest.raises(TinyModelUnavailable) as info:
-        tiny_model("jamba", "text-generation", check_eager=True)
-    assert info.value.stage == "eager" and "ValueError: " in info.value.reason
-    assert "unavailable at eager" in str(info.value)
+        tiny_model("esm", "fill-mask", check_eager=True)
+    assert info.value.stage == "build" and "must be tuple of ints" in info.value.reason
+    assert "unavailable at build" in str(info.value)
+
+
+def test_hybrid_shrink_keeps_an_attention_layer_in_two_layers():
+    # jamba (attention every 8th layer from 4) and bamba (no attention layer by default) would hold no
+    # attention layer in two layers, and the hybrid cache's get_seq_length fails eagerly without one
+    jamba = shrunk_config("jamba")
+    assert (jamba.num_hidden_layers, jamba.attn_layer_period, jamba.attn_layer_offset) == (2, 2, 1)
+    assert (jamba.expert_layer_period, jamba.expert_layer_offset) == (2, 1)
+    assert shrunk_config("bamba").attn_layer_indices == [1]
+    for model_type in ("jamba", "bamba"):
+        model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        assert logits.shape == (2, 8, model.config.vocab_size) and torch.isfinite(logits).all()

@@ -247,6 +247,15 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out[key] = _trim_layer_types(types, layers)
         elif isinstance(types, str) and _is_int(layers) and len(types) > layers:
             out[key] = "".join(_trim_layer_types(list(types), layers))
+    if _is_int(layers):  # hybrids: the last layer keeps attention (and experts) after the shrink
+        for key, value in values.items():
+            if key.endswith("_layer_period") and _is_int(value) and _is_int(values.get(key[:-6] + "offset")):
+                out[key], out[key[:-6] + "offset"] = (
+                    layers,
+                    layers - 1,
+                )  # layer i has it when i % period == offset
+        if "attn_layer_indices" in values and not values["attn_layer_indices"]:
+            out["attn_layer_indices"] = [layers - 1]  # bamba-style: no attention at all by default
     for key in ("rope_parameters", "rope_scaling"):
         rope = values.get(key)
         if isinstance(rope, Mapping):
