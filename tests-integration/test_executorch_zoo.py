@@ -69,16 +69,6 @@ def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
         assert rows[0].shape[0] == batch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known regression from the dynamic image-side work (issue 15, open): ExecuTorch's bounded, "
-        "size-oblivious capture keeps SigLIP's image sides dynamic although its position table holds "
-        "16 patches (no interpolate_pos_encoding), so the second shape at 64x64 fails with 'size of "
-        "tensor a (64) must match b (16)'; fix: detect model-fixed sides in the ExecuTorch capture as "
-        "the dynamo path does for ViT. The GELU fix itself is covered by test_patches.py"
-    ),
-)
 def test_tiny_siglip_validates_at_both_shapes():
     # SigLIP's towers use gelu_pytorch_tanh, which XNNPACK computed as exact GELU (pytorch/executorch#22851):
     # every output was off by ~1e-4 until the gelu_tanh_stays_portable partitioner rule kept it portable.
@@ -94,4 +84,9 @@ def test_tiny_siglip_validates_at_both_shapes():
         sample_rows + second_rows
     )
     assert second_rows[0]["shape"][0] == 3  # batch 2 -> 3
+    # issue 15: the position table holds 16 patches, so the model fixes the 32x32 image; the second
+    # shape kept it (it fed 64x64 while the bounded capture left the sides dynamic)
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
+    assert [(s["axis"], s["tried"]) for s in report.extra["model_fixed_sides"]] == [(2, 64), (3, 64)]
+    assert {a["role"] for a in report.extra["dynamic_bounds"]["specialized"]} == {"spatial", "other"}
     assert any("gelu" in op for op in report.extra["delegation"]["portable_ops"]), report.extra["delegation"]

@@ -29,6 +29,26 @@ def test_spatial_axes_are_bounded_at_four_times_the_sample_or_the_config_image_s
     assert {p.axis: p.max for p in plan.axes if p.axis in (2, 3)} == {2: 224, 3: 224}
 
 
+def test_siglip_sides_planned_dynamic_are_captured_static_as_model_fixed():
+    # issue 15: the planned hints bound SigLIP's sides at 128 and the capture kept them dynamic,
+    # although its 16-row position table fixes the 32x32 image; the second shape then fed 64x64
+    from hfexport.capture import capture
+    from hfexport.report import ExportReport
+
+    model, inputs = tiny_model("siglip")
+    config = ExecutorchConfig(dynamic=True)
+    plan = bounds.plan_dynamic_shapes(model, inputs, config)
+    assert {p.axis: (p.role, p.max) for p in plan.axes if p.role == "spatial"} == {
+        2: ("spatial", 128),
+        3: ("spatial", 128),
+    }
+    report = ExportReport(export_format="executorch")
+    program = capture(model, inputs, config.replace(dynamic_shapes=plan.dynamic_shapes), report)
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
+    symbols = bounds.collect_symbols(program, inputs, plan)
+    assert {(path, axis) for info in symbols for path, axis in info.axes} == {("pixel_values", 0)}
+
+
 def test_convnext_traced_at_32_runs_a_64_pixel_image():
     # issue 15: the .pte refused a 3x3x64x64 image (set_inputs error 0x10): sides bounded at the sample;
     # then to_edge's re-trace took the 1x1 last-stage map as constant (planned for 1x1, error 0x12)

@@ -8,7 +8,9 @@ Stages (each a function, called in order by :func:`capture`):
 3. :func:`hfexport.batching.widen_unit_batch`: with ``dynamic=True``, a batch-1 sample is traced
    as batch 2 (rows repeated; recorded as ``report.extra["trace_inputs"]``), then
    :func:`resolve_dynamic_shapes`: ``Dim.AUTO`` on every tensor axis for ``dynamic=True``,
-   or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out;
+   or the user's ``dynamic_shapes`` completed with ``None`` for the inputs it leaves out; then
+   :func:`hfexport.side_probe.model_fixed_image_sides`: ``Dim.AUTO`` image sides the model
+   cannot grow (SigLIP's fixed position table) are traced static (``report.extra["model_fixed_sides"]``);
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.capture`
    (faults of ``torch.export`` every backend meets), installed around the next step only;
@@ -29,6 +31,7 @@ import torch.utils._pytree as pytree
 from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
+from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
 from hfexport.workarounds import capture as capture_workarounds
 
 __all__ = [
@@ -340,9 +343,12 @@ def capture(
         config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
             ``prefer_deferred_runtime_asserts_over_guards`` are used.
         report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``, the
-            names of the capture workarounds in effect in ``applied["capture_patches"]``, and what
-            the program made of each axis asked dynamic in ``extra["dynamic_axes"]`` (with
-            ``extra["dynamic_axes_summary"]``; see :func:`hfexport.program_axes.program_input_axes`).
+            names of the capture workarounds in effect in ``applied["capture_patches"]``, the image
+            sides the model fixes in ``extra["model_fixed_sides"]`` (when there are any; see
+            :func:`hfexport.side_probe.model_fixed_image_sides`), and what the program made of each
+            axis asked dynamic in ``extra["dynamic_axes"]`` (with ``extra["dynamic_axes_summary"]``;
+            see :func:`hfexport.program_axes.program_input_axes`; a fixed side reads
+            ``"static 32 (model-fixed)"``).
         record_stages: with a ``report``, run each step inside ``report.stage(...)`` so the report
             (and an error) names it: ``capture.cache_pytrees``, ``capture.signature``,
             ``capture.dynamic_shapes``, ``capture.reset_stale_state``, ``capture.patches``,
@@ -365,6 +371,9 @@ def capture(
     with stage("capture.dynamic_shapes"):
         kwargs, widened = widen_unit_batch(kwargs, config)
         dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
+        # image sides the model fixes are traced static; the report still lists them as asked
+        fixed_sides = model_fixed_image_sides(module, kwargs, dynamic_shapes)
+        traced_shapes = keep_sides_static(dynamic_shapes, fixed_sides)
     with contextlib.ExitStack() as stack:
         with stage("capture.reset_stale_state"):
             cleared = stack.enter_context(reset_stale_state(model))
@@ -375,6 +384,8 @@ def capture(
             report.extra["cleared_stale_attributes"] = cleared
             if widened:
                 report.extra["trace_inputs"] = widened
+            if fixed_sides:
+                report.extra["model_fixed_sides"] = fixed_sides
             try:
                 report.extra["dynamic_shapes"] = encode_dynamic_shapes(dynamic_shapes)
             except ValueError:
@@ -391,7 +402,7 @@ def capture(
                 module,
                 args=(),
                 kwargs=kwargs,
-                dynamic_shapes=dynamic_shapes,
+                dynamic_shapes=traced_shapes,
                 strict=bool(getattr(config, "strict", False)),
                 prefer_deferred_runtime_asserts_over_guards=bool(
                     getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
@@ -400,7 +411,7 @@ def capture(
     if report is not None:
         from hfexport.program_axes import axes_summary, program_input_axes
 
-        # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's image size)
+        # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's and SigLIP's image size)
         axes = program_input_axes(program, kwargs, dynamic_shapes)
         report.extra["dynamic_axes"] = axes
         report.extra["dynamic_axes_summary"] = axes_summary(axes)

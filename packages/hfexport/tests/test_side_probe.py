@@ -1,0 +1,130 @@
+"""Image sides the model fixes are found before capture and traced static (issue 15)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch.export import Dim
+
+from hfexport.capture import capture
+from hfexport.config import DynamoConfig
+from hfexport.report import ExportReport
+from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
+from hfexport.testing import tiny_model
+from hfexport.validation import derive_second_inputs
+
+AUTO = {"pixel_values": {0: Dim.AUTO, 1: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO}}
+# what the ExecuTorch backend plans for dynamic=True: bounded hints, sides up to 4x the sample
+BOUNDED = {
+    "pixel_values": {
+        0: Dim.AUTO(min=1, max=8),
+        1: None,
+        2: Dim.AUTO(min=1, max=128),
+        3: Dim.AUTO(min=1, max=128),
+    }
+}
+
+
+class PatchTable(torch.nn.Module):
+    """Patches of 8 plus a position table of 4 rows: only 16x16 images fit (SigLIP in small)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, 4, 8, stride=8)
+        self.table = torch.nn.Parameter(torch.randn(1, 4, 4))
+
+    def forward(self, pixel_values):
+        return self.patch(pixel_values).flatten(2).transpose(1, 2) + self.table
+
+
+class ConvOnly(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, pixel_values):
+        return self.conv(pixel_values).mean((2, 3))
+
+
+class DataDependent(PatchTable):
+    """Branches on a value: no fake run decides anything, the sample's included."""
+
+    def forward(self, pixel_values):
+        if pixel_values.mean() > 100:
+            return pixel_values
+        return super().forward(pixel_values)
+
+
+def _pixels(side=16):
+    return {"pixel_values": torch.randn(2, 3, side, side, generator=torch.Generator().manual_seed(0))}
+
+
+def test_a_position_table_fixes_the_sides_and_convolutions_do_not():
+    fixed = model_fixed_image_sides(PatchTable(), _pixels(), AUTO)
+    assert [(f["input"], f["axis"], f["sample"], f["tried"]) for f in fixed] == [
+        ("pixel_values", 2, 16, 32),
+        ("pixel_values", 3, 16, 32),
+    ]
+    assert fixed[0]["reason"].startswith("RuntimeError: Attempting to broadcast a dimension of length 4"), (
+        fixed
+    )
+    assert model_fixed_image_sides(ConvOnly(), _pixels(), AUTO) == []
+    assert model_fixed_image_sides(ConvOnly(), _pixels(), BOUNDED) == []
+
+
+def test_only_auto_sides_are_probed():
+    named = {"pixel_values": {0: Dim.AUTO, 2: Dim("height", min=8, max=64), 3: Dim.DYNAMIC}}
+    assert model_fixed_image_sides(PatchTable(), _pixels(), named) == []
+    assert model_fixed_image_sides(PatchTable(), _pixels(), {"pixel_values": {0: Dim.AUTO}}) == []
+    assert model_fixed_image_sides(PatchTable(), _pixels(), None) == []
+    # a size-1 side (a 1-pixel strip) is not grown
+    assert model_fixed_image_sides(ConvOnly(), {"pixel_values": torch.randn(2, 3, 1, 16)}, AUTO) == []
+
+
+def test_a_probe_that_fails_on_the_sample_decides_nothing_and_leaves_no_state():
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    model = DataDependent()
+    assert model_fixed_image_sides(model, _pixels(), AUTO) == []
+    assert fake_log.level == level
+    out = model(**_pixels())  # eager still runs on real tensors
+    assert type(out) is torch.Tensor and tuple(out.shape) == (2, 4, 4)
+
+
+def test_keep_sides_static_keeps_the_spec_form():
+    fixed = [{"input": "pixel_values", "axis": 2}, {"input": "pixel_values", "axis": 3}]
+    spec = keep_sides_static(AUTO, fixed)["pixel_values"]
+    assert spec[0] is Dim.AUTO and spec[2] is Dim.STATIC and spec[3] is Dim.STATIC
+    assert AUTO["pixel_values"][2] is Dim.AUTO  # the argument is not modified
+    as_tuple = keep_sides_static({"pixel_values": (Dim.AUTO,) * 4}, fixed)["pixel_values"]
+    assert as_tuple == (Dim.AUTO, Dim.AUTO, Dim.STATIC, Dim.STATIC)
+    assert keep_sides_static(AUTO, []) is AUTO
+
+
+def test_tiny_siglip_sides_are_model_fixed_with_bounded_hints():
+    # issue 15: with the bounded hints ExecuTorch captures with, SigLIP's sides came out dynamic
+    # although its 16-row position table fixes them at 32, and the second shape fed 64x64
+    model, inputs = tiny_model("siglip")
+    report = ExportReport(export_format="test")
+    program = capture(model, inputs, DynamoConfig(dynamic_shapes=BOUNDED), report)
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values batch: dynamic [2, 8]" in report.extra["dynamic_axes_summary"]
+    assert [(s["axis"], s["sample"], s["tried"]) for s in report.extra["model_fixed_sides"]] == [
+        (2, 32, 64),
+        (3, 32, 64),
+    ]
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    assert reason == "" and tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
+    with torch.no_grad():
+        got = program.module()(**second).logits
+        expected = model(**second).logits
+    assert (got - expected).abs().max().item() < 1e-5
+
+
+def test_tiny_convnext_sides_stay_dynamic_with_bounded_hints():
+    model, inputs = tiny_model("convnext", "image-classification")
+    report = ExportReport(export_format="test")
+    capture(model, inputs, DynamoConfig(dynamic_shapes=BOUNDED), report)
+    assert "pixel_values image height/width: dynamic [32, 128]" in report.extra["dynamic_axes_summary"]
+    assert "model_fixed_sides" not in report.extra
