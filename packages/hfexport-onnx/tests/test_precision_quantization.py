@@ -56,6 +56,10 @@ def test_bad_precision_input_is_refused_before_capture(minilm):
         (OnnxConfig(ort_fusions="cuda"), r"CUDAExecutionProvider.*allowed here: None, 'cpu'"),
         (OnnxConfig(dtype="float16", quantization="int8-dynamic"), r"quantizes float32 graphs"),
         (OnnxConfig(dtype="float16", quality_gates={"cosin": 0.9}), r"unknown metric\(s\) \['cosin'\]"),
+        (
+            OnnxConfig(quantization={"method": "int8-dynamic", "embedding_bits": 4}),
+            r"quantization\.embedding_bits=4 is not an option of the onnx backend .*allowed: embedding_bits=None",
+        ),
     ]
     for config, message in cases:
         with pytest.raises(ValueError, match=message):
