@@ -303,6 +303,49 @@ ROWS: list[Row] = [
         2,
         r"Invalid value for --backend: backend='bogus' is invalid; allowed: 'xnnpack', 'cuda'",
     ),
+    # -- quantization options (issue 12): refused before the model is loaded --------------------------
+    Row(
+        "export_quantize_embedding_bits_on_onnx",
+        _export("onnx", "{tmp}/out", "--quantize", "int8-dynamic", "--embedding-bits", "8"),
+        2,
+        r"Invalid value for --embedding-bits: quantization\.embedding_bits=8 is not an option of the onnx "
+        r"backend \(each of its methods stores the word embedding in int8 already\); allowed: "
+        r"embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings",
+    ),
+    Row(
+        "export_quantize_embedding_bits_on_dynamo",
+        _export("dynamo", "{tmp}/out", "--quantize", "int8-weight", "--embedding-bits", "4"),
+        2,
+        r"Invalid value for --embedding-bits: quantization\.embedding_bits=4 is not supported by the dynamo "
+        r"backend \(int8-weight quantizes linear layers only\)",
+    ),
+    Row(
+        "export_quantize_embedding_bits_3",
+        _export("executorch", "{tmp}/out", "--quantize", "8da4w", "--embedding-bits", "3"),
+        2,
+        r"Invalid value for '--embedding-bits': (Value error, )?'3' is not one of '4', '8'",
+    ),
+    Row(
+        "export_quantize_options_without_a_method",
+        _export("executorch", "{tmp}/out", "--embedding-bits", "4", "--quantize-exclude", "lm_head"),
+        2,
+        r"Invalid value for --quantize: --embedding-bits, --quantize-exclude apply to a quantization; "
+        r"add --quantize METHOD",
+    ),
+    Row(
+        "export_quantize_group_size_on_dynamo",
+        _export("dynamo", "{tmp}/out", "--quantize", "int8-weight", "--group-size", "32"),
+        2,
+        r"Invalid value for --group-size: quantization\.group_size=32 is not used by the dynamo int8-weight "
+        r"method",
+    ),
+    Row(
+        "export_quantize_calibration_samples_0",
+        _export("onnx", "{tmp}/out", "--quantize", "int8-static", "--calibration-samples", "0"),
+        2,
+        r"Invalid value for --calibration-samples: quantization\.num_calibration_samples=0 is invalid; "
+        r"allowed: a positive int",
+    ),
     Row(  # an explicit --task the layout does not serve: refused before the model is loaded
         "export_layout_for_a_task_it_does_not_serve",
         _export("onnx", "{tmp}/out", "--layout", "genai", "--task", "fill-mask"),

@@ -74,3 +74,46 @@ def test_validation_table_names_a_bare_tensor_output(monkeypatch):
     cli._print_validation(SimpleNamespace(validation={"sample": [row]}, extra={}))
     text = buffer.getvalue()
     assert "output 0 (a bare tensor)" in text and "2x8x512" in text and "1.500e-06" in text
+
+
+def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch):
+    # issue 12: every QuantizationConfig field has its export option
+    import hfexport.cli as cli
+    import hfexport.loading
+
+    made = []
+    config_for = cli._config_for
+    monkeypatch.setattr(cli, "_config_for", lambda *a, **k: made.append(config_for(*a, **k)) or made[-1])
+
+    def stop(*args, **kwargs):
+        raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(hfexport.loading, "load_model", stop)
+    args = ["export", "executorch", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "8da4w"]
+    args += ["--embedding-bits", "4", "--group-size", "64", "--quantize-exclude", "lm_head"]
+    args += ["--quantize-exclude", "transformer.h.0.*", "--per-tensor", "--calibration-samples", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
+    (config,) = made
+    assert config.quantization.to_dict() == {
+        "method": "8da4w",
+        "group_size": 64,
+        "embedding_bits": 4,
+        "per_channel": False,
+        "exclude": ["lm_head", "transformer.h.0.*"],
+        "calibration": None,
+        "num_calibration_samples": 3,
+    }
+    made.clear()
+    result = runner.invoke(app, [*args[:7], "--embedding-bits", "8"])
+    assert result.exit_code == 1 and made[0].quantization.embedding_bits == 8
+    assert made[0].quantization.per_channel is True and made[0].quantization.exclude == ()
+
+
+def test_export_help_documents_the_quantization_options():
+    result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0
+    assert "--embedding-bits <4|8>" in text and "4 or 8 bits (executorch; other backends refuse it)" in text
+    for option in ("--group-size", "--per-tensor", "--quantize-exclude", "--calibration-samples"):
+        assert option in text

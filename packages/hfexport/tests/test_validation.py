@@ -273,3 +273,90 @@ def test_second_shape_keeps_image_tokens_of_an_image_text_prompt():
     with torch.no_grad():
         logits = model(**second).logits
     assert tuple(logits.shape) == (3, 65, model.config.text_config.vocab_size)
+
+
+# -- second shape of a quality-gated export: the sample's own tokens (issue 12) -----------------------
+def _padded_prompt():
+    # two real prompts over a few distinct tokens; row 1 is right-padded with 0
+    ids = torch.tensor([[5, 17, 42, 5, 17, 42, 9], [17, 42, 5, 0, 0, 0, 0]])
+    types = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [0, 0, 1, 0, 0, 0, 0]])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long(), "token_type_ids": types}
+
+
+def _repeat_to(row: torch.Tensor, length: int) -> torch.Tensor:
+    return row.repeat(-(-length // row.numel()))[:length]
+
+
+def test_gated_second_shape_reuses_the_sample_tokens():
+    # a quantized real LM scored on random ids, or past the lengths its sample shows, measures the
+    # model rather than the export (IgLM-S 8da4w: top-1 0.94 on its 2x122 sample, 0.83 on random ids
+    # at 3x244); the derived prompt reuses the sample's real tokens and gets a quarter shorter
+    from hfexport.config import DynamoConfig
+
+    inputs = _padded_prompt()
+    second, reason = derive_second_inputs(_Toy(), inputs, config=DynamoConfig(quantization="8da4w"))
+    assert reason == ""
+    ids, mask, types = second["input_ids"], second["attention_mask"], second["token_type_ids"]
+    # the shape still changes in batch and sequence: batch + 1, 7 - 7 // 4 tokens
+    assert ids.shape == mask.shape == types.shape == (3, 6)
+    assert set(ids.unique().tolist()) <= {5, 9, 17, 42}  # only the sample's real tokens, no padding
+    assert torch.equal(ids[0], _repeat_to(inputs["input_ids"][0], 6))
+    assert torch.equal(ids[1], _repeat_to(torch.tensor([17, 42, 5]), 6))  # the padding dropped
+    assert torch.equal(ids[2], ids[0])  # the extra row repeats sample row 0
+    assert bool((mask == 1).all()) and mask.dtype == torch.long
+    # token types travel with their tokens
+    assert torch.equal(types[0], _repeat_to(inputs["token_type_ids"][0], 6))
+    assert torch.equal(types[1], _repeat_to(torch.tensor([0, 0, 1]), 6))
+    # without gates the ids are drawn: tokens the sample never held appear
+    second, _ = derive_second_inputs(_Toy(), inputs, config=DynamoConfig())
+    assert second["input_ids"].shape == (3, 65)
+    assert not set(second["input_ids"].unique().tolist()) <= {0, 5, 9, 17, 42}
+
+
+def test_gated_declared_second_shape_reuses_the_sample_tokens_and_positions_count_up():
+    from torch.export import Dim
+
+    from hfexport.config import DynamoConfig
+
+    batch, seq = Dim("batch"), Dim("seq", max=40)
+    inputs = _padded_prompt()
+    inputs["position_ids"] = torch.arange(7).expand(2, 7).clone()
+    spec = {key: {0: batch, 1: seq} for key in inputs}
+    config = DynamoConfig(dynamic_shapes=spec, dtype="float16")
+    second, reason = derive_second_inputs(_Toy(), inputs, config=config)
+    assert reason == ""
+    assert second["input_ids"].shape == (3, 6)
+    assert set(second["input_ids"].unique().tolist()) <= {5, 9, 17, 42}
+    assert torch.equal(second["input_ids"][1], _repeat_to(torch.tensor([17, 42, 5]), 6))
+    assert torch.equal(second["position_ids"], torch.arange(6).expand(3, 6))
+    # a range that holds no shorter size: the nearest other size inside it
+    spec = {key: {0: batch, 1: Dim("seq", min=7, max=40)} for key in inputs}
+    second, _ = derive_second_inputs(
+        _Toy(), inputs, config=DynamoConfig(dynamic_shapes=spec, dtype="float16")
+    )
+    assert second["input_ids"].shape == (3, 8)
+    assert torch.equal(second["input_ids"][0], _repeat_to(inputs["input_ids"][0], 8))
+    assert bool((second["attention_mask"] == 1).all())
+
+
+def test_token_values_override_the_automatic_choice():
+    from hfexport.config import DynamoConfig
+
+    inputs = _padded_prompt()
+    # inputs_embeds reuse the real positions' vectors too
+    embeds = torch.randn(2, 7, 4)
+    second, _ = derive_second_inputs(
+        _Toy(), {"inputs_embeds": embeds, "attention_mask": inputs["attention_mask"]}, token_values="sample"
+    )
+    assert second["inputs_embeds"].shape == (3, 6, 4)
+    assert torch.equal(second["inputs_embeds"][1], embeds[1, :3].repeat(2, 1))
+    # a 2-token prompt has no shorter size (never below 2 tokens): it grows as with drawn ids
+    short = {"input_ids": torch.tensor([[7, 8], [8, 7]])}
+    second, _ = derive_second_inputs(_Toy(), short, token_values="sample")
+    assert second["input_ids"].shape == (3, 65)
+    assert torch.equal(second["input_ids"][2], torch.tensor([7, 8]).repeat(33)[:65])
+    gated = DynamoConfig(quantization="8da4w")
+    second, _ = derive_second_inputs(_Toy(), inputs, config=gated, token_values="random")
+    assert not set(second["input_ids"].unique().tolist()) <= {0, 5, 9, 17, 42}
+    with pytest.raises(ValueError, match=r"token_values='real' is invalid; allowed: auto, sample, random"):
+        derive_second_inputs(_Toy(), inputs, token_values="real")

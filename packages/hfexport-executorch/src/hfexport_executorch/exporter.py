@@ -252,7 +252,8 @@ class ExecutorchExporter(HfExporter):
     ) -> None:
         """Core validation (:meth:`hfexport.exporter.HfExporter.validate`) in the ExecuTorch runtime.
 
-        The derived second shape (batch + 1, a sequence of at least 65 tokens) is cut down to what
+        The derived second shape (batch + 1, a sequence of at least 65 tokens; for a quantized or
+        reduced-precision export the sample's own tokens, a quarter shorter) is cut down to what
         the program accepts: a dynamic axis to its upper bound (an explicit ``Dim(max=32)`` for
         instance), an axis the export left static to its sample size. Beyond that a program is not
         meant to run (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses).

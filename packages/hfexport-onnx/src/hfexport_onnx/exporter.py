@@ -209,7 +209,9 @@ class OnnxExporter(HfExporter):
 
     def check_precision(self, config: Any) -> None:
         """The core checks (dtype, method, gate names) plus, before capture: bfloat16 refused with
-        what this ONNX Runtime runs; quantization only of float32 graphs; the ``ort_fusions``
+        what this ONNX Runtime runs; ``quantization.embedding_bits`` refused (an ExecuTorch option;
+        every ONNX method stores the word embedding in int8 itself); quantization only of float32
+        graphs; the ``ort_fusions``
         provider shipped by the installed onnxruntime (:func:`hfexport_onnx.fusions.check_fusion_target`).
 
         Raises:
@@ -224,7 +226,14 @@ class OnnxExporter(HfExporter):
                 f"MatMul/Add/Softmax kernels); allowed for onnx: {', '.join(self.supported_dtypes)}"
             )
         super().check_precision(config)
-        if getattr(config, "quantization", None) is not None and dtype != "float32":
+        quantization = getattr(config, "quantization", None)
+        if quantization is not None and quantization.embedding_bits is not None:
+            raise ValueError(
+                f"quantization.embedding_bits={quantization.embedding_bits} is not an option of the onnx "
+                "backend (each of its methods stores the word embedding in int8 already); allowed: "
+                "embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings"
+            )
+        if quantization is not None and dtype != "float32":
             raise ValueError(
                 f"ONNX Runtime quantizes float32 graphs; dtype={dtype!r} with quantization "
                 f"{config.quantization.method!r} is not allowed: use dtype='float32' (allowed: float32)"

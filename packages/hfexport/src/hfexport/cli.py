@@ -13,6 +13,7 @@ import json
 import shutil
 import sys
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -308,8 +309,22 @@ _OPTION_OF_FIELD = {
     "dtype": "--dtype",
     "ort_fusions": "--ort-fusions",
     "quantization": "--quantize",
+    "quantization.method": "--quantize",
+    "quantization.group_size": "--group-size",
+    "quantization.embedding_bits": "--embedding-bits",
+    "quantization.per_channel": "--per-tensor",
+    "quantization.exclude": "--quantize-exclude",
+    "quantization.calibration": "--calibration",
+    "quantization.num_calibration_samples": "--calibration-samples",
     "quality_gates": "--gate",
 }
+
+
+class EmbeddingBits(StrEnum):
+    """``--embedding-bits`` choices (``QuantizationConfig.embedding_bits``)."""
+
+    FOUR = "4"
+    EIGHT = "8"
 
 
 def _parse_gates(gates: list[str] | None) -> dict[str, float] | None:
@@ -351,10 +366,20 @@ def _config_for(
     quantize: str | None = None,
     calibration: Path | None = None,
     group_size: int | None = None,
+    embedding_bits: int | None = None,
+    per_tensor: bool = False,
+    quantize_exclude: list[str] | None = None,
+    calibration_samples: int | None = None,
     gates: dict[str, float] | None = None,
     aoti: bool = False,
 ) -> Any:
     """The export config the options describe (no torch import).
+
+    The quantization options (``calibration``, ``calibration_samples``, ``group_size``,
+    ``embedding_bits``, ``per_tensor``, ``quantize_exclude``) fill the fields of
+    :class:`hfexport.config.QuantizationConfig` and need ``quantize``; whether the backend has an
+    option is the exporter's to say (``HfExporter.check_precision``, e.g. ONNX and dynamo refuse
+    ``embedding_bits``), which the CLI runs before the model is loaded.
 
     Raises:
         typer.BadParameter: an option the format does not take, or a value the config rejects
@@ -390,9 +415,18 @@ def _config_for(
         if "ort_fusions" not in fields:
             raise typer.BadParameter(f"--ort-fusions applies to onnx, not {fmt}", param_hint="--ort-fusions")
         data["ort_fusions"] = ort_fusions
-    if (calibration is not None or group_size is not None) and quantize is None:
+    given = {
+        "--calibration": calibration,
+        "--calibration-samples": calibration_samples,
+        "--group-size": group_size,
+        "--embedding-bits": embedding_bits,
+        "--per-tensor": True if per_tensor else None,
+        "--quantize-exclude": quantize_exclude or None,
+    }
+    used = [option for option, value in given.items() if value is not None]
+    if used and quantize is None:
         raise typer.BadParameter(
-            "--calibration and --group-size apply to a quantization; add --quantize METHOD",
+            f"{', '.join(used)} appl{'ies' if len(used) == 1 else 'y'} to a quantization; add --quantize METHOD",
             param_hint="--quantize",
         )
     if quantize is not None:
@@ -404,8 +438,16 @@ def _config_for(
                     param_hint="--calibration",
                 )
             quantization["calibration"] = str(calibration)
+        if calibration_samples is not None:
+            quantization["num_calibration_samples"] = calibration_samples
         if group_size is not None:
             quantization["group_size"] = group_size
+        if embedding_bits is not None:
+            quantization["embedding_bits"] = int(embedding_bits)
+        if per_tensor:
+            quantization["per_channel"] = False
+        if quantize_exclude:
+            quantization["exclude"] = list(quantize_exclude)
         data["quantization"] = quantization
     if gates is not None:
         data["quality_gates"] = gates
@@ -521,7 +563,39 @@ def export_command(
         typer.Option(help="Text file of calibration prompts, one per line (static quantization)."),
     ] = None,
     group_size: Annotated[
-        int | None, typer.Option("--group-size", help="Block/group size of 4-bit weights.")
+        int | None,
+        typer.Option(
+            "--group-size",
+            help="Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w group).",
+        ),
+    ] = None,
+    embedding_bits: Annotated[
+        EmbeddingBits | None,
+        typer.Option(
+            "--embedding-bits",
+            help="Also quantize the token embeddings to 4 or 8 bits (executorch; other backends refuse it).",
+        ),
+    ] = None,
+    per_tensor: Annotated[
+        bool,
+        typer.Option(
+            "--per-tensor", help="One weight scale per tensor instead of per output channel (int8 methods)."
+        ),
+    ] = False,
+    quantize_exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--quantize-exclude",
+            metavar="MODULE",
+            help="Leave this module in float (a module path or fnmatch pattern, e.g. lm_head); repeatable.",
+        ),
+    ] = None,
+    calibration_samples: Annotated[
+        int | None,
+        typer.Option(
+            "--calibration-samples",
+            help="At most this many calibration batches (static quantization; default 32).",
+        ),
     ] = None,
     gate: Annotated[
         list[str] | None,
@@ -597,6 +671,10 @@ def export_command(
             quantize=quantize,
             calibration=calibration,
             group_size=group_size,
+            embedding_bits=int(embedding_bits.value) if embedding_bits is not None else None,
+            per_tensor=per_tensor,
+            quantize_exclude=quantize_exclude,
+            calibration_samples=calibration_samples,
             gates=_parse_gates(gate),
             aoti=aoti,
         )

@@ -562,6 +562,8 @@ class HfExporter(abc.ABC):
         of :func:`hfexport.quality.quality_gates_for` (cosine, top-1 agreement; the artifact gets
         its float inputs in ``config.dtype``) instead of allclose; ``report.validation`` then holds
         :class:`hfexport.quality.OutputQuality` rows and ``report.extra["quality_gates"]`` the gates.
+        The derived second shape of such an export reuses the sample's real tokens (a quarter
+        shorter, batch + 1) instead of random ids, so the gates score inputs like the sample.
 
         Raises:
             ExportValidationError: an output differs beyond tolerance, or misses a quality gate

@@ -30,6 +30,7 @@ from hfexport.errors import ExportValidationError
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
+    "TOKEN_VALUES",
     "OutputComparison",
     "compare_outputs",
     "default_tolerances",
@@ -57,6 +58,11 @@ _TOLERANCES = {
 _NO_VALUE_RULE = ("modality_types", "grid", "cache_positions", "cache", "encoder_outputs")
 # Input kinds whose values follow from their shape alone (random ids/embeddings, ones, counts).
 _GENERATED = ("ids", "type_ids", "embeds", "mask", "positions", "signal")
+# Token inputs that reuse the sample's real tokens with ``token_values="sample"``; masks become
+# ones and positions count up, which is what an unpadded row of reused tokens has.
+_FROM_SAMPLE = ("ids", "type_ids", "embeds")
+#: what ``derive_second_inputs(token_values=...)`` accepts
+TOKEN_VALUES = ("auto", "sample", "random")
 
 
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
@@ -272,6 +278,18 @@ def _new_length(length: int, limit: int | None, *, minimum: int = 65) -> int:
     return max(target, 1)
 
 
+def _reuse_length(length: int, limit: int | None) -> int:
+    """Sequence length of a second shape that reuses the sample's tokens: a quarter shorter (at
+    least one token, never below 2), so every position stays inside the lengths the sample shows
+    the model (a real LM's fp32 predictions, and so its top-1 agreement, degrade past them: IgLM-S
+    at 122 -> 244 tokens, see :func:`derive_second_inputs`); a sample too short for that grows as
+    with drawn ids."""
+    shorter = length - max(1, length // 4)
+    if shorter >= 2:
+        return shorter if limit is None else min(shorter, limit)
+    return _new_length(length, limit)
+
+
 def _generate(t: torch.Tensor, role: InputRole, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """A tensor of ``shape`` for an input whose values follow from its shape (see ``_GENERATED``):
     masks are ones, positions count up along the sequence axis, floats are standard normal, ids
@@ -288,6 +306,63 @@ def _generate(t: torch.Tensor, role: InputRole, shape: tuple[int, ...], gen: tor
     low = int(t.min()) if t.numel() else 0
     high = int(t.max()) + 1 if t.numel() else 2
     return torch.randint(low, max(high, low + 1), shape, generator=gen, dtype=t.dtype).to(t.device)
+
+
+def _reuse_sample_tokens(config: Any, token_values: str) -> bool:
+    """Whether derived token inputs reuse the sample's tokens (see :func:`derive_second_inputs`)."""
+    if token_values not in TOKEN_VALUES:
+        raise ValueError(f"token_values={token_values!r} is invalid; allowed: {', '.join(TOKEN_VALUES)}")
+    if token_values != "auto":
+        return token_values == "sample"
+    if config is None:
+        return False
+    from hfexport.quality import quality_gates_for
+
+    return quality_gates_for(config) is not None
+
+
+def _real_positions(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``{sequence group: bool [batch, seq]}``: the positions a 2-D mask of the group marks as real
+    tokens (``mask != 0``); a group without such a mask is absent (every position is real)."""
+    found: dict[str, torch.Tensor] = {}
+    for key, t in tensors.items():
+        role = input_role(key, t.dim(), present=tensors)
+        if (
+            role is not None
+            and role.kind == "mask"
+            and role.sequence is not None
+            and (t.dim(), role.batch_axis, role.sequence_axis) == (2, 0, 1)
+        ):
+            found.setdefault(role.sequence, t != 0)
+    return found
+
+
+def _from_sample(
+    t: torch.Tensor, role: InputRole, shape: tuple[int, ...], real: torch.Tensor | None
+) -> torch.Tensor | None:
+    """``shape`` filled with the sample's own tokens: derived row ``i`` is the real (unmasked)
+    tokens of sample row ``i % batch``, repeated along the sequence axis and cut to the new length
+    (a row without a real token is taken whole). ``None`` when the layout is not ``[batch, seq, ...]``
+    with the trailing axes of the sample, or the sample has no token."""
+    if (
+        (role.batch_axis, role.sequence_axis) != (0, 1)
+        or t.dim() < 2
+        or tuple(shape[2:]) != tuple(t.shape[2:])
+    ):
+        return None
+    batch, length = int(t.shape[0]), int(shape[1])
+    if batch == 0 or int(t.shape[1]) == 0:
+        return None
+    if real is not None and tuple(real.shape) != tuple(t.shape[:2]):
+        real = None
+    rows = []
+    for row in range(int(shape[0])):
+        source = t[row % batch]
+        if real is not None and bool(real[row % batch].any()):
+            source = source[real[row % batch].to(source.device)]
+        reps = [-(-length // int(source.shape[0]))] + [1] * (source.dim() - 1)
+        rows.append(source.repeat(*reps)[:length])
+    return torch.stack(rows).contiguous()
 
 
 def _tile(t: torch.Tensor, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
@@ -315,6 +390,7 @@ def derive_second_inputs(
     seed: int = 1,
     config: Any = None,
     program_axes: Sequence[Mapping[str, Any]] | None = None,
+    token_values: str = "auto",
 ) -> tuple[dict[str, Any] | None, str]:
     """Build a second set of forward kwargs of another shape, to validate a dynamic export.
 
@@ -342,7 +418,19 @@ def derive_second_inputs(
     specialised them still fails the second shape.
 
     Values: masks are ones, ``position_ids`` count up, token ids are drawn (seeded) from the range
-    the sample uses, floats are standard normal; other inputs (images, features, unknown names)
+    the sample uses, floats are standard normal. With ``token_values="sample"`` (the default for a
+    quality-gated export: the gates score agreement with the fp32 model on the inputs, which only
+    means something on inputs like the sample) the token inputs (``input_ids``,
+    ``token_type_ids``, ``inputs_embeds`` and their decoder counterparts) reuse the sample instead:
+    derived row ``i`` holds the real tokens (mask != 0) of sample row ``i % batch``, repeated along
+    the sequence if needed, so the ids are the sample's, the mask is all ones and ``position_ids``
+    count up consistently. The token sequence then gets a quarter *shorter* (at least 2 tokens;
+    a sample of 1-2 tokens grows as above) instead of doubling: past the lengths the sample shows,
+    a real LM leaves what it was trained on (IgLM-S, GPT-2 on ~120-token antibody chains, 8da4w:
+    top-1 agreement 0.94 over positions 0-63 and 0.75 over 192-255 of the sample repeated to 244
+    tokens, with fp32's own mean top probability falling from 0.81 to 0.62), so a gate there would
+    score the model, not the export. The batch still grows by one. A prompt with placeholder
+    tokens keeps the longer sequence. Other inputs (images, features, unknown names)
     are the sample repeated along the changed axes, plus noise for floats. A prompt holding
     placeholder tokens of a present modality (LLaVA's ``<image>`` tokens next to
     ``pixel_values``; the ids come from :func:`hfexport.conventions.placeholder_token_ids`) keeps
@@ -358,12 +446,20 @@ def derive_second_inputs(
             ``dynamic=True`` rule above).
         program_axes: the captured program's axis outcomes (list of dicts with ``input``,
             ``axis``, ``status``, ``min``, ``max``); ``None``: image sides are taken as dynamic.
+        token_values: ``"sample"`` (token inputs reuse the sample's tokens), ``"random"`` (drawn
+            ids) or ``"auto"``: ``"sample"`` when quality gates apply to ``config``
+            (:func:`hfexport.quality.quality_gates_for`: a reduced dtype or a quantization), else
+            ``"random"``.
 
     Returns:
         ``(second_inputs, reason)``: ``second_inputs`` is ``None`` when no sound second shape
         can be derived (a cache among the inputs, an input without a rule, no dynamic axis that
         can change), with ``reason`` saying why; else ``reason`` is ``""``.
+
+    Raises:
+        ValueError: ``token_values`` not one of :data:`TOKEN_VALUES`.
     """
+    reuse = _reuse_sample_tokens(config, token_values)
     gen = torch.Generator().manual_seed(seed)
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     others = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
@@ -376,7 +472,7 @@ def derive_second_inputs(
         return None, "no tensor inputs"
     explicit = getattr(config, "dynamic_shapes", None) if config is not None else None
     if explicit:
-        derived, reason = _derive_declared(model, tensors, others, explicit, gen)
+        derived, reason = _derive_declared(model, tensors, others, explicit, gen, reuse=reuse)
         if derived is not None and program_axes:
             derived = fit_static_spatial_axes(derived, program_axes)
         return derived, reason
@@ -386,6 +482,7 @@ def derive_second_inputs(
     new_batch = batch + 1
     config_ = getattr(model, "config", None)
     placeholders = _prompt_placeholders(tensors, config_)
+    real = _real_positions(tensors) if reuse else {}
     lengths: dict[str, int] = {}
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
@@ -397,14 +494,20 @@ def derive_second_inputs(
             sample = int(t.shape[role.sequence_axis])
             if role.sequence not in lengths:
                 limit, _ = max_positions(config_, decoder=decoder)
-                lengths[role.sequence] = (
-                    _new_length(sample, limit, minimum=2 * sample + 1)
-                    if decoder
-                    else _new_length(sample, limit)
-                )
+                if reuse and not placeholders:
+                    lengths[role.sequence] = _reuse_length(sample, limit)
+                elif decoder:
+                    lengths[role.sequence] = _new_length(sample, limit, minimum=2 * sample + 1)
+                else:
+                    lengths[role.sequence] = _new_length(sample, limit)
             shape = list(t.shape)
             shape[0], shape[role.sequence_axis] = new_batch, lengths[role.sequence]
-            out[key] = _generate(t, role, tuple(shape), gen)
+            reused = (
+                _from_sample(t, role, tuple(shape), real.get(role.sequence))
+                if reuse and role.kind in _FROM_SAMPLE
+                else None
+            )
+            out[key] = reused if reused is not None else _generate(t, role, tuple(shape), gen)
         elif role.sequence == SIGNAL and role.sequence_axis is not None:
             sample = int(t.shape[role.sequence_axis])
             length = lengths.setdefault(SIGNAL, sample + sample // 2)
@@ -627,6 +730,8 @@ def _derive_declared(
     others: dict[str, Any],
     spec: Any,
     gen: torch.Generator,
+    *,
+    reuse: bool = False,
 ) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(spec, Mapping):
         return None, "dynamic_shapes is not a dict keyed by forward kwarg name; no second shape derived"
@@ -699,6 +804,7 @@ def _derive_declared(
     for node in parent:
         sets.setdefault(find(node), []).append(node)
     config_ = getattr(model, "config", None)
+    placeholders = _prompt_placeholders(tensors, config_)
     priority = (TEXT, DECODER, SIGNAL, "batch", "spatial")
     sizes: dict[tuple[str, int], int] = {}
     for members in sets.values():
@@ -716,6 +822,8 @@ def _derive_declared(
         high = min(highs) if highs else None
         if kind == "batch":
             preferred = sample + 1
+        elif kind in (TEXT, DECODER) and reuse and not placeholders:
+            preferred = _reuse_length(sample, None)
         elif kind == TEXT:
             preferred = _new_length(sample, None)
         elif kind == DECODER:
@@ -748,7 +856,7 @@ def _derive_declared(
                 "their values may depend on the other inputs' sizes, so pass second_inputs explicitly"
             )
 
-    placeholders = _prompt_placeholders(tensors, config_)
+    real = _real_positions(tensors) if reuse else {}
     out: dict[str, Any] = dict(others)
     for key, t in tensors.items():
         changed = {axis: size for (k, axis), size in sizes.items() if k == key}
@@ -761,7 +869,12 @@ def _derive_declared(
             return None, f"no rule to derive the values of {key!r} {tuple(t.shape)} at another shape"
         named = {role.batch_axis, role.sequence_axis} if role is not None else set()
         if role is not None and role.kind in _GENERATED and set(changed) <= named:
-            out[key] = _generate(t, role, shape, gen)
+            reused = (
+                _from_sample(t, role, shape, real.get(role.sequence or ""))
+                if reuse and role.kind in _FROM_SAMPLE
+                else None
+            )
+            out[key] = reused if reused is not None else _generate(t, role, shape, gen)
         else:
             out[key] = _tile(t, shape, gen)
     return _keep_placeholders(tensors, out, placeholders)
