@@ -360,3 +360,43 @@ def test_token_values_override_the_automatic_choice():
     assert not set(second["input_ids"].unique().tolist()) <= {0, 5, 9, 17, 42}
     with pytest.raises(ValueError, match=r"token_values='real' is invalid; allowed: auto, sample, random"):
         derive_second_inputs(_Toy(), inputs, token_values="real")
+
+
+class _BoundedSequence(torch.nn.Module):
+    """A forward that takes at most 11 tokens (it slices an 11-row table by the sequence length, as
+    a position table or a padded chunk layout does): capture bounds the sequence at 11."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+        self.table = torch.nn.Parameter(torch.randn(11, 8))
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids) * attention_mask[..., None]
+        return x + self.table[: input_ids.shape[1]]
+
+
+def test_model_bounded_sequence_is_reported_and_the_second_shape_stays_inside_it(caplog):
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.report import ExportReport
+
+    model = _BoundedSequence().eval()
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    report = ExportReport(export_format="dynamo")
+    with caplog.at_level("WARNING", logger="hfexport.capture"):
+        program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    sequence = [
+        e for e in report.extra["dynamic_axes"] if e["input"] == "input_ids" and e["meaning"] == "sequence"
+    ]
+    assert [(e["status"], e["min"], e["max"], e["note"]) for e in sequence] == [
+        ("dynamic", 2, 11, "model-bounded")
+    ]
+    assert "input_ids sequence: the captured program accepts lengths 2..11 only" in caplog.text
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    assert second is not None, reason
+    assert second["input_ids"].shape == (3, 10)  # inside [2, 11], below the bound, not the sample's 8
+    with torch.no_grad():
+        diff = (program.module()(**second) - model(**second)).abs().max().item()
+    assert diff <= 1e-6

@@ -415,4 +415,15 @@ def capture(
         axes = program_input_axes(program, kwargs, dynamic_shapes)
         report.extra["dynamic_axes"] = axes
         report.extra["dynamic_axes_summary"] = axes_summary(axes)
+        for entry in axes:
+            if entry.get("note") == "model-bounded" and str(entry.get("meaning", "")).endswith("sequence"):
+                logger.warning(
+                    "%s %s: the captured program accepts lengths %s..%s only: the model's forward fixes a "
+                    "count at the sample's length (e.g. a Python loop over fixed-size chunks, unrolled at "
+                    "capture); feed lengths in this range, or trace with a sample of the length you need",
+                    entry["input"],
+                    entry["meaning"],
+                    entry.get("min"),
+                    entry.get("max"),
+                )
     return program

@@ -49,6 +49,19 @@ def _asked_dynamic(spec: Any, ndim: int) -> list[int]:
     return []
 
 
+def _asked_max(spec: Any, axis: int) -> int | None:
+    """The upper bound the export asked for on ``axis`` (a named ``Dim``'s or a bounded
+    ``Dim.AUTO``'s ``max``); ``None`` when unbounded or not given."""
+    if isinstance(spec, Mapping):
+        leaf = spec.get(axis)
+    elif isinstance(spec, (list, tuple)) and axis < len(spec):
+        leaf = spec[axis]
+    else:
+        return None
+    high = getattr(leaf, "max", None)
+    return _finite(high) if high is not None else None
+
+
 def _meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, Any]) -> str:
     role = input_role(key, tensor.dim(), present=present)
     if role is None:
@@ -115,7 +128,10 @@ def program_input_axes(
         static axis) and ``note``: ``"model-fixed"`` for an axis the capture specialised
         (``"weights"`` for image channels, which the first layer fixes),
         ``"model-bounded"`` for an image side or audio feature axis whose range ends below
-        :data:`SPATIAL_GROWTH` times the sample, else ``""``. ``[]`` when ``dynamic_shapes`` is not
+        :data:`SPATIAL_GROWTH` times the sample, and for a sequence axis whose range ends below
+        the bound the export asked for (none for ``Dim.AUTO``: a forward that loops over
+        fixed-size chunks of the sequence accepts only as many chunks as the sample had), else
+        ``""``. ``[]`` when ``dynamic_shapes`` is not
         a dict or the program's inputs cannot be matched to the kwargs.
     """
     if not isinstance(dynamic_shapes, Mapping):
@@ -143,6 +159,9 @@ def program_input_axes(
                 grows = meaning.startswith(("image", "video", "audio features"))
                 if grows and high is not None and high < SPATIAL_GROWTH * sample:
                     note = "model-bounded"
+                asked = _asked_max(dynamic_shapes.get(key), axis)
+                if meaning.endswith("sequence") and high is not None and (asked is None or high < asked):
+                    note = "model-bounded"  # e.g. a forward that loops over fixed-size chunks
                 entry.update(status=STATUS_DYNAMIC, min=low, max=high, note=note)
             else:
                 value = int(expr) if expr is not None else int(size)

@@ -500,6 +500,10 @@ def derive_second_inputs(
                     lengths[role.sequence] = _new_length(sample, limit, minimum=2 * sample + 1)
                 else:
                     lengths[role.sequence] = _new_length(sample, limit)
+                if program_axes is not None:  # a bounded range (chunked forward): a size it takes
+                    lengths[role.sequence] = _bounded_size(
+                        program_axes, key, role.sequence_axis, sample, lengths[role.sequence]
+                    )
             shape = list(t.shape)
             shape[0], shape[role.sequence_axis] = new_batch, lengths[role.sequence]
             reused = (
@@ -620,6 +624,23 @@ def _program_size(
         low = int(entry.get("min") or 0)
         high = entry.get("max")
         return _choose(sample, preferred, low, int(high) if high is not None else None)
+    return preferred
+
+
+def _bounded_size(
+    program_axes: Sequence[Mapping[str, Any]], key: str, axis: int, sample: int, preferred: int
+) -> int:
+    """``preferred`` moved inside the range of ``key``/``axis`` when the program bounds it from
+    above; unchanged for an unbounded, static or unlisted axis (a specialised sequence stays
+    derived, so the second-shape validation reports it)."""
+    for entry in program_axes:
+        if entry.get("input") == key and entry.get("axis") == axis:
+            if entry.get("status") == "dynamic" and entry.get("max") is not None:
+                # below the bound itself: a chunked forward often takes a path of its own at an exact
+                # multiple of the chunk (no padding), which the program may exclude by a guard
+                low, high = int(entry.get("min") or 0), int(entry["max"])
+                return _choose(sample, preferred, low, max(high - 1, low))
+            break
     return preferred
 
 
