@@ -220,3 +220,28 @@ def test_skip_reasons_become_numbered_notes_under_the_family_table(tmp_path):
     assert "| m | ok (0.00M params) | skip [1] | skip [1] |" in text
     assert "| n | ok (0.00M params) | skip [2] | pass |" in text
     assert "1. model-side: a per-token loop \\| unrolled at capture\n2. other\n" in text
+
+
+def test_forked_child_streams_records_and_is_killed_or_reported_like_a_fresh_interpreter(monkeypatch):
+    import time
+
+    from hfexport.testing import sweep_child
+
+    def hangs_after_one_cell(args):
+        print(json.dumps({"kind": "build", "status": "ok", "args": args}), flush=True)
+        print(json.dumps({"kind": "cell", "backend": "b1", "status": "pass"}), flush=True)
+        time.sleep(60)
+
+    monkeypatch.setattr(sweep_child, "main", hangs_after_one_cell)
+    records, error = sweep._fork_lines(["tiny", "text-generation", "b1,b2"], timeout=2.0)
+    assert [r["kind"] for r in records] == ["build", "cell"]
+    assert records[0]["args"] == ["tiny", "text-generation", "b1,b2"]
+    assert (error["stage"], error["reason"]) == ("timeout", "no result within 2 s")
+
+    def crashes(args):
+        raise RuntimeError("lowering blew up")
+
+    monkeypatch.setattr(sweep_child, "main", crashes)
+    records, error = sweep._fork_lines(["tiny", "text-generation", "b1"], timeout=30.0)
+    assert records == []
+    assert (error["stage"], error["reason"]) == ("crash", "RuntimeError: lowering blew up")
