@@ -324,9 +324,13 @@ def compat(session: nox.Session) -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
 
+    def release(text: str) -> list[int]:
+        return [int(x) for x in text.split(".") if x.isdigit()]
+
     def order(r: dict) -> tuple:
-        pins = [r.get("versions", {}).get(k, "") for k in ("openvino", "executorch")]
-        return (r["backend"], pins, [int(x) for x in r["torch"].split(".")])
+        # by backend, then its runtime's release (a cell without one last), then torch
+        pins = [release(r.get("versions", {}).get(k, "")) for k in ("openvino", "executorch")]
+        return (r["backend"], r["status"] == "no-release", pins, release(r["torch"]))
 
     for r in sorted(rows, key=order):
         other = ", ".join(f"{k} {v}" for k, v in r.get("versions", {}).items() if k != "torch") or "-"
