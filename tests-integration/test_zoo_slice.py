@@ -5,13 +5,15 @@ built by the generic tiny presets (``tiny_model(model_type)``), exports with ``d
 matches eager PyTorch at the sample shape (batch 2, 8 tokens) and at the exporter's derived second
 shape. A regression in a popular decoder family fails the default run here.
 
-Time box: the default slice is four dynamo exports (about 20 s each on an idle core, < 2 min in
+Time box: the default slice is five dynamo exports (about 20 s each on an idle core, < 2 min in
 all); the same types on ONNX and the rest of the slice are ``extended``.
 
 * granite: llama-like with embedding/residual/attention/logit multipliers;
 * olmo2: q/k RMS norms after projection, post-norms;
 * phi: partial rotary embeddings, parallel attention/MLP, dense biases;
 * starcoder2: grouped-query attention with biases, 32-token sliding window (generic shrink);
+* bailing_hybrid: linear-attention layers that loop over 64-token chunks (the program bounds the
+  sequence at 64: reported "model-bounded", second shape derived inside the range) + MoE;
 * stablelm, gemma (extended): partial rotary + layer norm; gelu-tanh MLP with scaled embeddings.
 """
 
@@ -23,7 +25,7 @@ from hfexport.testing import SUPPORTED_MODEL_TYPES, tiny_model
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-DEFAULT_SLICE = ("granite", "olmo2", "phi", "starcoder2")
+DEFAULT_SLICE = ("granite", "olmo2", "phi", "starcoder2", "bailing_hybrid")
 EXTENDED_SLICE = ("stablelm", "gemma")
 ATOL = {"dynamo": 1e-5, "onnx": 1e-4}  # the backends' fp32 defaults
 
