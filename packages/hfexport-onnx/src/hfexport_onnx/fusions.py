@@ -60,7 +60,7 @@ def register_ort_fusion(
     *ops: str,
     provider: str | None = None,
     description: str,
-    issue: str = _ISSUE,
+    issue: str | None = _ISSUE,
     versions: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Register ``fuse(model: onnx_ir.Model, dtype: str) -> int`` (number of rewrites) as an ORT fusion.
@@ -192,6 +192,8 @@ def _fuse(func_path: str, **kwargs: Any) -> Callable[[Any], int]:
 
 
 _UP = "onnxscript.rewriter.ort_fusions"
+#: where our GroupQueryAttention rewrite puts the rotary embedding (see :mod:`hfexport_onnx.gqa`)
+GQA_ROTARY = "gqa"
 
 
 # -- normalizations --------------------------------------------------------------------------------
@@ -263,6 +265,21 @@ def fuse_partial_rotary_embedding(model: Any, dtype: str) -> int:
 )
 def fuse_sdpa(model: Any, dtype: str) -> int:
     return _fuse(f"{_UP}.sdpa.fuse_sdpa", apply_shape_inference=True)(model)
+
+
+@register_ort_fusion(
+    "com.microsoft.GroupQueryAttention",
+    description="SDPA over Concat(past, new) KV caches, repeat_kv and a rotate-half rotary embedding, as "
+    "transformers 5 graphs have them (positions * inv_freq, boolean mask via GatherND) -> "
+    "com.microsoft.GroupQueryAttention with packed QKV, the rotary inside (do_rotary, cos/sin from "
+    "inv_freq, position_ids), seqlens_k/total length from the shapes and the mask as attention_bias "
+    "(our rewrite: hfexport_onnx.gqa)",
+    issue="https://github.com/microsoft/onnxscript/pull/2461",  # GatherND-built masks: unmerged
+)
+def fuse_cached_gqa(model: Any, dtype: str) -> int:
+    from hfexport_onnx.gqa import fuse_cached_gqa as fuse
+
+    return fuse(model, rotary=GQA_ROTARY)
 
 
 @register_ort_fusion(
@@ -365,3 +382,27 @@ def fuse_matmul_rules(model: Any, dtype: str) -> int:
     rewrite(model, _core.ORT_PATTERN_REWRITE_RULES)
     after = collections.Counter(n.op_type for n in model.graph.all_nodes())
     return max(after["FusedMatMul"] - before["FusedMatMul"], 0)
+
+
+# -- MatMul packing: provider keys run after the generic entries (registry order: "onnx", then
+# "onnx.<provider>"), so the Attention fusions, which pack Q/K/V themselves, took their MatMuls first
+_PACKING = (
+    "MatMuls of one input with constant weights (llama gate/up projections) -> one MatMul over the "
+    "concatenated weights + Split: same bytes read, fewer kernels per decode step (our rewrite: "
+    "hfexport_onnx.matmul_packing)"
+)
+
+
+# not workarounds (issue=None): ONNX Runtime's own graph optimizers do not pack MatMuls
+@register_ort_fusion("MatMul+Split", provider="cpu", description=_PACKING, issue=None)
+def fuse_sibling_matmuls_cpu(model: Any, dtype: str) -> int:
+    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
+
+    return pack_sibling_matmuls(model)
+
+
+@register_ort_fusion("MatMul+Split", provider="cuda", description=_PACKING, issue=None)
+def fuse_sibling_matmuls_cuda(model: Any, dtype: str) -> int:
+    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
+
+    return pack_sibling_matmuls(model)
