@@ -8,7 +8,9 @@ round and taking the median of each graph's per-round medians makes ratios compa
 Feeds by conventional name (``input_ids``, ``attention_mask``, ``position_ids``, ``cache_position``;
 every float input is a KV-cache tensor ``[1, kv_heads, past, head_dim]``): ``decode`` is one token
 after a ``--past``-token cache, ``prefill`` ``--prompt`` tokens on an empty cache. Prints one JSON
-object per graph (median ms, per-round medians) and each graph's ratio to the first.
+object per graph (median ms, per-round medians) and its ratio to the first graph: of the medians
+(``x_first``) and the median of the per-round ratios (``x_first_paired``, robust to load changing
+between rounds; use many short rounds, e.g. ``--rounds 100 --runs 3``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
                     "graph": path,
                     "median_ms": round(median, 3),
                     "x_first": round(median / medians[0], 3),
+                    # median over rounds of this graph's time / the first graph's in the same round
+                    "x_first_paired": round(
+                        statistics.median(t / b for t, b in zip(per_round, rounds[0])), 3
+                    ),
                     "rounds_ms": [round(t, 2) for t in per_round],
                 }
             )
