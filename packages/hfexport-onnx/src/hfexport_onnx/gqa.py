@@ -145,6 +145,11 @@ def _rope_source(cos4: Any, sin4: Any) -> _Rope:
             raise _NoMatch("the rotary cos/sin are not unsqueezed on axis 1")
         current, scaling = unsqueeze.inputs[0], 1.0
         node = current.producer()
+        if (
+            node is not None and node.op_type == "Cast"
+        ):  # cos/sin computed in float32, cast to the model dtype
+            current = node.inputs[0]
+            node = current.producer()
         if node is not None and node.op_type == "Mul":  # cos * attention_scaling
             for a, b in (node.inputs, reversed(node.inputs)):
                 factor = _const(b)
