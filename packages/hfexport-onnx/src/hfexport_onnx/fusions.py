@@ -13,7 +13,14 @@ the ops it produces and its metadata the onnxscript range it was checked with.
 Order matters and is the registration order below: normalizations and rotary embeddings first,
 then the attention chain (``sdpa`` marks scaled-dot-product-attention subgraphs, which ``gqa`` /
 ``mha*`` / ``attention`` consume; ``sdpa`` functions nothing consumed are inlined back at the end),
-then the activations, then the MatMul rules (``FusedMatMul``).
+then the activations, then the MatMul rules (``FusedMatMul``). The ``onnx`` entries run before the
+``onnx.<provider>`` ones (registry order), whatever their place in this file.
+
+Two rewrites are ours, not onnxscript's: ``cached_gqa`` (:mod:`hfexport_onnx.gqa`, right after
+``sdpa``: attention over a ``Concat(past, new)`` KV cache as transformers 5 graphs have it ->
+``GroupQueryAttention``, which onnxscript 0.7's own ``gqa`` rule does not match) and
+``sibling_matmuls_<provider>`` (:mod:`hfexport_onnx.matmul_packing`: MatMuls of one input packed
+into one MatMul + Split, after the Attention fusions that pack Q/K/V their own way).
 """
 
 from __future__ import annotations
