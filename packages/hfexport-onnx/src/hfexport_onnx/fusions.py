@@ -13,7 +13,14 @@ the ops it produces and its metadata the onnxscript range it was checked with.
 Order matters and is the registration order below: normalizations and rotary embeddings first,
 then the attention chain (``sdpa`` marks scaled-dot-product-attention subgraphs, which ``gqa`` /
 ``mha*`` / ``attention`` consume; ``sdpa`` functions nothing consumed are inlined back at the end),
-then the activations, then the MatMul rules (``FusedMatMul``).
+then the activations, then the MatMul rules (``FusedMatMul``). The ``onnx`` entries run before the
+``onnx.<provider>`` ones (registry order), whatever their place in this file.
+
+Two rewrites are ours, not onnxscript's: ``cached_gqa`` (:mod:`hfexport_onnx.gqa`, right after
+``sdpa``: attention over a ``Concat(past, new)`` KV cache as transformers 5 graphs have it ->
+``GroupQueryAttention``, which onnxscript 0.7's own ``gqa`` rule does not match) and
+``sibling_matmuls_<provider>`` (:mod:`hfexport_onnx.matmul_packing`: MatMuls of one input packed
+into one MatMul + Split, after the Attention fusions that pack Q/K/V their own way).
 """
 
 from __future__ import annotations
@@ -60,7 +67,7 @@ def register_ort_fusion(
     *ops: str,
     provider: str | None = None,
     description: str,
-    issue: str = _ISSUE,
+    issue: str | None = _ISSUE,
     versions: Mapping[str, str] | None = None,
 ) -> Callable[[Callable[..., int]], Callable[..., int]]:
     """Register ``fuse(model: onnx_ir.Model, dtype: str) -> int`` (number of rewrites) as an ORT fusion.
@@ -192,6 +199,8 @@ def _fuse(func_path: str, **kwargs: Any) -> Callable[[Any], int]:
 
 
 _UP = "onnxscript.rewriter.ort_fusions"
+#: where our GroupQueryAttention rewrite puts the rotary embedding (see :mod:`hfexport_onnx.gqa`)
+GQA_ROTARY = "gqa"
 
 
 # -- normalizations --------------------------------------------------------------------------------
@@ -263,6 +272,21 @@ def fuse_partial_rotary_embedding(model: Any, dtype: str) -> int:
 )
 def fuse_sdpa(model: Any, dtype: str) -> int:
     return _fuse(f"{_UP}.sdpa.fuse_sdpa", apply_shape_inference=True)(model)
+
+
+@register_ort_fusion(
+    "com.microsoft.GroupQueryAttention",
+    description="SDPA over Concat(past, new) KV caches, repeat_kv and a rotate-half rotary embedding, as "
+    "transformers 5 graphs have them (positions * inv_freq, boolean mask via GatherND) -> "
+    "com.microsoft.GroupQueryAttention with packed QKV, the rotary inside (do_rotary, cos/sin from "
+    "inv_freq, position_ids), seqlens_k/total length from the shapes and the mask as attention_bias "
+    "(our rewrite: hfexport_onnx.gqa)",
+    issue="https://github.com/microsoft/onnxscript/pull/2461",  # GatherND-built masks: unmerged
+)
+def fuse_cached_gqa(model: Any, dtype: str) -> int:
+    from hfexport_onnx.gqa import fuse_cached_gqa as fuse
+
+    return fuse(model, rotary=GQA_ROTARY)
 
 
 @register_ort_fusion(
@@ -365,3 +389,27 @@ def fuse_matmul_rules(model: Any, dtype: str) -> int:
     rewrite(model, _core.ORT_PATTERN_REWRITE_RULES)
     after = collections.Counter(n.op_type for n in model.graph.all_nodes())
     return max(after["FusedMatMul"] - before["FusedMatMul"], 0)
+
+
+# -- MatMul packing: provider keys run after the generic entries (registry order: "onnx", then
+# "onnx.<provider>"), so the Attention fusions, which pack Q/K/V themselves, took their MatMuls first
+_PACKING = (
+    "MatMuls of one input with constant weights (llama gate/up projections) -> one MatMul over the "
+    "concatenated weights + Split: same bytes read, fewer kernels per decode step (our rewrite: "
+    "hfexport_onnx.matmul_packing)"
+)
+
+
+# not workarounds (issue=None): ONNX Runtime's own graph optimizers do not pack MatMuls
+@register_ort_fusion("MatMul+Split", provider="cpu", description=_PACKING, issue=None)
+def fuse_sibling_matmuls_cpu(model: Any, dtype: str) -> int:
+    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
+
+    return pack_sibling_matmuls(model)
+
+
+@register_ort_fusion("MatMul+Split", provider="cuda", description=_PACKING, issue=None)
+def fuse_sibling_matmuls_cuda(model: Any, dtype: str) -> int:
+    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
+
+    return pack_sibling_matmuls(model)

@@ -1,0 +1,103 @@
+"""Latency of several ONNX graphs in ONNX Runtime, measured as interleaved rounds.
+
+On a shared machine a graph timed after another sees different load; alternating them round by
+round and taking the median of each graph's per-round medians makes ratios comparable.
+
+    python benchmarks/ort_interleaved.py --threads 1 --rounds 15 --mode decode a.onnx b.onnx ...
+
+Feeds by conventional name (``input_ids``, ``attention_mask``, ``position_ids``, ``cache_position``;
+every float input is a KV-cache tensor ``[1, kv_heads, past, head_dim]``): ``decode`` is one token
+after a ``--past``-token cache, ``prefill`` ``--prompt`` tokens on an empty cache. Prints one JSON
+object per graph (median ms, per-round medians) and its ratio to the first graph: of the medians
+(``x_first``) and the median of the per-round ratios (``x_first_paired``, robust to load changing
+between rounds; use many short rounds, e.g. ``--rounds 100 --runs 3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+
+
+def _feed(session, sequence: int, past: int, kv_heads: int, head_dim: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    feed = {}
+    for i in session.get_inputs():
+        name = i.name
+        if "input_ids" in name:
+            feed[name] = rng.integers(3, 1000, (1, sequence)).astype(np.int64)
+        elif "attention_mask" in name:
+            feed[name] = np.ones((1, past + sequence), np.int64)
+        elif "position_ids" in name:
+            feed[name] = np.arange(past, past + sequence, dtype=np.int64)[None]
+        elif "cache_position" in name:
+            feed[name] = np.arange(past, past + sequence, dtype=np.int64)
+        elif "float" in i.type:
+            feed[name] = rng.standard_normal((1, kv_heads, past, head_dim)).astype(np.float32)
+        else:
+            raise SystemExit(f"input {name} ({i.type}) has no feed")
+    return feed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("graphs", nargs="+")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--runs", type=int, default=20, help="timed runs per graph and round")
+    parser.add_argument("--mode", choices=("decode", "prefill"), default="decode")
+    parser.add_argument("--past", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=64)
+    args = parser.parse_args(argv)
+
+    import onnxruntime as ort
+
+    sessions = []
+    for path in args.graphs:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = args.threads
+        options.inter_op_num_threads = 1
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        sequence, past = (1, args.past) if args.mode == "decode" else (args.prompt, 0)
+        feed = _feed(session, sequence, past, args.kv_heads, args.head_dim)
+        for _ in range(3):  # warm-up, excluded
+            session.run(None, feed)
+        sessions.append((session, feed))
+    rounds: list[list[float]] = [[] for _ in sessions]
+    for _ in range(args.rounds):
+        for i, (session, feed) in enumerate(sessions):
+            times = []
+            for _ in range(args.runs):
+                start = time.perf_counter()
+                session.run(None, feed)
+                times.append(time.perf_counter() - start)
+            rounds[i].append(statistics.median(times) * 1e3)
+    medians = [statistics.median(r) for r in rounds]
+    for path, median, per_round in zip(args.graphs, medians, rounds):
+        print(
+            json.dumps(
+                {
+                    "graph": path,
+                    "median_ms": round(median, 3),
+                    "x_first": round(median / medians[0], 3),
+                    # median over rounds of this graph's time / the first graph's in the same round
+                    "x_first_paired": round(
+                        statistics.median(t / b for t, b in zip(per_round, rounds[0])), 3
+                    ),
+                    "rounds_ms": [round(t, 2) for t in per_round],
+                }
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
