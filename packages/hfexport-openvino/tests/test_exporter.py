@@ -233,6 +233,38 @@ def test_sym_min_fix_lets_openvino_convert_a_sliding_window_cut():
         np.testing.assert_allclose(compiled(x)[0], x[:, -min(n, 4) :] * 2, rtol=1e-6)
 
 
+def test_sym_mod_fix_lets_openvino_convert_chunk_padding():
+    """Chunked linear attention pads the sequence to a multiple of the chunk with Python's % on a
+    SymInt, which OpenVINO's frontend cannot convert; the fix computes it with aten.remainder."""
+    import operator
+
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_mod_as_tensor_op")]
+    assert entry.versions == {"openvino": ">=2026.0"}
+
+    class Pad(torch.nn.Module):
+        def forward(self, x):
+            pad = (4 - x.shape[1] % 4) % 4
+            return torch.nn.functional.pad(x, (0, 0, 0, pad)) + 1
+
+    length = torch.export.Dim("length", min=2, max=64)
+    program = torch.export.export(Pad(), (torch.rand(2, 6, 3),), dynamic_shapes=({1: length},))
+    nodes = [n for n in program.graph_module.graph.nodes if n.target is operator.mod]
+    assert nodes
+    with pytest.raises(Exception, match="mod"):
+        ov.convert_model(program)
+    for node in nodes:
+        assert entry.func(program.graph_module, node) is True
+    program.graph_module.recompile()
+    assert not [n for n in program.graph_module.graph.nodes if n.target is operator.mod]
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    for n in (3, 4, 9):  # padded by 1, 0 and 3 rows
+        x = np.random.rand(2, n, 3).astype(np.float32)
+        expected = np.pad(x, ((0, 0), (0, (4 - n % 4) % 4), (0, 0))) + 1
+        np.testing.assert_allclose(compiled(x)[0], expected, rtol=1e-6)
+
+
 def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):
     import openvino as ov
 

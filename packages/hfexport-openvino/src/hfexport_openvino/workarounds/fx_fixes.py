@@ -11,7 +11,8 @@
   NaN over the whole row.
 - :func:`sym_min_max_as_tensor_ops`: ``torch.sym_min``/``sym_max`` on SymInts (the core's
   sliding-window capture workaround, mistral/gemma2) become ``aten.minimum``/``maximum`` over 0-d
-  tensors: OpenVINO's FX frontend has no conversion rule for them.
+  tensors: OpenVINO's FX frontend has no conversion rule for them; :func:`sym_mod_as_tensor_op`
+  does the same for Python's ``%`` on SymInts (chunk padding of linear-attention layers).
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
   implementation: OpenVINO has no conversion for ``torch._grouped_mm``, and the ``"eager"`` loop
   depends on the routing of the sample (``nonzero()``).
@@ -19,6 +20,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -26,7 +28,13 @@ import torch
 from hfexport.registry import register_fx_node_fix
 from hfexport.workarounds.moe import register_dense_experts
 
-__all__ = ["BACKEND", "drop_empty_cat_operands", "finite_sdpa_mask", "sym_min_max_as_tensor_ops"]
+__all__ = [
+    "BACKEND",
+    "drop_empty_cat_operands",
+    "finite_sdpa_mask",
+    "sym_min_max_as_tensor_ops",
+    "sym_mod_as_tensor_op",
+]
 
 #: Registry key of this backend's workarounds.
 BACKEND = "openvino"
@@ -154,6 +162,13 @@ def sym_min_max_as_tensor_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
     tensor_op = _SYM_MIN_MAX.get(node.target)
     if tensor_op is None or node.op != "call_function" or len(node.args) != 2:
         return False
+    _as_tensor_op(node, tensor_op)
+    return True
+
+
+def _as_tensor_op(node: torch.fx.Node, tensor_op: Any) -> None:
+    """Replace the SymInt call ``node(a, b)`` by ``_local_scalar_dense(tensor_op(scalar_tensor(a),
+    scalar_tensor(b)))`` over 0-d int64 tensors (same integer value)."""
     graph = node.graph
     with graph.inserting_before(node):
         operands = [
@@ -169,4 +184,26 @@ def sym_min_max_as_tensor_ops(gm: torch.fx.GraphModule, node: torch.fx.Node) -> 
         scalar.meta["val"] = value
     node.replace_all_uses_with(scalar)
     graph.erase_node(node)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "compute Python's % on SymInts (chunked linear-attention layers pad the sequence to a multiple of "
+        "the chunk: (chunk - length % chunk) % chunk, bailing_hybrid) as aten.remainder over 0-d tensors: "
+        "OpenVINO's FX frontend has no rule for operator.mod"
+    ),
+    # no upstream issue filed yet; the missing rule is visible in the frontend's op table
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0"},
+)
+def sym_mod_as_tensor_op(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``a % b`` on SymInts as ``aten._local_scalar_dense(aten.remainder(...))`` over 0-d
+    int64 tensors: ``aten.remainder`` takes the divisor's sign, as Python's ``%`` does, so the
+    integer value is the same. Returns True when the node was rewritten."""
+    if node.op != "call_function" or node.target is not operator.mod or len(node.args) != 2:
+        return False
+    if not any(isinstance(getattr(a, "meta", {}).get("val"), torch.SymInt) for a in node.args):
+        return False
+    _as_tensor_op(node, torch.ops.aten.remainder.Tensor)
     return True
