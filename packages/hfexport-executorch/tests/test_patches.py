@@ -302,3 +302,106 @@ def test_tanh_gelu_stays_portable_and_matches_eager_with_the_patch():
     assert any("gelu" in t for t in targets)  # kept out of the delegate
     assert any("executorch_call_delegate" in t for t in targets)  # the linear still is delegated
     assert diff < 1e-5
+
+
+_PATTERN_PASSES = ("ConvertToSDPAPass", "ConvertToUpsampleBilinear2d")
+
+
+class ToyTwoPartitions(torch.nn.Module):
+    """Conv1d + batch norm + ReLU, a portable mean, then a linear and softmax: two XNNPACK partitions;
+    the conv one has what FuseBatchNorm / Conv1dUnsqueeze act on, the linear one does not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.norm.running_mean.uniform_(-0.5, 0.5)
+        self.norm.running_var.uniform_(0.5, 1.5)
+        self.proj = torch.nn.Linear(4, 4)
+        self.eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.norm(self.conv(x)))
+        return torch.softmax(self.proj(y.mean(-1)), dim=-1)
+
+
+def _lower_two_partitions(skip: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[bytes, list[str]]:
+    """Lower ToyTwoPartitions with the executorch.xnnpack patches; return the ``.pte`` and the XNNPACK
+    passes that ran. ``skip=False`` keeps only the pattern-matching passes in the skip table (building
+    their pattern graphs costs seconds; the extended test below covers them)."""
+    from executorch.backends.xnnpack import _passes as xnnpack_passes
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport_executorch.workarounds import patches
+
+    if not skip:
+        kept = {k: v for k, v in patches._XNNPACK_PASS_NEEDS.items() if k in _PATTERN_PASSES}
+        monkeypatch.setattr(patches, "_XNNPACK_PASS_NEEDS", kept)
+    program = capture(ToyTwoPartitions(), {"x": torch.randn(2, 4, 6)}, ExecutorchConfig())
+    ran: list[str] = []
+    with apply_patches("executorch.xnnpack"):
+        inner = xnnpack_passes._transform
+
+        def spy(ep, *passes, **kwargs):
+            result = inner(ep, *passes, **kwargs)
+            if result is not ep:
+                ran.extend(type(p).__name__ for p in passes)
+            return result
+
+        monkeypatch.setattr(xnnpack_passes, "_transform", spy)
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+        monkeypatch.setattr(xnnpack_passes, "_transform", inner)
+    return edge.to_executorch().buffer, ran
+
+
+@pytest.mark.extended
+def test_xnnpack_pass_skipping_leaves_the_program_byte_identical(monkeypatch):
+    skipped_buffer, ran_skipping = _lower_two_partitions(True, monkeypatch)
+    full_buffer, ran_all = _lower_two_partitions(False, monkeypatch)
+    assert skipped_buffer == full_buffer
+    partitions = ran_all.count("ChannelsLastTaggedReshapePass")  # always runs, once per partition
+    assert partitions == 2
+    assert ran_skipping.count("ChannelsLastTaggedReshapePass") == partitions
+    # the conv partition still gets the passes that act on it; nothing else does
+    assert ran_skipping.count("FuseBatchNormPass") == 1
+    assert ran_skipping.count("Conv1dUnsqueezePass") == 1
+    for name in (
+        "ConvertToUpsampleBilinear2d",
+        "PReLUReshapePass",
+        "DecomposeConcatenate",
+        "RemoveGetItemPass",
+    ):
+        assert name not in ran_skipping
+    assert len(ran_skipping) <= len(ran_all) - 10
+
+
+def test_xnnpack_pass_skip_table_names_default_passes():
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    from hfexport_executorch.workarounds.patches import _XNNPACK_PASS_NEEDS
+
+    default = {p.__name__ for p in XNNPACKPassManager(None).passes}
+    assert set(_XNNPACK_PASS_NEEDS) <= default, set(_XNNPACK_PASS_NEEDS) - default
+
+
+@pytest.mark.extended
+def test_xnnpack_pattern_graphs_hold_the_ops_the_skip_table_requires():
+    # ConvertToSDPAPass / ConvertToUpsampleBilinear2d are skipped on partitions lacking these ops: valid only
+    # while every pattern graph holds them (SubgraphMatcher matches each pattern node by call target).
+    from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+
+    from hfexport_executorch.workarounds.patches import _XNNPACK_PASS_NEEDS, _edge_op_names
+
+    patterns = {
+        "ConvertToSDPAPass": sdpa.get_graphs(),
+        "ConvertToUpsampleBilinear2d": bilinear_2d.get_graphs_dict(),
+    }
+    for name, graphs in patterns.items():
+        assert graphs
+        for pattern in graphs:
+            assert _XNNPACK_PASS_NEEDS[name](_edge_op_names(pattern.graph)), (
+                name,
+                _edge_op_names(pattern.graph),
+            )

@@ -33,6 +33,7 @@ __all__ = [
     "keep_dynamic_dims_in_list_returning_ops",
     "patchify_conv3d_as_matmul",
     "unsqueeze_with_one_dynamic_dim_only",
+    "xnnpack_preprocess_skips_inapplicable_passes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -315,6 +316,98 @@ def gelu_tanh_stays_portable(original: Callable[..., Any]) -> Callable[..., Any]
         return True
 
     return check_constraints
+
+
+def _edge_op_names(graph: torch.fx.Graph) -> frozenset[str]:
+    """``{"aten.cat.default", "dim_order_ops._clone_dim_order.default", ...}``: the call targets of ``graph``."""
+    return frozenset(
+        str(getattr(node.target, "__name__", node.target))
+        for node in graph.nodes
+        if node.op == "call_function"
+    )
+
+
+def _has_any(*names: str) -> Callable[[frozenset[str]], bool]:
+    return lambda ops: any(name in ops for name in names)
+
+
+def _has_all(*names: str) -> Callable[[frozenset[str]], bool]:
+    return lambda ops: all(name in ops for name in names)
+
+
+def _has_quant_nodes(ops: frozenset[str]) -> bool:
+    # XNNPACK's is_quant/is_dequant match quantize_*/dequantize_* ops of any namespace
+    return any("quantize" in name for name in ops)
+
+
+#: XNNPACK preprocess pass (class name) -> "may this pass change a graph holding these ops?". Each
+#: predicate is a necessary condition read off the pass's own source (executorch 1.3-1.4): the op
+#: it rewrites, or every op of the pattern graphs it matches (``SubgraphMatcher`` matches a pattern
+#: only where each of its call targets occurs). Passes not listed always run.
+_XNNPACK_PASS_NEEDS: dict[str, Callable[[frozenset[str]], bool]] = {
+    # matches sdpa.get_graphs() (built by exporting a module at first use: ~2 s); both
+    # patterns hold _softmax and bmm
+    "ConvertToSDPAPass": _has_all("aten._softmax.default", "aten.bmm.default"),
+    # matches bilinear_2d.get_graphs_dict() (four exports at first use: ~3 s), upsample_bilinear2d
+    "ConvertToUpsampleBilinear2d": _has_any("aten.upsample_bilinear2d.vec"),
+    "FuseBatchNormPass": _has_any(
+        "aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default"
+    ),
+    "DecomposeBatchNorm": _has_any(
+        "aten.native_batch_norm.default", "aten._native_batch_norm_legit_no_training.default"
+    ),
+    "Conv1dUnsqueezePass": _has_any("aten.convolution.default"),
+    "PReLUReshapePass": _has_any("aten._prelu_kernel.default"),
+    "FuseActivationPass": _has_any("aten.relu.default", "aten.hardtanh.default"),
+    "DecomposeConcatenate": _has_any("aten.cat.default"),
+    "RemoveGetItemPass": _has_any("aten.max_pool2d_with_indices.default", "aten.max.dim"),
+    "PropagateCustomMetaPass": _has_quant_nodes,
+}
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack._passes._transform",
+    description=(
+        "XNNPACK preprocess: skip the passes that cannot change a delegated partition (no op they rewrite, no op "
+        "of the patterns they match): each one re-traces the partition, and the SDPA/bilinear ones first build "
+        "their pattern graphs by exporting modules (~5 s per process); the result is byte-identical"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/1893",
+    versions={"executorch": ">=1.3"},
+)
+def xnnpack_preprocess_skips_inapplicable_passes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the ``_transform`` that ``XNNPACKPassManager.transform`` applies each pass with.
+
+    ``XnnpackBackend.preprocess`` runs all 17 XNNPACK passes on every partition; each pass ends
+    by re-tracing the partition with fake tensors (symbolic sizes under dynamic shapes), whether
+    it changed anything or not, and ``ConvertToSDPAPass`` / ``ConvertToUpsampleBilinear2d`` build
+    their pattern graphs with ``torch.export`` + ``to_edge`` on first use. A tiny 2-layer llama
+    exported with dynamic batch and sequence has 27 partitions: 459 pass runs, ~5 s of pattern
+    building and ~0.5 s per pass, for passes that find nothing to do. The XNNPACK authors named
+    the problem ("XNNPACK preprocess is very very slow due to running many transform passes ...
+    we dont run unrelated transform passes", https://github.com/pytorch/executorch/pull/1893,
+    closed unmerged).
+
+    The wrapper checks, just before a listed pass would run, whether the partition's current
+    graph holds an op the pass acts on (:data:`_XNNPACK_PASS_NEEDS`); if not, the program is
+    passed on unchanged. The next pass that runs re-traces the graph anyway (the always-run
+    ``ChannelsLastTaggedReshapePass`` and ``RemoveRedundantCopyPass`` come last), so the
+    serialized delegate is the same: the ``.pte`` of the tiny llama, BERT and ViT exports is
+    byte-identical with and without the wrapper. Unlisted passes and calls with several passes
+    go to ``original``.
+    """
+
+    @functools.wraps(original)
+    def transform(exported_program: Any, *passes: Any, **kwargs: Any) -> Any:
+        if len(passes) == 1 and not kwargs:
+            needs = _XNNPACK_PASS_NEEDS.get(type(passes[0]).__name__)
+            if needs is not None and not needs(_edge_op_names(exported_program.graph)):
+                logger.debug("XNNPACK preprocess: %s skipped (nothing to act on)", type(passes[0]).__name__)
+                return exported_program
+        return original(exported_program, *passes, **kwargs)
+
+    return transform
 
 
 def _patch_sized(conv: torch.nn.Conv3d, x: torch.Tensor) -> bool:
