@@ -140,13 +140,7 @@ def validate_decode_lengths(
         ExportValidationError: an output differs from eager PyTorch beyond tolerance.
     """
     from hfexport.inputs import apply_output_flags, prepare_for_export
-    from hfexport.quality import quality_gates_for, validate_quality
-    from hfexport.validation import validate_artifact
 
-    gates = quality_gates_for(config)
-    atol_default, rtol_default = exporter.default_tolerances(model)
-    atol = config.atol if getattr(config, "atol", None) is not None else atol_default
-    rtol = config.rtol if getattr(config, "rtol", None) is not None else rtol_default
     run = exporter.runner(artifact)
     cases: list[tuple[str, dict[str, Any]]] = [
         ("decode_q1", decode_inputs_for_query_length(kwargs, 1, seed=1)),
@@ -162,15 +156,9 @@ def validate_decode_lengths(
     for label, raw in cases:
         _, prepared, flags = prepare_for_export(model, raw)
         with report.stage(f"validate_{label}"), apply_output_flags(model, flags), torch.no_grad():
-            if gates is not None:
-                rows = validate_quality(
-                    model, run, prepared, gates=gates, dtype=config.dtype, label=label.replace("_", " ")
-                )
-            else:
-                rows = validate_artifact(
-                    model, run, prepared, atol=atol, rtol=rtol, label=label.replace("_", " ")
-                )
-            report.validation[label] = [r.to_dict() for r in rows]
+            report.validation[label] = exporter.check_outputs(
+                model, run, prepared, config, report=report, label=label.replace("_", " ")
+            )
 
 
 def _encoder_shapes(
