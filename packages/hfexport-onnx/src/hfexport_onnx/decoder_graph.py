@@ -383,6 +383,7 @@ def export_decoder_with_past(
     if config is None:
         config = exporter.config if isinstance(exporter.config, OnnxConfig) else OnnxConfig()
     config = exporter._resolve_config(config)
+    exporter.check_precision(config)  # an unsupported dtype is refused before the eager run
     sample_inputs = dict(sample_inputs or {})
     takes_position_ids = _takes(model, "position_ids")
     token_range = _token_range(sample_inputs, model)
