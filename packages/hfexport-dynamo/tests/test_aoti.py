@@ -74,3 +74,22 @@ def test_cli_aoti_writes_and_validates_the_package_at_both_shapes(tmp_path):
     with torch.no_grad():
         expected = loaded.model(**inputs)
     assert (got["last_hidden_state"] - expected.last_hidden_state).abs().max().item() <= 1e-5
+
+
+@pytest.mark.extended
+def test_cli_aoti_float16_package_is_scored_by_the_quality_gates(tmp_path):
+    """The AOTI package of a float16 export is fed float16 inputs and gated (it used to get the
+    float32 inputs and be compared with allclose: the export failed in ``validate_aoti``)."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        ["export", "dynamo", str(out), "--model", "tiny:llama", "--aoti", "--dtype", "float16"],
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output[-3000:]
+    validation = json.loads((out / "export_report.json").read_text())["report"]["validation"]
+    for key in ("aoti_sample", "aoti_second_shape"):
+        logits = next(row for row in validation[key] if row["name"] == "logits")
+        # measured: cosine 1.0000, top-1 1.0, max |diff| 3.8e-4 at both shapes
+        assert logits["ok"] and logits["cosine"] >= 0.999 and logits["top1_agreement"] == 1.0, logits
+        assert 0 < logits["max_abs_diff"] < 1e-2, logits

@@ -240,15 +240,13 @@ class DynamoExporter(HfExporter):
         package = _aoti.attached_package(artifact)
         if package is None:
             return
-        from hfexport.validation import derive_second_inputs, validate_artifact
+        from hfexport.validation import derive_second_inputs
 
-        atol_default, rtol_default = self.default_tolerances(model)
-        atol = config.atol if config.atol is not None else atol_default
-        rtol = config.rtol if config.rtol is not None else rtol_default
         with report.stage("validate_aoti") as record:
             run = _aoti.AotiRunner(package)
-            rows = validate_artifact(model, run, inputs, atol=atol, rtol=rtol, label="aoti sample")
-            report.validation["aoti_sample"] = [r.to_dict() for r in rows]
+            report.validation["aoti_sample"] = self.check_outputs(
+                model, run, inputs, config, report=report, label="aoti sample"
+            )
             shapes = ["sample"]
             if config.is_dynamic and config.validate_second_shape:
                 if second_inputs is None:
@@ -256,10 +254,9 @@ class DynamoExporter(HfExporter):
                         model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
                     )
                 if second_inputs is not None:
-                    rows = validate_artifact(
-                        model, run, second_inputs, atol=atol, rtol=rtol, label="aoti second shape"
+                    report.validation["aoti_second_shape"] = self.check_outputs(
+                        model, run, second_inputs, config, report=report, label="aoti second shape"
                     )
-                    report.validation["aoti_second_shape"] = [r.to_dict() for r in rows]
                     shapes.append("second shape")
             record.detail = " and ".join(shapes)
 

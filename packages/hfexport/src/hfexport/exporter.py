@@ -569,27 +569,11 @@ class HfExporter(abc.ABC):
             ExportValidationError: an output differs beyond tolerance, or misses a quality gate
                 (the message names the metric, its value and the threshold).
         """
-        from hfexport.quality import quality_gates_for, validate_quality
-        from hfexport.validation import derive_second_inputs, validate_artifact
-
-        gates = quality_gates_for(config)
-        dtype = str(getattr(config, "dtype", "float32") or "float32")
+        from hfexport.validation import derive_second_inputs
 
         def check(run: Any, these: Mapping[str, Any], label: str) -> list[dict[str, Any]]:
-            if gates is not None:
-                found = validate_quality(model, run, these, gates=gates, dtype=dtype, label=label)
-            else:
-                found = validate_artifact(model, run, these, atol=atol, rtol=rtol, label=label)
-            return [r.to_dict() for r in found]
+            return self.check_outputs(model, run, these, config, report=report, label=label)
 
-        if gates is not None:
-            report.extra["quality_gates"] = dict(gates)
-        atol_default, rtol_default = self.default_tolerances(model)
-        # a plugin's config need not have DynamoConfig's fields: absent ones take the defaults
-        atol = getattr(config, "atol", None)
-        atol = atol if atol is not None else atol_default
-        rtol = getattr(config, "rtol", None)
-        rtol = rtol if rtol is not None else rtol_default
         with report.stage(Stage.VALIDATE, detail="sample inputs"):
             run = self.runner(artifact)  # a runtime that refuses the artifact fails in this stage
             report.validation["sample"] = check(run, inputs, "sample")
@@ -605,6 +589,68 @@ class HfExporter(abc.ABC):
                 return
         with report.stage(Stage.VALIDATE_SECOND_SHAPE):
             report.validation["second_shape"] = check(run, second_inputs, "second shape")
+
+    def check_outputs(
+        self,
+        model: torch.nn.Module,
+        run: Callable[[dict[str, Any]], Mapping[str, torch.Tensor]],
+        inputs: Mapping[str, Any],
+        config: Any,
+        *,
+        report: ExportReport | None = None,
+        label: str = "sample",
+    ) -> list[dict[str, Any]]:
+        """Compare one run of an artifact with the eager ``model`` on ``inputs``, as :meth:`validate` does.
+
+        The one comparison every validation of an export goes through, also those outside
+        :meth:`validate` (a decoder graph's prefill-on-empty-past and decode-step checks ...), so
+        a reduced-precision or quantized artifact is always scored the same way.
+
+        Args:
+            model: the eager model in float32 (the reference), flags applied as for the export.
+            run: the backend runner (forward kwargs -> ``{output_name: tensor}``).
+            inputs: forward kwargs in float32 (``Cache`` objects or nested lists/dicts of cache
+                tensors included), as the eager model takes them.
+            config: the export's config. With ``config.dtype`` other than ``"float32"`` or a
+                ``config.quantization`` (:func:`hfexport.quality.quality_gates_for`), the artifact
+                gets a copy of ``inputs`` whose floating point tensors (KV caches, ``inputs_embeds``,
+                masks/biases in float) are cast to ``config.dtype`` (integer tensors such as ids,
+                masks and positions keep theirs) and is scored with the quality gates; otherwise it
+                gets ``inputs`` unchanged and is compared with allclose at ``config.atol``/``rtol``
+                (``None``: :meth:`default_tolerances`).
+            report: when given, ``report.extra["quality_gates"]`` records the gates in force.
+            label: name of the input set in messages (``"sample"``, ``"decode step"``).
+
+        Returns:
+            The rows as dicts (:class:`hfexport.quality.OutputQuality` or
+            :class:`hfexport.validation.OutputComparison`), as ``report.validation`` stores them.
+
+        Raises:
+            ExportValidationError: an output differs beyond tolerance or misses a gate.
+        """
+        from hfexport.quality import quality_gates_for, validate_quality
+        from hfexport.validation import validate_artifact
+
+        gates = quality_gates_for(config)
+        if gates is not None:
+            if report is not None:
+                report.extra["quality_gates"] = dict(gates)
+            dtype = str(getattr(config, "dtype", "float32") or "float32")
+            rows: list[Any] = validate_quality(model, run, inputs, gates=gates, dtype=dtype, label=label)
+        else:
+            atol_default, rtol_default = self.default_tolerances(model)
+            # a plugin's config need not have DynamoConfig's fields: absent ones take the defaults
+            atol = getattr(config, "atol", None)
+            rtol = getattr(config, "rtol", None)
+            rows = validate_artifact(
+                model,
+                run,
+                inputs,
+                atol=atol if atol is not None else atol_default,
+                rtol=rtol if rtol is not None else rtol_default,
+                label=label,
+            )
+        return [r.to_dict() for r in rows]
 
     # -- helpers for the CLI -----------------------------------------------------------------------
     def artifact_path(self, output_dir: str | os.PathLike[str]) -> Path:

@@ -89,6 +89,15 @@ def _is_config(value: Any) -> bool:
     return isinstance(value, ExportConfigMixin)
 
 
+def _per_component(config: Any) -> bool:
+    """``config`` is a ``{component: config}`` dict rather than one config (or its dict form)."""
+    return (
+        isinstance(config, Mapping)
+        and bool(config)
+        and all(_is_config(v) or isinstance(v, Mapping) or v is None for v in config.values())
+    )
+
+
 def resolve_component_configs(config: Any, components: list[str]) -> dict[str, Any]:
     """One config per component.
 
@@ -105,12 +114,7 @@ def resolve_component_configs(config: Any, components: list[str]) -> dict[str, A
         ValueError: a per-component dict that misses components or names unknown ones (the
             message lists the missing, the unknown and the expected names).
     """
-    per_component = (
-        isinstance(config, Mapping)
-        and bool(config)
-        and all(_is_config(v) or isinstance(v, Mapping) or v is None for v in config.values())
-    )
-    if not per_component:
+    if not _per_component(config):
         return {name: config for name in components}
     missing = [c for c in components if c not in config]
     unknown = [c for c in config if c not in components]
@@ -140,13 +144,7 @@ def validate_decode_lengths(
         ExportValidationError: an output differs from eager PyTorch beyond tolerance.
     """
     from hfexport.inputs import apply_output_flags, prepare_for_export
-    from hfexport.quality import quality_gates_for, validate_quality
-    from hfexport.validation import validate_artifact
 
-    gates = quality_gates_for(config)
-    atol_default, rtol_default = exporter.default_tolerances(model)
-    atol = config.atol if getattr(config, "atol", None) is not None else atol_default
-    rtol = config.rtol if getattr(config, "rtol", None) is not None else rtol_default
     run = exporter.runner(artifact)
     cases: list[tuple[str, dict[str, Any]]] = [
         ("decode_q1", decode_inputs_for_query_length(kwargs, 1, seed=1)),
@@ -162,15 +160,9 @@ def validate_decode_lengths(
     for label, raw in cases:
         _, prepared, flags = prepare_for_export(model, raw)
         with report.stage(f"validate_{label}"), apply_output_flags(model, flags), torch.no_grad():
-            if gates is not None:
-                rows = validate_quality(
-                    model, run, prepared, gates=gates, dtype=config.dtype, label=label.replace("_", " ")
-                )
-            else:
-                rows = validate_artifact(
-                    model, run, prepared, atol=atol, rtol=rtol, label=label.replace("_", " ")
-                )
-            report.validation[label] = [r.to_dict() for r in rows]
+            report.validation[label] = exporter.check_outputs(
+                model, run, prepared, config, report=report, label=label.replace("_", " ")
+            )
 
 
 def _encoder_shapes(
@@ -225,6 +217,10 @@ def export_components(
             message names the component, its class and its input keys; the cause is chained).
         RuntimeError: ``generate`` failed while recording.
     """
+    # a dtype or quantization method the backend cannot produce is refused before generate() runs
+    given = config.values() if isinstance(config, Mapping) and _per_component(config) else [config]
+    for one in given:
+        exporter.check_precision(exporter._resolve_config(one))
     if decomposition is None:
         decomposition = decompose_for_generation(
             model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
@@ -287,6 +283,19 @@ def export_components(
             ) from exc
         artifacts[name] = artifact
     sources.release()
+    # the manifest records what each graph takes: float inputs (caches, pixel values) in the
+    # component's config.dtype, so the runner casts to it and builds empty caches in it
+    reduced = {
+        name: str(getattr(c, "dtype", None) or "float32")
+        for name, c in resolved_configs.items()
+        if str(getattr(c, "dtype", None) or "float32") != "float32"
+    }
+    if reduced:
+        io = {
+            name: plan.io[name].in_dtype(reduced[name]) if name in reduced else plan.io[name]
+            for name in plan.io
+        }
+        plan = dataclasses.replace(plan, io=io)
     result = GenerationArtifacts(artifacts, plan, reports, exporter.export_format)
     _record_greedy_parity(exporter, result, model, inputs, resolved_configs, generation_config)
     return result

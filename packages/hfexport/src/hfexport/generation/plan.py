@@ -150,13 +150,44 @@ class ComponentIO:
     def build(self, value_of: Callable[[str], torch.Tensor]) -> dict[str, Any]:
         """Build the forward kwargs: tensor leaves from ``value_of(path)``, constants as recorded.
 
+        A floating point tensor whose recorded dtype is another floating point dtype is cast to
+        it (a float32 ``pixel_values`` or empty cache for a float16 graph, see :meth:`in_dtype`);
+        integer and bool tensors are passed as given.
+
         Raises:
             KeyError: ``value_of`` has no value for a path (it should name the path).
         """
         values: list[Any] = []
         for leaf in self.leaves:
-            values.append(value_of(leaf["path"]) if leaf["tensor"] else leaf.get("value"))
+            if not leaf["tensor"]:
+                values.append(leaf.get("value"))
+                continue
+            value = value_of(leaf["path"])
+            recorded = getattr(torch, str(leaf.get("dtype")), None)
+            if (
+                isinstance(value, torch.Tensor)
+                and isinstance(recorded, torch.dtype)
+                and recorded.is_floating_point
+                and value.is_floating_point()
+                and value.dtype != recorded
+            ):
+                value = value.to(recorded)
+            values.append(value)
         return pytree.tree_unflatten(values, self.spec())
+
+    def in_dtype(self, dtype: str) -> ComponentIO:
+        """A copy whose floating point tensor leaves are recorded in ``dtype`` (``"float16"`` ...):
+        what a component exported with ``config.dtype=dtype`` takes (integer leaves unchanged)."""
+        target = getattr(torch, dtype, None)
+        if not isinstance(target, torch.dtype) or not target.is_floating_point:
+            raise ValueError(f"dtype={dtype!r} is not a floating point torch dtype")
+        leaves = []
+        for leaf in self.leaves:
+            recorded = getattr(torch, str(leaf.get("dtype")), None) if leaf["tensor"] else None
+            if isinstance(recorded, torch.dtype) and recorded.is_floating_point:
+                leaf = {**leaf, "dtype": dtype}
+            leaves.append(leaf)
+        return dataclasses.replace(self, leaves=leaves)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict."""
