@@ -202,3 +202,32 @@ def test_hybrid_shrink_keeps_an_attention_layer_in_two_layers():
         with torch.no_grad():
             logits = model(**inputs).logits
         assert logits.shape == (2, 8, model.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_heterogeneous_per_layer_configs_are_shrunk():
+    # transformers >= 5.20 heterogeneous configs raise AmbiguousGlobalPerLayerAttributeError (not an
+    # AttributeError) when a per-layer attribute is read globally; the shrink must not read them, and
+    # must shrink per_layer_config too (gemma4's default full-attention layers have head_dim 512)
+    config = shrunk_config("gemma4_text")
+    layer_types = config.to_dict()["layer_types"]
+    assert layer_types == ["sliding_attention", "full_attention"]
+    assert config.per_layer_config[1].head_dim == 16 and config.per_layer_config[0].head_dim == 16
+    assert config.vocab_size_per_layer_input == 256
+    # dots3_note_text: sliding layers keep their preset head_dim (qk_nope + qk_rope = 16 + 8)
+    dots = shrunk_config("dots3_note_text")
+    assert dots.per_layer_config[1].head_dim == 24 and dots.per_layer_config[1].num_attention_heads == 4
+    for model_type in ("gemma4_text", "dots3_note_text"):
+        model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+        assert sum(p.numel() for p in model.parameters()) < 2_000_000
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("model_type", ["dbrx", "dots1"])
+def test_overlays_make_broken_defaults_buildable(model_type):
+    # dbrx: modeling reads attn_config.rope_theta / clamps with clip_qkv; dots1: None expert counts
+    model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()

@@ -297,6 +297,29 @@ PRESETS.update(
             config={"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
             reason="the default config leaves num_experts_per_tok None, which its router cannot use",
         ),
+        "dbrx": Preset(
+            config={"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
+            reason=(
+                "transformers 5.24 DbrxAttention.__init__ reads attn_config.rope_theta, which "
+                "DbrxAttentionConfig no longer defines (rotary base moved to rope_parameters; the "
+                "attribute is stored, never used), and its clamp needs clip_qkv set (None gives "
+                "clamp(min=None, max=None)); no upstream issue found"
+            ),
+        ),
+        "dots1": Preset(
+            config={"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+            reason=(
+                "the default config leaves n_routed_experts, num_experts_per_tok and n_shared_experts "
+                "None; its experts cannot be built"
+            ),
+        ),
+        "dots3_note_text": Preset(
+            config={"per_layer_config": {"1": {"head_dim": 24}}},
+            reason=(
+                "its sliding layers need head_dim == qk_nope_head_dim + qk_rope_head_dim (16 + 8), "
+                "its global MLA layers head_dim == qk_rope_head_dim (8)"
+            ),
+        ),
         "gpt_neo": Preset(
             config={"attention_types": [[["global", "local"], 1]]},
             reason="attention_types expands to one entry per layer and must match the two layers",
