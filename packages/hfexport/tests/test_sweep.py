@@ -102,6 +102,20 @@ def test_mamba_skip_names_the_model_side_construct():
         assert part in reason, part
 
 
+def test_falcon_mamba_skip_names_its_copy_of_the_sequential_scan():
+    import inspect
+
+    from transformers.models.falcon_mamba import modeling_falcon_mamba
+
+    reason = sweep.KNOWN_SKIPS[("onnx", "falcon_mamba")]
+    assert {sweep.KNOWN_SKIPS[(b, "falcon_mamba")] for b in sweep.BACKENDS} == {reason}
+    assert "models/falcon_mamba/modeling_falcon_mamba.py" in reason and "mamba_selective_scan" in reason
+    # the construct the reason names is still there on the installed transformers (retire the skip if not)
+    source = inspect.getsource(modeling_falcon_mamba.mamba_selective_scan)
+    assert "for index in range(seq_len):" in source
+    assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
+
+
 def test_mamba_capture_still_specialises_the_sequence_length():
     # Documents the construct behind the mamba skip on the installed transformers: the plain forward's
     # selective scan is a Python loop over the sequence, unrolled at capture. Retire the skip when this fails.
