@@ -320,6 +320,13 @@ PRESETS.update(
                 "its global MLA layers head_dim == qk_rope_head_dim (8)"
             ),
         ),
+        "granitemoehybrid": Preset(
+            config={"layer_types": ["linear_attention", "attention"]},
+            reason=(
+                "the default layer_types are all linear_attention (mamba), and the hybrid cache's "
+                "get_seq_length fails eagerly without an attention layer"
+            ),
+        ),
         "gpt_neo": Preset(
             config={"attention_types": [[["global", "local"], 1]]},
             reason="attention_types expands to one entry per layer and must match the two layers",

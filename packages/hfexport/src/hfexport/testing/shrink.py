@@ -259,6 +259,16 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
                 )  # layer i has it when i % period == offset
         if "attn_layer_indices" in values and not values["attn_layer_indices"]:
             out["attn_layer_indices"] = [layers - 1]  # bamba-style: no attention at all by default
+    # a head_dim left None is derived as hidden / heads by most models, but some read it as is
+    # (hunyuan_v1_dense/moe: head_dim ** -0.5); the tiny value is that same quotient
+    if (
+        "head_dim" in values
+        and values["head_dim"] is None
+        and "head_dim" not in out
+        and out.get("hidden_size") == HIDDEN
+        and out.get("num_attention_heads") == HEADS
+    ):
+        out["head_dim"] = HEAD_DIM
     per_layer = values.get("per_layer_config")
     if isinstance(per_layer, Mapping) and per_layer:
         out["per_layer_config"] = _shrink_per_layer(per_layer, out, heads, layers, values.get("layer_types"))
