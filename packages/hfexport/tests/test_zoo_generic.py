@@ -232,3 +232,15 @@ def test_overlays_make_broken_defaults_buildable(model_type):
     with torch.no_grad():
         logits = model(**inputs).logits
     assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
+
+
+def test_dory_layer_sections_add_up_and_run_past_the_window():
+    # the generic two layers left dory's recurrent section at -7 layers: eager failed past the 32-token
+    # window (and capture with "size of tensor a (s + Min(31, s)) must match ... (s)")
+    model, _ = tiny_model("dory", "text-generation", check_eager=True)
+    c = model.config
+    assert (c.n_input_layers, c.n_recurrent_layers, c.n_output_layers, c.num_hidden_layers) == (1, 1, 1, 3)
+    assert c.sliding_window == 32 and "full_attention" in c.layer_types
+    with torch.no_grad():
+        logits = model(**make_inputs(model, batch_size=2, seq_len=40, seed=0)).logits
+    assert logits.shape == (2, 40, 256) and torch.isfinite(logits).all()

@@ -320,6 +320,29 @@ PRESETS.update(
                 "its global MLA layers head_dim == qk_rope_head_dim (8)"
             ),
         ),
+        "dory": Preset(
+            config={
+                # DoryConfig.to_dict() (what the shrink reads) and its constructor count every layer
+                # twice (attention + "mlp" block), and __post_init__ halves them again
+                "num_hidden_layers": 6,
+                "n_input_layers": 2,
+                "n_recurrent_layers": 2,
+                "n_output_layers": 2,
+                "layer_types": [
+                    "sliding_attention",
+                    "mlp",
+                    "full_attention",
+                    "mlp",
+                    "sliding_attention",
+                    "mlp",
+                ],
+            },
+            reason=(
+                "input + recurrent + output layers must add up to the layers (the generic two layers left "
+                "n_recurrent_layers at -7: eager broke past the 32-token window); one of each, a full "
+                "attention layer in the loop"
+            ),
+        ),
         "granitemoehybrid": Preset(
             config={"layer_types": ["linear_attention", "attention"]},
             reason=(
