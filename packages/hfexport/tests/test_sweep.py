@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hfexport.testing import sweep
 
 
@@ -102,16 +104,17 @@ def test_mamba_skip_names_the_model_side_construct():
         assert part in reason, part
 
 
-def test_falcon_mamba_skip_names_its_copy_of_the_sequential_scan():
+@pytest.mark.parametrize("model_type", ["falcon_mamba", "jamba"])
+def test_copied_mamba_scan_skips_name_the_construct_still_installed(model_type):
+    import importlib
     import inspect
 
-    from transformers.models.falcon_mamba import modeling_falcon_mamba
-
-    reason = sweep.KNOWN_SKIPS[("onnx", "falcon_mamba")]
-    assert {sweep.KNOWN_SKIPS[(b, "falcon_mamba")] for b in sweep.BACKENDS} == {reason}
-    assert "models/falcon_mamba/modeling_falcon_mamba.py" in reason and "mamba_selective_scan" in reason
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    reason = sweep.KNOWN_SKIPS[("onnx", model_type)]
+    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
+    assert f"models/{model_type}/modeling_{model_type}.py" in reason and "mamba_selective_scan" in reason
     # the construct the reason names is still there on the installed transformers (retire the skip if not)
-    source = inspect.getsource(modeling_falcon_mamba.mamba_selective_scan)
+    source = inspect.getsource(module.mamba_selective_scan)
     assert "for index in range(seq_len):" in source
     assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
 
