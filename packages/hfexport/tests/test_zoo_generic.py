@@ -224,10 +224,14 @@ def test_heterogeneous_per_layer_configs_are_shrunk():
         assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("model_type", ["dbrx", "dots1", "granitemoehybrid", "hunyuan_v1_dense"])
+@pytest.mark.parametrize(
+    "model_type",
+    ["dbrx", "dots1", "granitemoehybrid", "hunyuan_v1_dense", "ministral", "nemotron", "lfm2_moe"],
+)
 def test_overlays_make_broken_defaults_buildable(model_type):
     # dbrx: modeling reads attn_config.rope_theta / clamps with clip_qkv; dots1: None expert counts;
-    # granitemoehybrid: no attention layer by default; hunyuan_v1_dense: head_dim None read as is
+    # granitemoehybrid: no attention layer by default; hunyuan_v1_dense, ministral: head_dim None read as
+    # is; nemotron: num_key_value_heads None read as is; lfm2_moe: layer_types None
     model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
     with torch.no_grad():
         logits = model(**inputs).logits

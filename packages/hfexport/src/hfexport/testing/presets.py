@@ -354,6 +354,10 @@ PRESETS.update(
             config={"attention_types": [[["global", "local"], 1]]},
             reason="attention_types expands to one entry per layer and must match the two layers",
         ),
+        "lfm2_moe": Preset(
+            config={"layer_types": ["conv", "full_attention"]},
+            reason="the default config leaves layer_types None, which its decoder layers index; one conv, one attention layer",
+        ),
         "mamba2": Preset(
             config={"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2},
             reason="num_heads * head_dim must equal expand * hidden_size (2 * 64)",

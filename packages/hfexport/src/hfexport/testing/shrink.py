@@ -269,6 +269,9 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
         and out.get("num_attention_heads") == HEADS
     ):
         out["head_dim"] = HEAD_DIM
+    # kv heads left None mean "as many as the query heads" (nemotron reads them as is)
+    if values.get("num_key_value_heads", 0) is None and _is_int(out.get("num_attention_heads")):
+        out["num_key_value_heads"] = out["num_attention_heads"]
     per_layer = values.get("per_layer_config")
     if isinstance(per_layer, Mapping) and per_layer:
         out["per_layer_config"] = _shrink_per_layer(per_layer, out, heads, layers, values.get("layer_types"))
