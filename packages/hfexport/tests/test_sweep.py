@@ -119,6 +119,27 @@ def test_copied_mamba_scan_skips_name_the_construct_still_installed(model_type):
     assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
 
 
+@pytest.mark.parametrize(
+    ("model_type", "experts"), [("dbrx", "DbrxExperts"), ("longcat_flash", "LongcatFlashExperts")]
+)
+def test_hand_written_experts_loop_skips_name_the_construct_still_installed(model_type, experts):
+    import importlib
+    import inspect
+
+    from transformers.integrations import moe
+
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    reason = sweep.KNOWN_SKIPS[("dynamo", model_type)]
+    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
+    assert f"{experts}.forward" in reason and "@use_experts_implementation" in reason
+    cls = getattr(module, experts)
+    source = inspect.getsource(cls.forward)
+    assert ".nonzero(" in source and "torch.where(expert_mask[" in source
+    # not served by the experts interface (retire the skip when transformers declares it)
+    assert "use_experts_implementation" not in inspect.getsource(cls)
+    assert moe.use_experts_implementation is not None
+
+
 def test_mamba_capture_still_specialises_the_sequence_length():
     # Documents the construct behind the mamba skip on the installed transformers: the plain forward's
     # selective scan is a Python loop over the sequence, unrolled at capture. Retire the skip when this fails.

@@ -88,6 +88,22 @@ def _copied_mamba_scan(model_type: str, mixer: str) -> str:
 
 #: transformers 5.24 types carrying a copy of mamba's selective scan -> their mixer class
 _COPIED_MAMBA_SCANS = {"falcon_mamba": "FalconMambaMixer", "jamba": "JambaMambaMixer"}
+
+
+def _hand_written_experts_loop(model_type: str, experts: str) -> str:
+    """Skip reason for a model type whose experts module loops over the experts the router hit."""
+    return (
+        f"model-side: transformers 5.24 models/{model_type}/modeling_{model_type}.py, {experts}.forward loops over "
+        "`torch.greater(expert_mask.sum(...), 0).nonzero()` and `torch.where(expert_mask[...])` itself, without "
+        "@use_experts_implementation, so neither the experts interface nor hfexport's dense/grouped-matmul experts "
+        "reach it and capture fails on a data-dependent trip count (GuardOnDataDependentSymNode: Eq(u0, 0); "
+        "huggingface/transformers#38518). Needs the experts declared with @use_experts_implementation (3-D "
+        "gate_up_proj/down_proj), as mixtral's are"
+    )
+
+
+#: transformers 5.24 types whose experts module has its own data-dependent loop -> that module's class
+_HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
 #: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
 _LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns pooler_output as list(image_features), one output tensor per image, so the output structure depends on the image batch and capture fixes it (report: 'pixel_values batch: static 2 (model-fixed)'); get_placeholder_mask's torch_compilable_check also leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch). A dynamic prompt length exports and validates on dynamo (image tokens kept); needs a tensor (not list) feature output and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
@@ -96,6 +112,11 @@ KNOWN_SKIPS: dict[tuple[str, str], str] = {
     **{
         (backend, mt): _copied_mamba_scan(mt, mixer)
         for mt, mixer in _COPIED_MAMBA_SCANS.items()
+        for backend in BACKENDS
+    },
+    **{
+        (backend, mt): _hand_written_experts_loop(mt, experts)
+        for mt, experts in _HAND_WRITTEN_EXPERTS.items()
         for backend in BACKENDS
     },
     **{(backend, "llava"): _LLAVA_MERGE for backend in BACKENDS},
