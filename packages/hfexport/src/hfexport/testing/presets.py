@@ -354,6 +354,14 @@ PRESETS.update(
             config={"attention_types": [[["global", "local"], 1]]},
             reason="attention_types expands to one entry per layer and must match the two layers",
         ),
+        "hunyuan_v1_moe": Preset(
+            config={"num_experts": 4, "moe_topk": 2},
+            reason=(
+                "the default config has one expert routed top-1 (released checkpoints have many): its "
+                "grouped_mm offsets call histc(bins=1, min=0, max=0), a data-range histogram torchlib "
+                "does not translate"
+            ),
+        ),
         "lfm2_moe": Preset(
             config={"layer_types": ["conv", "full_attention"]},
             reason="the default config leaves layer_types None, which its decoder layers index; one conv, one attention layer",
