@@ -87,9 +87,9 @@ def test_moe_with_the_eager_experts_loop(exporter):
     exporter.export(model, inputs, OnnxConfig(dynamic=True))
     report = exporter.last_report
     assert "hfexport_onnx.workarounds.patches.eager_experts_as_grouped_matmul" in report.applied["patches"]
-    assert report.applied["custom_translations"] == [
-        "hfexport_onnx.workarounds.translations.grouped_mm_fallback"
-    ]
+    assert (
+        "hfexport_onnx.workarounds.translations.grouped_mm_fallback" in report.applied["custom_translations"]
+    )
     assert model.config._experts_implementation == "eager"  # the model is left as it was
     for row in report.validation["sample"] + report.validation["second_shape"]:
         assert row["ok"] and float(row["max_abs_diff"]) <= 1e-4, row

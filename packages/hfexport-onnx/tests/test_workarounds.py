@@ -76,9 +76,10 @@ def test_grouped_mm_fallback_translation_selects_each_rows_expert():
     program = exporter.export(
         model, {"inputs_embeds": rows, "offs": offs}, OnnxConfig(external_data=False, validate=False)
     )
-    assert exporter.last_report.applied["custom_translations"] == [
-        f"{translations.__name__}.grouped_mm_fallback"
-    ]
+    # the report lists every active translation handed to torch.onnx
+    assert (
+        f"{translations.__name__}.grouped_mm_fallback" in exporter.last_report.applied["custom_translations"]
+    )
     runner = OnnxRuntimeRunner(program)
     for routing in (offs, torch.tensor([0, 3, 3, 7], dtype=torch.int32)):
         got = runner({"inputs_embeds": rows, "offs": routing})["logits"]
@@ -88,3 +89,46 @@ def test_grouped_mm_fallback_translation_selects_each_rows_expert():
         assert (got - expected).abs().max() <= ATOL
         if routing[-1] < 7:
             assert torch.equal(got[6:], torch.zeros(1, 5))  # rows past the last bound stay 0
+
+
+class ComplexRotary(torch.nn.Module):
+    """deepseek_v2-style rotary embedding in complex numbers: polar, a real scale, unsqueeze, complex mul."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = PretrainedConfig()
+        self.register_buffer(
+            "inv_freq", 1.0 / (10000 ** (torch.arange(0, 8, 2).float() / 8)), persistent=False
+        )
+
+    def forward(self, inputs_embeds: torch.Tensor) -> dict[str, torch.Tensor]:
+        batch, heads, seq, _ = inputs_embeds.shape  # [B, H, S, 8]
+        positions = torch.arange(seq, dtype=torch.float32).unsqueeze(0).expand(batch, -1)  # [B, S]
+        freqs = positions.unsqueeze(-1) * self.inv_freq  # [B, S, 4]
+        freqs_cis = torch.polar(torch.ones_like(freqs), freqs) * 0.5  # complex [B, S, 4]
+        x = torch.view_as_complex(inputs_embeds.float().reshape(batch, heads, seq, -1, 2))
+        # a positive and a negative unsqueeze axis, each [B, 1, S, 4] against [B, H, S, 4]
+        rotated = x * freqs_cis.unsqueeze(1) + x * freqs_cis.unsqueeze(-3) * 0.25
+        return {"logits": torch.view_as_real(rotated).flatten(3)}
+
+
+def test_complex_rotary_translations_match_eager_at_two_lengths():
+    # without the complex-input registration torch.onnx fails in translate: "No ONNX function found for
+    # aten.unsqueeze.default ... No decompositions registered for the complex-valued input"
+    gen = torch.Generator().manual_seed(0)
+    model = ComplexRotary().eval()
+    sample = torch.randn(2, 3, 5, 8, generator=gen)
+    exporter = OnnxExporter()
+    program = exporter.export(
+        model, {"inputs_embeds": sample}, OnnxConfig(external_data=False, validate=False, dynamic=True)
+    )
+    applied = exporter.last_report.applied["custom_translations"]
+    assert f"{translations.__name__}.unsqueeze_complex" in applied
+    assert f"{translations.__name__}.mul_complex" in applied
+    runner = OnnxRuntimeRunner(program)
+    for x in (sample, torch.randn(3, 3, 9, 8, generator=gen)):
+        got = runner({"inputs_embeds": x})["logits"]
+        with torch.no_grad():
+            expected = model(x)["logits"]
+        assert got.shape == expected.shape == (x.shape[0], 3, x.shape[2], 8)
+        assert (got - expected).abs().max() <= ATOL

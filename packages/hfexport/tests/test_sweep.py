@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hfexport.testing import sweep
 
 
@@ -100,6 +102,42 @@ def test_mamba_skip_names_the_model_side_construct():
         "Guard failed: attention_mask.size()[1] == 8",
     ):
         assert part in reason, part
+
+
+@pytest.mark.parametrize("model_type", ["falcon_mamba", "jamba"])
+def test_copied_mamba_scan_skips_name_the_construct_still_installed(model_type):
+    import importlib
+    import inspect
+
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    reason = sweep.KNOWN_SKIPS[("onnx", model_type)]
+    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
+    assert f"models/{model_type}/modeling_{model_type}.py" in reason and "mamba_selective_scan" in reason
+    # the construct the reason names is still there on the installed transformers (retire the skip if not)
+    source = inspect.getsource(module.mamba_selective_scan)
+    assert "for index in range(seq_len):" in source
+    assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
+
+
+@pytest.mark.parametrize(
+    ("model_type", "experts"), [("dbrx", "DbrxExperts"), ("longcat_flash", "LongcatFlashExperts")]
+)
+def test_hand_written_experts_loop_skips_name_the_construct_still_installed(model_type, experts):
+    import importlib
+    import inspect
+
+    from transformers.integrations import moe
+
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    reason = sweep.KNOWN_SKIPS[("dynamo", model_type)]
+    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
+    assert f"{experts}.forward" in reason and "@use_experts_implementation" in reason
+    cls = getattr(module, experts)
+    source = inspect.getsource(cls.forward)
+    assert ".nonzero(" in source and "torch.where(expert_mask[" in source
+    # not served by the experts interface (retire the skip when transformers declares it)
+    assert "use_experts_implementation" not in inspect.getsource(cls)
+    assert moe.use_experts_implementation is not None
 
 
 def test_mamba_capture_still_specialises_the_sequence_length():

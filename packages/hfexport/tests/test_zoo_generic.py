@@ -202,3 +202,76 @@ def test_hybrid_shrink_keeps_an_attention_layer_in_two_layers():
         with torch.no_grad():
             logits = model(**inputs).logits
         assert logits.shape == (2, 8, model.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_heterogeneous_per_layer_configs_are_shrunk():
+    # transformers >= 5.20 heterogeneous configs raise AmbiguousGlobalPerLayerAttributeError (not an
+    # AttributeError) when a per-layer attribute is read globally; the shrink must not read them, and
+    # must shrink per_layer_config too (gemma4's default full-attention layers have head_dim 512)
+    config = shrunk_config("gemma4_text")
+    layer_types = config.to_dict()["layer_types"]
+    assert layer_types == ["sliding_attention", "full_attention"]
+    assert config.per_layer_config[1].head_dim == 16 and config.per_layer_config[0].head_dim == 16
+    assert config.vocab_size_per_layer_input == 256
+    # dots3_note_text: sliding layers keep their preset head_dim (qk_nope + qk_rope = 16 + 8)
+    dots = shrunk_config("dots3_note_text")
+    assert dots.per_layer_config[1].head_dim == 24 and dots.per_layer_config[1].num_attention_heads == 4
+    for model_type in ("gemma4_text", "dots3_note_text"):
+        model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+        assert sum(p.numel() for p in model.parameters()) < 2_000_000
+        with torch.no_grad():
+            logits = model(**inputs).logits
+        assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    ["dbrx", "dots1", "granitemoehybrid", "hunyuan_v1_dense", "ministral", "nemotron", "lfm2_moe"],
+)
+def test_overlays_make_broken_defaults_buildable(model_type):
+    # dbrx: modeling reads attn_config.rope_theta / clamps with clip_qkv; dots1: None expert counts;
+    # granitemoehybrid: no attention layer by default; hunyuan_v1_dense, ministral: head_dim None read as
+    # is; nemotron: num_key_value_heads None read as is; lfm2_moe: layer_types None
+    model, inputs = tiny_model(model_type, "text-generation", check_eager=True)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert logits.shape == (2, 8, 256) and torch.isfinite(logits).all()
+
+
+def test_dory_layer_sections_add_up_and_run_past_the_window():
+    # the generic two layers left dory's recurrent section at -7 layers: eager failed past the 32-token
+    # window (and capture with "size of tensor a (s + Min(31, s)) must match ... (s)")
+    model, _ = tiny_model("dory", "text-generation", check_eager=True)
+    c = model.config
+    assert (c.n_input_layers, c.n_recurrent_layers, c.n_output_layers, c.num_hidden_layers) == (1, 1, 1, 3)
+    assert c.sliding_window == 32 and "full_attention" in c.layer_types
+    with torch.no_grad():
+        logits = model(**make_inputs(model, batch_size=2, seq_len=40, seed=0)).logits
+    assert logits.shape == (2, 40, 256) and torch.isfinite(logits).all()
+
+
+def test_zero_initialised_router_is_redrawn_so_top_k_has_no_ties():
+    # afmoe zero-initialises router.gate: every expert scored sigmoid(0) = 0.5, and torch's topk and
+    # ONNX Runtime's TopK broke the exact ties differently (onnx validate: logits max abs 0.22)
+    model, inputs = tiny_model("afmoe", "text-generation")
+    router = model.model.layers[1].mlp.router
+    assert router.gate.weight.abs().max().item() > 0
+    assert all(p.any() for p in model.parameters() if p.dim() >= 2)
+    gaps = []
+    router.register_forward_hook(
+        lambda _m, _a, out: gaps.append(
+            (lambda t: (t[:, 1] - t[:, 2]).min())(out[0].sigmoid().topk(3).values)
+        )
+    )
+    with torch.no_grad():
+        model(**inputs)
+    assert gaps and gaps[0].item() > 1e-6  # the second and third expert scores are never tied
+    again, _ = tiny_model("afmoe", "text-generation")  # seeded: the same weights
+    assert torch.equal(again.model.layers[1].mlp.router.gate.weight, router.gate.weight)
+
+
+def test_single_expert_default_gets_real_routing():
+    # hunyuan_v1_moe's default one expert top-1 made grouped_mm's histc(bins=1, min=0, max=0), which
+    # torchlib refuses ("aten_histc with min == max (0.0) is not supported"): ONNX translate failed
+    config = shrunk_config("hunyuan_v1_moe")
+    assert (config.num_experts, config.moe_topk) == (4, 2)

@@ -18,7 +18,7 @@ from typing import Any
 
 from hfexport.registry import register_patch
 
-__all__ = ["eager_experts_as_grouped_matmul"]
+__all__ = ["custom_translations_may_take_complex_inputs", "eager_experts_as_grouped_matmul"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,3 +58,36 @@ def eager_experts_as_grouped_matmul(original: Callable[..., Any]) -> Callable[..
     get_interface.__doc__ = original.__doc__
     get_interface.__wrapped__ = original  # type: ignore[attr-defined]
     return get_interface
+
+
+@register_patch(
+    "onnx",
+    "torch.onnx._internal.exporter._registration.ONNXRegistry.register_op",
+    description=(
+        "let custom translations marked for complex-valued inputs serve them (torch.onnx registers every "
+        "custom_translation_table entry as real-only)"
+    ),
+    # no upstream issue found: the URL names the TODO "Support complex inputs with annotations"
+    issue="https://github.com/pytorch/pytorch/blob/main/torch/onnx/_internal/exporter/_compat.py",
+    versions={"torch": ">=2.12"},
+)
+def custom_translations_may_take_complex_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``ONNXRegistry.register_op`` while exporting.
+
+    ``torch.onnx.export(custom_translation_table=...)`` registers each entry with
+    ``is_complex=False``, and the dispatcher offers only ``is_complex`` translations to a node with
+    complex inputs, so no custom translation can serve one. A function marked by
+    ``register_translation(..., complex_inputs=True)`` (attribute
+    :data:`hfexport_onnx.workarounds.translations.COMPLEX_ATTR`) is registered as complex instead;
+    every other registration is unchanged.
+    """
+    from hfexport_onnx.workarounds.translations import COMPLEX_ATTR
+
+    def register_op(self: Any, target: Any, function: Callable[..., Any], is_complex: bool = False) -> None:
+        return original(
+            self, target, function, is_complex=is_complex or bool(getattr(function, COMPLEX_ATTR, False))
+        )
+
+    register_op.__doc__ = original.__doc__
+    register_op.__wrapped__ = original  # type: ignore[attr-defined]
+    return register_op

@@ -17,7 +17,13 @@ import torch
 
 from hfexport import registry
 
-__all__ = ["KIND", "custom_translation_table", "register_translation", "translation_entries"]
+__all__ = [
+    "COMPLEX_ATTR",
+    "KIND",
+    "custom_translation_table",
+    "register_translation",
+    "translation_entries",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +31,8 @@ logger = logging.getLogger(__name__)
 KIND = "onnx_translation"
 #: Registry key they are registered under.
 KEY = "onnx"
+#: Attribute marking a translation of complex-valued inputs (see ``register_translation(complex_inputs=True)``).
+COMPLEX_ATTR = "_hfexport_complex_inputs"
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -40,6 +48,7 @@ def register_translation(
     description: str | None = None,
     issue: str | None = None,
     versions: Mapping[str, str] | None = None,
+    complex_inputs: bool = False,
 ) -> Callable[[_F], _F]:
     """Register an ONNX Script translation for the aten overloads ``targets``.
 
@@ -54,6 +63,10 @@ def register_translation(
         description: one line saying what the translation fixes.
         issue: URL of the upstream issue (missing/wrong translation in torch.onnx or onnxscript).
         versions: distribution -> specifier set in which the translation is needed.
+        complex_inputs: the translation serves nodes with complex-valued inputs (torch.onnx passes
+            them as real tensors with a trailing axis of 2, real and imaginary part) and only
+            those; torch.onnx's own translation keeps serving real inputs. Needs the ONNX patch
+            :func:`hfexport_onnx.workarounds.patches.custom_translations_may_take_complex_inputs`.
 
     Returns:
         A decorator registering the function (idempotent per qualified name) and returning it.
@@ -65,7 +78,15 @@ def register_translation(
         raise ValueError(
             "register_translation needs at least one aten overload, e.g. torch.ops.aten.erf.default"
         )
-    return registry.register(KIND, KEY, *targets, description=description, issue=issue, versions=versions)
+    register = registry.register(KIND, KEY, *targets, description=description, issue=issue, versions=versions)
+    if not complex_inputs:
+        return register
+
+    def mark(func: _F) -> _F:
+        setattr(func, COMPLEX_ATTR, True)
+        return register(func)
+
+    return mark
 
 
 def translation_entries() -> list[registry.RegistryEntry]:
@@ -159,3 +180,68 @@ def grouped_mm_fallback(input: Any, weight: Any, offs: Any) -> Any:
     every = op.MatMul(op.Unsqueeze(input, [0]), weight)  # [E, S, N]
     kept = op.Where(op.Unsqueeze(selected, [2]), every, op.CastLike(zero, every))
     return op.ReduceSum(kept, [0], keepdims=0)
+
+
+# no upstream issue found for either gap: the URL names torchlib's complex registrations (none for unsqueeze)
+_TORCHLIB_COMPLEX = (
+    "https://github.com/microsoft/onnxscript/blob/main/onnxscript/function_libs/torch_lib/ops/core.py"
+)
+
+
+@register_translation(
+    torch.ops.aten.unsqueeze.default,
+    description="unsqueeze a complex tensor (held as real with a trailing axis of 2; torchlib has no complex unsqueeze)",
+    issue=_TORCHLIB_COMPLEX,
+    versions={"torch": ">=2.12", "onnxscript": ">=0.5"},
+    complex_inputs=True,
+)
+def unsqueeze_complex(self: Any, dim: int) -> Any:
+    """ONNX for ``aten.unsqueeze(self, dim)`` with complex ``self`` (no upstream issue found:
+    torchlib 0.5/0.6 registers no complex variant of ``aten::unsqueeze``, so torch.onnx fails with
+    "No decompositions registered for the complex-valued input"; deepseek_v2's and llama4's
+    ``freqs_cis.unsqueeze(1)`` in rotary embeddings).
+
+    Args:
+        self: ``[..., 2]`` real view of a complex tensor of rank ``r`` (ONNX rank ``r + 1``).
+        dim: the torch axis, ``-r - 1 <= dim <= r``.
+
+    Returns:
+        ``[..., 2]`` real view with the new axis; a negative ``dim`` counts from before the
+        trailing real/imaginary axis.
+    """
+    from onnxscript import opset18 as op
+
+    axis = dim - 1 if dim < 0 else dim
+    return op.Unsqueeze(self, [axis])
+
+
+@register_translation(
+    torch.ops.aten.mul.Tensor,
+    description="multiply a complex tensor by a real scalar (torchlib's complex mul slices the scalar as complex)",
+    issue=_TORCHLIB_COMPLEX,
+    versions={"torch": ">=2.12", "onnxscript": ">=0.5"},
+    complex_inputs=True,
+)
+def mul_complex(self: Any, other: Any) -> Any:
+    """ONNX for ``aten.mul.Tensor(self, other)`` with a complex operand (no upstream issue found:
+    torchlib's ``aten_mul_complex`` takes both operands as ``[..., 2]`` complex views and slices
+    ``other[..., 0]`` / ``other[..., 1]``, which fails for a real scalar, e.g. deepseek_v2's
+    ``freqs_cis * self.attention_scaling``).
+
+    Args:
+        self: ``[..., 2]`` real view of a complex tensor.
+        other: a real scalar (0-d), or a ``[..., 2]`` real view of a complex tensor.
+
+    Returns:
+        ``[..., 2]``: the scaled tensor, or the complex product ``(ac - bd) + (ad + bc)i``.
+    """
+    from onnxscript import opset18 as op
+
+    shape = getattr(other, "shape", None)
+    if not hasattr(other, "shape") or (shape is not None and len(shape) == 0):
+        return op.Mul(self, op.CastLike(other, self))
+    a, b = op.Slice(self, [0], [1], [-1]), op.Slice(self, [1], [2], [-1])
+    c, d = op.Slice(other, [0], [1], [-1]), op.Slice(other, [1], [2], [-1])
+    real = op.Sub(op.Mul(a, c), op.Mul(b, d))
+    imag = op.Add(op.Mul(a, d), op.Mul(b, c))
+    return op.Concat(real, imag, axis=-1)

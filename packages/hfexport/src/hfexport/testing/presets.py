@@ -297,9 +297,74 @@ PRESETS.update(
             config={"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
             reason="the default config leaves num_experts_per_tok None, which its router cannot use",
         ),
+        "dbrx": Preset(
+            config={"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
+            reason=(
+                "transformers 5.24 DbrxAttention.__init__ reads attn_config.rope_theta, which "
+                "DbrxAttentionConfig no longer defines (rotary base moved to rope_parameters; the "
+                "attribute is stored, never used), and its clamp needs clip_qkv set (None gives "
+                "clamp(min=None, max=None)); no upstream issue found"
+            ),
+        ),
+        "dots1": Preset(
+            config={"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+            reason=(
+                "the default config leaves n_routed_experts, num_experts_per_tok and n_shared_experts "
+                "None; its experts cannot be built"
+            ),
+        ),
+        "dots3_note_text": Preset(
+            config={"per_layer_config": {"1": {"head_dim": 24}}},
+            reason=(
+                "its sliding layers need head_dim == qk_nope_head_dim + qk_rope_head_dim (16 + 8), "
+                "its global MLA layers head_dim == qk_rope_head_dim (8)"
+            ),
+        ),
+        "dory": Preset(
+            config={
+                # DoryConfig.to_dict() (what the shrink reads) and its constructor count every layer
+                # twice (attention + "mlp" block), and __post_init__ halves them again
+                "num_hidden_layers": 6,
+                "n_input_layers": 2,
+                "n_recurrent_layers": 2,
+                "n_output_layers": 2,
+                "layer_types": [
+                    "sliding_attention",
+                    "mlp",
+                    "full_attention",
+                    "mlp",
+                    "sliding_attention",
+                    "mlp",
+                ],
+            },
+            reason=(
+                "input + recurrent + output layers must add up to the layers (the generic two layers left "
+                "n_recurrent_layers at -7: eager broke past the 32-token window); one of each, a full "
+                "attention layer in the loop"
+            ),
+        ),
+        "granitemoehybrid": Preset(
+            config={"layer_types": ["linear_attention", "attention"]},
+            reason=(
+                "the default layer_types are all linear_attention (mamba), and the hybrid cache's "
+                "get_seq_length fails eagerly without an attention layer"
+            ),
+        ),
         "gpt_neo": Preset(
             config={"attention_types": [[["global", "local"], 1]]},
             reason="attention_types expands to one entry per layer and must match the two layers",
+        ),
+        "hunyuan_v1_moe": Preset(
+            config={"num_experts": 4, "moe_topk": 2},
+            reason=(
+                "the default config has one expert routed top-1 (released checkpoints have many): its "
+                "grouped_mm offsets call histc(bins=1, min=0, max=0), a data-range histogram torchlib "
+                "does not translate"
+            ),
+        ),
+        "lfm2_moe": Preset(
+            config={"layer_types": ["conv", "full_attention"]},
+            reason="the default config leaves layer_types None, which its decoder layers index; one conv, one attention layer",
         ),
         "mamba2": Preset(
             config={"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2},

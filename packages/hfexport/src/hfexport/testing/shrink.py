@@ -209,7 +209,10 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
     has_stages = isinstance(values.get("depths"), list)  # swin-like: the width doubles per stage
 
     for key, value in values.items():
-        sub = getattr(config, key, None)
+        # sub-configurations are dicts in to_dict(); reading any other attribute back through the
+        # config can raise (transformers >= 5.20 per-layer attributes of heterogeneous configs,
+        # AmbiguousGlobalPerLayerAttributeError, which getattr's default does not catch)
+        sub = getattr(config, key, None) if isinstance(value, Mapping) else None
         if isinstance(sub, PretrainedConfig):
             out[key] = {**sub.to_dict(), **shrink_overrides(sub, remap)}
             continue
@@ -256,6 +259,22 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
                 )  # layer i has it when i % period == offset
         if "attn_layer_indices" in values and not values["attn_layer_indices"]:
             out["attn_layer_indices"] = [layers - 1]  # bamba-style: no attention at all by default
+    # a head_dim left None is derived as hidden / heads by most models, but some read it as is
+    # (hunyuan_v1_dense/moe: head_dim ** -0.5); the tiny value is that same quotient
+    if (
+        "head_dim" in values
+        and values["head_dim"] is None
+        and "head_dim" not in out
+        and out.get("hidden_size") == HIDDEN
+        and out.get("num_attention_heads") == HEADS
+    ):
+        out["head_dim"] = HEAD_DIM
+    # kv heads left None mean "as many as the query heads" (nemotron reads them as is)
+    if values.get("num_key_value_heads", 0) is None and _is_int(out.get("num_attention_heads")):
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    per_layer = values.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and per_layer:
+        out["per_layer_config"] = _shrink_per_layer(per_layer, out, heads, layers, values.get("layer_types"))
     for key in ("rope_parameters", "rope_scaling"):
         rope = values.get(key)
         if isinstance(rope, Mapping):
@@ -273,6 +292,46 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
 
 
 _KEEP = object()
+
+
+def _shrink_per_layer(
+    per_layer: Mapping[Any, Any], shrunk: Mapping[str, Any], heads: Any, layers: Any, types: Any
+) -> dict[str, Any]:
+    """Shrink a heterogeneous config's ``per_layer_config`` (transformers >= 5.20: ``{layer index:
+    {attribute: value}}`` overriding the global attributes for one layer, e.g. dots3_note's and
+    gemma4's wider sliding/full-attention layers).
+
+    Tiny layer ``i`` takes the overrides of the first original layer of its type (the layer types
+    are trimmed to cover each kind, see :func:`_trim_layer_types`), or of original layer ``i`` when
+    the config has no ``layer_types``. An attribute the top-level shrink changed takes the top-level
+    tiny value (a 256-wide head next to 16-wide global heads would break the tiny model's shape
+    rules); any other is shrunk by the same rules. Types whose layers need different tiny values
+    (dots3_note's sliding layers) have an overlay in :mod:`hfexport.testing.presets`.
+    """
+    by_index: dict[int, Mapping[str, Any]] = {}
+    for key, attrs in per_layer.items():
+        try:
+            by_index[int(key)] = attrs
+        except (TypeError, ValueError):
+            continue
+    if not _is_int(layers):
+        return {str(i): dict(a) for i, a in by_index.items()}
+    tiny_types = _trim_layer_types(list(types), layers) if isinstance(types, list) else None
+    out: dict[str, Any] = {}
+    for i in range(layers):
+        source = list(types).index(tiny_types[i]) if tiny_types and i < len(tiny_types) else i
+        attrs = by_index.get(source)
+        if not isinstance(attrs, Mapping):
+            continue
+        layer: dict[str, Any] = {}
+        for key, value in attrs.items():
+            if key in shrunk:
+                layer[key] = shrunk[key]
+            else:
+                new = _shrink_value(key, value, heads)
+                layer[key] = value if new is _KEEP else new
+        out[str(i)] = layer
+    return out
 
 
 def _shrink_value(key: str, value: Any, heads: Any) -> Any:
@@ -311,7 +370,7 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
         return min(value, 4)
     if key == "mm_tokens_per_image":
         return min(value, 4)
-    if key == "vocab_size":
+    if key in ("vocab_size", "vocab_size_per_layer_input"):
         return min(value, VOCAB)
     if key in _POSITION_KEYS:
         return value if value <= 2 * MAX_POSITIONS else MAX_POSITIONS

@@ -73,11 +73,52 @@ _MAMBA_SCAN = (
     "`is_torchdynamo_compiling() and not is_torchdynamo_exporting()`; mambapy's pscan is not a dependency). Needs a "
     "loop-free scan allowed under export, e.g. the chunked segment-sum form Mamba2/FalconH1 use (no upstream issue found)"
 )
+
+
+def _copied_mamba_scan(model_type: str, mixer: str) -> str:
+    """Skip reason for a model type whose module carries a copy of mamba's sequential selective scan."""
+    return (
+        f"model-side: transformers 5.24 models/{model_type}/modeling_{model_type}.py, mamba_selective_scan (a copy of "
+        f"mamba's, called by {mixer}.forward also with use_cache=False) runs the recurrence as `for index in "
+        "range(seq_len)`, which torch.export unrolls, so capture specialises the sequence length (Guard failed: "
+        "attention_mask.size()[1] == 8); its associative_scan branch is gated by `is_torchdynamo_compiling() and not "
+        "is_torchdynamo_exporting()`. Needs a loop-free scan allowed under export, as for mamba (no upstream issue found)"
+    )
+
+
+#: transformers 5.24 types carrying a copy of mamba's selective scan -> their mixer class
+_COPIED_MAMBA_SCANS = {"falcon_mamba": "FalconMambaMixer", "jamba": "JambaMambaMixer"}
+
+
+def _hand_written_experts_loop(model_type: str, experts: str) -> str:
+    """Skip reason for a model type whose experts module loops over the experts the router hit."""
+    return (
+        f"model-side: transformers 5.24 models/{model_type}/modeling_{model_type}.py, {experts}.forward loops over "
+        "`torch.greater(expert_mask.sum(...), 0).nonzero()` and `torch.where(expert_mask[...])` itself, without "
+        "@use_experts_implementation, so neither the experts interface nor hfexport's dense/grouped-matmul experts "
+        "reach it and capture fails on a data-dependent trip count (GuardOnDataDependentSymNode: Eq(u0, 0); "
+        "huggingface/transformers#38518). Needs the experts declared with @use_experts_implementation (3-D "
+        "gate_up_proj/down_proj), as mixtral's are"
+    )
+
+
+#: transformers 5.24 types whose experts module has its own data-dependent loop -> that module's class
+_HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
 #: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
 _LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns pooler_output as list(image_features), one output tensor per image, so the output structure depends on the image batch and capture fixes it (report: 'pixel_values batch: static 2 (model-fixed)'); get_placeholder_mask's torch_compilable_check also leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch). A dynamic prompt length exports and validates on dynamo (image tokens kept); needs a tensor (not list) feature output and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
     **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
+    **{
+        (backend, mt): _copied_mamba_scan(mt, mixer)
+        for mt, mixer in _COPIED_MAMBA_SCANS.items()
+        for backend in BACKENDS
+    },
+    **{
+        (backend, mt): _hand_written_experts_loop(mt, experts)
+        for mt, experts in _HAND_WRITTEN_EXPERTS.items()
+        for backend in BACKENDS
+    },
     **{(backend, "llava"): _LLAVA_MERGE for backend in BACKENDS},
 }
 #: (family, backend) -> the share of eagerly running types that must export and validate (percent)

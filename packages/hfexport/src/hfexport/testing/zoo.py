@@ -669,7 +669,35 @@ def _build(
             model = auto_cls.from_config(config, attn_implementation="eager")
     except Exception as exc:  # any failure to instantiate means "no tiny model", with the reason
         raise TinyModelUnavailable(model_type, task, "build", _one_line(exc)) from exc
+    _redraw_zero_matrices(model, seed)
     return model.eval()
+
+
+def _redraw_zero_matrices(model: torch.nn.Module, seed: int) -> list[str]:
+    """Draw every all-zero weight matrix of ``model`` (2-D or more, floating) from N(0, std), std =
+    the config's ``initializer_range`` (0.02 without one), with a generator seeded by ``seed``.
+
+    Some architectures zero-initialise a weight matrix, notably MoE routers (afmoe's
+    ``router.gate``): every token then scores every expert equally, and which experts top-k picks
+    among exact ties is left to the kernel (torch's CPU topk and ONNX Runtime's TopK pick
+    different ones), so an exported model "differs" from eager for no fault of the export, and
+    routing covers only one expert set. A trained checkpoint never has such a matrix. Vectors
+    (norm weights, biases, zero-initialised gates) are left alone.
+
+    Returns:
+        The names of the redrawn parameters, in module order.
+    """
+    std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02)
+    gen = torch.Generator().manual_seed(seed + 1)
+    redrawn = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2 and param.is_floating_point() and param.numel() and not param.any():
+                param.copy_(
+                    torch.randn(param.shape, generator=gen, dtype=torch.float32).to(param.dtype) * std
+                )
+                redrawn.append(name)
+    return redrawn
 
 
 def check_runs_eagerly(
