@@ -283,3 +283,14 @@ def test_forked_child_streams_records_and_is_killed_or_reported_like_a_fresh_int
     records, error = sweep._fork_lines(["tiny", "text-generation", "b1"], timeout=30.0)
     assert records == []
     assert (error["stage"], error["reason"]) == ("crash", "RuntimeError: lowering blew up")
+
+
+def test_a_backend_that_has_not_run_every_type_is_not_judged_against_its_target(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    _write(tmp_path, "causal-lm", "a", ok, {"dynamo": {"status": "pass"}, "executorch": {"status": "pass"}})
+    _write(tmp_path, "causal-lm", "b", ok, {"dynamo": {"status": "pass"}})
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["a", "b"]})
+    assert (
+        "| causal-lm | 2 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) "
+        "| 1 pass / 0 fail / 0 skip (100%; 1 of 2 types run, target 90% not judged yet) |"
+    ) in text

@@ -544,7 +544,11 @@ def render(
             ran = passed + failed
             goal = TARGETS.get((family, backend))
             verdict = ""
-            if goal is not None and ran:
+            if ran + skipped < len(runnable):  # the backend has not seen every runnable type yet
+                verdict = f"; {ran + skipped} of {len(runnable)} types run"
+                if goal is not None:
+                    verdict += f", target {goal}% not judged yet"
+            elif goal is not None and ran:
                 verdict = f", target {goal}%: {'met' if 100 * passed / ran >= goal else '**missed**'}"
             share = f" ({100 * passed / ran:.0f}%{verdict})" if ran else ""
             cells.append(f"{passed} pass / {failed} fail / {skipped} skip{share}")
