@@ -400,3 +400,29 @@ def test_model_bounded_sequence_is_reported_and_the_second_shape_stays_inside_it
     with torch.no_grad():
         diff = (program.module()(**second) - model(**second)).abs().max().item()
     assert diff <= 1e-6
+
+
+def test_a_sequence_bounded_at_the_models_own_position_limit_is_not_model_bounded(caplog):
+    from transformers import BertConfig, BertModel
+
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.report import ExportReport
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=40)  # fmt: skip
+    model = BertModel(config).eval()
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    report = ExportReport(export_format="dynamo")
+    with caplog.at_level("WARNING", logger="hfexport.capture"):
+        capture(
+            model,
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids)},
+            DynamoConfig(dynamic=True),
+            report,
+        )
+    sequence = [e for e in report.extra["dynamic_axes"] if e["meaning"] == "sequence"]
+    assert sequence and all(
+        e["max"] == 40 and e["note"] == "" for e in sequence
+    )  # the position table's own size
+    assert "accepts lengths" not in caplog.text

@@ -409,10 +409,12 @@ def capture(
                 ),
             )
     if report is not None:
+        # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's and SigLIP's image size)
+        from hfexport.conventions.config_lookups import max_positions
         from hfexport.program_axes import axes_summary, program_input_axes
 
-        # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's and SigLIP's image size)
-        axes = program_input_axes(program, kwargs, dynamic_shapes)
+        limit, _ = max_positions(getattr(model, "config", None))
+        axes = program_input_axes(program, kwargs, dynamic_shapes, position_limit=limit)
         report.extra["dynamic_axes"] = axes
         report.extra["dynamic_axes_summary"] = axes_summary(axes)
         for entry in axes:

@@ -111,7 +111,10 @@ def _finite(value: Any) -> int | None:
 
 
 def program_input_axes(
-    program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Any
+    program: torch.export.ExportedProgram,
+    inputs: Mapping[str, Any],
+    dynamic_shapes: Any,
+    position_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """The outcome of every top-level tensor input axis that ``dynamic_shapes`` marked dynamic.
 
@@ -119,6 +122,8 @@ def program_input_axes(
         program: the captured program (its keyword inputs are the forward kwargs).
         inputs: the forward kwargs it was traced with (sample sizes).
         dynamic_shapes: the ``dynamic_shapes`` given to ``torch.export`` (dict keyed by kwarg).
+        position_limit: the model's own sequence limit (``max_position_embeddings``): a sequence
+            range ending there is the model's documented limit, not ``"model-bounded"``.
 
     Returns:
         One dict per such axis, in input and axis order: ``input`` (kwarg name), ``axis``,
@@ -160,7 +165,12 @@ def program_input_axes(
                 if grows and high is not None and high < SPATIAL_GROWTH * sample:
                     note = "model-bounded"
                 asked = _asked_max(dynamic_shapes.get(key), axis)
-                if meaning.endswith("sequence") and high is not None and (asked is None or high < asked):
+                if (
+                    meaning.endswith("sequence")
+                    and high is not None
+                    and (asked is None or high < asked)
+                    and (position_limit is None or high < position_limit)
+                ):
                     note = "model-bounded"  # e.g. a forward that loops over fixed-size chunks
                 entry.update(status=STATUS_DYNAMIC, min=low, max=high, note=note)
             else:
