@@ -60,6 +60,10 @@ def test_bad_precision_input_is_refused_before_capture(minilm):
             OnnxConfig(quantization={"method": "int8-dynamic", "embedding_bits": 4}),
             r"quantization\.embedding_bits=4 is not an option of the onnx backend .*allowed: embedding_bits=None",
         ),
+        (
+            OnnxConfig(quantization={"method": "int4-weight", "group_size": 7}),
+            r"group_size=7 is not a MatMulNBits block size .*allowed: 16, 32, 64, 128, 256",
+        ),
     ]
     for config, message in cases:
         with pytest.raises(ValueError, match=message):

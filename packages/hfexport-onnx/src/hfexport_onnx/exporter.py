@@ -209,7 +209,8 @@ class OnnxExporter(HfExporter):
 
     def check_precision(self, config: Any) -> None:
         """The core checks (dtype, method, gate names) plus, before capture: bfloat16 refused with
-        what this ONNX Runtime runs; ``quantization.embedding_bits`` refused (an ExecuTorch option;
+        what this ONNX Runtime runs; an ``int4-weight`` ``group_size`` that is not a MatMulNBits block
+        size; ``quantization.embedding_bits`` refused (an ExecuTorch option;
         every ONNX method stores the word embedding in int8 itself); quantization only of float32
         graphs; the ``ort_fusions``
         provider shipped by the installed onnxruntime (:func:`hfexport_onnx.fusions.check_fusion_target`).
@@ -233,6 +234,14 @@ class OnnxExporter(HfExporter):
                 "backend (each of its methods stores the word embedding in int8 already); allowed: "
                 "embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings"
             )
+        if quantization is not None and quantization.method == "int4-weight" and quantization.group_size:
+            from hfexport_onnx.quantize import INT4_BLOCK_SIZES
+
+            if int(quantization.group_size) not in INT4_BLOCK_SIZES:
+                raise ValueError(
+                    f"quantization.group_size={quantization.group_size} is not a MatMulNBits block size "
+                    f"(ONNX Runtime's blockwise quantizer); allowed: {', '.join(map(str, INT4_BLOCK_SIZES))}"
+                )
         if quantization is not None and dtype != "float32":
             raise ValueError(
                 f"ONNX Runtime quantizes float32 graphs; dtype={dtype!r} with quantization "

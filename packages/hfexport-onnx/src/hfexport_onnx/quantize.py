@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "INT4_BLOCK_SIZES",
     "QUANTIZATION_METHODS",
     "QUANTIZED_OP_TYPES",
     "activation_matmuls",
@@ -488,6 +489,8 @@ def ffn_up_nodes(model: Any, depth: int = 3) -> list[str]:
     return found
 
 
+#: the block sizes ONNX Runtime's blockwise 4-bit quantizer (MlasQuantizeBlockwise) accepts
+INT4_BLOCK_SIZES = (16, 32, 64, 128, 256)
 #: ``int4-weight`` block size when ``quantization.group_size`` is not set
 INT4_BLOCK_SIZE = 16
 

@@ -80,7 +80,14 @@ def _prompt_batches(
         raise ValueError(
             f"calibration file {path} does not exist; allowed: a UTF-8 text file, one prompt per line"
         )
-    prompts = [line.strip() for line in text.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        lines = text.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"calibration file {path} is not UTF-8 text (byte {exc.start}: {exc.reason}); give a UTF-8 "
+            "text file, one prompt per line"
+        ) from None
+    prompts = [line.strip() for line in lines if line.strip()]
     if not prompts:
         raise ValueError(f"calibration file {path} holds no prompts; give one prompt per line")
     ids = sample_inputs.get("input_ids")
