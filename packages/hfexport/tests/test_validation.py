@@ -393,7 +393,7 @@ def test_model_bounded_sequence_is_reported_and_the_second_shape_stays_inside_it
     assert [(e["status"], e["min"], e["max"], e["note"]) for e in sequence] == [
         ("dynamic", 2, 11, "model-bounded")
     ]
-    assert "input_ids sequence: the captured program accepts lengths 2..11 only" in caplog.text
+    assert "input_ids/attention_mask sequence: the captured program accepts lengths 2..11 only" in caplog.text
     second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
     assert second is not None, reason
     assert second["input_ids"].shape == (3, 10)  # inside [2, 11], below the bound, not the sample's 8
@@ -426,3 +426,45 @@ def test_a_sequence_bounded_at_the_models_own_position_limit_is_not_model_bounde
         e["max"] == 40 and e["note"] == "" for e in sequence
     )  # the position table's own size
     assert "accepts lengths" not in caplog.text
+
+
+class _ChunkLoop(torch.nn.Module):
+    """Pads the sequence to whole 4-token chunks and loops over them in Python (as chunked
+    gated-delta-rule layers do): capture records ``ceil(length / 4) == 2`` as a guard, not a range."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 8)
+
+    def forward(self, input_ids, attention_mask):
+        x = self.emb(input_ids) * attention_mask[..., None]
+        length = x.shape[1]
+        padded = torch.nn.functional.pad(x, (0, 0, 0, (4 - length % 4) % 4))
+        total = torch.zeros_like(x[:, 0])
+        for i in range(padded.shape[1] // 4):
+            total = total + padded[:, 4 * i : 4 * i + 4].sum(1)
+        return x + total[:, None]
+
+
+def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_respects_it():
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.program_axes import guards_accept
+    from hfexport.report import ExportReport
+
+    model = _ChunkLoop().eval()
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    report = ExportReport(export_format="dynamo")
+    program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    assert all(program.range_constraints[s].upper > 8 for s in program.range_constraints)  # no range bound
+    assert guards_accept(program, {"input_ids": (2, 8), "attention_mask": (2, 8)}) is True
+    assert guards_accept(program, {"input_ids": (2, 9), "attention_mask": (2, 9)}) is False
+    sequence = [e for e in report.extra["dynamic_axes"] if e["meaning"] == "sequence"]
+    assert {(e["max"], e["note"]) for e in sequence} == {(8, "model-bounded")}
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    assert second is not None, reason
+    assert second["input_ids"].shape[0] == 3 and 5 <= second["input_ids"].shape[1] < 8
+    with torch.no_grad():
+        diff = (program.module()(**second) - model(**second)).abs().max().item()
+    assert diff <= 1e-6

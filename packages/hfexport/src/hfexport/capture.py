@@ -417,15 +417,19 @@ def capture(
         axes = program_input_axes(program, kwargs, dynamic_shapes, position_limit=limit)
         report.extra["dynamic_axes"] = axes
         report.extra["dynamic_axes_summary"] = axes_summary(axes)
+        bounded: dict[tuple[str, Any, Any], list[str]] = {}
         for entry in axes:
             if entry.get("note") == "model-bounded" and str(entry.get("meaning", "")).endswith("sequence"):
-                logger.warning(
-                    "%s %s: the captured program accepts lengths %s..%s only: the model's forward fixes a "
-                    "count at the sample's length (e.g. a Python loop over fixed-size chunks, unrolled at "
-                    "capture); feed lengths in this range, or trace with a sample of the length you need",
-                    entry["input"],
-                    entry["meaning"],
-                    entry.get("min"),
-                    entry.get("max"),
-                )
+                key = (str(entry["meaning"]), entry.get("min"), entry.get("max"))
+                bounded.setdefault(key, []).append(str(entry["input"]))
+        for (meaning, low, high), names in bounded.items():
+            logger.warning(
+                "%s %s: the captured program accepts lengths %s..%s only: the model's forward fixes a count at "
+                "the sample's length (e.g. a Python loop over fixed-size chunks, unrolled at capture); feed "
+                "lengths in this range, or trace with a sample of the length you need",
+                "/".join(names),
+                meaning,
+                low,
+                high,
+            )
     return program

@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 from hfexport.conventions import DECODER, SIGNAL, input_role
 
-__all__ = ["SPATIAL_GROWTH", "axes_summary", "program_input_axes"]
+__all__ = ["SPATIAL_GROWTH", "axes_summary", "guards_accept", "program_input_axes"]
 
 #: A dynamic image side (or audio feature axis) is expected to reach at least this many times its
 #: sample size; a program range ending below that is reported as ``model-bounded``.
@@ -179,7 +179,95 @@ def program_input_axes(
                 note = "weights" if meaning.endswith(" channels") else "model-fixed"
                 entry.update(status=STATUS_STATIC, min=value, max=value, note=note)
             out.append(entry)
+    _bound_by_guards(program, tensors, out, position_limit)
     return out
+
+
+#: how far past the sample a sequence axis is checked against the program's input guards
+GUARD_SCAN_LIMIT = 4096
+
+
+class _Sized:
+    """Stands for an input in a guard expression: only its ``size()`` is read."""
+
+    def __init__(self, shape: Sequence[int]) -> None:
+        self._shape = tuple(int(d) for d in shape)
+
+    def size(self) -> tuple[int, ...]:
+        return self._shape
+
+
+def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | None:
+    """Whether the input guards ``torch.export`` recorded for ``program`` (its ``_guards_code``,
+    the Python expressions its module asserts before running) hold for inputs of ``shapes``.
+
+    Args:
+        program: a captured ``ExportedProgram``.
+        shapes: forward kwarg name -> the shape to check (every input the guards name).
+
+    Returns:
+        ``True`` / ``False``; ``None`` when the program records no guards or one of them cannot be
+        evaluated from shapes alone (it names another input, an unknown function).
+    """
+    code = getattr(program, "_guards_code", None)
+    if not code:
+        return None
+    inputs = {"L": {k: _Sized(v) for k, v in shapes.items()}}
+    scope = {"__builtins__": {}, "max": max, "min": min}
+    try:
+        return all(bool(eval(expr, scope, inputs)) for expr in _compiled(tuple(code)))
+    except Exception:  # a guard outside shape arithmetic: undecided
+        return None
+
+
+_COMPILED: dict[tuple[str, ...], list[Any]] = {}
+
+
+def _compiled(code: tuple[str, ...]) -> list[Any]:
+    if code not in _COMPILED:
+        _COMPILED.clear()  # one program at a time
+        _COMPILED[code] = [compile(expr, "<export guard>", "eval") for expr in code]
+    return _COMPILED[code]
+
+
+def _bound_by_guards(
+    program: Any,
+    tensors: Mapping[str, torch.Tensor],
+    entries: list[dict[str, Any]],
+    position_limit: int | None,
+) -> None:
+    """Find an upper bound the program's input guards put on a sequence axis its range leaves open.
+
+    A forward that pads the sequence to whole chunks and loops over them in Python (chunked
+    gated-delta-rule linear attention: qwen3_next, olmo_hybrid) is captured for the sample's chunk
+    count; torch records that as a guard such as ``ceil(length / 64) == 1``, not as a range, so the
+    program's range says ``[4, inf]``. Every length from the sample up is checked against the guards
+    (all inputs sharing the axis move together); the first refused one closes the range: the entries
+    get ``max`` and the note ``"model-bounded"``.
+    """
+    for meaning in ("sequence", "decoder sequence"):
+        group = [
+            e
+            for e in entries
+            if e["meaning"] == meaning and e["status"] == STATUS_DYNAMIC and e["max"] is None
+        ]
+        if not group:
+            continue
+        sample = group[0]["sample"]
+        shapes = {k: list(t.shape) for k, t in tensors.items()}
+        if guards_accept(program, shapes) is not True:
+            return  # no guards, or not decidable from shapes
+        ceiling = min(position_limit or GUARD_SCAN_LIMIT, GUARD_SCAN_LIMIT)
+        for length in range(sample + 1, ceiling + 1):
+            for e in group:
+                shapes[e["input"]][e["axis"]] = length
+            accepted = guards_accept(program, shapes)
+            if accepted is None:
+                break
+            if not accepted:
+                for e in group:
+                    e.update(max=length - 1, note="model-bounded")
+                break
 
 
 def _describe(entry: Mapping[str, Any]) -> str:
