@@ -372,7 +372,7 @@ def capture(
         kwargs, widened = widen_unit_batch(kwargs, config)
         dynamic_shapes = resolve_dynamic_shapes(config, kwargs)
         # image sides the model fixes are traced static; the report still lists them as asked
-        fixed_sides = model_fixed_image_sides(module, kwargs, dynamic_shapes)
+        fixed_sides = model_fixed_image_sides(module, kwargs, dynamic_shapes, reset_state=reset_stale_state)
         traced_shapes = keep_sides_static(dynamic_shapes, fixed_sides)
     with contextlib.ExitStack() as stack:
         with stage("capture.reset_stale_state"):

@@ -83,17 +83,17 @@ def _quiet_fake_kernels() -> Iterator[None]:
         fake_log.setLevel(level)
 
 
-def _probe(model: torch.nn.Module, inputs: Mapping[str, Any], grow: set[tuple[str, int]]) -> str:
+def _probe(
+    model: torch.nn.Module, inputs: Mapping[str, Any], grow: set[tuple[str, int]], reset_state: Any
+) -> str:
     """Run ``model(**inputs)`` on fake tensors, the sides in ``grow`` multiplied by
     :data:`SIDE_GROWTH`; ``""`` when it runs, else the first line of the error."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from hfexport.capture import reset_stale_state
-
     try:
         with (
             _quiet_fake_kernels(),
-            reset_stale_state(model),
+            reset_state(model) if reset_state is not None else contextlib.nullcontext(),
             FakeTensorMode(allow_non_fake_inputs=True) as mode,
             torch.no_grad(),
         ):
@@ -118,7 +118,7 @@ def _probe(model: torch.nn.Module, inputs: Mapping[str, Any], grow: set[tuple[st
 
 
 def model_fixed_image_sides(
-    model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any
+    model: torch.nn.Module, inputs: Mapping[str, Any], dynamic_shapes: Any, reset_state: Any = None
 ) -> list[dict[str, Any]]:
     """The image sides marked ``Dim.AUTO`` that the model cannot grow (see the module doc).
 
@@ -129,6 +129,9 @@ def model_fixed_image_sides(
             spatial axes, e.g. axes 2 and 3 of ``pixel_values`` ``[batch, 3, height, width]``).
         dynamic_shapes: the ``dynamic_shapes`` dict about to be given to ``torch.export``;
             anything else (``None``, a tuple) gives ``[]``.
+        reset_state: a context manager factory run around each probe with ``model``
+            (:func:`hfexport.capture.reset_stale_state`, passed by the capture: attributes an eager
+            forward cached are cleared and restored); ``None`` runs the probe as is.
 
     Returns:
         One dict per fixed side, in input and axis order: ``input``, ``axis``, ``sample`` (its
@@ -141,11 +144,11 @@ def model_fixed_image_sides(
     if not isinstance(dynamic_shapes, Mapping):
         return []
     by_modality = _auto_sides(inputs, dynamic_shapes)
-    if not by_modality or _probe(model, inputs, set()):
+    if not by_modality or _probe(model, inputs, set(), reset_state):
         return []
     fixed: list[dict[str, Any]] = []
     for sides in by_modality.values():
-        reason = _probe(model, inputs, set(sides))
+        reason = _probe(model, inputs, set(sides), reset_state)
         if not reason:
             continue
         for key, axis in sides:

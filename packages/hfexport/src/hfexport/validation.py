@@ -316,9 +316,10 @@ def _reuse_sample_tokens(config: Any, token_values: str) -> bool:
         return token_values == "sample"
     if config is None:
         return False
-    from hfexport.quality import quality_gates_for
-
-    return quality_gates_for(config) is not None
+    # the rule of hfexport.quality.quality_gates_for (gated: a reduced dtype or a quantization),
+    # read here without importing it: quality imports this module
+    dtype = str(getattr(config, "dtype", "float32") or "float32")
+    return dtype != "float32" or getattr(config, "quantization", None) is not None
 
 
 def _real_positions(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -123,9 +123,9 @@ KNOWN_SKIPS: dict[tuple[str, str], str] = {
 }
 #: (family, backend) -> the share of eagerly running types that must export and validate (percent)
 TARGETS: dict[tuple[str, str], int] = {
-    ("causal-lm", "dynamo"): 95,
-    ("causal-lm", "onnx"): 95,
-    ("causal-lm", "executorch"): 90,
+    ("causal-lm", ExportFormat.DYNAMO.value): 95,
+    ("causal-lm", ExportFormat.ONNX.value): 95,
+    ("causal-lm", ExportFormat.EXECUTORCH.value): 90,
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 
