@@ -128,6 +128,13 @@ def test_validate_quality_names_metric_value_and_override():
     assert "(gated: mean per-vector cosine >= 0.99 (cosine); min cosine recorded, not gated)" in text
     assert "cos mean" in text and "cos min" in text
 
+    # only the missed metric is suggested for lowering (here the cosine floor, not the mean)
+    with pytest.raises(ExportValidationError) as info:
+        validate_quality(model, half_run, {"x": x}, gates={"cosine": 0.5, "cosine_min": 1.0}, dtype="float16")
+    text = str(info.value)
+    assert "config.quality_gates={'cosine_min': 0.99}" in text and "--gate cosine_min=0.99" in text
+    assert "--gate cosine=" not in text
+
 
 def test_describe_gates_names_statistic_direction_and_threshold():
     assert describe_gates({"cosine": 0.99, "top1_agreement": 0.9}) == (
