@@ -205,8 +205,7 @@ def calibration_inputs(
             f"{count - 1} seeded random variants; pass a prompt file (--calibration prompts.txt) for ranges "
             "that match real inputs"
         )
-        warnings.warn(message, UserWarning, stacklevel=3)
-        logger.warning("%s", message)
+        warnings.warn(message, UserWarning, stacklevel=3)  # the CLI shows it once, via py.warnings
         batches = _random_variants(sample_inputs, count, seed)
     check_calibration_keys(batches, sample_inputs)
     return batches
