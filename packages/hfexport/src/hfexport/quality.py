@@ -46,6 +46,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import ExportValidationError
+from hfexport.precision import is_quality_gated
 
 __all__ = [
     "CACHE_COSINE_GATE",
@@ -123,10 +124,10 @@ def quality_gates_for(config: Any) -> dict[str, float] | None:
     for name, value in overrides.items():
         if name not in _UPPER_BOUND and not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"quality_gates[{name!r}]={value!r} is invalid; allowed: a float in [0, 1]")
+    if not is_quality_gated(config):
+        return None
     dtype = str(getattr(config, "dtype", "float32") or "float32")
     quantization = getattr(config, "quantization", None)
-    if dtype == "float32" and quantization is None:
-        return None
     gates = default_quality_gates(dtype, quantization)
     gates.update({k: float(v) for k, v in overrides.items()})
     return gates

@@ -314,12 +314,9 @@ def _reuse_sample_tokens(config: Any, token_values: str) -> bool:
         raise ValueError(f"token_values={token_values!r} is invalid; allowed: {', '.join(TOKEN_VALUES)}")
     if token_values != "auto":
         return token_values == "sample"
-    if config is None:
-        return False
-    # the rule of hfexport.quality.quality_gates_for (gated: a reduced dtype or a quantization),
-    # read here without importing it: quality imports this module
-    dtype = str(getattr(config, "dtype", "float32") or "float32")
-    return dtype != "float32" or getattr(config, "quantization", None) is not None
+    from hfexport.precision import is_quality_gated
+
+    return is_quality_gated(config)
 
 
 def _real_positions(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
