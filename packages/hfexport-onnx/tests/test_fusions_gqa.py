@@ -17,23 +17,12 @@ ATOL = 1e-5
 @pytest.fixture(scope="module")
 def fused_llama():
     """A seeded GQA llama (hidden 64, 2 layers, 4 query / 2 key-value heads) as one fused decoder graph."""
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hfexport.config import OnnxConfig
     from hfexport_onnx import OnnxExporter
     from hfexport_onnx.decoder_graph import DecoderWithPast, export_decoder_with_past
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=128,
-        max_position_embeddings=256,
-    )
-    model = LlamaForCausalLM(config).eval()
+    model = _tiny_gqa_llama()
     exporter = OnnxExporter()
     graph = export_decoder_with_past(model, None, OnnxConfig(ort_fusions="cpu"), None, exporter=exporter)
     return model, graph, exporter.runner(graph.artifact), DecoderWithPast(model, 2)
@@ -131,21 +120,11 @@ def test_fused_llama_decoder_matches_eager_on_a_left_padded_batch(fused_llama):
 def test_float16_llama_decoder_fuses_group_query_attention():
     """A float16 model computes cos/sin in float32 and casts them: the rewrite still matches, and the
     fused graph stays as close to eager as the unfused float16 graph (measured <= 5e-4 on logits)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hfexport.config import OnnxConfig
     from hfexport_onnx.decoder_graph import export_decoder_with_past
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=128,
-    )
-    model = LlamaForCausalLM(config).eval().half()
+    model = _tiny_gqa_llama().half()
     graph = export_decoder_with_past(model, None, OnnxConfig(ort_fusions="cpu", atol=1e-2, rtol=1e-2), None)
     assert graph.report.extra["ort_fusions"]["contrib_ops"]["com.microsoft.GroupQueryAttention"] == 2
     for label in ("sample", "prefill_empty_past", "decode_step"):
@@ -158,3 +137,20 @@ def test_cached_gqa_refuses_an_unknown_rotary_mode():
 
     with pytest.raises(ValueError, match=r"rotary='inside' is invalid; allowed: separate, gqa"):
         fuse_cached_gqa(object(), rotary="inside")
+
+
+def _tiny_gqa_llama():
+    """Seeded random llama with grouped-query attention: hidden 64, 2 layers, 4 heads / 2 KV heads."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=128,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config).eval()
