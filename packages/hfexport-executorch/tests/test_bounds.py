@@ -147,3 +147,23 @@ def test_budget_never_narrows_user_bounds(toy_double, toy_inputs):
     outcome = bounds.fit_memory_budget(program, symbols, 1_000)
     assert outcome.narrowed == {} and not outcome.fits
     assert sorted(info.upper for info in symbols) == [8, 64]
+
+
+def test_estimate_peak_bytes_takes_unbacked_sizes_at_the_largest_bound():
+    # issue 15 sweep: jetmoe's expert routing has a data-dependent size (u0 = nonzero count);
+    # the estimate raised GuardOnDataDependentSymNode in the memory_budget stage
+    import torch
+
+    class Routed(torch.nn.Module):
+        def forward(self, x):
+            picked = x[x.sum(-1) > 0]  # [u0, 4] float32, u0 unbacked
+            return picked * 2
+
+    x = torch.randn(6, 4)
+    n = Dim("n", min=2, max=32)
+    program = torch.export.export(Routed(), (x,), dynamic_shapes=({0: n},))
+    (symbol,) = [s for s in program.range_constraints if str(s).startswith("s")]
+    # x, the mask and the gathered rows are live together; the rows count up to the bound
+    peak = bounds.estimate_peak_bytes(program, {symbol: 32})
+    assert peak >= 32 * 4 * 4 + 32 * 4 * 4  # x and at least as many picked rows as the bound
+    assert peak <= 8 * 32 * 4 * 4

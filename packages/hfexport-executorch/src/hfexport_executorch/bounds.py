@@ -64,6 +64,7 @@ from typing import Any
 import sympy
 import torch
 import torch.utils._pytree as pytree
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._sympy.numbers import int_oo
 from torch.utils._sympy.value_ranges import ValueRanges
 
@@ -594,19 +595,32 @@ def estimate_peak_bytes(ep: torch.export.ExportedProgram, bounds: Mapping[sympy.
 
     Args:
         ep: the captured or lowered program.
-        bounds: value for each free symbol; symbols not given take their sample size.
+        bounds: value for each free symbol; symbols not given take their sample size, and
+            unbacked (data-dependent) symbols their finite upper bound, else the largest value
+            in ``bounds``.
 
     Returns:
         The estimated peak, in bytes.
     """
     subs = {sym: sympy.Integer(int(v)) for sym, v in bounds.items()}
 
+    # an unbacked symbol (a data-dependent size: tokens routed to an MoE expert, nonzero counts)
+    # has no sample hint; it is taken at its finite upper bound, else at the largest bound given
+    # (such sizes count tokens of the batch, so a whole batch-sequence is the pessimistic case)
+    unbacked_fallback = max((int(v) for v in bounds.values()), default=1)
+
     @functools.cache
     def evaluate(expr: sympy.Expr) -> int:
         value = expr.xreplace(subs)
         if value.is_number:
             return int(value)
-        return int(shape_env.size_hint(value)) if shape_env is not None else 0
+        if shape_env is None:
+            return 0
+        if free_unbacked_symbols(value):
+            upper = shape_env.bound_sympy(value).upper
+            if upper.is_number and upper.is_finite:
+                return int(upper)
+        return int(shape_env.optimization_hint(value, fallback=unbacked_fallback))
 
     shape_env = _shape_env(ep)
 
