@@ -106,6 +106,7 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         "conv1d_with_one_dynamic_dim_only",
         "edge_verifier_accepts_symbolic_min_max",
         "keep_dynamic_dims_in_list_returning_ops",
+        "runtime_assertions_dropped_before_edge",
     }
     for entry in found:
         # pytorch/ issues, and the shared dense experts' transformers issue
@@ -114,3 +115,47 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         )
         assert entry.versions and entry.is_active(), entry.name
         assert not entry.is_stale({"torch": ">=2.12", "executorch": ">=1.3"}), entry.name
+
+
+class PlaceholderCheck(torch.nn.Module):
+    """LLaVA's placeholder check in small: transformers' torch_compilable_check on a tensor condition."""
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        from transformers.utils.import_utils import torch_compilable_check
+
+        mask = input_ids == 7
+        torch_compilable_check(mask.sum() * 4 == features.numel(), "placeholders and features do not match")
+        return torch.zeros(*input_ids.shape, 4).masked_scatter(mask.unsqueeze(-1), features)
+
+
+def _placeholder_program():
+    ids = torch.tensor([[7, 1, 7, 2], [3, 7, 7, 4]])
+    features = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    sequence = Dim("sequence", min=2, max=64)
+    program = torch.export.export(
+        PlaceholderCheck(), (ids, features), dynamic_shapes=({1: sequence}, None), strict=False
+    )
+    return program, ids, features
+
+
+def test_runtime_assertion_condition_breaks_to_edge_without_the_fix():
+    # Documents the installed executorch: RemoveGraphAssertsPass runs in to_executorch, after to_edge
+    # verified the condition (pytorch/executorch#1319). When this stops raising, the fix can retire.
+    from executorch.exir import to_edge
+
+    program, _, _ = _placeholder_program()
+    with pytest.raises(Exception, match="_is_all_true"):
+        to_edge(program)
+
+
+def test_runtime_assertions_dropped_before_edge_lets_to_edge_run_and_keeps_values():
+    from executorch.exir import to_edge
+
+    program, ids, features = _placeholder_program()
+    fixes.runtime_assertions_dropped_before_edge(program)
+    edge = to_edge(program).exported_program()
+    targets = {str(n.target) for n in edge.graph.nodes if n.op == "call_function"}
+    assert not any("_is_all_true" in t or "_assert_scalar" in t for t in targets), targets
+    longer = torch.tensor([[7, 1, 7, 2, 5], [3, 7, 7, 4, 5]])
+    for prompt in (ids, longer):
+        torch.testing.assert_close(edge.module()(prompt, features), PlaceholderCheck()(prompt, features))

@@ -81,7 +81,8 @@ def test_unbounded_user_dim_is_bounded_and_runs_beyond_the_sample(toy_projection
     assert (axis["input"], axis["axis"], axis["max"]) == ("input_ids", 1, bounds.DEFAULT_MAX_SEQUENCE)
     assert "bounded by bound_unbounded_dynamic_ranges" in axis["source"]
     assert exporter.last_report.applied["fx_program_fixes"] == [
-        "hfexport_executorch.workarounds.fx_fixes.bound_unbounded_dynamic_ranges"
+        "hfexport_executorch.workarounds.fx_fixes.runtime_assertions_dropped_before_edge",
+        "hfexport_executorch.workarounds.fx_fixes.bound_unbounded_dynamic_ranges",
     ]
     inputs = toy_inputs(batch=2, seq=1000, seed=3)
     out = exporter.runner(program)(inputs)["hidden"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import PretrainedConfig
 
@@ -9,7 +10,7 @@ from hfexport import registry
 from hfexport.config import OnnxConfig
 from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
 from hfexport_onnx.versions import SUPPORTED
-from hfexport_onnx.workarounds import translations
+from hfexport_onnx.workarounds import fx_fixes, translations
 
 ATOL = 1e-5
 SLIDING = "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length"
@@ -132,3 +133,50 @@ def test_complex_rotary_translations_match_eager_at_two_lengths():
             expected = model(x)["logits"]
         assert got.shape == expected.shape == (x.shape[0], 3, x.shape[2], 8)
         assert (got - expected).abs().max() <= ATOL
+
+
+class PlaceholderCheck(torch.nn.Module):
+    """LLaVA's placeholder check in small: transformers' torch_compilable_check on a tensor condition."""
+
+    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        from transformers.utils.import_utils import torch_compilable_check
+
+        mask = input_ids == 7
+        torch_compilable_check(mask.sum() * 4 == features.numel(), "placeholders and features do not match")
+        return torch.zeros(*input_ids.shape, 4).masked_scatter(mask.unsqueeze(-1), features)
+
+
+def _placeholder_program():
+    from torch.export import Dim
+
+    ids = torch.tensor([[7, 1, 7, 2], [3, 7, 7, 4]])
+    features = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    sequence = Dim("sequence", min=2, max=64)
+    program = torch.export.export(
+        PlaceholderCheck(), (ids, features), dynamic_shapes=({1: sequence}, None), strict=False
+    )
+    return program, ids, features
+
+
+def test_runtime_assertion_condition_has_no_onnx_function_without_the_fix():
+    # Documents the installed torch.onnx: remove_assertion_nodes runs after decomposition and without
+    # dead-code elimination (pytorch/pytorch#150206). When this stops raising, the fix can retire.
+    program, _, _ = _placeholder_program()
+    with pytest.raises(Exception, match="_is_all_true"):
+        torch.onnx.export(program, dynamo=True, optimize=False)
+
+
+def test_runtime_assertions_dropped_before_translation_keeps_values_at_two_lengths():
+    import onnxruntime as ort
+
+    program, ids, features = _placeholder_program()
+    fx_fixes.runtime_assertions_dropped_before_translation(program)
+    onnx_program = torch.onnx.export(program, dynamo=True, optimize=False)
+    assert not {"_is_all_true", "_assert_scalar"} & {n.op_type for n in onnx_program.model.graph}
+    session = ort.InferenceSession(onnx_program.model_proto.SerializeToString())
+    names = [i.name for i in session.get_inputs()]
+    for prompt in (ids, torch.tensor([[7, 1, 7, 2, 5], [3, 7, 7, 4, 5]])):
+        (got,) = session.run(None, dict(zip(names, (prompt.numpy(), features.numpy()))))
+        expected = PlaceholderCheck()(prompt, features)
+        assert got.shape == tuple(expected.shape)
+        assert abs(torch.from_numpy(got) - expected).max() <= ATOL

@@ -81,13 +81,15 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     ]
 
 
-def test_known_skips_name_the_model_side_change_for_mamba_and_llava():
+def test_known_skips_name_the_model_side_change_for_mamba_and_none_is_left_for_llava():
     from hfexport.testing.sweep import KNOWN_SKIPS
 
-    for backend in ("dynamo", "onnx", "executorch"):
+    for backend in sweep.BACKENDS:
         assert "mamba_selective_scan" in KNOWN_SKIPS[(backend, "mamba")]
-        assert "list(image_features)" in KNOWN_SKIPS[(backend, "llava")]
-        assert "aten._is_all_true" in KNOWN_SKIPS[(backend, "llava")]
+        # llava exports and validates on every backend: the runtime assertions of its placeholder check
+        # are dropped before ONNX translation / ExecuTorch lowering, and the second shape of a dynamic=True
+        # export keeps the image batch the capture fixes (packages/*/tests/test_image_text.py)
+        assert (backend, "llava") not in KNOWN_SKIPS
 
 
 def test_mamba_skip_names_the_model_side_construct():

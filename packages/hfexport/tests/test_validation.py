@@ -275,6 +275,36 @@ def test_second_shape_keeps_image_tokens_of_an_image_text_prompt():
     assert tuple(logits.shape) == (3, 65, model.config.text_config.vocab_size)
 
 
+def test_second_shape_keeps_the_batch_when_the_program_fixes_the_image_batch():
+    # transformers 5.24 LLaVA returns one feature tensor per image, so a dynamic=True capture holds the
+    # image batch static; a third prompt would need a third image, so only the prompt length changes
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("llava")
+    token = model.config.image_token_id
+
+    def axis(key, index, sample, status, low):
+        high = sample if status == "static" else None
+        return {"input": key, "axis": index, "sample": sample, "status": status, "min": low, "max": high}
+
+    # what program_input_axes reports for the capture (pixel_values batch: static 2 (model-fixed))
+    axes = [axis("pixel_values", 0, 2, "static", 2), axis("input_ids", 0, 2, "dynamic", 0)]
+    axes.append(axis("input_ids", 1, 24, "dynamic", 2))
+    second, reason = derive_second_inputs(model, inputs, program_axes=axes)
+    assert reason == ""
+    assert tuple(second["pixel_values"].shape) == (2, 3, 32, 32)
+    assert tuple(second["input_ids"].shape) == tuple(second["attention_mask"].shape) == (2, 65)
+    assert (second["input_ids"] == token).sum(-1).tolist() == [16, 16]
+    with torch.no_grad():
+        assert tuple(model(**second).logits.shape) == (2, 65, model.config.text_config.vocab_size)
+    # a static batch of an input without placeholders in the prompt is not kept: the second shape
+    # still grows the batch, so a program that specialised it fails its validation
+    text_only = {k: v for k, v in inputs.items() if k != "pixel_values"}
+    text_only["input_ids"] = torch.where(text_only["input_ids"] == token, 1, text_only["input_ids"])
+    second, _ = derive_second_inputs(model, text_only, program_axes=[{**axes[1], "status": "static"}])
+    assert tuple(second["input_ids"].shape) == (3, 65)
+
+
 # -- second shape of a quality-gated export: the sample's own tokens (issue 12) -----------------------
 def _padded_prompt():
     # two real prompts over a few distinct tokens; row 1 is right-padded with 0

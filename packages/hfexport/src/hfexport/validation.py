@@ -434,7 +434,10 @@ def derive_second_inputs(
     ``pixel_values``; the ids come from :func:`hfexport.conventions.placeholder_token_ids`) keeps
     them: derived row ``i`` has the placeholders of sample row ``i % batch`` at the same positions
     (its image is that row's, tiled), no drawn id equals a placeholder id, and the image size
-    stays, so the count matches the features the encoder produces for the new batch.
+    stays, so the count matches the features the encoder produces for the new batch. When the
+    program holds the batch of such a modality's input static (LLaVA's one feature tensor per
+    image fixes the image batch at capture), the batch of every input keeps its size and the
+    prompt length alone changes.
 
     Args:
         model: the eager model (its config gives the maximum positions).
@@ -477,9 +480,9 @@ def derive_second_inputs(
     batch = next(iter(tensors.values())).shape[0]
     if any(t.dim() == 0 or t.shape[0] != batch for t in tensors.values()):
         return None, "inputs do not share a leading batch dimension"
-    new_batch = batch + 1
     config_ = getattr(model, "config", None)
     placeholders = _prompt_placeholders(tensors, config_)
+    new_batch = batch if _placeholder_batch_fixed(tensors, placeholders, program_axes) else batch + 1
     real = _real_positions(tensors) if reuse else {}
     lengths: dict[str, int] = {}
     out: dict[str, Any] = dict(others)
@@ -535,6 +538,31 @@ def derive_second_inputs(
             noise = torch.randn(t.shape, generator=gen).to(t.dtype).to(t.device) * 0.1
             out[key] = (t + noise).repeat(*reps)[:new_batch].contiguous()
     return _keep_placeholders(tensors, out, placeholders)
+
+
+def _placeholder_batch_fixed(
+    tensors: Mapping[str, torch.Tensor],
+    placeholders: Mapping[str, int],
+    program_axes: Sequence[Mapping[str, Any]] | None,
+) -> bool:
+    """Whether the program holds static the batch of an input whose placeholders fill the prompt.
+
+    The prompt's placeholder tokens are tied to the images (one token per vision feature), so with
+    the image batch fixed by the program (transformers 5.24 LLaVA returns one feature tensor per
+    image, so the output structure, and with it the image batch, is fixed at capture; the report
+    reads ``"pixel_values batch: static 2 (model-fixed)"``), a second shape can only keep the batch
+    of every input and change the prompt length."""
+    if not placeholders or not program_axes:
+        return False
+    for entry in program_axes:
+        key = entry.get("input")
+        t = tensors.get(str(key))
+        if t is None or entry.get("status") != "static":
+            continue
+        role = input_role(str(key), t.dim(), present=tensors)
+        if role is not None and role.modality in placeholders and entry.get("axis") == role.batch_axis:
+            return True
+    return False
 
 
 def _prompt_placeholders(tensors: Mapping[str, torch.Tensor], config: Any) -> dict[str, int]:

@@ -14,6 +14,7 @@ import operator
 import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
+from hfexport.workarounds.assertions import drop_runtime_assertions
 from hfexport_executorch import bounds
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
     "contiguous_attention_outputs",
+    "runtime_assertions_dropped_before_edge",
 ]
 
 logger = logging.getLogger(__name__)
@@ -30,6 +32,40 @@ logger = logging.getLogger(__name__)
 BOUNDS_META_KEY = "hfexport_executorch_bounds"
 #: ``ep.graph_module.meta`` key where :func:`bound_unbounded_dynamic_ranges` records what it set.
 BOUNDED_META_KEY = "hfexport_executorch_bounded"
+
+
+@register_fx_program_fix(
+    "executorch",
+    description=(
+        "erase runtime assertions (torch._check / transformers' torch_compilable_check) and the computation only "
+        "they use before to_edge: ExecuTorch erases the assertions only in to_executorch, after the edge verifier "
+        "has refused their condition (aten._is_all_true is not core ATen)"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/1319",
+    versions={"executorch": ">=1.3"},  # still needed on executorch 1.4.1 (exir/program/_program.py)
+)
+def runtime_assertions_dropped_before_edge(exported_program: torch.export.ExportedProgram) -> None:
+    """Erase the program's runtime assertions and their dead condition chain before ``to_edge``.
+
+    The ExecuTorch runtime does not run assertions: ``RemoveGraphAssertsPass`` erases
+    ``aten._assert_async.msg`` / ``aten._assert_scalar`` among the ``to_executorch`` passes
+    (pytorch/executorch#1319 proposed moving it to the ATen-to-edge passes; not merged, still so in
+    executorch 1.4.1). ``to_edge`` verifies the program first, condition included, and
+    transformers 5.24's ``torch_compilable_check`` on a tensor condition (llava's "Image features
+    and image tokens do not match" check, the same in many image-text models) is captured as
+    ``aten._is_all_true -> item -> _assert_scalar``: ``SpecViolationError: aten._is_all_true is not
+    in Core ATen opset``. This fix erases the assertions before lowering and removes the
+    computation only they used (:func:`hfexport.workarounds.assertions.drop_runtime_assertions`),
+    and the range constraints of the unbacked symbols it defined, so the bounds fix after it does
+    not see them. The ``.pte`` checks nothing either way; values are unchanged.
+    """
+    dropped = drop_runtime_assertions(exported_program)
+    if dropped.assertions:
+        logger.info(
+            "ExecuTorch cannot run runtime assertions: dropped %d (and %d node(s) computing their conditions)",
+            dropped.assertions,
+            dropped.dead_nodes,
+        )
 
 
 @register_fx_program_fix(

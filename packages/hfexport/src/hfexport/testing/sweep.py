@@ -104,8 +104,6 @@ def _hand_written_experts_loop(model_type: str, experts: str) -> str:
 
 #: transformers 5.24 types whose experts module has its own data-dependent loop -> that module's class
 _HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
-#: transformers 5.24 llava: per-image feature list and a tensor-valued runtime check in the merge
-_LLAVA_MERGE = "model-side: transformers 5.24 LlavaModel.get_image_features returns pooler_output as list(image_features), one output tensor per image, so the output structure depends on the image batch and capture fixes it (report: 'pixel_values batch: static 2 (model-fixed)'); get_placeholder_mask's torch_compilable_check also leaves aten._is_all_true in the graph (no ONNX translation, not core ATen for ExecuTorch). A dynamic prompt length exports and validates on dynamo (image tokens kept); needs a tensor (not list) feature output and a trace-time-only check (no upstream issue found)"
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
     **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
@@ -119,7 +117,6 @@ KNOWN_SKIPS: dict[tuple[str, str], str] = {
         for mt, experts in _HAND_WRITTEN_EXPERTS.items()
         for backend in BACKENDS
     },
-    **{(backend, "llava"): _LLAVA_MERGE for backend in BACKENDS},
 }
 #: (family, backend) -> the share of eagerly running types that must export and validate (percent)
 TARGETS: dict[tuple[str, str], int] = {

@@ -7,7 +7,10 @@
 - :mod:`hfexport.workarounds.preparers`: the ``"input_preparer"`` kind (data-dependent inputs
   precomputed before capture, key ``"inputs"``) and :func:`register_export_input_preparer`;
 - :mod:`hfexport.workarounds.moe`: the dense mixture-of-experts forward every backend that cannot
-  run transformers' data-dependent experts loop registers under its own key.
+  run transformers' data-dependent experts loop registers under its own key;
+- :mod:`hfexport.workarounds.assertions`: the program fix erasing runtime assertions and the
+  computation only they use, which every backend whose runtime cannot run assertions registers
+  under its own key.
 
 Importing this package imports none of them (so it stays cheap); :func:`load` does.
 """

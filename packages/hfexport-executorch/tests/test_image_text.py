@@ -1,0 +1,38 @@
+"""Image-text plain forwards (LLaVA) export to ExecuTorch and validate at two shapes (issue 15)."""
+
+from __future__ import annotations
+
+import pytest
+from torch.export import Dim
+
+from hfexport.config import ExecutorchConfig
+from hfexport.testing import tiny_model
+from hfexport_executorch import ExecutorchExporter
+
+DROP = "hfexport_executorch.workarounds.fx_fixes.runtime_assertions_dropped_before_edge"
+
+
+@pytest.mark.extended  # 1-2.5 min on 2 cores
+def test_llava_exports_with_a_dynamic_prompt_length_and_validates_at_two_shapes():
+    model, inputs = tiny_model("llava")
+    assert (inputs["input_ids"] == model.config.image_token_id).sum(-1).tolist() == [16, 16]
+    sequence = Dim("sequence", min=2, max=128)
+    config = ExecutorchConfig(dynamic_shapes={"input_ids": {1: sequence}, "attention_mask": {1: sequence}})
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, config)
+    report = exporter.last_report
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["lower"] == stages["validate"] == stages["validate_second_shape"] == "ok"
+    # transformers' torch_compilable_check on the image-token count left aten._is_all_true (not core
+    # ATen: SpecViolationError in lower) before the fix erased it with its assertions
+    assert DROP in report.applied["fx_program_fixes"]
+    vocab = model.config.text_config.vocab_size
+    for label, length in (("sample", 24), ("second_shape", 65)):
+        rows = {row["name"]: row for row in report.validation[label]}
+        assert tuple(rows["logits"]["shape"]) == (2, length, vocab)
+        assert all(row["ok"] for row in rows.values()), label
+        assert max(row["max_abs_diff"] for row in rows.values()) < 1e-4, label
+    assert report.extra["dynamic_axes_summary"] == [
+        "input_ids sequence: dynamic [2, 128]",
+        "attention_mask sequence: dynamic [2, 128]",
+    ]
