@@ -77,7 +77,7 @@ def test_validation_table_names_a_bare_tensor_output(monkeypatch):
 
 
 def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch):
-    # issue 12: every QuantizationConfig field has its export option
+    # issue 12: every QuantizationConfig field has its export option (each with a method that reads it)
     import hfexport.cli as cli
     import hfexport.loading
 
@@ -91,7 +91,7 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
     monkeypatch.setattr(hfexport.loading, "load_model", stop)
     args = ["export", "executorch", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "8da4w"]
     args += ["--embedding-bits", "4", "--group-size", "64", "--quantize-exclude", "lm_head"]
-    args += ["--quantize-exclude", "transformer.h.0.*", "--per-tensor", "--calibration-samples", "3"]
+    args += ["--quantize-exclude", "transformer.h.0.*"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
     (config,) = made
@@ -99,15 +99,47 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
         "method": "8da4w",
         "group_size": 64,
         "embedding_bits": 4,
-        "per_channel": False,
+        "per_channel": True,
         "exclude": ["lm_head", "transformer.h.0.*"],
         "calibration": None,
-        "num_calibration_samples": 3,
+        "num_calibration_samples": 32,
     }
     made.clear()
     result = runner.invoke(app, [*args[:7], "--embedding-bits", "8"])
     assert result.exit_code == 1 and made[0].quantization.embedding_bits == 8
     assert made[0].quantization.per_channel is True and made[0].quantization.exclude == ()
+
+    made.clear()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n", encoding="utf-8")
+    args = ["export", "onnx", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "int8-static"]
+    args += ["--per-tensor", "--calibration", str(prompts), "--calibration-samples", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
+    assert made[0].quantization.to_dict() == {
+        "method": "int8-static",
+        "group_size": None,
+        "embedding_bits": None,
+        "per_channel": False,
+        "exclude": [],
+        "calibration": str(prompts),
+        "num_calibration_samples": 3,
+    }
+
+
+def test_ort_fusions_outside_the_targets_names_them_without_python_none(tmp_path):
+    result = runner.invoke(
+        app,
+        ["export", "onnx", str(tmp_path / "out"), "--model", "tiny:bert", "--ort-fusions", "gpu"],
+        env={"COLUMNS": "240", "NO_COLOR": "1"},
+    )
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (
+        "Invalid value for --ort-fusions: 'gpu' is not a fusion target; --ort-fusions must be one of: "
+        "cpu, cuda (or omit it for a graph without fused ops)"
+    ) in text
+    assert "None" not in text
 
 
 def test_export_help_documents_the_quantization_options():

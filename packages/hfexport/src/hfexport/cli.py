@@ -412,8 +412,16 @@ def _config_for(
     if dtype is not None:
         data["dtype"] = dtype
     if ort_fusions is not None:
+        from hfexport.config import ORT_FUSION_TARGETS
+
         if "ort_fusions" not in fields:
             raise typer.BadParameter(f"--ort-fusions applies to onnx, not {fmt}", param_hint="--ort-fusions")
+        if ort_fusions not in ORT_FUSION_TARGETS:  # the config's message names Python's None
+            raise typer.BadParameter(
+                f"{ort_fusions!r} is not a fusion target; --ort-fusions must be one of: "
+                f"{', '.join(ORT_FUSION_TARGETS)} (or omit it for a graph without fused ops)",
+                param_hint="--ort-fusions",
+            )
         data["ort_fusions"] = ort_fusions
     given = {
         "--calibration": calibration,
@@ -560,7 +568,9 @@ def export_command(
     ] = None,
     calibration: Annotated[
         Path | None,
-        typer.Option(help="Text file of calibration prompts, one per line (static quantization)."),
+        typer.Option(
+            help="Text file of calibration prompts, one per line (methods that calibrate: onnx int8-static)."
+        ),
     ] = None,
     group_size: Annotated[
         int | None,
