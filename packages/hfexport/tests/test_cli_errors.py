@@ -494,19 +494,35 @@ def test_native_routers_follow_the_cli_setup(tmp_path, monkeypatch, restore_logg
     assert len(calls) == 4
 
 
-def test_transformers_right_padding_warning_goes_to_the_log(tmp_path, monkeypatch, capfd, restore_logging):
+def test_transformers_right_padding_warning_goes_to_the_log(tmp_path, monkeypatch, restore_logging):
+    # transformers prints through its own handler on the "transformers" logger (propagate=False): a
+    # handler added there sees what reaches the terminal, whatever stream transformers bound
     from transformers.utils import logging as hf_logging
+
+    class Recorder(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
 
     log = tmp_path / "cli.log"
     monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(log))
     message = "A decoder-only architecture is being used, but right-padding was detected!"
-    cli_logging.setup_cli_logging(verbose=False)
-    hf_logging.get_logger("transformers.generation.utils").warning(message)
-    assert message not in capfd.readouterr().err
-    assert f"WARNING transformers.generation.utils: {message}" in log.read_text()
-    cli_logging.setup_cli_logging(verbose=True)
-    hf_logging.get_logger("transformers.generation.utils").warning(message)
-    assert message in capfd.readouterr().err
+    library = hf_logging.get_logger("transformers")
+    recorder = Recorder()
+    library.addHandler(recorder)
+    try:
+        cli_logging.setup_cli_logging(verbose=False)
+        hf_logging.get_logger("transformers.generation.utils").warning(message)
+        assert recorder.messages == []  # not printed by transformers' handler
+        assert f"WARNING transformers.generation.utils: {message}" in log.read_text()
+        cli_logging.setup_cli_logging(verbose=True)
+        hf_logging.get_logger("transformers.generation.utils").warning(message)
+        assert recorder.messages == [message]  # -v: printed as transformers prints it
+    finally:
+        library.removeHandler(recorder)
 
 
 def _export_subprocess(tmp_path: Path, *args: str, log_name: str) -> tuple[subprocess.CompletedProcess, Path]:
