@@ -336,8 +336,68 @@ ROWS: list[Row] = [
         "export_quantize_group_size_on_dynamo",
         _export("dynamo", "{tmp}/out", "--quantize", "int8-weight", "--group-size", "32"),
         2,
-        r"Invalid value for --group-size: quantization\.group_size=32 is not used by the dynamo int8-weight "
-        r"method",
+        r"Invalid value for --group-size: quantization\.group_size=32 is not read by the dynamo quantization "
+        r"method 'int8-weight' and would be ignored; allowed with 'int8-weight': exclude",
+    ),
+    # options the chosen method would silently ignore, and a gate where none applies (new-user trial)
+    Row(
+        "export_calibration_with_int8_dynamic",
+        _export("onnx", "{tmp}/out", "--quantize", "int8-dynamic", "--calibration", "{tmp}/notes.txt"),
+        2,
+        r"Invalid value for --calibration: quantization\.calibration='.*notes\.txt' is not read by the onnx "
+        r"quantization method 'int8-dynamic' and would be ignored; allowed with 'int8-dynamic': per_channel, "
+        r"exclude \(calibration is read by: int8-static\)",
+    ),
+    Row(
+        "export_calibration_samples_with_int8_dynamic",
+        _export("onnx", "{tmp}/out", "--quantize", "int8-dynamic", "--calibration-samples", "8"),
+        2,
+        r"Invalid value for --calibration-samples: quantization\.num_calibration_samples=8 is not read by the "
+        r"onnx quantization method 'int8-dynamic'",
+    ),
+    Row(
+        "export_group_size_with_int8_static",
+        _export("onnx", "{tmp}/out", "--quantize", "int8-static", "--group-size", "32"),
+        2,
+        r"Invalid value for --group-size: quantization\.group_size=32 is not read by the onnx quantization "
+        r"method 'int8-static' .*\(group_size is read by: int4-weight\)",
+    ),
+    Row(
+        "export_per_tensor_with_int4_weight",
+        _export("onnx", "{tmp}/out", "--quantize", "int4-weight", "--per-tensor"),
+        2,
+        r"Invalid value for --per-tensor: quantization\.per_channel=False is not read by the onnx quantization "
+        r"method 'int4-weight' .*allowed with 'int4-weight': group_size, exclude \(per_channel is read by: "
+        r"int8-dynamic, int8-static\)",
+    ),
+    Row(
+        "export_per_tensor_with_8da4w",
+        _export("executorch", "{tmp}/out", "--quantize", "8da4w", "--per-tensor"),
+        2,
+        r"Invalid value for --per-tensor: quantization\.per_channel=False is not read by the executorch "
+        r"quantization method '8da4w'",
+    ),
+    Row(
+        "export_group_size_with_executorch_int8_dynamic",
+        _export("executorch", "{tmp}/out", "--quantize", "int8-dynamic", "--group-size", "32"),
+        2,
+        r"Invalid value for --group-size: quantization\.group_size=32 is not read by the executorch "
+        r"quantization method 'int8-dynamic' .*group_size \(with embedding_bits=4\)",
+    ),
+    Row(
+        "export_gate_on_a_float32_export",
+        _export("dynamo", "{tmp}/out", "--gate", "cosine=0.9"),
+        2,
+        r"Invalid value for --gate: quality_gates=\{'cosine': 0\.9\} cannot apply: quality gates score "
+        r"reduced-precision and quantized exports, and this one \(dtype float32, no quantization\) is "
+        r"validated with allclose",
+    ),
+    Row(
+        "export_ort_fusions_not_a_target",
+        _export("onnx", "{tmp}/out", "--ort-fusions", "gpu"),
+        2,
+        r"Invalid value for --ort-fusions: 'gpu' is not a fusion target; --ort-fusions must be one of: "
+        r"cpu, cuda \(or omit it for a graph without fused ops\)$",
     ),
     Row(
         "export_quantize_calibration_samples_0",

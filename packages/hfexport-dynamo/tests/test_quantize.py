@@ -51,8 +51,20 @@ def test_methods_and_dtypes_are_listed_on_the_exporter():
             r"embedding_bits=8 is not supported by the dynamo backend .*allowed: embedding_bits=None, or "
             r"export_format='executorch'",
         ),
-        ({"method": "int8-weight", "per_channel": False}, r"allowed: per_channel=True"),
-        ({"method": "int8-weight", "group_size": 32}, r"allowed: group_size=None"),
+        (
+            {"method": "int8-weight", "per_channel": False},
+            r"^quantization\.per_channel=False is not read by the dynamo quantization method 'int8-weight' and "
+            r"would be ignored; allowed with 'int8-weight': exclude \(no other dynamo method reads per_channel\)",
+        ),
+        (
+            {"method": "int8-weight", "group_size": 32},
+            r"^quantization\.group_size=32 is not read by the dynamo quantization method 'int8-weight' .*"
+            r"allowed with 'int8-weight': exclude \(no other dynamo method reads group_size\)",
+        ),
+        (
+            {"method": "int8-weight", "calibration": "prompts.txt", "num_calibration_samples": 4},
+            r"^quantization\.calibration='prompts\.txt' is not read by the dynamo quantization method",
+        ),
     ],
 )
 def test_options_the_backend_does_not_have_are_refused_before_capture(quantization, message):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch.export import Dim
@@ -104,3 +108,47 @@ def test_batch_one_sample_is_traced_at_batch_two_and_runs_at_any_batch(toy_proje
         with torch.no_grad():
             expected = toy_projection(**inputs)["hidden"]
         assert (run(inputs)["hidden"] - expected).abs().max().item() < 1e-5
+
+
+_LOAD_ONCE = """
+import sys
+from hfexport import cli_logging
+from hfexport_executorch.runtime import load_method, load_program
+
+if sys.argv[2] == "routed":
+    cli_logging.setup_cli_logging(verbose=False)
+assert load_method(load_program(sys.argv[1]), "forward") is not None
+cli_logging.restore_cli_logging()
+"""
+
+
+@pytest.mark.slow  # two fresh processes import executorch
+def test_cpuinfo_lines_of_the_first_xnnpack_load_go_to_the_cli_log(bounded_program, tmp_path):
+    """ExecuTorch 1.4.1 prints ``[cpuinfo_utils.cpp:...]`` lines from C++ once per process, when the
+    first XNNPACK method is loaded; with the CLI's routing (no -v) they go to its log file instead
+    (:func:`hfexport_executorch.runtime.load_method`). Fresh processes, so the lines are printed."""
+    _, exporter, program = bounded_program
+    pte = tmp_path / "model.pte"
+    exporter.save(program, pte)
+    log = tmp_path / "cli.log"
+    env = {**os.environ, "HFEXPORT_LOG_FILE": str(log)}
+
+    def run(mode: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", _LOAD_ONCE, str(pte), mode],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    printed = [line for line in run("plain").splitlines() if "cpuinfo_utils.cpp" in line]
+    if sys.platform == "linux":  # a canary: once ExecuTorch stops printing them, the capture can go
+        assert printed, "ExecuTorch no longer prints cpuinfo lines: retire runtime.load_method's capture"
+    routed = run("routed")
+    assert "cpuinfo_utils" not in routed, routed
+    logged = log.read_text() if log.exists() else ""
+    for line in printed:  # what the runtime printed itself is in the log, attributed to it
+        assert f"INFO executorch.native: {line.strip()}" in logged, logged

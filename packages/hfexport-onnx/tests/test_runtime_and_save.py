@@ -99,3 +99,39 @@ def test_exporter_is_found_through_the_registry_and_entry_point():
     assert OnnxExporter.artifact_filename == "model.onnx"
     assert OnnxExporter.package_name == "hfexport-onnx"
     assert set(OnnxExporter.required_packages) == {"torch", "onnx", "onnxscript", "onnxruntime"}
+
+
+def test_onnx_runtime_messages_go_to_the_cli_log_while_routing(tmp_path, monkeypatch, capfd):
+    """ONNX Runtime prints its warnings from C++; the CLI (no -v) routes them to its log file
+    (hfexport_onnx.runtime.route_ort_logs), and afterwards ONNX Runtime prints them itself again."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from hfexport import cli_logging
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+        [numpy_helper.from_array(np.ones(3, np.float32), "unused_w")],  # no node reads it: ORT warns
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    log = tmp_path / "cli.log"
+    monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(log))
+    capfd.readouterr()
+    try:
+        cli_logging.setup_cli_logging(verbose=False)
+        runner = OnnxRuntimeRunner(model)
+    finally:
+        cli_logging.restore_cli_logging()
+    assert runner({"x": torch.tensor([-1.0, 2.0])})["y"].tolist() == [0.0, 2.0]
+    assert "Removing initializer" not in capfd.readouterr().err
+    assert (
+        "WARNING onnxruntime.native: Removing initializer 'unused_w'. It is not used by any node"
+        in log.read_text()
+    )
+    OnnxRuntimeRunner(model)
+    assert "Removing initializer 'unused_w'" in capfd.readouterr().err

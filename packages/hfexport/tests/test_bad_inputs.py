@@ -36,7 +36,7 @@ from torch.export import Dim
 from hfexport.atomic import atomic_output_dir, atomic_path, check_output_dir
 from hfexport.auto import AutoExportConfig, AutoHfExporter
 from hfexport.capture import capture
-from hfexport.config import DynamoConfig, ExecutorchConfig, OnnxConfig
+from hfexport.config import DynamoConfig, ExecutorchConfig, OnnxConfig, QuantizationMethod
 from hfexport.errors import IntegrityError, OutputDirectoryError, UnsupportedInputError
 from hfexport.exporter import HfExporter
 from hfexport.tensors import get_leaf_tensors
@@ -64,6 +64,18 @@ class CoreExporter(HfExporter):
     def save(self, artifact, path):
         with atomic_path(path) as tmp:
             tmp.write_text(str(artifact.graph_signature))
+
+
+class QuantizingCoreExporter(CoreExporter):
+    """A core-only backend declaring two quantization methods and the options each reads."""
+
+    export_format = "matrix-quant"
+    quantization_methods = {
+        "toy-dynamic": QuantizationMethod("dynamic int8", options=frozenset({"per_channel", "exclude"})),
+        "toy-static": QuantizationMethod(
+            "calibrated int8", options=frozenset({"per_channel", "calibration", "num_calibration_samples"})
+        ),
+    }
 
 
 TOY = "matrixtoy"
@@ -685,6 +697,131 @@ CASES: list[Case] = [
         r"opset_version=1000000 " + OPSET,
     ),
     Case("opset_6", lambda env: OnnxConfig(opset_version=6), ValueError, r"opset_version=6 " + OPSET),
+    # -- quantization options the method would ignore, gates where none apply (new-user trial) -----
+    Case(
+        "quantization_option_the_method_does_not_read",
+        _export(
+            "bert",
+            config=DynamoConfig(quantization={"method": "toy-dynamic", "calibration": "prompts.txt"}),
+            exporter=QuantizingCoreExporter,
+        ),
+        ValueError,
+        r"quantization\.calibration='prompts\.txt' is not read by the matrix-quant quantization method "
+        r"'toy-dynamic' and would be ignored; allowed with 'toy-dynamic': per_channel, exclude \(calibration "
+        r"is read by: toy-static\); drop it or choose a method that reads it$",
+    ),
+    Case(
+        "quantization_option_no_method_reads",
+        _export(
+            "bert",
+            config=DynamoConfig(quantization={"method": "toy-static", "group_size": 32}),
+            exporter=QuantizingCoreExporter,
+        ),
+        ValueError,
+        r"quantization\.group_size=32 is not read by the matrix-quant quantization method 'toy-static' .*"
+        r"\(no other matrix-quant method reads group_size\)",
+    ),
+    Case(
+        "quality_gates_on_a_plain_float32_config",
+        lambda env: DynamoConfig(quality_gates={"cosine": 0.9}),
+        ValueError,
+        r"quality_gates=\{'cosine': 0\.9\} cannot apply: quality gates score reduced-precision and quantized "
+        r"exports, and this one \(dtype float32, no quantization\) is validated with allclose",
+    ),
+    Case(
+        "quality_gates_on_a_fused_float32_onnx_config",
+        lambda env: OnnxConfig(ort_fusions="cpu", quality_gates={"top1_agreement": 0.9}),
+        ValueError,
+        r"quality_gates=\{'top1_agreement': 0\.9\} cannot apply",
+    ),
+    Case(
+        "onnx_int8_dynamic_with_a_calibration_file",
+        _export(
+            "bert",
+            config=OnnxConfig(quantization={"method": "int8-dynamic", "calibration": "prompts.txt"}),
+            exporter=lambda: importlib.import_module("hfexport_onnx").OnnxExporter(),
+        ),
+        ValueError,
+        r"quantization\.calibration='prompts\.txt' is not read by the onnx quantization method 'int8-dynamic' "
+        r"and would be ignored; allowed with 'int8-dynamic': per_channel, exclude \(calibration is read by: "
+        r"int8-static\)",
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "onnx_int8_dynamic_with_calibration_data",
+        _export(
+            "bert",
+            config=OnnxConfig(quantization="int8-dynamic"),
+            exporter=lambda: importlib.import_module("hfexport_onnx").OnnxExporter(calibration_data=[{}]),
+        ),
+        ValueError,
+        r"calibration_data is given but quantization method 'int8-dynamic' calibrates nothing and would "
+        r"ignore it; allowed: calibration_data=None, or a method that calibrates: int8-static$",
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "onnx_int4_weight_per_tensor",
+        _export(
+            "bert",
+            config=OnnxConfig(quantization={"method": "int4-weight", "per_channel": False}),
+            exporter=lambda: importlib.import_module("hfexport_onnx").OnnxExporter(),
+        ),
+        ValueError,
+        r"quantization\.per_channel=False is not read by the onnx quantization method 'int4-weight' .*"
+        r"allowed with 'int4-weight': group_size, exclude \(per_channel is read by: int8-dynamic, int8-static\)",
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "onnx_int8_static_group_size",
+        _export(
+            "bert",
+            config=OnnxConfig(quantization={"method": "int8-static", "group_size": 32}),
+            exporter=lambda: importlib.import_module("hfexport_onnx").OnnxExporter(),
+        ),
+        ValueError,
+        r"quantization\.group_size=32 is not read by the onnx quantization method 'int8-static' .*"
+        r"\(group_size is read by: int4-weight\)",
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "executorch_8da4w_per_tensor",
+        _export(
+            "bert",
+            config=ExecutorchConfig(quantization={"method": "8da4w", "per_channel": False}),
+            exporter=lambda: importlib.import_module("hfexport_executorch").ExecutorchExporter(),
+        ),
+        ValueError,
+        r"quantization\.per_channel=False is not read by the executorch quantization method '8da4w' .*"
+        r"allowed with '8da4w': group_size, embedding_bits, exclude \(per_channel is read by: int8-dynamic\)",
+        needs="hfexport_executorch",
+    ),
+    Case(
+        "executorch_int8_dynamic_group_size_without_4bit_embeddings",
+        _export(
+            "bert",
+            config=ExecutorchConfig(
+                quantization={"method": "int8-dynamic", "embedding_bits": 8, "group_size": 64}
+            ),
+            exporter=lambda: importlib.import_module("hfexport_executorch").ExecutorchExporter(),
+        ),
+        ValueError,
+        r"quantization\.group_size=64 is not read by the executorch quantization method 'int8-dynamic' .*"
+        r"allowed with 'int8-dynamic': embedding_bits, per_channel, group_size \(with embedding_bits=4\), "
+        r"exclude \(with embedding_bits set\)",
+        needs="hfexport_executorch",
+    ),
+    Case(
+        "executorch_int8_dynamic_exclude_without_embeddings",
+        _export(
+            "bert",
+            config=ExecutorchConfig(quantization={"method": "int8-dynamic", "exclude": ["pooler.dense"]}),
+            exporter=lambda: importlib.import_module("hfexport_executorch").ExecutorchExporter(),
+        ),
+        ValueError,
+        r"quantization\.exclude=\('pooler\.dense',\) is not read by the executorch quantization method "
+        r"'int8-dynamic'",
+        needs="hfexport_executorch",
+    ),
     # -- configs of another format, unknown formats and fields -------------------------------------
     Case(
         "dynamo_exporter_onnx_config",

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
 from hfexport import environment
+from hfexport.capture import capture
 from hfexport.cli import app
+from hfexport.config import DynamoConfig
+from hfexport.exporter import HfExporter
+from hfexport.generation import exported_program_caller
 
 runner = CliRunner()
 
@@ -77,7 +83,7 @@ def test_validation_table_names_a_bare_tensor_output(monkeypatch):
 
 
 def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch):
-    # issue 12: every QuantizationConfig field has its export option
+    # issue 12: every QuantizationConfig field has its export option (each with a method that reads it)
     import hfexport.cli as cli
     import hfexport.loading
 
@@ -91,7 +97,7 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
     monkeypatch.setattr(hfexport.loading, "load_model", stop)
     args = ["export", "executorch", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "8da4w"]
     args += ["--embedding-bits", "4", "--group-size", "64", "--quantize-exclude", "lm_head"]
-    args += ["--quantize-exclude", "transformer.h.0.*", "--per-tensor", "--calibration-samples", "3"]
+    args += ["--quantize-exclude", "transformer.h.0.*"]
     result = runner.invoke(app, args)
     assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
     (config,) = made
@@ -99,15 +105,47 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
         "method": "8da4w",
         "group_size": 64,
         "embedding_bits": 4,
-        "per_channel": False,
+        "per_channel": True,
         "exclude": ["lm_head", "transformer.h.0.*"],
         "calibration": None,
-        "num_calibration_samples": 3,
+        "num_calibration_samples": 32,
     }
     made.clear()
     result = runner.invoke(app, [*args[:7], "--embedding-bits", "8"])
     assert result.exit_code == 1 and made[0].quantization.embedding_bits == 8
     assert made[0].quantization.per_channel is True and made[0].quantization.exclude == ()
+
+    made.clear()
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("hello there\n", encoding="utf-8")
+    args = ["export", "onnx", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "int8-static"]
+    args += ["--per-tensor", "--calibration", str(prompts), "--calibration-samples", "3"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
+    assert made[0].quantization.to_dict() == {
+        "method": "int8-static",
+        "group_size": None,
+        "embedding_bits": None,
+        "per_channel": False,
+        "exclude": [],
+        "calibration": str(prompts),
+        "num_calibration_samples": 3,
+    }
+
+
+def test_ort_fusions_outside_the_targets_names_them_without_python_none(tmp_path):
+    result = runner.invoke(
+        app,
+        ["export", "onnx", str(tmp_path / "out"), "--model", "tiny:bert", "--ort-fusions", "gpu"],
+        env={"COLUMNS": "240", "NO_COLOR": "1"},
+    )
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert (
+        "Invalid value for --ort-fusions: 'gpu' is not a fusion target; --ort-fusions must be one of: "
+        "cpu, cuda (or omit it for a graph without fused ops)"
+    ) in text
+    assert "None" not in text
 
 
 def test_export_help_documents_the_quantization_options():
@@ -117,3 +155,103 @@ def test_export_help_documents_the_quantization_options():
     assert "--embedding-bits <4|8>" in text and "4 or 8 bits (executorch; other backends refuse it)" in text
     for option in ("--group-size", "--per-tensor", "--quantize-exclude", "--calibration-samples"):
         assert option in text
+
+
+@dataclasses.dataclass
+class _HalfToyConfig(DynamoConfig):
+    export_format: str = "clihalf"
+
+
+class _HalfToyExporter(HfExporter):
+    """Core capture; the artifact is the ``ExportedProgram`` (float16 runs on CPU under torch); its
+    file holds 200 kB of zeros, so the size line has something to show."""
+
+    export_format = "clihalf"
+    config_class = _HalfToyConfig
+    artifact_filename = "model.toy"
+    supported_dtypes = ("float32", "float16")
+
+    def _export(self, model, inputs, config, report):
+        with report.stage("capture"):
+            return capture(model, inputs, config, report)
+
+    def runner(self, artifact):
+        return exported_program_caller(artifact)
+
+    def save(self, artifact, path):
+        Path(path).write_bytes(bytes(200_000))
+
+
+def test_generation_export_summary_shows_every_component_size_and_greedy_parity(tmp_path, monkeypatch):
+    """The summary of a gated generation export (float16 here) has what a plain export's has: the
+    quality table of every component (prefill too), the size line, and greedy parity vs
+    model.generate; export_report.json records every component's report."""
+    from hfexport import auto
+
+    monkeypatch.setitem(auto._EXPORTERS, "clihalf", _HalfToyExporter)
+    monkeypatch.setitem(auto._CONFIGS, "clihalf", _HalfToyConfig)
+    out = tmp_path / "gen"
+    args = ["export", "clihalf", str(out), "--model", "tiny:llama", "--task", "text-generation"]
+    result = runner.invoke(app, [*args, "--dtype", "float16"], env={"COLUMNS": "300", "NO_COLOR": "1"})
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+
+    saved = json.loads((out / "export_report.json").read_text())
+    assert saved["components"] == ["prefill", "decode"]
+    assert sorted(saved["component_reports"]) == ["decode", "prefill"]
+    prefill = saved["component_reports"]["prefill"]
+    assert prefill["component"] == "prefill" and prefill["validation"]["sample"][0]["kind"] == "quality"
+    parity = saved["report"]["extra"]["greedy_parity"]  # the decode component's report
+    assert saved["report"]["component"] == "decode" and "error" not in parity
+
+    # quality of both components, each table titled with its component
+    gates = "gated: mean per-vector cosine >= 0.99 (cosine)"
+    assert f"quality vs fp32 eager: prefill, sample inputs ({gates}" in text
+    assert f"quality vs fp32 eager: decode, sample inputs ({gates}" in text
+    logits = next(r for r in prefill["validation"]["sample"] if r["name"] == "logits")
+    assert f"{logits['cosine']:.4f}" in text and f"{logits['top1_agreement']:.4f}" in text
+
+    # size: each component's file (200 kB) against the fp32 eager weights
+    change = saved["size_change"]
+    assert {name: c["bytes"] for name, c in change["components"].items()} == {
+        "prefill": 200_000,
+        "decode": 200_000,
+    }
+    eager_mb = change["eager_float32_bytes"] / 1e6
+    ratio = 200_000 / change["eager_float32_bytes"]
+    assert (
+        f"size: fp32 eager weights {eager_mb:.1f} MB -> prefill 0.2 MB ({ratio:.2f}x), decode 0.2 MB "
+        f"({ratio:.2f}x) (0.4 MB in all)"
+    ) in text
+
+    # greedy parity, as recorded
+    if parity["tokens_equal"]:
+        assert "greedy parity vs model.generate: tokens equal (16 of 16 new tokens)" in text
+    else:
+        row, index = parity["first_divergence"]
+        assert (
+            f"greedy parity vs model.generate: tokens differ; {parity['matching_prefix']} of 16 new tokens "
+            f"equal, first divergence at new token {index} (row {row})"
+        ) in text
+
+
+def test_greedy_parity_and_size_lines_render_each_case():
+    import hfexport.cli as cli
+
+    differ = {
+        "new_tokens": 16,
+        "first_divergence": [1, 2],
+        "matching_prefix": 2,
+        "tokens_equal": False,
+        "top1_agreement": 0.8333,
+    }
+    assert cli._greedy_parity_line(differ) == (
+        "[bold]greedy parity[/] vs model.generate: tokens differ; 2 of 16 new tokens equal, first divergence "
+        "at new token 2 (row 1); logits top-1 agreement 0.8333 over the steps run on the same prefix"
+    )
+    equal = {"new_tokens": 16, "first_divergence": None, "matching_prefix": 16, "tokens_equal": True}
+    assert cli._greedy_parity_line(equal).endswith("tokens equal (16 of 16 new tokens)")
+    failed = {"new_tokens": 16, "error": "RuntimeError: no decode"}
+    assert cli._greedy_parity_line(failed).endswith("could not run (RuntimeError: no decode)")
+    plain = {"eager_float32_bytes": 90_900_000, "artifact_bytes": 24_300_000, "ratio": 0.2673}
+    assert cli._size_line(plain) == "[bold]size[/]: fp32 eager weights 90.9 MB -> artifact 24.3 MB (0.27x)"

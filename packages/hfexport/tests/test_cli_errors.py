@@ -436,6 +436,95 @@ def test_restore_undoes_the_setup(tmp_path, monkeypatch, restore_logging):
     assert not any(logging.getLogger(n).filters for n in cli_logging.NOISY_LOGGERS)
 
 
+def test_native_stderr_goes_to_the_log_while_routing_and_prints_otherwise(
+    tmp_path, monkeypatch, capfd, restore_logging
+):
+    # what a C++ library writes to file descriptor 2 itself (ExecuTorch's cpuinfo lines)
+    from hfexport import native_output
+
+    log = tmp_path / "cli.log"
+    monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(log))
+    assert not native_output.is_routing()  # library use: nothing is redirected
+    with native_output.captured_stderr("somelib"):
+        os.write(2, b"[cpuinfo_utils.cpp:87] printed as a library prints it\n")
+    assert "printed as a library prints it" in capfd.readouterr().err
+
+    cli_logging.setup_cli_logging(verbose=False)
+    assert native_output.is_routing()
+    with native_output.captured_stderr("somelib"):
+        os.write(
+            2, b"[cpuinfo_utils.cpp:87] Failed to open midr file\n\n[cpuinfo_utils.cpp:125] dont match.\n"
+        )
+    os.write(2, b"after the call\n")  # fd 2 is back
+    err = capfd.readouterr().err
+    assert "cpuinfo_utils" not in err and "after the call" in err
+    logged = log.read_text()
+    assert "INFO somelib.native: [cpuinfo_utils.cpp:87] Failed to open midr file" in logged
+    assert "INFO somelib.native: [cpuinfo_utils.cpp:125] dont match." in logged
+
+    cli_logging.restore_cli_logging()
+    assert not native_output.is_routing()
+    assert logging.getLogger("somelib.native").level == logging.NOTSET
+    with native_output.captured_stderr("somelib"):
+        os.write(2, b"printed again\n")
+    assert "printed again" in capfd.readouterr().err
+
+
+def test_native_routers_follow_the_cli_setup(tmp_path, monkeypatch, restore_logging):
+    from hfexport import native_output
+
+    calls: list[tuple[str, bool]] = []
+    monkeypatch.setattr(native_output, "_routers", {})
+    native_output.register_native_router("early", lambda on: calls.append(("early", on)))
+    assert calls == []  # registering does not touch the library
+    cli_logging.setup_cli_logging(verbose=False)
+    assert calls == [("early", True)]
+    native_output.register_native_router(
+        "late", lambda on: calls.append(("late", on))
+    )  # a backend imported now
+    assert calls[-1] == ("late", True)
+
+    def broken(on: bool) -> None:
+        raise RuntimeError("no such API in this version")
+
+    native_output.register_native_router("broken", broken)  # logged at DEBUG, never raised
+    cli_logging.setup_cli_logging(verbose=True)  # -v: the libraries print as usual
+    assert calls[-2:] == [("early", False), ("late", False)]
+    cli_logging.restore_cli_logging()
+    assert len(calls) == 4
+
+
+def test_transformers_right_padding_warning_goes_to_the_log(tmp_path, monkeypatch, restore_logging):
+    # transformers prints through its own handler on the "transformers" logger (propagate=False): a
+    # handler added there sees what reaches the terminal, whatever stream transformers bound
+    from transformers.utils import logging as hf_logging
+
+    class Recorder(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    log = tmp_path / "cli.log"
+    monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(log))
+    message = "A decoder-only architecture is being used, but right-padding was detected!"
+    library = hf_logging.get_logger("transformers")
+    recorder = Recorder()
+    library.addHandler(recorder)
+    try:
+        cli_logging.setup_cli_logging(verbose=False)
+        hf_logging.get_logger("transformers.generation.utils").warning(message)
+        assert recorder.messages == []  # not printed by transformers' handler
+        assert f"WARNING transformers.generation.utils: {message}" in log.read_text()
+        cli_logging.setup_cli_logging(verbose=True)
+        hf_logging.get_logger("transformers.generation.utils").warning(message)
+        assert recorder.messages == [message]  # -v: printed as transformers prints it
+    finally:
+        library.removeHandler(recorder)
+
+
 def _export_subprocess(tmp_path: Path, *args: str, log_name: str) -> tuple[subprocess.CompletedProcess, Path]:
     log = tmp_path / log_name
     env = {k: v for k, v in os.environ.items() if k not in ("TORCH_LOGS", "TRANSFORMERS_VERBOSITY")}

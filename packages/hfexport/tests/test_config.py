@@ -123,6 +123,67 @@ def test_precision_fields_round_trip_and_refuse_bad_values():
         assert message in str(info.value)
 
 
+def test_quantization_method_declares_the_options_it_reads_and_the_config_checks_them():
+    from hfexport.config import QUANTIZATION_OPTIONS, QuantizationConfig, QuantizationMethod
+
+    grouped = QuantizationMethod(
+        "4-bit", options={"group_size", "exclude"}, options_if={"per_channel": ("embedding_bits", 8)}
+    )
+    dynamic = QuantizationMethod(
+        "int8", options={"per_channel", "embedding_bits"}, options_if={"group_size": ("embedding_bits", 4)}
+    )
+    methods = {"g4": grouped, "d8": dynamic, "legacy": "a plain description declares no options"}
+    assert grouped.options == frozenset({"group_size", "exclude"}) and str(grouped) == "4-bit"
+    assert grouped.describe_options() == "group_size, exclude, per_channel (with embedding_bits=8)"
+    assert QuantizationMethod("bare").describe_options() == "none"
+    with pytest.raises(
+        ValueError, match=r"unknown option\(s\) \['bits'\]; allowed: " + ", ".join(QUANTIZATION_OPTIONS)
+    ):
+        QuantizationMethod("x", options={"bits"})
+
+    # given = set away from the default, in QUANTIZATION_OPTIONS order
+    assert QuantizationConfig("d8").given_options() == []
+    config = QuantizationConfig("d8", per_channel=False, calibration="p.txt", num_calibration_samples=4)
+    assert config.given_options() == ["per_channel", "calibration", "num_calibration_samples"]
+
+    QuantizationConfig("g4", group_size=64, exclude=("lm_head",)).check_options(methods, "toy")
+    QuantizationConfig("d8", embedding_bits=4, group_size=64).check_options(
+        methods, "toy"
+    )  # 4-bit embeddings
+    QuantizationConfig("legacy", group_size=8, calibration="p.txt").check_options(
+        methods, "toy"
+    )  # not declared
+    QuantizationConfig("unknown", group_size=8).check_options(methods, "toy")  # the exporter refuses the name
+    with pytest.raises(ValueError) as info:
+        QuantizationConfig("d8", embedding_bits=8, group_size=64).check_options(methods, "toy")
+    assert str(info.value) == (
+        "quantization.group_size=64 is not read by the toy quantization method 'd8' and would be ignored; "
+        "allowed with 'd8': embedding_bits, per_channel, group_size (with embedding_bits=4) (group_size is read "
+        "by: g4); drop it or choose a method that reads it"
+    )
+    with pytest.raises(
+        ValueError, match=r"^quantization\.calibration='p\.txt' .*\(no other toy method reads calibration\)"
+    ):
+        QuantizationConfig("g4", calibration="p.txt").check_options(methods, "toy")
+
+
+def test_quality_gates_apply_only_where_quality_gates_validate():
+    for gated in (
+        DynamoConfig(dtype="bfloat16", quality_gates={"cosine": 0.98}),
+        ExecutorchConfig(quantization="8da4w", quality_gates={"top1_agreement": 0.8}),
+        OnnxConfig(quality_gates={}),  # nothing overridden: harmless
+    ):
+        assert AutoExportConfig.from_dict(gated.to_dict()) == gated
+    with pytest.raises(
+        ValueError, match=r"^quality_gates=\{'cosine': 0\.98\} cannot apply: .*allowed: quality_gates=None, "
+    ):
+        OnnxConfig(ort_fusions="cpu", quality_gates={"cosine": 0.98})
+    with pytest.raises(ValueError, match="cannot apply"):  # a recipe file refuses it as well
+        AutoExportConfig.from_dict({"export_format": "dynamo", "quality_gates": {"cosine": 0.98}})
+    with pytest.raises(ValueError, match="cannot apply"):
+        DynamoConfig(dtype="float16", quality_gates={"cosine": 0.9}).replace(dtype="float32")
+
+
 def test_exporter_refuses_dtype_and_method_it_does_not_have_before_capture():
     import torch
 

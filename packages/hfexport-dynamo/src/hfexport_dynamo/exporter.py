@@ -43,7 +43,7 @@ import torch
 
 from hfexport.auto import register_exporter
 from hfexport.capture import capture
-from hfexport.config import DynamoConfig
+from hfexport.config import DynamoConfig, QuantizationMethod
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
@@ -124,7 +124,7 @@ class DynamoExporter(HfExporter):
     #: fp16 and bf16 programs run on CPU with the same aten kernels as eager PyTorch.
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     #: see :mod:`hfexport_dynamo.quantize`.
-    quantization_methods: ClassVar[Mapping[str, str]] = dict(_quantize_methods)
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = dict(_quantize_methods)
 
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: DynamoConfig, report: ExportReport
@@ -200,9 +200,11 @@ class DynamoExporter(HfExporter):
         return program
 
     def check_precision(self, config: Any) -> None:
-        """The base checks (dtype, quantization method), the options ``int8-weight`` does not have
-        (``embedding_bits``, ``per_channel=False``, ``group_size``), and for ``config.aoti`` a C++
-        compiler on PATH.
+        """``embedding_bits`` refused with where 4/8-bit embeddings are
+        (:func:`hfexport_dynamo.quantize.check_quantization`), then the base checks (dtype,
+        quantization method, the options it reads: ``int8-weight`` reads ``exclude`` only, so
+        ``per_channel=False`` and ``group_size`` are refused), and for ``config.aoti`` a C++ compiler
+        on PATH.
 
         Runs at the start of :meth:`export`, before capture.
 
@@ -211,10 +213,10 @@ class DynamoExporter(HfExporter):
                 ``int8-weight`` does not have, naming what is allowed.
             RuntimeError: ``config.aoti`` without a C++ compiler (:func:`hfexport_dynamo.aoti.check_aoti_available`).
         """
-        super().check_precision(config)
         from hfexport_dynamo.quantize import check_quantization
 
         check_quantization(getattr(config, "quantization", None))
+        super().check_precision(config)
         if getattr(config, "aoti", False):
             _aoti.check_aoti_available()
 

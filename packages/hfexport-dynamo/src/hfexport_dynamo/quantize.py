@@ -20,24 +20,30 @@ from typing import Any
 
 import torch
 
+from hfexport.config import QuantizationMethod
 from hfexport.linear_forms import conv1d_as_linear, matches_any
 
 __all__ = ["METHODS", "check_quantization", "program_weight_bytes", "quantize_copy", "to_plain_aten"]
 
-#: Method name -> one-line description (``DynamoExporter.quantization_methods``).
-METHODS: dict[str, str] = {
-    "int8-weight": "int8 weight-only linear layers (torchao Int8WeightOnlyConfig, per-channel), "
-    "decomposed to plain aten ops",
+#: Method name -> what it does and the ``QuantizationConfig`` options it reads
+#: (``DynamoExporter.quantization_methods``; any other option is refused before capture).
+METHODS: dict[str, QuantizationMethod] = {
+    "int8-weight": QuantizationMethod(
+        "int8 weight-only linear layers (torchao Int8WeightOnlyConfig, per-channel), decomposed to plain aten ops",
+        options=frozenset({"exclude"}),
+    ),
 }
 
 
 def check_quantization(quantization: Any) -> None:
-    """Refuse the options this backend's methods do not have (called before capture).
+    """Refuse ``embedding_bits``, which no method of this backend has, saying where 4/8-bit
+    embeddings are (called before capture, ahead of the core's check of the options each method
+    reads: :data:`METHODS`, :meth:`hfexport.config.QuantizationConfig.check_options`, which refuses
+    ``per_channel=False`` and ``group_size`` for ``int8-weight``).
 
     Raises:
         ValueError: ``quantization.embedding_bits`` is set (``int8-weight`` quantizes linear layers
-            only) or ``per_channel`` is False (torchao's int8 weight-only scales are per channel);
-            the message names what is allowed.
+            only); the message names what is allowed.
     """
     if quantization is None:
         return
@@ -46,16 +52,6 @@ def check_quantization(quantization: Any) -> None:
             f"quantization.embedding_bits={quantization.embedding_bits} is not supported by the dynamo "
             "backend (int8-weight quantizes linear layers only); allowed: embedding_bits=None, or "
             "export_format='executorch' for 4/8-bit embeddings"
-        )
-    if not quantization.per_channel:
-        raise ValueError(
-            "quantization.per_channel=False is not supported by the dynamo int8-weight method "
-            "(one scale per output channel); allowed: per_channel=True"
-        )
-    if quantization.group_size is not None:
-        raise ValueError(
-            f"quantization.group_size={quantization.group_size} is not used by the dynamo int8-weight "
-            "method (one scale per output channel); allowed: group_size=None"
         )
 
 

@@ -37,7 +37,7 @@ import torch
 
 from hfexport.auto import register_exporter
 from hfexport.batching import widen_unit_batch
-from hfexport.config import ExecutorchConfig
+from hfexport.config import ExecutorchConfig, QuantizationMethod
 from hfexport.exporter import HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
@@ -104,7 +104,7 @@ class ExecutorchExporter(HfExporter):
     #: bf16 node here): correct (top-1 0.996) and slower; ``report.extra["delegation"]`` shows it.
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     #: see :mod:`hfexport_executorch.quantize` (``embedding_bits`` combines with any of them).
-    quantization_methods: ClassVar[Mapping[str, str]] = dict(_quantize_methods)
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = dict(_quantize_methods)
 
     # -- stages ------------------------------------------------------------------------------------
     def check_precision(self, config: Any) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from hfexport.config import QuantizationMethod
 from hfexport.linear_forms import conv1d_as_linear, matches_any
 
 __all__ = [
@@ -44,10 +45,23 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Method name -> one-line description (``ExecutorchExporter.quantization_methods``).
-METHODS: dict[str, str] = {
-    "8da4w": "8-bit dynamic per-token activations and 4-bit grouped weights (torchao), XNNPACK kernels",
-    "int8-dynamic": "PT2E with ExecuTorch's XNNPACKQuantizer: 8-bit dynamic activations, int8 per-channel weights",
+#: Method name -> what it does and the ``QuantizationConfig`` options it reads
+#: (``ExecutorchExporter.quantization_methods``; any other option is refused before capture).
+#: ``embedding_bits`` combines with either method: the embeddings are quantized on a copy
+#: (:func:`quantize_copy`), 4-bit in groups of ``group_size``, and ``exclude`` keeps named ones float;
+#: ``int8-dynamic`` quantizes every linear (PT2E, one global config) and calibrates on the sample
+#: inputs only (dynamic activations need no ranges), so it reads neither ``exclude`` for linears nor
+#: ``calibration``.
+METHODS: dict[str, QuantizationMethod] = {
+    "8da4w": QuantizationMethod(
+        "8-bit dynamic per-token activations and 4-bit grouped weights (torchao), XNNPACK kernels",
+        options=frozenset({"group_size", "exclude", "embedding_bits"}),
+    ),
+    "int8-dynamic": QuantizationMethod(
+        "PT2E with ExecuTorch's XNNPACKQuantizer: 8-bit dynamic activations, int8 per-channel weights",
+        options=frozenset({"per_channel", "embedding_bits"}),
+        options_if={"group_size": ("embedding_bits", 4), "exclude": ("embedding_bits", None)},
+    ),
 }
 #: Why ``4w`` / ``8w`` (weight-only linears, torchao ``IntxWeightOnlyConfig`` as ExecuTorch's LLM export
 #: builds them) are not offered; :meth:`ExecutorchExporter.check_precision` raises it. Verified with

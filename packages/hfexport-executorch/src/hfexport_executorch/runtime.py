@@ -34,6 +34,7 @@ __all__ = [
     "KERNEL_LIBRARIES",
     "ExecutorchRunner",
     "ensure_kernel_libraries",
+    "load_method",
     "load_program",
     "program_operators",
 ]
@@ -116,6 +117,20 @@ def ensure_kernel_libraries(source: bytes | str | os.PathLike[str]) -> list[str]
             "quantization.embedding_bits"
         )
     return imported
+
+
+def load_method(program: Any, name: str = "forward") -> Any:
+    """``program.load_method(name)``, with what the runtime prints to stderr meanwhile routed to
+    the ``executorch.native`` logger while the CLI routes native output
+    (:func:`hfexport.native_output.captured_stderr`): loading the first XNNPACK method creates the
+    thread pool, and ExecuTorch 1.4.1 then prints five ``[cpuinfo_utils.cpp:...]`` Info lines
+    (``Failed to open midr file ...``, ``CPU info and manual query on # of cpus dont match.``) that
+    no runtime setting silences (the level is fixed at build time; no upstream issue found).
+    ``None`` when the program has no such method."""
+    from hfexport.native_output import captured_stderr
+
+    with captured_stderr("executorch"):
+        return program.load_method(name)
 
 
 def load_program(source: bytes | str | os.PathLike[str]) -> Any:
@@ -217,7 +232,7 @@ class ExecutorchRunner:
                     "it, or export with validate=False and run the program where that backend exists"
                 )
             program = load_program(self._source)
-            method = program.load_method(self.method_name)
+            method = load_method(program, self.method_name)
             if method is None:
                 raise RuntimeError(f"the ExecuTorch program has no method {self.method_name!r}")
             self._planned_sizes = _planned_input_sizes(method)

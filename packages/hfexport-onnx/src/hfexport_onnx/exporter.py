@@ -52,7 +52,7 @@ import torch
 from hfexport.atomic import atomic_path
 from hfexport.auto import register_exporter
 from hfexport.capture import capture
-from hfexport.config import OnnxConfig, check_opset_version, onnx_opset_range
+from hfexport.config import OnnxConfig, QuantizationMethod, check_opset_version, onnx_opset_range
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
@@ -195,7 +195,7 @@ class OnnxExporter(HfExporter):
     )
     #: float16 runs on ONNX Runtime's CPU provider; bfloat16 does not (no MatMul/Add kernels)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
-    quantization_methods: ClassVar[Mapping[str, str]] = QUANTIZATION_METHODS
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = QUANTIZATION_METHODS
 
     def __init__(self, config: Any = None, *, calibration_data: Any = None) -> None:
         """
@@ -208,12 +208,13 @@ class OnnxExporter(HfExporter):
         self.calibration_data = calibration_data
 
     def check_precision(self, config: Any) -> None:
-        """The core checks (dtype, method, gate names) plus, before capture: bfloat16 refused with
-        what this ONNX Runtime runs; an ``int4-weight`` ``group_size`` that is not a MatMulNBits block
-        size; ``quantization.embedding_bits`` refused (an ExecuTorch option;
-        every ONNX method stores the word embedding in int8 itself); quantization only of float32
-        graphs; the ``ort_fusions``
-        provider shipped by the installed onnxruntime (:func:`hfexport_onnx.fusions.check_fusion_target`).
+        """The core checks (dtype, method, the options each method reads, gate names) plus, before
+        capture: bfloat16 refused with what this ONNX Runtime runs; ``quantization.embedding_bits``
+        refused (an ExecuTorch option; every ONNX method stores the word embedding in int8 itself);
+        an ``int4-weight`` ``group_size`` that is not a MatMulNBits block size; ``calibration_data``
+        given to a method that calibrates nothing (only ``int8-static`` does); quantization only of
+        float32 graphs; the ``ort_fusions`` provider shipped by the installed onnxruntime
+        (:func:`hfexport_onnx.fusions.check_fusion_target`).
 
         Raises:
             ValueError: any of those, naming what is allowed.
@@ -226,14 +227,23 @@ class OnnxExporter(HfExporter):
                 f"dtype={dtype!r} cannot run in ONNX Runtime {ort.__version__}'s CPU provider (no {dtype} "
                 f"MatMul/Add/Softmax kernels); allowed for onnx: {', '.join(self.supported_dtypes)}"
             )
-        super().check_precision(config)
         quantization = getattr(config, "quantization", None)
         if quantization is not None and quantization.embedding_bits is not None:
+            # before the core's generic option check: this message says where 4/8-bit embeddings are
             raise ValueError(
                 f"quantization.embedding_bits={quantization.embedding_bits} is not an option of the onnx "
                 "backend (each of its methods stores the word embedding in int8 already); allowed: "
                 "embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings"
             )
+        super().check_precision(config)
+        if self.calibration_data is not None:
+            readers = [m for m, spec in self.quantization_methods.items() if "calibration" in spec.options]
+            method = quantization.method if quantization is not None else None
+            if method not in readers:
+                raise ValueError(
+                    f"calibration_data is given but quantization method {method!r} calibrates nothing and would "
+                    f"ignore it; allowed: calibration_data=None, or a method that calibrates: {', '.join(readers)}"
+                )
         if quantization is not None and quantization.method == "int4-weight" and quantization.group_size:
             from hfexport_onnx.quantize import INT4_BLOCK_SIZES
 

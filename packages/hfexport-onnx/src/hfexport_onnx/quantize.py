@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from hfexport.config import QuantizationMethod
+
 __all__ = [
     "INT4_BLOCK_SIZES",
     "QUANTIZATION_METHODS",
@@ -50,14 +52,24 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: method name -> one-line description (``OnnxExporter.quantization_methods``)
-QUANTIZATION_METHODS: dict[str, str] = {
-    "int8-dynamic": "ONNX Runtime quantize_dynamic: int8 per-channel weights, dynamic int8 activations "
-    "(MatMulInteger), int8 word embeddings",
-    "int8-static": "ONNX Runtime quantize_static: QDQ int8 MatMuls with smoothed activations, ranges calibrated on "
-    "prompts or sample inputs, int8 word embedding",
-    "int4-weight": "ONNX Runtime MatMulNBits: 4-bit block-quantized MatMul weights (group_size, default 16), "
-    "FFN up-projections 8-bit, int8 word embedding",
+#: method name -> what it does and the ``QuantizationConfig`` options it reads
+#: (``OnnxExporter.quantization_methods``; any other option is refused before capture)
+QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
+    "int8-dynamic": QuantizationMethod(
+        "ONNX Runtime quantize_dynamic: int8 per-channel weights, dynamic int8 activations "
+        "(MatMulInteger), int8 word embeddings",
+        options=frozenset({"per_channel", "exclude"}),
+    ),
+    "int8-static": QuantizationMethod(
+        "ONNX Runtime quantize_static: QDQ int8 MatMuls with smoothed activations, ranges calibrated on "
+        "prompts or sample inputs, int8 word embedding",
+        options=frozenset({"per_channel", "exclude", "calibration", "num_calibration_samples"}),
+    ),
+    "int4-weight": QuantizationMethod(
+        "ONNX Runtime MatMulNBits: 4-bit block-quantized MatMul weights (group_size, default 16), "
+        "FFN up-projections 8-bit, int8 word embedding",
+        options=frozenset({"group_size", "exclude"}),
+    ),
 }
 
 #: op types that show a quantized graph, counted in the report

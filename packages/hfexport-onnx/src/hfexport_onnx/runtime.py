@@ -4,6 +4,11 @@
 call on a saved ``model.onnx``: it feeds every graph input by name from the leaf tensors of the
 forward kwargs and returns ``{leaf_path: torch.Tensor}`` named like the eager model's outputs
 (see :mod:`hfexport_onnx.io_names`).
+
+ONNX Runtime prints its own log messages (``[W:onnxruntime:, graph.cc:5809
+CleanUnusedInitializersAndNodeArgs] Removing initializer ...``) from C++; :func:`route_ort_logs`,
+registered with :func:`hfexport.native_output.register_native_router`, sends them to the
+``onnxruntime.native`` logger while the CLI routes native output (without ``-v``).
 """
 
 from __future__ import annotations
@@ -18,12 +23,51 @@ from typing import Any
 import numpy as np
 import torch
 
+from hfexport.native_output import native_logger, register_native_router
 from hfexport.tensors import get_leaf_tensors
 from hfexport_onnx.io_names import COLLISION_SUFFIX, IoNames, io_names_from_metadata
 
-__all__ = ["PROTOBUF_LIMIT_BYTES", "OnnxRuntimeRunner", "initializer_bytes"]
+__all__ = ["PROTOBUF_LIMIT_BYTES", "OnnxRuntimeRunner", "initializer_bytes", "route_ort_logs"]
 
 logger = logging.getLogger(__name__)
+
+# ONNX Runtime severities (0 verbose .. 4 fatal) -> logging levels
+_ORT_LEVELS = {0: logging.DEBUG, 1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.CRITICAL}
+_ORT_WARNING, _ORT_ERROR = 2, 3
+
+
+def _log_ort_message(severity: int, category: str, logid: str, code_location: str, message: str) -> None:
+    native_logger("onnxruntime").log(
+        _ORT_LEVELS.get(int(severity), logging.WARNING),
+        "%s (%s%s)",
+        message,
+        code_location,
+        f", {logid}" if logid else "",
+    )
+
+
+def route_ort_logs(on: bool) -> None:
+    """Send ONNX Runtime's default-logger messages (every session's, including those
+    ``onnxruntime.quantization`` creates) to the ``onnxruntime.native`` logger (``on=True``), or back
+    to ONNX Runtime's own stderr printing (``on=False``).
+
+    Uses ``onnxruntime.set_default_logger_callback`` (the Python API asked for in
+    microsoft/onnxruntime#28437; present in onnxruntime 1.32), at ONNX Runtime's default severity
+    (warnings and above). An onnxruntime without it (1.22-1.31) gets ``set_default_logger_severity``
+    ERROR while routing is on and WARNING (its default) afterwards: warnings are then dropped, not
+    logged. Messages from ONNX Runtime's own worker threads still print (the callback is only
+    called on threads Python knows).
+    """
+    import onnxruntime as ort
+
+    set_callback = getattr(ort, "set_default_logger_callback", None)
+    if set_callback is None:
+        ort.set_default_logger_severity(_ORT_ERROR if on else _ORT_WARNING)
+        return
+    set_callback(_log_ort_message if on else None, _ORT_WARNING)
+
+
+register_native_router("onnxruntime", route_ort_logs)
 
 #: Serialized protobuf messages cannot exceed 2 GiB; bigger models keep weights as external data.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1

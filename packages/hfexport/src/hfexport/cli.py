@@ -412,8 +412,16 @@ def _config_for(
     if dtype is not None:
         data["dtype"] = dtype
     if ort_fusions is not None:
+        from hfexport.config import ORT_FUSION_TARGETS
+
         if "ort_fusions" not in fields:
             raise typer.BadParameter(f"--ort-fusions applies to onnx, not {fmt}", param_hint="--ort-fusions")
+        if ort_fusions not in ORT_FUSION_TARGETS:  # the config's message names Python's None
+            raise typer.BadParameter(
+                f"{ort_fusions!r} is not a fusion target; --ort-fusions must be one of: "
+                f"{', '.join(ORT_FUSION_TARGETS)} (or omit it for a graph without fused ops)",
+                param_hint="--ort-fusions",
+            )
         data["ort_fusions"] = ort_fusions
     given = {
         "--calibration": calibration,
@@ -481,8 +489,13 @@ def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]
     console.print(table)
 
 
-def _print_validation(report: Any) -> None:
+def _print_validation(report: Any, component: str | None = None) -> None:
+    """One table per validated input set of ``report``: quality metrics for a gated export, else
+    allclose diffs; ``component`` (a generation export's ``prefill``, ``decode`` ...) prefixes the
+    input-set label."""
     for label, rows in report.validation.items():
+        if component:
+            label = f"{component}, {label}"
         if rows and rows[0].get("kind") == "quality":
             _print_quality(label, rows, report.extra.get("quality_gates", {}))
             continue
@@ -560,7 +573,9 @@ def export_command(
     ] = None,
     calibration: Annotated[
         Path | None,
-        typer.Option(help="Text file of calibration prompts, one per line (static quantization)."),
+        typer.Option(
+            help="Text file of calibration prompts, one per line (methods that calibrate: onnx int8-static)."
+        ),
     ] = None,
     group_size: Annotated[
         int | None,
@@ -743,6 +758,7 @@ def export_command(
                 from hfexport.layouts import LayoutRequest
 
                 stage = f"layout {layout}"
+                component_files = None
                 report_dict = {"layout": layout, "runtime": chosen_layout.runtime}
                 report_dict.update(
                     chosen_layout.resolve_writer()(
@@ -766,12 +782,25 @@ def export_command(
 
                 artifacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
                 written = save_components(exporter, artifacts, staging, model=loaded.model)
+                component_files = _component_files(staging, order=list(artifacts))
                 report_dict: dict[str, Any] = {
                     "components": list(artifacts),
                     "files": [str(w) for w in written],
                 }
-                reports = [exporter.last_report] if exporter.last_report else []
+                # every component's report (prefill quality included), in export order; "report"
+                # below stays the last one (decode: greedy parity) as before
+                component_reports = {
+                    name: artifacts.reports[name] for name in artifacts if name in artifacts.reports
+                }
+                if component_reports:
+                    report_dict["component_reports"] = {
+                        name: r.to_dict() for name, r in component_reports.items()
+                    }
+                reports = list(component_reports.values()) or (
+                    [exporter.last_report] if exporter.last_report else []
+                )
             else:
+                component_files = None
                 artifact = exporter.export(loaded.model, loaded.inputs, config)
                 stage = "save"
                 exporter.save(artifact, exporter.artifact_path(staging))
@@ -790,7 +819,9 @@ def export_command(
             from hfexport.environment import installed_version
 
             sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
-            size_change = _size_change(config, loaded.model, sizes, exporter.artifact_filename)
+            size_change = _size_change(
+                config, loaded.model, sizes, component_files or {"model": exporter.artifact_filename}
+            )
             if size_change:
                 report_dict["size_change"] = size_change
             report_dict.update(
@@ -813,16 +844,17 @@ def export_command(
             (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
             write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
         for r in reports:
-            _print_validation(r)
+            # a generation export: one table per component, titled with its name
+            _print_validation(r, component=r.component if component_files else None)
             # axes asked dynamic that the model fixed or bounded (ViT's image size), from the capture
             for line in r.extra.get("dynamic_axes_summary") or []:
                 if "(model-" in line:
                     console.print(f"[bold]dynamic axes[/]: {line}")
+        for r in reports:
+            if r.extra.get("greedy_parity"):
+                console.print(_greedy_parity_line(r.extra["greedy_parity"]))
         if size_change:
-            console.print(
-                f"[bold]size[/]: fp32 eager weights {size_change['eager_float32_bytes'] / 1e6:.1f} MB -> "
-                f"artifact {size_change['artifact_bytes'] / 1e6:.1f} MB ({size_change['ratio']:.2f}x)"
-            )
+            console.print(_size_line(size_change))
         files = sorted(p for p in output_dir.rglob("*") if p.is_file())  # layouts nest (onnx/, ...)
         console.print(
             f"[bold green]exported[/] {model} -> {output_dir}/ "
@@ -843,13 +875,39 @@ def export_command(
         restore_cli_logging()
 
 
-def _size_change(config: Any, model: Any, sizes: dict[str, int], artifact_name: str) -> dict[str, Any] | None:
-    """Eager fp32 weight bytes vs the artifact's files (``model.onnx`` + ``model.onnx.data`` ...) for
-    a reduced-precision, fused or quantized export; ``None`` otherwise or without an artifact file."""
+def _component_files(folder: Path, order: list[str]) -> dict[str, str]:
+    """``{component: file name}`` from the generation manifest ``save_components`` wrote in
+    ``folder``, in export ``order`` (prefill before decode)."""
+    manifest = json.loads((folder / _MANIFEST_NAME).read_text(encoding="utf-8"))
+    files = {str(k): str(v) for k, v in (manifest.get("files") or {}).items()}
+    return {name: files[name] for name in [*order, *sorted(files)] if name in files}
+
+
+def _size_change(
+    config: Any, model: Any, sizes: dict[str, int], artifact_names: dict[str, str]
+) -> dict[str, Any] | None:
+    """Eager fp32 weight bytes vs the artifact's files for a reduced-precision, fused or quantized
+    export; ``None`` otherwise or without an artifact file.
+
+    Args:
+        sizes: ``{file name: bytes}`` of the output folder.
+        artifact_names: ``{component: artifact file name}`` (``{"model": "model"}`` for a plain
+            export); a component's bytes are those of every file whose name starts with its file
+            name (``model.onnx`` + ``model.onnx.data``).
+
+    Returns:
+        ``{"eager_float32_bytes", "artifact_bytes", "ratio"}`` (all artifact files), and for more
+        than one component ``"components": {name: {"bytes", "ratio"}}`` (each component stores
+        its own weights, so each one's ratio is what a runtime loads for it).
+    """
     plain = getattr(config, "dtype", "float32") == "float32" and getattr(config, "quantization", None) is None
     if plain and getattr(config, "ort_fusions", None) is None:
         return None
-    artifact = sum(n for name, n in sizes.items() if name.startswith(artifact_name))
+    per_component = {
+        name: sum(n for file, n in sizes.items() if file.startswith(prefix))
+        for name, prefix in artifact_names.items()
+    }
+    artifact = sum(per_component.values())
     seen: set[int] = set()
     eager = 0
     for tensor in [*model.parameters(), *model.buffers()]:
@@ -858,7 +916,49 @@ def _size_change(config: Any, model: Any, sizes: dict[str, int], artifact_name: 
             eager += tensor.numel() * 4
     if not artifact or not eager:
         return None
-    return {"eager_float32_bytes": eager, "artifact_bytes": artifact, "ratio": round(artifact / eager, 4)}
+    change: dict[str, Any] = {
+        "eager_float32_bytes": eager,
+        "artifact_bytes": artifact,
+        "ratio": round(artifact / eager, 4),
+    }
+    if len(per_component) > 1:
+        change["components"] = {
+            name: {"bytes": n, "ratio": round(n / eager, 4)} for name, n in per_component.items()
+        }
+    return change
+
+
+def _size_line(change: dict[str, Any]) -> str:
+    """The summary's size line: ``size: fp32 eager weights 90.9 MB -> artifact 24.3 MB (0.27x)``,
+    or one entry per component of a generation export."""
+    line = f"[bold]size[/]: fp32 eager weights {change['eager_float32_bytes'] / 1e6:.1f} MB -> "
+    components = change.get("components")
+    if not components:
+        return line + f"artifact {change['artifact_bytes'] / 1e6:.1f} MB ({change['ratio']:.2f}x)"
+    return (
+        line
+        + ", ".join(f"{name} {c['bytes'] / 1e6:.1f} MB ({c['ratio']:.2f}x)" for name, c in components.items())
+        + f" ({change['artifact_bytes'] / 1e6:.1f} MB in all)"
+    )
+
+
+def _greedy_parity_line(record: dict[str, Any]) -> str:
+    """The summary's line for ``report.extra["greedy_parity"]`` (a gated generation export: greedy
+    tokens of the exported components vs ``model.generate``, reported, not gated)."""
+    head = "[bold]greedy parity[/] vs model.generate"
+    if record.get("error"):
+        return f"{head}: could not run ({record['error']})"
+    total = record.get("new_tokens")
+    if record.get("tokens_equal"):
+        return f"{head}: tokens equal ({total} of {total} new tokens)"
+    where = record.get("first_divergence")
+    agreement = record.get("top1_agreement")
+    text = f"{head}: tokens differ; {record.get('matching_prefix')} of {total} new tokens equal"
+    if where:
+        text += f", first divergence at new token {where[1]} (row {where[0]})"
+    if agreement is not None:
+        text += f"; logits top-1 agreement {agreement:.4f} over the steps run on the same prefix"
+    return text
 
 
 def _print_failure_details(verbose: bool, log_file: Path | None) -> None:

@@ -15,8 +15,12 @@ Python warnings of libraries are routed the same way; seen on CLI runs with torc
 ``FutureWarning: `isinstance(treespec, LeafSpec)` is deprecated`` that torch's own pytree code
 raises when a ``LeafSpec`` is copied (reported at ``copyreg.py``) during ONNX export.
 
+Native libraries that print from C++ (ExecuTorch's cpuinfo lines, ONNX Runtime's own logger) are
+routed into the log file too: :func:`setup_cli_logging` turns on :mod:`hfexport.native_output`.
+
 With ``-v`` nothing is hidden: the root logger logs at ``DEBUG`` to stderr, warnings print as
-Python prints them, torch's loggers print through their own handlers.
+Python prints them, torch's and transformers' loggers print through their own handlers, native
+libraries print as they do.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ __all__ = [
 LOG_FILE_ENV = "HFEXPORT_LOG_FILE"
 
 #: Third-party loggers that print through a handler of their own (torch installs a stderr handler
-#: on ``torch`` with ``propagate=False``), so root-logger configuration cannot reach them. Each
-#: maps to the lines it printed on every CLI run (seen with torch 2.13, torchao and
-#: transformers 5.24; no upstream issue found for either of the first two).
+#: on ``torch``, transformers one on ``transformers``, both with ``propagate=False``), so
+#: root-logger configuration cannot reach them. Each maps to the lines it printed on CLI runs (seen
+#: with torch 2.13, torchao and transformers 5.24; no upstream issue found for any of them).
 NOISY_LOGGERS: dict[str, str] = {
     # torch/utils/_pytree.py:630 (torch >= 2.13): transformers' torchao quantizer imports torchao,
     # which registers Enum subclasses with register_constant(); torch deprecated that in 2.13.
@@ -57,6 +61,12 @@ NOISY_LOGGERS: dict[str, str] = {
     # decode step, a batch of one) is specialized; hfexport reports what was exported as dynamic.
     "torch._export.non_strict_utils": "dimension inputs['input_ids'].shape[1] 0/1 specialized; "
     "Dim.AUTO was specified along with a sample input with hint = 1",
+    # transformers/generation/utils.py (5.24): "[transformers] A decoder-only architecture is being
+    # used, but right-padding was detected!" when a generation export records (and checks greedy
+    # parity) with model.generate on sample prompts a tokenizer padded on the right; the recorded
+    # graphs do not depend on it and the user cannot act on it.
+    "transformers.generation.utils": "A decoder-only architecture is being used, but right-padding was "
+    "detected! For correct generation results, please set `padding_side='left'` ...",
 }
 
 _OWN_PREFIX = "hfexport"
@@ -181,8 +191,11 @@ def quiet_progress_bars() -> None:
 
 def restore_cli_logging() -> None:
     """Undo :func:`setup_cli_logging`: remove its handlers and filters, restore the root logger's
-    level and ``warnings.showwarning``. The commands call it when they end, so running them in a
+    level and ``warnings.showwarning``, end native output routing. The commands call it when they end, so running them in a
     process (tests, notebooks) leaves that process's logging as it was."""
+    from hfexport.native_output import set_routing
+
+    set_routing(False)
     root = logging.getLogger()
     _remove_ours(root)
     for name in NOISY_LOGGERS:
@@ -243,4 +256,7 @@ def setup_cli_logging(verbose: bool) -> Path | None:
     for name in NOISY_LOGGERS:
         logging.getLogger(name).addFilter(_Divert(sink))
     warnings.showwarning = _WarningsToLog(warnings.showwarning)  # type: ignore[assignment]
+    from hfexport.native_output import set_routing
+
+    set_routing(True)  # native libraries' own output -> <library>.native loggers -> the log file
     return path

@@ -18,12 +18,14 @@ import json
 import math
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
     "DTYPES",
     "ORT_FUSION_TARGETS",
+    "QUANTIZATION_OPTIONS",
     "DynamoConfig",
     "ExecutorchConfig",
     "ExportConfigMixin",
@@ -31,10 +33,12 @@ __all__ = [
     "OnnxConfig",
     "OpenvinoConfig",
     "QuantizationConfig",
+    "QuantizationMethod",
     "check_opset_version",
     "decode_dynamic_shapes",
     "encode_dynamic_shapes",
     "format_name",
+    "is_quality_gated",
     "onnx_opset_range",
 ]
 
@@ -362,14 +366,93 @@ DTYPES = ("float32", "float16", "bfloat16")
 ORT_FUSION_TARGETS = ("cpu", "cuda")
 
 
+#: The :class:`QuantizationConfig` fields a quantization method may read besides ``method``
+#: (the names a :class:`QuantizationMethod` lists).
+QUANTIZATION_OPTIONS = (
+    "group_size",
+    "embedding_bits",
+    "per_channel",
+    "exclude",
+    "calibration",
+    "num_calibration_samples",
+)
+
+
+@dataclass(frozen=True)
+class QuantizationMethod:
+    """One quantization method of a backend: what it does and which :class:`QuantizationConfig`
+    options it reads (``HfExporter.quantization_methods`` maps each method name to one).
+
+    An option the method does not read is refused before capture
+    (:meth:`QuantizationConfig.check_options`, run by ``HfExporter.check_precision``) instead of
+    being silently ignored.
+
+    Attributes:
+        description: one line saying what the method does.
+        options: the fields of :class:`QuantizationConfig` besides ``method`` that the method always
+            reads (names from :data:`QUANTIZATION_OPTIONS`).
+        options_if: fields it reads only together with another field:
+            ``{"group_size": ("embedding_bits", 4)}`` reads ``group_size`` only when
+            ``embedding_bits == 4``; a required value of ``None`` means "when that field is set".
+
+    Raises:
+        ValueError: a name that is not one of :data:`QUANTIZATION_OPTIONS`.
+    """
+
+    description: str
+    options: frozenset[str] = frozenset()
+    options_if: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "options", frozenset(self.options))
+        object.__setattr__(self, "options_if", dict(self.options_if))
+        named = [*self.options, *self.options_if, *(dep for dep, _ in self.options_if.values())]
+        unknown = sorted(set(named) - set(QUANTIZATION_OPTIONS))
+        if unknown:
+            raise ValueError(
+                f"QuantizationMethod names unknown option(s) {unknown}; allowed: {', '.join(QUANTIZATION_OPTIONS)}"
+            )
+
+    def __str__(self) -> str:
+        return self.description
+
+    def reads(self, name: str, quantization: QuantizationConfig) -> bool:
+        """Whether this method reads the option ``name`` of ``quantization``."""
+        if name in self.options:
+            return True
+        if name not in self.options_if:
+            return False
+        dependency, required = self.options_if[name]
+        if dependency not in quantization.given_options():
+            return False
+        return required is None or getattr(quantization, dependency) == required
+
+    def describe_options(self) -> str:
+        """The options it reads, in :data:`QUANTIZATION_OPTIONS` order, e.g. ``"per_channel, exclude"``
+        or ``"group_size (with embedding_bits=4)"``; ``"none"`` when it reads only the method name."""
+        parts = [name for name in QUANTIZATION_OPTIONS if name in self.options]
+        for name in QUANTIZATION_OPTIONS:
+            if name in self.options_if and name not in self.options:
+                dependency, required = self.options_if[name]
+                parts.append(
+                    f"{name} (with {dependency} set)"
+                    if required is None
+                    else f"{name} (with {dependency}={required})"
+                )
+        return ", ".join(parts) or "none"
+
+
 @dataclass
 class QuantizationConfig:
     """What to quantize and how (``ExportConfig.quantization``); the backend applies it.
 
     Which ``method`` names exist is the backend's: each exporter lists its own in
     ``HfExporter.quantization_methods`` (e.g. ONNX ``int8-dynamic``, ``int8-static``, ``int4-weight``;
-    ExecuTorch ``8da4w``, ``int8-dynamic``, ``4w``, ``8w``; dynamo ``int8-weight``). An unknown name is
-    refused by the exporter before capture with the list of its methods.
+    ExecuTorch ``8da4w``, ``int8-dynamic``; dynamo ``int8-weight``), each a :class:`QuantizationMethod`
+    declaring the options below that it reads. An unknown name, and an option the chosen method does
+    not read (``calibration`` for a dynamic method, ``group_size`` for an 8-bit one,
+    ``per_channel=False`` for a 4-bit one ...), are refused by the exporter before capture
+    (:meth:`check_options`), with what is allowed.
 
     Attributes:
         method: the quantization recipe name.
@@ -427,6 +510,50 @@ class QuantizationConfig:
                 "allowed: a positive int"
             )
 
+    def given_options(self) -> list[str]:
+        """The options (:data:`QUANTIZATION_OPTIONS`) set to something other than their default, in
+        that order: what the chosen method must read for the config to mean what it says."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        return [name for name in QUANTIZATION_OPTIONS if getattr(self, name) != defaults[name]]
+
+    def check_options(self, methods: Mapping[str, Any], backend: str) -> None:
+        """Refuse an option the method does not read (it would be silently ignored).
+
+        Args:
+            methods: the backend's ``HfExporter.quantization_methods``: method name ->
+                :class:`QuantizationMethod` (a plain description string declares no options and is
+                not checked).
+            backend: the export format, for the message.
+
+        Raises:
+            ValueError: ``quantization.<option>=<value> is not read by ...``: the message names the
+                options the method reads and the methods of the backend that read the refused one.
+                A method not in ``methods`` is not checked here (the exporter refuses its name).
+        """
+        spec = methods.get(self.method)
+        if not isinstance(spec, QuantizationMethod):
+            return
+        for name in self.given_options():
+            if spec.reads(name, self):
+                continue
+            readers = [
+                method
+                for method, other in methods.items()
+                if method != self.method
+                and isinstance(other, QuantizationMethod)
+                and (name in other.options or name in other.options_if)
+            ]
+            where = (
+                f"{name} is read by: {', '.join(readers)}"
+                if readers
+                else f"no other {backend} method reads {name}"
+            )
+            raise ValueError(
+                f"quantization.{name}={getattr(self, name)!r} is not read by the {backend} quantization method "
+                f"{self.method!r} and would be ignored; allowed with {self.method!r}: {spec.describe_options()} "
+                f"({where}); drop it or choose a method that reads it"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict of every field."""
         out = dataclasses.asdict(self)
@@ -455,6 +582,17 @@ class QuantizationConfig:
         )
 
 
+def is_quality_gated(config: object) -> bool:
+    """Whether an export with ``config`` is validated by quality gates instead of allclose: a
+    ``config.dtype`` other than ``"float32"`` or a ``config.quantization`` (the rule of
+    :func:`hfexport.quality.quality_gates_for`, which adds the thresholds; re-exported as
+    :func:`hfexport.precision.is_quality_gated`). ``None`` -> ``False``."""
+    if config is None:
+        return False
+    dtype = str(getattr(config, "dtype", "float32") or "float32")
+    return dtype != "float32" or getattr(config, "quantization", None) is not None
+
+
 @dataclass
 class DynamoConfig(ExportConfigMixin):
     """How to capture the model with ``torch.export`` (shared by every backend).
@@ -479,7 +617,8 @@ class DynamoConfig(ExportConfigMixin):
         quantization: a :class:`QuantizationConfig` (or a method name / dict, converted), or ``None``.
         quality_gates: overrides of the quality-gate thresholds by metric name (e.g.
             ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
-            and quantization method.
+            and quantization method. Refused on a float32 export without quantization, which is
+            validated with ``atol``/``rtol`` (no gate would apply).
         aoti: (dynamo format only; other formats refuse ``True``) also compile the program with
             AOTInductor (``torch._inductor.aoti_compile_and_package``) into ``model.aoti.pt2`` next
             to ``model.pt2`` and validate the package at the sample and second shapes; needs a C++
@@ -517,6 +656,13 @@ class DynamoConfig(ExportConfigMixin):
                     raise ValueError(
                         f"quality_gates[{key!r}]={threshold!r} is invalid; allowed: a finite float"
                     )
+            if self.quality_gates and not is_quality_gated(self):
+                raise ValueError(
+                    f"quality_gates={self.quality_gates!r} cannot apply: quality gates score reduced-precision "
+                    "and quantized exports, and this one (dtype float32, no quantization) is validated with "
+                    "allclose (atol/rtol); allowed: quality_gates=None, or a dtype other than float32, or a "
+                    "quantization"
+                )
         for name in (
             "aoti",
             "dynamic",

@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from hfexport.config import ExportConfigMixin
+from hfexport.config import ExportConfigMixin, QuantizationMethod
 from hfexport.environment import check_environment, format_problems, warn_drift_once
 from hfexport.report import ExportReport, Stage
 
@@ -113,8 +113,10 @@ class HfExporter(abc.ABC):
     stages: ClassVar[tuple[str, ...]] = ()
     #: ``config.dtype`` values this backend can capture and run here (see :meth:`check_precision`).
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
-    #: ``config.quantization.method`` names this backend implements -> one-line description.
-    quantization_methods: ClassVar[Mapping[str, str]] = {}
+    #: ``config.quantization.method`` names this backend implements -> a
+    #: :class:`hfexport.config.QuantizationMethod` (what it does and which options it reads; a
+    #: plain description string is accepted too and declares nothing, so its options are not checked).
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod | str]] = {}
 
     def __init__(self, config: ExportConfigMixin | None = None) -> None:
         self.validate_environment()
@@ -180,8 +182,9 @@ class HfExporter(abc.ABC):
 
         Raises:
             ValueError: ``config.dtype`` not in :attr:`supported_dtypes`,
-                ``config.quantization.method`` not in :attr:`quantization_methods`, or
-                ``config.quality_gates`` naming an unknown metric; the message names what is allowed.
+                ``config.quantization.method`` not in :attr:`quantization_methods`, a quantization
+                option the method does not read (:meth:`hfexport.config.QuantizationConfig.check_options`),
+                or ``config.quality_gates`` naming an unknown metric; the message names what is allowed.
         """
         dtype = getattr(config, "dtype", "float32")
         if dtype not in self.supported_dtypes:
@@ -199,6 +202,8 @@ class HfExporter(abc.ABC):
                 f"quantization method {quantization.method!r} is not one of the {self.export_format} "
                 f"backend's; allowed: {allowed}"
             )
+        if quantization is not None:
+            quantization.check_options(self.quantization_methods, self.export_format)
 
     # -- the export --------------------------------------------------------------------------------
     def export(

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from hfexport.config import is_quality_gated  # the one rule; torch-free, so configs use it too
+
 __all__ = ["is_quality_gated", "model_in_dtype", "torch_dtype"]
 
 
@@ -81,13 +83,3 @@ def model_in_dtype(model: torch.nn.Module, dtype: str | torch.dtype) -> Iterator
             getattr(module, kind)[name] = tensor
         if config is not None and had_dtype:
             config.__dict__["dtype"] = old_dtype
-
-
-def is_quality_gated(config: object) -> bool:
-    """Whether an export with ``config`` is validated by quality gates instead of allclose: a
-    ``config.dtype`` other than ``"float32"`` or a ``config.quantization`` (the rule of
-    :func:`hfexport.quality.quality_gates_for`, which adds the thresholds). ``None`` -> ``False``."""
-    if config is None:
-        return False
-    dtype = str(getattr(config, "dtype", "float32") or "float32")
-    return dtype != "float32" or getattr(config, "quantization", None) is not None

@@ -431,9 +431,9 @@ def validate_runner_sequence(
         raise RuntimeError(
             f"the ExecuTorch runtime in this process has no {required_backend}; cannot validate"
         )
-    from hfexport_executorch.runtime import load_program
+    from hfexport_executorch.runtime import load_method, load_program
 
-    method = load_program(manager.buffer).load_method("forward")
+    method = load_method(load_program(manager.buffer), "forward")
     n = int(prompt.shape[1])
     n1 = max(2, min(n - 1, max_context_len - 2))
     n2 = max(1, min(n, max_context_len - 1)) if n != n1 else max(1, n1 - 1)
