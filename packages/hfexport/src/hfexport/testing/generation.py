@@ -89,7 +89,8 @@ def check_second_shape(parts: Any, component: str = "decode") -> dict[str, Any]:
     Raises:
         AssertionError: the ``validate_second_shape`` stage did not run or failed; the report holds
             no ``second_shape`` record or rows; a row is not ``ok`` (or, compared with allclose, has
-            a max abs diff above its ``atol``); a component with a filled cache kept its past length.
+            a max abs diff above its ``atol``); the logits row is not of the second shape's batch
+            and token count; a component with a filled cache kept its past length.
     """
     report = parts.reports[component]
     stages = [s for s in report.stages if s.name == "validate_second_shape"]
@@ -101,6 +102,10 @@ def check_second_shape(parts: Any, component: str = "decode") -> dict[str, Any]:
     for r in rows:
         if r.get("kind") != "quality":
             assert float(r["max_abs_diff"]) <= float(r["atol"]), (component, r)
+    tokens = record["inputs"].get("input_ids") or record["inputs"].get("inputs_embeds")
+    logits = next((r for r in rows if r["name"] == "logits"), None)
+    if tokens is not None and logits is not None:  # the rows come from the run at the second shape
+        assert list(logits["shape"][:2]) == list(tokens[:2]), (component, logits["shape"], tokens)
     past = record.get("past_length")
     if past is not None and past[0] > 0:
         assert past[1] != past[0], (component, record["summary"])
