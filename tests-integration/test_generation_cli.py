@@ -51,6 +51,11 @@ def test_export_for_text_generation_then_generate_prints_the_generate_tokens(tmp
 
     # checksums: the report records them, sha256sum verifies the folder, a flipped byte is refused
     report = json.loads((out / "export_report.json").read_text())
+    # each component's second shape is recorded: the decode step's at another past length
+    decode = report["second_shapes"]["decode"]
+    past, second = decode["past_length"]
+    assert second == 2 * past + 1 and decode["summary"].startswith(f"past length {past} -> {second}")
+    assert report["second_shapes"]["prefill"]["past_length"] == [0, 0]
     assert sorted(report["sha256"]) == sorted(
         p.name for p in out.iterdir() if p.name not in ("export_report.json", "checksums.sha256")
     )

@@ -25,7 +25,7 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import generation_config_for, worst_validation
+from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -58,6 +58,7 @@ def test_decoder_generation_matches_generate(model_type, cache):
     assert list(parts) == ["prefill", "decode"]
     worst = worst_validation(parts)
     assert {"decode.decode_q1", "decode.decode_q4"} <= set(worst)
+    check_decoder_second_shapes(parts, static_cache_len=32 if cache == "static" else None)
     callers = callers_from_exporter(exporter, parts)
     parity = compare_with_generate(
         GenerationRunner(parts.plan, callers),

@@ -26,7 +26,7 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import generation_config_for, worst_validation
+from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
 
 pytestmark = [pytest.mark.integration]
 
@@ -92,6 +92,7 @@ def test_decoder_generation_matches_generate(exporter, model_type, cache, tmp_pa
     seconds = time.perf_counter() - start
     worst = worst_validation(parts)
     assert {"decode.decode_q1", "decode.decode_q4"} <= set(worst)
+    check_decoder_second_shapes(parts, static_cache_len=32 if cache == "static" else None)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=NEW_TOKENS, generation_config=config)
     parity.check(ATOL)

@@ -26,7 +26,7 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import generation_config_for, worst_validation
+from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,6 +63,7 @@ def test_one_decode_graph_generates_like_generate(exporter, model_type, cache):
     seconds = time.perf_counter() - start
     worst = worst_validation(parts)
     assert {"decode.decode_q1", "decode.decode_q4", "decode.decode_prefill_empty_cache"} <= set(worst)
+    check_decoder_second_shapes(parts, static_cache_len=32 if cache == "static" else None)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
     assert runner.prefill_with_decode
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=NEW_TOKENS, generation_config=config)

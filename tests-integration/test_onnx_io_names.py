@@ -41,10 +41,14 @@ def test_cache_inputs_are_named_by_leaf_path():
     assert list(get_leaf_tensors(inputs)) == [v.name for v in graph.inputs]
     out_paths = [f"cache.layers.{i}.{kind}" for i in range(2) for kind in ("keys", "values")]
     assert [v.name for v in graph.outputs] == ["logits", *out_paths]
-    skipped = {s.name: s for s in exporter.last_report.stages}["validate_second_shape"]
-    assert skipped.status == "skipped"  # the core derives no second shape for cache inputs...
+    # the core validated a second past length (5 -> 11) and batch (2 -> 3), named by leaf path too
+    second = {s.name: s for s in exporter.last_report.stages}["validate_second_shape"]
+    assert second.status == "ok" and second.detail.startswith("past length 5 -> 11; batch 2 -> 3")
+    record = exporter.last_report.extra["second_shape"]
+    assert record["inputs"]["past_key_values.layers.0.keys"] == [3, 2, 11, 16]
+    assert record["inputs"]["attention_mask"] == [3, 14] and record["inputs"]["input_ids"] == [3, 3]
 
-    # ...so run one here: a longer cache, another batch size and step length
+    # and another step length, which the core's second shape keeps
     other = _decode_inputs(model, past=11, new=2, batch=3, seed=1)
     got = OnnxRuntimeRunner(program)(duplicate_leaf_tensors(other))
     rows = compare_outputs(eager_outputs(model, other), got, atol=ATOL)

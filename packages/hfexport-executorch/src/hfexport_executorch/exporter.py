@@ -256,19 +256,29 @@ class ExecutorchExporter(HfExporter):
         reduced-precision export the sample's own tokens, a quarter shorter) is cut down to what
         the program accepts: a dynamic axis to its upper bound (an explicit ``Dim(max=32)`` for
         instance), an axis the export left static to its sample size. Beyond that a program is not
-        meant to run (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses).
+        meant to run (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses). Inputs
+        holding a KV cache (generation components) are derived inside the planned bounds instead
+        (``report.extra["dynamic_bounds"]``, cache leaves included) and not cut afterwards, which
+        would part the mask from the cache length.
 
         Raises:
             ExportValidationError: an output differs from eager PyTorch beyond tolerance.
         """
         if second_inputs is None and config.is_dynamic and config.validate_second_shape:
+            from transformers.cache_utils import Cache
+
             from hfexport.validation import derive_second_inputs
 
-            derived, _ = derive_second_inputs(
-                model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
-            )
+            program_axes = list(report.extra.get("dynamic_axes") or [])
+            planned = report.extra.get("dynamic_bounds") or {}
+            with_cache = any(isinstance(v, Cache) for v in inputs.values())
+            if with_cache:
+                # the mask, the positions and the cache must stay consistent: the derivation keeps
+                # every axis inside the planned bounds (cache leaves included) instead of a cut after
+                program_axes += [dict(a, status="dynamic") for a in planned.get("axes", [])]
+            derived, _ = derive_second_inputs(model, inputs, config=config, program_axes=program_axes)
             if derived is not None:
-                second_inputs = _fit_to_bounds(derived, inputs, report.extra.get("dynamic_bounds"))
+                second_inputs = derived if with_cache else _fit_to_bounds(derived, inputs, planned)
         super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
 
     # -- generation hooks (HfExporter's contract; helpers in hfexport_executorch.generation) -----

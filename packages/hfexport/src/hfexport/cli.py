@@ -489,6 +489,19 @@ def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]
     console.print(table)
 
 
+def _second_shape_record(report: Any) -> dict[str, Any]:
+    """What ``export_report.json`` records of one component's second-shape validation: the
+    ``report.extra["second_shape"]`` record (shapes, changed axes and values, summary), or the
+    stage's status and reason when it did not run."""
+    record = report.extra.get("second_shape")
+    if record is not None:
+        return dict(record)
+    stages = [s for s in report.stages if s.name == "validate_second_shape"]
+    if stages:
+        return {"status": stages[-1].status, "reason": stages[-1].detail}
+    return {"status": "not run", "reason": "a static export, or validation is off"}
+
+
 def _print_validation(report: Any, component: str | None = None) -> None:
     """One table per validated input set of ``report``: quality metrics for a gated export, else
     allclose diffs; ``component`` (a generation export's ``prefill``, ``decode`` ...) prefixes the
@@ -786,6 +799,9 @@ def export_command(
                 report_dict: dict[str, Any] = {
                     "components": list(artifacts),
                     "files": [str(w) for w in written],
+                    # per component, the shape it was validated at besides the sample (a decode
+                    # step: another past length), or why none (the "report" below is decode's only)
+                    "second_shapes": {name: _second_shape_record(r) for name, r in artifacts.reports.items()},
                 }
                 # every component's report (prefill quality included), in export order; "report"
                 # below stays the last one (decode: greedy parity) as before

@@ -570,11 +570,20 @@ class HfExporter(abc.ABC):
         The derived second shape of such an export reuses the sample's real tokens (a quarter
         shorter, batch + 1) instead of random ids, so the gates score inputs like the sample.
 
+        Inputs holding a KV cache (the ``prefill`` and ``decode`` components of
+        :meth:`export_for_generation`) get a second shape too: a prefill another batch and prompt
+        length on its empty cache, a decode step another past length (and batch, when the program
+        keeps it dynamic) with cache, mask and positions to match; a static cache keeps its shape
+        and moves its write position. ``report.extra["second_shape"]``
+        (:func:`hfexport.validation.describe_second_shape`) records the shapes used and which axes
+        and values changed; its ``summary`` is also the detail of the ``validate_second_shape``
+        stage. When no second shape can be derived, that stage is recorded as skipped with the reason.
+
         Raises:
             ExportValidationError: an output differs beyond tolerance, or misses a quality gate
                 (the message names the metric, its value and the threshold).
         """
-        from hfexport.validation import derive_second_inputs
+        from hfexport.validation import derive_second_inputs, describe_second_shape
 
         def check(run: Any, these: Mapping[str, Any], label: str) -> list[dict[str, Any]]:
             return self.check_outputs(model, run, these, config, report=report, label=label)
@@ -592,7 +601,9 @@ class HfExporter(abc.ABC):
             if second_inputs is None:
                 report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
                 return
-        with report.stage(Stage.VALIDATE_SECOND_SHAPE):
+        described = describe_second_shape(inputs, second_inputs)
+        report.extra["second_shape"] = described
+        with report.stage(Stage.VALIDATE_SECOND_SHAPE, detail=described["summary"]):
             report.validation["second_shape"] = check(run, second_inputs, "second shape")
 
     def check_outputs(

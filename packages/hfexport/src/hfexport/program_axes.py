@@ -22,7 +22,15 @@ import torch.utils._pytree as pytree
 
 from hfexport.conventions import DECODER, SIGNAL, input_role
 
-__all__ = ["SPATIAL_GROWTH", "axes_summary", "guards_accept", "program_input_axes"]
+__all__ = [
+    "SPATIAL_GROWTH",
+    "axes_summary",
+    "axis_meaning",
+    "axis_range",
+    "choose_size",
+    "guards_accept",
+    "program_input_axes",
+]
 
 #: A dynamic image side (or audio feature axis) is expected to reach at least this many times its
 #: sample size; a program range ending below that is reported as ``model-bounded``.
@@ -62,7 +70,9 @@ def _asked_max(spec: Any, axis: int) -> int | None:
     return _finite(high) if high is not None else None
 
 
-def _meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, Any]) -> str:
+def axis_meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, Any]) -> str:
+    """What ``axis`` of input ``key`` means by the input-role table: ``"batch"``, ``"sequence"``,
+    ``"decoder sequence"``, ``"image height"`` ... or ``"axis <n>"``."""
     role = input_role(key, tensor.dim(), present=present)
     if role is None:
         return f"axis {axis}"
@@ -153,7 +163,7 @@ def program_input_axes(
         for axis in _asked_dynamic(dynamic_shapes.get(key), tensor.dim()):
             size = fake.shape[axis]
             sample = int(tensor.shape[axis])
-            meaning = _meaning(key, tensor, axis, tensors)
+            meaning = axis_meaning(key, tensor, axis, tensors)
             entry: dict[str, Any] = {"input": key, "axis": axis, "meaning": meaning, "sample": sample}
             expr = size.node.expr if isinstance(size, torch.SymInt) else None
             if expr is not None and expr.free_symbols:
@@ -293,3 +303,57 @@ def axes_summary(entries: Sequence[Mapping[str, Any]]) -> list[str]:
             meanings = [merged if m == sides[0] else m for m in meanings if m != sides[1]]
         lines.append(f"{key} {', '.join(meanings)}: {text}")
     return lines
+
+
+def choose_size(sample: int, preferred: int, low: int, high: int | None) -> int:
+    """The size a second-shape validation gives an axis: ``preferred`` moved into
+    ``[max(low, 2), high]``; the nearest other size when that is the sample's; the sample size when
+    the range holds no other.
+
+    Args:
+        sample: the axis' size in the sample inputs.
+        preferred: the size the rule of the axis asks for (batch + 1, a doubled sequence ...).
+        low / high: the range the program (or the model) accepts; ``high=None`` is unbounded.
+    """
+    low = max(low, 2)
+    size = max(preferred, low)
+    if high is not None:
+        size = min(size, high)
+    if size == sample or size < low:
+        for candidate in (sample + 1, sample - 1):
+            if candidate >= low and (high is None or candidate <= high):
+                return candidate
+        return sample
+    return size
+
+
+def axis_range(
+    entries: Sequence[Mapping[str, Any]] | None, pairs: Sequence[tuple[str, int]]
+) -> tuple[str, int, int | None] | None:
+    """What the program's axis outcomes say about axes that must share one size.
+
+    Args:
+        entries: axis outcomes with ``input``, ``axis``, ``min``, ``max`` and optionally
+            ``status`` (:func:`program_input_axes`' entries; a backend's planned bounds, which
+            carry no status, count as dynamic).
+        pairs: ``(input, axis)`` of the axes, e.g. ``[("input_ids", 0), ("attention_mask", 0)]``.
+
+    Returns:
+        ``None`` when no entry names one of ``pairs``; ``("static", size, size)`` when one of them
+        is static; else ``("dynamic", low, high)``, the intersection of their ranges (``high``
+        ``None`` when unbounded).
+    """
+    wanted = set(pairs)
+    low, high, found = 0, None, False
+    for entry in entries or ():
+        if (entry.get("input"), entry.get("axis")) not in wanted:
+            continue
+        found = True
+        if entry.get("status", STATUS_DYNAMIC) == STATUS_STATIC:
+            size = int(entry.get("max") if entry.get("max") is not None else entry.get("sample", 0))
+            return STATUS_STATIC, size, size
+        low = max(low, int(entry.get("min") or 0))
+        top = entry.get("max")
+        if top is not None:
+            high = int(top) if high is None else min(high, int(top))
+    return (STATUS_DYNAMIC, low, high) if found else None

@@ -8,6 +8,7 @@ with the per-output table when a difference is above tolerance.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -27,6 +28,7 @@ from hfexport.conventions import (
     placeholder_token_ids,
 )
 from hfexport.errors import ExportValidationError
+from hfexport.program_axes import choose_size
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "compare_outputs",
     "default_tolerances",
     "derive_second_inputs",
+    "describe_second_shape",
     "eager_outputs",
     "fit_static_spatial_axes",
     "format_table",
@@ -439,6 +442,14 @@ def derive_second_inputs(
     image fixes the image batch at capture), the batch of every input keeps its size and the
     prompt length alone changes.
 
+    Inputs holding a transformers ``Cache`` (the prefill and decode steps of a generation export):
+    an empty cache (a prefill) stays empty while the other inputs change by the rules above; a
+    filled cache (a decode step) gets another past length, and the batch changes when the program
+    keeps it dynamic, with the cache tensors, the mask, ``position_ids`` and ``cache_position``
+    consistent with the new past; a static cache keeps its shape and moves its write position
+    (:func:`hfexport.generation.second_shape.derive_cache_second_inputs`, which also lists the caches
+    it has no rule for).
+
     Args:
         model: the eager model (its config gives the maximum positions).
         inputs: the prepared forward kwargs.
@@ -454,13 +465,30 @@ def derive_second_inputs(
 
     Returns:
         ``(second_inputs, reason)``: ``second_inputs`` is ``None`` when no sound second shape
-        can be derived (a cache among the inputs, an input without a rule, no dynamic axis that
-        can change), with ``reason`` saying why; else ``reason`` is ``""``.
+        can be derived (a cache or an input without a rule, no dynamic axis that can change),
+        with ``reason`` saying why; else ``reason`` is ``""``.
 
     Raises:
         ValueError: ``token_values`` not one of :data:`TOKEN_VALUES`.
     """
     reuse = _reuse_sample_tokens(config, token_values)
+    from hfexport.generation.second_shape import derive_cache_second_inputs, find_cache
+
+    found = find_cache(inputs)
+    if found is not None:
+        if get_leaf_tensors(found[1]):  # a filled cache: another past length
+            return derive_cache_second_inputs(
+                model, inputs, config=config, program_axes=program_axes, seed=seed, reuse=reuse
+            )
+        return _derive_with_empty_cache(
+            model,
+            inputs,
+            found,
+            seed=seed,
+            config=config,
+            program_axes=program_axes,
+            token_values=token_values,
+        )
     gen = torch.Generator().manual_seed(seed)
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor)}
     others = {k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}
@@ -565,6 +593,136 @@ def _placeholder_batch_fixed(
     return False
 
 
+def describe_second_shape(sample: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
+    """What a second shape changed with respect to the sample, as the export report records it
+    (``report.extra["second_shape"]``).
+
+    Args:
+        sample: the sample forward kwargs.
+        second: the second forward kwargs (same keys).
+
+    Returns:
+        A JSON-safe dict: ``inputs`` (``{leaf path: shape}`` of ``second``, as ``report.input_names``
+        names the sample's leaves); ``changed`` (one entry per changed axis: ``input``, ``axis``,
+        ``meaning`` such as ``"batch"``, ``"sequence"`` or ``"past length"``, ``sample``,
+        ``second``; the layers of a cache that change alike share one entry named
+        ``cache.layers.*.keys``); ``values`` (0-d leaves whose value changed, e.g. a static cache's
+        write position ``cache.layers.*.cumulative_length``); for inputs holding a cache
+        ``past_length`` ``[sample, second]`` and ``cache_kind`` (``"dynamic"`` / ``"static"``, the
+        latter with ``cache_positions``, the fixed length of its tensors); and ``summary``, one line
+        such as ``"past length 8 -> 17; batch 2 -> 3 (input_ids, ...)"``.
+    """
+    import re
+
+    from hfexport.generation.second_shape import cache_past_length, find_cache, static_cache_length
+    from hfexport.program_axes import axis_meaning
+
+    before, after = get_leaf_tensors(dict(sample)), get_leaf_tensors(dict(second))
+    found = find_cache(second)
+    cache_key = found[0] if found is not None else None
+    top = {k: v for k, v in second.items() if isinstance(v, torch.Tensor)}
+    grouped: dict[tuple[str, int, str, int, int], None] = {}
+    values: dict[tuple[str, str, Any, Any], None] = {}
+    for path, new in after.items():
+        old = before.get(path)
+        if old is None:
+            continue
+        in_cache = cache_key is not None and path.startswith(f"{cache_key}.")
+        name = re.sub(r"\.layers\.\d+\.", ".layers.*.", path) if in_cache else path
+        if new.dim() == 0 and old.dim() == 0:
+            if new.numel() and not torch.equal(new, old.to(new.dtype)):
+                meaning = "cache write position" if path.endswith("cumulative_length") else "value"
+                values[(name, meaning, old.item(), new.item())] = None
+            continue
+        if new.dim() != old.dim():
+            continue
+        for axis, (a, b) in enumerate(zip(old.shape, new.shape)):
+            if a == b:
+                continue
+            if in_cache:
+                meaning = {0: "batch", 2: "past length"}.get(axis, f"axis {axis}")
+            elif path in top:
+                meaning = axis_meaning(path, top[path], axis, top)
+            else:
+                meaning = f"axis {axis}"
+            grouped[(name, axis, meaning, int(a), int(b))] = None
+    out: dict[str, Any] = {
+        "inputs": {path: list(t.shape) for path, t in after.items()},
+        "changed": [
+            {"input": n, "axis": a, "meaning": m, "sample": x, "second": y} for n, a, m, x, y in grouped
+        ],
+        "values": [{"input": n, "meaning": m, "sample": x, "second": y} for n, m, x, y in values],
+    }
+    lines: list[str] = []
+    if found is not None:
+        sample_cache = sample.get(found[0])
+        past = [
+            cache_past_length(sample_cache) if sample_cache is not None else 0,
+            cache_past_length(found[1]),
+        ]
+        capacity = static_cache_length(found[1])
+        out["past_length"] = past
+        out["cache_kind"] = "static" if capacity is not None else "dynamic"
+        if capacity is not None:
+            out["cache_positions"] = capacity
+        if past[0] != past[1]:
+            lines.append(
+                f"past length {past[0]} -> {past[1]}"
+                + (f" (static cache: its tensors keep {capacity} positions)" if capacity is not None else "")
+            )
+    by_change: dict[tuple[str, int, int], list[str]] = {}
+    for name, _, meaning, a, b in grouped:
+        if meaning == "past length":
+            continue  # said once above
+        by_change.setdefault((meaning, a, b), []).append(name)
+    for (meaning, a, b), names in by_change.items():
+        lines.append(f"{meaning} {a} -> {b} ({', '.join(dict.fromkeys(names))})")
+    for name, meaning, a, b in values:
+        lines.append(f"{meaning} {a} -> {b} ({name})")
+    out["summary"] = "; ".join(lines) or "no axis changed"
+    return out
+
+
+def _derive_with_empty_cache(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    found: tuple[str, Any],
+    **derive: Any,
+) -> tuple[dict[str, Any] | None, str]:
+    """The second shape of a prefill: the inputs other than the (empty) cache change as without it,
+    token sequences no longer than a static cache takes (``max_cache_len - 1``: a mask as long as
+    the cache takes another branch in transformers), ``cache_position`` counting the new prompt; the
+    cache stays empty (a copy)."""
+    from hfexport.generation.second_shape import static_cache_length
+
+    cache_key, cache = found
+    rest = {k: v for k, v in inputs.items() if k not in (cache_key, "cache_position")}
+    derived, reason = derive_second_inputs(model, rest, **derive)
+    if derived is None:
+        return None, reason
+    tensors = {k: v for k, v in derived.items() if isinstance(v, torch.Tensor)}
+    capacity = static_cache_length(cache)
+    length = None
+    for key, t in tensors.items():
+        role = input_role(key, t.dim(), present=tensors)
+        if role is None or role.sequence not in (TEXT, DECODER) or role.sequence_axis is None:
+            continue
+        if capacity is not None and int(t.shape[role.sequence_axis]) > capacity - 1:
+            derived[key] = t.narrow(role.sequence_axis, 0, capacity - 1).contiguous()
+        length = int(derived[key].shape[role.sequence_axis])
+    out: dict[str, Any] = {}
+    for key, value in inputs.items():
+        if key == cache_key:
+            out[key] = copy.deepcopy(cache)
+        elif key == "cache_position" and isinstance(value, torch.Tensor):
+            if length is None:
+                return None, "cache_position next to no token sequence: no rule to derive it"
+            out[key] = torch.arange(length, dtype=value.dtype, device=value.device)
+        else:
+            out[key] = derived[key]
+    return out, ""
+
+
 def _prompt_placeholders(tensors: Mapping[str, torch.Tensor], config: Any) -> dict[str, int]:
     """``{modality: placeholder token id}`` for the modalities whose input is present and whose
     placeholder token occurs in a text ``ids`` input (LLaVA: ``pixel_values`` and ``<image>``
@@ -649,7 +807,7 @@ def _program_size(
             return sample
         low = int(entry.get("min") or 0)
         high = entry.get("max")
-        return _choose(sample, preferred, low, int(high) if high is not None else None)
+        return choose_size(sample, preferred, low, int(high) if high is not None else None)
     return preferred
 
 
@@ -665,7 +823,7 @@ def _bounded_size(
                 # below the bound itself: a chunked forward often takes a path of its own at an exact
                 # multiple of the chunk (no padding), which the program may exclude by a guard
                 low, high = int(entry.get("min") or 0), int(entry["max"])
-                return _choose(sample, preferred, low, max(high - 1, low))
+                return choose_size(sample, preferred, low, max(high - 1, low))
             break
     return preferred
 
@@ -754,21 +912,6 @@ def _axis_specs(spec: Any, ndim: int) -> list[tuple[int, Any]]:
     if isinstance(spec, (list, tuple)):
         return list(enumerate(spec))[:ndim]
     return []
-
-
-def _choose(sample: int, preferred: int, low: int, high: int | None) -> int:
-    """``preferred`` moved into ``[max(low, 2), high]``; the nearest other size when that is the
-    sample's; the sample size when the range holds no other."""
-    low = max(low, 2)
-    size = max(preferred, low)
-    if high is not None:
-        size = min(size, high)
-    if size == sample or size < low:
-        for candidate in (sample + 1, sample - 1):
-            if candidate >= low and (high is None or candidate <= high):
-                return candidate
-        return sample
-    return size
 
 
 def _derive_declared(
@@ -879,7 +1022,7 @@ def _derive_declared(
             preferred = sample + sample // 2
         else:
             preferred = 2 * sample
-        size = _choose(sample, preferred, low, high)
+        size = choose_size(sample, preferred, low, high)
         if size == sample:
             notes.append(
                 f"{members[0][0]} axis {members[0][1]} has no other size in its range [{max(low, 2)}, {high}]"

@@ -3,7 +3,10 @@
 * :func:`generation_config_for` maps a cache kind (``"dynamic"`` / ``"static"``) to the
   ``GenerationConfig`` that ``model.generate`` and ``export_for_generation`` should both use;
 * :func:`worst_validation` checks that every component's export validation passed and returns
-  the worst max abs diff per component and validation label.
+  the worst max abs diff per component and validation label;
+* :func:`check_second_shape` checks that a component was validated at a second shape (for a
+  decode step: another past length) and returns what the report recorded of it;
+  :func:`check_decoder_second_shapes` does so for every component of a decoder's export.
 """
 
 from __future__ import annotations
@@ -11,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["CACHE_KINDS", "check_reduced_precision_generation", "generation_config_for", "worst_validation"]
+__all__ = [
+    "CACHE_KINDS",
+    "check_decoder_second_shapes",
+    "check_reduced_precision_generation",
+    "check_second_shape",
+    "generation_config_for",
+    "worst_validation",
+]
 
 CACHE_KINDS = ("dynamic", "static")
 
@@ -64,13 +74,86 @@ def worst_validation(parts: Any) -> dict[str, float]:
     return worst
 
 
+def check_second_shape(parts: Any, component: str = "decode") -> dict[str, Any]:
+    """Check that ``component`` was validated against eager PyTorch at a second shape, and passed.
+
+    Args:
+        parts: what ``HfExporter.export_for_generation`` returned.
+        component: the component (``"decode"``, ``"prefill"`` ...).
+
+    Returns:
+        ``report.extra["second_shape"]`` of the component (see
+        :func:`hfexport.validation.describe_second_shape`: ``inputs``, ``changed``, ``values``,
+        ``past_length``, ``summary``).
+
+    Raises:
+        AssertionError: the ``validate_second_shape`` stage did not run or failed; the report holds
+            no ``second_shape`` record or rows; a row is not ``ok`` (or, compared with allclose, has
+            a max abs diff above its ``atol``); the logits row is not of the second shape's batch
+            and token count; a component with a filled cache kept its past length.
+    """
+    report = parts.reports[component]
+    stages = [s for s in report.stages if s.name == "validate_second_shape"]
+    assert stages and stages[-1].status == "ok", (component, [(s.status, s.detail) for s in stages])
+    record = report.extra.get("second_shape")
+    assert record and (record.get("changed") or record.get("values")), (component, record)
+    rows = report.validation.get("second_shape")
+    assert rows and all(r["ok"] for r in rows), (component, rows)
+    for r in rows:
+        if r.get("kind") != "quality":
+            assert float(r["max_abs_diff"]) <= float(r["atol"]), (component, r)
+    tokens = record["inputs"].get("input_ids") or record["inputs"].get("inputs_embeds")
+    logits = next((r for r in rows if r["name"] == "logits"), None)
+    if tokens is not None and logits is not None:  # the rows come from the run at the second shape
+        assert list(logits["shape"][:2]) == list(tokens[:2]), (component, logits["shape"], tokens)
+    past = record.get("past_length")
+    if past is not None and past[0] > 0:
+        assert past[1] != past[0], (component, record["summary"])
+    return record
+
+
+def check_decoder_second_shapes(
+    parts: Any, *, past_length: tuple[int, int] = (8, 17), static_cache_len: int | None = None
+) -> dict[str, Any]:
+    """Check a decoder's generation export: every component passed at a second shape
+    (:func:`check_second_shape`), the decode step at another past length.
+
+    Args:
+        parts: what ``HfExporter.export_for_generation`` returned.
+        past_length: the expected ``(sample, second)`` past length of the decode step; the default
+            is an 8-token prompt's (the second is ``2 * 8 + 1``).
+        static_cache_len: for a static cache, its length: its tensors keep it, and the second shape
+            moves the cache's write position instead (recorded under ``values``).
+
+    Returns:
+        The decode step's ``second_shape`` record.
+
+    Raises:
+        AssertionError: when one of those does not hold.
+    """
+    for name in parts:
+        check_second_shape(parts, name)
+    decode = check_second_shape(parts, "decode")
+    assert decode["past_length"] == list(past_length), decode["summary"]
+    if static_cache_len is not None:
+        assert decode["cache_kind"] == "static", decode["summary"]
+        assert decode["inputs"]["cache.layers.0.keys"][2] == static_cache_len, decode["inputs"]
+        moved = {v["meaning"]: [v["sample"], v["second"]] for v in decode["values"]}
+        assert moved == {"cache write position": list(past_length)}, decode["values"]
+    else:
+        assert decode["cache_kind"] == "dynamic", decode["summary"]
+        assert decode["inputs"]["cache.layers.0.keys"][2] == past_length[1], decode["inputs"]
+    return decode
+
+
 def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) -> dict[str, Any]:
     """Export tiny llama for generation in ``config.dtype`` with ``exporter``, assert what every
     backend must give, save it to ``folder`` and generate from there; returns the greedy parity.
 
     Asserts: the user's model stays float32; prefill and decode record the dtype and the default
     reduced-precision gates (cosine 0.99, top-1 0.98), their logits pass with cosine >= 0.999 and
-    top-1 1.0 (tiny llama); the greedy run over the exported parts covers 16 tokens with at least one
+    top-1 1.0 (tiny llama), and both pass their gates at a second shape (the decode at another past
+    length, :func:`check_second_shape`); the greedy run over the exported parts covers 16 tokens with at least one
     equal to fp32 ``model.generate`` (reported, not gated); the manifest records the caches in the
     dtype and ``input_ids`` as int64; 4 tokens generated from the folder equal the parity run's.
 
@@ -96,6 +179,8 @@ def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) 
         logits = next(r for r in report.validation["sample"] if r["name"] == "logits")
         assert logits["dtype"] == f"torch.{dtype}" and logits["ok"], (name, logits)
         assert logits["cosine"] >= 0.999 and logits["top1_agreement"] == 1.0, (name, logits)
+    for name in ("prefill", "decode"):
+        check_second_shape(parts, name)  # gated too, on the sample's tokens and cache contents
     parity = parts.reports["decode"].extra["greedy_parity"]
     assert "error" not in parity and len(parity["sequence"]) == len(parity["reference"]) == 16
     assert parity["matching_prefix"] >= 1, parity  # measured on tiny llama: 16 (no divergence)
