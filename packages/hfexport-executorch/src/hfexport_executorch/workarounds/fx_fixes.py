@@ -21,6 +21,7 @@ __all__ = [
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
     "contiguous_attention_outputs",
+    "quantized_embedding_without_padding_idx",
 ]
 
 logger = logging.getLogger(__name__)
@@ -153,4 +154,54 @@ def contiguous_attention_outputs(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     clone.meta = {k: v for k, v in node.meta.items() if k != "val"}
     if isinstance(val, torch.Tensor):
         clone.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+    return True
+
+
+def _is_torchao_dequantize(node: object) -> bool:
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target.name() == "torchao::dequantize_affine"
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "drop padding_idx from aten.embedding over a torchao dequantize_affine weight (padding_idx only masks "
+        "the gradient), so ExecuTorch's quant fusion, whose torchao patterns take (weight, indices) only, turns "
+        "it into quantized_decomposed.embedding_4bit/embedding_byte instead of leaving a dequantize_affine the "
+        "runtime has no kernel for (executorch 1.4.1 and main)"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/10663",
+    versions={"executorch": ">=1.3"},
+)
+def quantized_embedding_without_padding_idx(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.embedding(dequantize_affine(...), indices, padding_idx)`` to
+    ``aten.embedding(dequantize_affine(...), indices)``.
+
+    ``ExecutorchConfig.quantization.embedding_bits`` quantizes ``nn.Embedding`` weights with torchao
+    (:func:`hfexport_executorch.quantize.quantize_copy`), which captures as a ``torchao.dequantize_affine``
+    of the integer table feeding ``aten.embedding``. ``to_executorch(do_quant_fusion_and_const_prop=True)``
+    fuses that pair into ``quantized_decomposed.embedding_byte`` / ``embedding_4bit``, the lookups the
+    runtime's quantized kernels run, but its torchao patterns
+    (``_get_embedding_ops_patterns_and_replacements_torchao`` in
+    ``executorch/exir/passes/_quant_patterns_and_replacements.py``, executorch 1.4.1 and upstream main)
+    only match ``aten.embedding(weight, indices)``; its older ``quantized_decomposed`` patterns do
+    accept a ``padding_idx`` ("padding_idx only matters for training"). A Hugging Face embedding built
+    with a ``padding_idx`` (llama ``embed_tokens``, BERT ``word_embeddings``; GPT-2's ``wte`` has none)
+    then keeps its ``dequantize_affine``, which has no out variant: ``to_executorch`` fails with
+    "Missing out variants: {'torchao::dequantize_affine'}" (the symptom of
+    https://github.com/pytorch/executorch/issues/10663 on Hugging Face models). ``padding_idx`` changes
+    only the gradient of the padding row, so the forward values are unchanged.
+
+    Returns:
+        True when the node's ``padding_idx`` was dropped (the node is kept, with two arguments).
+    """
+    if node.target is not torch.ops.aten.embedding.default or len(node.args) <= 2 or node.kwargs:
+        return False
+    if not _is_torchao_dequantize(node.args[0]):
+        return False
+    padding_idx = node.args[2]
+    if len(node.args) > 3 and any(node.args[3:]):  # scale_grad_by_freq / sparse: leave such a node alone
+        return False
+    node.args = node.args[:2]
+    logger.debug("%s: dropped padding_idx=%s of a quantized embedding", node.name, padding_idx)
     return True
