@@ -21,6 +21,7 @@ __all__ = [
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
     "contiguous_attention_outputs",
+    "layer_norm_in_float32",
     "quantized_embedding_without_padding_idx",
 ]
 
@@ -204,4 +205,73 @@ def quantized_embedding_without_padding_idx(gm: torch.fx.GraphModule, node: torc
         return False
     node.args = node.args[:2]
     logger.debug("%s: dropped padding_idx=%s of a quantized embedding", node.name, padding_idx)
+    return True
+
+
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def _cast(gm: torch.fx.GraphModule, value: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """An ``aten._to_copy(value, dtype=dtype)`` node (inserted at the graph's current insertion point)."""
+    cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype})
+    val = value.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        cast.meta["val"] = val.to(dtype)
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in value.meta:
+            cast.meta[key] = value.meta[key]
+    return cast
+
+
+@register_fx_node_fix(
+    "executorch.xnnpack",
+    description=(
+        "compute a float16/bfloat16 aten.layer_norm in float32 (cast in, cast out): the CPU runtime's optimized "
+        "native_layer_norm reads half rows of >= 256 elements as float32 (RowwiseMoments via Vectorized<float>::loadu) "
+        "and returns garbage, inf/NaN on MiniLM (executorch 1.4.1 and main)"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/16727",
+    versions={"executorch": ">=1.3"},
+)
+def layer_norm_in_float32(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Run a reduced-precision ``aten.layer_norm`` in float32: cast its input, weight and bias to float32
+    and its output back.
+
+    ExecuTorch's optimized CPU ``native_layer_norm`` (``kernels/optimized/cpu/op_native_layer_norm.cpp``,
+    the kernel the XNNPACK program's non-delegated layer norms run on; XNNPACK itself takes none) has
+    a scalar path for rows shorter than 256 elements (``kSmallNThreshold``, from
+    https://github.com/pytorch/executorch/pull/18636) and a SIMD path above, whose
+    ``RowwiseMoments`` (``kernels/optimized/cpu/moments_utils.h``, float accumulation since
+    https://github.com/pytorch/executorch/pull/16727) loads the half/bfloat16 row with
+    ``Vectorized<float>::loadu``, i.e. reads its bytes as float32, and has no reduced-precision
+    specialization. Measured with executorch 1.4.1: a float16 or bfloat16 ``LayerNorm(256)`` or wider
+    is off by 1 to 8 (absolute) on ``randn`` rows, ``LayerNorm(255)`` is right, float32 is right;
+    all-MiniLM-L6-v2 (hidden 384) in float16 gives an inf ``last_hidden_state`` (cosine 0 against
+    fp32), while GPT-2 IgLM-S (hidden < 256) is unaffected. No upstream issue names it yet; the
+    stored upstream ``moments_utils.h`` still has it. ATen computes the moments of a reduced-precision
+    layer norm in float32 too, so the values are what eager PyTorch computes; the cost is two casts
+    per layer norm.
+
+    Returns:
+        True when the node was rewritten (its input was float16 or bfloat16).
+    """
+    if node.target is not torch.ops.aten.layer_norm.default:
+        return False
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype not in _REDUCED_FLOATS:
+        return False
+    dtype = val.dtype
+    args = list(node.args)
+    with gm.graph.inserting_before(node):
+        for index in (0, 2, 3):  # input, weight, bias (weight/bias may be None or absent)
+            if index < len(args) and isinstance(args[index], torch.fx.Node):
+                args[index] = _cast(gm, args[index], torch.float32)
+    node.args = tuple(args)
+    out_val = node.meta.get("val")
+    if isinstance(out_val, torch.Tensor):
+        node.meta["val"] = out_val.to(torch.float32)
+    with gm.graph.inserting_after(node):
+        back = _cast(gm, node, dtype)
+    node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
     return True
