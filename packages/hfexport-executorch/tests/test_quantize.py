@@ -9,6 +9,7 @@ into the repository). Validation runs the core quality gates against the fp32 ea
 from __future__ import annotations
 
 import copy
+import re
 import time
 
 import pytest
@@ -177,6 +178,79 @@ def test_a_saved_program_with_quantized_embeddings_loads_in_a_fresh_process(tmp_
     assert done.stdout.strip().splitlines()[-1] == (
         f"['quantized_decomposed::embedding_byte'] False True ({ids.shape[0]}, {ids.shape[1]}, {vocab})"
     )
+
+
+def _kernel_calls(program, name: str) -> int:
+    """How many instructions of the emitted ``forward`` call the operator ``name``."""
+    (plan,) = program.executorch_program.execution_plan
+    ops = [o.name for o in plan.operators]
+    return sum(
+        1
+        for chain in plan.chains
+        for instruction in chain.instructions
+        if hasattr(instruction.instr_args, "op_index") and ops[instruction.instr_args.op_index] == name
+    )
+
+
+@pytest.mark.parametrize(
+    ("bits", "kernel"),
+    [(4, "embedding_4bit"), pytest.param(8, "embedding_byte", marks=pytest.mark.extended)],  # ~20 s each
+)
+def test_embedding_bits_on_llama_whose_embedding_has_a_padding_idx_runs_in_the_runtime(bits, kernel):
+    """Llama's ``embed_tokens`` (like BERT's ``word_embeddings``, unlike GPT-2's ``wte``) has a
+    ``padding_idx``: without the node fix ``quantized_embedding_without_padding_idx`` quant fusion left
+    its ``torchao::dequantize_affine`` in the program and ``to_executorch`` failed ("Missing out
+    variants"). The lookup must be one call of ``quantized_decomposed::{kernel}`` in the ``.pte``,
+    computing in the runtime what the eager quantized copy computes. Linears stay float (excluded) so
+    only the embedding is under test and the lowering stays fast."""
+    model, inputs = tiny_model("llama")
+    assert model.model.embed_tokens.padding_idx is not None
+    quantization = {"method": "8da4w", "embedding_bits": bits, "exclude": ["model.layers.*", "lm_head"]}
+    exporter = ExecutorchExporter()
+    # static shapes: faster to lower, and the fix does not depend on them
+    config = ExecutorchConfig(dynamic=False, quantization=quantization, validate=False)
+    program = exporter.export(model, inputs, config)
+    report = exporter.last_report
+    fix = "hfexport_executorch.workarounds.fx_fixes.quantized_embedding_without_padding_idx"
+    assert fix in report.applied["fx_node_fixes"]
+    summary = report.extra["quantization"]
+    assert (summary["embedding"], summary["linear"], summary["ops"]["quantized_embedding"]) == (1, 0, 1)
+    (plan,) = program.executorch_program.execution_plan
+    assert not [o.name for o in plan.operators if o.name.startswith("torchao::")]
+    assert _kernel_calls(program, f"quantized_decomposed::{kernel}") == 1
+    assert _kernel_calls(program, "aten::embedding") == 0
+    quantized, _ = quantize_copy(model, QuantizationConfig.from_value(quantization))
+    with torch.no_grad():
+        expected, reference = quantized(**inputs).logits, model(**inputs).logits
+    got = exporter.runner(program)(inputs)["logits"]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    # the quantized table is close to the fp32 one: 8-bit rows nearly exact, 4-bit groups of 32 less so
+    cosine = torch.nn.functional.cosine_similarity(got.flatten(), reference.flatten(), 0).item()
+    assert cosine >= (0.9999 if bits == 8 else 0.99), cosine
+
+
+def test_upstream_canary_quant_fusion_leaves_a_padded_torchao_embedding_unfused():
+    """Why ``quantized_embedding_without_padding_idx`` exists (executorch 1.4.1): ExecuTorch's quant
+    fusion fuses a torchao-quantized ``nn.Embedding`` into ``embedding_byte`` only without a
+    ``padding_idx``. When this starts failing, upstream matches the padded form: retire the fix."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge
+
+    torch.manual_seed(0)
+    ids = torch.tensor([[0, 3, 5]])
+    for padding_idx, fused in ((None, True), (0, False)):
+        table = torch.nn.Sequential(torch.nn.Embedding(16, 32, padding_idx=padding_idx)).eval()
+        quantized, summary = quantize_copy(table, QuantizationConfig(method="int8-dynamic", embedding_bits=8))
+        assert summary["embedding"] == 1
+        edge = to_edge(torch.export.export(quantized, (ids,)))
+        config = ExecutorchBackendConfig(do_quant_fusion_and_const_prop=True)
+        if fused:
+            (plan,) = edge.to_executorch(config).executorch_program.execution_plan
+            assert [o.name for o in plan.operators] == ["quantized_decomposed::embedding_byte"]
+        else:
+            with pytest.raises(
+                RuntimeError, match=re.escape("Missing out variants: {'torchao::dequantize_affine'}")
+            ):
+                edge.to_executorch(config)
 
 
 # -- the source transform on a copy -------------------------------------------------------------------

@@ -22,6 +22,8 @@ __all__ = [
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
     "contiguous_attention_outputs",
+    "layer_norm_in_float32",
+    "quantized_embedding_without_padding_idx",
     "runtime_assertions_dropped_before_edge",
 ]
 
@@ -189,4 +191,123 @@ def contiguous_attention_outputs(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     clone.meta = {k: v for k, v in node.meta.items() if k != "val"}
     if isinstance(val, torch.Tensor):
         clone.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+    return True
+
+
+def _is_torchao_dequantize(node: object) -> bool:
+    target = getattr(node, "target", None)
+    return isinstance(target, torch._ops.OpOverload) and target.name() == "torchao::dequantize_affine"
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "drop padding_idx from aten.embedding over a torchao dequantize_affine weight (padding_idx only masks "
+        "the gradient), so ExecuTorch's quant fusion, whose torchao patterns take (weight, indices) only, turns "
+        "it into quantized_decomposed.embedding_4bit/embedding_byte instead of leaving a dequantize_affine the "
+        "runtime has no kernel for (executorch 1.4.1 and main)"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/10663",
+    versions={"executorch": ">=1.3"},
+)
+def quantized_embedding_without_padding_idx(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.embedding(dequantize_affine(...), indices, padding_idx)`` to
+    ``aten.embedding(dequantize_affine(...), indices)``.
+
+    ``ExecutorchConfig.quantization.embedding_bits`` quantizes ``nn.Embedding`` weights with torchao
+    (:func:`hfexport_executorch.quantize.quantize_copy`), which captures as a ``torchao.dequantize_affine``
+    of the integer table feeding ``aten.embedding``. ``to_executorch(do_quant_fusion_and_const_prop=True)``
+    fuses that pair into ``quantized_decomposed.embedding_byte`` / ``embedding_4bit``, the lookups the
+    runtime's quantized kernels run, but its torchao patterns
+    (``_get_embedding_ops_patterns_and_replacements_torchao`` in
+    ``executorch/exir/passes/_quant_patterns_and_replacements.py``, executorch 1.4.1 and upstream main)
+    only match ``aten.embedding(weight, indices)``; its older ``quantized_decomposed`` patterns do
+    accept a ``padding_idx`` ("padding_idx only matters for training"). A Hugging Face embedding built
+    with a ``padding_idx`` (llama ``embed_tokens``, BERT ``word_embeddings``; GPT-2's ``wte`` has none)
+    then keeps its ``dequantize_affine``, which has no out variant: ``to_executorch`` fails with
+    "Missing out variants: {'torchao::dequantize_affine'}" (the symptom of
+    https://github.com/pytorch/executorch/issues/10663 on Hugging Face models). ``padding_idx`` changes
+    only the gradient of the padding row, so the forward values are unchanged.
+
+    Returns:
+        True when the node's ``padding_idx`` was dropped (the node is kept, with two arguments).
+    """
+    if node.target is not torch.ops.aten.embedding.default or len(node.args) <= 2 or node.kwargs:
+        return False
+    if not _is_torchao_dequantize(node.args[0]):
+        return False
+    padding_idx = node.args[2]
+    if len(node.args) > 3 and any(node.args[3:]):  # scale_grad_by_freq / sparse: leave such a node alone
+        return False
+    node.args = node.args[:2]
+    logger.debug("%s: dropped padding_idx=%s of a quantized embedding", node.name, padding_idx)
+    return True
+
+
+_REDUCED_FLOATS = (torch.float16, torch.bfloat16)
+
+
+def _cast(gm: torch.fx.GraphModule, value: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
+    """An ``aten._to_copy(value, dtype=dtype)`` node (inserted at the graph's current insertion point)."""
+    cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype})
+    val = value.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        cast.meta["val"] = val.to(dtype)
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in value.meta:
+            cast.meta[key] = value.meta[key]
+    return cast
+
+
+@register_fx_node_fix(
+    "executorch.xnnpack",
+    description=(
+        "compute a float16/bfloat16 aten.layer_norm in float32 (cast in, cast out): the CPU runtime's optimized "
+        "native_layer_norm reads half rows of >= 256 elements as float32 (RowwiseMoments via Vectorized<float>::loadu) "
+        "and returns garbage, inf/NaN on MiniLM (executorch 1.4.1 and main)"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/16727",
+    versions={"executorch": ">=1.3"},
+)
+def layer_norm_in_float32(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Run a reduced-precision ``aten.layer_norm`` in float32: cast its input, weight and bias to float32
+    and its output back.
+
+    ExecuTorch's optimized CPU ``native_layer_norm`` (``kernels/optimized/cpu/op_native_layer_norm.cpp``,
+    the kernel the XNNPACK program's non-delegated layer norms run on; XNNPACK itself takes none) has
+    a scalar path for rows shorter than 256 elements (``kSmallNThreshold``, from
+    https://github.com/pytorch/executorch/pull/18636) and a SIMD path above, whose
+    ``RowwiseMoments`` (``kernels/optimized/cpu/moments_utils.h``, float accumulation since
+    https://github.com/pytorch/executorch/pull/16727) loads the half/bfloat16 row with
+    ``Vectorized<float>::loadu``, i.e. reads its bytes as float32, and has no reduced-precision
+    specialization. Measured with executorch 1.4.1: a float16 or bfloat16 ``LayerNorm(256)`` or wider
+    is off by 1 to 8 (absolute) on ``randn`` rows, ``LayerNorm(255)`` is right, float32 is right;
+    all-MiniLM-L6-v2 (hidden 384) in float16 gives an inf ``last_hidden_state`` (cosine 0 against
+    fp32), while GPT-2 IgLM-S (hidden < 256) is unaffected. No upstream issue names it yet; the
+    stored upstream ``moments_utils.h`` still has it. ATen computes the moments of a reduced-precision
+    layer norm in float32 too, so the values are what eager PyTorch computes; the cost is two casts
+    per layer norm.
+
+    Returns:
+        True when the node was rewritten (its input was float16 or bfloat16).
+    """
+    if node.target is not torch.ops.aten.layer_norm.default:
+        return False
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor) or val.dtype not in _REDUCED_FLOATS:
+        return False
+    dtype = val.dtype
+    args = list(node.args)
+    with gm.graph.inserting_before(node):
+        for index in (0, 2, 3):  # input, weight, bias (weight/bias may be None or absent)
+            if index < len(args) and isinstance(args[index], torch.fx.Node):
+                args[index] = _cast(gm, args[index], torch.float32)
+    node.args = tuple(args)
+    out_val = node.meta.get("val")
+    if isinstance(out_val, torch.Tensor):
+        node.meta["val"] = out_val.to(torch.float32)
+    with gm.graph.inserting_after(node):
+        back = _cast(gm, node, dtype)
+    node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
     return True
