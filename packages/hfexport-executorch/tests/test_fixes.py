@@ -109,6 +109,7 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         "runtime_assertions_dropped_before_edge",
         "layer_norm_in_float32",
         "quantized_embedding_without_padding_idx",
+        "sort_as_topk",
     }
     for entry in found:
         # pytorch/ issues, and the shared dense experts' transformers issue
@@ -161,3 +162,36 @@ def test_runtime_assertions_dropped_before_edge_lets_to_edge_run_and_keeps_value
     longer = torch.tensor([[7, 1, 7, 2, 5], [3, 7, 7, 4, 5]])
     for prompt in (ids, longer):
         torch.testing.assert_close(edge.module()(prompt, features), PlaceholderCheck()(prompt, features))
+
+
+class SortedRouter(torch.nn.Module):
+    """jetmoe's router in small: sort the expert assignment, gather by the permutation, scatter back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.proj(torch.nn.functional.one_hot(input_ids % 8, 8).float())
+        expert = input_ids.flatten() % 3  # int64, many ties
+        _, order = expert.sort(0)
+        grouped = hidden.flatten(0, 1)[order] * (1.0 + expert[order, None])
+        out = torch.zeros_like(hidden.flatten(0, 1)).index_add(0, order, grouped)
+        values, _ = hidden.sort(-1, descending=True)
+        return out.view_as(hidden) + values
+
+
+def test_sort_as_topk_lets_the_pte_load_and_matches_eager_at_two_shapes():
+    # jetmoe failed to load in the runtime ("Missing operator: aten::sort.values", error 0x14)
+    from hfexport_executorch import ExecutorchExporter
+
+    model = SortedRouter().eval()
+    inputs = {"input_ids": torch.tensor([[5, 1, 7, 2, 3, 9], [4, 4, 0, 6, 2, 8]])}
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert "hfexport_executorch.workarounds.fx_fixes.sort_as_topk" in report.applied["fx_node_fixes"]
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows

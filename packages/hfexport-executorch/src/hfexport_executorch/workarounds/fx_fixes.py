@@ -25,6 +25,7 @@ __all__ = [
     "layer_norm_in_float32",
     "quantized_embedding_without_padding_idx",
     "runtime_assertions_dropped_before_edge",
+    "sort_as_topk",
 ]
 
 logger = logging.getLogger(__name__)
@@ -310,4 +311,54 @@ def layer_norm_in_float32(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     with gm.graph.inserting_after(node):
         back = _cast(gm, node, dtype)
     node.replace_all_uses_with(back, delete_user_cb=lambda user: user is not back)
+    return True
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "rewrite aten.sort (not stable) as aten.topk over the whole axis: the ExecuTorch runtime has no sort kernel "
+        "(portable or optimized), so a .pte with sort fails to load (Missing operator: aten::sort.values); jetmoe's "
+        "router sorts its expert assignment"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11320",
+    # executorch 1.4.1 kernels/portable/functions.yaml: topk.values, no sort
+    versions={"executorch": ">=1.3"},
+)
+def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.sort.default(x, dim=-1, descending=False)`` by ``aten.topk(x, k=x.size(dim), dim,
+    largest=descending, sorted=True)``.
+
+    Both return ``(values, indices)`` with the same shapes and dtypes (values of ``x``'s dtype,
+    indices int64), the values ordered the same way along ``dim``. The ExecuTorch runtime ships
+    ``topk.values`` among its portable kernels and no ``sort`` (executorch 1.4.1; the portable
+    library's core-ATen coverage is tracked in pytorch/executorch#11320), so the loader fails on
+    ``aten::sort.values`` (error 0x14). ``aten.sort.default`` is not stable either, so the order of
+    equal elements (and with it their indices) is unspecified in both; ``aten.sort.stable`` with
+    ``stable=True`` is left alone. With a dynamic ``dim`` the ``k`` is the symbolic size
+    (``aten.sym_size.int``).
+
+    Returns:
+        True when the node was rewritten.
+    """
+    if node.target is not torch.ops.aten.sort.default:
+        return False
+    source = node.args[0]
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return False
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
+    descending = node.args[2] if len(node.args) > 2 else node.kwargs.get("descending", False)
+    dim = int(dim) % max(val.dim(), 1)
+    size = val.shape[dim] if val.dim() else 1
+    with gm.graph.inserting_before(node):
+        if isinstance(size, torch.SymInt):
+            k: object = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
+            k.meta["val"] = size  # type: ignore[attr-defined]
+        else:
+            k = int(size)
+        topk = gm.graph.call_function(torch.ops.aten.topk.default, (source, k, dim, bool(descending), True))
+    topk.meta.update({key: value for key, value in node.meta.items()})
+    node.replace_all_uses_with(topk)
+    gm.graph.erase_node(node)
     return True
