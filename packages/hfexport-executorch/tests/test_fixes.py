@@ -9,6 +9,8 @@ from torch.export import Dim
 from hfexport.capture import capture
 from hfexport.config import ExecutorchConfig
 from hfexport.registry import apply_fx_node_fixes, apply_patches, entries
+from hfexport.testing.programs import PlaceholderCheck
+from hfexport.testing.programs import placeholder_check_program as _placeholder_program
 from hfexport_executorch import bounds
 from hfexport_executorch.workarounds import fx_fixes as fixes
 
@@ -118,27 +120,6 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         )
         assert entry.versions and entry.is_active(), entry.name
         assert not entry.is_stale({"torch": ">=2.12", "executorch": ">=1.3"}), entry.name
-
-
-class PlaceholderCheck(torch.nn.Module):
-    """LLaVA's placeholder check in small: transformers' torch_compilable_check on a tensor condition."""
-
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        from transformers.utils.import_utils import torch_compilable_check
-
-        mask = input_ids == 7
-        torch_compilable_check(mask.sum() * 4 == features.numel(), "placeholders and features do not match")
-        return torch.zeros(*input_ids.shape, 4).masked_scatter(mask.unsqueeze(-1), features)
-
-
-def _placeholder_program():
-    ids = torch.tensor([[7, 1, 7, 2], [3, 7, 7, 4]])
-    features = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-    sequence = Dim("sequence", min=2, max=64)
-    program = torch.export.export(
-        PlaceholderCheck(), (ids, features), dynamic_shapes=({1: sequence}, None), strict=False
-    )
-    return program, ids, features
 
 
 def test_runtime_assertion_condition_breaks_to_edge_without_the_fix():

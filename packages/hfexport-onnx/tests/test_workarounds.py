@@ -8,6 +8,8 @@ from transformers import PretrainedConfig
 
 from hfexport import registry
 from hfexport.config import OnnxConfig
+from hfexport.testing.programs import PlaceholderCheck
+from hfexport.testing.programs import placeholder_check_program as _placeholder_program
 from hfexport_onnx import OnnxExporter, OnnxRuntimeRunner
 from hfexport_onnx.versions import SUPPORTED
 from hfexport_onnx.workarounds import fx_fixes, translations
@@ -133,29 +135,6 @@ def test_complex_rotary_translations_match_eager_at_two_lengths():
             expected = model(x)["logits"]
         assert got.shape == expected.shape == (x.shape[0], 3, x.shape[2], 8)
         assert (got - expected).abs().max() <= ATOL
-
-
-class PlaceholderCheck(torch.nn.Module):
-    """LLaVA's placeholder check in small: transformers' torch_compilable_check on a tensor condition."""
-
-    def forward(self, input_ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        from transformers.utils.import_utils import torch_compilable_check
-
-        mask = input_ids == 7
-        torch_compilable_check(mask.sum() * 4 == features.numel(), "placeholders and features do not match")
-        return torch.zeros(*input_ids.shape, 4).masked_scatter(mask.unsqueeze(-1), features)
-
-
-def _placeholder_program():
-    from torch.export import Dim
-
-    ids = torch.tensor([[7, 1, 7, 2], [3, 7, 7, 4]])
-    features = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
-    sequence = Dim("sequence", min=2, max=64)
-    program = torch.export.export(
-        PlaceholderCheck(), (ids, features), dynamic_shapes=({1: sequence}, None), strict=False
-    )
-    return program, ids, features
 
 
 def test_runtime_assertion_condition_has_no_onnx_function_without_the_fix():
