@@ -109,19 +109,19 @@ class ExecutorchExporter(HfExporter):
     # -- stages ------------------------------------------------------------------------------------
     def check_precision(self, config: Any) -> None:
         """The base checks, then: quantization needs ``backend="xnnpack"`` (the methods lower to its
-        quantized kernels); ``4w`` / ``8w`` are refused with the verified upstream cause
-        (:data:`hfexport_executorch.quantize.WEIGHT_ONLY_REFUSAL`). ``ValueError`` naming what is
-        allowed, before capture."""
+        quantized kernels, or for ``4w`` / ``8w`` to the quantized kernel library next to it), and
+        ``4w`` / ``8w`` need float32 or float16 (``mixed_linear`` has no bfloat16 kernel). ``ValueError``
+        naming what is allowed, before capture."""
         quantization = getattr(config, "quantization", None)
-        if quantization is not None and quantization.method in ("4w", "8w"):
-            from hfexport_executorch.quantize import WEIGHT_ONLY_REFUSAL
-
-            raise ValueError(
-                f"quantization method {quantization.method!r} (weight-only linears) is not offered by the "
-                f"executorch backend: {WEIGHT_ONLY_REFUSAL}; allowed: {', '.join(self.quantization_methods)}"
-            )
         super().check_precision(config)
         backend = getattr(config, "backend", "xnnpack")
+        dtype = getattr(config, "dtype", "float32")
+        if quantization is not None and quantization.method in ("4w", "8w") and dtype == "bfloat16":
+            raise ValueError(
+                f"quantization method {quantization.method!r} runs on quantized_decomposed::mixed_linear, "
+                "which has float32 and float16 kernels only; allowed: dtype='float32' or 'float16' with it, "
+                "or method '8da4w' / 'int8-dynamic' for bfloat16"
+            )
         if quantization is not None and backend != "xnnpack":
             raise ValueError(
                 f"quantization method {quantization.method!r} lowers to XNNPACK's quantized kernels; "

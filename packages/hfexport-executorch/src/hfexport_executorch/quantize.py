@@ -2,9 +2,11 @@
 
 Two families, applied at different points of the export:
 
-- **source transforms** (``8da4w``, ``4w``, ``8w`` and ``embedding_bits``): torchao's ``quantize_``
-  replaces the weights of ``nn.Linear`` / ``nn.Embedding`` modules of a **copy** of the model with
-  quantized tensor subclasses before capture (:func:`quantize_copy`); the captured graph then holds
+- **source transforms** (``8da4w``, ``4w``, ``8w`` and ``embedding_bits``): on a **copy** of the
+  model before capture (:func:`quantize_copy`), ``4w`` / ``8w`` swap each ``nn.Linear`` for a
+  :class:`~hfexport_executorch.weight_only.WeightOnlyLinear` (run by the quantized kernels'
+  ``mixed_linear``, not delegated); for the others torchao's ``quantize_`` replaces the weights of
+  ``nn.Linear`` / ``nn.Embedding`` modules with quantized tensor subclasses; the captured graph then holds
   ``torchao.dequantize_affine`` (and, for ``8da4w``, per-token dynamic activation quantization)
   around each linear, which the XNNPACK partitioner recognises and lowers to its quantized kernels
   (4-bit blockwise weights with int8 dynamic activations: ``qp8_f32_qb4w`` GEMMs);
@@ -37,7 +39,7 @@ __all__ = [
     "DEFAULT_GROUP_SIZE",
     "METHODS",
     "SOURCE_TRANSFORM_METHODS",
-    "WEIGHT_ONLY_REFUSAL",
+    "WEIGHT_ONLY_METHODS",
     "pt2e_quantize",
     "quantize_copy",
     "quantized_op_counts",
@@ -62,30 +64,38 @@ METHODS: dict[str, QuantizationMethod] = {
         options=frozenset({"per_channel", "embedding_bits"}),
         options_if={"group_size": ("embedding_bits", 4), "exclude": ("embedding_bits", None)},
     ),
+    "4w": QuantizationMethod(
+        "4-bit grouped symmetric weights, float activations; runs on the quantized kernels' mixed_linear "
+        "(not delegated; values stored one per byte, so the size of 8w)",
+        options=frozenset({"group_size", "exclude", "embedding_bits"}),
+    ),
+    "8w": QuantizationMethod(
+        "8-bit per-row symmetric weights, float activations; runs on the quantized kernels' mixed_linear "
+        "(not delegated)",
+        options=frozenset({"exclude", "embedding_bits"}),
+        options_if={"group_size": ("embedding_bits", 4)},
+    ),
 }
-#: Why ``4w`` / ``8w`` (weight-only linears, torchao ``IntxWeightOnlyConfig`` as ExecuTorch's LLM export
-#: builds them) are not offered; :meth:`ExecutorchExporter.check_precision` raises it. Verified with
-#: executorch 1.4.1 / torchao 0.18 on one ``nn.Linear(64, 32)`` and on IgLM-S: the torchao copy is right
-#: (IgLM-S ``8w`` eager top-1 0.996 vs fp32) and so is the captured program, but XNNPACK has no weight-only
-#: GEMM: ``GEMMConfig._detect_precision`` calls a dequantized weight with a float activation
-#: "static quant", whose activation must come from a dequantize, so the linear is decomposed to
-#: ``permute + addmm``; the partitioner still takes ``dequantize_affine`` with it, and
-#: ``OpDequantizeAffine`` skips a non-dynamic per-channel(-group) dequantize (it expects a quantized
-#: GEMM to consume the weight), so the fp32 ``addmm`` gets the raw integers: the program computes
-#: ``x @ qdata.T + bias`` (scales dropped; IgLM-S top-1 0.13 / 0.19) and stores them as fp32 (1.02x /
-#: 1.05x the fp32 size). Off XNNPACK there is no kernel: ``to_executorch`` fails with "Missing out
-#: variants: {'torchao::dequantize_affine'}", and quant fusion has no weight-only linear pattern
-#: (only embeddings). No upstream issue names this exactly; the closest is pytorch/executorch#9855.
-WEIGHT_ONLY_REFUSAL = (
-    "with executorch 1.4.1 XNNPACK has no weight-only linear (float activations x integer weights): its "
-    "partitioner decomposes the linear and drops the dequantize of the weight, so the program computes "
-    "with the raw integers (measured on GPT-2 IgLM-S: logits top-1 0.19 (4w) / 0.13 (8w) vs fp32) and "
-    "stores them as fp32; the portable kernels have no torchao::dequantize_affine either (closest "
-    "upstream issue: https://github.com/pytorch/executorch/issues/9855); for smaller linears use 8da4w "
-    "(4-bit weights, int8 dynamic activations) or int8-dynamic"
-)
+# Why ``4w`` / ``8w`` do not use torchao's weight-only form (``IntxWeightOnlyConfig``, as ExecuTorch's LLM
+# export builds them) but :class:`hfexport_executorch.weight_only.WeightOnlyLinear`. Verified with
+# executorch 1.4.1 / torchao 0.18 on one ``nn.Linear(64, 32)`` and on IgLM-S: the torchao copy is right
+# (IgLM-S ``8w`` eager top-1 0.996 vs fp32) and so is the captured program, but XNNPACK has no weight-only
+# GEMM: ``GEMMConfig._detect_precision`` calls a dequantized weight with a float activation
+# "static quant", whose activation must come from a dequantize, so the linear is decomposed to
+# ``permute + addmm``; the partitioner still takes ``dequantize_affine`` with it, and
+# ``OpDequantizeAffine`` skips a non-dynamic per-channel(-group) dequantize (it expects a quantized
+# GEMM to consume the weight), so the fp32 ``addmm`` gets the raw integers: the program computes
+# ``x @ qdata.T + bias`` (scales dropped; IgLM-S top-1 0.13 / 0.19) and stores them as fp32 (1.02x /
+# 1.05x the fp32 size). Off XNNPACK there is no kernel: ``to_executorch`` fails with "Missing out
+# variants: {'torchao::dequantize_affine'}", and quant fusion has no weight-only linear pattern
+# (only embeddings). No upstream issue names this exactly; the closest is pytorch/executorch#9855.
+# ``test_upstream_canary_xnnpack_weight_only_linear_drops_the_weight_scales`` pins it.
 
-#: Methods applied to a copy of the model before capture (torchao ``quantize_``).
+#: Weight-only linear methods, run by the quantized kernels' ``mixed_linear`` (not delegated).
+WEIGHT_ONLY_METHODS = ("4w", "8w")
+
+#: Methods applied to a copy of the model before capture (torchao ``quantize_`` for 8da4w, our
+#: :class:`~hfexport_executorch.weight_only.WeightOnlyLinear` for 4w / 8w).
 SOURCE_TRANSFORM_METHODS = ("8da4w", "4w", "8w")
 
 #: Elements per scale of grouped 4-bit weights when ``QuantizationConfig.group_size`` is ``None``
@@ -109,7 +119,7 @@ def _granularity(group_size: int | None) -> Any:
 
 
 def _linear_config(method: str, group_size: int) -> Any:
-    from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig
+    from torchao.quantization import Int8DynamicActivationIntxWeightConfig
 
     # "hqq_scale_only" chooses the 4-bit scales by half-quadratic optimisation: on the real GPT-2
     # (IgLM-S) it lifts the worst per-token cosine of 8da4w logits from 0.953 to 0.980 at the same size
@@ -119,17 +129,7 @@ def _linear_config(method: str, group_size: int) -> Any:
             weight_granularity=_granularity(group_size),
             intx_choose_qparams_algorithm="hqq_scale_only",
         )
-    if method == "4w":
-        return IntxWeightOnlyConfig(
-            weight_dtype=torch.int4,
-            granularity=_granularity(group_size),
-            intx_choose_qparams_algorithm="hqq_scale_only",
-        )
-    if method == "8w":
-        return IntxWeightOnlyConfig(weight_dtype=torch.int8, granularity=_granularity(None))
-    raise ValueError(
-        f"quantization method {method!r} is not a source transform; allowed: {SOURCE_TRANSFORM_METHODS}"
-    )
+    raise ValueError(f"quantization method {method!r} is not a torchao linear transform; allowed: '8da4w'")
 
 
 def _embedding_config(bits: int, group_size: int) -> Any:
@@ -199,12 +199,29 @@ def quantize_copy(model: torch.nn.Module, quantization: Any) -> tuple[torch.nn.M
         quantize_(
             quantized, _embedding_config(bits, group_size), filter_fn=wants(torch.nn.Embedding, bits == 4)
         )
-    if linear_method is not None:
-        grouped = linear_method in ("8da4w", "4w")
+    if linear_method in WEIGHT_ONLY_METHODS:
+        _replace_weight_only(
+            quantized, linear_method, group_size, wants(torch.nn.Linear, linear_method == "4w")
+        )
+    elif linear_method is not None:
         quantize_(
-            quantized, _linear_config(linear_method, group_size), filter_fn=wants(torch.nn.Linear, grouped)
+            quantized, _linear_config(linear_method, group_size), filter_fn=wants(torch.nn.Linear, True)
         )
     return quantized, summary
+
+
+def _replace_weight_only(model: torch.nn.Module, method: str, group_size: int, wanted: Any) -> None:
+    """Swap every wanted ``nn.Linear`` of ``model`` (in place: ``model`` is the copy) for a
+    :class:`hfexport_executorch.weight_only.WeightOnlyLinear` (``4w``: 4-bit per group, ``8w``: 8-bit per row)."""
+    from hfexport_executorch.weight_only import WeightOnlyLinear, ensure_mixed_linear
+
+    ensure_mixed_linear()
+    bits = 4 if method == "4w" else 8
+    targets = [(name, module) for name, module in model.named_modules() if wanted(module, name)]
+    for name, module in targets:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, child, WeightOnlyLinear(module, bits, group_size if bits == 4 else None))
 
 
 def pt2e_quantize(
@@ -294,7 +311,7 @@ def quantized_op_counts(edge: Any, method: str = "forward") -> dict[str, Any]:
         ``{"delegated_quantized_linear": int, "portable_quantized_linear": int,
         "quantized_embedding": int, "delegated_quant_ops": {op: count}, "portable_quant_ops": {op: count}}``:
         a linear (``aten.linear`` / ``addmm`` / ``mm``) or embedding counts as quantized when its weight
-        comes from a dequantize node; ``*_quant_ops`` count the (de)quantize / choose-qparams nodes.
+        comes from a dequantize node, and every ``quantized_decomposed.mixed_linear`` (``4w`` / ``8w``) is one; ``*_quant_ops`` count the (de)quantize / choose-qparams nodes.
     """
     gm = edge.exported_program(method).graph_module
     counts = {
@@ -312,6 +329,9 @@ def quantized_op_counts(edge: Any, method: str = "forward") -> dict[str, Any]:
             if node.op != "call_function":
                 continue
             name = _target_name(node)
+            if "mixed_linear" in name:  # 4w / 8w: the weight-only linear kernel itself
+                counts[f"{where}_quantized_linear"] += 1
+                continue
             if any(marker in name for marker in _QUANT_OP_MARKERS):
                 quant_ops[where][name] += 1
                 continue

@@ -293,7 +293,12 @@ class ExecutorchRunner:
         flat = self.flatten_inputs(kwargs)
         method = self._load()
         self._check_sizes(kwargs, flat)
-        outputs = method.execute(flat)
+        from hfexport.native_output import captured_stderr
+
+        # kernels log argument checks to stderr as they run (executorch 1.4.1: mixed_linear's
+        # "Expected tensor.dim() to be 1, but got 2" for a valid per-group scale, every call)
+        with captured_stderr("executorch"):
+            outputs = method.execute(flat)
         cloned = [o.clone() if isinstance(o, torch.Tensor) else o for o in outputs]
         structured = pytree.tree_unflatten(cloned, self.out_spec)
         return get_leaf_tensors(structured)

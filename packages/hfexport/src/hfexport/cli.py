@@ -594,7 +594,7 @@ def export_command(
         int | None,
         typer.Option(
             "--group-size",
-            help="Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w group).",
+            help="Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w / 4w group).",
         ),
     ] = None,
     embedding_bits: Annotated[
