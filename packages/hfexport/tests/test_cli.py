@@ -25,6 +25,21 @@ def test_env_table_lists_every_backend():
         assert name in result.output
 
 
+def test_env_lists_each_backends_quantization_methods_and_dtypes():
+    """`--quantize` points users at `hfexport env`: it shows every method with the options it reads."""
+    result = runner.invoke(app, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    backends = {b["format"]: b for b in json.loads(result.output)["backends"]}
+    assert list(backends["executorch"]["quantization"]) == ["8da4w", "int8-dynamic", "4w", "8w"]
+    assert list(backends["onnx"]["quantization"]) == ["int8-dynamic", "int8-static", "int4-weight"]
+    assert list(backends["dynamo"]["quantization"]) == ["int8-weight"]
+    assert backends["executorch"]["quantization"]["4w"]["options"] == "group_size, embedding_bits, exclude"
+    assert backends["executorch"]["dtypes"] == ["float32", "float16", "bfloat16"]
+    table = runner.invoke(app, ["env"], env={"COLUMNS": "240"}).output
+    assert "quantization methods (hfexport export FORMAT --quantize METHOD)" in table
+    assert "mixed_linear" in table and "MatMulNBits" in table
+
+
 def test_env_json_reports_drift(monkeypatch):
     real = environment.installed_version
     monkeypatch.setattr(environment, "installed_version", lambda d: "9.9.9" if d == "torch" else real(d))

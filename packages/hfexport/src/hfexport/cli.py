@@ -70,6 +70,11 @@ def _backend_rows() -> list[dict[str, Any]]:
             try:
                 cls = _EXPORTERS[fmt] if fmt in _EXPORTERS else ep.load()  # type: ignore[union-attr]
                 row["tested"] = dict(cls.tested_versions)
+                row["dtypes"] = list(getattr(cls, "supported_dtypes", ()))
+                row["quantization"] = {
+                    name: {"description": str(method), "options": method.describe_options()}
+                    for name, method in dict(getattr(cls, "quantization_methods", {}) or {}).items()
+                }
                 for dist, tested in cls.tested_versions.items():
                     found = installed_version(dist)
                     if found is None:
@@ -107,7 +112,8 @@ def _layout_rows() -> list[dict[str, Any]]:
 def env_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Show installed backends, their versions, the versions they were tested with, drift, and the
+    """Show installed backends, their versions, the versions they were tested with, drift, the
+    quantization methods each offers (``--quantize`` values, with the options they read) and the
     runtime layouts each backend registers (``--layout`` values)."""
     from hfexport.__about__ import __version__
     from hfexport.environment import installed_version
@@ -143,6 +149,14 @@ def env_command(
             drift = "; ".join(r["drift"]) or "none"
         table.add_row(r["format"], r["package"] or "-", r["version"] or "-", tested, drift)
     console.print(table)
+    methods = [(r["format"], name, m) for r in rows for name, m in r.get("quantization", {}).items()]
+    if methods:
+        table = Table(title="quantization methods (hfexport export FORMAT --quantize METHOD)")
+        for col in ("format", "method", "what it does", "options it reads"):
+            table.add_column(col, overflow="fold")
+        for fmt, name, m in methods:
+            table.add_row(fmt, name, m["description"], m["options"])
+        console.print(table)
     layout_rows = _layout_rows()
     if layout_rows:
         table = Table(title="runtime layouts (hfexport export FORMAT --layout NAME)")
