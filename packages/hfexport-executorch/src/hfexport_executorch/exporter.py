@@ -43,6 +43,7 @@ from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
 from hfexport_executorch import generation as _generation
 from hfexport_executorch.quantize import METHODS as _quantize_methods
+from hfexport_executorch.quantize import WEIGHT_ONLY_METHODS
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
 __all__ = ["ExecutorchExporter"]
@@ -116,7 +117,7 @@ class ExecutorchExporter(HfExporter):
         super().check_precision(config)
         backend = getattr(config, "backend", "xnnpack")
         dtype = getattr(config, "dtype", "float32")
-        if quantization is not None and quantization.method in ("4w", "8w") and dtype == "bfloat16":
+        if quantization is not None and quantization.method in WEIGHT_ONLY_METHODS and dtype == "bfloat16":
             raise ValueError(
                 f"quantization method {quantization.method!r} runs on quantized_decomposed::mixed_linear, "
                 "which has float32 and float16 kernels only; allowed: dtype='float32' or 'float16' with it, "

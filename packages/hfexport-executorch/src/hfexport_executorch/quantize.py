@@ -311,7 +311,8 @@ def quantized_op_counts(edge: Any, method: str = "forward") -> dict[str, Any]:
         ``{"delegated_quantized_linear": int, "portable_quantized_linear": int,
         "quantized_embedding": int, "delegated_quant_ops": {op: count}, "portable_quant_ops": {op: count}}``:
         a linear (``aten.linear`` / ``addmm`` / ``mm``) or embedding counts as quantized when its weight
-        comes from a dequantize node, and every ``quantized_decomposed.mixed_linear`` (``4w`` / ``8w``) is one; ``*_quant_ops`` count the (de)quantize / choose-qparams nodes.
+        comes from a dequantize node, and every ``quantized_decomposed.mixed_linear`` (``4w`` / ``8w``)
+        is one; ``*_quant_ops`` count the (de)quantize / choose-qparams nodes.
     """
     gm = edge.exported_program(method).graph_module
     counts = {

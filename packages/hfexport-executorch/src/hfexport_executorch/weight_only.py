@@ -40,13 +40,15 @@ def _expand_scales(scales: torch.Tensor, in_features: int) -> torch.Tensor:
     return scales.repeat_interleave(group, dim=1)[:, :in_features]
 
 
-def _mixed_linear_cpu(
+def _mixed_linear_reference(
     x: torch.Tensor,
     weight: torch.Tensor,
     weight_scales: torch.Tensor,
     weight_zero_points: torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
+    """The runtime kernel's arithmetic in tensor ops: registered as the CPU kernel (eager validation of
+    the quantized copy) and as the fake kernel (the same ops on fake tensors give the output shape)."""
     if weight_zero_points is not None:
         raise ValueError(
             "quantized_decomposed.mixed_linear: zero points are not supported (the runtime kernel has none)"
@@ -54,16 +56,6 @@ def _mixed_linear_cpu(
     dequantized = weight.to(weight_scales.dtype) * _expand_scales(weight_scales, weight.shape[1])
     out = x @ dequantized.to(x.dtype).T
     return out.to(dtype) if dtype is not None else out
-
-
-def _mixed_linear_fake(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    weight_scales: torch.Tensor,
-    weight_zero_points: torch.Tensor | None = None,
-    dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    return x.new_empty((x.shape[0], weight.shape[0]), dtype=dtype or x.dtype)
 
 
 def ensure_mixed_linear() -> torch._ops.OpOverloadPacket:
@@ -74,8 +66,8 @@ def ensure_mixed_linear() -> torch._ops.OpOverloadPacket:
     kernel and a fake (meta) kernel unless ExecuTorch or PyTorch already registered one. Idempotent.
 
     Raises:
-        RuntimeError: the installed ExecuTorch does not define the operator (it is defined in
-            executorch 0.4 through 1.4.1); install a version that does or use ``8da4w``.
+        RuntimeError: the installed ExecuTorch does not define the operator (executorch 1.4.1, the
+            tested version, does); install one that does or use ``8da4w``.
     """
     import executorch.exir.passes._quant_patterns_and_replacements  # defines the op
     import executorch.kernels.quantized  # noqa: F401  (registers its out variant, which to_executorch needs)
@@ -86,12 +78,12 @@ def ensure_mixed_linear() -> torch._ops.OpOverloadPacket:
     except (AttributeError, RuntimeError) as error:
         raise RuntimeError(
             f"{_OP} is not defined by the installed executorch ({error}); the 4w/8w methods need it: "
-            "install executorch>=0.4,<=1.4.1 or use quantization method '8da4w'"
+            "install the tested executorch (1.4.1) or use quantization method '8da4w'"
         ) from error
     if not torch._C._dispatch_has_kernel_for_dispatch_key(_OP, "CPU"):
-        torch.library.impl(_OP, "CPU")(_mixed_linear_cpu)
+        torch.library.impl(_OP, "CPU")(_mixed_linear_reference)
     if not torch._C._dispatch_has_kernel_for_dispatch_key(_OP, "Meta"):
-        torch.library.register_fake(_OP)(_mixed_linear_fake)
+        torch.library.register_fake(_OP)(_mixed_linear_reference)
     return packet
 
 
@@ -108,6 +100,10 @@ def weight_only_linear(
 
     Returns:
         ``[..., out]`` in the dtype of ``x``.
+
+    Raises:
+        AttributeError / NotImplementedError: :func:`ensure_mixed_linear` was not called first (the
+            operator is undefined or has no kernel); :class:`WeightOnlyLinear` calls it.
     """
     flat = x.reshape(-1, x.shape[-1])
     out = torch.ops.quantized_decomposed.mixed_linear.default(flat, weight, scales, None, None)
