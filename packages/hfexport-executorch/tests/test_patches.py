@@ -304,6 +304,62 @@ def test_tanh_gelu_stays_portable_and_matches_eager_with_the_patch():
     assert diff < 1e-5
 
 
+class ToyRouterMax(torch.nn.Module):
+    """A linear router then ``max`` over the last axis of a 4-D tensor (``dim=-1``, as the MoE routers
+    of gpt_oss / hy_v4 / mimo_v2_flash take it), plus a ``max`` over axis 3 with ``keepdim=True``
+    (the one form XNNPACK pools) and one over axis 1 without ``keepdim``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        scores = self.proj(hidden)  # (batch, 2, 3, 8)
+        last = scores.max(dim=-1).values  # (batch, 2, 3)
+        pooled = scores.max(dim=3, keepdim=True).values[..., 0]  # (batch, 2, 3)
+        across = scores.max(dim=1).values.sum(-1)[:, None]  # (batch, 1, 3)
+        return last + pooled + across
+
+
+def _lower_router_max(patched: bool) -> tuple[list[str], float]:
+    """Lower ToyRouterMax for XNNPACK, run it; return (edge targets, max abs diff to eager)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model = ToyRouterMax()
+    program = capture(model, {"hidden": torch.randn(2, 2, 3, 8)}, ExecutorchConfig())
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    buffer = edge.to_executorch().buffer
+    method = Runtime.get().load_program(buffer).load_method("forward")
+    x = torch.randn(2, 2, 3, 8, generator=torch.Generator().manual_seed(1))
+    (out,) = method.execute([x])
+    with torch.no_grad():
+        expected = model(x)
+    return targets, (out - expected).abs().max().item()
+
+
+def test_xnnpack_claims_max_over_the_last_axis_and_fails_to_lower_without_the_patch():
+    # Documents the installed executorch (retire max_dim_only_over_spatial_axes when this fails): the
+    # partitioner claims a 4-D max.dim whatever its dim, and the serializer then refuses it.
+    with pytest.raises(
+        RuntimeError, match=r"amax.default only supports (dim == 2 or dim == 3|keep_dim == True)"
+    ):
+        _lower_router_max(patched=False)
+
+
+def test_max_over_other_axes_stays_portable_and_matches_eager_with_the_patch():
+    targets, diff = _lower_router_max(patched=True)
+    assert sum("max.dim" in t for t in targets) == 2  # dim=-1 and dim=1 run on the portable kernel
+    assert any(
+        "executorch_call_delegate" in t for t in targets
+    )  # the linear and the dim=3 max still are delegated
+    assert diff < 1e-6
+
+
 _PATTERN_PASSES = ("ConvertToSDPAPass", "ConvertToUpsampleBilinear2d")
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "edge_verifier_accepts_symbolic_min_max",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
+    "max_dim_only_over_spatial_axes",
     "patchify_conv3d_as_matmul",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
@@ -312,6 +313,53 @@ def gelu_tanh_stays_portable(original: Callable[..., Any]) -> Callable[..., Any]
             return False
         if not fixed and _gelu_approximation(node) != "none":
             logger.debug("gelu %s stays on portable kernels: XNNPACK ignores approximate='tanh'", node.name)
+            return False
+        return True
+
+    return check_constraints
+
+
+def _max_dim_arguments(node: Any) -> tuple[Any, bool]:
+    """``(dim, keepdim)`` of an ``aten.max.dim`` node, from its arguments or keyword arguments."""
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    return dim, bool(keepdim)
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.node_configs.MaxDimConfig.check_constraints",
+    description=(
+        "keep max.dim out of XNNPACK unless it reduces axis 2 or 3 of a 4-D input with keepdim=True: the "
+        "partitioner claims every 4-D max.dim, but its serializer (op_max_dim.py, a max pooling) raises "
+        "'amax.default only supports dim == 2 or dim == 3' / 'keep_dim == True' for the rest and the whole "
+        "lowering fails (MoE routers of gpt_oss, hy_v4, mimo_v2_flash take the max over the last axis, -1)"
+    ),
+    # no upstream issue found; the same partitioner/serializer mismatch was fixed for mean.dim in
+    # pytorch/executorch#19206. executorch 1.4.1: node_configs.MaxDimConfig checks rank and dtypes only
+    issue="https://github.com/pytorch/executorch/pull/19206",
+    versions={"executorch": ">=1.3"},
+)
+def max_dim_only_over_spatial_axes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``MaxDimConfig.check_constraints`` to decline what XNNPACK's ``MaxDim`` visitor refuses.
+
+    The visitor serialises ``max.dim`` (as ``amax``) as a 2-D max pooling over NHWC height or width,
+    so it accepts the literal ``dim`` 2 or 3 with ``keepdim=True`` only; ``dim=-1`` is refused too,
+    although it names axis 3. The partitioner checks the rank and dtypes but not these, and a
+    refused node raises at preprocess time, failing the export instead of staying on the portable
+    ``max.dim_max`` kernel. Declined nodes run there; every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        dim, keepdim = _max_dim_arguments(node)
+        if dim not in (2, 3) or not keepdim:
+            logger.debug(
+                "max.dim %s stays on portable kernels: XNNPACK pools over dim 2 or 3 with keepdim only",
+                node.name,
+            )
             return False
         return True
 
