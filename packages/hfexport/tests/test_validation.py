@@ -476,7 +476,12 @@ class _ChunkLoop(torch.nn.Module):
         return x + total[:, None]
 
 
-def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_respects_it():
+@pytest.mark.parametrize("asked_max", [None, 512], ids=["unbounded", "explicit-bound"])
+def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_respects_it(asked_max):
+    """Also when the export asks for an explicit sequence bound (ExecuTorch bounds every axis: the
+    range then reads [4, 512] and the guard still closes it at 8)."""
+    from torch.export import Dim
+
     from hfexport.capture import capture
     from hfexport.config import DynamoConfig
     from hfexport.program_axes import guards_accept
@@ -486,7 +491,11 @@ def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_
     ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     report = ExportReport(export_format="dynamo")
-    program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    config = DynamoConfig(dynamic=True)
+    if asked_max is not None:
+        axes = {0: Dim.AUTO(min=1, max=16), 1: Dim.AUTO(min=1, max=asked_max)}
+        config = DynamoConfig(dynamic=True, dynamic_shapes={"input_ids": axes, "attention_mask": axes})
+    program = capture(model, inputs, config, report)
     assert all(program.range_constraints[s].upper > 8 for s in program.range_constraints)  # no range bound
     assert guards_accept(program, {"input_ids": (2, 8), "attention_mask": (2, 8)}) is True
     assert guards_accept(program, {"input_ids": (2, 9), "attention_mask": (2, 9)}) is False

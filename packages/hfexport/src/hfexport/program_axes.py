@@ -251,15 +251,16 @@ def _bound_by_guards(
     A forward that pads the sequence to whole chunks and loops over them in Python (chunked
     gated-delta-rule linear attention: qwen3_next, olmo_hybrid) is captured for the sample's chunk
     count; torch records that as a guard such as ``ceil(length / 64) == 1``, not as a range, so the
-    program's range says ``[4, inf]``. Every length from the sample up is checked against the guards
-    (all inputs sharing the axis move together); the first refused one closes the range: the entries
-    get ``max`` and the note ``"model-bounded"``.
+    program's range says ``[4, inf]`` (or the explicit bound the export asked for: ExecuTorch bounds
+    every axis, ``[4, 512]``). Every length from the sample up to the range's end is checked against
+    the guards (all inputs sharing the axis move together); the first refused one closes the range:
+    the entries get ``max`` and the note ``"model-bounded"``.
     """
     for meaning in ("sequence", "decoder sequence"):
         group = [
             e
             for e in entries
-            if e["meaning"] == meaning and e["status"] == STATUS_DYNAMIC and e["max"] is None
+            if e["meaning"] == meaning and e["status"] == STATUS_DYNAMIC and e["note"] != "model-bounded"
         ]
         if not group:
             continue
@@ -268,6 +269,8 @@ def _bound_by_guards(
         if guards_accept(program, shapes) is not True:
             return  # no guards, or not decidable from shapes
         ceiling = min(position_limit or GUARD_SCAN_LIMIT, GUARD_SCAN_LIMIT)
+        if group[0]["max"] is not None:
+            ceiling = min(ceiling, int(group[0]["max"]))
         for length in range(sample + 1, ceiling + 1):
             for e in group:
                 shapes[e["input"]][e["axis"]] = length
