@@ -176,3 +176,116 @@ def test_sort_as_topk_lets_the_pte_load_and_matches_eager_at_two_shapes():
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+class ChunkReshape(torch.nn.Module):
+    """Pads the sequence to whole 64-token chunks and splits it into them, as the gated delta rule does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = (64 - x.shape[1] % 64) % 64
+        padded = torch.nn.functional.pad(x, (0, 0, 0, pad))
+        return padded.reshape(padded.shape[0], -1, 64, padded.shape[-1])
+
+
+def test_constant_size_reads_the_chunk_size_that_sympy_leaves_symbolic():
+    program = torch.export.export(
+        ChunkReshape(), (torch.randn(2, 8, 4),), dynamic_shapes={"x": {1: Dim.AUTO}}
+    )
+    output = next(n for n in program.graph.nodes if n.op == "output").args[0][0]
+    chunks, chunk = output.meta["val"].shape[1:3]
+    assert isinstance(chunk, torch.SymInt)  # padded // (padded // 64): constant, not simplified
+    assert fixes._constant_size(chunk) == 64
+    assert fixes._constant_size(chunks) is None  # the chunk count varies with the length
+    assert fixes._constant_size(7) == 7
+
+
+class GatedDeltaRule(torch.nn.Module):
+    """transformers 5.24's olmo_hybrid ``torch_chunk_gated_delta_rule`` on projected inputs: the
+    solve of the unit lower-triangular UT system, with the real chunked scan."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(32, 8)
+        self.qkv = torch.nn.Linear(8, 3 * 8)
+        self.gates = torch.nn.Linear(8, 2 * 2)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        from transformers.models.olmo_hybrid import modeling_olmo_hybrid
+
+        hidden = self.embed(input_ids)
+        batch, length, _ = hidden.shape
+        query, key, value = self.qkv(hidden).view(batch, length, 3, 2, 4).unbind(2)
+        decay, beta = self.gates(hidden).view(batch, length, 2, 2).unbind(2)
+        out, _ = modeling_olmo_hybrid.torch_chunk_gated_delta_rule(
+            query,
+            key,
+            value,
+            -torch.nn.functional.softplus(decay),
+            beta.sigmoid(),
+            use_qk_l2norm_in_kernel=True,
+        )
+        return out.flatten(2)
+
+
+def _solves(program: torch.export.ExportedProgram) -> int:
+    return sum(n.target is torch.ops.aten.linalg_solve_triangular.default for n in program.graph.nodes)
+
+
+def test_gated_delta_rule_keeps_its_solve_under_the_patch_and_the_fix_turns_it_into_matmuls():
+    # The patch keeps torch.linalg.solve_triangular under export (not transformers' 63 unrolled row
+    # updates, huggingface/transformers#47808); the node fix turns it into matmuls the runtime runs.
+    model = GatedDeltaRule().eval()
+    inputs = {"input_ids": torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))}
+    with apply_patches("executorch"):
+        program = capture(model, inputs, ExecutorchConfig(dynamic=True))
+    assert _solves(program) == 2  # the new values and the decayed keys
+    assert len(program.graph.nodes) < 200  # 130; unrolled (captured without the patch, ~40 s): 953
+    applied = apply_fx_node_fixes("executorch", program.graph_module)
+    assert "hfexport_executorch.workarounds.fx_fixes.unit_lower_triangular_solve_as_matmuls" in applied
+    assert _solves(program) == 0
+    for batch, length in ((2, 8), (3, 61)):  # one 64-token chunk: the program's range (model-bounded)
+        ids = torch.randint(0, 32, (batch, length), generator=torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            diff = (program.module()(input_ids=ids) - model(input_ids=ids)).abs().max().item()
+        assert diff < 1e-5, (batch, length, diff)
+
+
+@pytest.mark.extended
+def test_gated_delta_rule_pte_matches_eager_at_two_shapes():
+    # end to end (about 80 s): lowering, the runtime, and the second shape inside the model-bounded range
+    from hfexport_executorch import ExecutorchExporter
+
+    model = GatedDeltaRule().eval()
+    inputs = {"input_ids": torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))}
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.unit_lower_triangular_solve_as_matmuls"
+        in (report.applied["fx_node_fixes"])
+    )
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
+    # one chunk per program: the scan over chunks is unrolled at the sample's count (model-bounded)
+    sequence = [a for a in report.extra["dynamic_axes"] if a["meaning"] == "sequence"]
+    assert {(a["max"], a["note"]) for a in sequence} == {(63, "model-bounded")}
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+def test_every_gated_delta_rule_module_with_the_export_branch_is_patched():
+    # a new transformers model with the unrolled solve (huggingface/transformers#47808) needs adding
+    import pathlib
+
+    import transformers
+
+    from hfexport_executorch.workarounds.patches import GATED_DELTA_RULE_MODELS
+
+    models = pathlib.Path(transformers.__file__).parent / "models"
+    found = sorted(
+        path.parent.name
+        for path in models.glob("*/modeling_*.py")
+        if "solve_triangular" in (text := path.read_text()) and "is_torchdynamo_exporting()" in text
+    )
+    assert found == sorted(GATED_DELTA_RULE_MODELS)

@@ -8,8 +8,10 @@ around and the versions in which it is needed. The exporter applies them in its
 
 from __future__ import annotations
 
+import functools
 import logging
 import operator
+from typing import Any
 
 import torch
 
@@ -26,6 +28,7 @@ __all__ = [
     "quantized_embedding_without_padding_idx",
     "runtime_assertions_dropped_before_edge",
     "sort_as_topk",
+    "unit_lower_triangular_solve_as_matmuls",
 ]
 
 logger = logging.getLogger(__name__)
@@ -360,5 +363,113 @@ def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         topk = gm.graph.call_function(torch.ops.aten.topk.default, (source, k, dim, bool(descending), True))
     topk.meta.update({key: value for key, value in node.meta.items()})
     node.replace_all_uses_with(topk)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _constant_size(size: int | torch.SymInt) -> int | None:
+    """The value of a size that is the same for every value of its one symbol, else None.
+
+    Symbolic sizes such as ``padded // (padded // 64)`` (``padded`` the length rounded up to a multiple
+    of 64) are constant without sympy being able to simplify them; the expression is evaluated at
+    every length from 1 to 1024 and at powers of two (and their neighbours) up to 2**20, and must give
+    the sample's value at each (about 0.1 s per distinct expression; results are cached).
+    """
+    if isinstance(size, int):
+        return size
+    node = getattr(size, "node", None)
+    expr, hint = getattr(node, "expr", None), getattr(node, "hint", None)
+    if expr is None or hint is None or len(expr.free_symbols) != 1:
+        return None
+    return _constant_over_probes(expr, int(hint))
+
+
+_PROBES = sorted({*range(1, 1025), *(2**k + d for k in range(10, 21) for d in (-1, 0, 1))})
+
+
+@functools.lru_cache(maxsize=64)
+def _constant_over_probes(expr: Any, hint: int) -> int | None:
+    import sympy
+
+    (symbol,) = expr.free_symbols
+    try:
+        if all(int(expr.xreplace({symbol: sympy.Integer(value)})) == hint for value in _PROBES):
+            return hint
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def _call(gm: torch.fx.GraphModule, target: object, args: tuple, like: torch.fx.Node) -> torch.fx.Node:
+    """A ``call_function`` node of ``target(*args)`` with its fake value computed from the arguments'."""
+    node = gm.graph.call_function(target, args)
+    fake = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
+    node.meta["val"] = target(*fake)  # type: ignore[operator]
+    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+        if key in like.meta:
+            node.meta[key] = like.meta[key]
+    return node
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "solve a unit lower-triangular system (aten.linalg_solve_triangular, upper=False, unitriangular=True) by "
+        "ceil(log2 n) products of (I + N^(2^k)), N the negated strictly lower part: the runtime has no triangular-solve "
+        "kernel; the gated delta rule of qwen3_next / qwen3_5 / olmo_hybrid / lara_mini solves one per chunk"
+    ),
+    issue="https://github.com/huggingface/transformers/pull/47808",
+    # executorch 1.4.1 kernels/portable/functions.yaml: no linalg_solve_triangular / triangular_solve
+    versions={"executorch": ">=1.3"},
+)
+def unit_lower_triangular_solve_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.linalg_solve_triangular(A, B, upper=False, left=True, unitriangular=True)`` by
+    matrix products.
+
+    With ``A = I + L`` (``L`` strictly lower triangular, ``n x n``), ``N = -L`` is nilpotent
+    (``N^n = 0``), so ``A^-1 = I + N + ... + N^(n-1) = (I + N)(I + N^2)(I + N^4)...(I + N^(2^(K-1)))``
+    with ``K = ceil(log2 n)``: ``X = A^-1 B`` takes ``K`` products with ``B`` and ``K - 1`` squarings
+    (``n = 64``: 11 batched matmuls). The diagonal of ``A`` is not read, as ``unitriangular=True``
+    specifies. ``n`` must be constant; it may be written symbolically (the gated delta rule computes
+    its chunk size as padded length over chunk count, always 64): see :func:`_constant_size`. A
+    system whose size varies is left alone.
+
+    Transformers' gated-delta-rule models (``torch_chunk_gated_delta_rule``) call
+    ``torch.linalg.solve_triangular`` in eager mode and, under ``torch.export``, unroll the same solve
+    into ``n - 1`` sliced in-place row updates (transformers PR 47808, made for export targets
+    without the solver); that unrolled form makes the ExecuTorch lowering of a tiny olmo_hybrid take
+    more than ten minutes. The patch
+    :func:`hfexport_executorch.workarounds.patches.gated_delta_rule_keeps_the_triangular_solve` keeps
+    the solver call in the captured graph, and this fix turns it into products the portable and
+    XNNPACK kernels run. The products are equal to the solve in exact arithmetic; in float32 they
+    differ by rounding (max abs diff 1e-6 on the tiny models, tested).
+
+    Returns:
+        True when the node was rewritten.
+    """
+    if node.target is not torch.ops.aten.linalg_solve_triangular.default:
+        return False
+    a, b = node.args[0], node.args[1]
+    options = dict(zip(("upper", "left", "unitriangular"), node.args[2:], strict=False)) | dict(node.kwargs)
+    if options.get("upper", True) or not options.get("left", True) or not options.get("unitriangular", False):
+        return False
+    a_val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    if not isinstance(a_val, torch.Tensor) or not isinstance(b, torch.fx.Node):
+        return False
+    n = _constant_size(a_val.shape[-1])
+    if n is None or n < 1:
+        return False
+    aten = torch.ops.aten
+    with gm.graph.inserting_before(node):
+        power = _call(gm, aten.neg.default, (_call(gm, aten.tril.default, (a, -1), node),), node)
+        solution = _call(gm, aten.add.Tensor, (b, _call(gm, aten.matmul.default, (power, b), node)), node)
+        span = 2
+        while span < n:  # factors (I + N^2), (I + N^4), ... until every power below n is covered
+            power = _call(gm, aten.matmul.default, (power, power), node)
+            solution = _call(
+                gm, aten.add.Tensor, (solution, _call(gm, aten.matmul.default, (power, solution), node)), node
+            )
+            span *= 2
+    node.replace_all_uses_with(solution)
     gm.graph.erase_node(node)
     return True

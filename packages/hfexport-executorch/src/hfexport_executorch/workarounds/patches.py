@@ -26,9 +26,11 @@ from hfexport.registry import register_patch
 from hfexport.workarounds.moe import register_dense_experts
 
 __all__ = [
+    "GATED_DELTA_RULE_MODELS",
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
+    "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
     "max_dim_only_over_spatial_axes",
@@ -506,6 +508,45 @@ def patchify_conv3d_as_matmul(original: Callable[..., Any]) -> Callable[..., Any
         return out.reshape(input.shape[0], self.out_channels, 1, 1, 1)
 
     return forward
+
+
+#: transformers 5.24 models whose ``torch_chunk_gated_delta_rule`` unrolls its triangular solve under export
+GATED_DELTA_RULE_MODELS = ("lara_mini", "olmo_hybrid", "qwen3_5", "qwen3_5_moe", "qwen3_next", "qwen4_exp")
+
+
+@register_patch(
+    "executorch",
+    *(
+        f"transformers.models.{name}.modeling_{name}.is_torchdynamo_exporting"
+        for name in GATED_DELTA_RULE_MODELS
+    ),
+    description=(
+        "keep torch.linalg.solve_triangular in the gated delta rule of qwen3_next-style models under torch.export "
+        "instead of its unrolled n-1 row updates, which make the ExecuTorch lowering of a tiny model take over ten "
+        "minutes; the FX node fix unit_lower_triangular_solve_as_matmuls then turns the solve into matmuls"
+    ),
+    issue="https://github.com/huggingface/transformers/pull/47808",
+    versions={"transformers": ">=5.20"},
+)
+def gated_delta_rule_keeps_the_triangular_solve(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace the modeling module's ``is_torchdynamo_exporting`` with a function returning False.
+
+    In each module of :data:`GATED_DELTA_RULE_MODELS` (transformers 5.24) the name is read once, by
+    ``torch_chunk_gated_delta_rule``, to choose between ``torch.linalg.solve_triangular`` (eager)
+    and a forward substitution unrolled over the chunk (``chunk_size - 1`` = 63 sliced in-place
+    updates per linear-attention layer, added by transformers PR 47808 for export targets without
+    the solver). The unrolled form captures (a tiny olmo_hybrid: about 40 s) but ExecuTorch's
+    lowering of it ran for more than ten minutes on 2 cores; with the solver the captured graph has
+    377 nodes and captures in 14 s. The solver has no ExecuTorch kernel:
+    :func:`hfexport_executorch.workarounds.fx_fixes.unit_lower_triangular_solve_as_matmuls`
+    rewrites it. Other readers of the name in these modules: none (checked for transformers 5.24).
+    """
+
+    @functools.wraps(original)
+    def is_torchdynamo_exporting() -> bool:
+        return False
+
+    return is_torchdynamo_exporting
 
 
 register_dense_experts("executorch.xnnpack", every_implementation=True)
