@@ -507,3 +507,45 @@ def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_
     with torch.no_grad():
         diff = (program.module()(**second) - model(**second)).abs().max().item()
     assert diff <= 1e-6
+
+
+class _GridBranch(torch.nn.Module):
+    """DINOv2's position table in small: used as is for the 4x4 patch grid it was made for,
+    interpolated otherwise; capture on a 32x32 image takes the first branch and records
+    ``(height // 8) * (width // 8) == 16`` as a guard, not as a range."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.patch = torch.nn.Conv2d(3, 4, 8, stride=8)
+        self.position = torch.nn.Parameter(torch.randn(1, 4, 4, 4))
+
+    def forward(self, pixel_values):
+        grid = self.patch(pixel_values)
+        position = self.position
+        if grid.shape[2] * grid.shape[3] != 16:
+            position = torch.nn.functional.interpolate(position, size=grid.shape[2:], mode="bilinear")
+        return (grid + position).flatten(1)
+
+
+def test_image_sides_fixed_only_by_guards_are_reported_static_and_the_second_shape_keeps_them():
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.program_axes import guards_accept
+    from hfexport.report import ExportReport
+
+    model = _GridBranch().eval()
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    report = ExportReport(export_format="dynamo")
+    program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
+    assert guards_accept(program, {"pixel_values": (2, 3, 64, 64)}) is False
+    sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.extra["dynamic_axes"]}
+    assert sides["image height"] == sides["image width"] == ("static", 32, "model-fixed")
+    assert sides["batch"][0] == "dynamic"
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    assert second is not None, reason
+    assert tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
+    with torch.no_grad():
+        diff = (program.module()(**second) - model(**second)).abs().max().item()
+    assert diff <= 1e-6

@@ -190,6 +190,7 @@ def program_input_axes(
                 entry.update(status=STATUS_STATIC, min=value, max=value, note=note)
             out.append(entry)
     _bound_by_guards(program, tensors, out, position_limit)
+    _fix_sides_by_guards(program, tensors, out)
     return out
 
 
@@ -281,6 +282,43 @@ def _bound_by_guards(
                 for e in group:
                     e.update(max=length - 1, note="model-bounded")
                 break
+
+
+def _fix_sides_by_guards(
+    program: Any, tensors: Mapping[str, torch.Tensor], entries: list[dict[str, Any]]
+) -> None:
+    """Mark image sides whose range is open but whose input guards accept the sample's size only.
+
+    A vision transformer that returns its position table unchanged when the patch grid is the one it
+    was trained on, and interpolates it otherwise (DINOv2's ``interpolate_pos_encoding``), is captured
+    on the first branch; torch records ``(height // 8) * (width // 8) == 16`` as a guard, not as a
+    range. Each side is doubled alone and both together (the inputs sharing a side move together);
+    when the guards refuse every one of these sizes, the sides become ``status="static"`` at the
+    sample's size with the note ``"model-fixed"``, so a second shape keeps them.
+    """
+    group = [
+        e
+        for e in entries
+        if str(e["meaning"]).startswith(("image ", "video "))
+        and e["status"] == STATUS_DYNAMIC
+        and not str(e["meaning"]).endswith(" channels")
+    ]
+    if not group:
+        return
+    shapes = {k: list(t.shape) for k, t in tensors.items()}
+    if guards_accept(program, shapes) is not True:
+        return  # no guards, or not decidable from shapes
+    meanings = sorted({str(e["meaning"]) for e in group})
+    trials = [[m] for m in meanings] + ([meanings] if len(meanings) > 1 else [])
+    for moved in trials:
+        trial = {k: list(v) for k, v in shapes.items()}
+        for e in group:
+            if e["meaning"] in moved:
+                trial[e["input"]][e["axis"]] = 2 * int(e["sample"])
+        if guards_accept(program, trial) is not False:
+            return  # some other size is accepted (or undecidable): the range stands
+    for e in group:
+        e.update(status=STATUS_STATIC, min=e["sample"], max=e["sample"], note="model-fixed")
 
 
 def _describe(entry: Mapping[str, Any]) -> str:
