@@ -289,3 +289,24 @@ def test_every_gated_delta_rule_module_with_the_export_branch_is_patched():
         if "solve_triangular" in (text := path.read_text()) and "is_torchdynamo_exporting()" in text
     )
     assert found == sorted(GATED_DELTA_RULE_MODELS)
+
+
+def test_complex_rotary_lowers_and_the_pte_matches_eager_at_two_shapes():
+    # deepseek_v2 / llama4 failed in to_edge (SpecViolationError: complex operations; the portable
+    # kernels have no complex dtype, pytorch/executorch#11404)
+    from hfexport.testing.programs import ComplexRotary
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    exporter.export(ComplexRotary().eval(), {"input_ids": ids}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.complex_rotary_as_real_pairs"
+        in (report.applied["fx_program_fixes"])
+    )
+    assert [a["input"] for a in report.extra["dynamic_bounds"]["axes"]] == ["input_ids", "input_ids"]
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows

@@ -23,6 +23,7 @@ __all__ = [
     "BOUNDED_META_KEY",
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
+    "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
     "layer_norm_in_float32",
     "quantized_embedding_without_padding_idx",
@@ -473,3 +474,27 @@ def unit_lower_triangular_solve_as_matmuls(gm: torch.fx.GraphModule, node: torch
     node.replace_all_uses_with(solution)
     gm.graph.erase_node(node)
     return True
+
+
+@register_fx_program_fix(
+    "executorch",
+    description=(
+        "rewrite complex-valued computation (torch.polar / view_as_complex rotary embeddings of deepseek_v2, "
+        "llama4) into real (real, imaginary) pairs: the portable kernels and XNNPACK have no complex dtype, and "
+        "to_edge refuses the complex operations"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11404",
+    # executorch 1.4.1: no complex kernels for mul / polar / view_as_complex in kernels/portable
+    versions={"executorch": ">=1.3"},
+)
+def complex_rotary_as_real_pairs(exported_program: torch.export.ExportedProgram) -> None:
+    """Run :func:`hfexport.workarounds.complex_pairs.complex_as_real_pairs` on the program.
+
+    The rewrite is all or nothing; a program with complex operations it does not know keeps them
+    (and fails in ``to_edge`` as it did before).
+    """
+    from hfexport.workarounds.complex_pairs import complex_as_real_pairs
+
+    rewritten = complex_as_real_pairs(exported_program)
+    if rewritten:
+        logger.debug("%d complex-valued nodes rewritten as real pairs", rewritten)
