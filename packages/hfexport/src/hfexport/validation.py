@@ -46,6 +46,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: the second-shape summary when no input axis could change (the program is static)
+NOTHING_VARIED = "no axis changed"
+
 Runner = Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]
 
 # fp32: atol 1e-4, rtol 1e-3; half precision: 1e-2 both.
@@ -679,7 +682,7 @@ def describe_second_shape(sample: Mapping[str, Any], second: Mapping[str, Any]) 
         lines.append(f"{meaning} {a} -> {b} ({', '.join(dict.fromkeys(names))})")
     for name, meaning, a, b in values:
         lines.append(f"{meaning} {a} -> {b} ({name})")
-    out["summary"] = "; ".join(lines) or "no axis changed"
+    out["summary"] = "; ".join(lines) or NOTHING_VARIED
     return out
 
 

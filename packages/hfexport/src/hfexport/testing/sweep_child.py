@@ -16,6 +16,8 @@ import sys
 import time
 from typing import Any
 
+from hfexport.validation import NOTHING_VARIED
+
 __all__ = ["build", "export_cell", "main"]
 
 
@@ -52,7 +54,8 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
         ``{"status": "pass", "seconds", "stages"}`` when the export validated at the sample shape
         and at the second shape; otherwise ``{"status": "fail", "stage", "reason", ...}`` with the
         failed stage and the first line of the error (a pass whose second-shape validation did not
-        run counts as a failure of ``validate_second_shape``).
+        run, or found no axis to vary because the program came out static, counts as a failure of
+        ``validate_second_shape``).
     """
     from hfexport.auto import AutoExportConfig, AutoHfExporter
     from hfexport.testing import tiny_model
@@ -80,6 +83,15 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
             "status": "fail",
             "stage": "validate_second_shape",
             "reason": "second-shape validation did not run: " + str(stages.get("validate_second_shape")),
+        }
+    second = next((s for s in getattr(report, "stages", []) if s.name == "validate_second_shape"), None)
+    if result["status"] == "pass" and second is not None and second.detail == NOTHING_VARIED:
+        # asked dynamic, came out static: a pass here would claim dynamic shapes that do not hold
+        result = {
+            **result,
+            "status": "fail",
+            "stage": "validate_second_shape",
+            "reason": "the program came out static: every axis asked dynamic was specialised, nothing varied",
         }
     return result
 
