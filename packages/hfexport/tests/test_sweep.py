@@ -75,7 +75,7 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
         if line.startswith("| a ") or line.startswith("| b ") or line.startswith("| c ")
     ]
     assert rows == [
-        "| a | ok (0.12M params) | pass | **fail** (translate): ConversionError: no \\| rule |",
+        "| a | ok (0.12M params) | pass | **fail** (translate) [lowering]: ConversionError: no \\| rule |",
         "| b | ok (0.12M params) | pass | pass |",
         "| c | eager fails (eager): ValueError: x | n/a | n/a |",
     ]
@@ -296,3 +296,60 @@ def test_a_backend_that_has_not_run_every_type_is_not_judged_against_its_target(
         "| causal-lm | 2 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) "
         "| 1 pass / 0 fail / 0 skip (100%; 1 of 2 types run, target 90% not judged yet) |"
     ) in text
+
+
+@pytest.mark.parametrize(
+    ("stage", "reason", "kind"),
+    [
+        ("timeout", "no result within 600 s", "timeout"),
+        (
+            "validate_second_shape",
+            "the program came out static: every axis asked dynamic was specialised",
+            "static",
+        ),
+        (
+            "validate",
+            "ExportValidationError: exported artifact does not match eager PyTorch on the sample",
+            "numbers",
+        ),
+        ("capture", "ExportStageError: ... GuardOnDataDependentSymNode: Could not guard", "data-dependent"),
+        (
+            "validate_second_shape",
+            "ExportStageError: ... AssertionError: Guard failed: input_ids.size()[1] == 8",
+            "fixed-axis",
+        ),
+        (
+            "validate_second_shape",
+            "Fail: [ONNXRuntimeError] : 1 : FAIL : Non-zero status code",
+            "second-shape",
+        ),
+        ("validate", "RuntimeError: method->execute() failed with error 0x12", "runtime"),
+        ("validate", "MemoryError: std::bad_alloc", "runtime"),
+        ("lower", "SpecViolationError: ", "lowering"),
+        ("capture", "AssertionError: Cannot create Dim with inconsistent min=2, max=2", "capture"),
+        ("crash", "Segmentation fault", "unclassified"),
+    ],
+)
+def test_every_failure_gets_a_kind_and_a_remedy(stage, reason, kind):
+    got, action = sweep.failure_action(stage, reason)
+    assert got == kind
+    assert action.endswith((".", ")")) and len(action) > 40
+
+
+def test_failure_remedies_are_listed_under_the_family_table(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    guard = {
+        "status": "fail",
+        "stage": "validate_second_shape",
+        "reason": "AssertionError: Guard failed: x == 8",
+    }
+    _write(tmp_path, "causal-lm", "m", ok, {"dynamo": guard, "onnx": {"status": "pass"}})
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["m"]})
+    assert (
+        "| m | ok (0.00M params) | **fail** (validate_second_shape) [fixed-axis]: AssertionError: Guard failed: x == 8 | pass |"
+        in text
+    )
+    assert (
+        "Failures, by kind (what you can do):\n\n- `fixed-axis`: Capture fixed an axis at the sample's size"
+        in text
+    )

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -43,8 +43,10 @@ from hfexport.config import ExportFormat
 
 __all__ = [
     "BACKENDS",
+    "FAILURE_ACTIONS",
     "FAMILIES",
     "KNOWN_SKIPS",
+    "failure_action",
     "main",
     "merge_results",
     "render",
@@ -118,6 +120,90 @@ KNOWN_SKIPS: dict[tuple[str, str], str] = {
         for backend in BACKENDS
     },
 }
+#: (kind, test, what a user can do) for a failed cell, first match wins; the test gets (stage, reason)
+FAILURE_ACTIONS: tuple[tuple[str, Callable[[str, str], bool], str], ...] = (
+    (
+        "timeout",
+        lambda stage, reason: stage == "timeout",
+        "The export ran past the sweep's time limit; it may finish given longer "
+        "(`nox -s zoo -- --types <type> --backends <backend> --timeout 1800`).",
+    ),
+    (
+        "static",
+        lambda stage, reason: "came out static" in reason,
+        "The program came out static although `dynamic=True` was asked (the lowering specialised every axis): "
+        "export with `--static` at each shape you serve, or use another backend for this type.",
+    ),
+    (
+        "numbers",
+        lambda stage, reason: "does not match eager PyTorch" in reason,
+        "The artifact's numbers differ from eager PyTorch beyond tolerance, so the export fails rather than "
+        "writing it: do not ship a copy of it. The export report's validation table names the output and its "
+        "max abs diff; report it with this cell.",
+    ),
+    (
+        "data-dependent",
+        lambda stage, reason: "GuardOnDataDependentSymNode" in reason,
+        "The forward branches on tensor values, which torch.export cannot capture: no artifact on any backend. "
+        "The model-side change is `torch.cond` or a branch-free form of that code.",
+    ),
+    (
+        "fixed-axis",
+        lambda stage, reason: "Guard failed" in reason,
+        "Capture fixed an axis at the sample's size (the forward branches or loops on it; the guard in the "
+        "message names the axis), so the artifact runs at that size only: export with sample inputs of the "
+        "size you serve (or `--static`).",
+    ),
+    (
+        "second-shape",
+        lambda stage, reason: stage == "validate_second_shape",
+        "The artifact runs at the sample's shape but not at a second one (a size from the sample stayed in "
+        "the graph): export with sample inputs of the size you serve (or `--static`).",
+    ),
+    (
+        "runtime",
+        lambda stage, reason: (
+            stage.startswith("validate")
+            and ("execute" in reason or "load method" in reason or "bad_alloc" in reason)
+        ),
+        "The runtime refused the artifact (a kernel missing from its library, or too little memory planned): "
+        "it does not run. Use another backend for this type.",
+    ),
+    (
+        "lowering",
+        lambda stage, reason: stage in ("lower", "translate", "optimize", "memory_planning"),
+        "The backend's lowering has no rule for an operation this model uses, so no artifact is written: use "
+        "another backend for this type (`hfexport export ... -v` prints the operation).",
+    ),
+    (
+        "capture",
+        lambda stage, reason: stage.startswith("capture"),
+        "torch.export could not capture this forward on this backend's settings: no artifact "
+        "(`hfexport export ... -v` prints the capture error).",
+    ),
+)
+
+
+def failure_action(stage: str, reason: str) -> tuple[str, str]:
+    """``(kind, what a user can do)`` for a failed cell of the coverage page.
+
+    Args:
+        stage: the stage the export failed in (``"lower"``, ``"validate_second_shape"``, ``"timeout"`` ...).
+        reason: the cell's one-line reason (the first line of the error).
+
+    Returns:
+        The first matching entry of :data:`FAILURE_ACTIONS`; ``("unclassified", ...)`` pointing to the
+        verbose CLI run otherwise.
+    """
+    for kind, test, action in FAILURE_ACTIONS:
+        if test(stage, reason):
+            return kind, action
+    return (
+        "unclassified",
+        "Not classified: `hfexport export <backend> --model tiny:<type> -v` prints the whole error; report it.",
+    )
+
+
 #: (family, backend) -> the share of eagerly running types that must export and validate (percent)
 TARGETS: dict[tuple[str, str], int] = {
     ("causal-lm", ExportFormat.DYNAMO.value): 95,
@@ -418,9 +504,12 @@ def run_sweep(
     return rows
 
 
-def _cell_text(cell: dict[str, Any] | None, notes: dict[str, int] | None = None) -> str:
+def _cell_text(
+    cell: dict[str, Any] | None, notes: dict[str, int] | None = None, actions: dict[str, str] | None = None
+) -> str:
     """One table cell; with ``notes``, a skip reason becomes a numbered note under the table (the
-    same reason, e.g. a model-side construct, usually applies to every backend of a type)."""
+    same reason, e.g. a model-side construct, usually applies to every backend of a type); with
+    ``actions``, a failure names what a user can do (``[fixed-axis]``, listed under the table)."""
     if cell is None:
         return "-"
     status = cell.get("status")
@@ -432,7 +521,12 @@ def _cell_text(cell: dict[str, Any] | None, notes: dict[str, int] | None = None)
             return f"skip: {reason}"
         number = notes.setdefault(reason, len(notes) + 1)
         return f"skip [{number}]"
-    return f"**fail** ({cell.get('stage', '?')}): {reason}"
+    stage = str(cell.get("stage", "?"))
+    if actions is None:
+        return f"**fail** ({stage}): {reason}"
+    kind, action = failure_action(stage, str(cell.get("reason", "")))
+    actions[kind] = action
+    return f"**fail** ({stage}) [{kind}]: {reason}"
 
 
 def merge_results(out_dir: Path, results: Path) -> dict[str, Any]:
@@ -553,7 +647,8 @@ def render(
     lines += [
         "",
         "Percentages are passes among the types whose tiny model runs eagerly and were exported. "
-        "Cells: `pass`; `fail` (stage): first line of the error; `skip`: reason; `n/a`: no tiny model; "
+        "Cells: `pass`; `fail` (stage) [kind]: first line of the error, the kind's remedy listed under the "
+        "family's table; `skip`: reason; `n/a`: no tiny model; "
         "`-`: not run by the sweeps so far.",
     ]
     for family in families:
@@ -562,11 +657,12 @@ def render(
         lines.append("| model type | tiny model | " + " | ".join(backends) + " |")
         lines.append("|---|---|" + "---|" * len(backends))
         notes: dict[str, int] = {}
+        actions: dict[str, str] = {}
         for r in fam:
             build = r["build"]
             if build["status"] == "ok":
                 tiny = f"ok ({build.get('params', 0) / 1e6:.2f}M params)"
-                cells = [_cell_text(r["backends"].get(b), notes) for b in backends]
+                cells = [_cell_text(r["backends"].get(b), notes, actions) for b in backends]
             else:
                 reason = str(build.get("reason", "")).replace("|", "\\|")
                 tiny = f"{build['status']} ({build.get('stage', '?')}): {reason}"
@@ -575,6 +671,9 @@ def render(
         if notes:
             lines += ["", "Skips:", ""]
             lines += [f"{number}. {reason}" for reason, number in notes.items()]
+        if actions:
+            lines += ["", "Failures, by kind (what you can do):", ""]
+            lines += [f"- `{kind}`: {actions[kind]}" for kind in sorted(actions)]
     text = "\n".join(lines) + "\n"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(text)
