@@ -549,3 +549,31 @@ def test_image_sides_fixed_only_by_guards_are_reported_static_and_the_second_sha
     with torch.no_grad():
         diff = (program.module()(**second) - model(**second)).abs().max().item()
     assert diff <= 1e-6
+
+
+class _CeilBlocks(torch.nn.Module):
+    """MobileViT's unfolding in small: ``math.ceil(height / 8)`` blocks, looped over in Python;
+    torch writes the guard with ``math.ceil``."""
+
+    def forward(self, pixel_values):
+        out = pixel_values[:, :, :1, :1] * 0
+        for i in range(math.ceil(pixel_values.shape[2] / 8)):
+            out = out + pixel_values[:, :, 8 * i : 8 * i + 1, :1]
+        return out
+
+
+def test_guards_written_with_math_ceil_are_evaluated():
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.program_axes import guards_accept
+    from hfexport.report import ExportReport
+
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    report = ExportReport(export_format="dynamo")
+    program = capture(_CeilBlocks(), inputs, DynamoConfig(dynamic=True), report)
+    assert any("math.ceil" in guard for guard in program._guards_code)
+    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
+    assert guards_accept(program, {"pixel_values": (2, 3, 25, 32)}) is True  # still 4 blocks
+    assert guards_accept(program, {"pixel_values": (2, 3, 64, 32)}) is False
+    height = next(e for e in report.extra["dynamic_axes"] if e["meaning"] == "image height")
+    assert (height["status"], height["max"], height["note"]) == ("static", 32, "model-fixed")

@@ -14,6 +14,7 @@ validation keeps such axes at their size (:func:`hfexport.validation.derive_seco
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -224,7 +225,7 @@ def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | N
     if not code:
         return None
     inputs = {"L": {k: _Sized(v) for k, v in shapes.items()}}
-    scope = {"__builtins__": {}, "max": max, "min": min}
+    scope = {"__builtins__": {}, "max": max, "min": min, "math": math}  # torch writes ceil as math.ceil
     try:
         return all(bool(eval(expr, scope, inputs)) for expr in _compiled(tuple(code)))
     except Exception:  # a guard outside shape arithmetic: undecided
@@ -292,9 +293,11 @@ def _fix_sides_by_guards(
     A vision transformer that returns its position table unchanged when the patch grid is the one it
     was trained on, and interpolates it otherwise (DINOv2's ``interpolate_pos_encoding``), is captured
     on the first branch; torch records ``(height // 8) * (width // 8) == 16`` as a guard, not as a
-    range. Each side is doubled alone and both together (the inputs sharing a side move together);
-    when the guards refuse every one of these sizes, the sides become ``status="static"`` at the
-    sample's size with the note ``"model-fixed"``, so a second shape keeps them.
+    range (MobileViT: ``math.ceil``-written block counts; Swin: window-size minimums). Each side is
+    doubled alone (the inputs sharing it move together): a side the guards refuse at twice the
+    sample becomes ``status="static"`` at the sample's size with the note ``"model-fixed"``; when
+    the guards then refuse the remaining sides doubled together, those are fixed too. A second
+    shape keeps fixed sides at the sample's size.
     """
     group = [
         e
@@ -308,17 +311,25 @@ def _fix_sides_by_guards(
     shapes = {k: list(t.shape) for k, t in tensors.items()}
     if guards_accept(program, shapes) is not True:
         return  # no guards, or not decidable from shapes
-    meanings = sorted({str(e["meaning"]) for e in group})
-    trials = [[m] for m in meanings] + ([meanings] if len(meanings) > 1 else [])
-    for moved in trials:
+
+    def accepted(moved: set[str]) -> bool | None:
         trial = {k: list(v) for k, v in shapes.items()}
         for e in group:
             if e["meaning"] in moved:
                 trial[e["input"]][e["axis"]] = 2 * int(e["sample"])
-        if guards_accept(program, trial) is not False:
-            return  # some other size is accepted (or undecidable): the range stands
+        return guards_accept(program, trial)
+
+    meanings = sorted({str(e["meaning"]) for e in group})
+    outcomes = {m: accepted({m}) for m in meanings}
+    if any(v is None for v in outcomes.values()):
+        return  # undecidable: the range stands
+    fixed = {m for m, ok in outcomes.items() if not ok}
+    free = set(meanings) - fixed
+    if len(free) > 1 and accepted(free) is False:
+        fixed |= free
     for e in group:
-        e.update(status=STATUS_STATIC, min=e["sample"], max=e["sample"], note="model-fixed")
+        if e["meaning"] in fixed:
+            e.update(status=STATUS_STATIC, min=e["sample"], max=e["sample"], note="model-fixed")
 
 
 def _describe(entry: Mapping[str, Any]) -> str:
