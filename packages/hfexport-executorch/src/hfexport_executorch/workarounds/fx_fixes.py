@@ -17,6 +17,7 @@ import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.assertions import drop_runtime_assertions
+from hfexport.workarounds.fx_nodes import insert_call
 from hfexport_executorch import bounds
 
 __all__ = [
@@ -254,14 +255,7 @@ _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 
 def _cast(gm: torch.fx.GraphModule, value: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node:
     """An ``aten._to_copy(value, dtype=dtype)`` node (inserted at the graph's current insertion point)."""
-    cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (value,), {"dtype": dtype})
-    val = value.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        cast.meta["val"] = val.to(dtype)
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in value.meta:
-            cast.meta[key] = value.meta[key]
-    return cast
+    return insert_call(gm.graph, torch.ops.aten._to_copy.default, (value,), {"dtype": dtype}, like=value)
 
 
 @register_fx_node_fix(
@@ -403,13 +397,7 @@ def _constant_over_probes(expr: Any, hint: int) -> int | None:
 
 def _call(gm: torch.fx.GraphModule, target: object, args: tuple, like: torch.fx.Node) -> torch.fx.Node:
     """A ``call_function`` node of ``target(*args)`` with its fake value computed from the arguments'."""
-    node = gm.graph.call_function(target, args)
-    fake = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in args]
-    node.meta["val"] = target(*fake)  # type: ignore[operator]
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
-    return node
+    return insert_call(gm.graph, target, args, like=like)
 
 
 @register_fx_node_fix(

@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from hfexport.workarounds.fx_nodes import insert_call
+
 __all__ = ["SUPPORTED_COMPLEX_TARGETS", "complex_as_real_pairs"]
 
 logger = logging.getLogger(__name__)
@@ -70,19 +72,14 @@ def _pair_axis(dim: int) -> int:
 
 
 class _Builder:
-    """Inserts real ``call_function`` nodes before ``anchor`` with fake values computed from their inputs."""
+    """Inserts real ``call_function`` nodes before ``anchor`` (:func:`hfexport.workarounds.fx_nodes.insert_call`)."""
 
     def __init__(self, graph: torch.fx.Graph, anchor: torch.fx.Node) -> None:
         self.graph, self.anchor = graph, anchor
 
     def __call__(self, target: Callable[..., Any], *args: Any) -> torch.fx.Node:
         with self.graph.inserting_before(self.anchor):
-            node = self.graph.call_function(target, args)
-        node.meta["val"] = target(*torch.fx.node.map_arg(args, lambda a: a.meta["val"]))
-        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-            if key in self.anchor.meta:
-                node.meta[key] = self.anchor.meta[key]
-        return node
+            return insert_call(self.graph, target, args, like=self.anchor)
 
 
 def _complex_product(build: _Builder, a: torch.fx.Node, b: torch.fx.Node) -> torch.fx.Node:
