@@ -353,3 +353,11 @@ def test_failure_remedies_are_listed_under_the_family_table(tmp_path):
         "Failures, by kind (what you can do):\n\n- `fixed-axis`: Capture fixed an axis at the sample's size"
         in text
     )
+
+
+def test_a_backend_that_ran_no_type_of_a_family_reads_not_run_yet(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    _write(tmp_path, "speech", "s", ok, {"dynamo": {"status": "pass"}})
+    _write(tmp_path, "causal-lm", "m", ok, {"dynamo": {"status": "pass"}, "onnx": {"status": "pass"}})
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["m"], "speech": ["s"]})
+    assert "| speech | 1 | 1 | 1 pass / 0 fail / 0 skip (100%) | not run yet |" in text

@@ -642,6 +642,9 @@ def render(
             elif goal is not None and ran:
                 verdict = f", target {goal}%: {'met' if 100 * passed / ran >= goal else '**missed**'}"
             share = f" ({100 * passed / ran:.0f}%{verdict})" if ran else ""
+            if ran + skipped == 0:
+                cells.append("not run yet")
+                continue
             cells.append(f"{passed} pass / {failed} fail / {skipped} skip{share}")
         lines.append(f"| {family} | {len(fam)} | {len(runnable)} | " + " | ".join(cells) + " |")
     lines += [
