@@ -395,11 +395,6 @@ def _constant_over_probes(expr: Any, hint: int) -> int | None:
     return None
 
 
-def _call(gm: torch.fx.GraphModule, target: object, args: tuple, like: torch.fx.Node) -> torch.fx.Node:
-    """A ``call_function`` node of ``target(*args)`` with its fake value computed from the arguments'."""
-    return insert_call(gm.graph, target, args, like=like)
-
-
 @register_fx_node_fix(
     "executorch",
     description=(
@@ -449,15 +444,17 @@ def unit_lower_triangular_solve_as_matmuls(gm: torch.fx.GraphModule, node: torch
     if n is None or n < 1:
         return False
     aten = torch.ops.aten
+
+    def call(target: object, *args: object) -> torch.fx.Node:
+        return insert_call(gm.graph, target, args, like=node)
+
     with gm.graph.inserting_before(node):
-        power = _call(gm, aten.neg.default, (_call(gm, aten.tril.default, (a, -1), node),), node)
-        solution = _call(gm, aten.add.Tensor, (b, _call(gm, aten.matmul.default, (power, b), node)), node)
+        power = call(aten.neg.default, call(aten.tril.default, a, -1))
+        solution = call(aten.add.Tensor, b, call(aten.matmul.default, power, b))
         span = 2
         while span < n:  # factors (I + N^2), (I + N^4), ... until every power below n is covered
-            power = _call(gm, aten.matmul.default, (power, power), node)
-            solution = _call(
-                gm, aten.add.Tensor, (solution, _call(gm, aten.matmul.default, (power, solution), node)), node
-            )
+            power = call(aten.matmul.default, power, power)
+            solution = call(aten.add.Tensor, solution, call(aten.matmul.default, power, solution))
             span *= 2
     node.replace_all_uses_with(solution)
     gm.graph.erase_node(node)

@@ -159,6 +159,12 @@ def complex_as_real_pairs(exported_program: torch.export.ExportedProgram) -> int
         The number of complex-valued nodes replaced; 0 when there were none, or when one of them
         is outside :data:`SUPPORTED_COMPLEX_TARGETS` (the program is then left unchanged and the
         operation named in the debug log), or when a placeholder or output is complex.
+
+    Raises:
+        Whatever an inserted operation raises on its fake values (a shape the rewrite did not
+        expect). Every node is checked against the supported set before any is rewritten, but
+        such an error mid-rewrite leaves the program partly rewritten: discard it (the exporter's
+        ``fx_program_fixes`` stage fails the export).
     """
     gm = exported_program.graph_module
     graph = gm.graph
