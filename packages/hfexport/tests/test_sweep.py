@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 
 import pytest
 
@@ -30,6 +33,26 @@ def test_child_past_its_time_limit_is_killed_and_reported():
     assert 1.0 <= result["seconds"] < 20
     crashed = sweep._run_child("raise SystemExit('boom at import')", [], timeout=30)
     assert (crashed["status"], crashed["stage"], crashed["reason"]) == ("fail", "crash", "boom at import")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "code", "signum", "reason"),
+    [
+        ("Traceback ...\nRuntimeError: x\n[cpuinfo_utils.cpp:125] CPU info and manual query on # of cpus dont match.\n",
+         1, None, "RuntimeError: x"),
+        ("W1203 10:07:18.962000 19849 torch/utils/_pytree.py:630] Enum is deprecated\n", 3, None, "exit 3"),
+        ("/x/y.py:12: UserWarning: noise\n[cpuinfo_utils.cpp:125] CPU info\n", -11, 11, "killed by SIGSEGV"),
+        ("E: aborting in kernel\n", -6, 6, "killed by SIGABRT: E: aborting in kernel"),
+    ],
+)  # fmt: skip
+def test_crash_reason_skips_log_chatter_and_names_the_signal(stderr, code, signum, reason):
+    assert sweep.crash_reason(stderr, code, signum) == reason
+
+
+def test_a_child_killed_by_a_signal_is_reported_with_the_signal_name():
+    code = "import os, signal, sys; print('[cpuinfo_utils.cpp:125] chatter', file=sys.stderr); os.kill(os.getpid(), signal.SIGSEGV)"
+    crashed = sweep._run_child(code, [], timeout=30)
+    assert (crashed["stage"], crashed["reason"]) == ("crash", "killed by SIGSEGV")
 
 
 def _write(out, family, model_type, build, backends):
@@ -286,6 +309,14 @@ def test_forked_child_streams_records_and_is_killed_or_reported_like_a_fresh_int
     assert records == []
     assert (error["stage"], error["reason"]) == ("crash", "RuntimeError: lowering blew up")
 
+    def segfaults(args):
+        print("[cpuinfo_utils.cpp:125] CPU info and manual query on # of cpus dont match.", file=sys.stderr)
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+    monkeypatch.setattr(sweep_child, "main", segfaults)
+    records, error = sweep._fork_lines(["tiny", "text-generation", "b1"], timeout=30.0)
+    assert (error["stage"], error["reason"]) == ("crash", "killed by SIGSEGV")
+
 
 def test_a_backend_that_has_not_run_every_type_is_not_judged_against_its_target(tmp_path):
     ok = {"status": "ok", "params": 1000}
@@ -327,7 +358,8 @@ def test_a_backend_that_has_not_run_every_type_is_not_judged_against_its_target(
         ("validate", "MemoryError: std::bad_alloc", "runtime"),
         ("lower", "SpecViolationError: ", "lowering"),
         ("capture", "AssertionError: Cannot create Dim with inconsistent min=2, max=2", "capture"),
-        ("crash", "Segmentation fault", "unclassified"),
+        ("crash", "killed by SIGSEGV", "crash"),
+        ("export", "Segmentation fault", "unclassified"),
     ],
 )
 def test_every_failure_gets_a_kind_and_a_remedy(stage, reason, kind):

@@ -28,6 +28,7 @@ import datetime as _dt
 import importlib.metadata
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -176,6 +177,13 @@ FAILURE_ACTIONS: tuple[tuple[str, Callable[[str, str], bool], str], ...] = (
         "another backend for this type (`hfexport export ... -v` prints the operation).",
     ),
     (
+        "crash",
+        lambda stage, reason: stage == "crash",
+        "The process died in native code (the backend's compiler or runtime crashed; the reason names the "
+        "signal): no artifact, no Python error. Use another backend for this type and report the crash "
+        "upstream with `hfexport export ... -v`.",
+    ),
+    (
         "capture",
         lambda stage, reason: stage.startswith("capture"),
         "torch.export could not capture this forward on this backend's settings: no artifact "
@@ -212,6 +220,40 @@ TARGETS: dict[tuple[str, str], int] = {
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 
+#: stderr lines that are a runtime's log chatter, never the reason a child died: native source-location
+#: logs (``[cpuinfo_utils.cpp:125] ...``), glog-style lines (``W1203 10:07:18.962 19849 file.py:630] ...``)
+#: and Python warnings (``file.py:12: UserWarning: ...``)
+_LOG_LINE = re.compile(
+    r"^\s*(?:\[[\w./-]+\.(?:c|cc|cpp|cxx|h|hpp):\d+\]"
+    r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ "
+    r"|\S+\.py:\d+: \w*Warning:)"
+)
+
+
+def crash_reason(stderr: str, exit_code: int, signum: int | None) -> str:
+    """One line (at most 300 characters) saying why a sweep child died.
+
+    Args:
+        stderr: everything the child wrote to stderr.
+        exit_code: its exit status (ignored when ``signum`` is set).
+        signum: the signal that killed it, or None when it exited.
+
+    Returns:
+        The last stderr line that is not log chatter (see ``_LOG_LINE``); prefixed with the signal's
+        name (``"killed by SIGSEGV: ..."``) when a signal killed the child; ``"exit N"`` or
+        ``"killed by SIGNAME"`` alone when stderr holds nothing else.
+    """
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not _LOG_LINE.match(line)]
+    last = lines[-1] if lines else ""
+    if signum is not None:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            name = f"signal {signum}"
+        return (f"killed by {name}: {last}" if last else f"killed by {name}")[:300]
+    return (last or f"exit {exit_code}")[:300]
+
+
 #: the child process (:mod:`hfexport.testing.sweep_child`): build, then one export per backend
 _TYPE_CHILD = _TYPE_CHILD_DEFAULT = "from hfexport.testing.sweep_child import main; main()"
 
@@ -240,8 +282,8 @@ def _run_lines(
         error = {"status": "fail", "stage": "timeout", "reason": f"no result within {timeout:.0f} s"}
     records = [json.loads(line) for line in out.strip().splitlines() if line.startswith("{")]
     if error is None and proc.returncode != 0:
-        tail = [line for line in err.strip().splitlines() if line.strip()][-1:] or [f"exit {proc.returncode}"]
-        error = {"status": "fail", "stage": "crash", "reason": tail[0][:300]}
+        signum = -proc.returncode if proc.returncode < 0 else None
+        error = {"status": "fail", "stage": "crash", "reason": crash_reason(err, proc.returncode, signum)}
     if error is not None:
         error["seconds"] = round(time.perf_counter() - start, 1)
     return records, error
@@ -273,11 +315,12 @@ def _fork_lines(args: Sequence[str], timeout: float) -> tuple[list[dict[str, Any
         records, error, status = _forked(args, timeout, start, err_file)
         if error is None and status != 0:
             err_file.seek(0)
-            tail = [line for line in err_file.read().splitlines() if line.strip()][-1:]
+            signum = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else status
             error = {
                 "status": "fail",
                 "stage": "crash",
-                "reason": (tail or [f"exit status {status}"])[0][:300],
+                "reason": crash_reason(err_file.read(), code, signum),
             }
     if error is not None:
         error["seconds"] = round(time.perf_counter() - start, 1)
