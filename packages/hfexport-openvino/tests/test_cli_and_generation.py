@@ -31,6 +31,7 @@ def test_cli_export_tiny_llama_prints_stages_and_writes_the_report(tmp_path):
     assert result.exit_code == 0, result.output
     for stage in (
         "capture",
+        "decompose",
         "fx_node_fixes",
         "convert",
         "io_names",

@@ -95,6 +95,7 @@ def test_export_names_io_by_leaf_path_and_validates_at_two_shapes(tiny_encoder, 
     for stage in (
         "patches",
         "capture",
+        "decompose",
         "fx_node_fixes",
         "lower",
         "convert",
@@ -235,12 +236,12 @@ def test_sym_min_fix_lets_openvino_convert_a_sliding_window_cut():
 
 def test_sym_mod_fix_lets_openvino_convert_chunk_padding():
     """Chunked linear attention pads the sequence to a multiple of the chunk with Python's % on a
-    SymInt, which OpenVINO's frontend cannot convert; the fix computes it with aten.remainder."""
+    SymInt, which OpenVINO's frontend cannot convert; the fix computes it as a - (a // b) * b."""
     import operator
 
     import openvino as ov
 
-    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_mod_as_tensor_op")]
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_mod_as_floordiv")]
     assert entry.versions == {"openvino": ">=2026.0"}
 
     class Pad(torch.nn.Module):
@@ -263,6 +264,60 @@ def test_sym_mod_fix_lets_openvino_convert_chunk_padding():
         x = np.random.rand(2, n, 3).astype(np.float32)
         expected = np.pad(x, ((0, 0), (0, (4 - n % 4) % 4), (0, 0))) + 1
         np.testing.assert_allclose(compiled(x)[0], expected, rtol=1e-6)
+
+
+def test_sym_mod_fix_keeps_python_remainder_signs_and_stays_symbolic():
+    """a - (a // b) * b is Python's % for every sign (floor division), and the rewritten program
+    retraces (run_decompositions, as OpenVINO's frontend does) with no unbacked symbol."""
+    import operator
+
+    assert [a - (a // b) * b for a in (-7, 7) for b in (-3, 3)] == [a % b for a in (-7, 7) for b in (-3, 3)]
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_mod_as_floordiv")]
+
+    class Pad(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.pad(x, (0, (4 - x.shape[1] % 4) % 4))
+
+    length = torch.export.Dim("length", min=2, max=64)
+    program = torch.export.export(Pad(), (torch.rand(2, 6),), dynamic_shapes=({1: length},))
+    for node in [n for n in program.graph_module.graph.nodes if n.target is operator.mod]:
+        assert entry.func(program.graph_module, node) is True
+    program.graph_module.recompile()
+    retraced = program.run_decompositions({})
+    targets = [n.target for n in retraced.graph_module.graph.nodes]
+    assert operator.mod not in targets and torch.ops.aten._local_scalar_dense.default not in targets
+    assert retraced.module()(torch.rand(2, 9)).shape == (2, 12)
+
+
+def test_sym_pow_fix_writes_small_powers_as_products():
+    """A SymInt ** 2 (what the decomposition of a symbolic matmul rebuilds in MobileViT / Swin) has no
+    OpenVINO conversion; the fix writes it as a product and the converted model computes the same."""
+    import operator
+
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_pow_as_products")]
+    assert entry.versions == {"openvino": ">=2026.0"}
+
+    class Square(torch.nn.Module):
+        def forward(self, x):
+            return x.new_ones(x.shape[1] ** 2) * 3
+
+    length = torch.export.Dim("length", min=2, max=64)
+    program = torch.export.export(Square(), (torch.rand(2, 6),), dynamic_shapes=({1: length},))
+    nodes = [n for n in program.graph_module.graph.nodes if n.target is operator.pow]
+    assert len(nodes) == 1
+    with pytest.raises(Exception, match="pow"):
+        ov.convert_model(program)
+    assert entry.func(program.graph_module, nodes[0]) is True
+    program.graph_module.recompile()
+    targets = [n.target for n in program.graph_module.graph.nodes]
+    assert operator.pow not in targets and targets.count(operator.mul) == 1
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    for n in (3, 7):
+        np.testing.assert_array_equal(
+            compiled(np.random.rand(2, n).astype(np.float32))[0], np.full(n * n, 3.0)
+        )
 
 
 def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):

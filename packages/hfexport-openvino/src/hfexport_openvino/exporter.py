@@ -6,7 +6,9 @@ Stages of :meth:`OpenvinoExporter._export` (each a stage of the export report; t
 1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the capture;
 2. ``capture``: the core capture (:func:`hfexport.capture.capture`, ``torch.export.export``), with
    its steps as ``capture.<step>``;
-3. ``fx_program_fixes`` then ``fx_node_fixes``: the active ``"openvino"`` FX fixes
+3. ``fx_program_fixes``, then ``decompose`` (OpenVINO's own decomposition table, run here so
+   that the fixes see the graph the frontend converts: :mod:`hfexport_openvino.decompositions`),
+   then ``fx_node_fixes``: the active ``"openvino"`` FX fixes
    (:mod:`hfexport_openvino.workarounds.fx_fixes`);
 4. ``lower`` (``openvino.convert_model``), enclosing ``convert`` (a rejected op raises
    :class:`~hfexport_openvino.errors.OpenvinoConversionError` naming the FX node and op) and
@@ -40,6 +42,7 @@ from hfexport.config import OpenvinoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
+from hfexport_openvino.decompositions import decompose_like_openvino
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.naming import name_model_io
 from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
@@ -158,7 +161,7 @@ class OpenvinoExporter(HfExporter):
     tested_versions: ClassVar[dict[str, str]] = dict(TESTED_VERSIONS)
     supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "openvino_model.xml"
-    stages: ClassVar[tuple[str, ...]] = ("convert", "io_names")
+    stages: ClassVar[tuple[str, ...]] = ("decompose", "convert", "io_names")
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OpenvinoConfig:
@@ -191,6 +194,10 @@ class OpenvinoExporter(HfExporter):
             applied = apply_fx_program_fixes(BACKEND, program)
             record.detail = f"{len(applied)} applied"
             report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
+        with report.stage("decompose") as record:
+            # the frontend's own decomposition, here, so the node fixes see the graph it converts
+            program = decompose_like_openvino(program)
+            record.detail = f"{len(program.graph.nodes)} nodes"
         with report.stage(Stage.FX_NODE_FIXES) as record:
             applied = apply_fx_node_fixes(BACKEND, program.graph_module)
             record.detail = f"{len(applied)} applied"

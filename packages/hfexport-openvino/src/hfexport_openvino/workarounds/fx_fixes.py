@@ -11,8 +11,12 @@
   NaN over the whole row.
 - :func:`sym_min_max_as_tensor_ops`: ``torch.sym_min``/``sym_max`` on SymInts (the core's
   sliding-window capture workaround, mistral/gemma2) become ``aten.minimum``/``maximum`` over 0-d
-  tensors: OpenVINO's FX frontend has no conversion rule for them; :func:`sym_mod_as_tensor_op`
-  does the same for Python's ``%`` on SymInts (chunk padding of linear-attention layers).
+  tensors: OpenVINO's FX frontend has no conversion rule for them; :func:`sym_mod_as_floordiv`
+  writes Python's ``%`` on SymInts (chunk padding of linear-attention layers, Swin windows) as
+  ``a - (a // b) * b``, which stays a SymInt expression through the frontend's retrace.
+- :func:`sym_pow_as_products`: Python's ``**`` on a SymInt with a small integer exponent (sizes the
+  decomposition of a symbolic ``matmul`` rebuilds from their sympy form, ``(h // 2) ** 2`` in
+  MobileViT and Swin) becomes a chain of ``*``, which the frontend converts.
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
   implementation: OpenVINO has no conversion for ``torch._grouped_mm``, and the ``"eager"`` loop
   depends on the routing of the sample (``nonzero()``).
@@ -33,7 +37,8 @@ __all__ = [
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
     "sym_min_max_as_tensor_ops",
-    "sym_mod_as_tensor_op",
+    "sym_mod_as_floordiv",
+    "sym_pow_as_products",
 ]
 
 #: Registry key of this backend's workarounds.
@@ -189,21 +194,83 @@ def _as_tensor_op(node: torch.fx.Node, tensor_op: Any) -> None:
 @register_fx_node_fix(
     BACKEND,
     description=(
-        "compute Python's % on SymInts (chunked linear-attention layers pad the sequence to a multiple of "
-        "the chunk: (chunk - length % chunk) % chunk, bailing_hybrid) as aten.remainder over 0-d tensors: "
-        "OpenVINO's FX frontend has no rule for operator.mod"
+        "compute Python's % on SymInts (chunked linear-attention layers and Swin windows pad a length to a "
+        "multiple: (chunk - length % chunk) % chunk) as a - (a // b) * b: OpenVINO's FX frontend has no rule "
+        "for operator.mod but converts floordiv, mul and sub"
     ),
     # no upstream issue filed yet; the missing rule is visible in the frontend's op table
     issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
     versions={"openvino": ">=2026.0"},
 )
-def sym_mod_as_tensor_op(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Rewrite ``a % b`` on SymInts as ``aten._local_scalar_dense(aten.remainder(...))`` over 0-d
-    int64 tensors: ``aten.remainder`` takes the divisor's sign, as Python's ``%`` does, so the
-    integer value is the same. Returns True when the node was rewritten."""
+def sym_mod_as_floordiv(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``a % b`` on SymInts as ``a - (a // b) * b``.
+
+    Python's ``//`` floors, so this is Python's ``%`` for every sign of ``a`` and ``b`` (the
+    remainder takes the divisor's sign). The result stays a SymInt expression: unlike a detour
+    through a tensor and ``.item()``, the frontend's retrace (``run_decompositions``) keeps it
+    backed, so no data-dependent guard appears. Returns True when the node was rewritten.
+    """
     if node.op != "call_function" or node.target is not operator.mod or len(node.args) != 2:
         return False
     if not any(isinstance(getattr(a, "meta", {}).get("val"), torch.SymInt) for a in node.args):
         return False
-    _as_tensor_op(node, torch.ops.aten.remainder.Tensor)
+    a, b = node.args
+    graph = node.graph
+    value = node.meta.get("val")
+    with graph.inserting_before(node):
+        quotient = graph.call_function(operator.floordiv, (a, b))
+        product = graph.call_function(operator.mul, (quotient, b))
+        remainder = graph.call_function(operator.sub, (a, product))
+    a_val = a.meta["val"] if isinstance(a, torch.fx.Node) else a
+    b_val = b.meta["val"] if isinstance(b, torch.fx.Node) else b
+    quotient.meta["val"] = a_val // b_val
+    product.meta["val"] = quotient.meta["val"] * b_val
+    remainder.meta["val"] = value
+    node.replace_all_uses_with(remainder)
+    graph.erase_node(node)
     return True
+
+
+#: the largest integer exponent written out as products (larger ones go through aten.pow)
+_MAX_PRODUCT_EXPONENT = 16
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "compute Python's ** on a SymInt with a small integer exponent as a chain of *: the decomposition "
+        "of a matmul over symbolic axes rebuilds sizes such as (h // 2) ** 2 from their sympy form "
+        "(MobileViT, Swin windows), and OpenVINO's FX frontend has no rule for operator.pow"
+    ),
+    # no upstream issue filed yet; the missing rule is visible in the frontend's op table
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0"},
+)
+def sym_pow_as_products(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``a ** k`` (``a`` a SymInt node, ``k`` an int in 1..16) as ``a * a * ... * a``, and a
+    larger or symbolic integer exponent as ``aten.pow`` over 0-d int64 tensors. Same integer value.
+    Returns True when the node was rewritten; a float base or a negative exponent is left alone."""
+    if node.op != "call_function" or node.target is not operator.pow or len(node.args) != 2:
+        return False
+    base, exponent = node.args
+    if not isinstance(getattr(base, "meta", {}).get("val"), torch.SymInt):
+        return False
+    if isinstance(exponent, int) and 1 <= exponent <= _MAX_PRODUCT_EXPONENT:
+        graph = node.graph
+        product = base
+        with graph.inserting_before(node):
+            for _ in range(exponent - 1):
+                product = graph.call_function(operator.mul, (product, base))
+                product.meta["val"] = node.meta.get("val")
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+        return True
+    exponent_val = (
+        getattr(exponent, "meta", {}).get("val") if isinstance(exponent, torch.fx.Node) else exponent
+    )
+    if isinstance(exponent_val, (int, torch.SymInt)) and not (
+        isinstance(exponent_val, int) and exponent_val < 0
+    ):
+        _as_tensor_op(node, torch.ops.aten.pow.Tensor_Tensor)
+        return True
+    return False
