@@ -132,3 +132,18 @@ def test_every_zoo_preset_exports_and_matches_at_two_shapes(model_type, exporter
     for row in sample + second:
         assert row["ok"] and float(row["max_abs_diff"]) <= ATOL, row
     assert any(tuple(a["shape"]) != tuple(b["shape"]) for a, b in zip(sample, second))
+
+
+@pytest.mark.extended  # ~4 min on 2 loaded cores: a whole MobileViT capture, decomposition and conversion
+def test_mobilevit_converts_after_the_frontends_decomposition(exporter):
+    """The frontend's decomposition of MobileViT's attention matmul rebuilds a SymInt ** 2 that it has
+    no rule for: converting works only because the exporter decomposes first (stage ``decompose``)
+    and ``sym_pow_as_products`` rewrites what that produced."""
+    model, inputs = tiny_model("mobilevit", "image-classification")
+    exporter.export(model, inputs, OpenvinoConfig(dynamic=True))
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    assert statuses["decompose"] == "ok" and statuses["validate"] == "ok", report.summary_lines()
+    assert any(name.endswith("sym_pow_as_products") for name in report.applied["fx_node_fixes"])
+    for row in report.validation["sample"]:
+        assert float(row["max_abs_diff"]) <= ATOL, row

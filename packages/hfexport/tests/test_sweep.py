@@ -42,6 +42,7 @@ def test_child_past_its_time_limit_is_killed_and_reported():
          1, None, "RuntimeError: x"),
         ("W1203 10:07:18.962000 19849 torch/utils/_pytree.py:630] Enum is deprecated\n", 3, None, "exit 3"),
         ("/x/y.py:12: UserWarning: noise\n[cpuinfo_utils.cpp:125] CPU info\n", -11, 11, "killed by SIGSEGV"),
+        ("/x/copyreg.py:105: FutureWarning: deprecated\n  return cls.__new__(cls, *args)\n", -8, 8, "killed by SIGFPE"),
         ("E: aborting in kernel\n", -6, 6, "killed by SIGABRT: E: aborting in kernel"),
     ],
 )  # fmt: skip

@@ -7,16 +7,19 @@ of ``matmul`` over symbolic batch axes, for example, rebuild a size such as ``(h
 from its sympy expression as Python's ``operator.pow`` on SymInts, which the frontend then has
 no rule for. Our node fixes (:mod:`hfexport_openvino.workarounds.fx_fixes`) can only rewrite
 what they see, so the exporter decomposes first, with the frontend's table, and fixes the
-result; the frontend's own retrace of an already decomposed program has nothing left to expand.
+result, then hands the frontend the decomposed graph itself (:func:`frontend_input`), so the
+program is retraced once, not twice.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
+from typing import Any
 
 import torch
 
-__all__ = ["decompose_like_openvino"]
+__all__ = ["decompose_like_openvino", "frontend_input"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +49,37 @@ def decompose_like_openvino(program: torch.export.ExportedProgram) -> torch.expo
     except ImportError as exc:  # an OpenVINO without the table: leave decomposition to it
         logger.debug("OpenVINO decomposition table unavailable (%s); convert_model decomposes", exc)
         return program
-    table = CustomDecompTable()
+    table = CustomDecompTable()  # a fresh table each time: pop() edits it
     for op in ops_to_not_decompose():
         if op in table:
             table.pop(op)
-    return program.run_decompositions(table)
+    decomposed = program.run_decompositions(table)
+    _DECOMPOSED.add(decomposed)
+    return decomposed
+
+
+#: marks a program this module decomposed (``ExportedProgram`` has no place for our own flags)
+_DECOMPOSED: weakref.WeakSet[torch.export.ExportedProgram] = weakref.WeakSet()
+
+
+def frontend_input(program: torch.export.ExportedProgram) -> Any:
+    """What to pass to ``openvino.convert_model`` for ``program``.
+
+    For a program :func:`decompose_like_openvino` decomposed, the frontend's FX decoder over its
+    graph module (``TorchFXPythonDecoder(program.module(), dynamic_shapes=True)``, what the
+    frontend builds after its own decomposition), so the graph is not retraced a second time; any
+    other program (or an OpenVINO without that decoder) is passed as it is.
+
+    Args:
+        program: the captured (and possibly decomposed and fixed) ``ExportedProgram``.
+
+    Returns:
+        ``openvino.frontend.pytorch.fx_decoder.TorchFXPythonDecoder`` or ``program`` itself.
+    """
+    if program not in _DECOMPOSED:
+        return program
+    try:
+        from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+    except ImportError:  # pragma: no cover - every supported OpenVINO has it
+        return program
+    return TorchFXPythonDecoder(program.module(), dynamic_shapes=True)

@@ -42,7 +42,7 @@ from hfexport.config import OpenvinoConfig
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
-from hfexport_openvino.decompositions import decompose_like_openvino
+from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.naming import name_model_io
 from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
@@ -217,7 +217,7 @@ class OpenvinoExporter(HfExporter):
         with report.stage(Stage.LOWER, detail="openvino.convert_model"):
             with report.stage("convert") as record:
                 try:
-                    ov_model = ov.convert_model(program)
+                    ov_model = ov.convert_model(frontend_input(program))
                 except Exception as exc:
                     if type(exc).__name__ != "OpConversionFailure":
                         raise

@@ -223,6 +223,7 @@ _VERSIONED = ("hfexport", "torch", "transformers")
 #: stderr lines that are a runtime's log chatter, never the reason a child died: native source-location
 #: logs (``[cpuinfo_utils.cpp:125] ...``), glog-style lines (``W1203 10:07:18.962 19849 file.py:630] ...``)
 #: and Python warnings (``file.py:12: UserWarning: ...``)
+_WARNING_LINE = re.compile(r"^\S+\.py:\d+: \w*Warning:")
 _LOG_LINE = re.compile(
     r"^\s*(?:\[[\w./-]+\.(?:c|cc|cpp|cxx|h|hpp):\d+\]"
     r"|[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ "
@@ -239,11 +240,19 @@ def crash_reason(stderr: str, exit_code: int, signum: int | None) -> str:
         signum: the signal that killed it, or None when it exited.
 
     Returns:
-        The last stderr line that is not log chatter (see ``_LOG_LINE``); prefixed with the signal's
+        The last stderr line that is not log chatter (see ``_LOG_LINE``; a warning's source line
+        goes with it); prefixed with the signal's
         name (``"killed by SIGSEGV: ..."``) when a signal killed the child; ``"exit N"`` or
         ``"killed by SIGNAME"`` alone when stderr holds nothing else.
     """
-    lines = [line.strip() for line in stderr.splitlines() if line.strip() and not _LOG_LINE.match(line)]
+    lines: list[str] = []
+    after_warning = False
+    for line in stderr.splitlines():
+        # a Python warning is two lines: the message, then the indented source line it points at
+        skip = bool(_LOG_LINE.match(line)) or (after_warning and line[:1].isspace())
+        after_warning = bool(_WARNING_LINE.match(line))
+        if line.strip() and not skip:
+            lines.append(line.strip())
     last = lines[-1] if lines else ""
     if signum is not None:
         try:
