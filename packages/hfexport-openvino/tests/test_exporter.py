@@ -320,6 +320,31 @@ def test_sym_pow_fix_writes_small_powers_as_products():
         )
 
 
+def test_a_decomposed_program_reaches_the_frontend_as_its_graph_not_for_a_second_retrace():
+    """decompose_like_openvino's result goes to convert_model as the frontend's FX decoder (no second
+    run_decompositions); any other program goes as it is. Both convert to the same numbers."""
+    import openvino as ov
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+    from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.silu(x @ x.transpose(-1, -2)).mean(-1)
+
+    length = torch.export.Dim("length", min=2, max=64)
+    program = torch.export.export(Net(), (torch.rand(2, 6, 3),), dynamic_shapes=({1: length},))
+    assert frontend_input(program) is program
+    decomposed = decompose_like_openvino(program)
+    decoder = frontend_input(decomposed)
+    assert isinstance(decoder, TorchFXPythonDecoder)
+    x = np.random.rand(2, 9, 3).astype(np.float32)
+    expected = Net()(torch.from_numpy(x)).numpy()
+    for model in (program, decoder):
+        compiled = ov.Core().compile_model(ov.convert_model(model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        np.testing.assert_allclose(compiled(x)[0], expected, rtol=1e-5)
+
+
 def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):
     import openvino as ov
 
