@@ -88,7 +88,7 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     )
     assert (tmp_path / "coverage.md").read_text() == text
     assert "- Date: 2026-12-01" in text and "torch 2.13.0, transformers 5.24.0" in text
-    assert "**Partial sweep** (causal-lm 3 of 4 types, speech 0 of 1 types; backends dynamo, onnx)" in text
+    assert "**Partial sweep** (causal-lm 3 of 4 types, speech 0 of 1 types; partial on dynamo, onnx)" in text
     assert (
         "| causal-lm | 3 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) "
         "| 1 pass / 1 fail / 0 skip (50%, target 95%: **missed**) |"
@@ -218,7 +218,7 @@ def test_results_file_accumulates_runs_and_keeps_cells_a_new_run_did_not_cover(t
         "| causal-lm | 2 | 2 | 2 pass / 0 fail / 0 skip (100%, target 95%: met) | 1 pass / 0 fail / 0 skip (100%"
         in text
     )
-    assert "1 cell(s) not run" in text
+    assert "(causal-lm 2 of 2 types; complete on dynamo; partial on onnx (1 of 2 cells not run, `-`))" in text
     # an older row never replaces a newer stored one
     stale = {**row, "backends": {"dynamo": {"status": "fail", "stage": "x", "reason": "old"}},
              "updated": "2026-11-01T00:00:00+00:00"}  # fmt: skip

@@ -657,22 +657,21 @@ def render(
     if known is None:
         known = {family: sweep_types(family) for family in FAMILIES}
     swept = {f: {r["model_type"] for r in rows if r["family"] == f} for f in FAMILIES}
-    not_run = sum(
-        1
-        for r in rows
-        if r["build"].get("status") == "ok"
-        for b in backends
-        if b not in r.get("backends", {})
-    )
+    runnable = [r for r in rows if r["build"].get("status") == "ok"]
+    not_run = {b: sum(1 for r in runnable if b not in r.get("backends", {})) for b in backends}
     short = [f for f in known if not set(known[f]) <= swept.get(f, set())]
-    if short or not_run:
+    if short or any(not_run.values()):
         parts = [f"{f} {len(swept.get(f, set()) & set(known[f]))} of {len(known[f])} types" for f in known]
-        cells = f"; {not_run} cell(s) not run (`-`)" if not_run else ""
+        complete = [b for b in backends if not not_run[b]]
+        partial = [
+            f"{b} ({not_run[b]} of {len(runnable)} cells not run, `-`)" for b in backends if not_run[b]
+        ]
+        where = f"complete on {', '.join(complete)}; " if complete and not short else ""
         lines += [
             "",
-            f"> **Partial sweep** ({', '.join(parts)}; backends {', '.join(backends)}{cells}). "
-            "Counts cover the types swept so far; run `nox -s zoo` for the rest (results add up in "
-            "`docs/coverage.json`).",
+            f"> **Partial sweep** ({', '.join(parts)}; {where}partial on "
+            f"{', '.join(partial) or ', '.join(backends)}). Counts cover the types swept so far; run "
+            "`nox -s zoo` for the rest (results add up in `docs/coverage.json`).",
         ]
     lines += ["", "## Counts", ""]
     lines.append("| family | types | tiny model runs | " + " | ".join(backends) + " |")
