@@ -341,8 +341,27 @@ def test_a_decomposed_program_reaches_the_frontend_as_its_graph_not_for_a_second
     x = np.random.rand(2, 9, 3).astype(np.float32)
     expected = Net()(torch.from_numpy(x)).numpy()
     for model in (program, decoder):
-        compiled = ov.Core().compile_model(ov.convert_model(model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = ov.Core().compile_model(
+            ov.convert_model(model), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+        )
         np.testing.assert_allclose(compiled(x)[0], expected, rtol=1e-5)
+
+
+def test_complex_rotary_converts_as_real_pairs_and_matches_eager_at_two_shapes():
+    """aten.polar has no OpenVINO conversion (deepseek_v2, llama4 failed in convert); the program fix
+    rewrites the complex rotary into real pairs and the IR matches eager at two shapes."""
+    from hfexport.testing.programs import ComplexRotary
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("complex_rotary_as_real_pairs")]
+    assert entry.versions == {"openvino": ">=2026.0"} and "op_support.py" in entry.issue
+    model = ComplexRotary().eval()
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    exporter = OpenvinoExporter()
+    exporter.export(model, {"input_ids": ids}, OpenvinoConfig(dynamic=True))
+    report = exporter.last_report
+    assert any(n.endswith("complex_rotary_as_real_pairs") for n in report.applied["fx_program_fixes"])
+    rows = report.validation["sample"] + report.validation["second_shape"]
+    assert len(rows) == 2 and all(float(r["max_abs_diff"]) <= 1e-5 for r in rows), rows
 
 
 def test_precision_hint_is_recorded_and_used_by_the_runner(tiny_encoder, tmp_path):

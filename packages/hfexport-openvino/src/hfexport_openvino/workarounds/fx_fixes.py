@@ -17,6 +17,10 @@
 - :func:`sym_pow_as_products`: Python's ``**`` on a SymInt with a small integer exponent (sizes the
   decomposition of a symbolic ``matmul`` rebuilds from their sympy form, ``(h // 2) ** 2`` in
   MobileViT and Swin) becomes a chain of ``*``, which the frontend converts.
+- :func:`complex_rotary_as_real_pairs` (program fix): complex-valued rotary embeddings
+  (``torch.polar`` / ``view_as_complex``: deepseek_v2, llama4) become real (real, imaginary) pairs with
+  the core's :func:`hfexport.workarounds.complex_pairs.complex_as_real_pairs`: the frontend has no
+  conversion rule for ``aten.polar``.
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
   implementation: OpenVINO has no conversion for ``torch._grouped_mm``, and the ``"eager"`` loop
   depends on the routing of the sample (``nonzero()``).
@@ -29,11 +33,12 @@ from typing import Any
 
 import torch
 
-from hfexport.registry import register_fx_node_fix
+from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.moe import register_dense_experts
 
 __all__ = [
     "BACKEND",
+    "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
     "sym_min_max_as_tensor_ops",
@@ -274,3 +279,23 @@ def sym_pow_as_products(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         _as_tensor_op(node, torch.ops.aten.pow.Tensor_Tensor)
         return True
     return False
+
+
+@register_fx_program_fix(
+    BACKEND,
+    description=(
+        "rewrite complex-valued computation (torch.polar / view_as_complex rotary embeddings of deepseek_v2, "
+        "llama4) into real (real, imaginary) pairs: OpenVINO's FX frontend has no conversion rule for "
+        'aten.polar ("failed FX node(s): polar (aten.polar.default)")'
+    ),
+    # no upstream issue filed yet; aten.polar is missing from the frontend's op table
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0"},
+)
+def complex_rotary_as_real_pairs(exported_program: torch.export.ExportedProgram) -> None:
+    """Apply :func:`hfexport.workarounds.complex_pairs.complex_as_real_pairs` to the captured program,
+    in place. All or nothing: a program with a complex operation the rewrite does not know keeps its
+    complex values and fails in ``convert`` with the op named, as without this fix."""
+    from hfexport.workarounds.complex_pairs import complex_as_real_pairs
+
+    complex_as_real_pairs(exported_program)
