@@ -360,6 +360,21 @@ def test_a_backend_that_has_not_run_every_type_is_not_judged_against_its_target(
         ("lower", "SpecViolationError: ", "lowering"),
         ("capture", "AssertionError: Cannot create Dim with inconsistent min=2, max=2", "capture"),
         ("crash", "killed by SIGSEGV", "crash"),
+        (
+            "convert",
+            "OpenvinoConversionError: rejected; failed FX node(s): polar (aten.polar.default)",
+            "lowering",
+        ),
+        (
+            "convert",
+            "ExportStageError: failed in stage 'convert': GuardOnDataDependentSymNode: u5",
+            "lowering",
+        ),
+        (
+            "capture.torch_export",
+            "ExportStageError: GuardOnDataDependentSymNode: Eq(u0, 0)",
+            "data-dependent",
+        ),
         ("export", "Segmentation fault", "unclassified"),
     ],
 )
@@ -394,3 +409,13 @@ def test_a_backend_that_ran_no_type_of_a_family_reads_not_run_yet(tmp_path):
     _write(tmp_path, "causal-lm", "m", ok, {"dynamo": {"status": "pass"}, "onnx": {"status": "pass"}})
     text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["m"], "speech": ["s"]})
     assert "| speech | 1 | 1 | 1 pass / 0 fail / 0 skip (100%) | not run yet |" in text
+
+
+def test_cells_drop_object_addresses(tmp_path):
+    ok = {"status": "ok", "params": 1000}
+    reason = "OpenvinoConversionError: failed op(s): <function sym_max at 0x7fc7f8b0e200>"
+    _write(
+        tmp_path, "causal-lm", "a", ok, {"dynamo": {"status": "fail", "stage": "convert", "reason": reason}}
+    )
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["a"]})
+    assert "failed op(s): <function sym_max>" in text and "0x7fc7" not in text

@@ -139,12 +139,12 @@ FAILURE_ACTIONS: tuple[tuple[str, Callable[[str, str], bool], str], ...] = (
         "numbers",
         lambda stage, reason: "does not match eager PyTorch" in reason,
         "The artifact's numbers differ from eager PyTorch beyond tolerance, so the export fails rather than "
-        "writing it: do not ship a copy of it. The export report's validation table names the output and its "
-        "max abs diff; report it with this cell.",
+        "writing it: do not ship a copy of it. `hfexport export <backend> --model tiny:<type> -v` prints the "
+        "validation table (each output's max abs diff and tolerance); report it with this cell.",
     ),
     (
         "data-dependent",
-        lambda stage, reason: "GuardOnDataDependentSymNode" in reason,
+        lambda stage, reason: "GuardOnDataDependentSymNode" in reason and stage.startswith("capture"),
         "The forward branches on tensor values, which torch.export cannot capture: no artifact on any backend. "
         "The model-side change is `torch.cond` or a branch-free form of that code.",
     ),
@@ -172,9 +172,13 @@ FAILURE_ACTIONS: tuple[tuple[str, Callable[[str, str], bool], str], ...] = (
     ),
     (
         "lowering",
-        lambda stage, reason: stage in ("lower", "translate", "optimize", "memory_planning"),
-        "The backend's lowering has no rule for an operation this model uses, so no artifact is written: use "
-        "another backend for this type (`hfexport export ... -v` prints the operation).",
+        lambda stage, reason: (
+            stage in ("lower", "translate", "optimize", "memory_planning", "convert")
+            or "failed FX node(s)" in reason
+        ),
+        "The backend's lowering has no rule for an operation this model uses (or its retrace of the captured "
+        "program hit a data-dependent size that capture did not), so no artifact is written: use another "
+        "backend for this type (`hfexport export ... -v` prints the operation).",
     ),
     (
         "crash",
@@ -556,6 +560,9 @@ def run_sweep(
     return rows
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def _cell_text(
     cell: dict[str, Any] | None, notes: dict[str, int] | None = None, actions: dict[str, str] | None = None
 ) -> str:
@@ -567,7 +574,8 @@ def _cell_text(
     status = cell.get("status")
     if status == "pass":
         return "pass"
-    reason = str(cell.get("reason", "")).replace("|", "\\|").replace("\n", " ")
+    # object reprs carry a memory address that changes every run (<function sym_max at 0x7fc7...>)
+    reason = _ADDRESS.sub("", str(cell.get("reason", ""))).replace("|", "\\|").replace("\n", " ")
     if status == "skip":
         if notes is None:
             return f"skip: {reason}"
