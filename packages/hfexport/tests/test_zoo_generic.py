@@ -275,3 +275,28 @@ def test_single_expert_default_gets_real_routing():
     # torchlib refuses ("aten_histc with min == max (0.0) is not supported"): ONNX translate failed
     config = shrunk_config("hunyuan_v1_moe")
     assert (config.num_experts, config.moe_topk) == (4, 2)
+
+
+def test_a_tiny_model_whose_outputs_vanish_is_reported_degenerate():
+    """At the default initializer_range MobileViT's tiny logits are exactly 0: a parity check would
+    compare zeros, so check_eager refuses it, naming the fix."""
+    with pytest.raises(TinyModelUnavailable, match=r"degenerate outputs: every value is below 1e-06") as info:
+        tiny_model("mobilevit", "image-classification", check_eager=True, initializer_range=0.02)
+    assert info.value.stage == "eager" and "initializer_range" in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("model_type", "least"),
+    [
+        ("mobilevit", 0.1),
+        ("efficientnet", 0.5),
+        ("mobilenet_v1", 0.1),
+        ("mobilenet_v2", 30.0),
+        ("pp_lcnet", 1.0),
+    ],
+)
+def test_deep_conv_overlays_give_outputs_worth_comparing(model_type, least):
+    model, inputs = tiny_model(model_type, "image-classification", check_eager=True)
+    with torch.no_grad():
+        peak = float(model(**inputs)[0].abs().max())
+    assert least <= peak < 1e3, peak

@@ -706,14 +706,44 @@ def check_runs_eagerly(
     """Run ``model(**inputs)`` without gradients and return its output.
 
     Raises:
-        TinyModelUnavailable: (stage ``"eager"``) the forward pass raised; the reason is the
-            exception's type and first line.
+        TinyModelUnavailable: (stage ``"eager"``) the forward pass raised (the reason is the
+            exception's type and first line), or every floating-point output value is below
+            :data:`DEGENERATE_MAX_ABS` in magnitude: activations vanished through the random layers,
+            and a parity check against such a model compares zeros, so it proves nothing (the fix is
+            a per-type overlay in :mod:`hfexport.testing.presets`, e.g. a larger ``initializer_range``).
     """
     try:
         with torch.no_grad():
-            return model(**inputs)
+            output = model(**inputs)
     except Exception as exc:  # any eager failure makes the type unavailable, not an export failure
         raise TinyModelUnavailable(model.config.model_type, task, "eager", _one_line(exc)) from exc
+    floats = [t for t in _output_tensors(output) if t.is_floating_point() and t.numel()]
+    if floats and max(float(t.abs().max()) for t in floats) < DEGENERATE_MAX_ABS:
+        peak = max(float(t.abs().max()) for t in floats)
+        raise TinyModelUnavailable(
+            model.config.model_type,
+            task,
+            "eager",
+            f"degenerate outputs: every value is below {DEGENERATE_MAX_ABS:g} in magnitude (max {peak:.1e}); the "
+            "activations vanish through the random layers, so parity with eager would compare zeros "
+            "(add an overlay with a larger initializer_range in hfexport.testing.presets)",
+        )
+    return output
+
+
+#: a tiny model whose every floating-point output is below this (absolute) is degenerate
+DEGENERATE_MAX_ABS = 1e-6
+
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor in a model output (ModelOutput, tuple, dict, cache objects skipped)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [t for value in output.values() for t in _output_tensors(value)]
+    if isinstance(output, (tuple, list)):
+        return [t for value in output for t in _output_tensors(value)]
+    return []
 
 
 def tiny_model(
