@@ -723,16 +723,25 @@ CASES: list[Case] = [
     ),
     Case(
         "quality_gates_on_a_plain_float32_config",
-        lambda env: DynamoConfig(quality_gates={"cosine": 0.9}),
+        lambda env: DynamoConfig(dtype="float32", quality_gates={"cosine": 0.9}),
         ValueError,
         r"quality_gates=\{'cosine': 0\.9\} cannot apply: quality gates score reduced-precision and quantized "
         r"exports, and this one \(dtype float32, no quantization\) is validated with allclose",
     ),
     Case(
         "quality_gates_on_a_fused_float32_onnx_config",
-        lambda env: OnnxConfig(ort_fusions="cpu", quality_gates={"top1_agreement": 0.9}),
+        lambda env: OnnxConfig(ort_fusions="cpu", dtype="float32", quality_gates={"top1_agreement": 0.9}),
         ValueError,
         r"quality_gates=\{'top1_agreement': 0\.9\} cannot apply",
+    ),
+    Case(
+        # dtype auto: the export decides float32 for the float32 model, which is compared by
+        # tolerances, so the gates cannot apply; refused before capture
+        "quality_gates_on_an_auto_dtype_export_that_resolves_to_float32",
+        _export("bert", config=DynamoConfig(quality_gates={"cosine": 0.9})),
+        ValueError,
+        r"quality_gates=\{'cosine': 0\.9\} cannot apply: this export computes in float32 like its eager "
+        r"reference \(float32\)",
     ),
     Case(
         "onnx_int8_dynamic_with_a_calibration_file",

@@ -111,7 +111,7 @@ def test_precision_fields_round_trip_and_refuse_bad_values():
     assert config.quantization == QuantizationConfig(method="int8-dynamic")
     assert OnnxConfig.from_json_string(config.to_json_string()) == config
     for bad, message in [
-        ({"dtype": "fp16"}, "dtype='fp16' is invalid; allowed: float32, float16, bfloat16"),
+        ({"dtype": "fp16"}, "dtype='fp16' is invalid; allowed: None (auto), float32, float16, bfloat16"),
         ({"quantization": {"method": "x", "bits": 3}}, "unknown quantization field(s) ['bits']"),
         ({"quantization": {"method": "8da4w", "group_size": 0}}, "quantization.group_size=0 is invalid"),
         ({"quantization": {"method": "8da4w", "embedding_bits": 2}}, "embedding_bits=2 is invalid"),
@@ -177,9 +177,13 @@ def test_quality_gates_apply_only_where_quality_gates_validate():
     with pytest.raises(
         ValueError, match=r"^quality_gates=\{'cosine': 0\.98\} cannot apply: .*allowed: quality_gates=None, "
     ):
-        OnnxConfig(ort_fusions="cpu", quality_gates={"cosine": 0.98})
+        OnnxConfig(ort_fusions="cpu", dtype="float32", quality_gates={"cosine": 0.98})
     with pytest.raises(ValueError, match="cannot apply"):  # a recipe file refuses it as well
-        AutoExportConfig.from_dict({"export_format": "dynamo", "quality_gates": {"cosine": 0.98}})
+        AutoExportConfig.from_dict(
+            {"export_format": "dynamo", "dtype": "float32", "quality_gates": {"cosine": 0.98}}
+        )
+    # dtype auto: whether gates apply depends on the model, so the export decides (before capture)
+    assert DynamoConfig(quality_gates={"cosine": 0.98}).dtype is None
     with pytest.raises(ValueError, match="cannot apply"):
         DynamoConfig(dtype="float16", quality_gates={"cosine": 0.9}).replace(dtype="float32")
 

@@ -55,9 +55,11 @@ def test_dynamic_export_validates_two_shapes_and_reports_stages(bert):
     assert [s.name for s in report.stages] == [
         "prepare_inputs",
         "capture",
+        "reference",  # the eager outputs of both shapes, before the runtime runs the artifact
         "validate",
         "validate_second_shape",
     ]
+    assert report.stages[2].detail == "sample, second shape"
     assert all(s.status == "ok" for s in report.stages)
     second = {r["name"]: r for r in report.validation["second_shape"]}
     assert list(second["last_hidden_state"]["shape"][:2]) == [3, 65]
@@ -69,7 +71,12 @@ def test_static_export_skips_second_shape(bert):
     model, inputs = bert
     exporter = CoreOnlyExporter()
     exporter.export(model, inputs, DynamoConfig())
-    assert [s.name for s in exporter.last_report.stages] == ["prepare_inputs", "capture", "validate"]
+    assert [s.name for s in exporter.last_report.stages] == [
+        "prepare_inputs",
+        "capture",
+        "reference",
+        "validate",
+    ]
 
 
 def test_validation_failure_raises_with_table(bert):

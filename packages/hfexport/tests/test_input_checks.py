@@ -161,7 +161,7 @@ def test_a_plain_module_exports_and_validates():
     exporter = _CoreExporter()
     program = exporter.export(_Plain(), {"x": torch.randn(2, 4)})
     assert program.module()(x=torch.ones(2, 4))["y"].shape == (2, 3)
-    assert [s.status for s in exporter.last_report.stages] == ["ok", "ok", "ok"]
+    assert [s.status for s in exporter.last_report.stages] == ["ok", "ok", "ok", "ok"]
     assert exporter.last_report.validation["sample"][0]["ok"] is True
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -146,3 +148,28 @@ def test_describe_gates_names_statistic_direction_and_threshold():
         "max |artifact - eager| <= 0.5 (max_abs_diff)"
     )
     assert describe_gates({}) == "no quality gates"
+
+
+def test_scores_are_the_same_in_chunks_as_in_one_pass(monkeypatch):
+    """Outputs are scored in float64 chunks of rows: the cosines, top-1 and max diff of 8 chunks
+    equal those of one pass, padding and NaN rules included."""
+    import hfexport.quality as q
+
+    torch.manual_seed(0)
+    expected = torch.randn(3, 7, 50)
+    actual = expected + 0.3 * torch.randn(3, 7, 50)
+    mask = torch.ones(3, 7, dtype=torch.long)
+    mask[0, :2] = 0
+    gates = {"cosine": 0.5, "top1_agreement": 0.5}
+    whole = q.score_outputs({"logits": expected}, {"logits": actual}, gates=gates, attention_mask=mask)[0]
+    monkeypatch.setattr(q, "_CHUNK", 150)  # 3 rows of 50 per chunk: 7 chunks for 19 kept rows
+    chunked = q.score_outputs({"logits": expected}, {"logits": actual}, gates=gates, attention_mask=mask)[0]
+    assert (
+        chunked.cosine == pytest.approx(whole.cosine, abs=1e-12) and chunked.compared == whole.compared == 19
+    )
+    assert chunked.cosine_min == pytest.approx(whole.cosine_min, abs=1e-12)
+    assert chunked.top1_agreement == whole.top1_agreement and chunked.max_abs_diff == whole.max_abs_diff
+    broken = actual.clone()
+    broken[2, 6, 3] = float("nan")  # NaN in the artifact only: no similarity, infinite difference
+    row = q.score_outputs({"logits": expected}, {"logits": broken}, gates=gates)[0]
+    assert row.cosine == 0.0 and row.max_abs_diff == math.inf and not row.ok

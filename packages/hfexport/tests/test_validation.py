@@ -577,3 +577,33 @@ def test_guards_written_with_math_ceil_are_evaluated():
     assert guards_accept(program, {"pixel_values": (2, 3, 64, 32)}) is False
     height = next(e for e in report.extra["dynamic_axes"] if e["meaning"] == "image height")
     assert (height["status"], height["max"], height["note"]) == ("static", 32, "model-fixed")
+
+
+def test_compare_outputs_works_in_chunks_and_keeps_allclose_semantics(monkeypatch):
+    """Large outputs are compared in float64 chunks (a real LM's logits are 30M elements): a
+    difference in the last chunk, NaNs, infinities and padding behave as torch.allclose does."""
+    import hfexport.validation as v
+
+    monkeypatch.setattr(v, "_CHUNK", 1000)  # 3 x 5 x 400 = 6000 elements: six chunks
+    expected = torch.randn(3, 5, 400)
+    actual = expected.clone()
+    actual[2, 4, 399] += 1.0  # the very last element, in the last chunk
+    row = v.compare_outputs({"logits": expected}, {"logits": actual})[0]
+    assert not row.ok and row.max_abs_diff == pytest.approx(1.0, abs=1e-6) and row.compared == 6000
+    mask = torch.ones(3, 5, dtype=torch.long)
+    mask[2, 4] = 0  # that position is padding: not compared
+    row = v.compare_outputs({"logits": expected}, {"logits": actual}, attention_mask=mask)[0]
+    assert row.ok and row.max_abs_diff == 0.0 and row.compared == 6000 - 400
+    inf = expected.clone()
+    inf[0, 0, 0] = float("inf")
+    row = v.compare_outputs({"logits": inf}, {"logits": inf.clone()})[0]
+    assert row.ok and row.max_abs_diff == 0.0  # equal infinities agree, as in allclose
+    nan = expected.clone()
+    nan[1, 1, 1] = float("nan")
+    assert v.compare_outputs({"logits": nan}, {"logits": nan.clone()})[0].ok  # NaNs at the same place
+    assert not v.compare_outputs({"logits": nan}, {"logits": expected})[0].ok  # NaN only on one side
+    # the expected tensor is never modified by the in-place arithmetic on its float64 copy
+    doubles = torch.randn(4, 300, dtype=torch.float64)
+    kept = doubles.clone()
+    v.compare_outputs({"x": doubles}, {"x": doubles + 1})
+    assert torch.equal(doubles, kept)

@@ -611,9 +611,13 @@ class DynamoConfig(ExportConfigMixin):
             batch size and a longer sequence derived from the sample inputs; with explicit
             ``dynamic_shapes`` only the declared dynamic axes change, within their ``min``/``max``
             (:func:`hfexport.validation.derive_second_inputs`).
-        dtype: compute dtype of the capture, one of :data:`DTYPES`: the model and its float inputs
-            are cast to it (the user's model is restored afterwards); reduced precision is validated
-            with quality gates against the fp32 eager model instead of allclose.
+        dtype: compute dtype of the export, one of :data:`DTYPES`, or ``None`` (auto, the
+            default): the backend's choice for the model's dtype (``HfExporter.decide_dtype``: a
+            dtype its runtime computes well on CPU is kept, any other becomes float32; the report
+            records the decision and why). The model and its float inputs are cast to it (the
+            user's model is restored afterwards); an artifact computing in another dtype than its
+            eager reference (float32 for a float32 export, else the model's own dtype) is validated
+            with quality gates instead of allclose.
         quantization: a :class:`QuantizationConfig` (or a method name / dict, converted), or ``None``.
         quality_gates: overrides of the quality-gate thresholds by metric name (e.g.
             ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
@@ -635,14 +639,14 @@ class DynamoConfig(ExportConfigMixin):
     atol: float | None = None
     rtol: float | None = None
     validate_second_shape: bool = True
-    dtype: str = "float32"
+    dtype: str | None = None
     quantization: QuantizationConfig | None = None
     quality_gates: dict[str, float] | None = None
     aoti: bool = False
 
     def validate_fields(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: {', '.join(DTYPES)}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype={self.dtype!r} is invalid; allowed: None (auto), {', '.join(DTYPES)}")
         self.quantization = QuantizationConfig.from_value(self.quantization)
         if self.quality_gates is not None:
             if not isinstance(self.quality_gates, dict):
@@ -656,7 +660,7 @@ class DynamoConfig(ExportConfigMixin):
                     raise ValueError(
                         f"quality_gates[{key!r}]={threshold!r} is invalid; allowed: a finite float"
                     )
-            if self.quality_gates and not is_quality_gated(self):
+            if self.quality_gates and self.dtype is not None and not is_quality_gated(self):
                 raise ValueError(
                     f"quality_gates={self.quality_gates!r} cannot apply: quality gates score reduced-precision "
                     "and quantized exports, and this one (dtype float32, no quantization) is validated with "

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import gc
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 from collections.abc import Callable, Mapping
@@ -64,6 +67,38 @@ def _model_lock(model: Any) -> threading.RLock:
 
 
 logger = logging.getLogger(__name__)
+
+
+def _parent(target: Path) -> Path:
+    """The existing folder ``target`` is written into (created when missing)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return target.parent
+
+
+def _publish(staging: Path, target: Path) -> None:
+    """Move the files a save wrote into ``staging`` next to ``target``: every companion file first
+    (external data, packages), ``target`` itself last, each with an atomic rename."""
+    files = sorted(p for p in staging.iterdir() if p.name != target.name)
+    for item in [*files, staging / target.name]:
+        if item.exists():
+            os.replace(item, target.parent / item.name)
+
+
+def _release_weights(model: torch.nn.Module) -> None:
+    """Free ``model``'s parameters and buffers: each keeps its object but gets an empty tensor of
+    its dtype as data, so the memory is returned as soon as nothing else holds the old tensors
+    (objects that only hold the ``Parameter``, such as a saved ``requires_grad`` state, do not).
+    ``Module.to("meta")`` would put new ``Parameter`` objects in the module and leave the old ones,
+    with their storage, to whoever still references them."""
+    if not isinstance(model, torch.nn.Module):
+        return
+    seen: set[int] = set()
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
 class HfExporter(abc.ABC):
@@ -113,6 +148,20 @@ class HfExporter(abc.ABC):
     stages: ClassVar[tuple[str, ...]] = ()
     #: ``config.dtype`` values this backend can capture and run here (see :meth:`check_precision`).
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: The dtypes this backend's runtime computes well on CPU, preferred first: ``config.dtype=None``
+    #: (auto) keeps a model in one of them and exports any other in the first (:meth:`decide_dtype`).
+    native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: Whether an export with a path validates the saved file in the runtime (the in-memory
+    #: artifact is freed first), rather than the in-memory artifact: True where the runtime runs
+    #: something else than the object the export built (a session over the file).
+    validates_saved_file: ClassVar[bool] = True
+    #: The runtime's name in the reason of a dtype decision (``"ONNX Runtime's CPU provider"``).
+    runtime_name: ClassVar[str] = "the runtime"
+    #: Peak resident memory of a whole export (CLI, validation included) per byte of weights in the
+    #: export dtype, measured at 0.6B parameters (docs/performance.md), for :meth:`estimate_peak_bytes`.
+    memory_factor: ClassVar[float] = 2.0
+    #: What the process holds besides the weights (imports, runtime libraries), bytes.
+    memory_base_bytes: ClassVar[int] = 1_000_000_000
     #: ``config.quantization.method`` names this backend implements -> a
     #: :class:`hfexport.config.QuantizationMethod` (what it does and which options it reads; a
     #: plain description string is accepted too and declares nothing, so its options are not checked).
@@ -122,6 +171,9 @@ class HfExporter(abc.ABC):
         self.validate_environment()
         self.config = self._resolve_config(config) if config is not None else None
         self.last_report: ExportReport | None = None
+        #: the resolved config of the export running now (dtype decided), ``None`` between exports:
+        #: what :meth:`runner` and :meth:`load_component` read for runtime settings (device ...)
+        self.active_config: ExportConfigMixin | None = None
         # optional progress hook: callback(event, stage_record), event in {"start", "end"}
         self.stage_callback: Callable[[str, Any], None] | None = None
 
@@ -180,14 +232,16 @@ class HfExporter(abc.ABC):
         Backends with more conditions (an ONNX Runtime build without fp16 kernels, a fusion target
         the installed runtime does not ship) extend this and call ``super()``.
 
+        ``config.dtype=None`` (auto) always passes: :meth:`decide_dtype` picks a native dtype.
+
         Raises:
             ValueError: ``config.dtype`` not in :attr:`supported_dtypes`,
                 ``config.quantization.method`` not in :attr:`quantization_methods`, a quantization
                 option the method does not read (:meth:`hfexport.config.QuantizationConfig.check_options`),
                 or ``config.quality_gates`` naming an unknown metric; the message names what is allowed.
         """
-        dtype = getattr(config, "dtype", "float32")
-        if dtype not in self.supported_dtypes:
+        dtype = getattr(config, "dtype", None)
+        if dtype is not None and dtype not in self.supported_dtypes:
             raise ValueError(
                 f"dtype={dtype!r} is not supported by the {self.export_format} backend here; "
                 f"allowed: {', '.join(self.supported_dtypes)}"
@@ -206,6 +260,90 @@ class HfExporter(abc.ABC):
             quantization.check_options(self.quantization_methods, self.export_format)
 
     # -- the export --------------------------------------------------------------------------------
+    def decide_dtype(self, model: torch.nn.Module | torch.dtype | str, config: Any) -> Any:
+        """The dtype an export of ``model`` with ``config`` computes in, and its reference.
+
+        ``config.dtype=None`` (auto) keeps the model's dtype when it is one of :attr:`native_dtypes`
+        and takes ``native_dtypes[0]`` otherwise; an explicit ``config.dtype`` is used as given (the
+        backend refused it before, in :meth:`check_precision`, if it cannot run it). See
+        :func:`hfexport.precision.decide_dtype`.
+
+        Args:
+            model: the model (the dtype of most of its floating point weights counts) or a
+                checkpoint's dtype (the CLI decides before loading, so it loads in the export dtype).
+            config: the export's config.
+
+        Returns:
+            A :class:`hfexport.precision.DtypeDecision` (``export``, ``model``, ``reference``,
+            ``reason``); the report records it as ``ExportReport.dtype``.
+        """
+        from hfexport.precision import decide_dtype
+
+        requested = getattr(config, "dtype", None)
+        return decide_dtype(model, requested, self.native_dtypes, self.runtime_name)
+
+    def estimate_peak_bytes(self, parameters: int, dtype: str) -> int:
+        """Estimated peak resident memory of an export of a model of ``parameters`` parameters in
+        ``dtype``: :attr:`memory_base_bytes` + :attr:`memory_factor` x the weight bytes.
+
+        Args:
+            parameters: number of weight elements (the checkpoint's, e.g. from its safetensors headers).
+            dtype: the export dtype (``"float32"`` ...).
+
+        Returns:
+            Bytes.
+        """
+        from hfexport.precision import torch_dtype
+
+        weight_bytes = parameters * torch_dtype(dtype).itemsize
+        return int(self.memory_base_bytes + self.memory_factor * weight_bytes)
+
+    def check_memory(self, parameters: int, decision: Any, available: int | None) -> None:
+        """Refuse, before the weights are loaded, an export whose estimated peak
+        (:meth:`estimate_peak_bytes`) exceeds ``available`` bytes.
+
+        Args:
+            parameters: number of weight elements of the checkpoint.
+            decision: the export's :class:`hfexport.precision.DtypeDecision`.
+            available: bytes the machine can give (:func:`hfexport.memory.available_bytes`); ``None``
+                (unknown) passes.
+
+        Raises:
+            InsufficientMemoryError: the estimate exceeds ``available``; the message gives both, the
+                weight size and the options that lower the peak.
+        """
+        if available is None:
+            return
+        from hfexport.errors import InsufficientMemoryError
+        from hfexport.memory import format_bytes
+        from hfexport.precision import torch_dtype
+
+        # the weights are loaded in the reference's dtype (float32 for a float32 export), which may be
+        # wider than the export's (a float16 export of a float32 checkpoint casts a copy)
+        widest = max((decision.export, decision.reference), key=lambda d: torch_dtype(d).itemsize)
+        estimate = self.estimate_peak_bytes(parameters, widest)
+        if estimate <= available:
+            return
+        options = []
+        smaller = [
+            d
+            for d in self.supported_dtypes
+            if torch_dtype(d).itemsize < torch_dtype(decision.export).itemsize
+        ]
+        if smaller:
+            options.append(f"--dtype {smaller[0]} (half the weight bytes)")
+        options += [
+            "--no-validate (the runtime does not load the artifact; about one copy of the weights less)",
+            "closing other programs, or a machine with more memory",
+            "--ignore-memory-estimate to try anyway",
+        ]
+        raise InsufficientMemoryError(
+            f"this {self.export_format} export of {parameters / 1e9:.2f}B parameters in {decision.export} "
+            f"({format_bytes(parameters * torch_dtype(decision.export).itemsize)} of weights) needs about "
+            f"{format_bytes(estimate)} at its peak, and the machine has {format_bytes(available)} available; "
+            f"options: {'; '.join(options)}"
+        )
+
     def export(
         self,
         model: torch.nn.Module,
@@ -218,11 +356,13 @@ class HfExporter(abc.ABC):
         """Export ``model`` traced on ``sample_inputs``, validate it, and return the artifact.
 
         Args:
-            model: a ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward).
+            model: a ``PreTrainedModel`` (or any ``nn.Module`` with a keyword forward), in any
+                floating point dtype (a bfloat16 checkpoint exports as :meth:`decide_dtype` says).
             sample_inputs: **forward kwargs**, as ``model(**sample_inputs)`` takes them: tensors
                 (``input_ids`` int64 ``[batch, seq]``, ``attention_mask``, ``pixel_values`` ...)
                 and ``Cache`` objects. Output flags (``use_cache``, ``return_dict``, ...) are
-                applied to the config while tracing only.
+                applied to the config while tracing only. Floating point inputs are cast to the
+                dtype of the eager reference (the export's own dtype for the artifact).
             config: the backend's config (or a dict for ``config_class.from_dict``); defaults to the
                 one given at construction, else the class defaults.
             component: name of the exported component, used in the report and errors.
@@ -235,77 +375,225 @@ class HfExporter(abc.ABC):
         Returns:
             The backend's artifact (``ExportedProgram``, ``torch.onnx.ONNXProgram``,
             ``ExecutorchProgramManager``). ``self.last_report`` holds the :class:`ExportReport`.
+            With ``config.output_path`` set, the artifact is also saved there (before validation,
+            which then runs the saved file).
 
         Raises:
             UnsupportedInputError: loss inputs (``labels`` ...) among ``sample_inputs``.
             UnsupportedModelError: an attention implementation with no export path.
+            ValueError: ``config.quality_gates`` on an export the dtype decision compares by
+                tolerances (a bfloat16 program of a bfloat16 model), or a config the backend refuses.
             ExportStageError: a stage failed (the message names the stage and component).
             ExportValidationError: the artifact's outputs differ from eager PyTorch beyond
                 tolerance (the message holds the per-output table).
 
-        The model is left as it was: training mode, config flags, attention implementation and
-        patched attributes are restored, also when the export fails.
+        The model is left as it was: training mode, config flags, attention implementation,
+        weights (dtype included) and patched attributes are restored, also when the export fails.
         """
+        output_path = getattr(self._resolve_config(config), "output_path", None)
+        artifact, _ = self._run_export(
+            model, sample_inputs, config, component=component, source=source, path=output_path
+        )
+        return artifact
+
+    def export_to_path(
+        self,
+        model: torch.nn.Module,
+        sample_inputs: Mapping[str, Any],
+        path: str | os.PathLike[str],
+        config: ExportConfigMixin | Mapping[str, Any] | None = None,
+        *,
+        component: str = "model",
+        release_model: bool = False,
+    ) -> ExportReport:
+        """Export ``model``, save the artifact to ``path``, and validate the saved file.
+
+        The lowest-memory way to export (what the CLI runs): the eager reference outputs are
+        computed right after capture, the artifact is saved, then every in-memory copy of it is
+        dropped before the runtime loads the saved file (memory-mapped where the runtime offers
+        it) for the comparison. With ``release_model=True`` the model's weights are released too
+        (emptied once the references exist), so the runtime's copy of the weights is the only one
+        left while validating.
+
+        Args:
+            model, sample_inputs, config, component: as for :meth:`export`.
+            path: the artifact file to write (``model.onnx``, ``model.pte`` ...); files the backend
+                writes beside it (external data) go to the same folder.
+            release_model: free the model's weights after the references are computed. The model
+                is then unusable (its tensors are empty), also when the export fails; for callers
+                that loaded it for this export only.
+
+        Returns:
+            The :class:`ExportReport` (also ``self.last_report``).
+
+        Raises:
+            As :meth:`export`; and ``OSError`` when ``path`` cannot be written.
+        """
+        _, report = self._run_export(
+            model,
+            sample_inputs,
+            config,
+            component=component,
+            source=None,
+            path=path,
+            keep_artifact=False,
+            release_model=release_model,
+        )
+        return report
+
+    def _run_export(
+        self,
+        model: torch.nn.Module,
+        sample_inputs: Mapping[str, Any],
+        config: Any,
+        *,
+        component: str,
+        source: torch.nn.Module | None,
+        path: str | os.PathLike[str] | None,
+        keep_artifact: bool = True,
+        release_model: bool = False,
+    ) -> tuple[Any, ExportReport]:
+        """The stages every export runs: prepare, capture and lower (:meth:`_export`), eager
+        references, save, validation; see :meth:`export` and :meth:`export_to_path`."""
+        from hfexport.capture import release_shape_env_caches
+        from hfexport.input_checks import check_model
         from hfexport.inputs import (
             apply_output_flags,
             attention_for_export,
             prepare_for_export,
             restore_model_state,
         )
+        from hfexport.precision import model_in_dtype, torch_dtype
+        from hfexport.tensors import cast_leaf_tensors, get_leaf_tensors
 
         config = self._resolve_config(config)
         self.check_precision(config)
+        check_model(model)
+        decision = self.decide_dtype(model, config)
+        config = self._config_in_dtype(config, decision)
         report = ExportReport(
             export_format=self.export_format,
             component=component,
             model_class=type(model).__name__,
             callback=self.stage_callback,
+            dtype=decision.to_dict(),
         )
         self.last_report = report
+        validate = bool(getattr(config, "validate", True))
+        artifact: Any = None
+        owner = model
         with contextlib.ExitStack() as stack:
+            stack.enter_context(self._in_use(config))
+            stack.callback(release_shape_env_caches)  # also after a failure: nothing pinned
+            if release_model:  # runs last: after the model's state and dtype are restored
+                stack.callback(_release_weights, owner)
             # one export of a model object at a time: torch.export swaps its parameters for fakes
             stack.enter_context(_model_lock(model))
             stack.enter_context(restore_model_state(model))
             if source is not None:
                 stack.enter_context(restore_model_state(source))
             with report.stage(Stage.PREPARE_INPUTS):
+                if decision.upcasts:  # the reference and the capture compute in float32 (exact cast)
+                    stack.enter_context(model_in_dtype(model, "float32"))
                 stack.enter_context(attention_for_export(model))
                 model, inputs, flags = prepare_for_export(model, sample_inputs)
+                inputs = cast_leaf_tensors(inputs, torch_dtype(decision.reference))
                 stack.enter_context(apply_output_flags(model, flags))
                 if source is not None:
                     stack.enter_context(attention_for_export(source))
                     stack.enter_context(apply_output_flags(source, flags))
-                from hfexport.tensors import get_leaf_tensors
-
                 report.input_names = {
                     k: {"shape": list(v.shape), "dtype": str(v.dtype)}
                     for k, v in get_leaf_tensors(inputs).items()
                 }
             with torch.no_grad():
                 artifact = self._export_in_dtype(model if source is None else source, inputs, config, report)
-                if getattr(config, "validate", True):
-                    self.validate(artifact, model, inputs, config, report)
-                else:
+                sets = self.reference_outputs(model, inputs, config, report) if validate else None
+                if sets is None:
                     report.skip(Stage.VALIDATE, "config.validate is False")
-        output_path = getattr(config, "output_path", None)
-        if output_path:
-            with report.stage(Stage.SAVE, detail=str(output_path)):
-                self.save(artifact, output_path)
-        return artifact
+                run = None
+                staged: Path | None = None
+                if path is not None:
+                    # saved into a staging folder next to ``path``, validated there, moved into place
+                    # only once validation passed: a failed export leaves ``path`` as it was
+                    target = Path(path)
+                    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=_parent(target)))
+                    stack.callback(shutil.rmtree, staging, True)
+                    staged = staging / target.name
+                    with report.stage(Stage.SAVE, detail=str(target)):
+                        self.save(artifact, staged)
+                        metadata = self.component_metadata(artifact)
+                        report.artifact_metadata = metadata
+                    if sets is not None and not (self.validates_saved_file and self.loads_artifacts()):
+                        extra = self.extra_runners(artifact, staged)  # validated in memory
+                    elif sets is not None:
+                        extra = self.extra_runners(artifact, staged)
+                        if not keep_artifact:
+                            artifact = None
+                            if release_model:
+                                _release_weights(owner)
+                            release_shape_env_caches()  # they pin the freed program's graphs
+                            gc.collect()
+                        with report.stage(Stage.LOAD_ARTIFACT, detail=target.name):
+                            from hfexport.integrity import mark_written
+
+                            mark_written(staging)  # its checksums are written after validation
+                            run = self.load_component(staged, metadata)
+                elif sets is not None:
+                    extra = self.extra_runners(artifact, None)
+                if sets is not None:
+                    self.compare(sets, model, config, report, runner=run, artifact=artifact, extra=extra)
+                if staged is not None:
+                    _publish(staged.parent, Path(path))
+        return artifact, report
+
+    def loads_artifacts(self) -> bool:
+        """Whether this backend reads its saved artifacts back (:meth:`load` or
+        :meth:`load_component` overridden): then an export with a path validates the saved file
+        (when :attr:`validates_saved_file`); otherwise the in-memory artifact is validated (and
+        kept until then)."""
+        cls = type(self)
+        return cls.load is not HfExporter.load or cls.load_component is not HfExporter.load_component
+
+    @contextlib.contextmanager
+    def _in_use(self, config: Any) -> Any:
+        previous = self.active_config
+        self.active_config = config
+        try:
+            yield
+        finally:
+            self.active_config = previous
+
+    @staticmethod
+    def _config_in_dtype(config: Any, decision: Any) -> Any:
+        """``config`` with ``dtype`` set to the decision's export dtype (auto resolved), after the
+        check that quality gates given apply (a gated export is one whose dtype differs from its
+        reference, or a quantized one)."""
+        if getattr(config, "quality_gates", None) and not (
+            decision.gated or getattr(config, "quantization", None) is not None
+        ):
+            raise ValueError(
+                f"quality_gates={config.quality_gates!r} cannot apply: this export computes in {decision.export} "
+                f"like its eager reference ({decision.reference}), so it is compared by tolerances (atol/rtol), "
+                "not gated; allowed: quality_gates=None, or a dtype other than the model's, or a quantization"
+            )
+        if "dtype" in getattr(config, "__dataclass_fields__", {}) and config.dtype != decision.export:
+            return config.replace(dtype=decision.export)
+        return config
 
     def _export_in_dtype(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
     ) -> Any:
         """Run :meth:`_export` with the model and its float inputs cast to ``config.dtype`` (the
-        shared capture path of every backend); the model's own weights are back when it returns or
-        raises (:func:`hfexport.precision.model_in_dtype`), so validation compares with fp32."""
-        dtype = str(getattr(config, "dtype", "float32") or "float32")
-        if dtype == "float32":
-            return self._export(model, inputs, config, report)
-        from hfexport.precision import model_in_dtype, torch_dtype
+        shared capture path of every backend) when the model computes in another dtype; the model's
+        own weights are back when it returns or raises (:func:`hfexport.precision.model_in_dtype`),
+        so validation compares with the reference."""
+        from hfexport.precision import dtype_name, model_dtype, model_in_dtype, torch_dtype
         from hfexport.tensors import cast_leaf_tensors
 
-        report.extra["dtype"] = dtype
+        dtype = str((report.dtype or {}).get("export") or getattr(config, "dtype", None) or "float32")
+        if dtype_name(model_dtype(model)) == dtype:
+            return self._export(model, cast_leaf_tensors(inputs, torch_dtype(dtype)), config, report)
         with model_in_dtype(model, dtype):
             return self._export(model, cast_leaf_tensors(inputs, torch_dtype(dtype)), config, report)
 
@@ -548,6 +836,137 @@ class HfExporter(abc.ABC):
         """Backend default ``(atol, rtol)``; ``None`` takes the dtype default of the core."""
         return None, None
 
+    def second_shape_inputs(
+        self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any, report: ExportReport
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The second input set a dynamic export is validated at, or ``(None, reason)``.
+
+        The default derives it with :func:`hfexport.validation.derive_second_inputs` (another batch
+        size, a longer sequence; image sides the captured program holds static keep their size).
+        A backend whose programs accept a narrower range (ExecuTorch's planned bounds) overrides it.
+
+        Args:
+            model: the eager reference model.
+            inputs: the prepared sample forward kwargs (in the reference dtype).
+            config: the export's config.
+            report: the export report (``report.extra["dynamic_axes"]`` from the capture).
+
+        Returns:
+            ``(forward kwargs, "")`` or ``(None, why no second shape can be derived)``.
+        """
+        from hfexport.validation import derive_second_inputs
+
+        return derive_second_inputs(
+            model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
+        )
+
+    def reference_outputs(
+        self,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        second_inputs: Mapping[str, Any] | None = None,
+    ) -> list[Any]:
+        """Stage ``reference``: the input sets validation runs and the eager model's outputs on each.
+
+        Computed once, before the runtime loads the artifact, so the eager model's activations and
+        the runtime's never coexist (and a caller may free the model's weights afterwards). The sets
+        are the sample inputs and, for a dynamic export with ``config.validate_second_shape``, the
+        second shape (``second_inputs`` or :meth:`second_shape_inputs`); a second shape that cannot
+        be derived records stage ``validate_second_shape`` as skipped with the reason.
+
+        Returns:
+            :class:`hfexport.validation.ValidationSet` objects (label, stage, inputs, expected
+            outputs ``{leaf path: tensor}``), sample first.
+        """
+        from hfexport.validation import ValidationSet, describe_second_shape, eager_outputs
+
+        sets = [ValidationSet("sample", Stage.VALIDATE, dict(inputs), detail="sample inputs")]
+        if getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True):
+            if second_inputs is None:
+                second_inputs, reason = self.second_shape_inputs(model, inputs, config, report)
+            if second_inputs is None:
+                report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
+            else:
+                described = describe_second_shape(inputs, second_inputs)
+                report.extra["second_shape"] = described
+                sets.append(
+                    ValidationSet(
+                        "second shape",
+                        Stage.VALIDATE_SECOND_SHAPE,
+                        dict(second_inputs),
+                        detail=described["summary"],
+                    )
+                )
+        with report.stage(Stage.REFERENCE, detail=", ".join(s.label for s in sets)):
+            for item in sets:
+                item.expected = eager_outputs(model, item.inputs)
+        return sets
+
+    def extra_runners(
+        self, artifact: Any, path: str | os.PathLike[str] | None
+    ) -> list[tuple[str, str, Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]]]:
+        """More runners validated on the same input sets as the artifact (default: none).
+
+        Dynamo returns its AOTInductor package here. Called after the save (``path`` the saved
+        artifact, whose sibling files the runner may read) or, without a save, with ``path=None``.
+
+        Returns:
+            ``[(stage name, label prefix, runner)]``; each is validated in its own stage (declared
+            in :attr:`stages`) and its rows go to ``report.validation[f"{prefix}_{label}"]``.
+        """
+        return []
+
+    def compare(
+        self,
+        sets: list[Any],
+        model: torch.nn.Module,
+        config: Any,
+        report: ExportReport,
+        *,
+        runner: Callable[[dict[str, Any]], Mapping[str, torch.Tensor]] | None = None,
+        artifact: Any = None,
+        extra: list[tuple[str, str, Any]] = (),
+    ) -> None:
+        """Stages ``validate`` / ``validate_second_shape``: run the artifact on each set of
+        :meth:`reference_outputs` and compare with its expected outputs (:meth:`check_outputs`).
+
+        Args:
+            sets: from :meth:`reference_outputs`.
+            model: the eager reference (its dtype decides quality gates vs tolerances; it is not run).
+            config, report: the export's.
+            runner: the artifact's runner (loaded from the saved file); ``None`` builds
+                ``self.runner(artifact)`` inside stage ``validate`` (a runtime that refuses the
+                artifact fails there).
+            artifact: the in-memory artifact, when ``runner`` is ``None``.
+            extra: from :meth:`extra_runners`.
+
+        Raises:
+            ExportValidationError: an output differs beyond tolerance or misses a quality gate.
+        """
+        run = runner
+        for item in sets:
+            with report.stage(item.stage, detail=item.detail):
+                if run is None:
+                    run = self.runner(artifact)
+                report.validation[item.key] = self.check_outputs(
+                    model, run, item.inputs, config, report=report, label=item.label, expected=item.expected
+                )
+        for stage, prefix, extra_run in extra:
+            with report.stage(stage):
+                for item in sets:
+                    report.validation[f"{prefix}_{item.key}"] = self.check_outputs(
+                        model,
+                        extra_run,
+                        item.inputs,
+                        config,
+                        report=report,
+                        label=f"{prefix} {item.label}",
+                        expected=item.expected,
+                    )
+
     def validate(
         self,
         artifact: Any,
@@ -559,16 +978,17 @@ class HfExporter(abc.ABC):
         second_inputs: Mapping[str, Any] | None = None,
     ) -> None:
         """Compare the artifact with eager PyTorch at the sample shape and, for dynamic exports, a
-        second shape (another batch size, a longer sequence; see
-        :func:`hfexport.validation.derive_second_inputs`).
+        second shape (another batch size, a longer sequence; see :meth:`second_shape_inputs`):
+        :meth:`reference_outputs`, then :meth:`compare` on the in-memory artifact.
 
-        A reduced-precision or quantized export (``config.dtype != "float32"`` or
-        ``config.quantization``) is scored against the fp32 eager ``model`` with the quality gates
-        of :func:`hfexport.quality.quality_gates_for` (cosine, top-1 agreement; the artifact gets
-        its float inputs in ``config.dtype``) instead of allclose; ``report.validation`` then holds
-        :class:`hfexport.quality.OutputQuality` rows and ``report.extra["quality_gates"]`` the gates.
-        The derived second shape of such an export reuses the sample's real tokens (a quarter
-        shorter, batch + 1) instead of random ids, so the gates score inputs like the sample.
+        An export whose artifact computes in another dtype than its eager reference (a float16
+        export of a float32 model, a bfloat16 one of a float32 model) or a quantized one is scored
+        with the quality gates of :func:`hfexport.quality.quality_gates_for` (cosine, top-1
+        agreement; the artifact gets its float inputs in ``config.dtype``) instead of allclose;
+        ``report.validation`` then holds :class:`hfexport.quality.OutputQuality` rows and
+        ``report.extra["quality_gates"]`` the gates. The derived second shape of such an export
+        reuses the sample's real tokens (a quarter shorter, batch + 1) instead of random ids, so the
+        gates score inputs like the sample.
 
         Inputs holding a KV cache (the ``prefill`` and ``decode`` components of
         :meth:`export_for_generation`) get a second shape too: a prefill another batch and prompt
@@ -583,28 +1003,8 @@ class HfExporter(abc.ABC):
             ExportValidationError: an output differs beyond tolerance, or misses a quality gate
                 (the message names the metric, its value and the threshold).
         """
-        from hfexport.validation import derive_second_inputs, describe_second_shape
-
-        def check(run: Any, these: Mapping[str, Any], label: str) -> list[dict[str, Any]]:
-            return self.check_outputs(model, run, these, config, report=report, label=label)
-
-        with report.stage(Stage.VALIDATE, detail="sample inputs"):
-            run = self.runner(artifact)  # a runtime that refuses the artifact fails in this stage
-            report.validation["sample"] = check(run, inputs, "sample")
-        if not (getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True)):
-            return
-        if second_inputs is None:
-            # image sides the captured program holds static (ViT's image size) keep their size
-            second_inputs, reason = derive_second_inputs(
-                model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
-            )
-            if second_inputs is None:
-                report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
-                return
-        described = describe_second_shape(inputs, second_inputs)
-        report.extra["second_shape"] = described
-        with report.stage(Stage.VALIDATE_SECOND_SHAPE, detail=described["summary"]):
-            report.validation["second_shape"] = check(run, second_inputs, "second shape")
+        sets = self.reference_outputs(model, inputs, config, report, second_inputs=second_inputs)
+        self.compare(sets, model, config, report, artifact=artifact, extra=self.extra_runners(artifact, None))
 
     def check_outputs(
         self,
@@ -615,6 +1015,7 @@ class HfExporter(abc.ABC):
         *,
         report: ExportReport | None = None,
         label: str = "sample",
+        expected: Mapping[str, torch.Tensor] | None = None,
     ) -> list[dict[str, Any]]:
         """Compare one run of an artifact with the eager ``model`` on ``inputs``, as :meth:`validate` does.
 
@@ -623,19 +1024,22 @@ class HfExporter(abc.ABC):
         a reduced-precision or quantized artifact is always scored the same way.
 
         Args:
-            model: the eager model in float32 (the reference), flags applied as for the export.
+            model: the eager reference model (float32 for a float32 export; the model's own dtype
+                otherwise), flags applied as for the export.
             run: the backend runner (forward kwargs -> ``{output_name: tensor}``).
-            inputs: forward kwargs in float32 (``Cache`` objects or nested lists/dicts of cache
-                tensors included), as the eager model takes them.
-            config: the export's config. With ``config.dtype`` other than ``"float32"`` or a
-                ``config.quantization`` (:func:`hfexport.quality.quality_gates_for`), the artifact
-                gets a copy of ``inputs`` whose floating point tensors (KV caches, ``inputs_embeds``,
-                masks/biases in float) are cast to ``config.dtype`` (integer tensors such as ids,
-                masks and positions keep theirs) and is scored with the quality gates; otherwise it
-                gets ``inputs`` unchanged and is compared with allclose at ``config.atol``/``rtol``
-                (``None``: :meth:`default_tolerances`).
+            inputs: forward kwargs in the reference model's dtype (``Cache`` objects or nested
+                lists/dicts of cache tensors included), as the eager model takes them.
+            config: the export's config. When ``config.dtype`` differs from the reference model's
+                dtype or ``config.quantization`` is set (:func:`hfexport.quality.quality_gates_for`),
+                the artifact gets a copy of ``inputs`` whose floating point tensors (KV caches,
+                ``inputs_embeds``, masks/biases in float) are cast to ``config.dtype`` (integer
+                tensors such as ids, masks and positions keep theirs) and is scored with the quality
+                gates; otherwise it gets ``inputs`` unchanged and is compared with allclose at
+                ``config.atol``/``rtol`` (``None``: :meth:`default_tolerances`).
             report: when given, ``report.extra["quality_gates"]`` records the gates in force.
             label: name of the input set in messages (``"sample"``, ``"decode step"``).
+            expected: the eager outputs on ``inputs`` when already computed
+                (:meth:`reference_outputs`); ``None`` runs ``model`` here.
 
         Returns:
             The rows as dicts (:class:`hfexport.quality.OutputQuality` or
@@ -644,15 +1048,18 @@ class HfExporter(abc.ABC):
         Raises:
             ExportValidationError: an output differs beyond tolerance or misses a gate.
         """
+        from hfexport.precision import dtype_name, model_dtype
         from hfexport.quality import quality_gates_for, validate_quality
         from hfexport.validation import validate_artifact
 
-        gates = quality_gates_for(config)
+        gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:
             if report is not None:
                 report.extra["quality_gates"] = dict(gates)
-            dtype = str(getattr(config, "dtype", "float32") or "float32")
-            rows: list[Any] = validate_quality(model, run, inputs, gates=gates, dtype=dtype, label=label)
+            dtype = str(getattr(config, "dtype", None) or "float32")
+            rows: list[Any] = validate_quality(
+                model, run, inputs, gates=gates, dtype=dtype, label=label, expected=expected
+            )
         else:
             atol_default, rtol_default = self.default_tolerances(model)
             # a plugin's config need not have DynamoConfig's fields: absent ones take the defaults
@@ -665,6 +1072,7 @@ class HfExporter(abc.ABC):
                 atol=atol if atol is not None else atol_default,
                 rtol=rtol if rtol is not None else rtol_default,
                 label=label,
+                expected=expected,
             )
         return [r.to_dict() for r in rows]
 

@@ -34,6 +34,7 @@ __all__ = [
     "CHECKSUMS_NAME",
     "compute_checksums",
     "file_sha256",
+    "mark_written",
     "read_checksums",
     "verify_checksums",
     "verify_file",
@@ -181,6 +182,13 @@ def read_checksums(folder: str | os.PathLike[str]) -> dict[str, str] | None:
             )
         entries[_unescape(name) if escaped else name] = digest.lower()
     return entries
+
+
+def mark_written(folder: str | os.PathLike[str]) -> None:
+    """Record that this process wrote ``folder`` (an export's staging folder): loading its files
+    before their ``checksums.sha256`` exists logs no missing-checksums warning."""
+    with _lock:
+        _warned_folders.add(Path(folder).resolve())
 
 
 def _warn_no_checksums(folder: Path) -> None:

@@ -1,4 +1,15 @@
-"""Capture in a reduced compute dtype (``config.dtype``) without changing the user's model.
+"""The export dtype: which one an export computes in, and casting to it without changing the user's model.
+
+The dtype of an export is a decision (:class:`DtypeDecision`): ``config.dtype=None`` (auto) takes
+the checkpoint's dtype when the backend's runtime computes it well on CPU
+(``HfExporter.native_dtypes``) and the backend's first native dtype (float32) otherwise, e.g. a
+bfloat16 checkpoint exports to ONNX in float32, since ONNX Runtime's CPU provider has no bfloat16
+kernels; an explicit ``config.dtype`` is used as given (or refused before capture when the backend
+cannot run it). The *reference* the artifact is validated against is the eager model in float32
+when the export is float32 (a bfloat16 checkpoint is cast up for the export, exactly: every
+bfloat16 value is a float32 value), else the eager model in its own dtype: a bfloat16 program of
+a bfloat16 checkpoint is compared with the bfloat16 eager model, by quality gates
+(:mod:`hfexport.quality`), not by float32 tolerances.
 
 :func:`model_in_dtype` swaps every floating point parameter and buffer of the model for a cast
 copy (new ``Parameter`` objects, tied weights stay tied) for the ``with`` body and puts the
@@ -11,12 +22,115 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 
 import torch
 
 from hfexport.config import is_quality_gated  # the one rule; torch-free, so configs use it too
 
-__all__ = ["is_quality_gated", "model_in_dtype", "torch_dtype"]
+__all__ = [
+    "DtypeDecision",
+    "decide_dtype",
+    "is_quality_gated",
+    "model_dtype",
+    "model_in_dtype",
+    "torch_dtype",
+]
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype holding most of ``model``'s floating point parameters and buffers (by element
+    count; each shared tensor once), ``torch.float32`` for a model without any.
+
+    A checkpoint that keeps a few tensors in float32 beside bfloat16 weights (norms, router
+    weights) reads as bfloat16.
+    """
+    counts: dict[torch.dtype, int] = {}
+    seen: set[int] = set()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in seen and tensor.device.type != "meta":
+            seen.add(id(tensor))
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.numel()
+    return max(counts, key=counts.__getitem__) if counts else torch.float32
+
+
+def dtype_name(dtype: torch.dtype | str) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (a name is returned as is)."""
+    return dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class DtypeDecision:
+    """The dtypes of one export, as recorded in the report (``ExportReport.dtype``).
+
+    Attributes:
+        export: the dtype the artifact computes in (``"float32"`` ...).
+        model: the dtype of the model as given (:func:`model_dtype`; for a folder loaded by the
+            CLI, the checkpoint's dtype).
+        reference: the dtype of the eager model the artifact is compared with: ``"float32"`` for a
+            float32 export, else ``model``.
+        requested: ``config.dtype`` as given (``None``: auto).
+        reason: why ``export`` was chosen, for the report and the CLI line.
+    """
+
+    export: str
+    model: str
+    reference: str
+    requested: str | None
+    reason: str
+
+    @property
+    def upcasts(self) -> bool:
+        """True when the model is cast up to float32 for the export (and the reference)."""
+        return self.reference == "float32" and self.model != "float32"
+
+    @property
+    def gated(self) -> bool:
+        """True when the artifact computes in another dtype than its reference (quality gates)."""
+        return self.export != self.reference
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-safe fields plus ``upcasts`` and ``gated``."""
+        return {**asdict(self), "upcasts": self.upcasts, "gated": self.gated}
+
+    def summary(self) -> str:
+        """One line: ``float32 (checkpoint bfloat16; ONNX Runtime's CPU provider ...)``."""
+        if self.export == self.model:
+            return f"{self.export} (the checkpoint's; {self.reason})"
+        return f"{self.export} (checkpoint {self.model}; {self.reason})"
+
+
+def decide_dtype(
+    model: torch.nn.Module | torch.dtype | str,
+    requested: str | None,
+    native: tuple[str, ...],
+    runtime: str,
+) -> DtypeDecision:
+    """The dtype an export computes in, and its reference.
+
+    Args:
+        model: the model (its :func:`model_dtype` is used) or the checkpoint's dtype.
+        requested: ``config.dtype`` (``None``: auto).
+        native: the dtypes the backend's runtime computes well on CPU, preferred first
+            (``HfExporter.native_dtypes``); auto keeps a model dtype found here, else takes
+            ``native[0]``.
+        runtime: the runtime's name for the reason (``"ONNX Runtime's CPU provider"``).
+
+    Returns:
+        The :class:`DtypeDecision`.
+    """
+    current = dtype_name(model if isinstance(model, (torch.dtype, str)) else model_dtype(model))
+    if requested is not None:
+        export, reason = str(requested), "requested"
+    elif current in native:
+        export, reason = current, f"{runtime} computes {current}"
+    else:
+        export = native[0]
+        reason = f"{runtime} computes {' and '.join(native)} well here, not {current}"
+    reference = "float32" if export == "float32" else current
+    return DtypeDecision(
+        export=export, model=current, reference=reference, requested=requested, reason=reason
+    )
 
 
 def torch_dtype(name: str | torch.dtype) -> torch.dtype:

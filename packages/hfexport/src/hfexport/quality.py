@@ -104,12 +104,14 @@ def default_quality_gates(dtype: str = "float32", quantization: Any = None) -> d
     return {"cosine": 0.99, "top1_agreement": 0.98}
 
 
-def quality_gates_for(config: Any) -> dict[str, float] | None:
+def quality_gates_for(config: Any, reference: str | None = None) -> dict[str, float] | None:
     """The gates an export with ``config`` is validated with, or ``None`` for plain allclose.
 
-    Gated exports are those with ``config.dtype`` other than ``"float32"`` or a
-    ``config.quantization``; ``config.quality_gates`` overrides the defaults by metric name and may
-    add ``cosine_min`` / ``max_abs_diff``.
+    Gated exports are quantized ones (``config.quantization``) and those whose ``config.dtype``
+    differs from the dtype of their eager reference: ``reference`` (e.g. ``"bfloat16"`` for a
+    bfloat16 program of a bfloat16 model, which is compared by tolerances instead), or
+    ``"float32"`` when not given. ``config.quality_gates`` overrides the defaults by metric name and
+    may add ``cosine_min`` / ``max_abs_diff``.
 
     Raises:
         ValueError: ``quality_gates`` names a metric that does not exist (the message lists
@@ -124,9 +126,12 @@ def quality_gates_for(config: Any) -> dict[str, float] | None:
     for name, value in overrides.items():
         if name not in _UPPER_BOUND and not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"quality_gates[{name!r}]={value!r} is invalid; allowed: a float in [0, 1]")
+    dtype = str(getattr(config, "dtype", None) or "float32")
+    quantized = getattr(config, "quantization", None) is not None
+    if reference is not None and not quantized and dtype == reference:
+        return None
     if not is_quality_gated(config):
         return None
-    dtype = str(getattr(config, "dtype", "float32") or "float32")
     quantization = getattr(config, "quantization", None)
     gates = default_quality_gates(dtype, quantization)
     gates.update({k: float(v) for k, v in overrides.items()})
@@ -194,22 +199,61 @@ def _keep_mask(name: str, expected: torch.Tensor, attention_mask: torch.Tensor |
     return keep.expand(expected.shape[:-1])
 
 
-def _cosines(expected: torch.Tensor, actual: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Per-vector cosine similarities (float64, 1-D) over the last axis; both vectors ~0 -> 1."""
-    if expected.dim() <= 1:
-        expected, actual = expected.reshape(1, -1), actual.reshape(1, -1)
-    if keep is not None:
-        expected, actual = expected[keep], actual[keep]
-    else:
-        expected = expected.reshape(-1, expected.shape[-1])
-        actual = actual.reshape(-1, actual.shape[-1])
-    dot = (expected * actual).sum(-1)
-    norm_e = expected.norm(dim=-1)
-    norm_a = actual.norm(dim=-1)
+#: Elements scored at once by :func:`_vector_scores` (float64 chunks of 32 MB).
+_CHUNK = 1 << 22
+
+
+def _vector_scores(
+    expected: torch.Tensor, actual: torch.Tensor, keep: torch.Tensor | None, *, logits: bool
+) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+    """Per-vector cosines (float64, 1-D, the kept vectors), the max abs difference over elements
+    where neither side is NaN (``inf`` when the NaN counts differ), and for token logits the per-
+    vector arg-max agreement (bool, 1-D; else ``None``).
+
+    Vectors run along the last axis (a 0-D/1-D tensor is one vector); ``keep`` marks the vectors
+    that count (``expected.shape[:-1]``). Computed in float64 chunks of about :data:`_CHUNK`
+    elements, so a real LM's logits need no whole-tensor float64 copies. An artifact with NaNs
+    where eager has none scores cosine 0.
+    """
+    width = expected.shape[-1] if expected.dim() >= 2 else max(expected.numel(), 1)
+    e_rows = expected.reshape(-1, width)
+    a_rows = actual.reshape(-1, width)
+    k_rows = keep.reshape(-1) if keep is not None else None
+    step = max(1, _CHUNK // width)
+    cosines: list[torch.Tensor] = []
+    agrees: list[torch.Tensor] = []
+    max_abs = 0.0
+    nan_e = nan_a = 0
     tiny = 1e-12
-    cos = dot / (norm_e * norm_a).clamp_min(tiny)
-    both_zero = (norm_e <= tiny) & (norm_a <= tiny)
-    return torch.where(both_zero, torch.ones_like(cos), cos)
+    for start in range(0, e_rows.shape[0], step):
+        e = e_rows[start : start + step].double()
+        a = a_rows[start : start + step].double()
+        e_nan, a_nan = torch.isnan(e), torch.isnan(a)
+        nan_e += int(e_nan.sum())
+        nan_a += int(a_nan.sum())
+        finite = ~(e_nan | a_nan)
+        diff = (a - e).abs()[finite]
+        if diff.numel():
+            max_abs = max(max_abs, float(diff.max()))
+        if k_rows is not None:
+            k = k_rows[start : start + step]
+            e, a, a_nan_rows = e[k], a[k], a_nan[k].any(-1) & ~e_nan[k].any(-1)
+        else:
+            a_nan_rows = a_nan.any(-1) & ~e_nan.any(-1)
+        if logits:
+            agrees.append(e.argmax(-1) == a.argmax(-1))
+        e, a = torch.nan_to_num(e), torch.nan_to_num(a)
+        dot = (e * a).sum(-1)
+        norm_e, norm_a = e.norm(dim=-1), a.norm(dim=-1)
+        cos = dot / (norm_e * norm_a).clamp_min(tiny)
+        cos = torch.where((norm_e <= tiny) & (norm_a <= tiny), torch.ones_like(cos), cos)
+        cosines.append(torch.where(a_nan_rows, torch.zeros_like(cos), cos))
+    if nan_e != nan_a:
+        max_abs = math.inf
+    cos_all = torch.cat(cosines) if cosines else torch.zeros(0, dtype=torch.float64)
+    if nan_a and not nan_e:
+        cos_all = torch.zeros(1, dtype=torch.float64)  # NaNs where eager has none: no similarity
+    return cos_all, max_abs, (torch.cat(agrees) if logits else None)
 
 
 def _is_token_logits(name: str, tensor: torch.Tensor) -> bool:
@@ -264,22 +308,10 @@ def score_outputs(
                 )
             )  # fmt: skip
             continue
-        e64, g64 = exp_t.double(), got_t.double()
-        keep = _keep_mask(name, e64, attention_mask)
-        if torch.isnan(g64).any() and not torch.isnan(e64).any():
-            cos = torch.zeros(1, dtype=torch.float64)  # NaNs where eager has none: no similarity
-        else:
-            cos = _cosines(torch.nan_to_num(e64), torch.nan_to_num(g64), keep)
-        finite = ~(torch.isnan(e64) | torch.isnan(g64))
-        diff = (g64 - e64).abs()[finite]
-        max_abs = float(diff.max()) if diff.numel() else 0.0
-        if torch.isnan(g64).sum() != torch.isnan(e64).sum():
-            max_abs = math.inf
+        keep = _keep_mask(name, exp_t, attention_mask)
+        cos, max_abs, agree = _vector_scores(exp_t, got_t, keep, logits=_is_token_logits(name, exp_t))
         top1: float | None = None
-        if _is_token_logits(name, e64):
-            agree = e64.argmax(-1) == g64.argmax(-1)
-            if keep is not None:
-                agree = agree[keep]
+        if agree is not None:
             top1 = float(agree.double().mean()) if agree.numel() else 1.0
         row = OutputQuality(
             name,
@@ -371,8 +403,9 @@ def validate_quality(
     dtype: str | torch.dtype | None = None,
     label: str = "sample",
     raise_on_failure: bool = True,
+    expected: Mapping[str, torch.Tensor] | None = None,
 ) -> list[OutputQuality]:
-    """Run the fp32 eager ``model`` and the artifact on ``inputs`` and score every output.
+    """Run the eager reference ``model`` and the artifact on ``inputs`` and score every output.
 
     Args:
         model: the eager model **in float32** (the reference; the user's model after capture).
@@ -384,6 +417,7 @@ def validate_quality(
             inputs unchanged).
         label: name of this input set in messages (``"sample"``, ``"second shape"``).
         raise_on_failure: raise when a gate is missed.
+        expected: the eager outputs on ``inputs`` when already computed (``None``: run ``model``).
 
     Returns:
         The :class:`OutputQuality` rows.
@@ -395,10 +429,11 @@ def validate_quality(
     from hfexport.validation import eager_outputs
 
     torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    expected = eager_outputs(model, inputs)
+    if expected is None:
+        expected = eager_outputs(model, inputs)
     actual = run(_artifact_inputs(inputs, torch_dtype))
     mask = inputs.get("attention_mask") if isinstance(inputs.get("attention_mask"), torch.Tensor) else None
-    rows = score_outputs(expected, actual, gates=gates, attention_mask=mask)
+    rows = score_outputs(dict(expected), actual, gates=gates, attention_mask=mask)
     table = format_quality_table(
         rows,
         title=f"quality on {label} inputs vs fp32 eager "

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hfexport.errors import ExportStageError, HfExportError
+from hfexport.memory import current_rss_bytes, peak_rss_bytes
 
 __all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "ExportReport", "Stage", "StageRecord"]
 
@@ -23,9 +24,12 @@ __all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "ExportReport", "Stage", "StageReco
 class Stage(enum.StrEnum):
     """The stages every backend runs, named once so every ``export_report.json`` shares the keys.
 
-    In run order: ``prepare_inputs`` (base class: output flags, attention, preparers),
-    ``patches``, ``capture``, ``fx_program_fixes``, ``fx_node_fixes``, ``lower``, ``validate``,
-    ``validate_second_shape``, ``save`` (the last three by the base class). A backend records a
+    In run order: ``prepare_inputs`` (base class: output flags, attention, preparers, the cast to
+    the reference dtype), ``patches``, ``capture``, ``fx_program_fixes``, ``fx_node_fixes``,
+    ``lower``, ``reference`` (the eager outputs validation compares with, computed before the
+    runtime loads the artifact), ``save`` (when there is a path), ``load_artifact`` (the saved file
+    loaded in its runtime for validation), ``validate``, ``validate_second_shape`` (the last five
+    by the base class). A backend records a
     shared stage under exactly this name (members are ``str``, so ``report.stage(Stage.CAPTURE)``
     records ``"capture"``) and the names of the patches/fixes it applied there under the same key
     of ``report.applied``. Rules:
@@ -46,8 +50,8 @@ class Stage(enum.StrEnum):
       (ExecuTorch: ``prepare_backend``, ``dynamic_shapes``, ``memory_budget``,
       ``memory_planning``), recorded between the shared stages in run order.
 
-    ``validate_second_shape`` and ``save`` appear only when they apply (a dynamic export; an
-    ``output_path``); ``validate`` appears as skipped when ``config.validate`` is False.
+    ``validate_second_shape``, ``save`` and ``load_artifact`` appear only when they apply (a dynamic
+    export; an ``output_path``); ``validate`` appears as skipped when ``config.validate`` is False.
     """
 
     PREPARE_INPUTS = "prepare_inputs"
@@ -56,9 +60,11 @@ class Stage(enum.StrEnum):
     FX_PROGRAM_FIXES = "fx_program_fixes"
     FX_NODE_FIXES = "fx_node_fixes"
     LOWER = "lower"
+    REFERENCE = "reference"
+    SAVE = "save"
+    LOAD_ARTIFACT = "load_artifact"
     VALIDATE = "validate"
     VALIDATE_SECOND_SHAPE = "validate_second_shape"
-    SAVE = "save"
 
 
 #: the shared stage names in run order
@@ -81,7 +87,11 @@ _PASS_THROUGH = (HfExportError, ValueError, TypeError, ImportError, KeyboardInte
 
 @dataclass
 class StageRecord:
-    """One stage: ``status`` is ``"ok"``, ``"failed"`` or ``"skipped"``; ``seconds`` wall time."""
+    """One stage: ``status`` is ``"ok"``, ``"failed"`` or ``"skipped"``; ``seconds`` wall time;
+    ``rss_bytes`` the process's resident set size when the stage ended and ``peak_rss_bytes`` its
+    peak since the process started, read at the same moment (:mod:`hfexport.memory`): the stage
+    whose ``peak_rss_bytes`` exceeds the previous stage's raised the peak. ``None`` where the
+    platform does not tell."""
 
     name: str
     status: str = "ok"
@@ -89,6 +99,8 @@ class StageRecord:
     detail: str = ""
     error: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
+    peak_rss_bytes: int | None = None
+    rss_bytes: int | None = None
 
 
 @dataclass
@@ -104,6 +116,12 @@ class ExportReport:
         applied: patches and fixes that were applied, by kind.
         validation: per-output comparison rows, per validated input set.
         extra: backend-specific facts (e.g. XNNPACK delegation share, dynamic bounds).
+        dtype: the dtype decision (:class:`hfexport.precision.DtypeDecision` as a dict: ``export``,
+            ``model``, ``reference``, ``requested``, ``reason``, ``upcasts``, ``gated``), ``None``
+            before the export starts.
+        artifact_metadata: what ``HfExporter.component_metadata`` returned for the saved artifact
+            (``None`` when nothing was saved); the folder's ``export_report.json`` keeps it for
+            ``hfexport.load``.
     """
 
     export_format: str
@@ -114,6 +132,8 @@ class ExportReport:
     applied: dict[str, list[str]] = field(default_factory=dict)
     validation: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    dtype: dict[str, Any] | None = None
+    artifact_metadata: dict[str, Any] | None = None
     # called as callback(event, record) with event "start" or "end"; used by the CLI for progress
     callback: Any = field(default=None, repr=False, compare=False)
 
@@ -154,6 +174,8 @@ class ExportReport:
             ) from exc
         finally:
             record.seconds = round(time.perf_counter() - start, 4)
+            record.peak_rss_bytes = peak_rss_bytes()
+            record.rss_bytes = current_rss_bytes()
             if self.callback is not None:
                 self.callback("end", record)
 

@@ -34,6 +34,7 @@ from hfexport.tensors import get_leaf_tensors
 __all__ = [
     "TOKEN_VALUES",
     "OutputComparison",
+    "ValidationSet",
     "compare_outputs",
     "default_tolerances",
     "derive_second_inputs",
@@ -74,6 +75,31 @@ TOKEN_VALUES = ("auto", "sample", "random")
 def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
     """``(atol, rtol)`` for outputs of ``dtype``: fp32 ``(1e-4, 1e-3)``, fp16/bf16 ``(1e-2, 1e-2)``."""
     return _TOLERANCES.get(dtype, (1e-4, 1e-3))
+
+
+@dataclass
+class ValidationSet:
+    """One input set an export is validated on, with the eager model's outputs on it.
+
+    Attributes:
+        label: ``"sample"`` or ``"second shape"`` (messages and table titles).
+        stage: the report stage its comparison runs in (``validate`` / ``validate_second_shape``).
+        inputs: forward kwargs, in the eager reference's dtype.
+        detail: the stage detail (``"sample inputs"``, the second shape's summary).
+        expected: ``{leaf path: tensor}`` of the eager model on ``inputs`` (filled by
+            ``HfExporter.reference_outputs``).
+    """
+
+    label: str
+    stage: str
+    inputs: dict[str, Any]
+    detail: str = ""
+    expected: dict[str, torch.Tensor] | None = None
+
+    @property
+    def key(self) -> str:
+        """The ``report.validation`` key: the label with ``_`` for spaces (``second_shape``)."""
+        return self.label.replace(" ", "_")
 
 
 @dataclass
@@ -201,13 +227,9 @@ def compare_outputs(
                 )
             )
             continue
-        e64 = exp_t.double()
-        g64 = got_t.double()
-        keep = _valid_positions(name, e64, attention_mask)
-        if keep is not None:
-            e64 = e64[keep]
-            g64 = g64[keep]
-        if e64.numel() == 0:
+        keep = _valid_positions(name, exp_t, attention_mask)
+        stats = _float_diff(exp_t, got_t, keep, a_tol, r_tol)
+        if stats is None:  # every position is padding
             rows.append(
                 OutputComparison(
                     name,
@@ -223,13 +245,7 @@ def compare_outputs(
                 )
             )
             continue
-        nan_match = bool(torch.equal(torch.isnan(e64), torch.isnan(g64)))
-        finite = ~(torch.isnan(e64) | torch.isnan(g64))
-        abs_diff = (g64 - e64).abs()[finite]
-        rel_diff = abs_diff / (e64[finite].abs() + 1e-12)
-        max_abs = float(abs_diff.max()) if abs_diff.numel() else 0.0
-        max_rel = float(rel_diff.max()) if rel_diff.numel() else 0.0
-        ok = nan_match and bool(torch.allclose(g64[finite], e64[finite], atol=a_tol, rtol=r_tol))
+        max_abs, max_rel, ok, compared = stats
         rows.append(
             OutputComparison(
                 name,
@@ -241,10 +257,56 @@ def compare_outputs(
                 a_tol,
                 r_tol,
                 ok,
-                int(e64.numel()),
+                compared,
             )
         )
     return rows
+
+
+#: Elements compared at once by :func:`_float_diff` (float64 chunks of 32 MB): a real LM's logits
+#: (3 x 65 x 151936, 30M elements) are compared without whole-tensor float64 copies.
+_CHUNK = 1 << 22
+
+
+def _float_diff(
+    expected: torch.Tensor, actual: torch.Tensor, keep: torch.Tensor | None, atol: float, rtol: float
+) -> tuple[float, float, bool, int] | None:
+    """``(max abs diff, max rel diff, allclose, compared)`` of two same-shape float tensors over the
+    positions ``keep`` marks (all when ``None``), or ``None`` when no position is kept.
+
+    Computed in float64 chunks of :data:`_CHUNK` elements. ``allclose`` is ``torch.allclose``'s
+    rule (``|a - e| <= atol + rtol * |e|``, equal infinities agreeing) over the positions where
+    neither side is NaN, and NaNs must sit at the same positions; the differences skip NaN positions.
+    """
+    flat_e = expected.reshape(-1)
+    flat_a = actual.reshape(-1)
+    flat_k = keep.reshape(-1) if keep is not None else None
+    max_abs = max_rel = 0.0
+    ok = True
+    compared = 0
+    for start in range(0, flat_e.numel(), _CHUNK):
+        e = flat_e[start : start + _CHUNK].to(torch.float64, copy=True)  # in-place ops below
+        a = flat_a[start : start + _CHUNK].to(torch.float64, copy=True)
+        if flat_k is not None:
+            k = flat_k[start : start + _CHUNK]
+            e, a = e[k], a[k]
+        if e.numel() == 0:
+            continue
+        compared += e.numel()
+        e_nan, a_nan = torch.isnan(e), torch.isnan(a)
+        if not torch.equal(e_nan, a_nan):
+            ok = False
+        finite = ~(e_nan | a_nan)
+        if not bool(finite.all()):
+            e, a = e[finite], a[finite]
+        if e.numel() == 0:
+            continue
+        diff = torch.where(a == e, 0.0, (a - e).abs_())  # equal infinities differ by 0, as in allclose
+        e_abs = e.abs_()
+        max_abs = max(max_abs, float(diff.max()))
+        ok = ok and bool((diff <= atol + rtol * e_abs).all())
+        max_rel = max(max_rel, float((diff / (e_abs + 1e-12)).max()))
+    return None if compared == 0 else (max_abs, max_rel, ok, compared)
 
 
 def format_table(rows: list[OutputComparison], title: str = "") -> str:
@@ -1082,6 +1144,7 @@ def validate_artifact(
     rtol: float | None = None,
     label: str = "sample",
     raise_on_failure: bool = True,
+    expected: Mapping[str, torch.Tensor] | None = None,
 ) -> list[OutputComparison]:
     """Run the artifact and eager PyTorch on ``inputs`` and compare every output.
 
@@ -1092,6 +1155,7 @@ def validate_artifact(
         atol / rtol: tolerances (``None``: :func:`default_tolerances` per output dtype).
         label: name of this input set in messages (``"sample"``, ``"second shape"``).
         raise_on_failure: raise when any output is off.
+        expected: the eager outputs on ``inputs`` when already computed (``None``: run ``model``).
 
     Returns:
         The comparison rows.
@@ -1102,10 +1166,11 @@ def validate_artifact(
     """
     from hfexport.tensors import duplicate_leaf_tensors
 
-    expected = eager_outputs(model, inputs)
+    if expected is None:
+        expected = eager_outputs(model, inputs)
     actual = run(duplicate_leaf_tensors(dict(inputs)))
     mask = inputs.get("attention_mask") if isinstance(inputs.get("attention_mask"), torch.Tensor) else None
-    rows = compare_outputs(expected, actual, atol=atol, rtol=rtol, attention_mask=mask)
+    rows = compare_outputs(dict(expected), actual, atol=atol, rtol=rtol, attention_mask=mask)
     table = format_table(
         rows,
         title=f"validation on {label} inputs "

@@ -174,7 +174,7 @@ def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) 
     assert model.dtype == torch.float32
     for name in ("prefill", "decode"):
         report = parts.reports[name]
-        assert report.extra["dtype"] == dtype
+        assert report.dtype["export"] == dtype and report.dtype["gated"]
         assert report.extra["quality_gates"] == {"cosine": 0.99, "top1_agreement": 0.98}
         logits = next(r for r in report.validation["sample"] if r["name"] == "logits")
         assert logits["dtype"] == f"torch.{dtype}" and logits["ok"], (name, logits)
