@@ -670,6 +670,14 @@ def export_command(
             "on an encoder-only checkpoint); refused by default.",
         ),
     ] = False,
+    ignore_memory_estimate: Annotated[
+        bool,
+        typer.Option(
+            "--ignore-memory-estimate",
+            help="Export even when the estimated peak memory exceeds what the machine has available "
+            "(refused before loading by default).",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
     overwrite: Annotated[
         bool,
@@ -740,6 +748,12 @@ def export_command(
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         stage = "load_model"
         t0 = time.perf_counter()
+        from hfexport.errors import CheckpointError, InsufficientMemoryError
+
+        try:  # the dtype decision and the memory estimate, from the folder's files, before loading
+            load_dtype, decision = _plan_loading(exporter, config, model, ignore_memory_estimate)
+        except (CheckpointError, InsufficientMemoryError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="--model") from None
         with console.status(f"loading {model} ..."):
             from hfexport.cli_logging import quiet_progress_bars
             from hfexport.errors import UntrainedWeightsError
@@ -747,15 +761,20 @@ def export_command(
 
             quiet_progress_bars()
             try:
-                loaded = load_model(model, task, allow_untrained=allow_untrained)
+                loaded = load_model(model, task, allow_untrained=allow_untrained, dtype=load_dtype)
             except UntrainedWeightsError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--task") from None
+            except CheckpointError as exc:
+                raise typer.BadParameter(str(exc), param_hint="--model") from None
+        if decision is None:
+            decision = exporter.decide_dtype(loaded.model, config)
         console.print(
             f"[bold]loaded[/] {type(loaded.model).__name__} for {loaded.task} "
             f"({sum(p.numel() for p in loaded.model.parameters()) / 1e6:.1f}M parameters) "
             f"in {time.perf_counter() - t0:.1f}s; sample inputs "
             + ", ".join(f"{k}{list(v.shape)}" for k, v in loaded.inputs.items() if hasattr(v, "shape"))
         )
+        console.print(f"[bold]export dtype[/] {decision.summary()}")
 
         def progress(event: str, record: Any) -> None:
             nonlocal stage
@@ -831,15 +850,18 @@ def export_command(
                 )
             else:
                 component_files = None
-                artifact = exporter.export(loaded.model, loaded.inputs, config)
-                stage = "save"
-                exporter.save(artifact, exporter.artifact_path(staging))
-                reports = [exporter.last_report]
+                # saved before validation, which runs the saved file; the model's weights are
+                # released once the eager references exist (the runtime's copy is then the only one)
+                report = exporter.export_to_path(
+                    loaded.model, loaded.inputs, exporter.artifact_path(staging), config, release_model=True
+                )
+                report.dtype = decision.to_dict()  # decided from the checkpoint, before loading
+                reports = [report]
                 # what hfexport.load needs: the file and the backend's load_component metadata
                 report_dict = {
                     "artifact": {
                         "file": exporter.artifact_path(staging).name,
-                        "metadata": exporter.component_metadata(artifact),
+                        "metadata": report.artifact_metadata or {},
                     }
                 }
             for f in [] if layout is not None else loaded.files_to_copy:
@@ -860,6 +882,7 @@ def export_command(
                     "task": loaded.task,
                     "export_format": export_format,
                     "config": config.to_dict(),
+                    "dtype": decision.to_dict(),
                     "versions": {
                         d: installed_version(d)
                         for d in ("hfexport", exporter.package_name, *exporter.tested_versions)
@@ -905,6 +928,42 @@ def export_command(
         restore_cli_logging()
 
 
+def _plan_loading(
+    exporter: Any, config: Any, spec: str, ignore_memory_estimate: bool
+) -> tuple[str | None, Any]:
+    """The dtype to load a folder's weights in, and the export's dtype decision, from the folder's
+    files (``config.json``, the safetensors headers) before anything is loaded.
+
+    A float32 export loads the checkpoint in float32 (one copy of the weights, converted while
+    loading); an export in the checkpoint's own dtype loads it as it is; a reduced-precision export
+    of a float32 checkpoint loads it in float32 (the reference) and the capture casts a copy.
+    ``tiny:`` models are built in float32: ``(None, None)``, decided after loading.
+
+    Raises:
+        CheckpointError: a truncated ``.safetensors`` file.
+        InsufficientMemoryError: the estimated peak of the export exceeds the available memory
+            (unless ``ignore_memory_estimate``).
+    """
+    from hfexport.loading import check_safetensors, checkpoint_dtype, resolve_package_model
+    from hfexport.memory import available_bytes
+
+    if spec.startswith("tiny:"):
+        return None, None
+    try:
+        path = resolve_package_model(spec[4:]) if spec.startswith("pkg:") else Path(spec).expanduser()
+    except FileNotFoundError:
+        return None, None  # load_model says what is wrong with it
+    if not path.is_dir():
+        return None, None
+    checkpoint = checkpoint_dtype(path)
+    decision = exporter.decide_dtype(checkpoint, config)
+    load_dtype = decision.reference  # the eager reference's dtype: float32, or the checkpoint's
+    parameters = check_safetensors(path)
+    if parameters and not ignore_memory_estimate:
+        exporter.check_memory(parameters, decision, available_bytes())
+    return load_dtype, decision
+
+
 def _component_files(folder: Path, order: list[str]) -> dict[str, str]:
     """``{component: file name}`` from the generation manifest ``save_components`` wrote in
     ``folder``, in export ``order`` (prefill before decode)."""
@@ -930,7 +989,9 @@ def _size_change(
         than one component ``"components": {name: {"bytes", "ratio"}}`` (each component stores
         its own weights, so each one's ratio is what a runtime loads for it).
     """
-    plain = getattr(config, "dtype", "float32") == "float32" and getattr(config, "quantization", None) is None
+    plain = (
+        getattr(config, "dtype", None) in (None, "float32") and getattr(config, "quantization", None) is None
+    )
     if plain and getattr(config, "ort_fusions", None) is None:
         return None
     per_component = {

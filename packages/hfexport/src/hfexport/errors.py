@@ -7,9 +7,11 @@ Every error says what went wrong and what to do next. Most derive from a builtin
 from __future__ import annotations
 
 __all__ = [
+    "CheckpointError",
     "ExportStageError",
     "ExportValidationError",
     "HfExportError",
+    "InsufficientMemoryError",
     "IntegrityError",
     "MissingBackendError",
     "OutputDirectoryError",
@@ -38,6 +40,16 @@ class UntrainedWeightsError(HfExportError, ValueError):
     checkpoint gives a fresh LM head), so the export would compute meaningless outputs. The
     message names the missing parameters, the checkpoint's own architecture and the task that fits it.
     """
+
+
+class CheckpointError(HfExportError, ValueError):
+    """A checkpoint folder's weight files are damaged (a ``.safetensors`` file shorter than its
+    header says, or an unreadable header); the message names the file and says to download it again."""
+
+
+class InsufficientMemoryError(HfExportError, MemoryError):
+    """An export would need more memory than the machine has available, found before the weights
+    are loaded. The message gives the estimate, what is available and the options that lower it."""
 
 
 class MissingBackendError(HfExportError, ImportError):

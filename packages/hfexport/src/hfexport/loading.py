@@ -15,7 +15,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["TASK_AUTO_CLASSES", "LoadedModel", "infer_task", "load_model"]
+__all__ = [
+    "TASK_AUTO_CLASSES",
+    "LoadedModel",
+    "check_safetensors",
+    "checkpoint_dtype",
+    "infer_task",
+    "load_model",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -195,7 +202,126 @@ def _refuse_untrained(model: Any, info: dict[str, Any], config: Any, task: str, 
     )
 
 
-def load_model(spec: str, task: str = "auto", *, allow_untrained: bool = False) -> LoadedModel:
+_SAFETENSORS_DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}
+
+
+def checkpoint_dtype(path: str | os.PathLike[str]) -> str:
+    """The floating point dtype a checkpoint folder stores its weights in, without loading them.
+
+    Read from ``config.json`` (``dtype``, or ``torch_dtype`` as transformers 4 wrote it), else from
+    the header of the first ``*.safetensors`` file (the dtype of most of its floating point
+    elements), else ``"float32"``.
+
+    Args:
+        path: the model folder.
+
+    Returns:
+        ``"float32"``, ``"bfloat16"``, ``"float16"`` (or ``"float64"``).
+    """
+    import json
+
+    folder = Path(path)
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    for key in ("dtype", "torch_dtype"):
+        value = config.get(key) if isinstance(config, dict) else None
+        if isinstance(value, str) and value.removeprefix("torch.") in _SAFETENSORS_DTYPES.values():
+            return value.removeprefix("torch.")
+    counts: dict[str, int] = {}
+    for shard in sorted(folder.glob("*.safetensors"))[:1]:
+        for entry in _safetensors_header(shard).values():
+            if not isinstance(entry, dict) or entry.get("dtype") not in _SAFETENSORS_DTYPES:
+                continue
+            numel = 1
+            for size in entry.get("shape", []):
+                numel *= int(size)
+            name = _SAFETENSORS_DTYPES[entry["dtype"]]
+            counts[name] = counts.get(name, 0) + numel
+    return max(counts, key=counts.__getitem__) if counts else "float32"
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a ``.safetensors`` file (tensor name -> dtype, shape, offsets).
+
+    Raises:
+        hfexport.errors.CheckpointError: the file is shorter than its header says or the header is
+            not JSON (a truncated or corrupt download).
+    """
+    import json
+    import struct
+
+    from hfexport.errors import CheckpointError
+
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        raw = fh.read(8)
+        if len(raw) < 8:
+            raise CheckpointError(f"{path} is truncated ({size} bytes): download the checkpoint again")
+        (length,) = struct.unpack("<Q", raw)
+        if length > size - 8:
+            raise CheckpointError(
+                f"{path} is truncated: its header needs {length} bytes but the file holds {size - 8} after the "
+                "length field; download the checkpoint again"
+            )
+        try:
+            header = json.loads(fh.read(length))
+        except ValueError:
+            raise CheckpointError(
+                f"{path} has no valid safetensors header: download the checkpoint again"
+            ) from None
+    return header if isinstance(header, dict) else {}
+
+
+def check_safetensors(path: str | os.PathLike[str]) -> int:
+    """Check that every ``*.safetensors`` file of a folder holds the bytes its header promises.
+
+    A download cut short keeps a valid header but loses the end of the data, which
+    ``from_pretrained`` reports only as a raw ``safetensors`` error deep in loading.
+
+    Args:
+        path: the model folder.
+
+    Returns:
+        The number of parameters (elements of every tensor) the headers declare.
+
+    Raises:
+        hfexport.errors.CheckpointError: a file is truncated or its header unreadable; the message
+            names the file, the bytes expected and present, and says to download it again.
+    """
+    from hfexport.errors import CheckpointError
+
+    total = 0
+    for shard in sorted(Path(path).glob("*.safetensors")):
+        header = _safetensors_header(shard)
+        length = shard.stat().st_size
+        with open(shard, "rb") as fh:
+            import struct
+
+            (header_len,) = struct.unpack("<Q", fh.read(8))
+        end = 0
+        for name, entry in header.items():
+            if name == "__metadata__" or not isinstance(entry, dict):
+                continue
+            offsets = entry.get("data_offsets") or [0, 0]
+            end = max(end, int(offsets[1]))
+            numel = 1
+            for size in entry.get("shape", []):
+                numel *= int(size)
+            total += numel
+        needed = 8 + header_len + end
+        if length < needed:
+            raise CheckpointError(
+                f"{shard} is truncated: its tensors need {needed} bytes, the file has {length}; download the "
+                "checkpoint again"
+            )
+    return total
+
+
+def load_model(
+    spec: str, task: str = "auto", *, allow_untrained: bool = False, dtype: str | None = None
+) -> LoadedModel:
     """Load ``spec`` (a local folder or ``tiny:<model_type>``) for ``task`` with sample inputs.
 
     Args:
@@ -207,6 +333,8 @@ def load_model(spec: str, task: str = "auto", *, allow_untrained: bool = False) 
             or a task name from :data:`TASK_AUTO_CLASSES`.
         allow_untrained: load even when the checkpoint lacks weights of the task's class (they stay
             randomly initialized); by default that is refused.
+        dtype: the floating point dtype to load the weights in (``"float32"`` ...; converted while
+            loading, one copy); ``None`` keeps the checkpoint's (:func:`checkpoint_dtype`).
 
     Returns:
         A :class:`LoadedModel`. Sample inputs come from the folder's tokenizer (a padded batch of
@@ -220,6 +348,7 @@ def load_model(spec: str, task: str = "auto", *, allow_untrained: bool = False) 
             matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
             names the tasks it has.
         hfexport.testing.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
+        hfexport.errors.CheckpointError: (a ``ValueError``) a ``*.safetensors`` file is truncated.
         hfexport.errors.UntrainedWeightsError: (a ``ValueError``) the folder's checkpoint has no
             trained weights for some parameters of the task's class (e.g. ``text-generation`` on an
             encoder-only checkpoint: a fresh LM head); the message names them and the task that fits.
@@ -243,8 +372,13 @@ def load_model(spec: str, task: str = "auto", *, allow_untrained: bool = False) 
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     chosen = infer_task(config) if task == "auto" else task
     auto_cls = _auto_class(chosen)
+    check_safetensors(path)
     model, info = auto_cls.from_pretrained(
-        path, local_files_only=True, attn_implementation="sdpa", output_loading_info=True
+        path,
+        local_files_only=True,
+        attn_implementation="sdpa",
+        output_loading_info=True,
+        dtype=getattr(torch, dtype) if dtype else "auto",
     )
     model.eval()
     if not allow_untrained:
