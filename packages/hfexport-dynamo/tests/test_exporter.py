@@ -85,6 +85,7 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "fx_node_fixes",
         "lower",
         "flat_io",
+        "reference",
         "validate",
         "validate_second_shape",
     ]

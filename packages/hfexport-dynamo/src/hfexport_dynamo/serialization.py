@@ -124,7 +124,8 @@ def save(program: torch.export.ExportedProgram, path: str | os.PathLike[str]) ->
     with flat, _portable_sample_inputs(program) as dropped, atomic_path(target) as tmp:
         if dropped:
             logger.debug("sample inputs of %s hold objects weights-only loading refuses; not stored", target)
-        with open(tmp, "wb") as handle:
+        # each weight is written from its storage, not through two whole-tensor copies
+        with open(tmp, "wb") as handle, apply_patches(_patches.SAVE_KEY):
             torch.export.save(program, handle)
     return target
 

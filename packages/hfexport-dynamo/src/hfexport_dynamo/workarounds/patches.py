@@ -18,6 +18,12 @@ Under the scoped ``"dynamo.load"`` key (installed by :func:`hfexport_dynamo.load
 
 - :func:`fallback_warning_with_its_arguments`: torch's weights-only fallback warning is formatted
   with the arguments it has instead of raising inside logging.
+
+Under the scoped ``"dynamo.save"`` key (installed by :func:`hfexport_dynamo.save` around
+``torch.export.save``):
+
+- :func:`weights_written_from_their_storage`: each weight is written into the ``.pt2`` from its own
+  storage instead of through two whole-tensor copies.
 """
 
 from __future__ import annotations
@@ -28,10 +34,17 @@ from typing import Any
 from hfexport.registry import register_patch
 from hfexport.workarounds.moe import register_dense_experts
 
-__all__ = ["LOAD_KEY", "fallback_warning_with_its_arguments"]
+__all__ = [
+    "LOAD_KEY",
+    "SAVE_KEY",
+    "fallback_warning_with_its_arguments",
+    "weights_written_from_their_storage",
+]
 
 #: Registry key of the patches :func:`hfexport_dynamo.load` installs (a scope of ``"dynamo"``).
 LOAD_KEY = "dynamo.load"
+#: Registry key of the patches :func:`hfexport_dynamo.save` installs (a scope of ``"dynamo"``).
+SAVE_KEY = "dynamo.save"
 
 logger = logging.getLogger(__name__)
 
@@ -87,3 +100,63 @@ def fallback_warning_with_its_arguments(original: logging.Logger) -> Any:
     file is loaded with ``trust_remote_code=True`` and its sample inputs need full unpickling.
     """
     return _FallbackWarningLogger(original)
+
+
+# --------------------------------------------------------------------------------------------
+# Saving (installed by hfexport_dynamo.save around torch.export.save)
+# --------------------------------------------------------------------------------------------
+
+
+class _StorageRecord:
+    """A weight's CPU storage standing in for its ``bytes`` between torch's two archive helpers."""
+
+    def __init__(self, storage: Any) -> None:
+        self.storage = storage
+
+
+@register_patch(
+    SAVE_KEY,
+    "torch.export.pt2_archive._package._get_raw_tensor_bytes",
+    "torch.export.pt2_archive._package.PT2ArchiveWriter.write_bytes",
+    description=(
+        "write each weight of a .pt2 from its own storage: torch.export.save copies every weight into a "
+        "bytes object, which the archive writer's binding copies again"
+    ),
+    # no upstream issue found for torch.export.save; the same two copies were removed from AOTInductor's
+    # weight writing in pytorch/pytorch#180684
+    issue="https://github.com/pytorch/pytorch/pull/180684",
+    versions={"torch": ">=2.10"},
+)
+def weights_written_from_their_storage(original: Any) -> Any:
+    """Replace ``_get_raw_tensor_bytes`` and ``PT2ArchiveWriter.write_bytes`` while saving.
+
+    ``torch.export.save`` turns each weight into ``bytes`` (one copy of the tensor) and hands them
+    to ``PyTorchFileWriter.write_record``, whose binding takes a ``std::string`` (a second copy):
+    the peak of a save is the model plus twice its largest weight (Qwen3-0.6B: +1.23 GB over the
+    model, its 0.62 GB tied embedding twice). ``write_record`` also takes a storage and writes it
+    from its own memory: ``_get_raw_tensor_bytes`` returns the CPU tensor's storage instead of
+    bytes, and ``write_bytes`` passes such a storage on (anything else as before). Same archive,
+    byte for byte; measured: +0.0 GB over the model instead of +1.23 GB.
+    """
+    name = getattr(original, "__name__", "")
+    if name == "write_bytes":
+
+        def write_bytes(self: Any, archive_name: str, data: Any) -> None:
+            if isinstance(data, _StorageRecord):
+                self.archive_file.write_record(archive_name, data.storage, data.storage.nbytes())
+                return
+            original(self, archive_name, data)
+
+        write_bytes.__wrapped__ = original  # type: ignore[attr-defined]
+        return write_bytes
+
+    def raw_tensor_bytes(value: Any) -> Any:
+        import torch
+
+        plain = type(value) is torch.Tensor or isinstance(value, torch.nn.Parameter)  # not fake
+        if plain and value.device.type == "cpu" and value.untyped_storage().nbytes():
+            return _StorageRecord(value.untyped_storage())
+        return original(value)
+
+    raw_tensor_bytes.__wrapped__ = original  # type: ignore[attr-defined]
+    return raw_tensor_bytes
