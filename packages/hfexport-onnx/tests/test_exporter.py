@@ -35,9 +35,11 @@ EXPECTED_STAGES = [
     "ir_fixes",
     "optimize",
     "external_data",
+    "reference",
+    "save",  # saved into a staging folder, loaded from there, moved into place once validated
+    "load_artifact",
     "validate",
     "validate_second_shape",
-    "save",
 ]
 
 ISSUE = "https://github.com/pytorch/pytorch/issues/1"

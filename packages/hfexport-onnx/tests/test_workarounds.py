@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from transformers import PretrainedConfig
@@ -159,3 +161,60 @@ def test_runtime_assertions_dropped_before_translation_keeps_values_at_two_lengt
         expected = PlaceholderCheck()(prompt, features)
         assert got.shape == tuple(expected.shape)
         assert abs(torch.from_numpy(got) - expected).max() <= ATOL
+
+
+def test_the_exported_graph_is_freed_after_the_optimizer_ran(monkeypatch):
+    """onnxscript's module-level rewrite rules kept the last graph they matched (with every
+    initializer, i.e. the weights); with ``rewrite_rules_forget_the_graph`` the ONNX program is
+    freed as soon as the caller drops it."""
+    import gc
+    import weakref
+
+    from onnxscript.rewriter.rules import common
+
+    from hfexport.testing import tiny_model
+
+    # pytest keeps log records, and the constant folder's warnings carry exceptions whose frames
+    # hold the graph: silence that logger so only the code under test can keep the graph alive
+    monkeypatch.setattr(logging.getLogger("onnxscript.optimizer._constant_folding"), "disabled", True)
+    model, inputs = tiny_model("bert")
+    program = OnnxExporter().export(model, inputs, OnnxConfig(validate=False))
+    graph = weakref.ref(program.model.graph)
+    del program
+    gc.collect()
+    assert graph() is None
+    held = [
+        rule._matcher
+        for rule in vars(common).values()
+        if hasattr(rule, "_matcher") and getattr(rule._matcher, "_graph", None) is not None
+    ]
+    assert held == []  # no module-level rule holds a graph after the export
+
+
+def test_without_the_patch_a_rewrite_rule_keeps_the_graph():
+    """The behaviour the patch works around, so the test above would notice a no-op patch."""
+    import gc
+    import weakref
+
+    import onnx_ir as ir
+    from onnxscript.rewriter import _matcher, pattern
+
+    def target(op, x):
+        return op.Identity(x)
+
+    def replacement(op, x):
+        return op.Identity(x)
+
+    rule = pattern.RewriteRule(target, replacement)
+    graph_in = ir.val("x", ir.DataType.FLOAT, [2])
+    node = ir.node("Identity", [graph_in], num_outputs=1)
+    graph = ir.Graph([graph_in], node.outputs, nodes=[node], opset_imports={"": 18})
+    model = ir.Model(graph, ir_version=10)
+    matcher = rule._matcher
+    assert isinstance(matcher, _matcher.SimplePatternMatcher)
+    matcher.match(model, graph, node)
+    ref = weakref.ref(graph)
+    del model, graph, node, graph_in
+    gc.collect()
+    assert ref() is not None and matcher._graph is ref()  # the unpatched matcher still holds it
+    matcher._graph = None

@@ -4,7 +4,8 @@ Stages (each a method, each a line of the export report; the shared names are
 :class:`hfexport.report.Stage`, the ONNX-only ones :attr:`OnnxExporter.stages`):
 
 1. ``patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
-   installed (one ``apply_patches("onnx")`` block around capture and translation); patches of
+   installed (one ``apply_patches("onnx")`` block around capture, translation and the IR stages,
+   where the onnxscript optimizer and rewriters run); patches of
    ``torch``/``transformers`` are reported under the shared ``patches`` stage, patches of
    ``torch.onnx``, ``onnxscript``, ``onnx_ir``, ``onnx`` and ``onnxruntime`` under
    ``onnx_patches``;
@@ -195,6 +196,10 @@ class OnnxExporter(HfExporter):
     )
     #: float16 runs on ONNX Runtime's CPU provider; bfloat16 does not (no MatMul/Add kernels)
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16")
+    #: auto exports every checkpoint in float32: no bfloat16 kernels, and float16 MatMul/attention
+    #: run slower than float32 on the CPU provider (casts around the ops without fp16 kernels)
+    native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    runtime_name: ClassVar[str] = "ONNX Runtime's CPU provider"
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = QUANTIZATION_METHODS
 
     def __init__(self, config: Any = None, *, calibration_data: Any = None) -> None:
@@ -219,8 +224,8 @@ class OnnxExporter(HfExporter):
         Raises:
             ValueError: any of those, naming what is allowed.
         """
-        dtype = getattr(config, "dtype", "float32")
-        if dtype not in self.supported_dtypes:
+        dtype = getattr(config, "dtype", None)
+        if dtype is not None and dtype not in self.supported_dtypes:
             import onnxruntime as ort
 
             raise ValueError(
@@ -252,7 +257,7 @@ class OnnxExporter(HfExporter):
                     f"quantization.group_size={quantization.group_size} is not a MatMulNBits block size "
                     f"(ONNX Runtime's blockwise quantizer); allowed: {', '.join(map(str, INT4_BLOCK_SIZES))}"
                 )
-        if quantization is not None and dtype != "float32":
+        if quantization is not None and dtype not in (None, "float32"):
             raise ValueError(
                 f"ONNX Runtime quantizes float32 graphs; dtype={dtype!r} with quantization "
                 f"{config.quantization.method!r} is not allowed: use dtype='float32' (allowed: float32)"
@@ -278,16 +283,15 @@ class OnnxExporter(HfExporter):
         """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
         calibration = self.calibration_batches(model, inputs, config)  # bad keys fail before capture
         report.extra["eager_weights_bytes"] = _eager_float32_bytes(model)
-        # the shared "lower" stage spans translation (under the patches) and the IR stages after
-        # the patches are restored, hence its own exit stack, entered inside the patches' one
-        with contextlib.ExitStack() as lowering:
-            with contextlib.ExitStack() as stack:
-                self.install_patches(stack, report)
-                program = self.capture_program(model, inputs, config, report)
-                self.apply_fx_fixes(program, report)
-                lowering.enter_context(report.stage(Stage.LOWER, detail="torch.onnx.export"))
-                table = self.translation_table(report)
-                onnx_program = self.translate(program, config, table, report)
+        # the patches stay installed through the IR stages too (the onnxscript optimizer and
+        # rewriters run there); the shared "lower" stage spans translation and the IR stages
+        with contextlib.ExitStack() as stack:
+            self.install_patches(stack, report)
+            program = self.capture_program(model, inputs, config, report)
+            self.apply_fx_fixes(program, report)
+            stack.enter_context(report.stage(Stage.LOWER, detail="torch.onnx.export"))
+            table = self.translation_table(report)
+            onnx_program = self.translate(program, config, table, report)
             self.name_io(onnx_program, program, config, report)
             self.fix_ir(onnx_program, report)
             self.optimize(onnx_program, config, report)
