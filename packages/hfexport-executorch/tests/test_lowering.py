@@ -69,8 +69,8 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
         "capture",
         "fx_program_fixes",
         "fx_node_fixes",
+        "memory_budget",  # before lowering: the delegates are lowered with the narrowed bounds
         "lower",
-        "memory_budget",
         "memory_planning",
         "validate",
     ]

@@ -461,3 +461,38 @@ def test_xnnpack_pattern_graphs_hold_the_ops_the_skip_table_requires():
                 name,
                 _edge_op_names(pattern.graph),
             )
+
+
+def test_a_dropped_program_frees_its_delegates_and_weights(tmp_path):
+    """After an export, nothing of ExecuTorch's or torch's module state keeps the lowered program:
+    the partition logger (``partition_log_keeps_no_node``), the node-comparison cache
+    (``node_comparison_cache_per_export``) and the shape environments' caches
+    (:func:`hfexport.capture.release_shape_env_caches`) each held the lowered modules, with their
+    partitions' weights, for the rest of the process."""
+    import gc
+    import weakref
+
+    from hfexport.testing import tiny_model
+    from hfexport_executorch import ExecutorchExporter
+
+    model, inputs = tiny_model("qwen3")
+    program = ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True, validate=False))
+    delegates = [
+        weakref.ref(m)
+        for m in program.exported_program().graph_module.modules()
+        if type(m).__name__ == "LoweredBackendModule"
+    ]
+    assert len(delegates) >= 3
+    del program
+    gc.collect()
+    assert [ref for ref in delegates if ref() is not None] == []
+    # what export_to_path relies on: the program is freed before the runtime loads the saved file
+    report = ExecutorchExporter().export_to_path(
+        model, inputs, tmp_path / "model.pte", ExecutorchConfig(dynamic=True)
+    )
+    assert [s.name for s in report.stages][-4:] == [
+        "save",
+        "load_artifact",
+        "validate",
+        "validate_second_shape",
+    ]

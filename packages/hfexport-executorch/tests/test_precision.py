@@ -95,7 +95,7 @@ def test_minilm_float16_passes_its_cosine_gate_in_the_executorch_runtime():
     exporter = ExecutorchExporter()
     exporter.export(minilm.model, minilm.inputs, ExecutorchConfig(dynamic=True, dtype="float16"))
     report = exporter.last_report
-    assert report.extra["dtype"] == "float16"
+    assert report.dtype["export"] == "float16" and report.dtype["reference"] == "float32"
     assert FIX in report.applied["fx_node_fixes"]
     for name in ("last_hidden_state", "pooler_output"):
         row = _row(report, name)

@@ -41,9 +41,11 @@ gives every dynamic dimension a finite bound, in two steps:
    given; a named ``Dim`` without ``max`` is bounded after capture by the program fix
    ``bound_unbounded_dynamic_ranges`` with the same role rule.
 
-2. **After lowering** (:func:`fit_memory_budget`): the peak of live activation bytes is estimated
-   from the lowered graph (what memory planning will lay out) at the upper bounds
-   (:func:`estimate_peak_bytes`). While it exceeds
+2. **After capture, before lowering** (:func:`fit_memory_budget`): the peak of live activation
+   bytes is estimated from the captured graph at the upper bounds (:func:`estimate_peak_bytes`;
+   every activation counts, also those a delegate will compute: the XNNPACK runtime sizes its
+   workspace from the upper bounds the delegate was lowered with, so narrowing after lowering
+   would bound the planned arena only). While it exceeds
    the budget (``config.max_dynamic_bytes``, default :data:`DEFAULT_MAX_DYNAMIC_BYTES`), bounds
    that hfexport chose (never the user's explicit ``max``) are halved: sequence-like axes first,
    down to ``min(SEQUENCE_FLOOR, their bound)``; then batch axes down to

@@ -13,10 +13,11 @@ Stages (each a function, each a line of the export report):
 4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
 5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
 6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
-7. ``lower``: ``to_edge_transform_and_lower`` with the partitioner; the delegated share goes to
+7. ``memory_budget``: :func:`hfexport_executorch.bounds.fit_memory_budget` narrows the bounds of
+   the captured program until its estimated activation peak fits ``config.max_dynamic_bytes``
+   (before lowering, so the delegates are lowered with the narrowed bounds too);
+8. ``lower``: ``to_edge_transform_and_lower`` with the partitioner; the delegated share goes to
    ``report.extra["delegation"]``;
-8. ``memory_budget``: :func:`hfexport_executorch.bounds.fit_memory_budget` narrows the bounds of
-   the lowered program until its estimated activation peak fits ``config.max_dynamic_bytes``;
 9. ``memory_planning``: ``to_executorch`` with a ``MemoryPlanningPass`` honouring
    ``alloc_graph_input``, ``alloc_graph_output`` and ``alloc_mutable_buffers``.
 
@@ -104,6 +105,10 @@ class ExecutorchExporter(HfExporter):
     #: fp32 eager); bf16, which lowers and runs but entirely on portable kernels (XNNPACK claims no
     #: bf16 node here): correct (top-1 0.996) and slower; ``report.extra["delegation"]`` shows it.
     supported_dtypes: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: auto exports every checkpoint in float32: XNNPACK delegates float32 (and float16, slower
+    #: than float32 on CPUs without native fp16 arithmetic); bfloat16 runs on portable kernels only
+    native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    runtime_name: ClassVar[str] = "ExecuTorch's XNNPACK delegate"
     #: see :mod:`hfexport_executorch.quantize` (``embedding_bits`` combines with any of them).
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = dict(_quantize_methods)
 
@@ -116,7 +121,7 @@ class ExecutorchExporter(HfExporter):
         quantization = getattr(config, "quantization", None)
         super().check_precision(config)
         backend = getattr(config, "backend", "xnnpack")
-        dtype = getattr(config, "dtype", "float32")
+        dtype = getattr(config, "dtype", None)
         if quantization is not None and quantization.method in WEIGHT_ONLY_METHODS and dtype == "bfloat16":
             raise ValueError(
                 f"quantization method {quantization.method!r} runs on quantized_decomposed::mixed_linear, "
@@ -187,21 +192,17 @@ class ExecutorchExporter(HfExporter):
             with report.stage(Stage.FX_NODE_FIXES):
                 applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
                 report.record_applied(Stage.FX_NODE_FIXES, applied)
-            with report.stage(Stage.LOWER, detail=plan.delegate_id), _size_oblivious_if_image_sides(report):
-                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
-                report.extra["delegation"] = delegation_summary(edge)
-                if quantization is not None:
-                    from hfexport_executorch.quantize import quantized_op_counts
-
-                    report.extra["quantization"]["ops"] = quantized_op_counts(edge)
+            # the bounds are fitted to the budget on the captured program, before lowering: a
+            # delegate serializes the upper bounds it is lowered with and the XNNPACK runtime sizes
+            # its workspace from them (Qwen3-0.6B's 40960 positions: 16 GB at the first run of a
+            # 2x11 input when the bounds were narrowed after lowering, for the planner only)
             with report.stage("memory_budget"):
-                edge_program = edge.exported_program()
-                symbols = bounds.collect_symbols(edge_program, trace_inputs, dynamic)
+                symbols = bounds.collect_symbols(program, trace_inputs, dynamic)
                 for info in symbols:
                     if str(info.symbol) in bounded_by_fix:
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
                 budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
-                outcome = bounds.fit_memory_budget(edge_program, symbols, budget)
+                outcome = bounds.fit_memory_budget(program, symbols, budget)
                 report.extra["dynamic_bounds"] = _bounds_report(symbols, dynamic)
                 report.extra["memory_budget"] = {
                     "budget_bytes": outcome.budget,
@@ -210,6 +211,13 @@ class ExecutorchExporter(HfExporter):
                     "narrowed": {k: list(v) for k, v in outcome.narrowed.items()},
                     "fits": outcome.fits,
                 }
+            with report.stage(Stage.LOWER, detail=plan.delegate_id), _size_oblivious_if_image_sides(report):
+                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
+                report.extra["delegation"] = delegation_summary(edge)
+                if quantization is not None:
+                    from hfexport_executorch.quantize import quantized_op_counts
+
+                    report.extra["quantization"]["ops"] = quantized_op_counts(edge)
             with report.stage("memory_planning"):
                 fuse = quantization is not None and quantization.embedding_bits is not None
                 manager = plan_memory(edge, config, quant_fusion=fuse)
@@ -241,46 +249,36 @@ class ExecutorchExporter(HfExporter):
             artifact, required_backend=getattr(artifact, _RUNTIME_BACKEND_ATTR, None)
         )
 
-    def validate(
-        self,
-        artifact: Any,
-        model: torch.nn.Module,
-        inputs: Mapping[str, Any],
-        config: Any,
-        report: ExportReport,
-        *,
-        second_inputs: Mapping[str, Any] | None = None,
-    ) -> None:
-        """Core validation (:meth:`hfexport.exporter.HfExporter.validate`) in the ExecuTorch runtime.
+    def second_shape_inputs(
+        self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any, report: ExportReport
+    ) -> tuple[dict[str, Any] | None, str]:
+        """The core's second shape (:meth:`hfexport.exporter.HfExporter.second_shape_inputs`) cut
+        down to what the program accepts.
 
         The derived second shape (batch + 1, a sequence of at least 65 tokens; for a quantized or
-        reduced-precision export the sample's own tokens, a quarter shorter) is cut down to what
-        the program accepts: a dynamic axis to its upper bound (an explicit ``Dim(max=32)`` for
-        instance), an axis the export left static to its sample size. Beyond that a program is not
-        meant to run (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses). Inputs
-        holding a KV cache (generation components) are derived inside the planned bounds instead
+        reduced-precision export the sample's own tokens, a quarter shorter) is cut to the planned
+        bounds: a dynamic axis to its upper bound (an explicit ``Dim(max=32)`` for instance), an axis
+        the export left static to its sample size. Beyond that a program is not meant to run
+        (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses). Inputs holding a KV cache
+        (generation components) are derived inside the planned bounds instead
         (``report.extra["dynamic_bounds"]``, cache leaves included) and not cut afterwards, which
         would part the mask from the cache length.
-
-        Raises:
-            ExportValidationError: an output differs from eager PyTorch beyond tolerance.
         """
-        if second_inputs is None and config.is_dynamic and config.validate_second_shape:
-            from transformers.cache_utils import Cache
+        from transformers.cache_utils import Cache
 
-            from hfexport.validation import derive_second_inputs
+        from hfexport.validation import derive_second_inputs
 
-            program_axes = list(report.extra.get("dynamic_axes") or [])
-            planned = report.extra.get("dynamic_bounds") or {}
-            with_cache = any(isinstance(v, Cache) for v in inputs.values())
-            if with_cache:
-                # the mask, the positions and the cache must stay consistent: the derivation keeps
-                # every axis inside the planned bounds (cache leaves included) instead of a cut after
-                program_axes += [dict(a, status="dynamic") for a in planned.get("axes", [])]
-            derived, _ = derive_second_inputs(model, inputs, config=config, program_axes=program_axes)
-            if derived is not None:
-                second_inputs = derived if with_cache else _fit_to_bounds(derived, inputs, planned)
-        super().validate(artifact, model, inputs, config, report, second_inputs=second_inputs)
+        program_axes = list(report.extra.get("dynamic_axes") or [])
+        planned = report.extra.get("dynamic_bounds") or {}
+        with_cache = any(isinstance(v, Cache) for v in inputs.values())
+        if with_cache:
+            # the mask, the positions and the cache must stay consistent: the derivation keeps
+            # every axis inside the planned bounds (cache leaves included) instead of a cut after
+            program_axes += [dict(a, status="dynamic") for a in planned.get("axes", [])]
+        derived, reason = derive_second_inputs(model, inputs, config=config, program_axes=program_axes)
+        if derived is None:
+            return None, reason
+        return (derived if with_cache else _fit_to_bounds(derived, inputs, planned)), ""
 
     # -- generation hooks (HfExporter's contract; helpers in hfexport_executorch.generation) -----
     def prepare_component(
