@@ -162,6 +162,10 @@ class OpenvinoExporter(HfExporter):
     supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "openvino_model.xml"
     stages: ClassVar[tuple[str, ...]] = ("decompose", "convert", "io_names")
+    #: auto exports every checkpoint in float32 (the IR may store its weights in fp16,
+    #: ``compress_to_fp16``; the precision the CPU plugin computes in is the compile hint)
+    native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    runtime_name: ClassVar[str] = "OpenVINO's CPU plugin (f32 hint)"
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OpenvinoConfig:
@@ -257,19 +261,11 @@ class OpenvinoExporter(HfExporter):
 
     # -- runtime, tolerances, save, load ---------------------------------------------------------
     def _device_settings(self) -> tuple[str, str | None]:
-        config = self.config if isinstance(self.config, OpenvinoConfig) else None
-        last = getattr(self, "_active_config", None) or config
-        return (last.device, last.inference_precision_hint) if last is not None else ("CPU", None)
-
-    def validate(
-        self, artifact: Any, model: Any, inputs: Any, config: Any, report: Any, **kwargs: Any
-    ) -> None:
-        """The base class validation, compiled on ``config.device`` with its precision hint."""
-        self._active_config = config
-        try:
-            super().validate(artifact, model, inputs, config, report, **kwargs)
-        finally:
-            self._active_config = None
+        """Device and precision hint of the export running now (validation compiles with them),
+        else of the exporter's own config, else ``("CPU", None)``."""
+        active = self.active_config if isinstance(self.active_config, OpenvinoConfig) else None
+        config = active or (self.config if isinstance(self.config, OpenvinoConfig) else None)
+        return (config.device, config.inference_precision_hint) if config is not None else ("CPU", None)
 
     def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
         """An :class:`~hfexport_openvino.runtime.OpenvinoRunner` over ``artifact``.
