@@ -246,19 +246,22 @@ def check_smollm2_generation(
     inputs: Mapping[str, Any],
     *,
     max_new_tokens: int = 12,
-    atol: float | None = REAL_WEIGHTS_ATOL,
+    atol: float = REAL_WEIGHTS_ATOL,
+    generation_config: Any = None,
 ) -> Any:
     """Greedy generation over SmolLM2's exported components: the tokens of ``model.generate``,
     starting with :data:`SMOLLM2_ANSWER`.
 
     Args:
-        runner: a runner over the exported components (``generate(input_ids, attention_mask,
-            max_new_tokens=...)``; :class:`hfexport.generation.GenerationRunner` or a backend's).
+        runner: a runner over the exported components: ``generate(input_ids, attention_mask,
+            max_new_tokens=...)`` and the per-step logits of its last run in ``last_logits``
+            (:class:`hfexport.generation.GenerationRunner` has both).
         model, tokenizer, inputs: what :func:`load_smollm2` returned.
         max_new_tokens: new tokens to compare (all of them are generated: SmolLM2 says no eos
             within the first 12).
-        atol: the largest logit difference allowed at every step, or ``None`` for a runner that
-            does not record its logits (``last_logits``): then the tokens alone are compared.
+        atol: the largest logit difference allowed at every step.
+        generation_config: the ``GenerationConfig`` the components were exported with (a static
+            cache, :func:`generation_config_for`), for the reference run too.
 
     Returns:
         The :class:`hfexport.generation.GenerationParity`.
@@ -269,10 +272,10 @@ def check_smollm2_generation(
     """
     from hfexport.generation import compare_with_generate
 
-    parity = compare_with_generate(runner, model, inputs, max_new_tokens=max_new_tokens)
-    if atol is not None:
-        parity.check(atol)
-    assert parity.tokens_equal, (parity.sequences.tolist(), parity.reference.tolist())
+    parity = compare_with_generate(
+        runner, model, inputs, max_new_tokens=max_new_tokens, generation_config=generation_config
+    )
+    parity.check(atol)
     prompt_length = inputs["input_ids"].shape[1]
     new = parity.sequences[0, prompt_length:].tolist()
     assert len(new) == max_new_tokens, (new, max_new_tokens)
