@@ -444,13 +444,7 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     target.parent.mkdir(parents=True, exist_ok=True)
     if _clean_stale(target):
         check_output_dir(path, overwrite=overwrite)
-    while True:
-        staging = _sibling_name(target, "staging")
-        try:
-            os.mkdir(staging)
-            break
-        except FileExistsError:
-            continue
+    staging = _make_staging(target)
     try:
         yield staging
         _fsync_tree(staging)
@@ -462,6 +456,17 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _make_staging(target: Path) -> Path:
+    """Create and return an empty staging folder beside ``target`` (a fresh random name)."""
+    while True:
+        staging = _sibling_name(target, "staging")
+        try:
+            os.mkdir(staging)
+            return staging
+        except FileExistsError:
+            continue
 
 
 def _cwd_inside(target: Path) -> str | None:
@@ -500,13 +505,7 @@ def atomic_new_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise FileExistsError(errno.EEXIST, "exists and is not a folder; remove it", os.fspath(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(target)
-    while True:
-        staging = _sibling_name(target, "staging")
-        try:
-            os.mkdir(staging)
-            break
-        except FileExistsError:
-            continue
+    staging = _make_staging(target)
     try:
         yield staging
         _fsync_tree(staging)
