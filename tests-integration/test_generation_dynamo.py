@@ -6,7 +6,9 @@ case C12 (a padded encoder batch): 20 greedy tokens from the exported components
 ``model.generate(do_sample=False)`` with a dynamic and with a static cache, and every step's
 logits are within atol 1e-4. Decoders export ``prefill`` and a multi-token ``decode`` graph; with
 a static cache the runner also prefills through the decode graph, and the ``StaticCache`` handed
-to the decode graph is updated in place.
+to the decode graph is updated in place. On real weights (``extended``), SmolLM2-135M-Instruct's
+prefill and decode programs continue "The capital of France is" with the 12 tokens of
+``model.generate`` (" Paris." first).
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
+from hfexport.testing.generation import (
+    check_decoder_second_shapes,
+    check_smollm2_generation,
+    generation_config_for,
+    worst_validation,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -76,6 +83,21 @@ def test_decoder_generation_matches_generate(model_type, cache):
             through_decode, model, inputs, max_new_tokens=NEW_TOKENS, generation_config=config
         ).check(ATOL)
     print(f"{model_type} {cache}: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
+
+
+@pytest.mark.extended
+def test_smollm2_real_weights_generate_like_generate(smollm2):
+    model, tokenizer, inputs = smollm2
+    exporter = _exporter()
+    start = time.perf_counter()
+    parts = exporter.export_for_generation(model, inputs, DynamoConfig(dynamic=True), multi_token_decode=True)
+    seconds = time.perf_counter() - start
+    assert list(parts) == ["prefill", "decode"]
+    assert {"decode.decode_q1", "decode.decode_q4"} <= set(worst_validation(parts))
+    check_decoder_second_shapes(parts, past_length=(5, 11))
+    runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
+    parity = check_smollm2_generation(runner, model, tokenizer, inputs, max_new_tokens=12)
+    print(f"smollm2 dynamo: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
 
 
 def test_gemma2_window_is_smaller_than_the_generated_length_and_matters():

@@ -7,7 +7,8 @@ cache one multi-token ``decode`` graph that also serves the prefill on a zeroed 
 components take the cache and return the updated one: the runtime does not write mutated inputs
 back). 20 greedy tokens equal ``model.generate(do_sample=False)`` and every step's logits are within
 atol 1e-4. Qwen2-VL with one image (case C04) and the padded T5 batch (case C12) export all their
-components.
+components. On real weights (``extended``), SmolLM2-135M-Instruct's static-cache decode program
+continues "The capital of France is" with the 12 tokens of ``model.generate`` (" Paris." first).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
+from hfexport.testing.generation import (
+    check_decoder_second_shapes,
+    check_smollm2_generation,
+    generation_config_for,
+    worst_validation,
+)
 
 pytestmark = [pytest.mark.integration]
 
@@ -110,6 +116,31 @@ def test_decoder_generation_matches_generate(exporter, model_type, cache, tmp_pa
             generate_from_dir(tmp_path, prompt, max_new_tokens=NEW_TOKENS) == want[0, len(prompt) :].tolist()
         )
     print(f"{model_type} {cache}: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
+
+
+@pytest.mark.slow
+@pytest.mark.extended
+def test_smollm2_real_weights_generate_like_generate(exporter, smollm2):
+    # one static-cache decode program (it also prefills, on a zeroed cache): one XNNPACK lowering
+    model, tokenizer, inputs = smollm2
+    config = generation_config_for("static")
+    start = time.perf_counter()
+    parts = exporter.export_for_generation(
+        model,
+        inputs,
+        ExecutorchConfig(dynamic=True),
+        generation_config=config,
+        multi_token_decode=True,
+        components=["decode"],
+    )
+    seconds = time.perf_counter() - start
+    assert {"decode.decode_q1", "decode.decode_q4"} <= set(worst_validation(parts))
+    check_decoder_second_shapes(parts, past_length=(5, 11), static_cache_len=32)
+    runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
+    parity = check_smollm2_generation(
+        runner, model, tokenizer, inputs, max_new_tokens=12, generation_config=config
+    )
+    print(f"smollm2 executorch: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
 
 
 @pytest.mark.slow

@@ -6,6 +6,8 @@ prefill (on a growing cache of 0 positions, or a zeroed static cache): 20 greedy
 ``model.generate(do_sample=False)`` and every step's logits are within atol 1e-4. Llama is also
 exported with its ``prefill`` graph and run again from the saved folder (``generate_from_dir``);
 Qwen2-VL with one image (case C04) and the padded T5 batch (case C12) export all their components.
+On real weights, SmolLM2-135M-Instruct's one decode graph continues "The capital of France is" with
+the 12 tokens of ``model.generate`` (" Paris." first).
 """
 
 from __future__ import annotations
@@ -26,7 +28,12 @@ from hfexport.generation import (
     save_components,
 )
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import check_decoder_second_shapes, generation_config_for, worst_validation
+from hfexport.testing.generation import (
+    check_decoder_second_shapes,
+    check_smollm2_generation,
+    generation_config_for,
+    worst_validation,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -69,6 +76,24 @@ def test_one_decode_graph_generates_like_generate(exporter, model_type, cache):
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=NEW_TOKENS, generation_config=config)
     parity.check(ATOL)
     print(f"{model_type} {cache}: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
+
+
+def test_smollm2_real_weights_one_decode_graph_generates_like_generate(exporter, smollm2):
+    # the default run's one real-weights export (about 2.5 min on 2 cores): the multi-token decode
+    # graph also serves the prefill; dynamo, ExecuTorch and OpenVINO run it under `extended`
+    model, tokenizer, inputs = smollm2
+    start = time.perf_counter()
+    parts = exporter.export_for_generation(
+        model, inputs, OnnxConfig(dynamic=True), multi_token_decode=True, components=["decode"]
+    )
+    seconds = time.perf_counter() - start
+    worst = worst_validation(parts)
+    assert {"decode.decode_q1", "decode.decode_q4", "decode.decode_prefill_empty_cache"} <= set(worst)
+    check_decoder_second_shapes(parts, past_length=(5, 11))  # the 5-token prompt's cache, then 11
+    runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
+    assert runner.prefill_with_decode
+    parity = check_smollm2_generation(runner, model, tokenizer, inputs, max_new_tokens=12)
+    print(f"smollm2 onnx: export {seconds:.1f}s, max logit diff {parity.max_logit_diff:.2e}")
 
 
 def test_prefill_and_decode_graphs_saved_and_reloaded(exporter, tmp_path):

@@ -376,3 +376,42 @@ def test_a_single_file_is_flushed_before_it_replaces_the_old_one(tmp_path, monke
         tmp.write_bytes(b"new")
     assert good.read_bytes() == b"good"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.pt2"]
+
+
+# ---- write-once folders (atomic_new_dir: cache entries) -------------------------------------------
+
+
+def test_a_new_folder_appears_whole_and_a_failed_body_leaves_nothing(tmp_path):
+    target = tmp_path / "cache" / "entry"
+    with pytest.raises(RuntimeError, match="midway"), atomic.atomic_new_dir(target) as staging:
+        (staging / "config.json").write_text("{}")
+        assert not target.exists()
+        raise RuntimeError("midway")
+    assert list((tmp_path / "cache").iterdir()) == []
+    with atomic.atomic_new_dir(target) as staging:
+        assert staging.parent == target.parent and staging.name.startswith(".entry.hfexport-staging.")
+        (staging / "config.json").write_text('{"a": 1}')
+    assert snapshot(target) == {"config.json": b'{"a": 1}'}
+    assert ours(target.parent) == []
+
+
+def test_a_folder_another_process_created_first_is_kept(tmp_path):
+    target = tmp_path / "entry"
+    with atomic.atomic_new_dir(target) as staging:
+        (staging / "model.safetensors").write_bytes(b"ours")
+        target.mkdir()  # the other process's rename lands first
+        (target / "model.safetensors").write_bytes(b"theirs")
+    assert snapshot(target) == {"model.safetensors": b"theirs"}
+    assert ours(tmp_path) == []
+
+
+def test_a_new_folder_cleans_stale_staging_and_refuses_a_file(tmp_path):
+    stale = tmp_path / f".entry.hfexport-staging.{dead_pid()}.{atomic._HOST}.0123abcd"
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"half")
+    with atomic.atomic_new_dir(tmp_path / "entry") as staging:
+        (staging / "x").write_text("x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["entry"]
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileExistsError, match="not a folder"), atomic.atomic_new_dir(tmp_path / "file"):
+        pytest.fail("body ran")

@@ -5,6 +5,10 @@ renamed onto it. Output folders (:func:`atomic_output_dir`) are replaced as a wh
 is staged complete beside the target and swapped in with renames, so a reader sees either the old
 folder or the new one, never a mix of the two.
 
+Write-once folders (:func:`atomic_new_dir`, e.g. a cache entry) are staged the same way but never
+replace a folder that exists: when two processes build the same one, the first rename wins and the
+other's copy is discarded.
+
 Output folder rules (also in ``docs/index.md``, "Output folders"):
 
 - The folder is the unit. After a successful export ``OUTPUT_DIR`` holds exactly the new files; a
@@ -49,6 +53,7 @@ from hfexport.errors import OutputDirectoryError
 __all__ = [
     "EXPORT_MARKERS",
     "STALE_AFTER_SECONDS",
+    "atomic_new_dir",
     "atomic_output_dir",
     "atomic_path",
     "atomic_write_text",
@@ -439,13 +444,7 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     target.parent.mkdir(parents=True, exist_ok=True)
     if _clean_stale(target):
         check_output_dir(path, overwrite=overwrite)
-    while True:
-        staging = _sibling_name(target, "staging")
-        try:
-            os.mkdir(staging)
-            break
-        except FileExistsError:
-            continue
+    staging = _make_staging(target)
     try:
         yield staging
         _fsync_tree(staging)
@@ -459,6 +458,17 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
         raise
 
 
+def _make_staging(target: Path) -> Path:
+    """Create and return an empty staging folder beside ``target`` (a fresh random name)."""
+    while True:
+        staging = _sibling_name(target, "staging")
+        try:
+            os.mkdir(staging)
+            return staging
+        except FileExistsError:
+            continue
+
+
 def _cwd_inside(target: Path) -> str | None:
     try:
         cwd = os.getcwd()
@@ -467,3 +477,48 @@ def _cwd_inside(target: Path) -> str | None:
     if cwd == os.fspath(target) or cwd.startswith(os.fspath(target) + os.sep):
         return cwd
     return None
+
+
+@contextlib.contextmanager
+def atomic_new_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it becomes the folder ``path`` unless one exists.
+
+    For write-once folders such as cache entries, which readers may be using: an existing ``path``
+    is never replaced. The staging folder is a sibling of ``path`` named like
+    :func:`atomic_output_dir`'s (stale ones of killed runs are cleaned first). When the body
+    returns, its files are flushed to disk and it is renamed to ``path``; if ``path`` appeared in
+    the meantime (another process built it first), the staging folder is deleted and ``path``
+    kept. If the body raises, the staging folder is deleted and ``path`` is not created.
+
+    Args:
+        path: the folder to create; missing parent folders are created.
+
+    Yields:
+        The staging folder (``pathlib.Path``), empty.
+
+    Raises:
+        FileExistsError: ``path`` exists and is not a folder.
+        OSError: creating the staging folder, flushing or the rename failed for another reason.
+    """
+    target = _resolve(path)
+    if os.path.lexists(target) and not target.is_dir():
+        raise FileExistsError(errno.EEXIST, "exists and is not a folder; remove it", os.fspath(target))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(target)
+    staging = _make_staging(target)
+    try:
+        yield staging
+        _fsync_tree(staging)
+        try:
+            os.rename(staging, target)
+        except OSError as exc:
+            # a non-empty folder there: another process finished first (ENOTEMPTY, EEXIST on some systems)
+            if not (target.is_dir() and exc.errno in (errno.ENOTEMPTY, errno.EEXIST)):
+                raise
+            logger.info("%s was created by another process meanwhile; keeping it", target)
+            shutil.rmtree(staging, ignore_errors=True)
+            return
+        _fsync_path(target.parent, directory=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

@@ -10,6 +10,8 @@ __all__ = [
     "CheckpointError",
     "ExportStageError",
     "ExportValidationError",
+    "GgufConversionError",
+    "GgufDependencyError",
     "HfExportError",
     "InsufficientMemoryError",
     "IntegrityError",
@@ -57,6 +59,30 @@ class MissingBackendError(HfExportError, ImportError):
 
     The message carries the ``pip install hfexport-<backend>`` command.
     """
+
+
+class GgufDependencyError(HfExportError, ImportError):
+    """A GGUF checkpoint must be converted, but ``gguf`` or ``accelerate`` is not installed.
+
+    transformers reads GGUF files with both. The message carries the install command
+    (``pip install gguf accelerate``, or ``pip install 'hfexport[gguf]'``).
+    """
+
+
+class GgufConversionError(HfExportError, ValueError):
+    """A GGUF file cannot be converted into a Hugging Face model folder.
+
+    Raised by :mod:`hfexport.gguf_source` when the file is not a readable GGUF file (truncated,
+    corrupt, not GGUF at all) or transformers cannot load what it holds (an architecture it does
+    not convert). The message names the file, the reason and what to do.
+
+    Attributes:
+        path: the GGUF file (``str``).
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class OutputDirectoryError(HfExportError, ValueError):

