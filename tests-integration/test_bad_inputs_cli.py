@@ -388,9 +388,8 @@ ROWS: list[Row] = [
         "export_gate_on_a_float32_export",
         _export("dynamo", "{tmp}/out", "--gate", "cosine=0.9"),
         2,
-        r"Invalid value for --gate: quality_gates=\{'cosine': 0\.9\} cannot apply: quality gates score "
-        r"reduced-precision and quantized exports, and this one \(dtype float32, no quantization\) is "
-        r"validated with allclose",
+        r"Invalid value for --gate: quality_gates=\{'cosine': 0\.9\} cannot apply: this export computes "
+        r"in float32 like its eager reference \(float32\), so it is compared by tolerances",
     ),
     Row(
         "export_ort_fusions_not_a_target",

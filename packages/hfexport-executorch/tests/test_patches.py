@@ -496,3 +496,31 @@ def test_a_dropped_program_frees_its_delegates_and_weights(tmp_path):
         "validate",
         "validate_second_shape",
     ]
+
+
+def test_partition_copies_share_weights_and_copy_graphs():
+    """``partition_copies_share_the_weights``: while the executorch patches are installed, delegate
+    lowering's deep copies of a partition program share its weight tensors (and a duplicated
+    weight is the same tensor) but not its graph; outside the patches ``copy`` is the real module."""
+    import copy
+
+    from executorch.exir.backend import backend_api
+    from executorch.exir.backend.canonical_partitioners import duplicate_constant_node_pass
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.linear(x)
+
+    ep = torch.export.export(Tiny(), (torch.randn(2, 4),))
+    weight = ep.state_dict["linear.weight"]
+    with apply_patches("executorch"):
+        copied = backend_api.copy.deepcopy(ep)
+        assert copied.state_dict["linear.weight"] is weight  # shared, not copied
+        assert copied.graph_module is not ep.graph_module and copied.graph is not ep.graph
+        assert duplicate_constant_node_pass.copy.deepcopy(weight) is weight
+    assert backend_api.copy is copy and duplicate_constant_node_pass.copy is copy
+    assert copy.deepcopy(ep).state_dict["linear.weight"] is not weight

@@ -754,6 +754,8 @@ def export_command(
             load_dtype, decision = _plan_loading(exporter, config, model, ignore_memory_estimate)
         except (CheckpointError, InsufficientMemoryError) as exc:
             raise typer.BadParameter(str(exc), param_hint="--model") from None
+        except ValueError as exc:  # quality gates given for an export compared by tolerances
+            raise typer.BadParameter(str(exc), param_hint="--gate") from None
         with console.status(f"loading {model} ..."):
             from hfexport.cli_logging import quiet_progress_bars
             from hfexport.errors import UntrainedWeightsError
@@ -937,9 +939,12 @@ def _plan_loading(
     A float32 export loads the checkpoint in float32 (one copy of the weights, converted while
     loading); an export in the checkpoint's own dtype loads it as it is; a reduced-precision export
     of a float32 checkpoint loads it in float32 (the reference) and the capture casts a copy.
-    ``tiny:`` models are built in float32: ``(None, None)``, decided after loading.
+    ``tiny:`` models are built in float32: ``(None, <decision from float32>)``; a spec that is not
+    a folder gives ``(None, None)`` (decided after loading, which says what is wrong with it).
 
     Raises:
+        ValueError: ``--gate`` given for an export that is compared by tolerances (its dtype is
+            its reference's and it is not quantized).
         CheckpointError: a truncated ``.safetensors`` file.
         InsufficientMemoryError: the estimated peak of the export exceeds the available memory
             (unless ``ignore_memory_estimate``).
@@ -948,7 +953,9 @@ def _plan_loading(
     from hfexport.memory import available_bytes
 
     if spec.startswith("tiny:"):
-        return None, None
+        decision = exporter.decide_dtype("float32", config)
+        exporter.config_in_dtype(config, decision)
+        return None, decision
     try:
         path = resolve_package_model(spec[4:]) if spec.startswith("pkg:") else Path(spec).expanduser()
     except FileNotFoundError:
@@ -957,6 +964,7 @@ def _plan_loading(
         return None, None
     checkpoint = checkpoint_dtype(path)
     decision = exporter.decide_dtype(checkpoint, config)
+    exporter.config_in_dtype(config, decision)
     load_dtype = decision.reference  # the eager reference's dtype: float32, or the checkpoint's
     parameters = check_safetensors(path)
     if parameters and not ignore_memory_estimate:

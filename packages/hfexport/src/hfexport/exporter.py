@@ -470,7 +470,7 @@ class HfExporter(abc.ABC):
         self.check_precision(config)
         check_model(model)
         decision = self.decide_dtype(model, config)
-        config = self._config_in_dtype(config, decision)
+        config = self.config_in_dtype(config, decision)
         report = ExportReport(
             export_format=self.export_format,
             component=component,
@@ -565,7 +565,7 @@ class HfExporter(abc.ABC):
             self.active_config = previous
 
     @staticmethod
-    def _config_in_dtype(config: Any, decision: Any) -> Any:
+    def config_in_dtype(config: Any, decision: Any) -> Any:
         """``config`` with ``dtype`` set to the decision's export dtype (auto resolved), after the
         check that quality gates given apply (a gated export is one whose dtype differs from its
         reference, or a quantized one)."""
