@@ -109,3 +109,47 @@ def test_requested_dtype_casts_and_an_unsupported_one_is_refused_before_loading(
     )
     assert "loaded" not in refused.stdout  # refused before the model was loaded
     assert not (tmp_path / "bf16").exists()
+
+
+def test_every_backend_declares_its_measured_memory_factor():
+    """Each backend's estimate uses its own factor, measured at Qwen3-0.6B size, not the base's."""
+    import importlib
+
+    from hfexport.exporter import HfExporter
+
+    factors = {}
+    for backend, (module, name) in {
+        "dynamo": ("hfexport_dynamo", "DynamoExporter"),
+        "onnx": ("hfexport_onnx", "OnnxExporter"),
+        "executorch": ("hfexport_executorch", "ExecutorchExporter"),
+        "openvino": ("hfexport_openvino", "OpenvinoExporter"),
+    }.items():
+        cls = getattr(importlib.import_module(module), name)
+        assert "memory_factor" in vars(cls), f"{name} inherits HfExporter.memory_factor"
+        factors[backend] = cls.memory_factor
+        # a 1.54B-parameter bf16 checkpoint (Qwen2.5-1.5B) fits a 24 GB machine on every backend
+        decision = cls().decide_dtype("bfloat16", None)
+        assert cls().estimate_peak_bytes(1_543_714_304, decision.export) < 22 * 10**9, (backend, decision)
+    assert factors["dynamo"] < factors["onnx"] < factors["executorch"] != HfExporter.memory_factor
+
+
+def test_cli_refuses_an_export_that_does_not_fit_before_loading(bf16_folder, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import hfexport.memory
+    from hfexport.cli import app
+
+    monkeypatch.setattr(hfexport.memory, "available_bytes", lambda: 100_000_000)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, ["export", "onnx", str(out), "--model", str(bf16_folder)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for --model: this onnx export of" in text and "in float32" in text
+    assert "the machine has 100.00 MB available" in text and "--ignore-memory-estimate" in text
+    assert "loaded" not in text and not out.exists()
+    # the option skips the estimate (the tiny model fits in any case)
+    result = CliRunner().invoke(
+        app, ["export", "onnx", str(out), "--model", str(bf16_folder), "--ignore-memory-estimate"]
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "model.onnx").is_file()

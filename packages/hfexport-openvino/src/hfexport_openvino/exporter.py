@@ -165,6 +165,9 @@ class OpenvinoExporter(HfExporter):
     #: auto exports every checkpoint in float32 (the IR may store its weights in fp16,
     #: ``compress_to_fp16``; the precision the CPU plugin computes in is the compile hint)
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
+    #: Measured peak per weight byte (Qwen3-0.6B fp32: 7.0 GB (W 2.38 GB): the CPU plugin's compiled model keeps the IR
+    #: constants and its repacked weights (docs/performance.md#scale)).
+    memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "OpenVINO's CPU plugin (f32 hint)"
 
     # -- config ------------------------------------------------------------------------------
