@@ -58,6 +58,7 @@ __all__ = [
     "atomic_path",
     "atomic_write_text",
     "check_output_dir",
+    "check_output_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,9 +83,28 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     removed and ``path`` (if it existed) is untouched. The file is flushed to disk (``fsync``)
     before the rename, which is atomic on POSIX file systems (``os.replace``), so after a crash
     ``path`` holds the old or the new content, never an empty file.
+
+    Raises:
+        OutputDirectoryError: ``path`` is an existing folder, or lies under a file (the message
+            names both); nothing is written.
+        OSError: the file cannot be created or written (the temporary file is removed).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise OutputDirectoryError(
+            f"cannot write the file {os.fspath(path)!r}: it is an existing folder; allowed: a file path "
+            f"(e.g. {os.fspath(target / 'model.onnx')!r}), or remove the folder",
+            path=os.fspath(path),
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = _file_ancestor(target.parent)
+        raise OutputDirectoryError(
+            f"cannot write the file {os.fspath(path)!r}: {os.fspath(blocker)!r} is a file, not a folder; "
+            "pick a path under a folder, or move the file away",
+            path=os.fspath(path),
+        ) from None
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -106,6 +126,85 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def _file_ancestor(folder: Path) -> Path:
+    """The nearest existing ancestor of ``folder`` (itself included) that is not a folder, or the
+    nearest existing ancestor when there is none (for messages)."""
+    folder = Path(os.path.abspath(folder))
+    for candidate in (folder, *folder.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return folder
+
+
+def _probe_write(folder: Path) -> OSError | None:
+    """Create and remove an empty folder in ``folder``; the error when that fails, else ``None``.
+
+    ``os.access`` answers from the permission bits only (always "yes" for root, "no" for nothing on
+    a read-only mount it cannot see, wrong under ACLs); the probe is what the export will do. Its
+    name follows the staging-folder rule, so a probe left by a killed process is cleaned like one.
+    """
+    probe = folder / f".hfexport-probe.hfexport-staging.{os.getpid()}.{_HOST}.{secrets.token_hex(4)}"
+    try:
+        os.mkdir(probe)
+    except OSError as exc:
+        return exc
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None
+
+
+def _unwritable(shown: str, receiver: Path, what: str) -> str | None:
+    """The message for ``receiver`` not taking new entries, or ``None`` when it does."""
+    if os.access(receiver, os.W_OK | os.X_OK):
+        error = _probe_write(receiver)
+        if error is None:
+            return None
+        reason = error.strerror or str(error)
+    else:
+        reason = "no write permission"
+    return (
+        f"{what} {shown!r} cannot be written: {reason} on {os.fspath(receiver)!r} (hfexport writes "
+        "the new files beside the old ones there and renames them into place); fix the permissions "
+        "or pick another folder"
+    )
+
+
+def check_output_file(path: str | os.PathLike[str], *, what: str = "output_path") -> None:
+    """Check that the file ``path`` (an artifact such as ``model.onnx``) can be written, without
+    leaving anything behind, before an export starts.
+
+    Accepted: a new or existing file whose parent folder exists and takes new entries, or whose
+    missing parent folders can be created (the nearest existing ancestor is a writable folder).
+
+    Args:
+        path: the artifact file (``config.output_path``, ``export_to_path``'s ``path``).
+        what: how the path is named in the message.
+
+    Raises:
+        OutputDirectoryError: (a ``ValueError``) ``path`` is an existing folder, lies under a
+            file, or its folder (or nearest existing ancestor) cannot be written; the message
+            names the path, the problem and what to do.
+    """
+    shown = os.fspath(path)
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise OutputDirectoryError(
+            f"{what}={shown!r} is invalid: it is an existing folder; allowed: a file path such as "
+            f"{os.path.join(shown, 'model.onnx')!r} (the backend writes its companion files beside it)",
+            path=shown,
+        )
+    receiver = _file_ancestor(target.parent)
+    if not receiver.is_dir():
+        raise OutputDirectoryError(
+            f"{what}={shown!r} is invalid: {os.fspath(receiver)!r} is a file, not a folder, so the file cannot "
+            "be created under it; pick a path under a folder, or move the file away",
+            path=shown,
+        )
+    problem = _unwritable(shown, receiver, what)
+    if problem is not None:
+        raise OutputDirectoryError(problem, path=shown)
 
 
 def _resolve(path: str | os.PathLike[str]) -> Path:
@@ -183,8 +282,12 @@ def check_output_dir(
     *,
     overwrite: bool = False,
     keep: Iterable[str | os.PathLike[str]] = (),
+    keep_cwd: bool = False,
 ) -> None:
-    """Check that ``path`` can receive an export, without writing anything.
+    """Check that ``path`` can receive an export, leaving nothing behind.
+
+    The only write is a probe: an empty folder created and removed where the export will stage
+    its files (permission bits do not tell, e.g. for root, ACLs or read-only mounts).
 
     Call it before the expensive work (the CLI calls it before loading the model);
     :func:`atomic_output_dir` runs it again. Accepted: a path that does not exist yet (its missing
@@ -199,15 +302,25 @@ def check_output_dir(
             (everything in it is replaced by the new export).
         keep: existing paths the export must not delete (the CLI passes the ``--model`` folder);
             the user's home folder is always kept. Paths that do not exist are ignored.
+        keep_cwd: also refuse a ``path`` that is or contains the current working folder (the CLI:
+            replacing it would leave the user's shell in a deleted folder).
 
     Raises:
         OutputDirectoryError: (a ``ValueError``) ``path`` is a file or lies under a file, is a
-            file-system root, is or contains the home folder or a ``keep`` path, cannot be listed,
+            dangling symbolic link, is a file-system root, is or contains the home folder, a
+            ``keep`` path or (``keep_cwd``) the working folder, cannot be listed,
             holds files that are not a previous export and ``overwrite`` is false, or the folder
             that must receive it (its parent, or the nearest existing ancestor) is not writable.
             The message names the path, the problem and what to do.
     """
     shown = os.fspath(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise OutputDirectoryError(
+            f"output folder {shown!r} is a symbolic link to {os.readlink(path)!r}, which does not exist; "
+            "refusing to follow a dangling link (the export would create a folder wherever it points). "
+            "Create the folder it names, remove the link, or pick another folder",
+            path=shown,
+        )
     target = _resolve(path)
     if target.name == "":
         raise OutputDirectoryError(
@@ -220,6 +333,18 @@ def check_output_dir(
     except (RuntimeError, KeyError):  # no home folder known
         home = None
     real_target = Path(os.path.realpath(target))
+    if keep_cwd:
+        try:
+            cwd: str | None = os.path.realpath(os.getcwd())
+        except OSError:
+            cwd = None
+        if cwd is not None and (Path(cwd) == real_target or real_target in Path(cwd).parents):
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is or contains the current working folder {cwd!r}, which an "
+                "export would replace as a whole (your shell would be left in a deleted folder); pick a "
+                f"new folder for the export, e.g. {os.path.join(shown, 'export')!r}, or run from another folder",
+                path=shown,
+            )
     for kept in [*([home] if home else []), *keep]:
         if not os.path.exists(kept):
             continue
@@ -266,13 +391,9 @@ def check_output_dir(
                 "folder; pick another folder",
                 path=shown,
             )
-    if not os.access(receiver, os.W_OK | os.X_OK):
-        raise OutputDirectoryError(
-            f"output folder {shown!r} cannot be written: no write permission on "
-            f"{os.fspath(receiver)!r} (hfexport writes the new folder beside the old one there and "
-            "swaps it in by renaming); fix the permissions or pick another folder",
-            path=shown,
-        )
+    problem = _unwritable(shown, receiver, "output folder")
+    if problem is not None:
+        raise OutputDirectoryError(problem, path=shown)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -441,10 +562,18 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     """
     check_output_dir(path, overwrite=overwrite)
     target = _resolve(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if _clean_stale(target):
-        check_output_dir(path, overwrite=overwrite)
-    staging = _make_staging(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if _clean_stale(target):
+            check_output_dir(path, overwrite=overwrite)
+        staging = _make_staging(target)
+    except OSError as exc:
+        raise OutputDirectoryError(
+            f"output folder {os.fspath(path)!r} cannot be written: creating its staging folder in "
+            f"{os.fspath(target.parent)!r} failed ({exc.strerror or exc}); fix the permissions or free "
+            "space there, or pick another folder",
+            path=os.fspath(path),
+        ) from exc
     try:
         yield staging
         _fsync_tree(staging)

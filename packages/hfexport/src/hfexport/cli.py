@@ -116,9 +116,15 @@ def env_command(
     quantization methods each offers (``--quantize`` values, with the options they read) and the
     runtime layouts each backend registers (``--layout`` values)."""
     from hfexport.__about__ import __version__
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
     from hfexport.environment import installed_version
 
-    rows = _backend_rows()
+    setup_cli_logging(False)  # importing the backends logs library warnings (torchao): to the log
+    try:
+        rows = _backend_rows()
+        layouts = _layout_rows()
+    finally:
+        restore_cli_logging()
     if as_json:
         console.print_json(
             json.dumps(
@@ -127,7 +133,7 @@ def env_command(
                     "torch": installed_version("torch"),
                     "transformers": installed_version("transformers"),
                     "backends": rows,
-                    "layouts": _layout_rows(),
+                    "layouts": layouts,
                 }
             )
         )
@@ -157,7 +163,7 @@ def env_command(
         for fmt, name, m in methods:
             table.add_row(fmt, name, m["description"], m["options"])
         console.print(table)
-    layout_rows = _layout_rows()
+    layout_rows = layouts
     if layout_rows:
         table = Table(title="runtime layouts (hfexport export FORMAT --layout NAME)")
         for col in ("format", "layout", "runtime", "tasks", "tokenizer"):
@@ -272,9 +278,14 @@ def patches_command(
     (``capture``, ``generation``, ``inputs``), the ranges the ``hfexport`` distribution declares.
     An unknown ``--backend`` key is a usage error (exit 2) listing the known keys.
     """
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
     from hfexport.registry import NO_ISSUE
 
-    rows = _patch_rows(backend, stale)
+    setup_cli_logging(False)  # importing the backends logs library warnings (torchao): to the log
+    try:
+        rows = _patch_rows(backend, stale)
+    finally:
+        restore_cli_logging()
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -696,7 +707,7 @@ def export_command(
     from hfexport.errors import OutputDirectoryError
 
     try:  # before any model is loaded: a bad OUTPUT_DIR is a usage error
-        check_output_dir(output_dir, overwrite=overwrite, keep=[model])
+        check_output_dir(output_dir, overwrite=overwrite, keep=[model], keep_cwd=True)
     except OutputDirectoryError as exc:
         raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
@@ -799,6 +810,7 @@ def export_command(
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
+        stage = "output_dir"  # a staging folder that cannot be made is not a loading failure
         with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
@@ -945,11 +957,17 @@ def _plan_loading(
     Raises:
         ValueError: ``--gate`` given for an export that is compared by tolerances (its dtype is
             its reference's and it is not quantized).
-        CheckpointError: a truncated ``.safetensors`` file.
+        CheckpointError: a truncated ``.safetensors`` file, or a folder with ``config.json`` but
+            no weight files.
         InsufficientMemoryError: the estimated peak of the export exceeds the available memory
             (unless ``ignore_memory_estimate``).
     """
-    from hfexport.loading import check_safetensors, checkpoint_dtype, resolve_package_model
+    from hfexport.loading import (
+        check_safetensors,
+        check_weights_present,
+        checkpoint_dtype,
+        resolve_package_model,
+    )
     from hfexport.memory import available_bytes
 
     if spec.startswith("tiny:"):
@@ -962,6 +980,7 @@ def _plan_loading(
         return None, None  # load_model says what is wrong with it
     if not path.is_dir():
         return None, None
+    check_weights_present(path)
     checkpoint = checkpoint_dtype(path)
     decision = exporter.decide_dtype(checkpoint, config)
     exporter.config_in_dtype(config, decision)
@@ -1141,6 +1160,74 @@ def _vocab_size(output_dir: Path, manifest: dict[str, Any]) -> int | None:
     return None
 
 
+def _position_limit(output_dir: Path, manifest: dict[str, Any]) -> tuple[int | None, str, bool]:
+    """The most positions the exported model's sequence may hold, from the folder's ``config.json``.
+
+    Returns:
+        ``(limit, "config.<attribute>", decoder)``: for an encoder-decoder the decoder's limit
+        (``max_target_positions`` first), else the model's (``max_position_embeddings`` ...), looked
+        up in the config, then its ``text_config`` / ``decoder``; ``(None, "", decoder)`` when
+        none is declared (generation is then not limited here).
+    """
+    from hfexport.conventions.config_lookups import DECODER_POSITION_ATTRIBUTES, ENCODER_POSITION_ATTRIBUTES
+
+    plan = manifest.get("plan") if isinstance(manifest.get("plan"), dict) else {}
+    decoder = (plan or {}).get("architecture") == "encoder_decoder"
+    try:
+        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None, "", decoder
+    if not isinstance(config, dict):
+        return None, "", decoder
+    names = DECODER_POSITION_ATTRIBUTES if decoder else ENCODER_POSITION_ATTRIBUTES
+    for holder, prefix in (
+        (config, "config"),
+        (config.get("text_config"), "config.text_config"),
+        (config.get("decoder"), "config.decoder"),
+    ):
+        if not isinstance(holder, dict):
+            continue
+        for name in names:
+            value = holder.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, f"{prefix}.{name}", decoder
+    return None, "", decoder
+
+
+def _fit_new_tokens(
+    prompt_length: int, max_new_tokens: int, limit: tuple[int | None, str, bool], option: str
+) -> int:
+    """``max_new_tokens`` capped so the sequence stays within the model's maximum positions.
+
+    Like ``model.generate``, which warns when a run would exceed ``max_position_embeddings``:
+    here generation stops at the limit, and a note on stderr says so (positions past it repeat
+    or break: their embeddings or rotary tables were never trained).
+
+    Raises:
+        typer.BadParameter: the prompt alone fills the positions (nothing can be generated).
+    """
+    most, source, decoder = limit
+    if most is None:
+        return max_new_tokens
+    used = 1 if decoder else prompt_length  # an encoder-decoder's decoder starts from one token
+    room = most - used
+    if room < 1:
+        raise typer.BadParameter(
+            f"the prompt has {prompt_length} tokens, which leaves no room: the exported model holds at most "
+            f"{most} positions ({source}={most}); allowed: a prompt of at most {most - 1} tokens",
+            param_hint=option,
+        )
+    if max_new_tokens > room:
+        err_console.print(
+            f"note: --max-new-tokens {max_new_tokens} would exceed the model's maximum of {most} positions "
+            f"({source}={most}{'' if decoder else f', prompt {prompt_length} tokens'}); stopping at {room} new "
+            "tokens (model.generate warns at the same limit)",
+            highlight=False,
+        )
+        return room
+    return max_new_tokens
+
+
 def _check_ids(ids: list[int], vocab_size: int | None, option: str) -> None:
     """Raise ``typer.BadParameter`` for an empty prompt, negative ids or ids >= ``vocab_size``."""
     if not ids:
@@ -1179,7 +1266,9 @@ def generate_command(
     """Run greedy generation over exported components and print the tokens (and text).
 
     Arguments are checked before anything is loaded: a usage error exits with code 2, a failure
-    while loading or generating prints "generate failed: ..." and exits with code 1.
+    while loading or generating prints "generate failed: ..." and exits with code 1. Generation
+    stops at the model's maximum positions (config.max_position_embeddings ...), with a note, when
+    --max-new-tokens would go past them.
     """
     if max_new_tokens < 1:
         raise typer.BadParameter(f"must be at least 1, got {max_new_tokens}", param_hint="--max-new-tokens")
@@ -1204,6 +1293,9 @@ def generate_command(
                 "takes comma-separated integers, e.g. 1,2,3", param_hint="--input-ids"
             ) from None
         _check_ids(ids, vocab_size, "--input-ids")
+        max_new_tokens = _fit_new_tokens(
+            len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--input-ids"
+        )
 
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
@@ -1216,6 +1308,9 @@ def generate_command(
             tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
             ids = list(tokenizer(prompt)["input_ids"])
             _check_ids(ids, vocab_size, "--prompt")
+            max_new_tokens = _fit_new_tokens(
+                len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--prompt"
+            )
         from hfexport.generation import generate_from_dir
 
         tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
