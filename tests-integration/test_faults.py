@@ -287,11 +287,12 @@ def test_matrix_raised_faults(backend, tmp_path, log_env) -> None:
     on every write into the staging folder: in-process CLI runs."""
     points = _trace(backend, tmp_path, log_env)
     stages = [p.split(":", 1)[1] for p in points if p.startswith("stage:")]
-    for required in ("capture", "lower", "validate", "save", "write_output"):
+    for required in ("capture", "validate", "save", "write_output"):
         assert required in stages, stages
     problems = []
     runs = [(f"stage:{s}:memory", s) for s in dict.fromkeys(stages) if s not in ("swap",)]
-    runs += [(f"stage:{s}:interrupt", s) for s in ("capture", "lower", "validate")]
+    # dynamo records `lower` as skipped (the ExportedProgram is the artifact): no lowering to interrupt
+    runs += [(f"stage:{s}:interrupt", s) for s in ("capture", "lower", "validate") if s in stages]
     for i, point in enumerate(points):
         if point.startswith("write:"):
             for kind in ("enospc", "eio"):

@@ -760,7 +760,8 @@ def export_command(
                 check_layout(export_format, layout, task=None if task == "auto" else task)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
-        stage = _step("load_model")
+        stage = "load_model"
+        _step(stage)
         t0 = time.perf_counter()
         from hfexport.errors import CheckpointError, InsufficientMemoryError
 
@@ -814,7 +815,8 @@ def export_command(
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
-        stage = _step("output_dir")  # a staging folder that cannot be made is not a loading failure
+        stage = "output_dir"
+        _step(stage)  # a staging folder that cannot be made is not a loading failure
         with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
@@ -883,7 +885,8 @@ def export_command(
                     }
                 }
             # the config, tokenizer files, report and checksums: the CLI's own step
-            stage = _step("write_output")
+            stage = "write_output"
+            _step(stage)
             for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
             if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
@@ -967,17 +970,17 @@ ISOLATE_ENV = "HFEXPORT_ISOLATE"
 _SUPERVISOR_FILE_ENV = "HFEXPORT_SUPERVISOR_FILE"
 
 
-def _step(name: str) -> str:
-    """Start the CLI's own step ``name`` (``load_model``, ``output_dir``, ``write_output``): recorded
-    where the report's stages are (the staging folder's breadcrumb, the supervisor) and a fault
-    point (``HFEXPORT_FAULT=stage:<name>:<kind>``, :mod:`hfexport.faults`). Returns ``name``."""
+def _step(name: str) -> None:
+    """Start the CLI's own step ``name`` (``load_model``, ``output_dir``, ``write_output``; the
+    caller has set its ``stage`` first, so a fault here names it): recorded where the report's
+    stages are (the staging folder's breadcrumb, the supervisor) and a fault point
+    (``HFEXPORT_FAULT=stage:<name>:<kind>``, :mod:`hfexport.faults`)."""
     from hfexport import faults
     from hfexport.atomic import note_stage
 
     note_stage(name)
     _tell_supervisor("stage", name)
     faults.reached(f"stage:{name}")
-    return name
 
 
 def _tell_supervisor(key: str, value: str) -> None:
