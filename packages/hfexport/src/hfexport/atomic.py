@@ -24,6 +24,11 @@ Output folder rules (also in ``docs/index.md``, "Output folders"):
   than :data:`STALE_AFTER_SECONDS` is removed, except that an ``-old`` folder left by a run killed
   in the middle of the swap is renamed back onto the target when the target is missing. Nothing
   that does not match these names is ever touched.
+- While a staging folder is being filled, the file ``<staging folder name>.stage`` beside it holds
+  the name of the export stage that started last (:func:`note_stage`, called by the report's
+  stage recorder). A run killed outright (SIGKILL from the out-of-memory killer, ``kill -9``)
+  cannot clean up; the next export into the same target removes its folders and logs a warning
+  naming the stage it died in (:func:`clean_stale`). The file is removed with its folder.
 - A folder that already exists is replaced only if it is empty, or it is a previous hfexport
   export (it holds :data:`EXPORT_MARKERS`: ``export_report.json``, written by every
   ``hfexport export``, or ``generation_manifest.json``, written by
@@ -48,6 +53,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hfexport import faults
 from hfexport.errors import OutputDirectoryError
 
 __all__ = [
@@ -59,6 +65,9 @@ __all__ = [
     "atomic_write_text",
     "check_output_dir",
     "check_output_file",
+    "clean_stale",
+    "killed_stage",
+    "note_stage",
 ]
 
 logger = logging.getLogger(__name__)
@@ -72,6 +81,9 @@ EXPORT_MARKERS = ("export_report.json", "generation_manifest.json")
 STALE_AFTER_SECONDS = 24 * 3600
 
 _KINDS = ("staging", "old", "trash")
+_BREADCRUMB = ".stage"  # suffix of the file beside a staging folder naming its current stage
+#: the staging folders of atomic_output_dir being filled in this process, outermost first
+_ACTIVE: list[Path] = []
 _HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
@@ -435,8 +447,15 @@ def _clean_stale(target: Path) -> bool:
         return False
     stale: list[tuple[str, Path]] = []
     for name in names:
-        match = pattern.match(name)
+        crumb = name.endswith(_BREADCRUMB)
+        match = pattern.match(name[: -len(_BREADCRUMB)] if crumb else name)
         full = parent / name
+        if crumb and match is not None and match["kind"] == "staging" and full.is_file():
+            # a breadcrumb whose folder is gone (the run was killed after moving it in, or the
+            # folder was removed above): reported and removed with the folder, or alone
+            if not os.path.lexists(full.with_name(name[: -len(_BREADCRUMB)])) and _is_stale(full, match):
+                _report_killed(target, full, match)
+            continue
         if match is None or full.is_symlink() or not full.is_dir():
             continue
         if _is_stale(full, match):
@@ -459,7 +478,82 @@ def _clean_stale(target: Path) -> bool:
         _clean_stale(full)
         logger.info("removing stale temporary folder %s", full)
         shutil.rmtree(full, ignore_errors=True)
+        crumb = full.with_name(full.name + _BREADCRUMB)
+        if kind == "staging" and crumb.is_file():
+            match = pattern.match(full.name)
+            if match is not None:
+                _report_killed(target, crumb, match)
     return restored
+
+
+def _report_killed(target: Path, crumb: Path, match: re.Match[str]) -> None:
+    """Warn that the run whose breadcrumb is ``crumb`` died without cleaning up; remove ``crumb``."""
+    stage = _read_stage(crumb)
+    where = f"during stage '{stage}'" if stage else "before its first stage"
+    logger.warning(
+        "a previous export into %s (process %s) was killed %s without cleaning up (SIGKILL: the "
+        "out-of-memory killer or kill -9, or a crash); its temporary files are removed and the folder "
+        "is as that run found it. If memory ran out: --dtype bfloat16, --no-validate, or a smaller model",
+        target,
+        match["pid"],
+        where,
+    )
+    with contextlib.suppress(OSError):
+        crumb.unlink()
+
+
+def _read_stage(crumb: Path) -> str | None:
+    try:
+        text = crumb.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text.splitlines()[-1][:200] if text else None
+
+
+def note_stage(name: str) -> None:
+    """Record ``name`` as the current stage of the export whose output folder is being staged in
+    this process (the breadcrumb file beside the outermost staging folder); nothing when no
+    :func:`atomic_output_dir` is open. Called by :meth:`hfexport.report.ExportReport.stage` at
+    each stage start and by the CLI for its own steps; a failure to write is ignored."""
+    if not _ACTIVE:
+        return
+    crumb = _ACTIVE[0].with_name(_ACTIVE[0].name + _BREADCRUMB)
+    with contextlib.suppress(OSError), open(crumb, "w", encoding="utf-8") as fh:
+        fh.write(name + "\n")
+
+
+def killed_stage(path: str | os.PathLike[str], pid: int) -> tuple[bool, str | None]:
+    """What the process ``pid`` (gone) left beside the output folder ``path``.
+
+    Args:
+        path: the output folder the process was exporting into.
+        pid: the process id of the (dead) export.
+
+    Returns:
+        ``(staged, stage)``: whether it had created its staging folder, and the last stage it
+        recorded (``None`` when it recorded none).
+    """
+    target = _resolve(path)
+    pattern = _sibling_pattern(target)
+    staged, stage = False, None
+    with contextlib.suppress(OSError):
+        for name in os.listdir(target.parent):
+            match = pattern.match(name[: -len(_BREADCRUMB)] if name.endswith(_BREADCRUMB) else name)
+            if match is None or match["kind"] != "staging" or int(match["pid"]) != pid:
+                continue
+            staged = True
+            if name.endswith(_BREADCRUMB):
+                stage = _read_stage(target.parent / name) or stage
+    return staged, stage
+
+
+def clean_stale(path: str | os.PathLike[str]) -> None:
+    """Remove the temporary folders that dead exports left beside the output folder ``path``
+    (restoring a previous folder a killed swap had moved aside), logging a warning per killed
+    run that names its last stage; what :func:`atomic_output_dir` does before it stages."""
+    target = _resolve(path)
+    if target.parent.is_dir():
+        _clean_stale(target)
 
 
 def _mtime(path: Path) -> float:
@@ -501,6 +595,7 @@ def _swap(staging: Path, target: Path) -> None:
     """Put the complete folder ``staging`` at ``target``; the previous ``target`` survives a failure."""
     parent = target.parent
     if not os.path.lexists(target):
+        faults.reached("move")
         os.rename(staging, target)
         _fsync_path(parent, directory=True)
         return
@@ -508,8 +603,10 @@ def _swap(staging: Path, target: Path) -> None:
     with contextlib.suppress(OSError):
         os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
     backup = _sibling_name(target, "old")
+    faults.reached("move")
     os.rename(target, backup)
     try:
+        faults.reached("move")
         os.rename(staging, target)
     except BaseException as exc:
         try:
@@ -525,6 +622,7 @@ def _swap(staging: Path, target: Path) -> None:
     _fsync_path(parent, directory=True)
     trash = _sibling_name(target, "trash")
     try:
+        faults.reached("move")
         os.rename(backup, trash)
     except OSError:
         trash = backup
@@ -574,10 +672,17 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
             "space there, or pick another folder",
             path=os.fspath(path),
         ) from exc
+    outermost = not _ACTIVE
+    _ACTIVE.append(staging)
+    if outermost:
+        faults.begin_export()
     try:
         yield staging
         _fsync_tree(staging)
         cwd = _cwd_inside(target)
+        if outermost:
+            note_stage("swap")
+            faults.reached("stage:swap")
         _swap(staging, target)
         if cwd is not None:  # the process was inside the replaced folder: move it into the new one
             with contextlib.suppress(OSError):
@@ -585,6 +690,11 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        _ACTIVE.remove(staging)
+        if outermost:
+            with contextlib.suppress(OSError):
+                staging.with_name(staging.name + _BREADCRUMB).unlink()
 
 
 def _make_staging(target: Path) -> Path:

@@ -9,7 +9,9 @@ atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -712,6 +714,7 @@ def export_command(
         raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
+    _tell_supervisor("output_dir", str(output_dir.absolute()))
     log_file = setup_cli_logging(verbose)
     stage = "setup"
     try:
@@ -758,6 +761,7 @@ def export_command(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         stage = "load_model"
+        _step(stage)
         t0 = time.perf_counter()
         from hfexport.errors import CheckpointError, InsufficientMemoryError
 
@@ -793,6 +797,7 @@ def export_command(
             nonlocal stage
             if event == "start":
                 stage = record.name
+                _tell_supervisor("stage", stage)
                 console.print(f"  [cyan]...[/] {record.name} {record.detail}".rstrip())
             else:
                 mark = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(record.status, record.status)
@@ -810,7 +815,8 @@ def export_command(
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
-        stage = "output_dir"  # a staging folder that cannot be made is not a loading failure
+        stage = "output_dir"
+        _step(stage)  # a staging folder that cannot be made is not a loading failure
         with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
@@ -878,6 +884,9 @@ def export_command(
                         "metadata": report.artifact_metadata or {},
                     }
                 }
+            # the config, tokenizer files, report and checksums: the CLI's own step
+            stage = "write_output"
+            _step(stage)
             for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
             if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
@@ -910,6 +919,9 @@ def export_command(
             report_dict["sha256"] = compute_checksums(staging)  # every file but the report itself
             (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
             write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
+            # atomic_output_dir moves the staged folder in when this block ends (its own fault point)
+            stage = "swap"
+            _tell_supervisor("stage", stage)
         for r in reports:
             # a generation export: one table per component, titled with its name
             _print_validation(r, component=r.component if component_files else None)
@@ -929,17 +941,131 @@ def export_command(
         )
     except typer.BadParameter:
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C: the staging folder is gone (atomic_output_dir), OUTPUT_DIR is as it was
+        err_console.print(
+            f"[red bold]export interrupted[/] in stage '{stage}' (KeyboardInterrupt); {output_dir} is left "
+            "as it was",
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=130) from None
     except Exception as exc:
-        from hfexport.errors import ExportStageError
+        from hfexport.errors import MEMORY_OPTIONS, ExportStageError
 
         where = exc.stage if isinstance(exc, ExportStageError) else stage
-        err_console.print(f"[red bold]export failed[/] in stage '{where}': {type(exc).__name__}: {exc}")
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, MemoryError) and not isinstance(exc, ExportStageError):
+            message = f"out of memory ({message}). {MEMORY_OPTIONS}"  # outside a recorded stage
+        err_console.print(f"[red bold]export failed[/] in stage '{where}': {message}")
         for note in getattr(exc, "__notes__", []):
             err_console.print(note)
         _print_failure_details(verbose, log_file)
         raise typer.Exit(code=1) from None
     finally:
         restore_cli_logging()
+
+
+#: ``0`` runs ``hfexport export`` in the console-script process itself; the supervised child has ``child``
+ISOLATE_ENV = "HFEXPORT_ISOLATE"
+_SUPERVISOR_FILE_ENV = "HFEXPORT_SUPERVISOR_FILE"
+
+
+def _step(name: str) -> None:
+    """Start the CLI's own step ``name`` (``load_model``, ``output_dir``, ``write_output``; the
+    caller has set its ``stage`` first, so a fault here names it): recorded where the report's
+    stages are (the staging folder's breadcrumb, the supervisor) and a fault point
+    (``HFEXPORT_FAULT=stage:<name>:<kind>``, :mod:`hfexport.faults`)."""
+    from hfexport import faults
+    from hfexport.atomic import note_stage
+
+    note_stage(name)
+    _tell_supervisor("stage", name)
+    faults.reached(f"stage:{name}")
+
+
+def _tell_supervisor(key: str, value: str) -> None:
+    """In a supervised export (:func:`_supervise`), append ``key<TAB>value`` to the file the parent
+    reads when the export dies by a signal; nothing otherwise."""
+    path = os.environ.get(_SUPERVISOR_FILE_ENV)
+    if not path or os.environ.get(ISOLATE_ENV) != "child":
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{key}\t{value}\n")
+    except OSError:
+        pass
+
+
+def _supervise(argv: list[str]) -> int:
+    """Run ``hfexport <argv>`` (an export) in a child process and return its exit code; when the
+    child dies by a signal (SIGKILL from the out-of-memory killer cannot be caught in-process),
+    remove what it left beside OUTPUT_DIR and print one line naming the stage it died in.
+
+    The parent imports no torch (a few tens of MB); the child inherits the terminal. Ctrl-C
+    reaches the child through the terminal's process group (the parent ignores it and waits);
+    SIGTERM and SIGHUP sent to the parent are passed on.
+
+    Args:
+        argv: the command line after the program name (``["export", "onnx", ...]``).
+
+    Returns:
+        The child's exit code, or ``128 + signal number`` when a signal ended it.
+    """
+    import signal
+    import subprocess
+    import tempfile
+
+    fd, notes = tempfile.mkstemp(prefix="hfexport-supervisor-", suffix=".txt")
+    os.close(fd)
+    env = {**os.environ, ISOLATE_ENV: "child", _SUPERVISOR_FILE_ENV: notes}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *argv], env=env)
+        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+        for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+        try:
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if code >= 0:
+            return code
+        told: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            for line in Path(notes).read_text(encoding="utf-8").splitlines():
+                key, _, value = line.partition("\t")
+                told[key] = value
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(notes)
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    where = told.get("stage", "setup")
+    output_dir = told.get("output_dir")
+    if output_dir:
+        import logging
+
+        from hfexport.atomic import clean_stale
+
+        atomic_log = logging.getLogger("hfexport.atomic")
+        level = atomic_log.level
+        atomic_log.setLevel(logging.ERROR)  # the line below says it; no second report
+        try:
+            clean_stale(output_dir)
+        finally:
+            atomic_log.setLevel(level)
+    why = (
+        "on Linux usually the out-of-memory killer (see `dmesg`); to need less memory: --dtype bfloat16, "
+        "--no-validate, or a smaller model"
+        if name == "SIGKILL"
+        else "it could not clean up"
+    )
+    err_console.print(
+        f"[red bold]export killed[/] by {name} in stage '{where}' ({why}); "
+        + (f"{output_dir} is left as it was" if output_dir else "nothing was written"),
+        soft_wrap=True,
+    )
+    return 128 - code
 
 
 def _plan_loading(
@@ -1334,7 +1460,14 @@ def generate_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    ``hfexport export`` runs in a supervised child process (:func:`_supervise`) unless
+    ``HFEXPORT_ISOLATE=0``, so a kill of the export (the out-of-memory killer) is reported.
+    """
+    argv = sys.argv[1:]
+    if argv[:1] == ["export"] and os.environ.get(ISOLATE_ENV, "1") not in ("0", "child"):
+        sys.exit(_supervise(argv))
     app()
 
 
