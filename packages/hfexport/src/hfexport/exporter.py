@@ -535,6 +535,9 @@ class HfExporter(abc.ABC):
                         self.save(artifact, staged)
                         metadata = self.component_metadata(artifact)
                         report.artifact_metadata = metadata
+                    from hfexport.integrity import hash_in_background
+
+                    hash_in_background(staging)  # the folder's checksums, while the artifact is validated
                     if sets is not None and not (self.validates_saved_file and self.loads_artifacts()):
                         extra = self.extra_runners(artifact, staged)  # validated in memory
                     elif sets is not None:
