@@ -171,6 +171,9 @@ class HfExporter(abc.ABC):
         self.validate_environment()
         self.config = self._resolve_config(config) if config is not None else None
         self.last_report: ExportReport | None = None
+        #: the resolved config (dtype decided) of the last export, what
+        #: :func:`hfexport.folder.write_export_folder` records by default
+        self.last_config: ExportConfigMixin | None = None
         #: the resolved config of the export running now (dtype decided), ``None`` between exports:
         #: what :meth:`runner` and :meth:`load_component` read for runtime settings (device ...)
         self.active_config: ExportConfigMixin | None = None
@@ -482,6 +485,7 @@ class HfExporter(abc.ABC):
         check_model(model)
         decision = self.decide_dtype(model, config)
         config = self.config_in_dtype(config, decision)
+        self.last_config = config
         report = ExportReport(
             export_format=self.export_format,
             component=component,
