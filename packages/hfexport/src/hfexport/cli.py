@@ -799,7 +799,7 @@ def export_command(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         exporter.stage_callback = progress
-        from hfexport.folder import ExportRecord, export_versions, open_export_folder, size_change
+        from hfexport.folder import ExportRecord, open_export_folder
 
         stage = "output_dir"
         _step(stage)  # a staging folder that cannot be made is not a loading failure
@@ -859,22 +859,19 @@ def export_command(
                 folder.copy_files(loaded.files_to_copy)
                 if loaded.source is None:
                     folder.write_model_config(loaded.model)
-            sizes = folder.sizes()
-            record.size_change = size_change(
-                config, loaded.model, sizes, component_files or {"model": exporter.artifact_filename}
+            record = folder.complete(
+                record,
+                model_name=model,
+                task=loaded.task,
+                config=config,
+                dtype=decision.to_dict(),
+                report=reports[-1] if reports else None,
+                model=loaded.model,
+                artifact_names=component_files or {"model": exporter.artifact_filename},
             )
-            record.model = model
-            record.task = loaded.task
-            record.config = config.to_dict()
-            record.dtype = decision.to_dict()
-            record.versions = export_versions(exporter)
-            record.report = reports[-1].to_dict() if reports else None
-            record.artifact_sizes_bytes = sizes
-            folder.finish(record)
             # atomic_output_dir moves the staged folder in when this block ends (its own fault point)
             stage = "swap"
             _tell_supervisor("stage", stage)
-        size_change_ = record.size_change
         for r in reports:
             # a generation export: one table per component, titled with its name
             _print_validation(r, component=r.component if component_files else None)
@@ -885,8 +882,8 @@ def export_command(
         for r in reports:
             if r.extra.get("greedy_parity"):
                 console.print(_greedy_parity_line(r.extra["greedy_parity"]))
-        if size_change_:
-            console.print(_size_line(size_change_))
+        if record.size_change:
+            console.print(_size_line(record.size_change))
         files = sorted(p for p in output_dir.rglob("*") if p.is_file())  # layouts nest (onnx/, ...)
         console.print(
             f"[bold green]exported[/] {model} -> {output_dir}/ "

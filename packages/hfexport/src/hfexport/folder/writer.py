@@ -201,6 +201,46 @@ class ExportFolderWriter:
         """``{file name: bytes}`` of the folder's top-level files, sorted by name."""
         return {p.name: p.stat().st_size for p in sorted(self.path.iterdir()) if p.is_file()}
 
+    def complete(
+        self,
+        record: ExportRecord,
+        *,
+        model_name: str | None,
+        task: str | None,
+        config: Any,
+        dtype: Mapping[str, Any] | None,
+        report: Any,
+        model: Any = None,
+        artifact_names: Mapping[str, str] | None = None,
+    ) -> ExportRecord:
+        """Fill what every export records, then :meth:`finish` the folder.
+
+        Args:
+            record: the record with what the export wrote (``artifact``, or the generation
+                fields, or a layout's).
+            model_name: what the model was given as (the CLI's ``--model``).
+            task: the task exported for.
+            config: the export config (recorded with ``to_dict()``).
+            dtype: the dtype decision as a dict (``DtypeDecision.to_dict()``).
+            report: the (last component's) :class:`hfexport.report.ExportReport`, or ``None``.
+            model: the eager model, for the size change of a reduced-precision or quantized export.
+            artifact_names: ``{component: artifact file name}`` whose bytes the size change counts.
+
+        Returns:
+            The record as written (see :meth:`finish`).
+        """
+        sizes = self.sizes()
+        record.model = model_name
+        record.task = task
+        record.config = config.to_dict()
+        record.dtype = dict(dtype) if dtype is not None else None
+        record.versions = export_versions(self.exporter)
+        record.report = report.to_dict() if report is not None else None
+        if model is not None and artifact_names:
+            record.size_change = size_change(config, model, sizes, artifact_names)
+        record.artifact_sizes_bytes = sizes
+        return self.finish(record)
+
     def finish(self, record: ExportRecord) -> ExportRecord:
         """Complete the record's sizes and checksums and write ``export_report.json`` and
         ``checksums.sha256``.
@@ -323,17 +363,17 @@ def write_export_folder(
         folder.copy_files(files)
         if model is not None:
             folder.write_model_config(model)
-        sizes = folder.sizes()
         name = model_name
         if name is None and model is not None:
             name = getattr(getattr(model, "config", None), "name_or_path", None) or type(model).__name__
-        record.model = name
-        record.task = task if task is not None else ("text-generation" if generation else None)
-        record.config = config.to_dict()
-        record.dtype = getattr(last, "dtype", None)
-        record.versions = export_versions(exporter)
-        record.report = last.to_dict() if last is not None else None
-        record.size_change = size_change(config, model, sizes, names) if model is not None else None
-        record.artifact_sizes_bytes = sizes
-        record = folder.finish(record)
+        record = folder.complete(
+            record,
+            model_name=name,
+            task=task if task is not None else ("text-generation" if generation else None),
+            config=config,
+            dtype=getattr(last, "dtype", None),
+            report=last,
+            model=model,
+            artifact_names=names,
+        )
     return record
