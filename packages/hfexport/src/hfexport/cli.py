@@ -805,6 +805,7 @@ def export_command(
         _step(stage)  # a staging folder that cannot be made is not a loading failure
         with open_export_folder(output_dir, exporter, overwrite=overwrite) as folder:
             record = ExportRecord(export_format=export_format)
+            sized: Any = loaded.model  # the model (or its fp32 bytes) a size change is measured against
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
                 # config, tokenizer files); the record and checksums are added below as always
@@ -845,6 +846,9 @@ def export_command(
                 component_files = None
                 # saved before validation, which runs the saved file; the model's weights are
                 # released once the eager references exist (the runtime's copy is then the only one)
+                from hfexport.folder.writer import eager_float32_bytes
+
+                sized = eager_float32_bytes(loaded.model)  # the size change's base, before the release
                 report = exporter.export_to_path(
                     loaded.model, loaded.inputs, folder.artifact_path(), config, release_model=True
                 )
@@ -866,7 +870,7 @@ def export_command(
                 config=config,
                 dtype=decision.to_dict(),
                 report=reports[-1] if reports else None,
-                model=loaded.model,
+                model=sized,
                 artifact_names=component_files or {"model": exporter.artifact_filename},
             )
             # atomic_output_dir moves the staged folder in when this block ends (its own fault point)

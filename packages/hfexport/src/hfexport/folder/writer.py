@@ -64,6 +64,12 @@ def second_shape_record(report: Any) -> dict[str, Any]:
     return {"status": "not run", "reason": "a static export, or validation is off"}
 
 
+def eager_float32_bytes(model: Any) -> int:
+    """Bytes of ``model``'s floating point parameters and buffers counted as float32 (tied tensors
+    once): the eager fp32 size a reduced-precision or quantized artifact is compared with."""
+    return _eager_float32_bytes(model)
+
+
 def _eager_float32_bytes(model: Any) -> int:
     seen: set[int] = set()
     total = 0
@@ -75,7 +81,11 @@ def _eager_float32_bytes(model: Any) -> int:
 
 
 def size_change(
-    config: Any, model: Any, sizes: Mapping[str, int], artifact_names: Mapping[str, str]
+    config: Any,
+    model: Any,
+    sizes: Mapping[str, int],
+    artifact_names: Mapping[str, str],
+    export_dtype: str | None = None,
 ) -> dict[str, Any] | None:
     """Eager fp32 weight bytes vs the artifact's files for a reduced-precision, fused or quantized
     export; ``None`` otherwise or without an artifact file.
@@ -83,19 +93,21 @@ def size_change(
     Args:
         config: the export config (its ``dtype``, ``quantization``, ``ort_fusions`` say whether
             the size changes).
-        model: the eager model (its floating point parameters and buffers, counted as float32).
+        model: the eager model (its floating point parameters and buffers, counted as float32), or
+            that count in bytes, taken before an export that releases the model's weights.
         sizes: ``{file name: bytes}`` of the output folder.
         artifact_names: ``{component: artifact file name}`` (``{"model": "model.onnx"}`` for a
             plain export); a component's bytes are those of every file whose name starts with its
             file name (``model.onnx`` + ``model.onnx.data``).
+        export_dtype: the dtype the export computed in when ``config.dtype`` is ``None`` (auto:
+            the dtype decision's ``export``, e.g. ``"bfloat16"`` for a bf16 checkpoint on dynamo).
 
     Returns:
         ``{"eager_float32_bytes", "artifact_bytes", "ratio"}`` (all artifact files), and for more
         than one component ``"components": {name: {"bytes", "ratio"}}``.
     """
-    plain = (
-        getattr(config, "dtype", None) in (None, "float32") and getattr(config, "quantization", None) is None
-    )
+    dtype = getattr(config, "dtype", None) or export_dtype
+    plain = dtype in (None, "float32") and getattr(config, "quantization", None) is None
     if plain and getattr(config, "ort_fusions", None) is None:
         return None
     per_component = {
@@ -103,7 +115,7 @@ def size_change(
         for name, prefix in artifact_names.items()
     }
     artifact = sum(per_component.values())
-    eager = _eager_float32_bytes(model)
+    eager = model if isinstance(model, int) else _eager_float32_bytes(model)
     if not artifact or not eager:
         return None
     change: dict[str, Any] = {
@@ -237,7 +249,8 @@ class ExportFolderWriter:
         record.versions = export_versions(self.exporter)
         record.report = report.to_dict() if report is not None else None
         if model is not None and artifact_names:
-            record.size_change = size_change(config, model, sizes, artifact_names)
+            export_dtype = (dtype or {}).get("export")
+            record.size_change = size_change(config, model, sizes, artifact_names, export_dtype)
         record.artifact_sizes_bytes = sizes
         return self.finish(record)
 
