@@ -69,7 +69,9 @@ def test_bf16_checkpoint_exports_and_validates_with_defaults(backend, bf16_folde
         assert change is None
     else:
         assert change["artifact_bytes"] == (out / "model.pt2").stat().st_size, change
-        assert change["eager_float32_bytes"] > 0 and "size: fp32 eager weights" in " ".join(proc.stdout.split())
+        assert change["eager_float32_bytes"] > 0 and "size: fp32 eager weights" in " ".join(
+            proc.stdout.split()
+        )
     for label in ("sample", "second_shape"):
         rows = {r["name"]: r for r in record["report"]["validation"][label]}
         assert all(r["ok"] for r in rows.values()), (label, rows)
