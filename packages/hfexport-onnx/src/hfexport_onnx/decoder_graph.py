@@ -264,6 +264,30 @@ def _step_inputs(
     return inputs
 
 
+def _text_plan(
+    model: torch.nn.Module, past_cache: list[tuple[torch.Tensor, torch.Tensor]], takes_position_ids: bool
+) -> tuple[Any, dict[str, Any]]:
+    """How the quality text is fed to the decoder graph (:meth:`HfExporter.text_reference`):
+    prefills of up to the model's position limit (at most 1024 tokens) on an empty past, batch 1."""
+    from hfexport.quality import position_limit
+
+    def make_inputs(chunk: torch.Tensor) -> dict[str, Any]:
+        length = int(chunk.shape[1])
+        inputs: dict[str, Any] = {
+            "input_ids": chunk.to(torch.long),
+            "attention_mask": torch.ones(1, length, dtype=torch.long),
+        }
+        if takes_position_ids:
+            inputs["position_ids"] = torch.arange(length, dtype=torch.long)[None]
+        inputs["past_key_values"] = [
+            {"key": k[:1, :, :0].contiguous(), "value": v[:1, :, :0].contiguous()} for k, v in past_cache
+        ]
+        return inputs
+
+    limit = min(position_limit(model) or 1024, 1024)
+    return make_inputs, {"max_length": limit, "exact": False, "batch": 1}
+
+
 def _eager_past(
     model: torch.nn.Module, length: int, batch: int, token_range: tuple[int, int], takes_position_ids: bool
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -432,6 +456,7 @@ def export_decoder_with_past(
     report = exporter.last_report
     _name_cache_axes(artifact, report)
 
+    text = None
     if getattr(resolved, "validate", True):
         run = exporter.runner(artifact)
         cases = {
@@ -453,6 +478,19 @@ def export_decoder_with_past(
                     report.validation[label] = exporter.check_outputs(
                         wrapper, run, inputs, resolved, report=report, label=label.replace("_", " ")
                     )
+            # a quantized graph is also scored on real text, teacher-forced in prefills on an
+            # empty past (hfexport.quality.text_quality)
+            text = exporter.text_reference(
+                wrapper,
+                {},
+                resolved,
+                report,
+                plan=_text_plan(model, past_cache, takes_position_ids),
+                source=model,
+            )
+        if text is not None:
+            with report.stage(f"{Stage.VALIDATE}_text"):
+                exporter.check_text(run, text, report)
 
     graph = artifact.model.graph
     input_names = tuple(v.name for v in graph.inputs if v.name not in graph.initializers)
