@@ -7,9 +7,10 @@ previous good export, a user's file, a generation export), every path, size and 
 staging or temporary leftovers. For usage errors the model loader (``hfexport.loading.load_model``,
 and for ``generate`` the component loading) must never have been called.
 
-Rows run in-process through typer's ``CliRunner`` on ``hfexport.cli.app``; three also run as a
-subprocess (``python -m hfexport.cli``) to check what a user's terminal shows (``patches`` runs
-in-process only: it imports every backend before it can judge a key, ~13 s as a subprocess).
+Rows run in-process through typer's ``CliRunner`` on ``hfexport.cli.app``; four also run as a
+subprocess (``python -m hfexport.cli``) to check what a user's terminal shows (``patches``, which
+imports every backend before it can judge a key, ~15 s as a subprocess, runs so once: the warnings
+those imports log must reach the log file, not the terminal).
 The API rows are in ``packages/hfexport/tests/test_bad_inputs.py``.
 """
 
@@ -160,6 +161,44 @@ def _plain_folder(tmp: Path) -> None:
     shutil.copytree(tmp / "good_export", tmp / "plain")
 
 
+def _dangling_link(tmp: Path) -> None:
+    """``{tmp}/../dangling`` names ``{tmp}/gone/out``, which does not exist (the link sits outside
+    the snapshot, which cannot read a dangling link; following it would create ``gone/`` inside)."""
+    (tmp.parent / "dangling").symlink_to(tmp / "gone" / "out", target_is_directory=True)
+
+
+def _positions(limit: int) -> Callable[[Path], None]:
+    """The generation folder's config.json declares ``limit`` positions (checksums rewritten)."""
+
+    def setup(tmp: Path) -> None:
+        from hfexport.integrity import write_checksums
+
+        path = tmp / "gen" / "config.json"
+        config = json.loads(path.read_text())
+        config["max_position_embeddings"] = limit
+        path.write_text(json.dumps(config))
+        write_checksums(tmp / "gen")
+
+    return setup
+
+
+def _lock(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """Make ``folder`` unwritable (mode 0555); root writes anyway, so for root the write probe of
+    :mod:`hfexport.atomic` fails there as it would for anyone else."""
+    from hfexport import atomic
+
+    folder.mkdir()
+    folder.chmod(0o555)
+    real = atomic._probe_write
+
+    def probe(where: Path) -> OSError | None:
+        if os.geteuid() == 0 and Path(where) == folder:
+            return PermissionError(13, "Permission denied")
+        return real(where)
+
+    monkeypatch.setattr(atomic, "_probe_write", probe)
+
+
 # --------------------------------------------------------------------------------------------------
 # the rows
 # --------------------------------------------------------------------------------------------------
@@ -175,6 +214,8 @@ class Row:
     loads: bool = False  # the model loader may be called (a failure while loading)
     toy_format: bool = False  # register the test backend (generate rows that load components)
     subprocess: bool = False  # run as `python -m hfexport.cli` instead of in-process
+    cwd: str | None = None  # run from this folder ("{tmp}" is replaced), in-process only
+    locked: str | None = None  # a folder (under "{tmp}") nobody may write into (see _lock)
 
 
 def _export(fmt: str, out: str = "{tmp}/out", *extra: str, model: str = "tiny:bert") -> list[str]:
@@ -229,6 +270,52 @@ ROWS: list[Row] = [
         _export("dynamo", "{tmp}", "--overwrite", model="{tmp}/mymodel"),
         2,
         r"Invalid value for OUTPUT_DIR: output folder '.*' is or contains '.*mymodel'",
+    ),
+    Row(  # issue 29: a dangling link is refused, not followed to create the folder it names
+        "export_output_dir_dangling_symlink",
+        _export("dynamo", "{tmp}/../dangling"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*dangling' is a symbolic link to '.*gone/out', which does "
+        r"not exist; refusing to follow a dangling link",
+        setup=_dangling_link,
+    ),
+    Row(  # issue 29: checked before loading, naming OUTPUT_DIR, not our staging folder
+        "export_output_dir_unwritable_parent",
+        _export("dynamo", "{tmp}/locked/out"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*locked/out' cannot be written: (Permission denied|no "
+        r"write permission) on '.*locked'",
+        locked="{tmp}/locked",
+    ),
+    Row(  # issue 29: replacing the working folder would leave the shell in a deleted folder
+        "export_overwrite_dot",
+        _export("dynamo", ".", "--overwrite"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '\.' is or contains the current working folder '.*foreign', "
+        r"which an export would replace as a whole",
+        cwd="{tmp}/foreign",
+    ),
+    Row(
+        "export_output_dir_a_previous_export_holding_the_working_folder",
+        _export("dynamo", "{tmp}/good_export"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*good_export' is or contains the current working folder",
+        cwd="{tmp}/good_export",
+    ),
+    Row(
+        "export_output_dir_containing_the_working_folder",
+        _export("dynamo", "{tmp}", "--overwrite"),
+        2,
+        r"Invalid value for OUTPUT_DIR: output folder '.*work' is or contains the current working folder "
+        r"'.*foreign'",
+        cwd="{tmp}/foreign",
+    ),
+    Row(  # issue 29: the missing weights are the problem, not the task
+        "export_model_folder_without_weights",
+        _export("dynamo", model="{tmp}/mymodel"),
+        2,
+        r"Invalid value for --model: model folder '.*mymodel' holds config\.json but no weights \(config\.json\), "
+        r"which is invalid; allowed: a folder with config\.json and its weight files",
     ),
     # -- export: options the config rejects (usage errors, before loading) ------------------------
     Row(
@@ -587,6 +674,24 @@ ROWS: list[Row] = [
         2,
         r"Missing argument 'OUTPUT_DIR'",
     ),
+    Row(  # issue 29: a prompt that fills the model's positions leaves nothing to generate
+        "generate_prompt_fills_the_positions",
+        _generate("--input-ids", "1,2,3"),
+        2,
+        r"Invalid value for --input-ids: the prompt has 3 tokens, which leaves no room: the exported model holds "
+        r"at most 3 positions \(config\.max_position_embeddings=3\); allowed: a prompt of at most 2 tokens",
+        setup=_positions(3),
+    ),
+    Row(  # issue 29: beyond the positions, generation stops at the limit and says so (exit 0)
+        "generate_max_new_tokens_beyond_the_positions",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "50"),
+        0,
+        r"note: --max-new-tokens 50 would exceed the model's maximum of 6 positions "
+        r"\(config\.max_position_embeddings=6, prompt 2 tokens\); stopping at 4 new tokens",
+        setup=_positions(6),
+        loads=True,
+        toy_format=True,
+    ),
     # -- generate: failures while loading (exit 1, "generate failed") -----------------------------
     Row(
         "generate_flipped_component_byte",
@@ -632,6 +737,13 @@ ROWS: list[Row] = [
         _generate("--input-ids", "1,2", "--max-new-tokens", "0"),
         2,
         r"Invalid value for --max-new-tokens: must be at least 1, got 0",
+        subprocess=True,
+    ),
+    Row(  # issue 29: importing the backends logs torchao's warnings; they go to the log file
+        "subprocess_patches_backend_nonsense",
+        ["patches", "--backend", "nonsense"],
+        2,
+        r"Invalid value for --backend: .*'nonsense'.*(known|one of)",
         subprocess=True,
     ),
     Row(
@@ -703,6 +815,10 @@ def test_bad_command_line(row: Row, gen_folder, tmp_path, tmp_path_factory, monk
         from hfexport import auto
 
         monkeypatch.setitem(auto._EXPORTERS, TOY, EagerExporter)
+    if row.locked:
+        _lock(monkeypatch, Path(row.locked.replace("{tmp}", str(work))))
+    if row.cwd:
+        monkeypatch.chdir(row.cwd.replace("{tmp}", str(work)))
 
     cwd = os.getcwd()
     before = _disk_snapshot(work)

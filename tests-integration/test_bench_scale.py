@@ -281,6 +281,25 @@ def test_table_renders_from_the_fixture(bench, fixture_results):
     assert any(line.startswith("| dynamo | ours | 2 |") for line in lines)
 
 
+def test_known_causes_follow_their_misses(bench):
+    results = {
+        "models": {"m": {"parameters": 596_049_920}},
+        "measurements": {
+            "m/openvino/ours": _ours(10.0, 7.0),  # 2.94 W > 2 W: the CPU plugin's copies explain it
+            "m/executorch/ours": _ours(10.0, 7.0),
+            "m/executorch/reference": _ref(20.0, 9.1),
+            "m/onnx/ours": _ours(10.0, 5.0),  # 2.1 W > 2 W on onnx: no known cause, none printed
+        },
+    }
+    lines = bench.scale.render(results).splitlines()
+    ov = next(line for line in lines if line.startswith("- m openvino: our peak RSS is 2.94x W"))
+    assert "Cause: upstream stage: OpenVINO's CPU plugin" in ov
+    et = next(line for line in lines if line.startswith("- m executorch: our peak RSS is 2.94x W"))
+    assert "Cause: upstream stages: ExecuTorch lowering" in et
+    onnx = next(line for line in lines if line.startswith("- m onnx: our peak RSS"))
+    assert "Cause" not in onnx
+
+
 def test_linear_fit_and_peak_stage(bench):
     intercept, slope, residual = bench.scale.linear_fit([(1.0, 3.0), (2.0, 5.0), (4.0, 9.0)])
     assert (intercept, slope) == pytest.approx((1.0, 2.0)) and residual == pytest.approx(0.0)

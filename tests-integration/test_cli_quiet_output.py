@@ -97,3 +97,17 @@ def test_static_int8_export_keeps_onnx_runtime_warnings_in_the_log(tmp_path, min
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _noise(proc.stdout + proc.stderr) == []
     assert "WARNING onnxruntime.native: Removing initializer 'pooler.dense.weight'" in log.read_text()
+
+
+def test_executorch_cpuinfo_lines_stay_off_the_terminal(tmp_path):
+    """ExecuTorch's C++ runtime prints ``[cpuinfo_utils.cpp:...]`` lines to file descriptor 2 when
+    validation loads the first XNNPACK program; through the console-script path (the supervised
+    child, ``hfexport.native_output``) they reach the log file, not the terminal (issue 29)."""
+    pytest.importorskip("hfexport_executorch")
+    out, log = tmp_path / "out", tmp_path / "cli.log"
+    proc = _hfexport("executorch", str(out), "--model", "tiny:bert", log=log)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "cpuinfo" not in proc.stdout + proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
+    if sys.platform == "linux":  # ExecuTorch 1.4.1 prints them there; once it stops, this is moot
+        assert "INFO executorch.native: [cpuinfo_utils.cpp:" in log.read_text()

@@ -15,6 +15,7 @@ Rows run before any capture, so the matrix is fast; rows needing a backend name 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib
@@ -24,6 +25,7 @@ import math
 import os
 import re
 import shutil
+import unittest.mock
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -522,6 +524,68 @@ def _save_components_into(relative: str) -> Callable[[Env], Any]:
     return call
 
 
+def _locked_folder(env: Env) -> Path:
+    """A folder nobody may write into (mode 0555); for root, who writes anyway, the write probe of
+    :mod:`hfexport.atomic` is made to fail there as it would for anyone else."""
+    folder = env.tmp / "locked"
+    folder.mkdir()
+    folder.chmod(0o555)
+    return folder
+
+
+@contextlib.contextmanager
+def _unwritable(env: Env) -> Any:
+    from hfexport import atomic
+
+    locked = env.tmp / "locked"
+    real = atomic._probe_write
+
+    def probe(folder: Path) -> OSError | None:
+        if os.geteuid() == 0 and Path(folder) == locked:
+            return PermissionError(13, "Permission denied")
+        return real(folder)
+
+    with unittest.mock.patch.object(atomic, "_probe_write", probe):
+        yield
+
+
+def _with_unwritable(env: Env, call: Callable[[], Any]) -> Any:
+    with _unwritable(env):
+        return call()
+
+
+def _onnx_export_to(relative: str, *, locked: bool = False) -> Callable[[Env], Any]:
+    def call(env: Env) -> Any:
+        exporter = importlib.import_module("hfexport_onnx").OnnxExporter()
+        config = OnnxConfig(output_path=str(env.tmp / relative))
+        with _unwritable(env) if locked else contextlib.nullcontext():
+            return exporter.export(env.model("bert"), env.inputs("bert"), config)
+
+    return call
+
+
+def _set(config: Any, name: str, value: Any) -> Any:
+    setattr(config, name, value)
+    return config
+
+
+def _dangling_link(env: Env) -> Path:
+    """A symlink beside the working folder (a dangling link cannot be snapshotted) naming a folder
+    below it that does not exist: following it would create ``gone/out`` in the working folder."""
+    link = env.tmp.parent / f"{env.tmp.name}-dangling"
+    link.symlink_to(env.tmp / "gone" / "out", target_is_directory=True)
+    return link
+
+
+def _save_dynamo_into(relative: str) -> Callable[[Env], Any]:
+    def call(env: Env) -> Any:
+        from hfexport_dynamo import load, save
+
+        return save(load(env.pt2), env.tmp / relative)
+
+    return call
+
+
 def _encoded_dim(name: str, lo: int, hi: int) -> dict[str, Any]:
     return {"input_ids": {"__int_keys__": [[0, {"__dim__": {"name": name, "min": lo, "max": hi}}]]}}
 
@@ -610,7 +674,103 @@ CASES: list[Case] = [
         UnsupportedInputError,
         r"input_ids \[0, 8\] has size 0 on axis 0 \(its batch axis\)",
     ),
+    # -- token ids (issue 29): refused before capture, not by the embedding lookup ---------------
+    Case(
+        "inputs_float_input_ids",
+        _export("bert", inputs=_with("bert", input_ids=lambda env: env.inputs("bert")["input_ids"].float())),
+        UnsupportedInputError,
+        r"input_ids is a float32 tensor \[2, 8\], which is invalid; allowed: an integer \(torch\.long\) "
+        r"tensor \[batch, sequence\] of token ids",
+    ),
+    Case(
+        "inputs_ids_above_the_vocabulary",
+        _export("bert", inputs=_with("bert", input_ids=lambda env: env.inputs("bert")["input_ids"] + 10**5)),
+        UnsupportedInputError,
+        r"input_ids holds token ids \[1\d{5}, .*\] outside the vocabulary of BertModel, which is invalid; "
+        r"allowed: ids from 0 to \d+ \(its input embedding has \d+ rows\)",
+    ),
+    Case(
+        "inputs_negative_ids",
+        _export(
+            "llama", inputs=_with("llama", input_ids=lambda env: env.inputs("llama")["input_ids"] - 10**5)
+        ),
+        UnsupportedInputError,
+        r"input_ids holds token ids \[-\d+, .*\] outside the vocabulary of LlamaForCausalLM, which is invalid",
+    ),
+    Case(
+        "inputs_input_ids_a_str",
+        _export("bert", inputs=_with("bert", input_ids="hello world")),
+        UnsupportedInputError,
+        r"input_ids='hello world' is a str, which is invalid; allowed: an integer \(torch\.long\) tensor "
+        r".*Tokenize the text first",
+    ),
+    Case(
+        "inputs_input_ids_a_list",
+        _export("bert", inputs=_with("bert", input_ids=lambda env: env.inputs("bert")["input_ids"].tolist())),
+        UnsupportedInputError,
+        r"input_ids=\[\[\d+, .* is a list, which is invalid; allowed: an integer \(torch\.long\) tensor",
+    ),
     # -- dynamic_shapes ----------------------------------------------------------------------------
+    Case(
+        "dynamic_shapes_str_leaf",
+        lambda env: DynamoConfig(dynamic_shapes={"input_ids": {0: "batch"}}),
+        ValueError,
+        r"dynamic_shapes\['input_ids'\]\[0\]='batch' is invalid; allowed: torch\.export\.Dim\(name, min=\.\.\., "
+        r"max=\.\.\.\), Dim\.AUTO, Dim\.STATIC, Dim\.DYNAMIC, an int or None; .*write Dim\('batch'\)",
+    ),
+    Case(
+        "dynamic_shapes_str_leaf_set_after_construction",
+        lambda env: _set(DynamoConfig(), "dynamic_shapes", {"input_ids": ("batch", None)}),
+        ValueError,
+        r"dynamic_shapes\['input_ids'\]\[0\]='batch' is invalid; allowed: torch\.export\.Dim",
+    ),
+    Case(
+        "dynamic_shapes_dim_bound_not_a_number_from_dict",
+        lambda env: DynamoConfig.from_dict(
+            {
+                "dynamic_shapes": {
+                    "input_ids": {"__int_keys__": [[0, {"__dim__": {"name": "b", "min": "one"}}]]}
+                }
+            }
+        ),
+        ValueError,
+        r"dynamic_shapes\['input_ids'\]\[0\]: Dim 'b' has min='one', which is invalid; allowed: a non-negative "
+        r"integer or null",
+    ),
+    Case(
+        "export_config_json_dim_bound_not_a_number",
+        lambda env: AutoHfExporter.from_pretrained(env.tmp / "recipe"),
+        ValueError,
+        r".*recipe/export_config\.json: dynamic_shapes\['input_ids'\]\[1\]: Dim 'seq' has max='lots', which is invalid; allowed: a non-negative "
+        r"integer or null",
+        setup=_setup_recipe(
+            json.dumps(
+                {
+                    "export_format": "dynamo",
+                    "dynamic_shapes": {
+                        "input_ids": {
+                            "__int_keys__": [[1, {"__dim__": {"name": "seq", "min": 1, "max": "lots"}}]]
+                        }
+                    },
+                }
+            )
+        ),
+    ),
+    Case(
+        "dynamic_shapes_batch_dynamic_on_one_input_static_on_another",
+        _export("bert", config=_ds({"input_ids": {0: Dim("b")}, "attention_mask": {0: None}})),
+        ValueError,
+        r"dynamic_shapes marks the text batch axis dynamic on input_ids \(dynamic_shapes\['input_ids'\]\[0\] = "
+        r"Dim\('b'\)\) and static on attention_mask \(dynamic_shapes\['attention_mask'\]\[0\] = None\), which is "
+        r"invalid",
+    ),
+    Case(
+        "dynamic_shapes_sequence_dynamic_on_one_input_static_on_another",
+        _export("llama", config=_ds({"input_ids": {1: Dim("s")}, "attention_mask": (None, 8)})),
+        ValueError,
+        r"dynamic_shapes marks the text sequence axis dynamic on input_ids .* and static on attention_mask "
+        r"\(dynamic_shapes\['attention_mask'\]\[1\] = 8\)",
+    ),
     Case(
         "dynamic_shapes_3_dims_for_2d",
         _export("bert", config=_ds({"input_ids": (None, None, None)})),
@@ -658,6 +818,24 @@ CASES: list[Case] = [
     Case("config_atol_negative", lambda env: DynamoConfig(atol=-1), ValueError, r"atol=-1 " + TOL),
     Case("config_rtol_inf", lambda env: OnnxConfig(rtol=math.inf), ValueError, r"rtol=inf " + TOL),
     Case("config_rtol_negative", lambda env: DynamoConfig(rtol=-0.5), ValueError, r"rtol=-0\.5 " + TOL),
+    Case(
+        "config_atol_set_after_construction",
+        lambda env: _set(DynamoConfig(), "atol", -5),
+        ValueError,
+        r"atol=-5 " + TOL,
+    ),
+    Case(
+        "config_opset_set_after_construction",
+        lambda env: _set(OnnxConfig(), "opset_version", 6),
+        ValueError,
+        r"opset_version=6 " + OPSET,
+    ),
+    Case(
+        "config_export_format_set_after_construction",
+        lambda env: _set(DynamoConfig(), "export_format", "onnx"),
+        ValueError,
+        r"DynamoConfig has export_format='dynamo', got 'onnx'",
+    ),
     Case(
         "from_dict_atol_nan",
         lambda env: AutoExportConfig.from_dict({"export_format": "dynamo", "atol": math.nan}),
@@ -1090,6 +1268,92 @@ CASES: list[Case] = [
         _atomic("notes.txt/out"),
         OutputDirectoryError,
         r"output folder '.*notes\.txt/out' cannot be created",
+    ),
+    Case(
+        "check_output_dir_dangling_symlink",
+        lambda env: check_output_dir(_dangling_link(env)),
+        OutputDirectoryError,
+        r"output folder '.*-dangling' is a symbolic link to '.*gone/out', which does not exist; refusing to "
+        r"follow a dangling link",
+    ),
+    Case(
+        "atomic_output_dir_dangling_symlink",
+        lambda env: _atomic(str(_dangling_link(env)))(env),
+        OutputDirectoryError,
+        r"output folder '.*-dangling' is a symbolic link to '.*gone/out', which does not exist",
+    ),
+    Case(
+        "check_output_dir_unwritable_parent",
+        lambda env: _with_unwritable(env, lambda: check_output_dir(env.tmp / "locked" / "out")),
+        OutputDirectoryError,
+        r"output folder '.*locked/out' cannot be written: (Permission denied|no write permission) on "
+        r"'.*locked'",
+        setup=_locked_folder,
+    ),
+    Case(
+        "export_to_path_under_a_file",
+        lambda env: CoreExporter().export_to_path(
+            env.model("bert"), env.inputs("bert"), env.tmp / "notes.txt" / "m.txt"
+        ),
+        OutputDirectoryError,
+        r"path='.*notes\.txt/m\.txt' is invalid: '.*notes\.txt' is a file, not a folder",
+    ),
+    Case(
+        "export_to_path_a_folder",
+        lambda env: CoreExporter().export_to_path(
+            env.model("bert"), env.inputs("bert"), env.tmp / "good_export"
+        ),
+        OutputDirectoryError,
+        r"path='.*good_export' is invalid: it is an existing folder; allowed: a file path",
+    ),
+    Case(
+        "export_to_path_unwritable_parent",
+        lambda env: _with_unwritable(
+            env,
+            lambda: CoreExporter().export_to_path(
+                env.model("bert"), env.inputs("bert"), env.tmp / "locked" / "m.txt"
+            ),
+        ),
+        OutputDirectoryError,
+        r"path '.*locked/m\.txt' cannot be written: (Permission denied|no write permission) on '.*locked'",
+        setup=_locked_folder,
+    ),
+    Case(
+        "onnx_output_path_under_a_file",
+        _onnx_export_to("notes.txt/model.onnx"),
+        OutputDirectoryError,
+        r"output_path='.*notes\.txt/model\.onnx' is invalid: '.*notes\.txt' is a file, not a folder",
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "onnx_output_path_unwritable_parent",
+        _onnx_export_to("locked/sub/model.onnx", locked=True),
+        OutputDirectoryError,
+        r"output_path '.*locked/sub/model\.onnx' cannot be written: (Permission denied|no write permission) on "
+        r"'.*locked'",
+        setup=_locked_folder,
+        needs="hfexport_onnx",
+    ),
+    Case(
+        "save_under_a_file",
+        lambda env: CoreExporter().save(None, env.tmp / "notes.txt" / "model.txt"),
+        OutputDirectoryError,
+        r"cannot write the file '.*notes\.txt/model\.txt': '.*notes\.txt' is a file, not a folder",
+    ),
+    Case(
+        "dynamo_save_under_a_file",
+        _save_dynamo_into("notes.txt/model.pt2"),
+        OutputDirectoryError,
+        r"cannot write the file '.*notes\.txt/model\.pt2': '.*notes\.txt' is a file, not a folder",
+        needs="hfexport_dynamo",
+    ),
+    Case(
+        "dynamo_save_into_a_folder",
+        _save_dynamo_into("good_export.pt2"),
+        OutputDirectoryError,
+        r"cannot write the file '.*good_export\.pt2': it is an existing folder",
+        setup=lambda env: (env.tmp / "good_export.pt2").mkdir(),
+        needs="hfexport_dynamo",
     ),
     Case(
         "save_components_into_a_file",

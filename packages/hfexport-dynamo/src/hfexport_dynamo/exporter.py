@@ -126,7 +126,7 @@ class DynamoExporter(HfExporter):
     #: auto keeps the checkpoint's dtype: the program runs the same aten kernels as eager PyTorch
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32", "bfloat16", "float16")
     #: Measured peak per weight byte (Qwen3-0.6B: 3.95 GB fp32 (W 2.38 GB), 2.66 GB bf16; the eager model's weights
-    #: plus validation activations (docs/performance.md#scale)).
+    #: plus validation activations (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 1.4
     runtime_name: ClassVar[str] = "PyTorch"
     #: The in-memory ``ExportedProgram`` is what PyTorch runs, sharing the model's weights: it is

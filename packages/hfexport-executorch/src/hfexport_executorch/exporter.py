@@ -109,7 +109,7 @@ class ExecutorchExporter(HfExporter):
     #: than float32 on CPUs without native fp16 arithmetic); bfloat16 runs on portable kernels only
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
     #: Measured peak per weight byte (Qwen3-0.6B fp32: 7.0 GB (W 2.38 GB): the eager weights, XNNPACK's serialized copy
-    #: of every delegated weight and the emitter's copy of the embedding (docs/performance.md#scale)).
+    #: of every delegated weight and the emitter's copy of the embedding (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "ExecuTorch's XNNPACK delegate"
     #: see :mod:`hfexport_executorch.quantize` (``embedding_bits`` combines with any of them).

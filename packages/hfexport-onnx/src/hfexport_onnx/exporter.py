@@ -199,7 +199,7 @@ class OnnxExporter(HfExporter):
     #: auto exports every checkpoint in float32: no bfloat16 kernels, and float16 MatMul/attention
     #: run slower than float32 on the CPU provider (casts around the ops without fp16 kernels)
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
-    #: Measured peak per weight byte (Qwen3-0.6B fp32: 4.21 GB (W 2.38 GB) (docs/performance.md#scale)).
+    #: Measured peak per weight byte (Qwen3-0.6B fp32: 4.21 GB (W 2.38 GB) (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 1.5
     runtime_name: ClassVar[str] = "ONNX Runtime's CPU provider"
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = QUANTIZATION_METHODS

@@ -166,7 +166,7 @@ class OpenvinoExporter(HfExporter):
     #: ``compress_to_fp16``; the precision the CPU plugin computes in is the compile hint)
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
     #: Measured peak per weight byte (Qwen3-0.6B fp32: 7.0 GB (W 2.38 GB): the CPU plugin's compiled model keeps the IR
-    #: constants and its repacked weights (docs/performance.md#scale)).
+    #: constants and its repacked weights (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "OpenVINO's CPU plugin (f32 hint)"
 

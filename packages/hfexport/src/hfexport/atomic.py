@@ -24,6 +24,11 @@ Output folder rules (also in ``docs/index.md``, "Output folders"):
   than :data:`STALE_AFTER_SECONDS` is removed, except that an ``-old`` folder left by a run killed
   in the middle of the swap is renamed back onto the target when the target is missing. Nothing
   that does not match these names is ever touched.
+- While a staging folder is being filled, the file ``<staging folder name>.stage`` beside it holds
+  the name of the export stage that started last (:func:`note_stage`, called by the report's
+  stage recorder). A run killed outright (SIGKILL from the out-of-memory killer, ``kill -9``)
+  cannot clean up; the next export into the same target removes its folders and logs a warning
+  naming the stage it died in (:func:`clean_stale`). The file is removed with its folder.
 - A folder that already exists is replaced only if it is empty, or it is a previous hfexport
   export (it holds :data:`EXPORT_MARKERS`: ``export_report.json``, written by every
   ``hfexport export``, or ``generation_manifest.json``, written by
@@ -48,6 +53,7 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from hfexport import faults
 from hfexport.errors import OutputDirectoryError
 
 __all__ = [
@@ -58,6 +64,10 @@ __all__ = [
     "atomic_path",
     "atomic_write_text",
     "check_output_dir",
+    "check_output_file",
+    "clean_stale",
+    "killed_stage",
+    "note_stage",
 ]
 
 logger = logging.getLogger(__name__)
@@ -71,6 +81,9 @@ EXPORT_MARKERS = ("export_report.json", "generation_manifest.json")
 STALE_AFTER_SECONDS = 24 * 3600
 
 _KINDS = ("staging", "old", "trash")
+_BREADCRUMB = ".stage"  # suffix of the file beside a staging folder naming its current stage
+#: the staging folders of atomic_output_dir being filled in this process, outermost first
+_ACTIVE: list[Path] = []
 _HOST = hashlib.sha256(socket.gethostname().encode("utf-8", "replace")).hexdigest()[:8]
 
 
@@ -82,9 +95,28 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     removed and ``path`` (if it existed) is untouched. The file is flushed to disk (``fsync``)
     before the rename, which is atomic on POSIX file systems (``os.replace``), so after a crash
     ``path`` holds the old or the new content, never an empty file.
+
+    Raises:
+        OutputDirectoryError: ``path`` is an existing folder, or lies under a file (the message
+            names both); nothing is written.
+        OSError: the file cannot be created or written (the temporary file is removed).
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise OutputDirectoryError(
+            f"cannot write the file {os.fspath(path)!r}: it is an existing folder; allowed: a file path "
+            f"(e.g. {os.fspath(target / 'model.onnx')!r}), or remove the folder",
+            path=os.fspath(path),
+        )
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = _file_ancestor(target.parent)
+        raise OutputDirectoryError(
+            f"cannot write the file {os.fspath(path)!r}: {os.fspath(blocker)!r} is a file, not a folder; "
+            "pick a path under a folder, or move the file away",
+            path=os.fspath(path),
+        ) from None
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     os.close(fd)
     tmp_path = Path(tmp)
@@ -106,6 +138,85 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def _file_ancestor(folder: Path) -> Path:
+    """The nearest existing ancestor of ``folder`` (itself included) that is not a folder, or the
+    nearest existing ancestor when there is none (for messages)."""
+    folder = Path(os.path.abspath(folder))
+    for candidate in (folder, *folder.parents):
+        if os.path.lexists(candidate):
+            return candidate
+    return folder
+
+
+def _probe_write(folder: Path) -> OSError | None:
+    """Create and remove an empty folder in ``folder``; the error when that fails, else ``None``.
+
+    ``os.access`` answers from the permission bits only (always "yes" for root, "no" for nothing on
+    a read-only mount it cannot see, wrong under ACLs); the probe is what the export will do. Its
+    name follows the staging-folder rule, so a probe left by a killed process is cleaned like one.
+    """
+    probe = folder / f".hfexport-probe.hfexport-staging.{os.getpid()}.{_HOST}.{secrets.token_hex(4)}"
+    try:
+        os.mkdir(probe)
+    except OSError as exc:
+        return exc
+    with contextlib.suppress(OSError):
+        os.rmdir(probe)
+    return None
+
+
+def _unwritable(shown: str, receiver: Path, what: str) -> str | None:
+    """The message for ``receiver`` not taking new entries, or ``None`` when it does."""
+    if os.access(receiver, os.W_OK | os.X_OK):
+        error = _probe_write(receiver)
+        if error is None:
+            return None
+        reason = error.strerror or str(error)
+    else:
+        reason = "no write permission"
+    return (
+        f"{what} {shown!r} cannot be written: {reason} on {os.fspath(receiver)!r} (hfexport writes "
+        "the new files beside the old ones there and renames them into place); fix the permissions "
+        "or pick another folder"
+    )
+
+
+def check_output_file(path: str | os.PathLike[str], *, what: str = "output_path") -> None:
+    """Check that the file ``path`` (an artifact such as ``model.onnx``) can be written, without
+    leaving anything behind, before an export starts.
+
+    Accepted: a new or existing file whose parent folder exists and takes new entries, or whose
+    missing parent folders can be created (the nearest existing ancestor is a writable folder).
+
+    Args:
+        path: the artifact file (``config.output_path``, ``export_to_path``'s ``path``).
+        what: how the path is named in the message.
+
+    Raises:
+        OutputDirectoryError: (a ``ValueError``) ``path`` is an existing folder, lies under a
+            file, or its folder (or nearest existing ancestor) cannot be written; the message
+            names the path, the problem and what to do.
+    """
+    shown = os.fspath(path)
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise OutputDirectoryError(
+            f"{what}={shown!r} is invalid: it is an existing folder; allowed: a file path such as "
+            f"{os.path.join(shown, 'model.onnx')!r} (the backend writes its companion files beside it)",
+            path=shown,
+        )
+    receiver = _file_ancestor(target.parent)
+    if not receiver.is_dir():
+        raise OutputDirectoryError(
+            f"{what}={shown!r} is invalid: {os.fspath(receiver)!r} is a file, not a folder, so the file cannot "
+            "be created under it; pick a path under a folder, or move the file away",
+            path=shown,
+        )
+    problem = _unwritable(shown, receiver, what)
+    if problem is not None:
+        raise OutputDirectoryError(problem, path=shown)
 
 
 def _resolve(path: str | os.PathLike[str]) -> Path:
@@ -183,8 +294,12 @@ def check_output_dir(
     *,
     overwrite: bool = False,
     keep: Iterable[str | os.PathLike[str]] = (),
+    keep_cwd: bool = False,
 ) -> None:
-    """Check that ``path`` can receive an export, without writing anything.
+    """Check that ``path`` can receive an export, leaving nothing behind.
+
+    The only write is a probe: an empty folder created and removed where the export will stage
+    its files (permission bits do not tell, e.g. for root, ACLs or read-only mounts).
 
     Call it before the expensive work (the CLI calls it before loading the model);
     :func:`atomic_output_dir` runs it again. Accepted: a path that does not exist yet (its missing
@@ -199,15 +314,25 @@ def check_output_dir(
             (everything in it is replaced by the new export).
         keep: existing paths the export must not delete (the CLI passes the ``--model`` folder);
             the user's home folder is always kept. Paths that do not exist are ignored.
+        keep_cwd: also refuse a ``path`` that is or contains the current working folder (the CLI:
+            replacing it would leave the user's shell in a deleted folder).
 
     Raises:
         OutputDirectoryError: (a ``ValueError``) ``path`` is a file or lies under a file, is a
-            file-system root, is or contains the home folder or a ``keep`` path, cannot be listed,
+            dangling symbolic link, is a file-system root, is or contains the home folder, a
+            ``keep`` path or (``keep_cwd``) the working folder, cannot be listed,
             holds files that are not a previous export and ``overwrite`` is false, or the folder
             that must receive it (its parent, or the nearest existing ancestor) is not writable.
             The message names the path, the problem and what to do.
     """
     shown = os.fspath(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        raise OutputDirectoryError(
+            f"output folder {shown!r} is a symbolic link to {os.readlink(path)!r}, which does not exist; "
+            "refusing to follow a dangling link (the export would create a folder wherever it points). "
+            "Create the folder it names, remove the link, or pick another folder",
+            path=shown,
+        )
     target = _resolve(path)
     if target.name == "":
         raise OutputDirectoryError(
@@ -220,6 +345,18 @@ def check_output_dir(
     except (RuntimeError, KeyError):  # no home folder known
         home = None
     real_target = Path(os.path.realpath(target))
+    if keep_cwd:
+        try:
+            cwd: str | None = os.path.realpath(os.getcwd())
+        except OSError:
+            cwd = None
+        if cwd is not None and (Path(cwd) == real_target or real_target in Path(cwd).parents):
+            raise OutputDirectoryError(
+                f"output folder {shown!r} is or contains the current working folder {cwd!r}, which an "
+                "export would replace as a whole (your shell would be left in a deleted folder); pick a "
+                f"new folder for the export, e.g. {os.path.join(shown, 'export')!r}, or run from another folder",
+                path=shown,
+            )
     for kept in [*([home] if home else []), *keep]:
         if not os.path.exists(kept):
             continue
@@ -266,13 +403,9 @@ def check_output_dir(
                 "folder; pick another folder",
                 path=shown,
             )
-    if not os.access(receiver, os.W_OK | os.X_OK):
-        raise OutputDirectoryError(
-            f"output folder {shown!r} cannot be written: no write permission on "
-            f"{os.fspath(receiver)!r} (hfexport writes the new folder beside the old one there and "
-            "swaps it in by renaming); fix the permissions or pick another folder",
-            path=shown,
-        )
+    problem = _unwritable(shown, receiver, "output folder")
+    if problem is not None:
+        raise OutputDirectoryError(problem, path=shown)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -314,8 +447,15 @@ def _clean_stale(target: Path) -> bool:
         return False
     stale: list[tuple[str, Path]] = []
     for name in names:
-        match = pattern.match(name)
+        crumb = name.endswith(_BREADCRUMB)
+        match = pattern.match(name[: -len(_BREADCRUMB)] if crumb else name)
         full = parent / name
+        if crumb and match is not None and match["kind"] == "staging" and full.is_file():
+            # a breadcrumb whose folder is gone (the run was killed after moving it in, or the
+            # folder was removed above): reported and removed with the folder, or alone
+            if not os.path.lexists(full.with_name(name[: -len(_BREADCRUMB)])) and _is_stale(full, match):
+                _report_killed(target, full, match)
+            continue
         if match is None or full.is_symlink() or not full.is_dir():
             continue
         if _is_stale(full, match):
@@ -338,7 +478,82 @@ def _clean_stale(target: Path) -> bool:
         _clean_stale(full)
         logger.info("removing stale temporary folder %s", full)
         shutil.rmtree(full, ignore_errors=True)
+        crumb = full.with_name(full.name + _BREADCRUMB)
+        if kind == "staging" and crumb.is_file():
+            match = pattern.match(full.name)
+            if match is not None:
+                _report_killed(target, crumb, match)
     return restored
+
+
+def _report_killed(target: Path, crumb: Path, match: re.Match[str]) -> None:
+    """Warn that the run whose breadcrumb is ``crumb`` died without cleaning up; remove ``crumb``."""
+    stage = _read_stage(crumb)
+    where = f"during stage '{stage}'" if stage else "before its first stage"
+    logger.warning(
+        "a previous export into %s (process %s) was killed %s without cleaning up (SIGKILL: the "
+        "out-of-memory killer or kill -9, or a crash); its temporary files are removed and the folder "
+        "is as that run found it. If memory ran out: --dtype bfloat16, --no-validate, or a smaller model",
+        target,
+        match["pid"],
+        where,
+    )
+    with contextlib.suppress(OSError):
+        crumb.unlink()
+
+
+def _read_stage(crumb: Path) -> str | None:
+    try:
+        text = crumb.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    return text.splitlines()[-1][:200] if text else None
+
+
+def note_stage(name: str) -> None:
+    """Record ``name`` as the current stage of the export whose output folder is being staged in
+    this process (the breadcrumb file beside the outermost staging folder); nothing when no
+    :func:`atomic_output_dir` is open. Called by :meth:`hfexport.report.ExportReport.stage` at
+    each stage start and by the CLI for its own steps; a failure to write is ignored."""
+    if not _ACTIVE:
+        return
+    crumb = _ACTIVE[0].with_name(_ACTIVE[0].name + _BREADCRUMB)
+    with contextlib.suppress(OSError), open(crumb, "w", encoding="utf-8") as fh:
+        fh.write(name + "\n")
+
+
+def killed_stage(path: str | os.PathLike[str], pid: int) -> tuple[bool, str | None]:
+    """What the process ``pid`` (gone) left beside the output folder ``path``.
+
+    Args:
+        path: the output folder the process was exporting into.
+        pid: the process id of the (dead) export.
+
+    Returns:
+        ``(staged, stage)``: whether it had created its staging folder, and the last stage it
+        recorded (``None`` when it recorded none).
+    """
+    target = _resolve(path)
+    pattern = _sibling_pattern(target)
+    staged, stage = False, None
+    with contextlib.suppress(OSError):
+        for name in os.listdir(target.parent):
+            match = pattern.match(name[: -len(_BREADCRUMB)] if name.endswith(_BREADCRUMB) else name)
+            if match is None or match["kind"] != "staging" or int(match["pid"]) != pid:
+                continue
+            staged = True
+            if name.endswith(_BREADCRUMB):
+                stage = _read_stage(target.parent / name) or stage
+    return staged, stage
+
+
+def clean_stale(path: str | os.PathLike[str]) -> None:
+    """Remove the temporary folders that dead exports left beside the output folder ``path``
+    (restoring a previous folder a killed swap had moved aside), logging a warning per killed
+    run that names its last stage; what :func:`atomic_output_dir` does before it stages."""
+    target = _resolve(path)
+    if target.parent.is_dir():
+        _clean_stale(target)
 
 
 def _mtime(path: Path) -> float:
@@ -380,6 +595,7 @@ def _swap(staging: Path, target: Path) -> None:
     """Put the complete folder ``staging`` at ``target``; the previous ``target`` survives a failure."""
     parent = target.parent
     if not os.path.lexists(target):
+        faults.reached("move")
         os.rename(staging, target)
         _fsync_path(parent, directory=True)
         return
@@ -387,8 +603,10 @@ def _swap(staging: Path, target: Path) -> None:
     with contextlib.suppress(OSError):
         os.chmod(staging, stat.S_IMODE(target.stat().st_mode))
     backup = _sibling_name(target, "old")
+    faults.reached("move")
     os.rename(target, backup)
     try:
+        faults.reached("move")
         os.rename(staging, target)
     except BaseException as exc:
         try:
@@ -404,6 +622,7 @@ def _swap(staging: Path, target: Path) -> None:
     _fsync_path(parent, directory=True)
     trash = _sibling_name(target, "trash")
     try:
+        faults.reached("move")
         os.rename(backup, trash)
     except OSError:
         trash = backup
@@ -441,14 +660,29 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     """
     check_output_dir(path, overwrite=overwrite)
     target = _resolve(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if _clean_stale(target):
-        check_output_dir(path, overwrite=overwrite)
-    staging = _make_staging(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if _clean_stale(target):
+            check_output_dir(path, overwrite=overwrite)
+        staging = _make_staging(target)
+    except OSError as exc:
+        raise OutputDirectoryError(
+            f"output folder {os.fspath(path)!r} cannot be written: creating its staging folder in "
+            f"{os.fspath(target.parent)!r} failed ({exc.strerror or exc}); fix the permissions or free "
+            "space there, or pick another folder",
+            path=os.fspath(path),
+        ) from exc
+    outermost = not _ACTIVE
+    _ACTIVE.append(staging)
+    if outermost:
+        faults.begin_export()
     try:
         yield staging
         _fsync_tree(staging)
         cwd = _cwd_inside(target)
+        if outermost:
+            note_stage("swap")
+            faults.reached("stage:swap")
         _swap(staging, target)
         if cwd is not None:  # the process was inside the replaced folder: move it into the new one
             with contextlib.suppress(OSError):
@@ -456,6 +690,11 @@ def atomic_output_dir(path: str | os.PathLike[str], *, overwrite: bool = False) 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    finally:
+        _ACTIVE.remove(staging)
+        if outermost:
+            with contextlib.suppress(OSError):
+                staging.with_name(staging.name + _BREADCRUMB).unlink()
 
 
 def _make_staging(target: Path) -> Path:

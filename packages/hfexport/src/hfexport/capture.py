@@ -39,6 +39,7 @@ __all__ = [
     "auto_dynamic_shapes",
     "capture",
     "check_dynamic_shapes",
+    "check_shared_axes",
     "register_stale_attribute",
     "release_shape_env_caches",
     "reset_stale_state",
@@ -170,8 +171,9 @@ def check_dynamic_shapes(dynamic_shapes: Any, inputs: Mapping[str, Any]) -> None
     For every top-level tensor input: a dict spec is keyed by axis indices ``0 <= axis < ndim``;
     a tuple/list spec has one entry per axis; an int entry equals the sample size; a ``Dim`` or
     a ``Dim.AUTO``/``Dim.DYNAMIC`` hint with a range admits the sample size (``min <= size <=
-    max``). A spec for ``None`` or a Python scalar must be ``None``. Caches and other nested inputs
-    are left to ``torch.export``.
+    max``). A spec for ``None`` or a Python scalar must be ``None``. Inputs sharing an axis are
+    marked alike (:func:`check_shared_axes`). Caches and other nested inputs are left to
+    ``torch.export``.
 
     Raises:
         ValueError: ``dynamic_shapes`` is not a dict keyed by kwarg name, names unknown inputs, or
@@ -246,6 +248,65 @@ def check_dynamic_shapes(dynamic_shapes: Any, inputs: Mapping[str, Any]) -> None
                     f"sample size {size} of {key} {shape} on axis {axis}; widen the range to include {size} "
                     f"or give sample inputs inside it"
                 )
+    check_shared_axes(dynamic_shapes, inputs)
+
+
+def _axis_mark(spec: Any, axis: int) -> tuple[bool, str] | None:
+    """``(dynamic, shown)`` for ``axis`` of one input's ``dynamic_shapes`` entry, ``None`` when the
+    entry says nothing (``None`` for the whole input, the way omitted inputs are completed)."""
+    if spec is None:
+        return None
+    if isinstance(spec, Mapping):
+        if axis not in spec:
+            return False, "not listed (static)"
+        leaf = spec[axis]
+    elif isinstance(spec, (list, tuple)) and axis < len(spec):
+        leaf = spec[axis]
+    else:
+        return None
+    if leaf is None or (isinstance(leaf, int) and not isinstance(leaf, bool)):
+        return False, repr(leaf)
+    hint_type = getattr(leaf, "type", None)
+    if type(leaf).__name__ == "_DimHint" and hint_type is not None:
+        return hint_type.name != "STATIC", f"Dim.{hint_type.name}"
+    name = getattr(leaf, "__name__", None)
+    return True, f"Dim({name!r})" if name else repr(leaf)
+
+
+def check_shared_axes(dynamic_shapes: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
+    """Refuse ``dynamic_shapes`` that mark an axis dynamic on one input and static on another
+    input sharing it (the text batch of ``input_ids`` and ``attention_mask``, their sequence ...).
+
+    Which inputs share an axis comes from the input-role table
+    (:func:`hfexport.input_checks.shared_axis_groups`). Only inputs ``dynamic_shapes`` gives an
+    entry for are compared; an input it omits, or maps to ``None``, is static by completion and
+    is left to ``torch.export``. ``torch.export`` would otherwise specialize the dynamic axis to
+    the sample size or fail with a constraint violation deep in capture.
+
+    Raises:
+        ValueError: the message names the axis, the two inputs and their marks, and what to change.
+    """
+    from hfexport.input_checks import shared_axis_groups
+
+    for (what, name), members in shared_axis_groups(inputs).items():
+        marks = []
+        for key, axis in members:
+            if key not in dynamic_shapes:
+                continue
+            mark = _axis_mark(dynamic_shapes[key], axis)
+            if mark is not None:
+                marks.append((key, axis, *mark))
+        dynamic = [m for m in marks if m[2]]
+        static = [m for m in marks if not m[2]]
+        if dynamic and static:
+            (dkey, daxis, _, dshown), (skey, saxis, _, sshown) = dynamic[0], static[0]
+            label = f"{name} batch" if what == "batch" else f"{name} sequence"
+            raise ValueError(
+                f"dynamic_shapes marks the {label} axis dynamic on {dkey} (dynamic_shapes[{dkey!r}][{daxis}] = "
+                f"{dshown}) and static on {skey} (dynamic_shapes[{skey!r}][{saxis}] = {sshown}), which is "
+                f"invalid: both inputs have one size on that axis; allowed: the same Dim on both "
+                f"({skey!r}: {{{saxis}: {dshown}}}), or the axis static on both"
+            )
 
 
 def resolve_dynamic_shapes(config: Any, inputs: Mapping[str, Any]) -> dict[str, Any] | None:

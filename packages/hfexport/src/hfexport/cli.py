@@ -9,7 +9,9 @@ atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -116,9 +118,15 @@ def env_command(
     quantization methods each offers (``--quantize`` values, with the options they read) and the
     runtime layouts each backend registers (``--layout`` values)."""
     from hfexport.__about__ import __version__
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
     from hfexport.environment import installed_version
 
-    rows = _backend_rows()
+    setup_cli_logging(False)  # importing the backends logs library warnings (torchao): to the log
+    try:
+        rows = _backend_rows()
+        layouts = _layout_rows()
+    finally:
+        restore_cli_logging()
     if as_json:
         console.print_json(
             json.dumps(
@@ -127,7 +135,7 @@ def env_command(
                     "torch": installed_version("torch"),
                     "transformers": installed_version("transformers"),
                     "backends": rows,
-                    "layouts": _layout_rows(),
+                    "layouts": layouts,
                 }
             )
         )
@@ -157,7 +165,7 @@ def env_command(
         for fmt, name, m in methods:
             table.add_row(fmt, name, m["description"], m["options"])
         console.print(table)
-    layout_rows = _layout_rows()
+    layout_rows = layouts
     if layout_rows:
         table = Table(title="runtime layouts (hfexport export FORMAT --layout NAME)")
         for col in ("format", "layout", "runtime", "tasks", "tokenizer"):
@@ -272,9 +280,14 @@ def patches_command(
     (``capture``, ``generation``, ``inputs``), the ranges the ``hfexport`` distribution declares.
     An unknown ``--backend`` key is a usage error (exit 2) listing the known keys.
     """
+    from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
     from hfexport.registry import NO_ISSUE
 
-    rows = _patch_rows(backend, stale)
+    setup_cli_logging(False)  # importing the backends logs library warnings (torchao): to the log
+    try:
+        rows = _patch_rows(backend, stale)
+    finally:
+        restore_cli_logging()
     if as_json:
         console.print_json(json.dumps(rows))
         return
@@ -752,11 +765,12 @@ def export_command(
     from hfexport.errors import OutputDirectoryError
 
     try:  # before any model is loaded: a bad OUTPUT_DIR is a usage error
-        check_output_dir(output_dir, overwrite=overwrite, keep=[model])
+        check_output_dir(output_dir, overwrite=overwrite, keep=[model], keep_cwd=True)
     except OutputDirectoryError as exc:
         raise typer.BadParameter(str(exc), param_hint="OUTPUT_DIR") from None
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
+    _tell_supervisor("output_dir", str(output_dir.absolute()))
     log_file = setup_cli_logging(verbose)
     stage = "setup"
     try:
@@ -805,6 +819,7 @@ def export_command(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         stage = "load_model"
+        _step(stage)
         t0 = time.perf_counter()
         from hfexport.errors import CheckpointError, InsufficientMemoryError
 
@@ -840,6 +855,7 @@ def export_command(
             nonlocal stage
             if event == "start":
                 stage = record.name
+                _tell_supervisor("stage", stage)
                 console.print(f"  [cyan]...[/] {record.name} {record.detail}".rstrip())
             else:
                 mark = {"ok": "[green]ok[/]", "failed": "[red]FAILED[/]"}.get(record.status, record.status)
@@ -857,6 +873,8 @@ def export_command(
         exporter.stage_callback = progress
         from hfexport.atomic import atomic_output_dir
 
+        stage = "output_dir"
+        _step(stage)  # a staging folder that cannot be made is not a loading failure
         with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
@@ -924,6 +942,9 @@ def export_command(
                         "metadata": report.artifact_metadata or {},
                     }
                 }
+            # the config, tokenizer files, report and checksums: the CLI's own step
+            stage = "write_output"
+            _step(stage)
             for f in [] if layout is not None else loaded.files_to_copy:
                 shutil.copy2(f, staging / f.name)
             if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
@@ -956,6 +977,9 @@ def export_command(
             report_dict["sha256"] = compute_checksums(staging)  # every file but the report itself
             (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
             write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
+            # atomic_output_dir moves the staged folder in when this block ends (its own fault point)
+            stage = "swap"
+            _tell_supervisor("stage", stage)
         for r in reports:
             # a generation export: one table per component, titled with its name
             _print_validation(r, component=r.component if component_files else None)
@@ -975,17 +999,131 @@ def export_command(
         )
     except typer.BadParameter:
         raise
+    except KeyboardInterrupt:
+        # Ctrl-C: the staging folder is gone (atomic_output_dir), OUTPUT_DIR is as it was
+        err_console.print(
+            f"[red bold]export interrupted[/] in stage '{stage}' (KeyboardInterrupt); {output_dir} is left "
+            "as it was",
+            soft_wrap=True,
+        )
+        raise typer.Exit(code=130) from None
     except Exception as exc:
-        from hfexport.errors import ExportStageError
+        from hfexport.errors import MEMORY_OPTIONS, ExportStageError
 
         where = exc.stage if isinstance(exc, ExportStageError) else stage
-        err_console.print(f"[red bold]export failed[/] in stage '{where}': {type(exc).__name__}: {exc}")
+        message = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, MemoryError) and not isinstance(exc, ExportStageError):
+            message = f"out of memory ({message}). {MEMORY_OPTIONS}"  # outside a recorded stage
+        err_console.print(f"[red bold]export failed[/] in stage '{where}': {message}")
         for note in getattr(exc, "__notes__", []):
             err_console.print(note)
         _print_failure_details(verbose, log_file)
         raise typer.Exit(code=1) from None
     finally:
         restore_cli_logging()
+
+
+#: ``0`` runs ``hfexport export`` in the console-script process itself; the supervised child has ``child``
+ISOLATE_ENV = "HFEXPORT_ISOLATE"
+_SUPERVISOR_FILE_ENV = "HFEXPORT_SUPERVISOR_FILE"
+
+
+def _step(name: str) -> None:
+    """Start the CLI's own step ``name`` (``load_model``, ``output_dir``, ``write_output``; the
+    caller has set its ``stage`` first, so a fault here names it): recorded where the report's
+    stages are (the staging folder's breadcrumb, the supervisor) and a fault point
+    (``HFEXPORT_FAULT=stage:<name>:<kind>``, :mod:`hfexport.faults`)."""
+    from hfexport import faults
+    from hfexport.atomic import note_stage
+
+    note_stage(name)
+    _tell_supervisor("stage", name)
+    faults.reached(f"stage:{name}")
+
+
+def _tell_supervisor(key: str, value: str) -> None:
+    """In a supervised export (:func:`_supervise`), append ``key<TAB>value`` to the file the parent
+    reads when the export dies by a signal; nothing otherwise."""
+    path = os.environ.get(_SUPERVISOR_FILE_ENV)
+    if not path or os.environ.get(ISOLATE_ENV) != "child":
+        return
+    try:
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(f"{key}\t{value}\n")
+    except OSError:
+        pass
+
+
+def _supervise(argv: list[str]) -> int:
+    """Run ``hfexport <argv>`` (an export) in a child process and return its exit code; when the
+    child dies by a signal (SIGKILL from the out-of-memory killer cannot be caught in-process),
+    remove what it left beside OUTPUT_DIR and print one line naming the stage it died in.
+
+    The parent imports no torch (a few tens of MB); the child inherits the terminal. Ctrl-C
+    reaches the child through the terminal's process group (the parent ignores it and waits);
+    SIGTERM and SIGHUP sent to the parent are passed on.
+
+    Args:
+        argv: the command line after the program name (``["export", "onnx", ...]``).
+
+    Returns:
+        The child's exit code, or ``128 + signal number`` when a signal ended it.
+    """
+    import signal
+    import subprocess
+    import tempfile
+
+    fd, notes = tempfile.mkstemp(prefix="hfexport-supervisor-", suffix=".txt")
+    os.close(fd)
+    env = {**os.environ, ISOLATE_ENV: "child", _SUPERVISOR_FILE_ENV: notes}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "hfexport.cli", *argv], env=env)
+        previous = {signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN)}
+        for sig in (getattr(signal, "SIGTERM", None), getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                previous[sig] = signal.signal(sig, lambda signum, _frame: proc.send_signal(signum))
+        try:
+            code = proc.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if code >= 0:
+            return code
+        told: dict[str, str] = {}
+        with contextlib.suppress(OSError):
+            for line in Path(notes).read_text(encoding="utf-8").splitlines():
+                key, _, value = line.partition("\t")
+                told[key] = value
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(notes)
+    name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+    where = told.get("stage", "setup")
+    output_dir = told.get("output_dir")
+    if output_dir:
+        import logging
+
+        from hfexport.atomic import clean_stale
+
+        atomic_log = logging.getLogger("hfexport.atomic")
+        level = atomic_log.level
+        atomic_log.setLevel(logging.ERROR)  # the line below says it; no second report
+        try:
+            clean_stale(output_dir)
+        finally:
+            atomic_log.setLevel(level)
+    why = (
+        "on Linux usually the out-of-memory killer (see `dmesg`); to need less memory: --dtype bfloat16, "
+        "--no-validate, or a smaller model"
+        if name == "SIGKILL"
+        else "it could not clean up"
+    )
+    err_console.print(
+        f"[red bold]export killed[/] by {name} in stage '{where}' ({why}); "
+        + (f"{output_dir} is left as it was" if output_dir else "nothing was written"),
+        soft_wrap=True,
+    )
+    return 128 - code
 
 
 def _plan_loading(
@@ -1003,11 +1141,17 @@ def _plan_loading(
     Raises:
         ValueError: ``--gate`` given for an export that is compared by tolerances (its dtype is
             its reference's and it is not quantized).
-        CheckpointError: a truncated ``.safetensors`` file.
+        CheckpointError: a truncated ``.safetensors`` file, or a folder with ``config.json`` but
+            no weight files.
         InsufficientMemoryError: the estimated peak of the export exceeds the available memory
             (unless ``ignore_memory_estimate``).
     """
-    from hfexport.loading import check_safetensors, checkpoint_dtype, resolve_package_model
+    from hfexport.loading import (
+        check_safetensors,
+        check_weights_present,
+        checkpoint_dtype,
+        resolve_package_model,
+    )
     from hfexport.memory import available_bytes
 
     if spec.startswith("tiny:"):
@@ -1020,6 +1164,7 @@ def _plan_loading(
         return None, None  # load_model says what is wrong with it
     if not path.is_dir():
         return None, None
+    check_weights_present(path)
     checkpoint = checkpoint_dtype(path)
     decision = exporter.decide_dtype(checkpoint, config)
     exporter.config_in_dtype(config, decision)
@@ -1199,6 +1344,74 @@ def _vocab_size(output_dir: Path, manifest: dict[str, Any]) -> int | None:
     return None
 
 
+def _position_limit(output_dir: Path, manifest: dict[str, Any]) -> tuple[int | None, str, bool]:
+    """The most positions the exported model's sequence may hold, from the folder's ``config.json``.
+
+    Returns:
+        ``(limit, "config.<attribute>", decoder)``: for an encoder-decoder the decoder's limit
+        (``max_target_positions`` first), else the model's (``max_position_embeddings`` ...), looked
+        up in the config, then its ``text_config`` / ``decoder``; ``(None, "", decoder)`` when
+        none is declared (generation is then not limited here).
+    """
+    from hfexport.conventions.config_lookups import DECODER_POSITION_ATTRIBUTES, ENCODER_POSITION_ATTRIBUTES
+
+    plan = manifest.get("plan") if isinstance(manifest.get("plan"), dict) else {}
+    decoder = (plan or {}).get("architecture") == "encoder_decoder"
+    try:
+        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None, "", decoder
+    if not isinstance(config, dict):
+        return None, "", decoder
+    names = DECODER_POSITION_ATTRIBUTES if decoder else ENCODER_POSITION_ATTRIBUTES
+    for holder, prefix in (
+        (config, "config"),
+        (config.get("text_config"), "config.text_config"),
+        (config.get("decoder"), "config.decoder"),
+    ):
+        if not isinstance(holder, dict):
+            continue
+        for name in names:
+            value = holder.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value, f"{prefix}.{name}", decoder
+    return None, "", decoder
+
+
+def _fit_new_tokens(
+    prompt_length: int, max_new_tokens: int, limit: tuple[int | None, str, bool], option: str
+) -> int:
+    """``max_new_tokens`` capped so the sequence stays within the model's maximum positions.
+
+    Like ``model.generate``, which warns when a run would exceed ``max_position_embeddings``:
+    here generation stops at the limit, and a note on stderr says so (positions past it repeat
+    or break: their embeddings or rotary tables were never trained).
+
+    Raises:
+        typer.BadParameter: the prompt alone fills the positions (nothing can be generated).
+    """
+    most, source, decoder = limit
+    if most is None:
+        return max_new_tokens
+    used = 1 if decoder else prompt_length  # an encoder-decoder's decoder starts from one token
+    room = most - used
+    if room < 1:
+        raise typer.BadParameter(
+            f"the prompt has {prompt_length} tokens, which leaves no room: the exported model holds at most "
+            f"{most} positions ({source}={most}); allowed: a prompt of at most {most - 1} tokens",
+            param_hint=option,
+        )
+    if max_new_tokens > room:
+        err_console.print(
+            f"note: --max-new-tokens {max_new_tokens} would exceed the model's maximum of {most} positions "
+            f"({source}={most}{'' if decoder else f', prompt {prompt_length} tokens'}); stopping at {room} new "
+            "tokens (model.generate warns at the same limit)",
+            highlight=False,
+        )
+        return room
+    return max_new_tokens
+
+
 def _check_ids(ids: list[int], vocab_size: int | None, option: str) -> None:
     """Raise ``typer.BadParameter`` for an empty prompt, negative ids or ids >= ``vocab_size``."""
     if not ids:
@@ -1237,7 +1450,9 @@ def generate_command(
     """Run greedy generation over exported components and print the tokens (and text).
 
     Arguments are checked before anything is loaded: a usage error exits with code 2, a failure
-    while loading or generating prints "generate failed: ..." and exits with code 1.
+    while loading or generating prints "generate failed: ..." and exits with code 1. Generation
+    stops at the model's maximum positions (config.max_position_embeddings ...), with a note, when
+    --max-new-tokens would go past them.
     """
     if max_new_tokens < 1:
         raise typer.BadParameter(f"must be at least 1, got {max_new_tokens}", param_hint="--max-new-tokens")
@@ -1262,6 +1477,9 @@ def generate_command(
                 "takes comma-separated integers, e.g. 1,2,3", param_hint="--input-ids"
             ) from None
         _check_ids(ids, vocab_size, "--input-ids")
+        max_new_tokens = _fit_new_tokens(
+            len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--input-ids"
+        )
 
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
@@ -1274,6 +1492,9 @@ def generate_command(
             tokenizer = AutoTokenizer.from_pretrained(output_dir, local_files_only=True)
             ids = list(tokenizer(prompt)["input_ids"])
             _check_ids(ids, vocab_size, "--prompt")
+            max_new_tokens = _fit_new_tokens(
+                len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--prompt"
+            )
         from hfexport.generation import generate_from_dir
 
         tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
@@ -1297,7 +1518,14 @@ def generate_command(
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    ``hfexport export`` runs in a supervised child process (:func:`_supervise`) unless
+    ``HFEXPORT_ISOLATE=0``, so a kill of the export (the out-of-memory killer) is reported.
+    """
+    argv = sys.argv[1:]
+    if argv[:1] == ["export"] and os.environ.get(ISOLATE_ENV, "1") not in ("0", "child"):
+        sys.exit(_supervise(argv))
     app()
 
 

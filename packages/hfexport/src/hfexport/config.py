@@ -35,6 +35,7 @@ __all__ = [
     "OpenvinoConfig",
     "QuantizationConfig",
     "QuantizationMethod",
+    "check_dynamic_shapes_leaves",
     "check_opset_version",
     "decode_dynamic_shapes",
     "encode_dynamic_shapes",
@@ -162,6 +163,59 @@ def encode_dynamic_shapes(spec: Any) -> Any:
     )
 
 
+_LEAF_ALLOWED = "torch.export.Dim(name, min=..., max=...), Dim.AUTO, Dim.STATIC, Dim.DYNAMIC, an int or None"
+
+
+def check_dynamic_shapes_leaves(spec: Any, where: str = "dynamic_shapes") -> None:
+    """Refuse leaves of a ``dynamic_shapes`` pytree that ``torch.export`` would reject at capture.
+
+    A ``str`` leaf (``{"input_ids": {0: "batch"}}``) and a ``bool`` or ``float`` leaf are refused
+    here, when the config is built, instead of by torch's ``UserError`` once capture has started.
+    Strings are accepted as dict keys (the forward kwarg names) only.
+
+    Args:
+        spec: the ``dynamic_shapes`` value (dicts, lists, tuples; leaves as ``torch.export`` takes).
+        where: how the value is named in the message.
+
+    Raises:
+        ValueError: a leaf of an unsupported type; the message names where it sits
+            (``dynamic_shapes['input_ids'][0]``), its value, and what is allowed (for a string,
+            the ``Dim`` to write instead).
+    """
+    if isinstance(spec, Mapping):
+        for key, value in spec.items():
+            check_dynamic_shapes_leaves(value, f"{where}[{key!r}]")
+        return
+    if isinstance(spec, (list, tuple)):
+        for i, value in enumerate(spec):
+            check_dynamic_shapes_leaves(value, f"{where}[{i}]")
+        return
+    if isinstance(spec, str):
+        hint = f"Dim({spec!r})" if spec.isidentifier() else "Dim('batch')"
+        raise ValueError(
+            f"{where}={spec!r} is invalid; allowed: {_LEAF_ALLOWED}; a string names no dimension to "
+            f"torch.export: write {hint} (from torch.export import Dim)"
+        )
+    if isinstance(spec, (bool, float)):
+        raise ValueError(f"{where}={spec!r} is invalid; allowed: {_LEAF_ALLOWED}")
+
+
+def _dim_bound(spec: Mapping[str, Any], key: str, where: str) -> int | None:
+    """The ``min``/``max`` of an encoded ``Dim``: ``None``, or a non-negative int (an int-valued
+    float, as some JSON writers store it, is accepted)."""
+    value = spec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(
+            f"{where}: Dim {spec.get('name')!r} has {key}={value!r}, which is invalid; allowed: a "
+            f'non-negative integer or null (no bound), e.g. {{"name": "batch", "min": 1, "max": 64}}'
+        )
+    return value
+
+
 def decode_dynamic_shapes(data: Any, _where: str = "dynamic_shapes") -> Any:
     """Inverse of :func:`encode_dynamic_shapes`: rebuild ``Dim`` objects and hints.
 
@@ -181,11 +235,16 @@ def decode_dynamic_shapes(data: Any, _where: str = "dynamic_shapes") -> Any:
             from torch.export import Dim
 
             spec = data[_DIM_KEY]
+            if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str) or not spec["name"]:
+                raise ValueError(
+                    f"{_where}: {data!r} is not a valid encoded Dim; allowed: "
+                    '{"__dim__": {"name": "batch", "min": 1, "max": 64}} (min and max may be null)'
+                )
             kwargs = {}
-            if spec.get("min") is not None:
-                kwargs["min"] = int(spec["min"])
-            if spec.get("max") is not None:
-                kwargs["max"] = int(spec["max"])
+            for bound in ("min", "max"):
+                value = _dim_bound(spec, bound, _where)
+                if value is not None:
+                    kwargs[bound] = value
             if "min" in kwargs and "max" in kwargs and kwargs["min"] > kwargs["max"]:
                 raise ValueError(
                     f"{_where}: Dim {spec.get('name')!r} has min={kwargs['min']} > max={kwargs['max']}; "
@@ -195,11 +254,24 @@ def decode_dynamic_shapes(data: Any, _where: str = "dynamic_shapes") -> Any:
         if set(data) == {_HINT_KEY}:
             from torch.export import Dim
 
+            if data[_HINT_KEY] not in ("AUTO", "STATIC", "DYNAMIC"):
+                raise ValueError(
+                    f"{_where}: {_HINT_KEY}={data[_HINT_KEY]!r} is invalid; allowed: 'AUTO', 'STATIC', 'DYNAMIC'"
+                )
             return getattr(Dim, data[_HINT_KEY])
         if set(data) == {_TUPLE_KEY}:
             return tuple(decode_dynamic_shapes(v, f"{_where}[{i}]") for i, v in enumerate(data[_TUPLE_KEY]))
         if set(data) == {_INTMAP_KEY}:
-            return {int(k): decode_dynamic_shapes(v, f"{_where}[{int(k)}]") for k, v in data[_INTMAP_KEY]}
+            pairs = data[_INTMAP_KEY]
+            if not isinstance(pairs, list) or not all(
+                isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool)
+                for p in pairs
+            ):
+                raise ValueError(
+                    f"{_where}: {_INTMAP_KEY}={pairs!r} is invalid; allowed: a list of [axis, dim] pairs "
+                    'with integer axes, e.g. [[0, {"__dim__": {"name": "batch", "min": 1, "max": 64}}]]'
+                )
+            return {k: decode_dynamic_shapes(v, f"{_where}[{k}]") for k, v in pairs}
         return {k: decode_dynamic_shapes(v, f"{_where}[{k!r}]") for k, v in data.items()}
     raise ValueError(f"cannot decode dynamic_shapes entry {data!r}")
 
@@ -282,6 +354,38 @@ class ExportConfigMixin:
             )
         self.export_format = fmt
         self.validate_fields()
+        object.__setattr__(self, "_hfexport_checked", True)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Set a field and check the config again, as construction does.
+
+        ``config.atol = -5`` raises the same ``ValueError`` as ``DynamoConfig(atol=-5)``, naming the
+        field, the value and what is allowed, and leaves the config as it was; setting a field
+        while the config is being constructed or checked, or setting a non-field attribute, is
+        not checked here.
+
+        Raises:
+            ValueError: the new value (or the config with it) is invalid.
+        """
+        state = self.__dict__
+        if (
+            not state.get("_hfexport_checked")
+            or state.get("_hfexport_checking")
+            or name not in getattr(type(self), "__dataclass_fields__", {})
+        ):
+            object.__setattr__(self, name, value)
+            return
+        before = dict(state)
+        object.__setattr__(self, name, value)
+        state["_hfexport_checking"] = True
+        try:
+            self.__post_init__()
+        except BaseException:
+            state.clear()
+            state.update(before)
+            raise
+        finally:
+            state.pop("_hfexport_checking", None)
 
     # subclasses extend this
     def validate_fields(self) -> None:
@@ -720,6 +824,7 @@ class DynamoConfig(ExportConfigMixin):
                     f"dynamic_shapes={self.dynamic_shapes!r} is invalid; allowed: None or a dict keyed "
                     "by forward kwarg name (torch.export.export semantics)"
                 )
+            check_dynamic_shapes_leaves(self.dynamic_shapes)
             encode_dynamic_shapes(self.dynamic_shapes)  # raises ValueError on a bad leaf
 
     @property

@@ -7,7 +7,9 @@ Every error says what went wrong and what to do next. Most derive from a builtin
 from __future__ import annotations
 
 __all__ = [
+    "MEMORY_OPTIONS",
     "CheckpointError",
+    "ExportMemoryError",
     "ExportStageError",
     "ExportValidationError",
     "GgufConversionError",
@@ -136,4 +138,20 @@ class IntegrityError(HfExportError, ValueError):
     ``hfexport generate``) before the file is read: the message names the file, the expected and
     the actual digest, and says to re-export or re-download it. Also raised when a listed file is
     missing or the checksum list is malformed.
+    """
+
+
+#: What to do when an export runs out of memory (the options of the estimate checked before loading).
+MEMORY_OPTIONS = (
+    "To need less: export in a smaller dtype (--dtype bfloat16 or float16, config dtype=...), skip "
+    "validation (--no-validate, validate=False: no eager reference outputs and no runtime copy of the "
+    "artifact), close other programs, or export a smaller model. The estimate checked before loading "
+    "did not foresee this peak; --ignore-memory-estimate only skips that check, it lowers nothing"
+)
+
+
+class ExportMemoryError(ExportStageError, MemoryError):
+    """An export stage ran out of memory (``MemoryError``; a kill by the out-of-memory killer cannot
+    be caught, see ``docs/security.md``). The message names the stage and the options that lower
+    the peak (:data:`MEMORY_OPTIONS`); ``stage`` and ``component`` as for :class:`ExportStageError`.
     """

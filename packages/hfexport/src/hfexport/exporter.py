@@ -386,11 +386,17 @@ class HfExporter(abc.ABC):
             ExportStageError: a stage failed (the message names the stage and component).
             ExportValidationError: the artifact's outputs differ from eager PyTorch beyond
                 tolerance (the message holds the per-output table).
+            OutputDirectoryError: ``config.output_path`` is a folder, lies under a file, or its
+                folder cannot be written (checked before any model work).
 
         The model is left as it was: training mode, config flags, attention implementation,
         weights (dtype included) and patched attributes are restored, also when the export fails.
         """
         output_path = getattr(self._resolve_config(config), "output_path", None)
+        if output_path is not None:  # before any model work: a bad path fails now, not in save
+            from hfexport.atomic import check_output_file
+
+            check_output_file(output_path, what="output_path")
         artifact, _ = self._run_export(
             model, sample_inputs, config, component=component, source=source, path=output_path
         )
@@ -427,8 +433,13 @@ class HfExporter(abc.ABC):
             The :class:`ExportReport` (also ``self.last_report``).
 
         Raises:
-            As :meth:`export`; and ``OSError`` when ``path`` cannot be written.
+            As :meth:`export`; :class:`hfexport.errors.OutputDirectoryError` (before any model
+            work) when ``path`` is a folder, lies under a file or its folder cannot be written;
+            ``OSError`` when writing fails later.
         """
+        from hfexport.atomic import check_output_file
+
+        check_output_file(path, what="path")
         _, report = self._run_export(
             model,
             sample_inputs,

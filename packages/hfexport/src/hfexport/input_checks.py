@@ -7,7 +7,10 @@ inputs with the same typed errors, before capture:
 - :func:`check_forward_kwargs`: every kwarg is one the forward names, or, for a forward taking
   ``**kwargs``, one that it can route (see the rule there); required parameters are given;
 - :func:`check_input_sizes`: inputs that share an axis by their role (the input-role table,
-  :mod:`hfexport.conventions.roles`) have one size on it, and no role axis is empty.
+  :mod:`hfexport.conventions.roles`) have one size on it, and no role axis is empty;
+- :func:`check_token_ids`: token-id inputs (``input_ids``, ``decoder_input_ids``) are integer
+  tensors, and ``input_ids`` lie inside the model's vocabulary (torch would otherwise fail deep in
+  capture, or only in the eager reference, with "index out of range in self").
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import torch
 from hfexport.conventions import input_role, is_known_input
 from hfexport.errors import UnsupportedInputError
 
-__all__ = ["check_forward_kwargs", "check_input_sizes", "check_model"]
+__all__ = [
+    "check_forward_kwargs",
+    "check_input_sizes",
+    "check_model",
+    "check_token_ids",
+    "shared_axis_groups",
+]
 
 _KEYWORD = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
 
@@ -163,6 +172,33 @@ def _describe(key: str, tensor: torch.Tensor) -> str:
     return f"{key} {list(tensor.shape)}"
 
 
+def shared_axis_groups(inputs: Mapping[str, Any]) -> dict[tuple[str, str], list[tuple[str, int]]]:
+    """The axes the top-level tensors of ``inputs`` share by their role (the input-role table).
+
+    Returns:
+        ``{(what, name): [(input, axis), ...]}`` with ``what`` ``"batch"`` (``name`` the modality:
+        ``text``, ``image`` ...) or ``"sequence"`` (``name`` the sequence group: ``text``,
+        ``decoder``, ``signal``). With a cache among the inputs the masks are left out of the
+        sequence groups (they cover past and new tokens).
+    """
+    tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
+    cached = _has_cache(inputs)
+    groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
+    for key, tensor in tensors.items():
+        role = input_role(key, tensor.dim(), present=inputs)
+        if role is None:
+            continue
+        if role.batch_axis is not None:
+            groups.setdefault(("batch", role.modality), []).append((key, role.batch_axis))
+        if (
+            role.sequence_axis is not None
+            and role.sequence is not None
+            and not (cached and role.kind == "mask")
+        ):
+            groups.setdefault(("sequence", role.sequence), []).append((key, role.sequence_axis))
+    return groups
+
+
 def check_input_sizes(inputs: Mapping[str, Any]) -> None:
     """Refuse sample inputs whose shared axes disagree, or with an empty role axis.
 
@@ -182,8 +218,6 @@ def check_input_sizes(inputs: Mapping[str, Any]) -> None:
             to give inputs that agree.
     """
     tensors = {k: v for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.dim() > 0}
-    cached = _has_cache(inputs)
-    groups: dict[tuple[str, str], list[tuple[str, int]]] = {}
     for key, tensor in tensors.items():
         role = input_role(key, tensor.dim(), present=inputs)
         if role is None:
@@ -195,14 +229,7 @@ def check_input_sizes(inputs: Mapping[str, Any]) -> None:
                     f"{meaning} cannot be exported. Give at least one "
                     f"{'token' if meaning == 'sequence' else 'row' if meaning == 'batch' else 'pixel'} there."
                 )
-        if role.batch_axis is not None:
-            groups.setdefault(("batch", role.modality), []).append((key, role.batch_axis))
-        if (
-            role.sequence_axis is not None
-            and role.sequence is not None
-            and not (cached and role.kind == "mask")
-        ):
-            groups.setdefault(("sequence", role.sequence), []).append((key, role.sequence_axis))
+    groups = shared_axis_groups(inputs)
     for (what, name), members in groups.items():
         sizes = {int(tensors[k].shape[a]) for k, a in members}
         if len(sizes) < 2:
@@ -218,3 +245,78 @@ def check_input_sizes(inputs: Mapping[str, Any]) -> None:
             f"{_describe(other_key, tensors[other_key])} has {tensors[other_key].shape[other_axis]} on axis "
             f"{other_axis}. Give inputs of one {label} (as a tokenizer/processor call returns them)."
         )
+
+
+_IDS_ALLOWED = "an integer (torch.long) tensor [batch, sequence] of token ids, as tokenizer(..., return_tensors='pt') gives"
+
+
+def _embedding_rows(model: torch.nn.Module) -> int | None:
+    """Rows of the model's input embedding table (its vocabulary size), or ``None`` when the model
+    has no ``nn.Embedding`` input embedding (a plain module, a model reading float features)."""
+    get = getattr(model, "get_input_embeddings", None)
+    if not callable(get):
+        return None
+    try:
+        embedding = get()
+    except (NotImplementedError, AttributeError, TypeError):
+        return None
+    if isinstance(embedding, torch.nn.Embedding):
+        return int(embedding.num_embeddings)
+    return None
+
+
+def check_token_ids(model: torch.nn.Module, inputs: Mapping[str, Any]) -> None:
+    """Refuse token-id inputs that the model's embedding lookup cannot take, before capture.
+
+    For every input whose role is token ids (``input_ids``, ``decoder_input_ids``):
+
+    - a value that is not a tensor (a ``str``, a Python ``list``, a number) is refused: the
+      export traces tensors (tokenize first);
+    - for a model whose input embedding is an ``nn.Embedding`` (every transformers text model), a
+      2-D floating point, complex or bool tensor is refused (the lookup takes integer ids), and
+      ``input_ids`` must lie in ``[0, vocabulary size)`` (the embedding's rows).
+
+    Args:
+        model: the module to export (already checked with :func:`check_model`).
+        inputs: the sample forward kwargs.
+
+    Raises:
+        UnsupportedInputError: the message names the input, its value (type, dtype or the
+            offending ids) and what is allowed.
+    """
+    rows: int | None = None
+    looked_up = False  # the embedding is looked up on first need
+    for key, value in inputs.items():
+        role = input_role(key)
+        if role is None or role.kind != "ids" or value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            shown = repr(value)
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            raise UnsupportedInputError(
+                f"{key}={shown} is a {type(value).__name__}, which is invalid; allowed: {_IDS_ALLOWED}. "
+                f"Tokenize the text first, or wrap the ids: torch.tensor([[...]])"
+            )
+        if value.dim() != role.ndim:
+            continue  # another rank (a toy model's float features under this name): not ids
+        if not looked_up:
+            rows, looked_up = _embedding_rows(model), True
+        if rows is None:
+            continue
+        if value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == torch.bool:
+            raise UnsupportedInputError(
+                f"{key} is a {str(value.dtype).replace('torch.', '')} tensor {list(value.shape)}, which is invalid; "
+                f"allowed: {_IDS_ALLOWED}; {type(model).__name__} looks ids up in its embedding table. "
+                f"Pass {key}.long(), or inputs_embeds for float embeddings"
+            )
+        if key != "input_ids" or value.numel() == 0:
+            continue
+        low, high = int(value.min()), int(value.max())
+        if low < 0 or high >= rows:
+            bad = sorted({int(v) for v in value.flatten().tolist() if v < 0 or v >= rows})
+            shown = ", ".join(map(str, bad[:5])) + (", ..." if len(bad) > 5 else "")
+            raise UnsupportedInputError(
+                f"{key} holds token ids [{shown}] outside the vocabulary of {type(model).__name__}, which is "
+                f"invalid; allowed: ids from 0 to {rows - 1} (its input embedding has {rows} rows). Tokenize "
+                f"with the model's own tokenizer, or pass ids below {rows}"
+            )

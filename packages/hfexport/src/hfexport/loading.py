@@ -21,6 +21,7 @@ __all__ = [
     "TASK_AUTO_CLASSES",
     "LoadedModel",
     "check_safetensors",
+    "check_weights_present",
     "checkpoint_dtype",
     "infer_task",
     "load_model",
@@ -367,6 +368,51 @@ def check_safetensors(path: str | os.PathLike[str]) -> int:
     return total
 
 
+#: Files that hold (or index) a checkpoint's weights in a model folder.
+WEIGHT_PATTERNS = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.ckpt",
+    "*.h5",
+    "*.msgpack",
+    "*.gguf",
+    "*.index.json",
+)
+
+
+def check_weights_present(path: str | os.PathLike[str]) -> None:
+    """Refuse a model folder that has ``config.json`` but no weight files, before loading.
+
+    transformers would otherwise fail with an error about the task or the architecture (or, for
+    some classes, build the model with random weights); the problem is the missing files.
+
+    Args:
+        path: a local model folder.
+
+    Raises:
+        hfexport.errors.CheckpointError: (a ``ValueError``) ``path`` holds ``config.json`` and
+            none of :data:`WEIGHT_PATTERNS`; the message names the folder, what it holds and what
+            to do.
+    """
+    from hfexport.errors import CheckpointError
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        return
+    if any(any(folder.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        return
+    held = sorted(p.name for p in folder.iterdir())
+    shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
+    raise CheckpointError(
+        f"model folder {os.fspath(path)!r} holds config.json but no weights ({shown}), which is invalid; "
+        "allowed: a folder with config.json and its weight files (model.safetensors, pytorch_model.bin, "
+        "or shards with their .index.json): copy or download the weight files into it, or pass "
+        "tiny:<model_type> for a random tiny model"
+    )
+
+
 def load_model(
     spec: str, task: str = "auto", *, allow_untrained: bool = False, dtype: str | None = None
 ) -> LoadedModel:
@@ -401,7 +447,8 @@ def load_model(
             matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
             names the tasks it has.
         hfexport.testing.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
-        hfexport.errors.CheckpointError: (a ``ValueError``) a ``*.safetensors`` file is truncated.
+        hfexport.errors.CheckpointError: (a ``ValueError``) a ``*.safetensors`` file is truncated,
+            or the folder has ``config.json`` but no weight files (:func:`check_weights_present`).
         hfexport.errors.UntrainedWeightsError: (a ``ValueError``) the folder's checkpoint has no
             trained weights for some parameters of the task's class (e.g. ``text-generation`` on an
             encoder-only checkpoint: a fresh LM head); the message names them and the task that fits.
@@ -420,6 +467,7 @@ def load_model(
             f"--model {spec!r} is not a local folder; pass a folder holding config.json and weights, "
             "or tiny:<model_type> (models are not downloaded from a hub)"
         )
+    check_weights_present(path)
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(path, local_files_only=True)

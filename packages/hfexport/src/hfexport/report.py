@@ -15,7 +15,9 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from hfexport.errors import ExportStageError, HfExportError
+from hfexport import faults
+from hfexport.atomic import note_stage
+from hfexport.errors import MEMORY_OPTIONS, ExportMemoryError, ExportStageError, HfExportError
 from hfexport.memory import current_rss_bytes, peak_rss_bytes
 
 __all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "ExportReport", "Stage", "StageRecord"]
@@ -142,8 +144,18 @@ class ExportReport:
         """Time a stage and record its outcome.
 
         Errors that the user can act on (``HfExportError``, ``ValueError``, ``TypeError``,
-        ``ImportError``) propagate unchanged with a note naming the stage; any other exception is
-        re-raised as :class:`~hfexport.errors.ExportStageError` naming the stage and component.
+        ``ImportError``) and ``KeyboardInterrupt`` propagate unchanged with a note naming the
+        stage; a ``MemoryError`` becomes :class:`~hfexport.errors.ExportMemoryError` (naming the
+        stage and the options that lower the peak); any other exception is re-raised as
+        :class:`~hfexport.errors.ExportStageError` naming the stage and component.
+
+        At the start, the stage's name is written to the breadcrumb of the output folder being
+        staged (:func:`hfexport.atomic.note_stage`) and the fault hook is consulted
+        (:func:`hfexport.faults.reached`, inert unless ``HFEXPORT_FAULT`` is set).
+
+        Raises:
+            ExportStageError: the body raised an error that is not passed through.
+            ExportMemoryError: the body raised ``MemoryError``.
         """
         name = str(name)
         record = StageRecord(name=name, detail=detail)
@@ -152,6 +164,8 @@ class ExportReport:
             self.callback("start", record)
         start = time.perf_counter()
         try:
+            note_stage(name)  # the breadcrumb a killed run leaves (hfexport.atomic)
+            faults.reached(f"stage:{name}")  # inert unless HFEXPORT_FAULT is set (hfexport.faults)
             yield record
         except _PASS_THROUGH as exc:
             record.status = "failed"
@@ -163,6 +177,16 @@ class ExportReport:
                 )
                 exc._hfexport_noted = True  # type: ignore[attr-defined]
             raise
+        except MemoryError as exc:
+            record.status = "failed"
+            record.error = f"{type(exc).__name__}: {exc}"
+            raise ExportMemoryError(
+                f"{self.export_format} export of component '{self.component}' ({self.model_class}) ran "
+                f"out of memory in stage '{name}' (MemoryError{f': {exc}' if str(exc) else ''}). "
+                f"{MEMORY_OPTIONS}",
+                stage=name,
+                component=self.component,
+            ) from exc
         except Exception as exc:
             record.status = "failed"
             record.error = f"{type(exc).__name__}: {exc}"

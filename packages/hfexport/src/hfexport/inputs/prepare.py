@@ -14,7 +14,7 @@ import torch
 from transformers.configuration_utils import PreTrainedConfig
 
 from hfexport.errors import UnsupportedInputError
-from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model
+from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model, check_token_ids
 from hfexport.inputs.flags import OUTPUT_FLAG_KEYS
 from hfexport.tensors import cast_leaf_tensors
 from hfexport.workarounds.preparers import apply_export_input_preparers
@@ -104,7 +104,9 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
         UnsupportedInputError: ``inputs`` carries a loss input (``labels``, ``future_values``,
             ``start_positions``, ... with a non-None value) or ``return_loss=True``; a kwarg the
             forward does not take; inputs whose batch or sequence sizes disagree, or an empty
-            batch/sequence axis. The message names the key (and sizes) and what to do.
+            batch/sequence axis; token ids that are not an integer tensor, or ``input_ids``
+            outside the model's vocabulary (:func:`hfexport.input_checks.check_token_ids`). The
+            message names the key (and sizes or values) and what to do.
     """
     check_model(model)
     if not isinstance(inputs, Mapping) or not all(isinstance(key, str) for key in inputs):
@@ -129,6 +131,7 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
         prepared.pop("return_loss")
 
     check_forward_kwargs(model, prepared, extra_names=OUTPUT_FLAG_KEYS)
+    check_token_ids(model, prepared)
     check_input_sizes(prepared)
 
     output_flags: dict[str, Any] = {}
