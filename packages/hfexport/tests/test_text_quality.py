@@ -10,12 +10,14 @@ import torch
 from hfexport.config import DynamoConfig
 from hfexport.errors import ExportValidationError
 from hfexport.quality import (
+    CHANCE_PERPLEXITY_FRACTION,
     TEXT_GATES_4BIT,
     TEXT_GATES_8BIT,
     plain_text_inputs,
     quality_gates_for,
     quality_text,
     text_chunks,
+    text_default_gates,
     text_gates_for,
     text_quality,
     text_reference,
@@ -122,6 +124,36 @@ def test_text_gates_defaults_and_overrides():
         text_gates_for(DynamoConfig(quantization="int8-weight", quality_gates={"perplexity_ratio": 0.9}))
     with pytest.raises(ValueError, match=r"kl_divergence'\]=-1 is invalid; allowed: a float >= 0"):
         text_gates_for(DynamoConfig(quantization="int8-weight", quality_gates={"kl_divergence": -1}))
+
+
+def test_default_text_gates_apply_only_when_the_eager_model_beats_chance():
+    # a random-weight model's next-token distributions are near-uniform (perplexity about the
+    # vocabulary size): its default text gates are recorded as not applied, named gates still are
+    gen = torch.Generator().manual_seed(0)
+    vocab, length = 64, 200
+    ids = torch.randint(0, vocab, (1, length), generator=gen)
+    flat = [0.01 * torch.randn(1, length, vocab, generator=gen)]
+    noisy = [flat[0] + 0.05 * torch.randn(1, length, vocab, generator=gen)]
+    at_chance = text_quality([ids], flat, noisy, gates=TEXT_GATES_4BIT, default_gates=TEXT_GATES_4BIT)
+    assert at_chance.perplexity_eager > CHANCE_PERPLEXITY_FRACTION * vocab
+    assert at_chance.top1_agreement_text < TEXT_GATES_4BIT["top1_agreement_text"]  # noise
+    assert at_chance.ok and at_chance.gates == {} and at_chance.vocab_size == vocab
+    assert "at chance on the text" in at_chance.note and "--gate" in at_chance.note
+    # a gate named by the user (not a default) is enforced at chance too
+    named = text_quality(
+        [ids], flat, noisy, gates=TEXT_GATES_4BIT, default_gates=("kl_divergence", "perplexity_ratio")
+    )
+    assert not named.ok and named.gates == {"top1_agreement_text": TEXT_GATES_4BIT["top1_agreement_text"]}
+    assert [f.split(" = ")[0] for f in named.failures] == ["top1_agreement_text"]
+    # an eager model that predicts the text (the next token gets +8 logits) is gated by default
+    sharp = flat[0].clone()
+    sharp[0, torch.arange(length - 1), ids[0, 1:]] += 8.0
+    learned = text_quality([ids], [sharp], noisy, gates=TEXT_GATES_4BIT, default_gates=TEXT_GATES_4BIT)
+    assert learned.perplexity_eager < CHANCE_PERPLEXITY_FRACTION * vocab
+    assert learned.gates == TEXT_GATES_4BIT and not learned.ok and learned.note == ""
+    # which gates are defaults: those the config does not name
+    config = DynamoConfig(quantization="8da4w", quality_gates={"top1_agreement": 0.7, "kl_divergence": 0.3})
+    assert text_default_gates(config, text_gates_for(config)) == ("perplexity_ratio", "top1_agreement_text")
 
 
 def test_identical_artifact_passes_and_perturbed_one_fails_naming_metric_and_margin():

@@ -550,6 +550,8 @@ def _print_text_quality(label: str, row: dict[str, Any]) -> None:
             f"{relation} {gate:g}" if gate is not None else "not gated",
             "[red]NO[/]" if missed else "[green]yes[/]",
         )
+    if row.get("note"):
+        table.caption = row["note"]
     console.print(table)
 
 

@@ -937,6 +937,8 @@ class HfExporter(abc.ABC):
         dynamic sequence axis's bound, a static axis's sample size) and run through the eager model.
         ``report.extra["text_quality"]`` records why the metrics were skipped for a causal LM whose
         inputs are not a plain prefill.
+        Gates not named in ``config.quality_gates`` (the defaults) are applied only when the eager
+        model is not at chance on the text (:data:`hfexport.quality.CHANCE_PERPLEXITY_FRACTION`).
 
         Args:
             model: the eager reference model (float32).
@@ -961,6 +963,7 @@ class HfExporter(abc.ABC):
             model_tokenizer,
             plain_text_inputs,
             text_chunks,
+            text_default_gates,
             text_gates_for,
             text_reference,
             text_token_ids,
@@ -983,7 +986,14 @@ class HfExporter(abc.ABC):
         ids, tokenizer = text_token_ids(model_tokenizer(source), getattr(text_config, "vocab_size", None))
         chunks = text_chunks(ids, **chunking)
         report.extra["text_quality_gates"] = dict(gates)
-        return text_reference(model, make_inputs, chunks, gates=gates, tokenizer=tokenizer)
+        return text_reference(
+            model,
+            make_inputs,
+            chunks,
+            gates=gates,
+            tokenizer=tokenizer,
+            default_gates=text_default_gates(config, gates),
+        )
 
     def check_text(
         self,

@@ -45,6 +45,15 @@ Their default gates (:func:`default_text_gates`) are :data:`TEXT_GATES_8BIT` for
 :data:`TEXT_GATES_4BIT` for 4-bit ones; ``config.quality_gates`` overrides them by name, and naming
 one of them on an unquantized reduced-precision export turns the text metrics on there too.
 
+The default text gates apply only when the eager model has learned something about the text: its
+perplexity must be at most :data:`CHANCE_PERPLEXITY_FRACTION` (1/10) of its vocabulary size
+(uniform guessing scores exactly the vocabulary size). A model with random weights (the tiny seeded
+test models, ``tiny_model_folder``) scores about the vocabulary size; its next-token distributions
+are near-uniform, so a 4-bit rounding flips arg-maxes at random and the metrics say nothing about
+the quantization. Such an export still gets the metrics measured and reported
+(``TextQuality.note`` says why they are not gated), and gates named in ``config.quality_gates`` /
+``--gate`` are enforced regardless.
+
 Backends do not call this module directly: :meth:`hfexport.exporter.HfExporter.validate` runs
 :func:`validate_quality` instead of allclose whenever :func:`quality_gates_for` returns gates
 (``config.dtype != "float32"`` or ``config.quantization`` set). A backend that validates outside
@@ -57,7 +66,7 @@ import itertools
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -68,6 +77,7 @@ from hfexport.precision import is_quality_gated
 
 __all__ = [
     "CACHE_COSINE_GATE",
+    "CHANCE_PERPLEXITY_FRACTION",
     "GATED_METRICS",
     "QUALITY_METRICS",
     "TEXT_GATES_4BIT",
@@ -91,6 +101,7 @@ __all__ = [
     "quality_text",
     "score_outputs",
     "text_chunks",
+    "text_default_gates",
     "text_gate_message",
     "text_gates_for",
     "text_quality",
@@ -120,6 +131,12 @@ TEXT_GATES_8BIT = {"perplexity_ratio": 1.05, "kl_divergence": 0.05, "top1_agreem
 #: default text gates of a 4-bit quantization (provisional: SmolLM2-135M at ONNX int4, block 32,
 #: symmetric, with a 4-bit head scores 1.162 / 0.258 / 0.709 and misses them; see docs/backends/onnx.md)
 TEXT_GATES_4BIT = {"perplexity_ratio": 1.25, "kl_divergence": 0.25, "top1_agreement_text": 0.75}
+
+#: the default text gates apply only when the eager model's perplexity on the quality text is at most
+#: this fraction of its vocabulary size (uniform guessing: the vocabulary size; a real checkpoint
+#: scores far below, SmolLM2-135M 19.9 of 49152; a random-weight model about the vocabulary size):
+#: the model predicts the text at least ln(10) = 2.3 nats per token better than chance
+CHANCE_PERPLEXITY_FRACTION = 0.1
 
 _FOUR_BIT = re.compile(r"(int4|4w|4bit|nf4|uint4)")
 
@@ -229,6 +246,13 @@ def text_gates_for(config: Any, reference: str | None = None) -> dict[str, float
     if quantization is None:
         return named or None
     return {**default_text_gates(quantization), **named}
+
+
+def text_default_gates(config: Any, gates: Mapping[str, float] | None) -> tuple[str, ...]:
+    """The metrics of ``gates`` (:func:`text_gates_for`) that are defaults, i.e. not named in
+    ``config.quality_gates``: applied only when the eager model is not at chance on the text."""
+    named = set(getattr(config, "quality_gates", None) or {})
+    return tuple(sorted(k for k in gates or {} if k not in named))
 
 
 @dataclass
@@ -666,7 +690,11 @@ class TextQuality:
         top1_agreement_text: fraction of all positions whose arg-max equals the eager model's.
         tokens: positions scored; chunks / chunk_length: how the text was cut (longest chunk).
         tokenizer: ``"tokenizer"`` (the model's) or ``"utf-8 bytes"``.
-        gates / failures / ok: as :class:`OutputQuality` (``"metric = value (gate <= t, missed by m)"``).
+        vocab_size: the logits' last axis.
+        gates / failures / ok: as :class:`OutputQuality` (``"metric = value (gate <= t, missed by m)"``);
+            ``gates`` holds the gates applied.
+        note: why default gates were not applied (the eager model at chance on the text, see
+            :data:`CHANCE_PERPLEXITY_FRACTION`), or ``""``.
     """
 
     perplexity_eager: float
@@ -679,9 +707,11 @@ class TextQuality:
     chunks: int
     chunk_length: int
     tokenizer: str = "tokenizer"
+    vocab_size: int = 0
     gates: dict[str, float] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     ok: bool = True
+    note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict with ``kind = "text_quality"`` and ``name = "text"``."""
@@ -726,6 +756,7 @@ def text_quality(
     *,
     gates: Mapping[str, float] | None = None,
     tokenizer: str = "tokenizer",
+    default_gates: Collection[str] = (),
 ) -> TextQuality:
     """Score an artifact's next-token logits against the eager model's on the same text chunks.
 
@@ -737,6 +768,9 @@ def text_quality(
         gates: ``{metric: threshold}`` over :data:`TEXT_METRICS` (``perplexity_ratio`` and
             ``kl_divergence`` upper bounds, ``top1_agreement_text`` a lower bound); ``None``: none.
         tokenizer: how the text was tokenized, recorded.
+        default_gates: the metrics of ``gates`` that are defaults rather than asked for: they are
+            applied only when the eager perplexity is at most :data:`CHANCE_PERPLEXITY_FRACTION` of
+            the vocabulary size (else ``note`` says why they were not).
 
     Returns:
         A :class:`TextQuality`; ``failures`` names each missed metric, its value, the gate and the
@@ -785,10 +819,20 @@ def text_quality(
         chunks=len(chunks),
         chunk_length=max(int(c.shape[-1]) for c in chunks),
         tokenizer=tokenizer,
+        vocab_size=int(torch.as_tensor(expected[0]).shape[-1]),
     )
-    for metric, threshold in (gates or {}).items():
-        if metric not in TEXT_METRICS:
-            continue
+    gates = {k: float(v) for k, v in (gates or {}).items() if k in TEXT_METRICS}
+    skipped = sorted(set(gates) & set(default_gates))
+    chance = CHANCE_PERPLEXITY_FRACTION * result.vocab_size
+    if skipped and not ppl_e <= chance:
+        result.note = (
+            f"default gates of {', '.join(skipped)} not applied: the fp32 eager model is at chance on the "
+            f"text (perplexity {ppl_e:.1f}, above {CHANCE_PERPLEXITY_FRACTION:g} x its vocabulary of "
+            f"{result.vocab_size}; random weights?), so the metrics measure noise; name them in "
+            "quality_gates / --gate to gate them"
+        )
+        gates = {k: v for k, v in gates.items() if k not in skipped}
+    for metric, threshold in gates.items():
         value = float(getattr(result, metric))
         result.gates[metric] = float(threshold)
         upper = metric in _UPPER_BOUND
@@ -816,6 +860,8 @@ def format_text_quality(result: TextQuality, title: str = "") -> str:
         gate_text = f"gate {relation} {gate:g}" if gate is not None else "not gated"
         missed = any(f.startswith(f"{metric} ") for f in result.failures)
         lines.append(f"  {metric:<20} {value:>10.4f}  {gate_text:<16} {'NO' if missed else 'yes'}")
+    if result.note:
+        lines.append(f"  ({result.note})")
     return "\n".join(lines)
 
 
@@ -851,6 +897,8 @@ class TextReference:
         gates: the text gates (:func:`text_gates_for`).
         tokenizer: ``"tokenizer"`` or ``"utf-8 bytes"``.
         logits_key: the output name of the logits (``"logits"``).
+        default_gates: the metrics of ``gates`` that are defaults, not named in ``quality_gates``
+            (applied only when the eager model is not at chance, see :func:`text_quality`).
     """
 
     chunks: list[torch.Tensor]
@@ -859,6 +907,7 @@ class TextReference:
     gates: dict[str, float]
     tokenizer: str = "tokenizer"
     logits_key: str = "logits"
+    default_gates: tuple[str, ...] = ()
 
 
 def text_reference(
@@ -869,6 +918,7 @@ def text_reference(
     gates: Mapping[str, float],
     tokenizer: str = "tokenizer",
     logits_key: str = "logits",
+    default_gates: Collection[str] = (),
 ) -> TextReference:
     """Run the eager ``model`` on every text chunk (teacher-forced, one prefill per chunk).
 
@@ -879,6 +929,7 @@ def text_reference(
         gates: the text gates to apply later.
         tokenizer: how the text was tokenized.
         logits_key: the output leaf path of the logits.
+        default_gates: the metrics of ``gates`` that are defaults (:func:`text_default_gates`).
 
     Returns:
         A :class:`TextReference`.
@@ -898,7 +949,9 @@ def text_reference(
             )
         expected.append(out[logits_key].detach().float())
         del out
-    return TextReference(list(chunks), inputs, expected, dict(gates), tokenizer, logits_key)
+    return TextReference(
+        list(chunks), inputs, expected, dict(gates), tokenizer, logits_key, tuple(sorted(default_gates))
+    )
 
 
 def validate_text(
@@ -931,7 +984,12 @@ def validate_text(
         actual.append(torch.as_tensor(out[reference.logits_key]).detach().float())
         del out
     result = text_quality(
-        reference.chunks, reference.expected, actual, gates=reference.gates, tokenizer=reference.tokenizer
+        reference.chunks,
+        reference.expected,
+        actual,
+        gates=reference.gates,
+        tokenizer=reference.tokenizer,
+        default_gates=reference.default_gates,
     )
     table = format_text_quality(result, title=f"quality on the {label} vs fp32 eager")
     logger.info("%s", table)
