@@ -312,3 +312,37 @@ def test_minilm_int8_static_calibrated_on_prompts(minilm, tmp_path):
     assert 0.99 <= hidden["sample"]["cosine"] < 0.9999  # real text, like the calibration
     assert 0.99 <= hidden["second_shape"]["cosine"] < 0.9999
     assert json.dumps(exporter.last_report.to_dict())  # the report stays JSON-safe
+
+
+def test_fused_matmul_of_a_tied_head_becomes_a_quantizable_matmul():
+    # --ort-fusions folds a tied LM head's transpose into com.microsoft.FusedMatMul(transB=1): the
+    # quantizers match MatMul only, so it is rewritten (weight transposed, graph output kept) and
+    # found as the LM head (8-bit under int4-weight); on SmolLM2 it had stayed float32 (113 MB)
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from hfexport_onnx.quantize import _gemm_to_matmul, lm_head_nodes
+
+    weight = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)  # [vocab, hidden]
+    node = helper.make_node(
+        "FusedMatMul", ["hidden", "W"], ["logits"], name="head", domain="com.microsoft", transB=1, alpha=1.0
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, 3, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, 64])],
+        [onnx.numpy_helper.from_array(weight, "W")],
+    )
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model = ir.from_proto(proto)
+    assert _gemm_to_matmul(model) == 1
+    (matmul,) = list(model.graph)
+    assert matmul.op_type == "MatMul" and [v.name for v in model.graph.outputs] == ["logits"]
+    np.testing.assert_array_equal(matmul.inputs[1].const_value.numpy(), weight.T)
+    assert list(model.graph.initializers) == ["W_transposed"]  # the float original is dropped
+    assert lm_head_nodes(model) == [matmul.name]

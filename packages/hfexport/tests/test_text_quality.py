@@ -151,6 +151,14 @@ def test_default_text_gates_apply_only_when_the_eager_model_beats_chance():
     learned = text_quality([ids], [sharp], noisy, gates=TEXT_GATES_4BIT, default_gates=TEXT_GATES_4BIT)
     assert learned.perplexity_eager < CHANCE_PERPLEXITY_FRACTION * vocab
     assert learned.gates == TEXT_GATES_4BIT and not learned.ok and learned.note == ""
+    # what validate_text will apply, known at reference time (the per-output top-1 defers to it)
+    from hfexport.quality import TextReference, text_gates_in_force
+
+    def reference(eager):
+        return TextReference([ids], [{}], eager, dict(TEXT_GATES_4BIT), default_gates=tuple(TEXT_GATES_4BIT))
+
+    assert text_gates_in_force(reference(flat)) == {}
+    assert text_gates_in_force(reference([sharp])) == TEXT_GATES_4BIT
     # which gates are defaults: those the config does not name
     config = DynamoConfig(quantization="8da4w", quality_gates={"top1_agreement": 0.7, "kl_divergence": 0.3})
     assert text_default_gates(config, text_gates_for(config)) == ("perplexity_ratio", "top1_agreement_text")
