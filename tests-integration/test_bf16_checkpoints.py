@@ -63,7 +63,15 @@ def test_bf16_checkpoint_exports_and_validates_with_defaults(backend, bf16_folde
     record = json.loads((out / "export_report.json").read_text())
     decision = record["dtype"]
     assert (decision["export"], decision["model"], decision["requested"]) == (export_dtype, "bfloat16", None)
-    assert decision["reference"] == export_dtype and decision["upcasts"] == (export_dtype == "float32")
+    # a bf16 artifact is sized against the fp32 eager weights (a size line); a float32 one is plain
+    change = record.get("size_change")
+    if export_dtype == "float32":
+        assert change is None
+    else:
+        assert change["artifact_bytes"] == (out / "model.pt2").stat().st_size, change
+        assert change["eager_float32_bytes"] > 0 and "size: fp32 eager weights" in " ".join(
+            proc.stdout.split()
+        )
     for label in ("sample", "second_shape"):
         rows = {r["name"]: r for r in record["report"]["validation"][label]}
         assert all(r["ok"] for r in rows.values()), (label, rows)

@@ -112,3 +112,54 @@ def test_load_checks_checksums_and_names_the_missing_backend(tmp_path, monkeypat
     monkeypatch.setattr(auto, "get_hf_exporter", not_installed)
     with pytest.raises(MissingBackendError, match=r"pip install hfexport-onnx"):
         hfexport.load(other)
+
+
+def test_a_python_user_writes_a_folder_hfexport_load_runs(tmp_path):
+    """No CLI: export with the API, write the folder with hfexport.folder.write_export_folder, load it."""
+    if importlib.util.find_spec("hfexport_dynamo") is None:
+        pytest.skip("hfexport-dynamo is not installed in this environment")
+    from hfexport import AutoHfExporter, DynamoConfig
+    from hfexport.folder import write_export_folder
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("bert")
+    exporter = AutoHfExporter.from_config(DynamoConfig(dynamic=True))
+    program = exporter.export(model, inputs)
+    record = write_export_folder(tmp_path / "out", exporter, program, model=model, task="feature-extraction")
+    assert record.artifact.file == "model.pt2" and record.model_class == "BertModel"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "checksums.sha256",
+        "config.json",
+        "export_report.json",
+        "model.pt2",
+    ]
+    loaded = hfexport.load(tmp_path / "out")
+    assert loaded.export_format == "dynamo" and loaded.task == "feature-extraction"
+    with torch.no_grad():
+        expected = model(**inputs)
+    got = loaded(**inputs)
+    assert type(got) is type(expected)
+    for name in expected:
+        assert (got[name] - expected[name]).abs().max().item() <= 1e-5, name
+
+
+@pytest.mark.slow
+def test_a_python_user_writes_a_generation_folder_hfexport_load_generates(tmp_path):
+    if importlib.util.find_spec("hfexport_dynamo") is None:
+        pytest.skip("hfexport-dynamo is not installed in this environment")
+    from hfexport import AutoHfExporter, DynamoConfig
+    from hfexport.folder import write_export_folder
+
+    folder = tiny_model_folder("llama", tmp_path / "llama")
+    loaded = load_model(str(folder), "text-generation")
+    exporter = AutoHfExporter.from_config(DynamoConfig(dynamic=True))
+    artifacts = exporter.export_for_generation(loaded.model, loaded.inputs)
+    record = write_export_folder(tmp_path / "gen", exporter, artifacts, model=loaded.model)
+    assert record.components == list(artifacts) and record.task == "text-generation"
+    model = hfexport.load(tmp_path / "gen")
+    assert model.is_generation
+    prompt = torch.tensor([[5, 9, 13, 21, 34, 55]])
+    expected = loaded.model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False
+    )
+    assert model.generate(input_ids=prompt, max_new_tokens=8).tolist() == expected.tolist()

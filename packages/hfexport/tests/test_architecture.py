@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import ast
-import itertools
 import re
 from pathlib import Path
 
 import hfexport
+from hfexport.testing.imports import describe_cycles, find_cycles, imported, package_modules
+from hfexport.testing.imports import import_graph as _import_graph
 
 ROOT = Path(hfexport.__file__).parent
 BACKENDS = ("dynamo", "onnx", "executorch", "openvino")
@@ -30,108 +31,18 @@ _BACKEND_PACKAGE = re.compile(rf"\bhfexport[-_](?:{'|'.join(BACKENDS)})\b", re.I
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     """``{dotted module name: (path, is_package)}`` of every module of the core."""
-    found: dict[str, tuple[Path, bool]] = {}
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-        is_package = parts[-1] == "__init__"
-        if is_package:
-            parts = parts[:-1]
-        found[".".join(parts)] = (path, is_package)
-    return found
+    return package_modules([ROOT])
 
 
 def _imported(
     module: str, is_package: bool, tree: ast.AST, modules: set[str] | None = None
 ) -> list[tuple[str, int]]:
-    """Absolute names of what ``module`` imports, with line numbers (function bodies too).
-
-    ``from pkg import name`` gives ``pkg.name`` when that is one of ``modules`` (a submodule),
-    else ``pkg``; without ``modules`` both are listed.
-    """
-    package = module if is_package else module.rpartition(".")[0]
-    out: list[tuple[str, int]] = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            out.extend((alias.name, node.lineno) for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = parts[: len(parts) - (node.level - 1)]
-                source = ".".join([*base, node.module] if node.module else base)
-            else:
-                source = node.module or ""
-            for alias in node.names:
-                full = f"{source}.{alias.name}"
-                if modules is None:
-                    out.extend([(source, node.lineno), (full, node.lineno)])
-                else:
-                    out.append((full if full in modules else source, node.lineno))
-    return out
+    return imported(module, is_package, tree, modules)
 
 
 def import_graph() -> dict[str, dict[str, int]]:
-    """``{module: {imported hfexport module: first line importing it}}``.
-
-    The implicit import of parent packages is not an edge (every module would depend on
-    ``hfexport/__init__.py``, which only names things lazily).
-    """
-    modules = _modules()
-    names = set(modules)
-    graph: dict[str, dict[str, int]] = {}
-    for name, (path, is_package) in modules.items():
-        edges: dict[str, int] = {}
-        for target, line in _imported(name, is_package, ast.parse(path.read_text(encoding="utf-8")), names):
-            if target in modules and target != name:
-                edges.setdefault(target, line)
-        graph[name] = edges
-    return graph
-
-
-def find_cycles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
-    """One cycle (``[a, b, ..., a]``) per strongly connected component with more than one module."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-
-    def visit(node: str) -> None:
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for nxt in graph[node]:
-            if nxt not in index:
-                visit(nxt)
-                low[node] = min(low[node], low[nxt])
-            elif nxt in on_stack:
-                low[node] = min(low[node], index[nxt])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1 or node in graph[node]:
-                components.append(component)
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    cycles = []
-    for component in components:
-        members = set(component)
-        start = min(component)
-        path, seen = [start], {start}
-        while True:  # walk inside the component until a module repeats
-            nxt = min(t for t in graph[path[-1]] if t in members)
-            if nxt in seen:
-                cycles.append([*path[path.index(nxt) :], nxt])
-                break
-            path.append(nxt)
-            seen.add(nxt)
-    return cycles
+    """``{module: {imported hfexport module: first line importing it}}`` of the core."""
+    return _import_graph([ROOT])
 
 
 def test_the_graph_sees_function_level_and_relative_imports(tmp_path) -> None:
@@ -151,11 +62,7 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path) -> None:
 def test_the_core_import_graph_has_no_cycle() -> None:
     graph = import_graph()
     cycles = find_cycles(graph)
-    shown = [
-        " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)) + f" -> {cycle[-1]}"
-        for cycle in cycles
-    ]
-    assert not cycles, "import cycles in hfexport:\n" + "\n".join(shown)
+    assert not cycles, "import cycles in hfexport:\n" + "\n".join(describe_cycles(graph, cycles))
 
 
 def test_the_core_imports_no_backend() -> None:

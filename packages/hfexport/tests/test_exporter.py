@@ -129,3 +129,88 @@ def test_output_path_is_written_atomically(tmp_path):
         raise KeyError("fail")
     assert (out / "model.onnx").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.txt", "out"]
+
+
+class _OnlyExport(HfExporter):
+    """A backend as the contract documents the minimum: subclass HfExporter, implement export."""
+
+    export_format = "only-export"
+    config_class = DynamoConfig
+
+    def export(self, model, sample_inputs, config=None, **kwargs):
+        return torch.export.export(model, (), dict(sample_inputs), strict=False)
+
+
+def test_a_backend_implementing_only_export_works_unvalidated_and_says_so(tmp_path):
+    model = torch.nn.Linear(3, 2)
+    inputs = {"input": torch.randn(4, 3)}
+    exporter = _OnlyExport()  # no abstract _export/runner/save left to refuse it
+    program = exporter.export(model, inputs)
+    torch.testing.assert_close(program.module()(**inputs), model(**inputs))
+    report = exporter.last_report
+    assert [(s.name, s.status) for s in report.stages] == [("export", "ok"), ("validate", "skipped")]
+    assert "not validated" in report.stages[-1].detail and "_OnlyExport" in report.stages[-1].detail
+    assert report.model_class == "Linear" and "export" in _OnlyExport.stages
+    with pytest.raises(NotImplementedError, match="implements only export"):
+        exporter.export_to_path(model, inputs, tmp_path / "model.bin")
+    with pytest.raises(NotImplementedError, match="cannot save"):
+        exporter.save(program, tmp_path / "model.bin")
+
+
+def test_a_failure_in_a_backends_own_export_is_reported_in_its_stage():
+    class Failing(_OnlyExport):
+        def export(self, model, sample_inputs, config=None, **kwargs):
+            raise RuntimeError("lowering broke")
+
+    exporter = Failing()
+    with pytest.raises(ExportStageError, match=r"stage 'export'.*lowering broke"):
+        exporter.export(torch.nn.Linear(3, 2), {"input": torch.randn(1, 3)})
+    assert [(s.name, s.status) for s in exporter.last_report.stages] == [("export", "failed")]
+
+
+def test_an_exporter_implementing_nothing_cannot_be_instantiated():
+    class Nothing(HfExporter):
+        export_format = "nothing"
+
+    with pytest.raises(TypeError, match="Can't instantiate Nothing: it implements neither export"):
+        Nothing()
+    with pytest.raises(TypeError, match="Can't instantiate HfExporter"):
+        HfExporter()
+
+
+def test_a_pipeline_backend_overriding_export_keeps_its_own_report(bert):
+    """A subclass of a full backend that overrides export and calls super() is not wrapped."""
+
+    class Logged(CoreOnlyExporter):
+        def export(self, model, sample_inputs, config=None, **kwargs):
+            return super().export(model, sample_inputs, config, **kwargs)
+
+    model, inputs = bert
+    exporter = Logged()
+    exporter.export(model, inputs, DynamoConfig())
+    assert [s.name for s in exporter.last_report.stages][-1] == "validate"
+    assert exporter.last_report.stages[-1].status == "ok"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 26, not done yet: output flags are lifted out of the captured signature, so the "
+    "program refuses the use_cache/return_dict kwargs a decompose_for_generation component was "
+    "exported with (reorder_kwargs: keyword mismatch) instead of checking them against the captured values",
+)
+def test_a_generation_component_program_takes_the_kwargs_it_was_exported_with():
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("llama")
+    components = decompose_for_generation(
+        model, {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    )
+    module, subinputs = components["prefill"]
+    assert {"use_cache", "return_dict"} <= set(subinputs)
+    program = CoreOnlyExporter().export(module, subinputs, DynamoConfig())
+    with torch.no_grad():
+        got = program.module()(**subinputs)  # the same kwargs, flags included
+        expected = module(**subinputs)
+    torch.testing.assert_close(get_leaf_tensors(got)["logits"], expected.logits)
+    with pytest.raises(Exception, match="use_cache"):  # a flag other than the captured one is refused
+        program.module()(**{**subinputs, "use_cache": not subinputs["use_cache"]})

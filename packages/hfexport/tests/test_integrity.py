@@ -103,3 +103,30 @@ def test_names_needing_escapes_round_trip(tmp_path):
     assert read_checksums(tmp_path) == digests
     assert verify_checksums(tmp_path) == digests
     assert compute_checksums(tmp_path, ["plain.bin"]) == {"plain.bin": digests["plain.bin"]}
+
+
+def test_digests_hashed_ahead_follow_the_file_through_a_rename(tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    from hfexport import integrity
+
+    folder = tmp_path / "staging"
+    folder.mkdir()
+    (folder / "model.bin").write_bytes(b"weights" * 100_000)
+    (folder / "other.bin").write_bytes(b"x" * 10)
+    integrity.hash_in_background(folder)
+    for future in list(integrity._ahead.values()):
+        future.result()
+    reads = []
+    monkeypatch.setattr(integrity, "_read_sha256", lambda path: reads.append(path) or "recomputed")
+    # a rename keeps the file's identity: the digest computed ahead is used, not a second read
+    os.rename(folder / "model.bin", tmp_path / "model.bin")
+    assert integrity.file_sha256(tmp_path / "model.bin") == hashlib.sha256(b"weights" * 100_000).hexdigest()
+    assert reads == []
+    # a file changed after it was hashed ahead is hashed again
+    (folder / "other.bin").write_bytes(b"y" * 11)
+    assert integrity.file_sha256(folder / "other.bin") == "recomputed"
+    assert reads == [folder / "other.bin"]
+    # each precomputed digest is used once; later calls read the file
+    assert integrity.file_sha256(tmp_path / "model.bin") == "recomputed"

@@ -21,13 +21,49 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import weakref
 from typing import Any
 
 import torch
 
-__all__ = ["SUPPORTED_BACKENDS", "BackendPlan", "cuda_unavailable_reason", "prepare_backend"]
+__all__ = [
+    "SUPPORTED_BACKENDS",
+    "BackendPlan",
+    "cuda_unavailable_reason",
+    "prepare_backend",
+    "remember_runtime_backend",
+    "runtime_backend",
+]
 
 logger = logging.getLogger(__name__)
+
+# the delegate backend each lowered program manager needs at runtime, kept beside the manager
+# (ExecuTorch's object) rather than as an attribute set on it; an entry goes with its manager
+_RUNTIME_BACKENDS: weakref.WeakKeyDictionary[Any, str | None] = weakref.WeakKeyDictionary()
+
+
+def remember_runtime_backend(manager: Any, backend: str | None) -> Any:
+    """Record that the lowered program ``manager`` needs the runtime delegate ``backend``.
+
+    Args:
+        manager: an ``ExecutorchProgramManager`` the export lowered.
+        backend: the runtime backend's name (``"XnnpackBackend"``), or ``None`` for none.
+
+    Returns:
+        ``manager``.
+    """
+    _RUNTIME_BACKENDS[manager] = backend
+    return manager
+
+
+def runtime_backend(manager: Any) -> str | None:
+    """The runtime delegate :func:`remember_runtime_backend` recorded for ``manager``; ``None``
+    when it needs none or was not lowered by this package (a manager built elsewhere)."""
+    try:
+        return _RUNTIME_BACKENDS.get(manager)
+    except TypeError:  # an object that takes no weak reference was never recorded
+        return None
+
 
 #: Backend names :func:`prepare_backend` accepts.
 SUPPORTED_BACKENDS: tuple[str, ...] = ("xnnpack", "cuda")

@@ -43,6 +43,7 @@ from hfexport.exporter import HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
 from hfexport_executorch import generation as _generation
+from hfexport_executorch.backends import remember_runtime_backend, runtime_backend
 from hfexport_executorch.quantize import METHODS as _quantize_methods
 from hfexport_executorch.quantize import WEIGHT_ONLY_METHODS
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
@@ -50,9 +51,6 @@ from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSION
 __all__ = ["ExecutorchExporter"]
 
 logger = logging.getLogger(__name__)
-
-# Attribute set on the returned program manager: the runtime backend its delegates need.
-_RUNTIME_BACKEND_ATTR = "_hfexport_runtime_backend"
 
 
 @register_exporter("executorch")
@@ -232,7 +230,7 @@ class ExecutorchExporter(HfExporter):
                     "alloc_graph_output": bool(config.alloc_graph_output),
                     "alloc_mutable_buffers": bool(config.alloc_mutable_buffers),
                 }
-        setattr(manager, _RUNTIME_BACKEND_ATTR, plan.runtime_backend)
+        remember_runtime_backend(manager, plan.runtime_backend)
         return attach_atomic_save(manager)
 
     # -- runtime -----------------------------------------------------------------------------------
@@ -248,9 +246,7 @@ class ExecutorchExporter(HfExporter):
         """
         from hfexport_executorch.runtime import ExecutorchRunner
 
-        return ExecutorchRunner.from_manager(
-            artifact, required_backend=getattr(artifact, _RUNTIME_BACKEND_ATTR, None)
-        )
+        return ExecutorchRunner.from_manager(artifact, required_backend=runtime_backend(artifact))
 
     def second_shape_inputs(
         self, model: torch.nn.Module, inputs: Mapping[str, Any], config: Any, report: ExportReport

@@ -53,14 +53,14 @@ def component_metadata(artifact: Any) -> dict[str, Any]:
     """The program's input/output pytree specs, the modules defining their node types (for
     information only: :func:`load_component` never imports them) and the delegate backend the
     runtime needs (e.g. ``XnnpackBackend``)."""
-    from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR
+    from hfexport_executorch.backends import runtime_backend
 
     spec = artifact.exported_program("forward").call_spec
     return {
         "in_spec": pytree.treespec_dumps(spec.in_spec),
         "out_spec": pytree.treespec_dumps(spec.out_spec),
         "modules": sorted(set(_modules(spec.in_spec)) | set(_modules(spec.out_spec))),
-        "required_backend": getattr(artifact, _RUNTIME_BACKEND_ATTR, None),
+        "required_backend": runtime_backend(artifact),
     }
 
 

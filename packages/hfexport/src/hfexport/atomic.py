@@ -56,6 +56,10 @@ from pathlib import Path
 from hfexport import faults
 from hfexport.errors import OutputDirectoryError
 
+# a folder holding one of EXPORT_MARKERS is a previous export, replaced without overwrite=True; the
+# names and the rule are the export folder's own
+from hfexport.folder.contents import EXPORT_MARKERS, previous_export_problem
+
 __all__ = [
     "EXPORT_MARKERS",
     "STALE_AFTER_SECONDS",
@@ -71,10 +75,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-#: A folder holding one of these files at its top level is a previous hfexport export: it may be
-#: replaced without ``overwrite=True``.
-EXPORT_MARKERS = ("export_report.json", "generation_manifest.json")
 
 #: A temporary folder of ours older than this (seconds since its last modification) is stale even
 #: when its process id is alive (the id may have been reused) or belongs to another host.
@@ -246,49 +246,6 @@ def _sibling_pattern(target: Path) -> re.Pattern[str]:
     )
 
 
-#: the keys a marker file written by hfexport holds (one of them is enough)
-_MARKER_KEYS = {
-    "export_report.json": ("export_format", "report"),
-    "generation_manifest.json": ("manifest_version", "format", "files"),
-}
-_CHECKSUMS = "checksums.sha256"
-
-
-def _not_a_previous_export(target: Path, entries: list[str]) -> str | None:
-    """Why the non-empty folder ``target`` (holding ``entries``) is not a previous export, or ``None``.
-
-    A previous export holds a marker (:data:`EXPORT_MARKERS`) that is a JSON object with the keys
-    hfexport writes; when it also holds ``checksums.sha256`` (every export of this version does),
-    each of its files must be listed there, so a file dropped into an export folder later is not
-    deleted by the next export without ``--overwrite``.
-    """
-    import json
-
-    listed = ", ".join(sorted(entries)[:5]) + (", ..." if len(entries) > 5 else "")
-    markers = [m for m in EXPORT_MARKERS if m in entries]
-    if not markers:
-        return f"it holds {listed} but no {' or '.join(EXPORT_MARKERS)}"
-    for marker in markers:
-        try:
-            data = json.loads((target / marker).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            data = None
-        if not (isinstance(data, dict) and any(key in data for key in _MARKER_KEYS[marker])):
-            return f"its {marker} is not one hfexport wrote"
-    if _CHECKSUMS in entries:
-        try:
-            lines = (target / _CHECKSUMS).read_text(encoding="utf-8").splitlines()
-        except (OSError, ValueError):
-            return f"its {_CHECKSUMS} cannot be read"
-        known = {line.split("  ", 1)[1] for line in lines if "  " in line} | {_CHECKSUMS}
-        extra = sorted(e for e in entries if e not in known and (target / e).is_file())
-        extra += sorted(e for e in entries if (target / e).is_dir() and e not in known)
-        if extra:
-            shown = ", ".join(extra[:5]) + (", ..." if len(extra) > 5 else "")
-            return f"{shown} {'is' if len(extra) == 1 else 'are'} not among the files the export listed in {_CHECKSUMS}"
-    return None
-
-
 def check_output_dir(
     path: str | os.PathLike[str],
     *,
@@ -384,7 +341,7 @@ def check_output_dir(
                 "another folder",
                 path=shown,
             ) from exc
-        problem = _not_a_previous_export(target, entries) if entries and not overwrite else None
+        problem = previous_export_problem(target, entries) if entries and not overwrite else None
         if problem is not None:
             raise OutputDirectoryError(
                 f"output folder {shown!r} is not empty and is not a previous hfexport export ({problem}); "

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import sys
 import time
 from enum import StrEnum
@@ -555,19 +554,6 @@ def _print_text_quality(label: str, row: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _second_shape_record(report: Any) -> dict[str, Any]:
-    """What ``export_report.json`` records of one component's second-shape validation: the
-    ``report.extra["second_shape"]`` record (shapes, changed axes and values, summary), or the
-    stage's status and reason when it did not run."""
-    record = report.extra.get("second_shape")
-    if record is not None:
-        return dict(record)
-    stages = [s for s in report.stages if s.name == "validate_second_shape"]
-    if stages:
-        return {"status": stages[-1].status, "reason": stages[-1].detail}
-    return {"status": "not run", "reason": "a static export, or validation is off"}
-
-
 def _print_validation(report: Any, component: str | None = None) -> None:
     """One table per validated input set of ``report``: quality metrics for a gated export, else
     allclose diffs; ``component`` (a generation export's ``prefill``, ``decode`` ...) prefixes the
@@ -873,20 +859,24 @@ def export_command(
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         exporter.stage_callback = progress
-        from hfexport.atomic import atomic_output_dir
+        from hfexport.folder import ExportRecord, open_export_folder
 
         stage = "output_dir"
         _step(stage)  # a staging folder that cannot be made is not a loading failure
-        with atomic_output_dir(output_dir, overwrite=overwrite) as staging:
+        with open_export_folder(output_dir, exporter, overwrite=overwrite) as folder:
+            record = ExportRecord(export_format=export_format)
+            sized: Any = loaded.model  # the model (or its fp32 bytes) a size change is measured against
             if layout is not None:
                 # the layout's writer fills the folder with what its runtime loads (graphs, runtime
-                # config, tokenizer files); the report and checksums are added below as always
+                # config, tokenizer files); the record and checksums are added below as always
                 from hfexport.layouts import LayoutRequest
 
                 stage = f"layout {layout}"
                 component_files = None
-                report_dict = {"layout": layout, "runtime": chosen_layout.runtime}
-                report_dict.update(
+                record.layout, record.runtime = layout, chosen_layout.runtime
+                # the writer's fields ("genai", "files" ...) are the layout's own: kept together
+                # after its name, as the record writes a layout's fields
+                record.extra = dict(
                     chosen_layout.resolve_writer()(
                         LayoutRequest(
                             exporter=exporter,
@@ -894,7 +884,7 @@ def export_command(
                             inputs=loaded.inputs,
                             config=config,
                             task=loaded.task,
-                            output_dir=staging,
+                            output_dir=folder.path,
                             files=tuple(loaded.files_to_copy),
                         )
                     )
@@ -904,81 +894,45 @@ def export_command(
             # or encoders/language model/lm_head/decode); --task auto exports the plain forward
             elif task in GENERATION_TASKS:
                 stage = "export_for_generation"
-                from hfexport.generation import save_components
-
                 artifacts = exporter.export_for_generation(loaded.model, loaded.inputs, config)
-                written = save_components(exporter, artifacts, staging, model=loaded.model)
-                component_files = _component_files(staging, order=list(artifacts))
-                report_dict: dict[str, Any] = {
-                    "components": list(artifacts),
-                    "files": [str(w) for w in written],
-                    # per component, the shape it was validated at besides the sample (a decode
-                    # step: another past length), or why none (the "report" below is decode's only)
-                    "second_shapes": {name: _second_shape_record(r) for name, r in artifacts.reports.items()},
-                }
-                # every component's report (prefill quality included), in export order; "report"
-                # below stays the last one (decode: greedy parity) as before
-                component_reports = {
-                    name: artifacts.reports[name] for name in artifacts if name in artifacts.reports
-                }
-                if component_reports:
-                    report_dict["component_reports"] = {
-                        name: r.to_dict() for name, r in component_reports.items()
-                    }
-                reports = list(component_reports.values()) or (
+                record.update(folder.save_generation(artifacts, model=loaded.model))
+                component_files = folder.component_files(order=list(artifacts))
+                # every component's report (prefill quality included), in export order; the
+                # record's "report" stays the last one (decode: greedy parity)
+                reports = [artifacts.reports[name] for name in artifacts if name in artifacts.reports] or (
                     [exporter.last_report] if exporter.last_report else []
                 )
             else:
                 component_files = None
                 # saved before validation, which runs the saved file; the model's weights are
                 # released once the eager references exist (the runtime's copy is then the only one)
+                from hfexport.folder.writer import eager_float32_bytes
+
+                sized = eager_float32_bytes(loaded.model)  # the size change's base, before the release
                 report = exporter.export_to_path(
-                    loaded.model, loaded.inputs, exporter.artifact_path(staging), config, release_model=True
+                    loaded.model, loaded.inputs, folder.artifact_path(), config, release_model=True
                 )
                 report.dtype = decision.to_dict()  # decided from the checkpoint, before loading
                 reports = [report]
                 # what hfexport.load needs: the file and the backend's load_component metadata
-                report_dict = {
-                    "artifact": {
-                        "file": exporter.artifact_path(staging).name,
-                        "metadata": report.artifact_metadata or {},
-                    }
-                }
-            # the config, tokenizer files, report and checksums: the CLI's own step
+                record.artifact = folder.saved_artifact(report.artifact_metadata)
+            # the config, tokenizer files, record and checksums: the CLI's own step
             stage = "write_output"
             _step(stage)
-            for f in [] if layout is not None else loaded.files_to_copy:
-                shutil.copy2(f, staging / f.name)
-            if layout is None and loaded.source is None and hasattr(loaded.model, "config"):
-                loaded.model.config.to_json_file(staging / "config.json")
-            from hfexport.environment import installed_version
-
-            sizes = {p.name: p.stat().st_size for p in sorted(staging.iterdir()) if p.is_file()}
-            size_change = _size_change(
-                config, loaded.model, sizes, component_files or {"model": exporter.artifact_filename}
+            if layout is None:
+                folder.copy_files(loaded.files_to_copy)
+                if loaded.source is None:
+                    folder.write_model_config(loaded.model)
+            record = folder.complete(
+                record,
+                model_name=model,
+                task=loaded.task,
+                config=config,
+                dtype=decision.to_dict(),
+                report=reports[-1] if reports else None,
+                model=sized,
+                artifact_names=component_files or {"model": exporter.artifact_filename},
             )
-            if size_change:
-                report_dict["size_change"] = size_change
-            report_dict.update(
-                {
-                    "model": model,
-                    "task": loaded.task,
-                    "export_format": export_format,
-                    "config": config.to_dict(),
-                    "dtype": decision.to_dict(),
-                    "versions": {
-                        d: installed_version(d)
-                        for d in ("hfexport", exporter.package_name, *exporter.tested_versions)
-                    },
-                    "report": reports[-1].to_dict() if reports else None,
-                    "artifact_sizes_bytes": sizes,
-                }
-            )
-            from hfexport.integrity import compute_checksums, write_checksums
-
-            report_dict["sha256"] = compute_checksums(staging)  # every file but the report itself
-            (staging / "export_report.json").write_text(json.dumps(report_dict, indent=2, default=str) + "\n")
-            write_checksums(staging, digests=report_dict["sha256"])  # + the report: sha256sum -c
             # atomic_output_dir moves the staged folder in when this block ends (its own fault point)
             stage = "swap"
             _tell_supervisor("stage", stage)
@@ -992,8 +946,8 @@ def export_command(
         for r in reports:
             if r.extra.get("greedy_parity"):
                 console.print(_greedy_parity_line(r.extra["greedy_parity"]))
-        if size_change:
-            console.print(_size_line(size_change))
+        if record.size_change:
+            console.print(_size_line(record.size_change))
         files = sorted(p for p in output_dir.rglob("*") if p.is_file())  # layouts nest (onnx/, ...)
         console.print(
             f"[bold green]exported[/] {model} -> {output_dir}/ "
@@ -1177,61 +1131,6 @@ def _plan_loading(
     return load_dtype, decision
 
 
-def _component_files(folder: Path, order: list[str]) -> dict[str, str]:
-    """``{component: file name}`` from the generation manifest ``save_components`` wrote in
-    ``folder``, in export ``order`` (prefill before decode)."""
-    manifest = json.loads((folder / _MANIFEST_NAME).read_text(encoding="utf-8"))
-    files = {str(k): str(v) for k, v in (manifest.get("files") or {}).items()}
-    return {name: files[name] for name in [*order, *sorted(files)] if name in files}
-
-
-def _size_change(
-    config: Any, model: Any, sizes: dict[str, int], artifact_names: dict[str, str]
-) -> dict[str, Any] | None:
-    """Eager fp32 weight bytes vs the artifact's files for a reduced-precision, fused or quantized
-    export; ``None`` otherwise or without an artifact file.
-
-    Args:
-        sizes: ``{file name: bytes}`` of the output folder.
-        artifact_names: ``{component: artifact file name}`` (``{"model": "model"}`` for a plain
-            export); a component's bytes are those of every file whose name starts with its file
-            name (``model.onnx`` + ``model.onnx.data``).
-
-    Returns:
-        ``{"eager_float32_bytes", "artifact_bytes", "ratio"}`` (all artifact files), and for more
-        than one component ``"components": {name: {"bytes", "ratio"}}`` (each component stores
-        its own weights, so each one's ratio is what a runtime loads for it).
-    """
-    plain = (
-        getattr(config, "dtype", None) in (None, "float32") and getattr(config, "quantization", None) is None
-    )
-    if plain and getattr(config, "ort_fusions", None) is None:
-        return None
-    per_component = {
-        name: sum(n for file, n in sizes.items() if file.startswith(prefix))
-        for name, prefix in artifact_names.items()
-    }
-    artifact = sum(per_component.values())
-    seen: set[int] = set()
-    eager = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point() and id(tensor) not in seen:
-            seen.add(id(tensor))
-            eager += tensor.numel() * 4
-    if not artifact or not eager:
-        return None
-    change: dict[str, Any] = {
-        "eager_float32_bytes": eager,
-        "artifact_bytes": artifact,
-        "ratio": round(artifact / eager, 4),
-    }
-    if len(per_component) > 1:
-        change["components"] = {
-            name: {"bytes": n, "ratio": round(n / eager, 4)} for name, n in per_component.items()
-        }
-    return change
-
-
 def _size_line(change: dict[str, Any]) -> str:
     """The summary's size line: ``size: fp32 eager weights 90.9 MB -> artifact 24.3 MB (0.27x)``,
     or one entry per component of a generation export."""
@@ -1276,9 +1175,6 @@ def _print_failure_details(verbose: bool, log_file: Path | None) -> None:
     err_console.print(hint, style="dim")
 
 
-_MANIFEST_NAME = "generation_manifest.json"  # hfexport.generation.persist.MANIFEST_NAME (torch-free here)
-
-
 def _generation_folder(output_dir: Path) -> dict[str, Any]:
     """The generation manifest of ``output_dir``, read without torch.
 
@@ -1291,14 +1187,14 @@ def _generation_folder(output_dir: Path) -> dict[str, Any]:
         raise typer.BadParameter(f"{output_dir} does not exist", param_hint=hint)
     if not output_dir.is_dir():
         raise typer.BadParameter(f"{output_dir} is not a folder", param_hint=hint)
-    path = output_dir / _MANIFEST_NAME
+    from hfexport.folder import MANIFEST_NAME, REPORT_NAME, ExportFolderError, ExportRecord, read_json_object
+
+    path = output_dir / MANIFEST_NAME
     if not path.is_file():
         try:  # a runtime layout folder: its runtime's own loader runs it, not this command
-            layout = json.loads((output_dir / "export_report.json").read_text(encoding="utf-8")).get("layout")
-            runtime = json.loads((output_dir / "export_report.json").read_text(encoding="utf-8")).get(
-                "runtime"
-            )
-        except (OSError, UnicodeDecodeError, ValueError, AttributeError):
+            record = ExportRecord.from_dict(read_json_object(output_dir / REPORT_NAME))
+            layout, runtime = record.layout, record.runtime
+        except ExportFolderError:
             layout = runtime = None
         if layout:
             raise typer.BadParameter(
@@ -1308,7 +1204,7 @@ def _generation_folder(output_dir: Path) -> dict[str, Any]:
                 param_hint=hint,
             )
         raise typer.BadParameter(
-            f"{output_dir} holds no {_MANIFEST_NAME}; export one with "
+            f"{output_dir} holds no {MANIFEST_NAME}; export one with "
             "`hfexport export <format> --task text-generation --model ... OUTPUT_DIR`",
             param_hint=hint,
         )

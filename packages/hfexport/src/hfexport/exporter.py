@@ -1,14 +1,19 @@
-"""``HfExporter``: the abstract base every backend implements, and the whole backend contract.
+"""``HfExporter``: the base every backend implements, and the whole backend contract.
 
 Everything the core asks of a backend is a method or class attribute of this class; nothing is
-found by module name or probed with ``getattr``. A backend subclass sets the class attributes and
-implements three methods:
+found by module name or probed with ``getattr``. ``export`` is the only method a backend must
+provide. Two ways to do it:
 
-- ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
-  lowering), each inside ``report.stage(name)``, the shared ones named by
-  :class:`hfexport.report.Stage` and its own declared in the ``stages`` class attribute;
-- ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
-- ``save(artifact, path)``: write the artifact file.
+- override ``export(model, sample_inputs, config=None, **kwargs) -> artifact`` alone: the backend
+  works as written, unvalidated; the base class times the call and records in ``last_report``
+  that the artifact was not validated (an ``export`` stage, then ``validate`` skipped, saying why);
+- or implement the pipeline hooks and get capture, validation, reports and folders from the core:
+
+  - ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
+    lowering), each inside ``report.stage(name)``, the shared ones named by
+    :class:`hfexport.report.Stage` and its own declared in the ``stages`` class attribute;
+  - ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
+  - ``save(artifact, path)``: write the artifact file (export folders, ``export_to_path``).
 
 It may override, where the defaults do not fit:
 
@@ -28,7 +33,6 @@ against eager PyTorch at the sample shape and a second shape, and the report.
 
 from __future__ import annotations
 
-import abc
 import contextlib
 import gc
 import logging
@@ -101,8 +105,56 @@ def _release_weights(model: torch.nn.Module) -> None:
             tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
 
 
-class HfExporter(abc.ABC):
-    """Abstract exporter of a ``transformers.PreTrainedModel`` to one runtime.
+#: the stage a backend that implements only ``export`` records around it
+_EXPORT_STAGE = "export"
+
+
+class _ReportedExport:
+    """The ``export`` of a backend that implements only ``export`` (no pipeline hooks): calls it
+    inside an ``export`` stage of a new report and records that the artifact was not validated,
+    so ``last_report`` says what happened whatever the backend's ``export`` records itself."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+        self.__doc__ = function.__doc__
+        self.__name__ = getattr(function, "__name__", "export")
+        self.__wrapped__ = function
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return _bound_export(self.function, instance)
+
+
+def _bound_export(function: Callable[..., Any], exporter: HfExporter) -> Callable[..., Any]:
+    import functools
+
+    @functools.wraps(function)
+    def export(*args: Any, **kwargs: Any) -> Any:
+        model = args[0] if args else kwargs.get("model")
+        report = ExportReport(
+            export_format=exporter.export_format,
+            component=str(kwargs.get("component", "model")),
+            model_class=type(model).__name__,
+            callback=exporter.stage_callback,
+        )
+        exporter.last_report = report
+        with report.stage(_EXPORT_STAGE, detail=f"{type(exporter).__name__}.export"):
+            artifact = function(exporter, *args, **kwargs)
+        if exporter.last_report is not report:  # the backend made its own report: it has the say
+            return artifact
+        report.skip(
+            Stage.VALIDATE,
+            f"not validated: {type(exporter).__name__} implements only export(), not the pipeline "
+            "hooks (_export, runner, save) that the core validates with",
+        )
+        return artifact
+
+    return export
+
+
+class HfExporter:
+    """Base exporter of a ``transformers.PreTrainedModel`` to one runtime.
 
     Class attributes:
         export_format: the format name (``"dynamo"``, ``"onnx"``, ``"executorch"``).
@@ -118,10 +170,12 @@ class HfExporter(abc.ABC):
         stages: the names of the backend's own report stages (those not in
             :class:`hfexport.report.Stage`), in run order; a test holds every report to them.
 
-    Methods a backend implements: :meth:`_export`, :meth:`runner`, :meth:`save`. Methods with
-    defaults it may override: :meth:`load`, :meth:`default_tolerances`, and the generation hooks
-    :meth:`prepare_component`, :meth:`component_config`, :meth:`component_metadata`,
-    :meth:`load_component`, :meth:`generation_source`.
+    A backend implements :meth:`export` alone (its artifact is then unvalidated, and
+    ``last_report`` says so), or the pipeline hooks :meth:`_export`, :meth:`runner` and
+    :meth:`save`, which the base class's :meth:`export` drives (preparation, capture, validation,
+    report). Methods with defaults it may override: :meth:`load`, :meth:`default_tolerances`, and
+    the generation hooks :meth:`prepare_component`, :meth:`component_config`,
+    :meth:`component_metadata`, :meth:`load_component`, :meth:`generation_source`.
 
     Args:
         config: the default config for :meth:`export` (an instance of ``config_class``).
@@ -129,6 +183,8 @@ class HfExporter(abc.ABC):
     Raises:
         ImportError: at construction, when a required package is missing or below its minimum;
             one message lists every problem and the pip command installing the tested pins.
+        TypeError: at construction, when the class implements neither :meth:`export` nor
+            :meth:`_export` (as Python refuses an abstract class).
     """
 
     export_format: ClassVar[str] = ""
@@ -167,10 +223,30 @@ class HfExporter(abc.ABC):
     #: plain description string is accepted too and declares nothing, so its options are not checked).
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod | str]] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that overrides :meth:`export` without the pipeline hooks gets its ``export``
+        wrapped so ``last_report`` records it (:func:`_reported_export`)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("export")
+        if own is not None and cls._export is HfExporter._export and not isinstance(own, _ReportedExport):
+            cls.export = _ReportedExport(own)  # type: ignore[method-assign]
+            if _EXPORT_STAGE not in cls.stages:
+                cls.stages = (*cls.stages, _EXPORT_STAGE)
+
     def __init__(self, config: ExportConfigMixin | None = None) -> None:
+        cls = type(self)
+        if cls.export is HfExporter.export and cls._export is HfExporter._export:
+            raise TypeError(
+                f"Can't instantiate {cls.__name__}: it implements neither export(model, sample_inputs, "
+                "config) nor the pipeline hooks _export/runner/save of HfExporter; implement export "
+                "(unvalidated) or the hooks (validated by the core)"
+            )
         self.validate_environment()
         self.config = self._resolve_config(config) if config is not None else None
         self.last_report: ExportReport | None = None
+        #: the resolved config (dtype decided) of the last export, what
+        #: :func:`hfexport.folder.write_export_folder` records by default
+        self.last_config: ExportConfigMixin | None = None
         #: the resolved config of the export running now (dtype decided), ``None`` between exports:
         #: what :meth:`runner` and :meth:`load_component` read for runtime settings (device ...)
         self.active_config: ExportConfigMixin | None = None
@@ -482,6 +558,7 @@ class HfExporter(abc.ABC):
         check_model(model)
         decision = self.decide_dtype(model, config)
         config = self.config_in_dtype(config, decision)
+        self.last_config = config
         report = ExportReport(
             export_format=self.export_format,
             component=component,
@@ -535,6 +612,9 @@ class HfExporter(abc.ABC):
                         self.save(artifact, staged)
                         metadata = self.component_metadata(artifact)
                         report.artifact_metadata = metadata
+                    from hfexport.integrity import hash_in_background
+
+                    hash_in_background(staging)  # the folder's checksums, while the artifact is validated
                     if sets is not None and not (self.validates_saved_file and self.loads_artifacts()):
                         extra = self.extra_runners(artifact, staged)  # validated in memory
                     elif sets is not None:
@@ -608,23 +688,53 @@ class HfExporter(abc.ABC):
         with model_in_dtype(model, dtype):
             return self._export(model, cast_leaf_tensors(inputs, torch_dtype(dtype)), config, report)
 
-    @abc.abstractmethod
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
     ) -> Any:
-        """Backend stages: capture, fixes, lowering. Each inside ``report.stage(name)``."""
+        """Backend stages: capture, fixes, lowering. Each inside ``report.stage(name)``.
 
-    @abc.abstractmethod
+        Args:
+            model: the prepared model (output flags applied, in the export dtype).
+            inputs: the prepared forward kwargs, cast to the export dtype.
+            config: the resolved config (dtype decided).
+            report: the export's report; record each stage in it.
+
+        Returns:
+            The backend's artifact.
+
+        Raises:
+            NotImplementedError: the backend implements only :meth:`export` (the default).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.export_format!r}) implements only export(); the core's pipeline "
+            "(export_to_path, the CLI, generation components) needs its hooks _export, runner and save"
+        )
+
     def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
         """Return a callable running ``artifact`` on forward kwargs -> ``{output_name: tensor}``.
 
         Output names are the eager output's leaf paths (``logits``, ``last_hidden_state``,
         ``past_key_values.layers.0.keys``), as :func:`hfexport.tensors.get_leaf_tensors` gives.
-        """
 
-    @abc.abstractmethod
+        Raises:
+            NotImplementedError: the backend cannot run its artifacts (the default; it is then
+                not validated).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.export_format!r}) cannot run its artifacts: it does not "
+            "implement HfExporter.runner"
+        )
+
     def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
-        """Write ``artifact`` to ``path`` atomically (no half-written file on failure)."""
+        """Write ``artifact`` to ``path`` atomically (no half-written file on failure).
+
+        Raises:
+            NotImplementedError: the backend cannot save its artifacts (the default).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} ({self.export_format!r}) cannot save its artifacts: it does not "
+            "implement HfExporter.save"
+        )
 
     def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
         """Read an artifact written by :meth:`save` (the backend's own loader).

@@ -21,6 +21,7 @@ source you trust if that matters).
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import os
@@ -34,6 +35,7 @@ __all__ = [
     "CHECKSUMS_NAME",
     "compute_checksums",
     "file_sha256",
+    "hash_in_background",
     "mark_written",
     "read_checksums",
     "verify_checksums",
@@ -50,14 +52,72 @@ _CHUNK = 1 << 20
 _warned_folders: set[Path] = set()
 _verified: dict[tuple[Path, int, int], str] = {}
 _lock = threading.Lock()
+#: digests being computed ahead of time, keyed by the file's identity (device, inode, size, mtime)
+_ahead: dict[tuple[int, int, int, int], concurrent.futures.Future[str]] = {}
+_hasher: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
+    stat = os.stat(path)
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def _hash_if_unchanged(path: Path, identity: tuple[int, int, int, int]) -> str:
+    digest = _read_sha256(path)
+    if _identity(path) != identity:
+        raise OSError(f"{path} changed while it was hashed")
+    return digest
+
+
+def hash_in_background(folder: str | os.PathLike[str]) -> None:
+    """Start computing the SHA-256 of every file under ``folder`` in one background thread.
+
+    :func:`file_sha256` (and so :func:`compute_checksums`) later returns a precomputed digest for a
+    file that is still the same file (device, inode, size and modification time unchanged; a rename
+    keeps them), waiting for it if the thread is still reading it; anything else is hashed as usual.
+    The export calls this right after saving its artifact, so the checksums of a multi-GB file are
+    computed while the artifact is validated (``hashlib`` releases the GIL on large buffers).
+    Files that vanish or change are skipped silently: the digest is then computed on demand.
+    """
+    global _hasher
+    with _lock:
+        if _hasher is None:
+            _hasher = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="hfexport-sha256"
+            )
+        for path in sorted(Path(folder).rglob("*")):
+            try:
+                if not path.is_file():
+                    continue
+                identity = _identity(path)
+            except OSError:
+                continue
+            if identity not in _ahead:
+                _ahead[identity] = _hasher.submit(_hash_if_unchanged, path, identity)
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """SHA-256 of one file's bytes, as 64 lowercase hex digits (read in 1 MiB chunks).
+    """SHA-256 of one file's bytes, as 64 lowercase hex digits (read in 1 MiB chunks, or the digest
+    :func:`hash_in_background` computed for this very file).
 
     Raises:
         OSError: the file cannot be read.
     """
+    try:
+        identity = _identity(path)
+    except OSError:
+        identity = None
+    with _lock:
+        ahead = _ahead.pop(identity, None) if identity is not None else None
+    if ahead is not None:
+        try:
+            return ahead.result()
+        except OSError:
+            pass  # changed or unreadable while hashed ahead: hash it now
+    return _read_sha256(path)
+
+
+def _read_sha256(path: str | os.PathLike[str]) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(_CHUNK), b""):

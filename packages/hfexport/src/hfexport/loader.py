@@ -4,7 +4,8 @@
 >>> model(input_ids=ids, attention_mask=mask).logits   # a ModelOutput named like the eager model's
 >>> model.generate(input_ids=ids, max_new_tokens=20)   # generation folders: greedy, like model.generate
 
-What the folder holds is read from its own files, never from a backend name in this module:
+What the folder holds is read from its own files (:func:`hfexport.folder.read_export_folder`),
+never from a backend name in this module:
 
 - ``generation_manifest.json`` (``hfexport export FORMAT --task text-generation``,
   :func:`hfexport.generation.save_components`): a generation export; its ``format`` names the
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
-import json
 import logging
 import os
 import re
@@ -38,31 +38,13 @@ from typing import Any
 
 import torch
 
-from hfexport.errors import HfExportError
+from hfexport.folder.contents import REPORT_NAME, ExportFolderError, read_export_folder
 
 __all__ = ["ExportFolderError", "ExportedModel", "load"]
 
 logger = logging.getLogger(__name__)
 
-REPORT_NAME = "export_report.json"
 _OUTPUT_CLASS = re.compile(r"\b([A-Z][A-Za-z0-9]*Output[A-Za-z0-9]*)\b")
-
-
-class ExportFolderError(HfExportError, ValueError):
-    """The path is not a folder that ``hfexport export`` (or ``save_components``) wrote, or it holds
-    something :func:`load` cannot run (a runtime layout meant for another tool)."""
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ExportFolderError(f"{path} cannot be read as JSON ({exc}); export the folder again") from None
-    if not isinstance(data, dict):
-        raise ExportFolderError(
-            f"{path} holds a JSON {type(data).__name__}, not an object; export the folder again"
-        )
-    return data
 
 
 def _exporter(export_format: Any, source: Path) -> Any:
@@ -75,20 +57,6 @@ def _exporter(export_format: Any, source: Path) -> Any:
         return get_hf_exporter(export_format)()
     except MissingBackendError as exc:
         raise MissingBackendError(f"{source.parent} holds a {export_format!r} export: {exc}") from exc
-
-
-def _model_class_name(report: Mapping[str, Any], folder: Path) -> str | None:
-    inner = report.get("report") or {}
-    name = inner.get("model_class") if isinstance(inner, Mapping) else None
-    if name:
-        return str(name)
-    config = folder / "config.json"
-    if config.is_file():
-        with contextlib.suppress(Exception):
-            architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-            if architectures:
-                return str(architectures[0])
-    return None
 
 
 def output_class(model_class: str | None) -> type | None:
@@ -297,37 +265,26 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
             installed; the message has the ``pip install`` command.
         The backend loader's errors (e.g. ``hfexport_dynamo.UnsafeArtifactError``).
     """
-    from hfexport.generation.persist import MANIFEST_NAME, load_runner, read_manifest
-    from hfexport.integrity import verify_checksums
+    from hfexport.generation.persist import load_runner, read_manifest
 
-    folder = Path(output_dir)
-    if not folder.is_dir():
-        raise ExportFolderError(
-            f"{folder} is not a folder; pass the OUTPUT_DIR that `hfexport export FORMAT OUTPUT_DIR` wrote"
-        )
-    manifest_path, report_path = folder / MANIFEST_NAME, folder / REPORT_NAME
-    if not manifest_path.is_file() and not report_path.is_file():
-        raise ExportFolderError(
-            f"{folder} is not an export folder: it has neither {MANIFEST_NAME} nor {REPORT_NAME}; pass the "
-            "OUTPUT_DIR that `hfexport export FORMAT OUTPUT_DIR` wrote"
-        )
-    verify_checksums(folder)  # every listed file, before anything is parsed or loaded
-    report = _read_json(report_path) if report_path.is_file() else {}
-    if report.get("layout") and not manifest_path.is_file():
+    # names the folder, its record and manifest; every file checksums.sha256 lists is verified first
+    contents = read_export_folder(output_dir)
+    folder, record = contents.path, contents.record
+    if contents.layout and not contents.is_generation:
         # a layout that also carries our generation manifest (OpenVINO GenAI's) runs here as well,
         # as `hfexport generate` runs it; the others are for their runtime's loader alone
         raise ExportFolderError(
-            f"{folder} holds the {report['layout']!r} layout for {report.get('runtime', 'another runtime')}; "
+            f"{folder} holds the {contents.layout!r} layout for {(record.runtime if record else None) or 'another runtime'}; "
             "load it with that runtime's own loader (see docs/backends)"
         )
-    cls = output_class(_model_class_name(report, folder))
-    task = report.get("task")
-    if manifest_path.is_file():
+    cls = output_class(contents.model_class())
+    task = record.task if record is not None else None
+    if contents.is_generation:
         manifest = read_manifest(folder)
-        exporter = _exporter(manifest.get("format"), manifest_path)
+        exporter = _exporter(manifest.get("format"), contents.manifest_path)
         runner = load_runner(folder, exporter=exporter)
-        if cls is None:
-            cls = output_class(_model_class_name({}, folder))
+        if cls is None:  # the record names a class transformers does not export: config.json's
+            cls = output_class(contents.architecture())
         if cls is None and runner.plan.architecture in ("decoder", "multimodal"):
             from transformers.modeling_outputs import CausalLMOutputWithPast
 
@@ -339,13 +296,14 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
             output_class=cls,
             generation_runner=runner,
         )
-    exporter = _exporter(report.get("export_format"), report_path)
-    entry = report.get("artifact") or {}
-    filename = entry.get("file") or exporter.artifact_filename
+    assert record is not None  # read_export_folder: a folder without a manifest has a record
+    exporter = _exporter(record.export_format, contents.report_path)
+    entry = record.artifact
+    filename = (entry.file if entry is not None else None) or exporter.artifact_filename
     path = folder / filename
     if not path.is_file():
         raise ExportFolderError(
             f"{folder} has no {filename}, the artifact its {REPORT_NAME} names; export it again"
         )
-    caller = exporter.load_component(path, entry.get("metadata") or {})
+    caller = exporter.load_component(path, entry.metadata if entry is not None else {})
     return ExportedModel(folder, exporter.export_format, task=task, output_class=cls, runner=caller)

@@ -548,7 +548,8 @@ def export_llm_runner(
     from torch.export import Dim
 
     from hfexport.config import ExecutorchConfig
-    from hfexport_executorch.exporter import _RUNTIME_BACKEND_ATTR, ExecutorchExporter
+    from hfexport_executorch.backends import runtime_backend
+    from hfexport_executorch.exporter import ExecutorchExporter
     from hfexport_executorch.lowering import CONSTANT_METHODS_ATTR
 
     output_dir = Path(output_dir)
@@ -602,7 +603,7 @@ def export_llm_runner(
             max_context_len=context,
             atol=float(getattr(export_config, "atol", 1e-4) or 1e-4),
             rtol=float(getattr(export_config, "rtol", 0.0) or 0.0),
-            required_backend=getattr(manager, _RUNTIME_BACKEND_ATTR, None),
+            required_backend=runtime_backend(manager),
             gates=quality_gates_for(export_config),
         )
     exporter.save(manager, output_dir / _PTE_NAME)

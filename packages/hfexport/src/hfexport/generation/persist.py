@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from hfexport.folder.contents import MANIFEST_NAME, MANIFEST_VERSION
 from hfexport.generation.plan import GenerationPlan
 from hfexport.generation.runner import Caller, GenerationRunner
 
@@ -44,10 +45,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: File name of the manifest inside an output folder.
-MANIFEST_NAME = "generation_manifest.json"
-#: Version of the manifest layout (bumped on incompatible changes).
-MANIFEST_VERSION = 1
+# MANIFEST_NAME (the manifest's file name) and MANIFEST_VERSION (its layout's version, bumped on
+# incompatible changes) are the export folder's, defined once in hfexport.folder.contents
 
 
 def _suffix(exporter: Any) -> str:
