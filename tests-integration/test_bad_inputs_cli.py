@@ -447,14 +447,14 @@ ROWS: list[Row] = [
         _export("onnx", "{tmp}/out", "--quantize", "int8-static", "--group-size", "32"),
         2,
         r"Invalid value for --group-size: quantization\.group_size=32 is not read by the onnx quantization "
-        r"method 'int8-static' .*\(group_size is read by: int4-weight\)",
+        r"method 'int8-static' .*\(group_size is read by: int4-weight, int8-weight\)",
     ),
     Row(
         "export_per_tensor_with_int4_weight",
         _export("onnx", "{tmp}/out", "--quantize", "int4-weight", "--per-tensor"),
         2,
         r"Invalid value for --per-tensor: quantization\.per_channel=False is not read by the onnx quantization "
-        r"method 'int4-weight' .*allowed with 'int4-weight': group_size, exclude \(per_channel is read by: "
+        r"method 'int4-weight' .*allowed with 'int4-weight': group_size, exclude, symmetric, accuracy_level \(per_channel is read by: "
         r"int8-dynamic, int8-static\)",
     ),
     Row(

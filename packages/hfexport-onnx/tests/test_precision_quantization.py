@@ -52,7 +52,7 @@ def test_bad_precision_input_is_refused_before_capture(minilm):
             OnnxConfig(dtype="bfloat16"),
             r"dtype='bfloat16' cannot run in ONNX Runtime .* allowed for onnx: float32, float16",
         ),
-        (OnnxConfig(quantization="8da4w"), r"allowed: int8-dynamic, int8-static, int4-weight"),
+        (OnnxConfig(quantization="8da4w"), r"allowed: int8-dynamic, int8-static, int4-weight, int8-weight"),
         (OnnxConfig(ort_fusions="cuda"), r"CUDAExecutionProvider.*allowed here: None, 'cpu'"),
         (OnnxConfig(dtype="float16", quantization="int8-dynamic"), r"quantizes float32 graphs"),
         (OnnxConfig(dtype="float16", quality_gates={"cosin": 0.9}), r"unknown metric\(s\) \['cosin'\]"),
@@ -63,6 +63,15 @@ def test_bad_precision_input_is_refused_before_capture(minilm):
         (
             OnnxConfig(quantization={"method": "int4-weight", "group_size": 7}),
             r"group_size=7 is not a MatMulNBits block size .*allowed: 16, 32, 64, 128, 256",
+        ),
+        (
+            OnnxConfig(quantization={"method": "int8-weight", "group_size": 48}),
+            r"group_size=48 is not a MatMulNBits block size .*allowed: 16, 32, 64, 128, 256",
+        ),
+        (
+            OnnxConfig(quantization={"method": "int8-dynamic", "symmetric": False}),
+            r"quantization\.symmetric=False is not read by the onnx quantization method 'int8-dynamic' .*"
+            r"symmetric is read by: int4-weight, int8-weight",
         ),
     ]
     for config, message in cases:
@@ -163,8 +172,9 @@ def test_minilm_int8_static_passes_the_default_gates(minilm):
 
 
 def test_minilm_int4_weight_passes_the_default_4bit_gate(minilm):
-    """MatMulNBits with default options: 4-bit blocks of 16, the FFN up-projections at 8 bits, int8
-    word embedding: mean per-token cosine >= 0.98 (measured 0.988 / 0.987) at <= 0.26x the bytes."""
+    """MatMulNBits with default options: 4-bit symmetric blocks of 32 at accuracy_level 4 (int8
+    compute), the FFN up-projections at 8 bits, int8 word embedding: mean per-token cosine >= 0.98
+    (measured 0.985 / 0.985) at <= 0.24x the bytes."""
     from hfexport_onnx import OnnxExporter
 
     exporter = OnnxExporter()
@@ -176,11 +186,16 @@ def test_minilm_int4_weight_passes_the_default_4bit_gate(minilm):
     hidden = _assert_default_gates_pass(report, 0.98)
     for label in ("sample", "second_shape"):
         assert 0.984 <= hidden[label]["cosine"] < 0.999 and hidden[label]["cosine_min"] >= 0.95
-    assert quant["group_size"] == 16 and len(quant["eight_bit"]) == 6
-    assert quant["weights_bytes_after"] <= 0.26 * report.extra["eager_weights_bytes"]
+    assert quant["group_size"] == 32 and len(quant["eight_bit"]) == 6
+    assert quant["symmetric"] is True and quant["accuracy_level"] == 4 and quant["bits"] == 4
+    assert quant["weights_bytes_after"] <= 0.24 * report.extra["eager_weights_bytes"]
     nbits = [n for n in artifact.model.graph.all_nodes() if n.op_type == "MatMulNBits"]
-    bits = collections.Counter((n.attributes["bits"].value, n.attributes["block_size"].value) for n in nbits)
-    assert bits == {(4, 16): 31, (8, 32): 6}  # 36 encoder projections + the pooler
+    bits = collections.Counter(
+        (n.attributes["bits"].value, n.attributes["block_size"].value, n.attributes["accuracy_level"].value)
+        for n in nbits
+    )
+    assert bits == {(4, 32, 4): 31, (8, 32, 4): 6}  # 36 encoder projections + the pooler
+    assert all(len(n.inputs) == 3 for n in nbits)  # symmetric: no zero points
     assert quant["quantized_ops"] == {"DequantizeLinear": 1, "MatMulNBits": 37}
     assert _ops(artifact)["MatMul"] == 12  # the attention score/context products stay float
 
@@ -297,3 +312,37 @@ def test_minilm_int8_static_calibrated_on_prompts(minilm, tmp_path):
     assert 0.99 <= hidden["sample"]["cosine"] < 0.9999  # real text, like the calibration
     assert 0.99 <= hidden["second_shape"]["cosine"] < 0.9999
     assert json.dumps(exporter.last_report.to_dict())  # the report stays JSON-safe
+
+
+def test_fused_matmul_of_a_tied_head_becomes_a_quantizable_matmul():
+    # --ort-fusions folds a tied LM head's transpose into com.microsoft.FusedMatMul(transB=1): the
+    # quantizers match MatMul only, so it is rewritten (weight transposed, graph output kept) and
+    # found as the LM head (8-bit under int4-weight); on SmolLM2 it had stayed float32 (113 MB)
+    import numpy as np
+    import onnx
+    import onnx_ir as ir
+    from onnx import TensorProto, helper
+
+    from hfexport_onnx.quantize import _gemm_to_matmul, lm_head_nodes
+
+    weight = np.random.default_rng(0).standard_normal((64, 16)).astype(np.float32)  # [vocab, hidden]
+    node = helper.make_node(
+        "FusedMatMul", ["hidden", "W"], ["logits"], name="head", domain="com.microsoft", transB=1, alpha=1.0
+    )
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, 3, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 3, 64])],
+        [onnx.numpy_helper.from_array(weight, "W")],
+    )
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]
+    )
+    model = ir.from_proto(proto)
+    assert _gemm_to_matmul(model) == 1
+    (matmul,) = list(model.graph)
+    assert matmul.op_type == "MatMul" and [v.name for v in model.graph.outputs] == ["logits"]
+    np.testing.assert_array_equal(matmul.inputs[1].const_value.numpy(), weight.T)
+    assert list(model.graph.initializers) == ["W_transposed"]  # the float original is dropped
+    assert lm_head_nodes(model) == [matmul.name]

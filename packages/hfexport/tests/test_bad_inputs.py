@@ -955,7 +955,7 @@ CASES: list[Case] = [
         ),
         ValueError,
         r"quantization\.per_channel=False is not read by the onnx quantization method 'int4-weight' .*"
-        r"allowed with 'int4-weight': group_size, exclude \(per_channel is read by: int8-dynamic, int8-static\)",
+        r"allowed with 'int4-weight': group_size, exclude, symmetric, accuracy_level \(per_channel is read by: int8-dynamic, int8-static\)",
         needs="hfexport_onnx",
     ),
     Case(
@@ -967,7 +967,7 @@ CASES: list[Case] = [
         ),
         ValueError,
         r"quantization\.group_size=32 is not read by the onnx quantization method 'int8-static' .*"
-        r"\(group_size is read by: int4-weight\)",
+        r"\(group_size is read by: int4-weight, int8-weight\)",
         needs="hfexport_onnx",
     ),
     Case(

@@ -31,7 +31,15 @@ def test_env_lists_each_backends_quantization_methods_and_dtypes():
     assert result.exit_code == 0, result.output
     backends = {b["format"]: b for b in json.loads(result.output)["backends"]}
     assert list(backends["executorch"]["quantization"]) == ["8da4w", "int8-dynamic", "4w", "8w"]
-    assert list(backends["onnx"]["quantization"]) == ["int8-dynamic", "int8-static", "int4-weight"]
+    assert list(backends["onnx"]["quantization"]) == [
+        "int8-dynamic",
+        "int8-static",
+        "int4-weight",
+        "int8-weight",
+    ]
+    assert backends["onnx"]["quantization"]["int4-weight"]["options"] == (
+        "group_size, exclude, symmetric, accuracy_level"
+    )
     assert list(backends["dynamo"]["quantization"]) == ["int8-weight"]
     assert backends["executorch"]["quantization"]["4w"]["options"] == "group_size, embedding_bits, exclude"
     assert backends["executorch"]["dtypes"] == ["float32", "float16", "bfloat16"]
@@ -124,6 +132,8 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
         "exclude": ["lm_head", "transformer.h.0.*"],
         "calibration": None,
         "num_calibration_samples": 32,
+        "symmetric": None,
+        "accuracy_level": None,
     }
     made.clear()
     result = runner.invoke(app, [*args[:7], "--embedding-bits", "8"])
@@ -145,7 +155,16 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
         "exclude": [],
         "calibration": str(prompts),
         "num_calibration_samples": 3,
+        "symmetric": None,
+        "accuracy_level": None,
     }
+
+    made.clear()
+    args = ["export", "onnx", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "int4-weight"]
+    result = runner.invoke(app, [*args, "--asymmetric", "--accuracy-level", "0", "--group-size", "64"])
+    assert result.exit_code == 1 and "stop before loading" in " ".join(result.output.split())
+    assert made[0].quantization.symmetric is False and made[0].quantization.accuracy_level == 0
+    assert made[0].quantization.group_size == 64
 
 
 def test_ort_fusions_outside_the_targets_names_them_without_python_none(tmp_path):

@@ -264,6 +264,30 @@ def _step_inputs(
     return inputs
 
 
+def _text_plan(
+    model: torch.nn.Module, past_cache: list[tuple[torch.Tensor, torch.Tensor]], takes_position_ids: bool
+) -> tuple[Any, dict[str, Any]]:
+    """How the quality text is fed to the decoder graph (:meth:`HfExporter.text_reference`):
+    prefills of up to the model's position limit (at most 1024 tokens) on an empty past, batch 1."""
+    from hfexport.quality import position_limit
+
+    def make_inputs(chunk: torch.Tensor) -> dict[str, Any]:
+        length = int(chunk.shape[1])
+        inputs: dict[str, Any] = {
+            "input_ids": chunk.to(torch.long),
+            "attention_mask": torch.ones(1, length, dtype=torch.long),
+        }
+        if takes_position_ids:
+            inputs["position_ids"] = torch.arange(length, dtype=torch.long)[None]
+        inputs["past_key_values"] = [
+            {"key": k[:1, :, :0].contiguous(), "value": v[:1, :, :0].contiguous()} for k, v in past_cache
+        ]
+        return inputs
+
+    limit = min(position_limit(model) or 1024, 1024)
+    return make_inputs, {"max_length": limit, "exact": False, "batch": 1}
+
+
 def _eager_past(
     model: torch.nn.Module, length: int, batch: int, token_range: tuple[int, int], takes_position_ids: bool
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -428,6 +452,11 @@ def export_decoder_with_past(
         output_path=None,
         external_data=bool(use_external),
     )
+    # a quantized graph is also scored on real text, teacher-forced in prefills on an empty past
+    # (hfexport.quality.text_quality), right after the sample check in HfExporter.validate: the
+    # reference stage reads the plan and the tokenizer's model from these attributes
+    wrapper.hfexport_text_plan = _text_plan(model, past_cache, takes_position_ids)
+    wrapper.hfexport_text_source = model
     artifact = exporter.export(wrapper, trace, resolved, component="decoder")
     report = exporter.last_report
     _name_cache_axes(artifact, report)

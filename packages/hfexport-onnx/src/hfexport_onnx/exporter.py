@@ -218,7 +218,7 @@ class OnnxExporter(HfExporter):
         """The core checks (dtype, method, the options each method reads, gate names) plus, before
         capture: bfloat16 refused with what this ONNX Runtime runs; ``quantization.embedding_bits``
         refused (an ExecuTorch option; every ONNX method stores the word embedding in int8 itself);
-        an ``int4-weight`` ``group_size`` that is not a MatMulNBits block size; ``calibration_data``
+        an ``int4-weight`` / ``int8-weight`` ``group_size`` that is not a MatMulNBits block size; ``calibration_data``
         given to a method that calibrates nothing (only ``int8-static`` does); quantization only of
         float32 graphs; the ``ort_fusions`` provider shipped by the installed onnxruntime
         (:func:`hfexport_onnx.fusions.check_fusion_target`).
@@ -251,7 +251,11 @@ class OnnxExporter(HfExporter):
                     f"calibration_data is given but quantization method {method!r} calibrates nothing and would "
                     f"ignore it; allowed: calibration_data=None, or a method that calibrates: {', '.join(readers)}"
                 )
-        if quantization is not None and quantization.method == "int4-weight" and quantization.group_size:
+        if (
+            quantization is not None
+            and quantization.method in ("int4-weight", "int8-weight")
+            and quantization.group_size
+        ):
             from hfexport_onnx.quantize import INT4_BLOCK_SIZES
 
             if int(quantization.group_size) not in INT4_BLOCK_SIZES:

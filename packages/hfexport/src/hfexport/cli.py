@@ -342,6 +342,8 @@ _OPTION_OF_FIELD = {
     "quantization.exclude": "--quantize-exclude",
     "quantization.calibration": "--calibration",
     "quantization.num_calibration_samples": "--calibration-samples",
+    "quantization.symmetric": "--asymmetric",
+    "quantization.accuracy_level": "--accuracy-level",
     "quality_gates": "--gate",
 }
 
@@ -371,7 +373,7 @@ def _parse_gates(gates: list[str] | None) -> dict[str, float] | None:
         except ValueError:
             raise typer.BadParameter(
                 f"{item!r} is not METRIC=THRESHOLD; allowed metrics: cosine, cosine_min, top1_agreement, "
-                "max_abs_diff (e.g. --gate cosine=0.98)",
+                "max_abs_diff, perplexity_ratio, kl_divergence, top1_agreement_text (e.g. --gate cosine=0.98)",
                 param_hint="--gate",
             ) from None
     return out
@@ -398,11 +400,13 @@ def _config_for(
     calibration_samples: int | None = None,
     gates: dict[str, float] | None = None,
     aoti: bool = False,
+    asymmetric: bool = False,
+    accuracy_level: int | None = None,
 ) -> Any:
     """The export config the options describe (no torch import).
 
     The quantization options (``calibration``, ``calibration_samples``, ``group_size``,
-    ``embedding_bits``, ``per_tensor``, ``quantize_exclude``) fill the fields of
+    ``embedding_bits``, ``per_tensor``, ``quantize_exclude``, ``asymmetric``, ``accuracy_level``) fill the fields of
     :class:`hfexport.config.QuantizationConfig` and need ``quantize``; whether the backend has an
     option is the exporter's to say (``HfExporter.check_precision``, e.g. ONNX and dynamo refuse
     ``embedding_bits``), which the CLI runs before the model is loaded.
@@ -456,6 +460,8 @@ def _config_for(
         "--embedding-bits": embedding_bits,
         "--per-tensor": True if per_tensor else None,
         "--quantize-exclude": quantize_exclude or None,
+        "--asymmetric": True if asymmetric else None,
+        "--accuracy-level": accuracy_level,
     }
     used = [option for option, value in given.items() if value is not None]
     if used and quantize is None:
@@ -480,6 +486,10 @@ def _config_for(
             quantization["embedding_bits"] = int(embedding_bits)
         if per_tensor:
             quantization["per_channel"] = False
+        if asymmetric:
+            quantization["symmetric"] = False
+        if accuracy_level is not None:
+            quantization["accuracy_level"] = accuracy_level
         if quantize_exclude:
             quantization["exclude"] = list(quantize_exclude)
         data["quantization"] = quantization
@@ -515,6 +525,35 @@ def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]
     console.print(table)
 
 
+def _print_text_quality(label: str, row: dict[str, Any]) -> None:
+    """The language-model metrics on the shipped text (:class:`hfexport.quality.TextQuality`)."""
+    from hfexport.quality import TEXT_METRICS
+
+    title = (
+        f"quality vs fp32 eager: {label} ({row['tokens']} positions of hfexport.quality.quality_text, "
+        f"{row['chunks']} prefill(s) of <= {row['chunk_length']}, {row['tokenizer']}; perplexity eager "
+        f"{float(row['perplexity_eager']):.3f}, artifact {float(row['perplexity_artifact']):.3f})"
+    )
+    table = Table(title=title)
+    for col in ("metric", "value", "gate", "ok"):
+        table.add_column(col, justify="right" if col in ("value", "gate") else "left")
+    gates = row.get("gates", {})
+    for metric in TEXT_METRICS:
+        value = row.get(metric)
+        gate = gates.get(metric)
+        relation = ">=" if metric == "top1_agreement_text" else "<="
+        missed = any(str(f).startswith(f"{metric} ") for f in row.get("failures", []))
+        table.add_row(
+            metric,
+            format(float(value), ".4f") if value is not None else "-",
+            f"{relation} {gate:g}" if gate is not None else "not gated",
+            "[red]NO[/]" if missed else "[green]yes[/]",
+        )
+    if row.get("note"):
+        table.caption = row["note"]
+    console.print(table)
+
+
 def _print_validation(report: Any, component: str | None = None) -> None:
     """One table per validated input set of ``report``: quality metrics for a gated export, else
     allclose diffs; ``component`` (a generation export's ``prefill``, ``decode`` ...) prefixes the
@@ -524,6 +563,9 @@ def _print_validation(report: Any, component: str | None = None) -> None:
             label = f"{component}, {label}"
         if rows and rows[0].get("kind") == "quality":
             _print_quality(label, rows, report.extra.get("quality_gates", {}))
+            continue
+        if rows and rows[0].get("kind") == "text_quality":
+            _print_text_quality(label, rows[0])
             continue
         table = Table(title=f"validation: {label} inputs")
         for col in ("output", "shape", "max abs diff", "max rel diff", "atol", "ok"):
@@ -610,6 +652,21 @@ def export_command(
             help="Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w / 4w group).",
         ),
     ] = None,
+    asymmetric: Annotated[
+        bool,
+        typer.Option(
+            "--asymmetric",
+            help="Block-quantized weights with zero points (onnx int4-weight / int8-weight; default symmetric).",
+        ),
+    ] = False,
+    accuracy_level: Annotated[
+        int | None,
+        typer.Option(
+            "--accuracy-level",
+            help="MatMulNBits minimum compute precision: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
+            "(onnx int4-weight / int8-weight; default 4).",
+        ),
+    ] = None,
     embedding_bits: Annotated[
         EmbeddingBits | None,
         typer.Option(
@@ -643,7 +700,8 @@ def export_command(
         typer.Option(
             "--gate",
             help="Override a quality gate, METRIC=THRESHOLD (cosine, cosine_min, top1_agreement, "
-            "max_abs_diff); repeatable.",
+            "max_abs_diff; for a quantized causal LM also the text metrics perplexity_ratio, "
+            "kl_divergence, top1_agreement_text); repeatable.",
         ),
     ] = None,
     layout: Annotated[
@@ -727,6 +785,8 @@ def export_command(
             calibration_samples=calibration_samples,
             gates=_parse_gates(gate),
             aoti=aoti,
+            asymmetric=asymmetric,
+            accuracy_level=accuracy_level,
         )
         from hfexport.auto import AutoHfExporter
 

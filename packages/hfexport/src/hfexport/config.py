@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "ACCURACY_LEVELS",
     "DTYPES",
     "ORT_FUSION_TARGETS",
     "QUANTIZATION_OPTIONS",
@@ -479,7 +480,13 @@ QUANTIZATION_OPTIONS = (
     "exclude",
     "calibration",
     "num_calibration_samples",
+    "symmetric",
+    "accuracy_level",
 )
+
+#: ``QuantizationConfig.accuracy_level`` values: ONNX Runtime ``MatMulNBits``' minimum compute
+#: precision of the activations (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8)
+ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
 @dataclass(frozen=True)
@@ -571,6 +578,11 @@ class QuantizationConfig:
             (with a warning). The Python API also accepts an iterable of forward-kwarg dicts where the
             exporter takes ``calibration=``.
         num_calibration_samples: at most this many calibration batches are run.
+        symmetric: block-quantized weights with a zero point (False) or without (True); ``None``
+            takes the method's default (True for ONNX ``int4-weight`` / ``int8-weight``).
+        accuracy_level: ONNX Runtime ``MatMulNBits`` minimum activation compute precision, one of
+            :data:`ACCURACY_LEVELS` (4: int8, the CPU fast path); ``None`` takes the method's
+            default (4 for ONNX ``int4-weight`` / ``int8-weight``).
     """
 
     method: str
@@ -580,6 +592,8 @@ class QuantizationConfig:
     exclude: tuple[str, ...] = ()
     calibration: str | None = None
     num_calibration_samples: int = 32
+    symmetric: bool | None = None
+    accuracy_level: int | None = None
 
     def __post_init__(self) -> None:
         _check_type("quantization.method", self.method, (str,), "a method name such as 'int8-dynamic'")
@@ -613,6 +627,16 @@ class QuantizationConfig:
                 f"quantization.num_calibration_samples={self.num_calibration_samples} is invalid; "
                 "allowed: a positive int"
             )
+        if self.symmetric is not None:
+            _check_type("quantization.symmetric", self.symmetric, (bool,), "True, False or None")
+        if self.accuracy_level is not None:
+            _check_type("quantization.accuracy_level", self.accuracy_level, (int,), "0, 1, 2, 3, 4 or None")
+            if self.accuracy_level not in ACCURACY_LEVELS:
+                raise ValueError(
+                    f"quantization.accuracy_level={self.accuracy_level!r} is invalid; allowed: "
+                    f"{', '.join(map(str, ACCURACY_LEVELS))} or None (MatMulNBits: 0 unset, 1 fp32, 2 fp16, "
+                    "3 bf16, 4 int8 compute)"
+                )
 
     def given_options(self) -> list[str]:
         """The options (:data:`QUANTIZATION_OPTIONS`) set to something other than their default, in

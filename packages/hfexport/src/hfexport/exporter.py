@@ -1024,7 +1024,129 @@ class HfExporter:
         with report.stage(Stage.REFERENCE, detail=", ".join(s.label for s in sets)):
             for item in sets:
                 item.expected = eager_outputs(model, item.inputs)
+            sets[0].text = self.text_reference(model, inputs, config, report)
         return sets
+
+    def text_reference(
+        self,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        plan: Any = None,
+        source: Any = None,
+    ) -> Any:
+        """The eager side of the language-model text metrics (:func:`hfexport.quality.text_quality`)
+        for a quantized causal LM (or an export whose ``quality_gates`` name a text metric), or
+        ``None`` when they do not apply.
+
+        The quality text (:func:`hfexport.quality.quality_text`) is tokenized with the tokenizer
+        saved next to the model (UTF-8 bytes when there is none), cut into prefill chunks that the
+        program accepts (:func:`hfexport.quality.plain_text_inputs`: the model's position limit, a
+        dynamic sequence axis's bound, a static axis's sample size) and run through the eager model.
+        ``report.extra["text_quality"]`` records why the metrics were skipped for a causal LM whose
+        inputs are not a plain prefill.
+        Gates not named in ``config.quality_gates`` (the defaults) are applied only when the eager
+        model is not at chance on the text (:data:`hfexport.quality.CHANCE_PERPLEXITY_FRACTION`).
+        When ``top1_agreement_text`` is gated and ``config.quality_gates`` does not name
+        ``top1_agreement``, the per-output ``top1_agreement`` of this export is recorded but not
+        gated (``report.extra["top1_gated_on_text"]``): top-1 over a few sample positions (6 random
+        ids for a decoder graph) flips by noise on a real LM's near-ties. A model may feed the text
+        itself through the attributes ``hfexport_text_plan`` (as ``plan``) and
+        ``hfexport_text_source`` (as ``source``).
+
+        Args:
+            model: the eager reference model (float32).
+            inputs: the sample forward kwargs.
+            config: the export's config.
+            report: the export report (``extra["dynamic_axes"]`` bounds the chunks).
+            plan: ``(make_inputs, chunking)`` as :func:`hfexport.quality.plain_text_inputs` returns,
+                for inputs that are not a plain prefill (a decoder graph with an empty past);
+                ``None`` derives it from ``inputs``.
+            source: the ``PreTrainedModel`` whose tokenizer folder and vocabulary apply when
+                ``model`` is a wrapper around it (``None``: ``model``).
+
+        Returns:
+            A :class:`hfexport.quality.TextReference` or ``None``.
+
+        Raises:
+            ValueError: the tokenizer gives ids outside the model's vocabulary.
+        """
+        from hfexport.precision import dtype_name, model_dtype
+        from hfexport.quality import (
+            is_causal_lm,
+            model_tokenizer,
+            plain_text_inputs,
+            text_chunks,
+            text_default_gates,
+            text_gates_for,
+            text_gates_in_force,
+            text_reference,
+            text_token_ids,
+        )
+
+        gates = text_gates_for(config, reference=dtype_name(model_dtype(model)))
+        if gates is None:
+            return None
+        if plan is None:  # a wrapper that feeds the text itself (the ONNX decoder graph)
+            plan = getattr(model, "hfexport_text_plan", None)
+            source = getattr(model, "hfexport_text_source", None) if source is None else source
+        if plan is None:
+            plan = plain_text_inputs(model, inputs, report.extra.get("dynamic_axes"))
+        if isinstance(plan, str):
+            if is_causal_lm(model):
+                report.extra["text_quality"] = {"skipped": plan}
+            return None
+        make_inputs, chunking = plan
+        source = model if source is None else source
+        text_config = getattr(source, "config", None)
+        if text_config is not None and hasattr(text_config, "get_text_config"):
+            text_config = text_config.get_text_config()
+        ids, tokenizer = text_token_ids(model_tokenizer(source), getattr(text_config, "vocab_size", None))
+        chunks = text_chunks(ids, **chunking)
+        report.extra["text_quality_gates"] = dict(gates)
+        reference = text_reference(
+            model,
+            make_inputs,
+            chunks,
+            gates=gates,
+            tokenizer=tokenizer,
+            default_gates=text_default_gates(config, gates),
+        )
+        named = set(getattr(config, "quality_gates", None) or {})
+        if "top1_agreement" not in named and "top1_agreement_text" in text_gates_in_force(reference):
+            # top-1 over every position of the text replaces top-1 over the few sample positions,
+            # where near-ties of a real LM on random ids flip by noise (hfexport.quality)
+            report.extra["top1_gated_on_text"] = True
+        return reference
+
+    def check_text(
+        self,
+        run: Callable[[dict[str, Any]], Mapping[str, torch.Tensor]],
+        reference: Any,
+        report: ExportReport,
+    ) -> dict[str, Any]:
+        """Run the artifact on the text chunks of ``reference`` (:meth:`text_reference`) and score it
+        (:func:`hfexport.quality.validate_text`); records the result in ``report.validation["text"]``.
+
+        Returns:
+            The :class:`hfexport.quality.TextQuality` as a dict (``kind = "text_quality"``).
+
+        Raises:
+            ExportValidationError: a text gate is missed (metric, value, gate and margin named).
+        """
+        from hfexport.quality import validate_text
+
+        result = validate_text(reference, run, raise_on_failure=False)
+        row = result.to_dict()
+        report.validation["text"] = [row]
+        if not result.ok:
+            from hfexport.errors import ExportValidationError
+            from hfexport.quality import format_text_quality, text_gate_message
+
+            raise ExportValidationError(text_gate_message(result, format_text_quality(result)), [result])
+        return row
 
     def extra_runners(
         self, artifact: Any, path: str | os.PathLike[str] | None
@@ -1075,6 +1197,8 @@ class HfExporter:
                 report.validation[item.key] = self.check_outputs(
                     model, run, item.inputs, config, report=report, label=item.label, expected=item.expected
                 )
+                if item.text is not None:
+                    self.check_text(run, item.text, report)
         for stage, prefix, extra_run in extra:
             with report.stage(stage):
                 for item in sets:
@@ -1170,11 +1294,14 @@ class HfExporter:
             ExportValidationError: an output differs beyond tolerance or misses a gate.
         """
         from hfexport.precision import dtype_name, model_dtype
-        from hfexport.quality import quality_gates_for, validate_quality
+        from hfexport.quality import output_gates, quality_gates_for, validate_quality
         from hfexport.validation import validate_artifact
 
         gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:
+            gates = output_gates(gates)  # the text metrics are scored by check_text
+            if report is not None and report.extra.get("top1_gated_on_text"):
+                gates.pop("top1_agreement", None)  # recorded, gated as top1_agreement_text
             if report is not None:
                 report.extra["quality_gates"] = dict(gates)
             dtype = str(getattr(config, "dtype", None) or "float32")

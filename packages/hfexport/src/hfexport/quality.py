@@ -28,6 +28,36 @@ Default gates (:func:`default_quality_gates`): ``cosine >= 0.99`` for fp16/bf16 
 ``>= 0.98`` for 4-bit methods; ``top1_agreement >= 0.98`` for fp16/bf16, ``>= 0.9`` for any
 quantization. ``config.quality_gates`` overrides them by metric name.
 
+**Language-model metrics on text** (:func:`text_quality`): a quantized causal LM is also scored
+teacher-forced on a fixed real text shipped with the package (:func:`quality_text`, the first
+chapter and the start of the second of *Pride and Prejudice*, about 1.2k tokens), tokenized with
+the model's tokenizer and run as one prefill (chunked to the model's position limit and the
+program's sequence bounds):
+
+- ``perplexity_ratio``: the artifact's perplexity on the text over the fp32 eager model's (upper
+  bound);
+- ``kl_divergence``: the mean over positions of ``KL(eager || artifact)`` of the next-token
+  distributions, in nats (upper bound);
+- ``top1_agreement_text``: the fraction of all positions whose arg-max token equals the eager
+  model's.
+
+When ``top1_agreement_text`` is gated, the per-output ``top1_agreement`` gate of the same export
+(over a few sample positions) is recorded but not applied unless ``quality_gates`` names it
+(:meth:`hfexport.exporter.HfExporter.text_reference`).
+
+Their default gates (:func:`default_text_gates`) are :data:`TEXT_GATES_8BIT` for 8-bit methods and
+:data:`TEXT_GATES_4BIT` for 4-bit ones; ``config.quality_gates`` overrides them by name, and naming
+one of them on an unquantized reduced-precision export turns the text metrics on there too.
+
+The default text gates apply only when the eager model has learned something about the text: its
+perplexity must be at most :data:`CHANCE_PERPLEXITY_FRACTION` (1/10) of its vocabulary size
+(uniform guessing scores exactly the vocabulary size). A model with random weights (the tiny seeded
+test models, ``tiny_model_folder``) scores about the vocabulary size; its next-token distributions
+are near-uniform, so a 4-bit rounding flips arg-maxes at random and the metrics say nothing about
+the quantization. Such an export still gets the metrics measured and reported
+(``TextQuality.note`` says why they are not gated), and gates named in ``config.quality_gates`` /
+``--gate`` are enforced regardless.
+
 Backends do not call this module directly: :meth:`hfexport.exporter.HfExporter.validate` runs
 :func:`validate_quality` instead of allclose whenever :func:`quality_gates_for` returns gates
 (``config.dtype != "float32"`` or ``config.quantization`` set). A backend that validates outside
@@ -36,10 +66,11 @@ Backends do not call this module directly: :meth:`hfexport.exporter.HfExporter.v
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -50,28 +81,69 @@ from hfexport.precision import is_quality_gated
 
 __all__ = [
     "CACHE_COSINE_GATE",
+    "CHANCE_PERPLEXITY_FRACTION",
     "GATED_METRICS",
     "QUALITY_METRICS",
+    "TEXT_GATES_4BIT",
+    "TEXT_GATES_8BIT",
+    "TEXT_METRICS",
     "OutputQuality",
+    "TextQuality",
+    "TextReference",
     "default_quality_gates",
+    "default_text_gates",
     "describe_gates",
     "format_quality_table",
+    "format_text_quality",
+    "is_causal_lm",
     "is_four_bit",
+    "model_tokenizer",
+    "output_gates",
+    "plain_text_inputs",
+    "position_limit",
     "quality_gates_for",
+    "quality_text",
     "score_outputs",
+    "text_chunks",
+    "text_default_gates",
+    "text_gate_message",
+    "text_gates_for",
+    "text_gates_in_force",
+    "text_quality",
+    "text_reference",
+    "text_token_ids",
     "validate_quality",
+    "validate_text",
 ]
 
 logger = logging.getLogger(__name__)
 
 Runner = Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]
 
+#: the language-model metrics measured on :func:`quality_text` (:func:`text_quality`)
+TEXT_METRICS = ("perplexity_ratio", "kl_divergence", "top1_agreement_text")
 #: every metric name ``config.quality_gates`` may set
-QUALITY_METRICS = ("cosine", "cosine_min", "top1_agreement", "max_abs_diff")
-#: metrics gated by default (the others only when ``quality_gates`` names them)
+QUALITY_METRICS = ("cosine", "cosine_min", "top1_agreement", "max_abs_diff", *TEXT_METRICS)
+#: metrics gated by default (the others only when ``quality_gates`` names them); the text metrics
+#: are gated by default on quantized causal LMs (:func:`text_gates_for`)
 GATED_METRICS = ("cosine", "top1_agreement")
 # metrics where lower is better: the gate is an upper bound
-_UPPER_BOUND = ("max_abs_diff",)
+_UPPER_BOUND = ("max_abs_diff", "perplexity_ratio", "kl_divergence")
+
+#: default text gates of an 8-bit quantization (SmolLM2-135M real weights at ONNX int8-weight, 8-bit
+#: head, score 1.0006 / 0.0044 / 0.961, see docs/backends/onnx.md)
+TEXT_GATES_8BIT = {"perplexity_ratio": 1.05, "kl_divergence": 0.05, "top1_agreement_text": 0.9}
+#: default text gates of a 4-bit quantization, set from SmolLM2-135M real weights at ONNX
+#: int4-weight defaults (block 32, symmetric, accuracy_level 4, 8-bit head): 1.165 / 0.261 / 0.706,
+#: with a margin of about 1.2-1.5x the measured loss (perplexity +16.5% -> +25%, KL 0.26 -> 0.35,
+#: top-1 disagreement 0.29 -> 0.35); see docs/backends/onnx.md
+TEXT_GATES_4BIT = {"perplexity_ratio": 1.25, "kl_divergence": 0.35, "top1_agreement_text": 0.65}
+
+#: the default text gates apply only when the eager model's perplexity on the quality text is at most
+#: this fraction of its vocabulary size (uniform guessing: the vocabulary size; a real checkpoint
+#: scores far below, SmolLM2-135M 19.9 of 49152; a random-weight model about the vocabulary size):
+#: the model predicts the text at least ln(10) = 2.3 nats per token better than chance
+CHANCE_PERPLEXITY_FRACTION = 0.1
 
 _FOUR_BIT = re.compile(r"(int4|4w|4bit|nf4|uint4)")
 
@@ -126,6 +198,16 @@ def quality_gates_for(config: Any, reference: str | None = None) -> dict[str, fl
     for name, value in overrides.items():
         if name not in _UPPER_BOUND and not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"quality_gates[{name!r}]={value!r} is invalid; allowed: a float in [0, 1]")
+        if name == "perplexity_ratio" and not float(value) >= 1.0:
+            raise ValueError(
+                f"quality_gates['perplexity_ratio']={value!r} is invalid; allowed: a float >= 1.0 (an upper "
+                "bound on artifact perplexity / eager perplexity)"
+            )
+        if name == "kl_divergence" and not float(value) >= 0.0:
+            raise ValueError(
+                f"quality_gates['kl_divergence']={value!r} is invalid; allowed: a float >= 0 (an upper "
+                "bound on the mean KL divergence in nats)"
+            )
     dtype = str(getattr(config, "dtype", None) or "float32")
     quantized = getattr(config, "quantization", None) is not None
     if reference is not None and not quantized and dtype == reference:
@@ -136,6 +218,71 @@ def quality_gates_for(config: Any, reference: str | None = None) -> dict[str, fl
     gates = default_quality_gates(dtype, quantization)
     gates.update({k: float(v) for k, v in overrides.items()})
     return gates
+
+
+def output_gates(gates: Mapping[str, float]) -> dict[str, float]:
+    """The per-output gates of ``gates`` (everything but :data:`TEXT_METRICS`)."""
+    return {k: float(v) for k, v in gates.items() if k not in TEXT_METRICS}
+
+
+def default_text_gates(quantization: Any) -> dict[str, float]:
+    """Default text gates (:data:`TEXT_METRICS`) of a quantization (a method name or a
+    ``QuantizationConfig``): :data:`TEXT_GATES_4BIT` for a 4-bit method (:func:`is_four_bit`),
+    else :data:`TEXT_GATES_8BIT`."""
+    return dict(TEXT_GATES_4BIT if is_four_bit(quantization) else TEXT_GATES_8BIT)
+
+
+def text_gates_for(config: Any, reference: str | None = None) -> dict[str, float] | None:
+    """The text gates an export of a causal LM with ``config`` is held to, or ``None`` when the text
+    metrics are not measured.
+
+    Measured for a quantized export (``config.quantization``; defaults :func:`default_text_gates`,
+    overridden by name through ``config.quality_gates``) and for any gated export whose
+    ``config.quality_gates`` names a text metric (then only the named ones are gated).
+
+    Raises:
+        ValueError: as :func:`quality_gates_for` (unknown metric, a threshold out of range).
+    """
+    gates = quality_gates_for(config, reference=reference)
+    if gates is None:
+        return None
+    named = {
+        k: float(v) for k, v in (getattr(config, "quality_gates", None) or {}).items() if k in TEXT_METRICS
+    }
+    quantization = getattr(config, "quantization", None)
+    if quantization is None:
+        return named or None
+    return {**default_text_gates(quantization), **named}
+
+
+def text_gates_in_force(reference: Any) -> dict[str, float]:
+    """The gates of a :class:`TextReference` that :func:`validate_text` will apply: its default
+    gates are dropped when the eager model is at chance on the text (:data:`CHANCE_PERPLEXITY_FRACTION`)."""
+    nll = count = 0.0
+    vocab = 0
+    for ids, logits in zip(reference.chunks, reference.expected, strict=True):
+        logits = torch.as_tensor(logits)
+        vocab = int(logits.shape[-1])
+        targets = torch.full_like(ids, -1)
+        targets[:, :-1] = ids[:, 1:]
+        flat, flat_t = logits.reshape(-1, vocab), targets.reshape(-1)
+        step = max(1, _CHUNK // vocab)
+        for start in range(0, flat.shape[0], step):
+            t = flat_t[start : start + step]
+            has = t >= 0
+            if bool(has.any()):
+                logp = torch.log_softmax(flat[start : start + step][has].double(), dim=-1)
+                nll -= float(logp.gather(-1, t[has].unsqueeze(-1)).sum())
+                count += int(has.sum())
+    at_chance = not math.exp(nll / max(count, 1)) <= CHANCE_PERPLEXITY_FRACTION * vocab
+    return {k: v for k, v in reference.gates.items() if not (at_chance and k in reference.default_gates)}
+
+
+def text_default_gates(config: Any, gates: Mapping[str, float] | None) -> tuple[str, ...]:
+    """The metrics of ``gates`` (:func:`text_gates_for`) that are defaults, i.e. not named in
+    ``config.quality_gates``: applied only when the eager model is not at chance on the text."""
+    named = set(getattr(config, "quality_gates", None) or {})
+    return tuple(sorted(k for k in gates or {} if k not in named))
 
 
 @dataclass
@@ -462,3 +609,536 @@ def validate_quality(
             rows,
         )
     return rows
+
+
+# -- language-model metrics on a fixed text ------------------------------------------------------
+
+#: the text file shipped in ``hfexport/data`` (see :func:`quality_text`)
+QUALITY_TEXT_FILE = "quality_text.txt"
+
+
+def quality_text() -> str:
+    """The fixed English text the language-model metrics are measured on.
+
+    Jane Austen, *Pride and Prejudice* (1813), chapter 1 and the start of chapter 2, as in the
+    public-domain Project Gutenberg eBook #1342: 1022 words, about 1.2k tokens with a 49k BPE
+    vocabulary (SmolLM2), shipped as ``hfexport/data/quality_text.txt``.
+
+    Returns:
+        The text (``str``, UTF-8 decoded, paragraphs separated by blank lines).
+    """
+    from importlib.resources import files
+
+    return files("hfexport").joinpath("data", QUALITY_TEXT_FILE).read_text(encoding="utf-8")
+
+
+def text_token_ids(tokenizer: Any = None, vocab_size: int | None = None) -> tuple[torch.Tensor, str]:
+    """:func:`quality_text` as token ids.
+
+    Args:
+        tokenizer: the model's tokenizer (a ``transformers`` tokenizer; special tokens are not
+            added); ``None`` maps the text's UTF-8 bytes to ids instead (byte ``b`` -> ``b % vocab_size``),
+            for models without a tokenizer (tiny test models): the metrics are then still
+            comparable between artifact and eager model, only not perplexities of real text.
+        vocab_size: the model's vocabulary size; needed without a tokenizer, and ids at or above
+            it are refused.
+
+    Returns:
+        ``(ids, source)``: int64 ``[n_tokens]`` and ``"tokenizer"`` or ``"utf-8 bytes"``.
+
+    Raises:
+        ValueError: no tokenizer and no ``vocab_size``, a ``vocab_size`` below 2, the text
+            tokenizes to fewer than 2 tokens, or an id is outside ``[0, vocab_size)``.
+    """
+    text = quality_text()
+    if tokenizer is not None:
+        ids = torch.as_tensor(list(tokenizer(text, add_special_tokens=False)["input_ids"]), dtype=torch.long)
+        source = "tokenizer"
+    else:
+        if vocab_size is None or int(vocab_size) < 2:
+            raise ValueError(
+                f"text metrics without a tokenizer need the model's vocab_size (>= 2); got {vocab_size!r}"
+            )
+        ids = torch.as_tensor(list(text.encode("utf-8")), dtype=torch.long) % int(vocab_size)
+        source = "utf-8 bytes"
+    if ids.numel() < 2:
+        raise ValueError(f"the quality text tokenizes to {ids.numel()} token(s); allowed: at least 2")
+    if vocab_size is not None and (int(ids.min()) < 0 or int(ids.max()) >= int(vocab_size)):
+        raise ValueError(
+            f"the tokenizer gives ids in [{int(ids.min())}, {int(ids.max())}], outside the model's vocabulary "
+            f"[0, {int(vocab_size)}); allowed: the model's own tokenizer"
+        )
+    return ids, source
+
+
+def text_chunks(
+    ids: torch.Tensor, *, max_length: int, batch: int = 1, exact: bool = False
+) -> list[torch.Tensor]:
+    """Cut ``ids`` into ``[batch, length]`` chunks run as separate prefills.
+
+    Args:
+        ids: int64 ``[n]`` token ids.
+        max_length: the longest sequence a prefill may have (model position limit, program bound).
+        batch: rows per chunk (a program with a static batch axis needs its sample batch).
+        exact: every chunk exactly ``[batch, max_length]`` (a program with a static sequence axis);
+            the remainder that does not fill one is dropped.
+
+    Returns:
+        int64 tensors ``[batch, length]``; without ``exact``, ``ceil(n / max_length)`` chunks of
+        near-equal lengths (at least 2 tokens each) when ``batch`` is 1.
+
+    Raises:
+        ValueError: ``max_length`` < 2 or ``batch`` < 1, or fewer tokens than one exact chunk needs.
+    """
+    if max_length < 2 or batch < 1:
+        raise ValueError(f"text chunks need max_length >= 2 and batch >= 1; got {max_length}, {batch}")
+    n = int(ids.numel())
+    if exact or batch > 1:
+        per = batch * max_length
+        if n < per:
+            raise ValueError(
+                f"the quality text has {n} tokens, fewer than one [{batch}, {max_length}] chunk of the "
+                "program's static shape needs"
+            )
+        return [ids[i : i + per].reshape(batch, max_length) for i in range(0, n - per + 1, per)]
+    count = math.ceil(n / max_length)
+    bounds = [round(i * n / count) for i in range(count + 1)]
+    return [ids[a:b].reshape(1, -1) for a, b in itertools.pairwise(bounds) if b - a >= 2]
+
+
+@dataclass
+class TextQuality:
+    """Language-model metrics of an artifact against the fp32 eager model on :func:`quality_text`.
+
+    Attributes:
+        perplexity_eager / perplexity_artifact: ``exp`` of the mean next-token negative
+            log-likelihood over the text (every position but each chunk's last predicts the next token).
+        perplexity_ratio: artifact over eager perplexity (1.0: no loss).
+        kl_divergence: mean over all positions of ``KL(eager || artifact)`` of the next-token
+            distributions, in nats.
+        kl_divergence_max: the largest per-position KL.
+        top1_agreement_text: fraction of all positions whose arg-max equals the eager model's.
+        tokens: positions scored; chunks / chunk_length: how the text was cut (longest chunk).
+        tokenizer: ``"tokenizer"`` (the model's) or ``"utf-8 bytes"``.
+        vocab_size: the logits' last axis.
+        gates / failures / ok: as :class:`OutputQuality` (``"metric = value (gate <= t, missed by m)"``);
+            ``gates`` holds the gates applied.
+        note: why default gates were not applied (the eager model at chance on the text, see
+            :data:`CHANCE_PERPLEXITY_FRACTION`), or ``""``.
+    """
+
+    perplexity_eager: float
+    perplexity_artifact: float
+    perplexity_ratio: float
+    kl_divergence: float
+    kl_divergence_max: float
+    top1_agreement_text: float
+    tokens: int
+    chunks: int
+    chunk_length: int
+    tokenizer: str = "tokenizer"
+    vocab_size: int = 0
+    gates: dict[str, float] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+    ok: bool = True
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict with ``kind = "text_quality"`` and ``name = "text"``."""
+        out = asdict(self)
+        out.update(kind="text_quality", name="text")
+        for key, value in out.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                out[key] = str(value)
+        return out
+
+
+def _chunk_scores(expected: torch.Tensor, actual: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
+    """Sums over the rows of ``[rows, vocab]`` logits: eager NLL and artifact NLL of ``targets``
+    (rows with target -1 skipped), KL(eager || artifact), its max, arg-max agreements; float64 in
+    blocks of about :data:`_CHUNK` elements."""
+    vocab = expected.shape[-1]
+    step = max(1, _CHUNK // vocab)
+    nll_e = nll_a = kl_sum = agree = 0.0
+    kl_max = 0.0
+    for start in range(0, expected.shape[0], step):
+        e = torch.log_softmax(expected[start : start + step].double(), dim=-1)
+        a = torch.log_softmax(actual[start : start + step].double(), dim=-1)
+        a = torch.nan_to_num(a, nan=-math.inf)
+        t = targets[start : start + step]
+        has = t >= 0
+        if bool(has.any()):
+            idx = t[has].unsqueeze(-1)
+            nll_e -= float(e[has].gather(-1, idx).sum())
+            nll_a -= float(a[has].gather(-1, idx).sum())
+        p = e.exp()
+        kl = torch.where(p > 0, p * (e - a), torch.zeros_like(p)).sum(-1)
+        kl_sum += float(kl.sum())
+        kl_max = max(kl_max, float(kl.max()))
+        agree += float((e.argmax(-1) == a.argmax(-1)).sum())
+    return nll_e, nll_a, kl_sum, kl_max, agree
+
+
+def text_quality(
+    chunks: list[torch.Tensor],
+    expected: list[torch.Tensor],
+    actual: list[torch.Tensor],
+    *,
+    gates: Mapping[str, float] | None = None,
+    tokenizer: str = "tokenizer",
+    default_gates: Collection[str] = (),
+) -> TextQuality:
+    """Score an artifact's next-token logits against the eager model's on the same text chunks.
+
+    Args:
+        chunks: the int64 ``[batch, length]`` token chunks both were run on (:func:`text_chunks`).
+        expected: the fp32 eager logits per chunk, ``[batch, length, vocab]`` (any float dtype).
+        actual: the artifact's logits per chunk, same shapes (compared in float64, in blocks, so
+            no ``[tokens, vocab]`` float64 tensor is ever whole).
+        gates: ``{metric: threshold}`` over :data:`TEXT_METRICS` (``perplexity_ratio`` and
+            ``kl_divergence`` upper bounds, ``top1_agreement_text`` a lower bound); ``None``: none.
+        tokenizer: how the text was tokenized, recorded.
+        default_gates: the metrics of ``gates`` that are defaults rather than asked for: they are
+            applied only when the eager perplexity is at most :data:`CHANCE_PERPLEXITY_FRACTION` of
+            the vocabulary size (else ``note`` says why they were not).
+
+    Returns:
+        A :class:`TextQuality`; ``failures`` names each missed metric, its value, the gate and the
+        margin it missed by.
+
+    Raises:
+        ValueError: the lists differ in length, or an artifact chunk's shape differs from eager's
+            (the message names the chunk and both shapes).
+    """
+    if not (len(chunks) == len(expected) == len(actual)) or not chunks:
+        raise ValueError(
+            f"text quality needs as many eager and artifact logits as chunks; got {len(chunks)} chunks, "
+            f"{len(expected)} eager, {len(actual)} artifact"
+        )
+    nll_e = nll_a = kl_sum = agree = kl_max = 0.0
+    predicted = positions = 0
+    for index, (ids, exp, got) in enumerate(zip(chunks, expected, actual, strict=True)):
+        exp_t, got_t = torch.as_tensor(exp).detach(), torch.as_tensor(got).detach()
+        if tuple(exp_t.shape) != tuple(got_t.shape) or exp_t.shape[:2] != ids.shape:
+            raise ValueError(
+                f"text chunk {index}: artifact logits {tuple(got_t.shape)} vs eager {tuple(exp_t.shape)} "
+                f"for tokens {tuple(ids.shape)}; allowed: [batch, length, vocab] logits of every position"
+            )
+        targets = torch.full_like(ids, -1)
+        targets[:, :-1] = ids[:, 1:]
+        scores = _chunk_scores(
+            exp_t.reshape(-1, exp_t.shape[-1]), got_t.reshape(-1, got_t.shape[-1]), targets.reshape(-1)
+        )
+        nll_e += scores[0]
+        nll_a += scores[1]
+        kl_sum += scores[2]
+        kl_max = max(kl_max, scores[3])
+        agree += scores[4]
+        predicted += int((targets >= 0).sum())
+        positions += int(ids.numel())
+    ppl_e = math.exp(nll_e / max(predicted, 1))
+    ppl_a = math.exp(nll_a / max(predicted, 1)) if math.isfinite(nll_a) else math.inf
+    result = TextQuality(
+        perplexity_eager=ppl_e,
+        perplexity_artifact=ppl_a,
+        perplexity_ratio=ppl_a / ppl_e if math.isfinite(ppl_a) else math.inf,
+        kl_divergence=kl_sum / positions if math.isfinite(kl_sum) else math.inf,
+        kl_divergence_max=kl_max,
+        top1_agreement_text=agree / positions,
+        tokens=positions,
+        chunks=len(chunks),
+        chunk_length=max(int(c.shape[-1]) for c in chunks),
+        tokenizer=tokenizer,
+        vocab_size=int(torch.as_tensor(expected[0]).shape[-1]),
+    )
+    gates = {k: float(v) for k, v in (gates or {}).items() if k in TEXT_METRICS}
+    skipped = sorted(set(gates) & set(default_gates))
+    chance = CHANCE_PERPLEXITY_FRACTION * result.vocab_size
+    if skipped and not ppl_e <= chance:
+        result.note = (
+            f"default gates of {', '.join(skipped)} not applied: the fp32 eager model is at chance on the "
+            f"text (perplexity {ppl_e:.1f}, above {CHANCE_PERPLEXITY_FRACTION:g} x its vocabulary of "
+            f"{result.vocab_size}; random weights?), so the metrics measure noise; name them in "
+            "quality_gates / --gate to gate them"
+        )
+        gates = {k: v for k, v in gates.items() if k not in skipped}
+    for metric, threshold in gates.items():
+        value = float(getattr(result, metric))
+        result.gates[metric] = float(threshold)
+        upper = metric in _UPPER_BOUND
+        missed = not value <= threshold if upper else not value >= threshold
+        if missed:
+            margin = value - threshold if upper else threshold - value
+            result.failures.append(
+                f"{metric} = {value:.4f} (gate {'<=' if upper else '>='} {threshold:g}, missed by {margin:.4f})"
+            )
+    result.ok = not result.failures
+    return result
+
+
+def format_text_quality(result: TextQuality, title: str = "") -> str:
+    """Render a :class:`TextQuality` as a few fixed-width lines (one per metric, with its gate)."""
+    lines = [title] if title else []
+    lines.append(
+        f"text: {result.tokens} positions in {result.chunks} chunk(s) of <= {result.chunk_length} "
+        f"({result.tokenizer}); perplexity eager {result.perplexity_eager:.3f}, artifact {result.perplexity_artifact:.3f}"
+    )
+    for metric in TEXT_METRICS:
+        value = float(getattr(result, metric))
+        gate = result.gates.get(metric)
+        relation = "<=" if metric in _UPPER_BOUND else ">="
+        gate_text = f"gate {relation} {gate:g}" if gate is not None else "not gated"
+        missed = any(f.startswith(f"{metric} ") for f in result.failures)
+        lines.append(f"  {metric:<20} {value:>10.4f}  {gate_text:<16} {'NO' if missed else 'yes'}")
+    if result.note:
+        lines.append(f"  ({result.note})")
+    return "\n".join(lines)
+
+
+def model_tokenizer(model: Any) -> Any:
+    """The tokenizer saved next to ``model``'s weights (``model.config._name_or_path`` a folder with
+    tokenizer files), or ``None`` (no folder, no tokenizer files, or loading it failed: logged)."""
+    import os
+
+    source = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+    if not source or not os.path.isdir(source):
+        return None
+    if not any(os.path.exists(os.path.join(source, n)) for n in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except Exception as exc:  # a broken tokenizer folder: fall back to bytes, say so
+        logger.warning(
+            "text metrics: loading the tokenizer of %s failed (%s); using UTF-8 bytes", source, exc
+        )
+        return None
+
+
+@dataclass
+class TextReference:
+    """The eager side of the text metrics: the chunk inputs and the fp32 eager logits on them.
+
+    Attributes:
+        chunks: int64 ``[batch, length]`` token chunks (:func:`text_chunks`).
+        inputs: the forward kwargs of each chunk (what the artifact is run on).
+        expected: the eager logits per chunk, float32 ``[batch, length, vocab]``.
+        gates: the text gates (:func:`text_gates_for`).
+        tokenizer: ``"tokenizer"`` or ``"utf-8 bytes"``.
+        logits_key: the output name of the logits (``"logits"``).
+        default_gates: the metrics of ``gates`` that are defaults, not named in ``quality_gates``
+            (applied only when the eager model is not at chance, see :func:`text_quality`).
+    """
+
+    chunks: list[torch.Tensor]
+    inputs: list[dict[str, Any]]
+    expected: list[torch.Tensor]
+    gates: dict[str, float]
+    tokenizer: str = "tokenizer"
+    logits_key: str = "logits"
+    default_gates: tuple[str, ...] = ()
+
+
+def text_reference(
+    model: torch.nn.Module,
+    make_inputs: Callable[[torch.Tensor], dict[str, Any]],
+    chunks: list[torch.Tensor],
+    *,
+    gates: Mapping[str, float],
+    tokenizer: str = "tokenizer",
+    logits_key: str = "logits",
+    default_gates: Collection[str] = (),
+) -> TextReference:
+    """Run the eager ``model`` on every text chunk (teacher-forced, one prefill per chunk).
+
+    Args:
+        model: the eager reference (float32).
+        make_inputs: token chunk ``[batch, length]`` -> forward kwargs for both model and artifact.
+        chunks: from :func:`text_chunks`.
+        gates: the text gates to apply later.
+        tokenizer: how the text was tokenized.
+        logits_key: the output leaf path of the logits.
+        default_gates: the metrics of ``gates`` that are defaults (:func:`text_default_gates`).
+
+    Returns:
+        A :class:`TextReference`.
+
+    Raises:
+        ValueError: the model's outputs have no ``logits_key``.
+    """
+    from hfexport.validation import eager_outputs
+
+    inputs = [make_inputs(c) for c in chunks]
+    expected = []
+    for kwargs in inputs:
+        out = eager_outputs(model, kwargs)
+        if logits_key not in out:
+            raise ValueError(
+                f"text metrics need the model's {logits_key!r} output; it returned {sorted(out)}"
+            )
+        expected.append(out[logits_key].detach().float())
+        del out
+    return TextReference(
+        list(chunks), inputs, expected, dict(gates), tokenizer, logits_key, tuple(sorted(default_gates))
+    )
+
+
+def validate_text(
+    reference: TextReference, run: Runner, *, label: str = "text", raise_on_failure: bool = True
+) -> TextQuality:
+    """Run the artifact on the text chunks of ``reference`` and score it (:func:`text_quality`).
+
+    Args:
+        reference: from :func:`text_reference`.
+        run: the backend runner (forward kwargs -> ``{output_name: tensor}``).
+        label: name of this check in messages.
+        raise_on_failure: raise when a text gate is missed.
+
+    Returns:
+        The :class:`TextQuality`.
+
+    Raises:
+        ExportValidationError: a text gate is missed (the message names the metric, its value, the
+            gate, the margin and how to override it), or the artifact returns no logits.
+    """
+    actual = []
+    for kwargs in reference.inputs:
+        from hfexport.tensors import duplicate_leaf_tensors
+
+        out = run(duplicate_leaf_tensors(dict(kwargs)))
+        if reference.logits_key not in out:
+            raise ExportValidationError(
+                f"the artifact returned no {reference.logits_key!r} output on the quality text; outputs: {sorted(out)}"
+            )
+        actual.append(torch.as_tensor(out[reference.logits_key]).detach().float())
+        del out
+    result = text_quality(
+        reference.chunks,
+        reference.expected,
+        actual,
+        gates=reference.gates,
+        tokenizer=reference.tokenizer,
+        default_gates=reference.default_gates,
+    )
+    table = format_text_quality(result, title=f"quality on the {label} vs fp32 eager")
+    logger.info("%s", table)
+    if raise_on_failure and not result.ok:
+        raise ExportValidationError(text_gate_message(result, table, label=label), [result])
+    return result
+
+
+def text_gate_message(result: TextQuality, table: str, *, label: str = "text") -> str:
+    """The message of a missed text gate: each missed metric with its value, gate and margin, the
+    table, and the override (``config.quality_gates`` / ``--gate``) that would let it pass."""
+    example: dict[str, float] = {}
+    for failure in result.failures:
+        metric = failure.split(" = ")[0]
+        value = float(getattr(result, metric))
+        if metric in _UPPER_BOUND:
+            example[metric] = math.ceil(value * 1000 + 1) / 1000
+        else:
+            example[metric] = max(math.floor(value * 100 - 1) / 100, 0.0)
+    return (
+        f"the artifact misses its text quality gates against the fp32 eager model on the {label} "
+        f"(hfexport.quality.quality_text, teacher-forced): {'; '.join(result.failures)}.\n{table}\n"
+        f"Relax the missed gate if the loss is acceptable (config.quality_gates={example}, CLI "
+        + " ".join(f"--gate {m}={v}" for m, v in example.items())
+        + "), or quantize less (quantization.exclude, 8-bit instead of 4-bit)."
+    )
+
+
+#: the inputs a plain causal-LM export may take for the text metrics to build them from token ids
+_TEXT_INPUTS = ("input_ids", "attention_mask", "position_ids", "token_type_ids")
+
+
+def is_causal_lm(model: Any) -> bool:
+    """True for a decoder-only ``transformers`` causal LM (``*ForCausalLM``, not encoder-decoder)."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "is_encoder_decoder", False):
+        return False
+    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def position_limit(model: Any) -> int | None:
+    """The model's sequence-length limit from its config (``max_position_embeddings``,
+    ``n_positions``, ``max_sequence_length``), or ``None``."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def plain_text_inputs(
+    model: Any,
+    inputs: Mapping[str, Any],
+    program_axes: list[Mapping[str, Any]] | None,
+    *,
+    max_length: int = 2048,
+) -> tuple[Callable[[torch.Tensor], dict[str, Any]], dict[str, Any]] | str:
+    """How to feed the quality text to a plain causal-LM export (no cache inputs).
+
+    Args:
+        model: the eager model.
+        inputs: the export's sample forward kwargs.
+        program_axes: ``report.extra["dynamic_axes"]`` (:func:`hfexport.program_axes.program_input_axes`):
+            a dynamic sequence axis bounds the chunk length by its ``max``; an axis absent or static
+            fixes it to the sample size.
+        max_length: the longest chunk ever used.
+
+    Returns:
+        ``(make_inputs, chunking)``: ``make_inputs`` turns an int64 ``[batch, length]`` chunk into
+        forward kwargs shaped like ``inputs`` (mask of ones, positions ``0..length-1``, token types
+        0, ``use_cache`` and other non-tensor kwargs kept), ``chunking`` the keyword arguments of
+        :func:`text_chunks`; or a string saying why the text cannot be fed (inputs other than
+        :data:`_TEXT_INPUTS`, no ``input_ids``).
+    """
+    if not is_causal_lm(model):
+        return f"{type(model).__name__} is not a causal LM"
+    ids = inputs.get("input_ids")
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return "the sample inputs have no 2-D input_ids"
+    others = [
+        k
+        for k, v in inputs.items()
+        if k not in _TEXT_INPUTS and v is not None and not isinstance(v, (bool, int, float, str))
+    ]
+    if others:
+        return (
+            f"the sample inputs hold {others} besides token ids (a cache or embeddings): not a plain prefill"
+        )
+    axes = {(a.get("input"), a.get("axis")): a for a in program_axes or []}
+    seq_axis, batch_axis = axes.get(("input_ids", 1)), axes.get(("input_ids", 0))
+    limit = position_limit(model) or max_length
+    chunking: dict[str, Any]
+    if seq_axis is not None and seq_axis.get("status") == "dynamic":
+        high = seq_axis.get("max")
+        length = min(limit, max_length, int(high) if high is not None else max_length)
+        chunking = {"max_length": length, "exact": False}
+    else:
+        chunking = {"max_length": int(ids.shape[1]), "exact": True}
+    dynamic_batch = (
+        batch_axis is not None and batch_axis.get("status") == "dynamic" and (batch_axis.get("min") or 1) <= 1
+    )
+    chunking["batch"] = 1 if dynamic_batch or ids.shape[0] == 1 else int(ids.shape[0])
+    if chunking["batch"] > 1:
+        chunking["exact"] = True
+
+    def make_inputs(chunk: torch.Tensor) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in inputs.items():
+            if key == "input_ids":
+                out[key] = chunk.to(value.dtype)
+            elif key == "attention_mask" and isinstance(value, torch.Tensor):
+                out[key] = torch.ones(chunk.shape, dtype=value.dtype)
+            elif key == "position_ids" and isinstance(value, torch.Tensor):
+                out[key] = torch.arange(chunk.shape[1], dtype=value.dtype).expand(chunk.shape).clone()
+            elif key == "token_type_ids" and isinstance(value, torch.Tensor):
+                out[key] = torch.zeros(chunk.shape, dtype=value.dtype)
+            else:
+                out[key] = value
+        return out
+
+    return make_inputs, chunking

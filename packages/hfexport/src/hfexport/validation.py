@@ -88,6 +88,8 @@ class ValidationSet:
         detail: the stage detail (``"sample inputs"``, the second shape's summary).
         expected: ``{leaf path: tensor}`` of the eager model on ``inputs`` (filled by
             ``HfExporter.reference_outputs``).
+        text: the eager side of the language-model text metrics run with this set
+            (:class:`hfexport.quality.TextReference`; the sample set of a quantized causal LM), or ``None``.
     """
 
     label: str
@@ -95,6 +97,7 @@ class ValidationSet:
     inputs: dict[str, Any]
     detail: str = ""
     expected: dict[str, torch.Tensor] | None = None
+    text: Any = None
 
     @property
     def key(self) -> str:
