@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from torch.export import Dim
 
 from hfexport.auto import AutoExportConfig
-from hfexport.config import DynamoConfig, ExecutorchConfig, ExportFormat, OnnxConfig
+from hfexport.config import DynamoConfig, ExecutorchConfig, ExportFormat, OnnxConfig, OpenvinoConfig
 
 
 def test_defaults_match_the_documented_ones():
@@ -220,5 +221,25 @@ def test_exporter_refuses_dtype_and_method_it_does_not_have_before_capture():
 
 def test_aoti_is_a_dynamo_option_only():
     assert DynamoConfig(aoti=True).aoti is True
-    with pytest.raises(ValueError, match="aoti=True applies to the dynamo format only, not onnx"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'aoti'"):
         OnnxConfig(aoti=True)
+    # a recipe of hfexport 0.x, when OnnxConfig inherited aoti=False from DynamoConfig, still reads
+    old = OnnxConfig(dynamic=True).to_dict() | {"aoti": False}
+    assert OnnxConfig.from_dict(old) == OnnxConfig(dynamic=True)
+    assert AutoExportConfig.from_dict(old) == OnnxConfig(dynamic=True)
+    with pytest.raises(ValueError, match="aoti=True applies to the dynamo format only, not onnx"):
+        OnnxConfig.from_dict(old | {"aoti": True})
+
+
+def test_backend_configs_share_the_capture_config_and_only_dynamo_has_aoti():
+    from hfexport import CaptureConfig
+
+    shared = {f.name for f in dataclasses.fields(CaptureConfig)}
+    assert {"dynamic", "dynamic_shapes", "strict", "validate", "atol", "rtol", "dtype", "quantization"} <= shared
+    assert "aoti" not in shared
+    for cls in (OnnxConfig, ExecutorchConfig, OpenvinoConfig):
+        assert cls.__mro__[1] is CaptureConfig, cls
+        assert not issubclass(cls, DynamoConfig), cls
+        assert "aoti" not in cls().to_dict(), cls
+    assert issubclass(DynamoConfig, CaptureConfig) and DynamoConfig().to_dict()["aoti"] is False
+    assert CaptureConfig.declared_format() is None

@@ -22,6 +22,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     # configs
     "ExportFormat": ("hfexport.config", "ExportFormat"),
     "ExportConfigMixin": ("hfexport.config", "ExportConfigMixin"),
+    "CaptureConfig": ("hfexport.config", "CaptureConfig"),
     "DynamoConfig": ("hfexport.config", "DynamoConfig"),
     "OnnxConfig": ("hfexport.config", "OnnxConfig"),
     "ExecutorchConfig": ("hfexport.config", "ExecutorchConfig"),

@@ -27,6 +27,7 @@ __all__ = [
     "DTYPES",
     "ORT_FUSION_TARGETS",
     "QUANTIZATION_OPTIONS",
+    "CaptureConfig",
     "DynamoConfig",
     "ExecutorchConfig",
     "ExportConfigMixin",
@@ -722,8 +723,11 @@ def is_quality_gated(config: object) -> bool:
 
 
 @dataclass
-class DynamoConfig(ExportConfigMixin):
-    """How to capture the model with ``torch.export`` (shared by every backend).
+class CaptureConfig(ExportConfigMixin):
+    """How to capture the model with ``torch.export`` and validate the artifact: the fields every
+    backend shares, and the parent of each backend's config (:class:`DynamoConfig`,
+    :class:`OnnxConfig`, :class:`ExecutorchConfig`, :class:`OpenvinoConfig`, and third-party
+    backends' configs, see docs/extending.md). Not tied to a format itself (``FORMAT`` is ``None``).
 
     Attributes:
         dynamic: mark every tensor dimension ``Dim.AUTO`` when ``dynamic_shapes`` is not given;
@@ -751,13 +755,7 @@ class DynamoConfig(ExportConfigMixin):
             ``{"cosine": 0.98, "top1_agreement": 0.85}``); ``None`` takes the defaults for the dtype
             and quantization method. Refused on a float32 export without quantization, which is
             validated with ``atol``/``rtol`` (no gate would apply).
-        aoti: (dynamo format only; other formats refuse ``True``) also compile the program with
-            AOTInductor (``torch._inductor.aoti_compile_and_package``) into ``model.aoti.pt2`` next
-            to ``model.pt2`` and validate the package at the sample and second shapes; needs a C++
-            compiler (refused before capture without one).
     """
-
-    FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
 
     dynamic: bool = False
     strict: bool = False
@@ -770,7 +768,6 @@ class DynamoConfig(ExportConfigMixin):
     dtype: str | None = None
     quantization: QuantizationConfig | None = None
     quality_gates: dict[str, float] | None = None
-    aoti: bool = False
 
     def validate_fields(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -796,7 +793,6 @@ class DynamoConfig(ExportConfigMixin):
                     "quantization"
                 )
         for name in (
-            "aoti",
             "dynamic",
             "strict",
             "prefer_deferred_runtime_asserts_over_guards",
@@ -804,11 +800,6 @@ class DynamoConfig(ExportConfigMixin):
             "validate_second_shape",
         ):
             _check_type(name, getattr(self, name), (bool,), "True or False")
-        if self.aoti and self.export_format != ExportFormat.DYNAMO.value:
-            raise ValueError(
-                f"aoti=True applies to the {ExportFormat.DYNAMO.value} format only, not {self.export_format}; "
-                "drop it or export with DynamoConfig"
-            )
         for name in ("atol", "rtol"):
             value = getattr(self, name)
             if value is not None:
@@ -832,10 +823,57 @@ class DynamoConfig(ExportConfigMixin):
         """True when the export has any dynamic dimension (``dynamic`` or ``dynamic_shapes``)."""
         return bool(self.dynamic or self.dynamic_shapes)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ExportConfigMixin:
+        """:meth:`ExportConfigMixin.from_dict`, reading the configs of hfexport 0.x, whose
+        non-dynamo configs carried ``"aoti": false`` (inherited from ``DynamoConfig`` then): a false
+        ``aoti`` is dropped for a class without the field, a true one is refused.
+
+        Raises:
+            ValueError: as :meth:`ExportConfigMixin.from_dict`; ``aoti`` true on a config class
+                without AOTInductor (only :class:`DynamoConfig` has it).
+        """
+        if isinstance(data, dict) and "aoti" in data and "aoti" not in {f.name for f in dataclasses.fields(cls)}:
+            if data["aoti"] not in (False, None):
+                raise ValueError(_aoti_refusal(cls.declared_format() or cls.__name__))
+            data = {k: v for k, v in data.items() if k != "aoti"}
+        return super().from_dict(data)
+
+
+def _aoti_refusal(fmt: str) -> str:
+    return (
+        f"aoti=True applies to the {ExportFormat.DYNAMO.value} format only, not {fmt}; "
+        "drop it or export with DynamoConfig"
+    )
+
 
 @dataclass
-class OnnxConfig(DynamoConfig):
-    """``DynamoConfig`` plus what ``torch.onnx.export(dynamo=True)`` and saving need.
+class DynamoConfig(CaptureConfig):
+    """:class:`CaptureConfig` plus what only the dynamo format (an ``ExportedProgram`` saved as
+    ``.pt2``) offers.
+
+    Attributes:
+        aoti: also compile the program with AOTInductor
+            (``torch._inductor.aoti_compile_and_package``) into ``model.aoti.pt2`` next to
+            ``model.pt2`` and validate the package at the sample and second shapes; needs a C++
+            compiler (refused before capture without one). A subclass naming another format
+            refuses ``True``.
+    """
+
+    FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
+
+    aoti: bool = False
+
+    def validate_fields(self) -> None:
+        super().validate_fields()
+        _check_type("aoti", self.aoti, (bool,), "True or False")
+        if self.aoti and self.export_format != ExportFormat.DYNAMO.value:
+            raise ValueError(_aoti_refusal(self.export_format))
+
+
+@dataclass
+class OnnxConfig(CaptureConfig):
+    """:class:`CaptureConfig` plus what ``torch.onnx.export(dynamo=True)`` and saving need.
 
     Attributes:
         output_path: when set, the exported model is also saved there (``.onnx``).
@@ -958,8 +996,8 @@ EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
 
 
 @dataclass
-class ExecutorchConfig(DynamoConfig):
-    """``DynamoConfig`` plus ExecuTorch lowering and memory planning.
+class ExecutorchConfig(CaptureConfig):
+    """:class:`CaptureConfig` plus ExecuTorch lowering and memory planning.
 
     Attributes:
         backend: the delegate to lower to: ``"xnnpack"`` (CPU) or ``"cuda"``.
@@ -1008,8 +1046,8 @@ OPENVINO_PRECISION_HINTS = ("f32", "f16", "bf16")
 
 
 @dataclass
-class OpenvinoConfig(DynamoConfig):
-    """``DynamoConfig`` plus OpenVINO conversion, saving and compilation options.
+class OpenvinoConfig(CaptureConfig):
+    """:class:`CaptureConfig` plus OpenVINO conversion, saving and compilation options.
 
     Readable and checked without OpenVINO installed; whether the device is present and supports the
     precision hint is checked by the ``openvino`` backend before capture.

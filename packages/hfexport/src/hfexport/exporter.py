@@ -286,8 +286,8 @@ class HfExporter:
     def _takes_config(cls, config: Any) -> bool:
         """True when ``config`` is this exporter's own config: an instance of exactly
         ``config_class``, or of a subclass that keeps its ``export_format`` (a user's
-        ``DynamoConfig`` subclass is fine for dynamo; an ``OnnxConfig``, which subclasses
-        ``DynamoConfig`` but names another format, is not). An exporter that keeps the base
+        ``DynamoConfig`` subclass is fine for dynamo; a plugin's ``DynamoConfig`` subclass that
+        names another format is not). An exporter that keeps the base
         ``ExportConfigMixin`` as its ``config_class`` takes any config naming its ``export_format``."""
         if type(config) is cls.config_class:
             return True
