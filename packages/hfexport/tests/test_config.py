@@ -235,7 +235,16 @@ def test_backend_configs_share_the_capture_config_and_only_dynamo_has_aoti():
     from hfexport import CaptureConfig
 
     shared = {f.name for f in dataclasses.fields(CaptureConfig)}
-    assert {"dynamic", "dynamic_shapes", "strict", "validate", "atol", "rtol", "dtype", "quantization"} <= shared
+    assert {
+        "dynamic",
+        "dynamic_shapes",
+        "strict",
+        "validate",
+        "atol",
+        "rtol",
+        "dtype",
+        "quantization",
+    } <= shared
     assert "aoti" not in shared
     for cls in (OnnxConfig, ExecutorchConfig, OpenvinoConfig):
         assert cls.__mro__[1] is CaptureConfig, cls
@@ -243,3 +252,17 @@ def test_backend_configs_share_the_capture_config_and_only_dynamo_has_aoti():
         assert "aoti" not in cls().to_dict(), cls
     assert issubclass(DynamoConfig, CaptureConfig) and DynamoConfig().to_dict()["aoti"] is False
     assert CaptureConfig.declared_format() is None
+
+
+def test_one_task_table_feeds_loading_the_zoo_and_the_cli():
+    from hfexport import cli, loading, tasks
+    from hfexport.testing import zoo
+
+    assert loading.TASK_AUTO_CLASSES is tasks.TASK_AUTO_CLASSES
+    assert cli.GENERATION_TASKS is tasks.GENERATION_TASKS
+    assert set(tasks.GENERATION_TASKS) <= set(tasks.TASK_AUTO_CLASSES)
+    assert {t: tasks.TASK_AUTO_CLASSES[t] for t in zoo.TASK_TO_AUTO_CLASS} == zoo.TASK_TO_AUTO_CLASS
+    assert {task for _, task in tasks.ARCHITECTURE_SUFFIX_TASKS} <= set(tasks.TASK_AUTO_CLASSES)
+    assert tasks.auto_class_name("token-classification") == "AutoModelForTokenClassification"
+    with pytest.raises(ValueError, match=r"unknown task 'translate'; allowed: auto, feature-extraction, "):
+        tasks.auto_class_name("translate")

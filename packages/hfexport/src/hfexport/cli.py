@@ -22,6 +22,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hfexport.tasks import GENERATION_TASKS
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
@@ -33,8 +35,6 @@ app = typer.Typer(
 )
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
-
-GENERATION_TASKS = ("text-generation", "image-text-to-text", "text2text-generation")
 
 
 def _export_formats() -> list[str]:

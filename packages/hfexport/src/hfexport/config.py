@@ -833,7 +833,11 @@ class CaptureConfig(ExportConfigMixin):
             ValueError: as :meth:`ExportConfigMixin.from_dict`; ``aoti`` true on a config class
                 without AOTInductor (only :class:`DynamoConfig` has it).
         """
-        if isinstance(data, dict) and "aoti" in data and "aoti" not in {f.name for f in dataclasses.fields(cls)}:
+        if (
+            isinstance(data, dict)
+            and "aoti" in data
+            and "aoti" not in {f.name for f in dataclasses.fields(cls)}
+        ):
             if data["aoti"] not in (False, None):
                 raise ValueError(_aoti_refusal(cls.declared_format() or cls.__name__))
             data = {k: v for k, v in data.items() if k != "aoti"}

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from hfexport.tasks import ARCHITECTURE_SUFFIX_TASKS, TASK_AUTO_CLASSES, auto_class_name
+
 __all__ = [
     "TASK_AUTO_CLASSES",
     "LoadedModel",
@@ -28,37 +30,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-# task -> transformers Auto class name
-TASK_AUTO_CLASSES: dict[str, str] = {
-    "feature-extraction": "AutoModel",
-    "fill-mask": "AutoModelForMaskedLM",
-    "text-classification": "AutoModelForSequenceClassification",
-    "token-classification": "AutoModelForTokenClassification",
-    "question-answering": "AutoModelForQuestionAnswering",
-    "text-generation": "AutoModelForCausalLM",
-    "text2text-generation": "AutoModelForSeq2SeqLM",
-    "image-classification": "AutoModelForImageClassification",
-    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
-    "image-text-to-text": "AutoModelForImageTextToText",
-    "ctc": "AutoModelForCTC",
-}
-
-# architecture class-name suffix -> task, most specific first
-_ARCH_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
-    ("ForCausalLM", "text-generation"),
-    ("LMHeadModel", "text-generation"),
-    ("ForMaskedLM", "fill-mask"),
-    ("ForSequenceClassification", "text-classification"),
-    ("ForTokenClassification", "token-classification"),
-    ("ForQuestionAnswering", "question-answering"),
-    ("ForImageClassification", "image-classification"),
-    ("ForCTC", "ctc"),
-    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
-    ("ForImageTextToText", "image-text-to-text"),
-    ("ForConditionalGeneration", "text2text-generation"),
-    ("Model", "feature-extraction"),
-)
 
 # Sentences of different lengths: the sample batch is padded, so masking is exercised.
 SAMPLE_SENTENCES = (
@@ -103,7 +74,7 @@ def infer_task(config: Any) -> str:
             or getattr(config, "audio_config", None) is not None
         ):
             return "image-text-to-text"
-        for suffix, task in _ARCH_SUFFIX_TASKS:
+        for suffix, task in ARCHITECTURE_SUFFIX_TASKS:
             if arch.endswith(suffix):
                 return task
     raise ValueError(
@@ -115,9 +86,7 @@ def infer_task(config: Any) -> str:
 def _auto_class(task: str) -> Any:
     import transformers
 
-    if task not in TASK_AUTO_CLASSES:
-        raise ValueError(f"unknown task {task!r}; allowed: auto, {', '.join(TASK_AUTO_CLASSES)}")
-    return getattr(transformers, TASK_AUTO_CLASSES[task])
+    return getattr(transformers, auto_class_name(task))
 
 
 def _tokenizer_inputs(tokenizer: Any, batch_sentences: tuple[str, ...]) -> dict[str, Any]:

@@ -47,6 +47,7 @@ import transformers
 from transformers import AutoConfig, PretrainedConfig, PreTrainedModel
 
 from hfexport.errors import HfExportError
+from hfexport.tasks import TASK_AUTO_CLASSES
 from hfexport.testing.presets import PRESETS, Preset
 from hfexport.testing.shrink import shrink_overrides, special_token_ids
 
@@ -69,15 +70,19 @@ __all__ = [
 #: Task name -> name of the ``transformers`` auto class that builds a model for it. A few model
 #: types use another class for the same task (wav2vec2 speech recognition is CTC, not
 #: sequence-to-sequence); :func:`auto_class_name` resolves those.
+#: The tasks the zoo builds tiny models for, a subset of :data:`hfexport.tasks.TASK_AUTO_CLASSES`.
 TASK_TO_AUTO_CLASS: dict[str, str] = {
-    "text-generation": "AutoModelForCausalLM",
-    "feature-extraction": "AutoModel",
-    "fill-mask": "AutoModelForMaskedLM",
-    "text-classification": "AutoModelForSequenceClassification",
-    "text2text-generation": "AutoModelForSeq2SeqLM",
-    "image-classification": "AutoModelForImageClassification",
-    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
-    "image-text-to-text": "AutoModelForImageTextToText",
+    task: TASK_AUTO_CLASSES[task]
+    for task in (
+        "text-generation",
+        "feature-extraction",
+        "fill-mask",
+        "text-classification",
+        "text2text-generation",
+        "image-classification",
+        "automatic-speech-recognition",
+        "image-text-to-text",
+    )
 }
 
 # task -> (name of the transformers mapping model_type -> class name, auto class), in lookup order

@@ -1,0 +1,63 @@
+"""The task names hfexport knows, in one table (no torch import).
+
+A task is what a checkpoint is loaded for and what its export computes: the pipeline names of
+``transformers`` (``text-generation``, ``feature-extraction`` ...), each with the Auto class that
+builds a model for it. The CLI's ``--task``, :mod:`hfexport.loading` (which class loads a folder,
+which task an ``architectures`` entry implies) and the seeded tiny models of
+:mod:`hfexport.testing.zoo` all read this table.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ARCHITECTURE_SUFFIX_TASKS", "GENERATION_TASKS", "TASK_AUTO_CLASSES", "auto_class_name"]
+
+#: Task name -> name of the ``transformers`` Auto class that loads a model for it. A few model types
+#: use another class for the same task (wav2vec2 speech recognition is CTC): the tiny-model zoo
+#: resolves those per type (:func:`hfexport.testing.zoo.auto_class_name`).
+TASK_AUTO_CLASSES: dict[str, str] = {
+    "feature-extraction": "AutoModel",
+    "fill-mask": "AutoModelForMaskedLM",
+    "text-classification": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "text-generation": "AutoModelForCausalLM",
+    "text2text-generation": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+    "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
+    "image-text-to-text": "AutoModelForImageTextToText",
+    "ctc": "AutoModelForCTC",
+}
+
+#: Tasks whose explicit ``--task`` exports generation components (prefill/decode, or encoders,
+#: language model and decode) instead of the plain forward
+#: (:meth:`hfexport.exporter.HfExporter.export_for_generation`).
+GENERATION_TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text", "text2text-generation")
+
+#: Architecture class-name suffix -> task, most specific first (``config.architectures`` entries,
+#: e.g. ``LlamaForCausalLM`` -> ``text-generation``); :func:`hfexport.loading.infer_task` adds the
+#: model-type exceptions (whisper, vision/audio ``ForConditionalGeneration``).
+ARCHITECTURE_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
+    ("ForCausalLM", "text-generation"),
+    ("LMHeadModel", "text-generation"),
+    ("ForMaskedLM", "fill-mask"),
+    ("ForSequenceClassification", "text-classification"),
+    ("ForTokenClassification", "token-classification"),
+    ("ForQuestionAnswering", "question-answering"),
+    ("ForImageClassification", "image-classification"),
+    ("ForCTC", "ctc"),
+    ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
+    ("ForImageTextToText", "image-text-to-text"),
+    ("ForConditionalGeneration", "text2text-generation"),
+    ("Model", "feature-extraction"),
+)
+
+
+def auto_class_name(task: str) -> str:
+    """The Auto class name of ``task`` (:data:`TASK_AUTO_CLASSES`).
+
+    Raises:
+        ValueError: an unknown task; the message lists the known ones.
+    """
+    if task not in TASK_AUTO_CLASSES:
+        raise ValueError(f"unknown task {task!r}; allowed: auto, {', '.join(TASK_AUTO_CLASSES)}")
+    return TASK_AUTO_CLASSES[task]
