@@ -396,6 +396,9 @@ def test_weight_only_gpt2_real_weights_gates_size_and_kernel(iglm, method, min_t
     )
     assert row["ok"] and row["gates"] == expected_gates
     assert row["top1_agreement"] >= min_top1, row
+    # IgLM's amino-acid tokenizer maps English prose to <unk>: no text gates, top-1 stays gated on the sample
+    assert "unknown token" in exporter.last_report.extra["text_quality"]["skipped"]
+    assert "text" not in exporter.last_report.validation
     _assert_intact(model, before, kinds)
 
 

@@ -234,3 +234,55 @@ def test_accuracy_level_and_symmetric_options_are_checked():
         QuantizationConfig("int4-weight", symmetric="yes")
     config = QuantizationConfig("int4-weight", symmetric=False, accuracy_level=0)
     assert config.given_options() == ["symmetric", "accuracy_level"]
+
+
+class _VocabTokenizer:
+    """A word-level tokenizer knowing ``known`` words; everything else is its unknown token 0."""
+
+    unk_token_id = 0
+
+    def __init__(self, known: set[str]) -> None:
+        self.ids = {word: i + 1 for i, word in enumerate(sorted(known))}
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [self.ids.get(word, 0) for word in text.split()]}
+
+
+def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch):
+    """A protein LM's tokenizer maps English prose to <unk> (IgLM-S: 98%): the text is one token
+    repeated, any artifact predicts it, so the default text gates must not replace the sample's
+    top-1 gate; gates the user names still apply."""
+    import hfexport.quality
+    from hfexport.exporter import HfExporter
+    from hfexport.quality import UNKNOWN_TOKEN_FRACTION, text_coverage_problem
+    from hfexport.report import ExportReport
+
+    class _OnlyExport(HfExporter):
+        export_format = "dynamo"
+
+        def export(self, model, sample_inputs, config=None, **kwargs):
+            raise NotImplementedError
+
+    words = quality_text().split()
+    covered = _VocabTokenizer(set(words))
+    ids, _ = text_token_ids(covered, len(covered.ids) + 1)
+    assert text_coverage_problem(covered, ids) is None
+    assert text_coverage_problem(None, ids) is None
+    foreign = _VocabTokenizer({"the", "of"})  # a few percent of the words
+    ids, _ = text_token_ids(foreign, 3)
+    problem = text_coverage_problem(foreign, ids)
+    share = float((ids == 0).double().mean())
+    assert share > UNKNOWN_TOKEN_FRACTION and f"maps {share:.0%} of the quality text to its unknown token" in problem
+
+    model = _tiny_llama()
+    monkeypatch.setattr(hfexport.quality, "model_tokenizer", lambda model: foreign)
+    sample = {"input_ids": torch.randint(0, 3, (1, 8)), "attention_mask": torch.ones(1, 8, dtype=torch.long)}
+    exporter = _OnlyExport()
+    report = ExportReport(export_format="dynamo")
+    default = DynamoConfig(quantization="int8-weight")
+    assert exporter.text_reference(model, sample, default, report) is None
+    assert report.extra["text_quality"] == {"skipped": problem}
+    assert "top1_gated_on_text" not in report.extra
+    named = DynamoConfig(quantization="int8-weight", quality_gates={"kl_divergence": 0.2})
+    reference = exporter.text_reference(model, sample, named, ExportReport(export_format="dynamo"))
+    assert reference is not None and reference.gates == {"kl_divergence": 0.2}

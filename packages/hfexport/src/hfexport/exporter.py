@@ -1046,7 +1046,10 @@ class HfExporter:
         program accepts (:func:`hfexport.quality.plain_text_inputs`: the model's position limit, a
         dynamic sequence axis's bound, a static axis's sample size) and run through the eager model.
         ``report.extra["text_quality"]`` records why the metrics were skipped for a causal LM whose
-        inputs are not a plain prefill.
+        inputs are not a plain prefill, or whose tokenizer maps more than
+        :data:`hfexport.quality.UNKNOWN_TOKEN_FRACTION` of the text to its unknown token
+        (:func:`hfexport.quality.text_coverage_problem`; then only the text gates named in
+        ``config.quality_gates`` apply, and without any the metrics are skipped).
         Gates not named in ``config.quality_gates`` (the defaults) are applied only when the eager
         model is not at chance on the text (:data:`hfexport.quality.CHANCE_PERPLEXITY_FRACTION`).
         When ``top1_agreement_text`` is gated and ``config.quality_gates`` does not name
@@ -1079,6 +1082,7 @@ class HfExporter:
             model_tokenizer,
             plain_text_inputs,
             text_chunks,
+            text_coverage_problem,
             text_default_gates,
             text_gates_for,
             text_gates_in_force,
@@ -1103,7 +1107,15 @@ class HfExporter:
         text_config = getattr(source, "config", None)
         if text_config is not None and hasattr(text_config, "get_text_config"):
             text_config = text_config.get_text_config()
-        ids, tokenizer = text_token_ids(model_tokenizer(source), getattr(text_config, "vocab_size", None))
+        tokenizer_object = model_tokenizer(source)
+        ids, tokenizer = text_token_ids(tokenizer_object, getattr(text_config, "vocab_size", None))
+        problem = text_coverage_problem(tokenizer_object, ids)
+        if problem is not None:  # out-of-domain text: only the gates the user named apply
+            defaults = set(text_default_gates(config, gates))
+            gates = {k: v for k, v in gates.items() if k not in defaults}
+            if not gates:
+                report.extra["text_quality"] = {"skipped": problem}
+                return None
         chunks = text_chunks(ids, **chunking)
         report.extra["text_quality_gates"] = dict(gates)
         reference = text_reference(

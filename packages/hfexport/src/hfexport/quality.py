@@ -82,6 +82,7 @@ from hfexport.precision import is_quality_gated
 __all__ = [
     "CACHE_COSINE_GATE",
     "CHANCE_PERPLEXITY_FRACTION",
+    "UNKNOWN_TOKEN_FRACTION",
     "GATED_METRICS",
     "QUALITY_METRICS",
     "TEXT_GATES_4BIT",
@@ -105,6 +106,7 @@ __all__ = [
     "quality_text",
     "score_outputs",
     "text_chunks",
+    "text_coverage_problem",
     "text_default_gates",
     "text_gate_message",
     "text_gates_for",
@@ -144,6 +146,12 @@ TEXT_GATES_4BIT = {"perplexity_ratio": 1.25, "kl_divergence": 0.35, "top1_agreem
 #: scores far below, SmolLM2-135M 19.9 of 49152; a random-weight model about the vocabulary size):
 #: the model predicts the text at least ln(10) = 2.3 nats per token better than chance
 CHANCE_PERPLEXITY_FRACTION = 0.1
+
+#: Largest share of the quality text's tokens that may be the tokenizer's unknown token for the
+#: default text gates to apply (:func:`text_coverage_problem`): a tokenizer of another domain (a
+#: protein LM's amino-acid vocabulary maps 98% of English prose to ``<unk>``) makes the text a run of
+#: one token, which any artifact predicts.
+UNKNOWN_TOKEN_FRACTION = 0.1
 
 _FOUR_BIT = re.compile(r"(int4|4w|4bit|nf4|uint4)")
 
@@ -669,6 +677,32 @@ def text_token_ids(tokenizer: Any = None, vocab_size: int | None = None) -> tupl
             f"[0, {int(vocab_size)}); allowed: the model's own tokenizer"
         )
     return ids, source
+
+
+def text_coverage_problem(tokenizer: Any, ids: torch.Tensor) -> str | None:
+    """Why the quality text says nothing about a model whose tokenizer gave ``ids``, or ``None``.
+
+    The text is out of the tokenizer's domain when more than :data:`UNKNOWN_TOKEN_FRACTION` of its
+    tokens are the tokenizer's unknown token (``tokenizer.unk_token_id``); a tokenizer without one
+    (byte-level BPE covers every text) and ``tokenizer=None`` (UTF-8 bytes) always cover it.
+
+    Args:
+        tokenizer: the tokenizer :func:`text_token_ids` used, or ``None``.
+        ids: int64 ``[n]`` token ids of :func:`quality_text`.
+
+    Returns:
+        A sentence naming the unknown token's share, or ``None`` when the text is covered.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None) if tokenizer is not None else None
+    if unk is None or ids.numel() == 0:
+        return None
+    share = float((ids == int(unk)).double().mean())
+    if share <= UNKNOWN_TOKEN_FRACTION:
+        return None
+    return (
+        f"the model's tokenizer maps {share:.0%} of the quality text to its unknown token (more than "
+        f"{UNKNOWN_TOKEN_FRACTION:.0%}): the text is outside its domain, so the default text gates do not apply"
+    )
 
 
 def text_chunks(
