@@ -272,7 +272,10 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     ids, _ = text_token_ids(foreign, 3)
     problem = text_coverage_problem(foreign, ids)
     share = float((ids == 0).double().mean())
-    assert share > UNKNOWN_TOKEN_FRACTION and f"maps {share:.0%} of the quality text to its unknown token" in problem
+    assert (
+        share > UNKNOWN_TOKEN_FRACTION
+        and f"maps {share:.0%} of the quality text to its unknown token" in problem
+    )
 
     model = _tiny_llama()
     monkeypatch.setattr(hfexport.quality, "model_tokenizer", lambda model: foreign)

@@ -82,12 +82,12 @@ from hfexport.precision import is_quality_gated
 __all__ = [
     "CACHE_COSINE_GATE",
     "CHANCE_PERPLEXITY_FRACTION",
-    "UNKNOWN_TOKEN_FRACTION",
     "GATED_METRICS",
     "QUALITY_METRICS",
     "TEXT_GATES_4BIT",
     "TEXT_GATES_8BIT",
     "TEXT_METRICS",
+    "UNKNOWN_TOKEN_FRACTION",
     "OutputQuality",
     "TextQuality",
     "TextReference",
