@@ -322,7 +322,7 @@ row["export_s"] = round(time.perf_counter() - t0, 2)
 row["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 row["size_mb"] = round(sum(p.stat().st_size for p in (out_dir / "gen").rglob("*.pte")) / 1e6, 3)
 row["pte_files"] = sorted(p.name for p in (out_dir / "gen").rglob("*.pte"))
-quant = (exporter.last_report.extra or {}).get("quantization") or {}  # the last component's (decode)
+quant = exporter.last_report.quantization or {}  # the last component's (decode)
 if quant:
     row["quantized_linear_at_source"] = quant.get("linear")
     row["quantized_ops_lowered"] = {k: v for k, v in (quant.get("ops") or {}).items() if isinstance(v, int)}

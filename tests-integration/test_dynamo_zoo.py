@@ -48,7 +48,7 @@ def test_architecture_exports_validates_two_shapes_and_reloads(model_type, tmp_p
         assert rows and all(r["ok"] and r["max_abs_diff"] <= ATOL for r in rows), (label, rows)
 
     # image sides the program fixes (ViT's image size) keep their size, as in the export's own validation
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert second is not None, reason
     assert any(second[k].shape != inputs[k].shape for k in inputs)
 

@@ -47,12 +47,12 @@ def test_zoo_dynamic_export_runs_at_many_shapes(model_type, record_property):
     assert second_rows[0]["shape"][0] == 3  # batch 2 -> 3
 
     # bounds: batch up to at least 3, every sequence axis up to 256 (or the model's limit)
-    axes = report.extra["dynamic_bounds"]["axes"]
+    axes = report.dynamic_bounds["axes"]
     assert {a["role"] for a in axes} >= {"batch"}
     assert all(a["max"] >= 3 for a in axes if a["role"] == "batch")
     assert all(a["max"] >= 256 for a in axes if a["role"] in ("sequence", "decoder_sequence"))
     # only axes without a shared role may be specialised (ViT's image size, Whisper's mel bins and frames)
-    roles = {s["role"] for s in report.extra["dynamic_bounds"]["specialized"]}
+    roles = {s["role"] for s in report.dynamic_bounds["specialized"]}
     assert roles <= {"other", "spatial", "frames"}, roles
 
     # the share XNNPACK took is recorded per artifact
@@ -86,7 +86,7 @@ def test_tiny_siglip_validates_at_both_shapes():
     assert second_rows[0]["shape"][0] == 3  # batch 2 -> 3
     # issue 15: the position table holds 16 patches, so the model fixes the 32x32 image; the second
     # shape kept it (it fed 64x64 while the bounded capture left the sides dynamic)
-    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.dynamic_axes_summary
     assert [(s["axis"], s["tried"]) for s in report.extra["model_fixed_sides"]] == [(2, 64), (3, 64)]
-    assert {a["role"] for a in report.extra["dynamic_bounds"]["specialized"]} == {"spatial", "other"}
+    assert {a["role"] for a in report.dynamic_bounds["specialized"]} == {"spatial", "other"}
     assert any("gelu" in op for op in report.extra["delegation"]["portable_ops"]), report.extra["delegation"]

@@ -115,7 +115,7 @@ def test_smollm2_real_weights_int8_weight_decoder_graph_passes_the_text_gates(ex
     assert row["perplexity_ratio"] <= TEXT_GATES_8BIT["perplexity_ratio"]
     assert row["kl_divergence"] <= TEXT_GATES_8BIT["kl_divergence"]
     assert row["top1_agreement_text"] >= TEXT_GATES_8BIT["top1_agreement_text"]
-    assert graph.report.extra["text_quality_gates"] == TEXT_GATES_8BIT
+    assert graph.report.text_quality_gates == TEXT_GATES_8BIT
     print(
         "smollm2 onnx int8-weight text: "
         + ", ".join(f"{k} {row[k]:.4f}" for k in ("perplexity_ratio", "kl_divergence", "top1_agreement_text"))

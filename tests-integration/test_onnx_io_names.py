@@ -44,7 +44,7 @@ def test_cache_inputs_are_named_by_leaf_path():
     # the core validated a second past length (5 -> 11) and batch (2 -> 3), named by leaf path too
     second = {s.name: s for s in exporter.last_report.stages}["validate_second_shape"]
     assert second.status == "ok" and second.detail.startswith("past length 5 -> 11; batch 2 -> 3")
-    record = exporter.last_report.extra["second_shape"]
+    record = exporter.last_report.second_shape
     assert record["inputs"]["past_key_values.layers.0.keys"] == [3, 2, 11, 16]
     assert record["inputs"]["attention_mask"] == [3, 14] and record["inputs"]["input_ids"] == [3, 3]
 

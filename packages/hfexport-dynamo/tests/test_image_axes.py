@@ -21,12 +21,12 @@ def _export(model_type, task="image-classification"):
 def test_vit_image_size_is_reported_static_and_kept_by_the_second_shape():
     # ViT without interpolate_pos_encoding adds a 4x4 position grid: the capture fixes 32x32
     model, inputs, _program, report = _export("vit")
-    summary = report.extra["dynamic_axes_summary"]
+    summary = report.dynamic_axes_summary
     assert "pixel_values image height/width: static 32 (model-fixed)" in summary, summary
-    sides = [a for a in report.extra["dynamic_axes"] if a["meaning"] in ("image height", "image width")]
+    sides = [a for a in report.dynamic_axes if a["meaning"] in ("image height", "image width")]
     assert [(a["axis"], a["status"], a["max"]) for a in sides] == [(2, "static", 32), (3, "static", 32)]
     assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok"
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert reason == "" and tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
     assert all(row["ok"] and tuple(row["shape"]) == (3, 3) for row in report.validation["second_shape"])
 
@@ -35,9 +35,9 @@ def test_convnext_sides_stay_dynamic_and_the_second_shape_grows_them():
     # ConvNeXt's last stage is 1x1 on 32x32 images: without the size-oblivious capture the sides
     # came out as [32, 63] and a 64x64 image was refused
     model, inputs, program, report = _export("convnext")
-    summary = report.extra["dynamic_axes_summary"]
+    summary = report.dynamic_axes_summary
     assert "pixel_values image height/width: dynamic [32, inf]" in summary, summary
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert reason == "" and tuple(second["pixel_values"].shape) == (3, 3, 64, 64)
     assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok"
     image = torch.randn(3, 3, 64, 96, generator=torch.Generator().manual_seed(2))
@@ -62,7 +62,7 @@ def test_llava_second_shape_keeps_the_image_tokens():
     rows = {row["name"]: row for row in report.validation["second_shape"]}
     assert tuple(rows["logits"]["shape"]) == (2, 65, model.config.text_config.vocab_size)
     assert all(row["ok"] for row in rows.values())
-    assert report.extra["dynamic_axes_summary"] == [
+    assert report.dynamic_axes_summary == [
         "input_ids sequence: dynamic [2, 128]",
         "attention_mask sequence: dynamic [2, 128]",
     ]

@@ -82,7 +82,7 @@ def test_int8_weight_gpt2_real_weights_agrees_runs_under_plain_aten_and_loads_sa
     exporter = DynamoExporter()
     program = exporter.export(model, inputs, DynamoConfig(dynamic=True, quantization="int8-weight"))
     report = exporter.last_report
-    summary = report.extra["quantization"]
+    summary = report.quantization
     assert (summary["linear"], summary["conv1d_as_linear"], summary["quantized_mm_nodes"]) == (13, 12, 13)
     assert summary["size_ratio"] <= 0.35, summary
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}

@@ -268,7 +268,7 @@ def test_gated_delta_rule_pte_matches_eager_at_two_shapes():
     stages = {s.name: s.status for s in report.stages}
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
     # one chunk per program: the scan over chunks is unrolled at the sample's count (model-bounded)
-    sequence = [a for a in report.extra["dynamic_axes"] if a["meaning"] == "sequence"]
+    sequence = [a for a in report.dynamic_axes if a["meaning"] == "sequence"]
     assert {(a["max"], a["note"]) for a in sequence} == {(63, "model-bounded")}
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
@@ -305,7 +305,7 @@ def test_complex_rotary_lowers_and_the_pte_matches_eager_at_two_shapes():
         "hfexport_executorch.workarounds.fx_fixes.complex_rotary_as_real_pairs"
         in (report.applied["fx_program_fixes"])
     )
-    assert [a["input"] for a in report.extra["dynamic_bounds"]["axes"]] == ["input_ids", "input_ids"]
+    assert [a["input"] for a in report.dynamic_bounds["axes"]] == ["input_ids", "input_ids"]
     stages = {s.name: s.status for s in report.stages}
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
     for rows in report.validation.values():

@@ -113,7 +113,7 @@ def _check_quantized_generation(name: str, tmp_path: Path, monkeypatch: pytest.M
     fp32 = weight_bytes(model)
     facts: dict = {"sizes": sizes, "fp32_weight_bytes": fp32, "reports": {}}
     for component, report in parts.reports.items():
-        quant = report.extra["quantization"]
+        quant = report.quantization
         assert quant["method"] == "8da4w" and quant["shared_by_components"] is True
         assert quant["weight_bytes_before"] == fp32
         assert quant["artifact_bytes"] == sizes[component]
@@ -135,7 +135,7 @@ def _check_quantized_generation(name: str, tmp_path: Path, monkeypatch: pytest.M
         # quantized for real: the logits are not fp32's to the last bit
         assert logits["max_abs_diff"] > 1e-3, logits
         facts["reports"][component] = {"top1": logits["top1_agreement"], "cosine": logits["cosine"]}
-    parity = parts.reports["decode"].extra["greedy_parity"]
+    parity = parts.reports["decode"].greedy_parity
     assert "error" not in parity, parity
     assert parity["new_tokens"] == 16 and len(parity["sequence"]) == len(parity["reference"]) == 16
     assert 0 <= parity["matching_prefix"] <= 16

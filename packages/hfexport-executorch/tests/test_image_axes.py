@@ -44,7 +44,7 @@ def test_siglip_sides_planned_dynamic_are_captured_static_as_model_fixed():
     }
     report = ExportReport(export_format="executorch")
     program = capture(model, inputs, config.replace(dynamic_shapes=plan.dynamic_shapes), report)
-    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.dynamic_axes_summary
     symbols = bounds.collect_symbols(program, inputs, plan)
     assert {(path, axis) for info in symbols for path, axis in info.axes} == {("pixel_values", 0)}
 
@@ -59,10 +59,10 @@ def test_convnext_traced_at_32_runs_a_64_pixel_image():
     report = exporter.last_report
     second = report.validation["second_shape"]
     assert second and all(row["ok"] for row in second)
-    sides = {a["axis"]: a["max"] for a in report.extra["dynamic_bounds"]["axes"] if a["role"] == "spatial"}
+    sides = {a["axis"]: a["max"] for a in report.dynamic_bounds["axes"] if a["role"] == "spatial"}
     assert sides == {2: 128, 3: 128}
 
-    assert "pixel_values image height/width: dynamic [32, 128]" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values image height/width: dynamic [32, 128]" in report.dynamic_axes_summary
 
     atol, _ = exporter.default_tolerances(model)
     run = exporter.runner(program)

@@ -32,7 +32,7 @@ def test_llava_exports_with_a_dynamic_prompt_length_and_validates_at_two_shapes(
         assert tuple(rows["logits"]["shape"]) == (2, length, vocab)
         assert all(row["ok"] for row in rows.values()), label
         assert max(row["max_abs_diff"] for row in rows.values()) < 1e-4, label
-    assert report.extra["dynamic_axes_summary"] == [
+    assert report.dynamic_axes_summary == [
         "input_ids sequence: dynamic [2, 128]",
         "attention_mask sequence: dynamic [2, 128]",
     ]

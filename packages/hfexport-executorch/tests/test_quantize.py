@@ -249,7 +249,7 @@ def test_embedding_bits_on_llama_whose_embedding_has_a_padding_idx_runs_in_the_r
     report = exporter.last_report
     fix = "hfexport_executorch.workarounds.fx_fixes.quantized_embedding_without_padding_idx"
     assert fix in report.applied["fx_node_fixes"]
-    summary = report.extra["quantization"]
+    summary = report.quantization
     assert (summary["embedding"], summary["linear"], summary["ops"]["quantized_embedding"]) == (1, 0, 1)
     (plan,) = program.executorch_program.execution_plan
     assert not [o.name for o in plan.operators if o.name.startswith("torchao::")]
@@ -334,7 +334,7 @@ def test_embedding_bits_gpt2_real_weights_gates_op_counts_and_size(iglm, bits, k
     exporter = ExecutorchExporter()
     config = ExecutorchConfig(quantization={"method": "8da4w", "embedding_bits": bits})
     program = exporter.export(model, inputs, config)
-    summary = exporter.last_report.extra["quantization"]
+    summary = exporter.last_report.quantization
     assert (summary["embedding"], summary["embedding_bits"], summary["linear"]) == (2, bits, 13)
     assert summary["ops"]["quantized_embedding"] == 2
     assert summary["ops"]["delegated_quantized_linear"] == 13
@@ -359,7 +359,7 @@ def test_8da4w_gpt2_real_weights_quarter_size_top1_and_delegated_quantized_linea
     program = exporter.export(model, inputs, ExecutorchConfig(quantization="8da4w"))
     seconds = time.perf_counter() - started
     report = exporter.last_report
-    summary = report.extra["quantization"]
+    summary = report.quantization
     assert summary["linear"] == 13 and summary["conv1d_as_linear"] == 12
     assert summary["ops"]["delegated_quantized_linear"] == 13
     assert summary["ops"]["portable_quantized_linear"] == 0
@@ -383,7 +383,7 @@ def test_weight_only_gpt2_real_weights_gates_size_and_kernel(iglm, method, min_t
     before, kinds = _state(model), {n: type(m).__name__ for n, m in model.named_modules()}
     exporter = ExecutorchExporter()
     program = exporter.export(model, inputs, ExecutorchConfig(quantization=method))
-    summary = exporter.last_report.extra["quantization"]
+    summary = exporter.last_report.quantization
     assert summary["linear"] == 13 and summary["conv1d_as_linear"] == 12
     assert summary["ops"]["portable_quantized_linear"] == 13
     assert summary["ops"]["delegated_quantized_linear"] == 0
@@ -433,7 +433,7 @@ def test_int8_dynamic_albert_real_weights_cosine_and_delegation(albert):
     before, kinds = _state(model), {n: type(m).__name__ for n, m in model.named_modules()}
     exporter = ExecutorchExporter()
     exporter.export(model, inputs, ExecutorchConfig(quantization="int8-dynamic"))
-    summary = exporter.last_report.extra["quantization"]
+    summary = exporter.last_report.quantization
     assert summary["ops"]["delegated_quantized_linear"] >= 6 * 12
     row = _logits_row(exporter.last_report)
     assert row["cosine"] >= 0.99 and row["top1_agreement"] >= 0.9, row

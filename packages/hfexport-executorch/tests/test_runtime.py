@@ -25,7 +25,7 @@ def bounded_program(toy_inputs, toy_projection_factory):
 
 def test_explicit_dims_win_and_are_reported(bounded_program):
     _, exporter, _ = bounded_program
-    axes = {(a["input"], a["axis"]): a for a in exporter.last_report.extra["dynamic_bounds"]["axes"]}
+    axes = {(a["input"], a["axis"]): a for a in exporter.last_report.dynamic_bounds["axes"]}
     assert (axes[("input_ids", 0)]["max"], axes[("input_ids", 0)]["source"]) == (4, "user")
     assert (axes[("input_ids", 1)]["max"], axes[("input_ids", 1)]["source"]) == (32, "user")
     assert exporter.last_report.extra["dynamic_shapes_mode"] == "as given"
@@ -81,7 +81,7 @@ def test_unbounded_user_dim_is_bounded_and_runs_beyond_the_sample(toy_projection
     exporter = ExecutorchExporter()
     config = ExecutorchConfig(dynamic_shapes={"input_ids": {1: Dim("seq", min=1)}})
     program = exporter.export(toy_projection, toy_inputs(batch=2, seq=6), config)
-    (axis,) = exporter.last_report.extra["dynamic_bounds"]["axes"]
+    (axis,) = exporter.last_report.dynamic_bounds["axes"]
     assert (axis["input"], axis["axis"], axis["max"]) == ("input_ids", 1, bounds.DEFAULT_MAX_SEQUENCE)
     assert "bounded by bound_unbounded_dynamic_ranges" in axis["source"]
     assert exporter.last_report.applied["fx_program_fixes"] == [

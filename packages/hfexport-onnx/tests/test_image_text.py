@@ -35,7 +35,7 @@ def test_llava_exports_with_a_dynamic_prompt_length_and_validates_at_two_shapes(
     exporter = OnnxExporter()
     exporter.export(model, inputs, config)
     _check_llava(model, exporter, second_batch=2)
-    assert exporter.last_report.extra["dynamic_axes_summary"] == [
+    assert exporter.last_report.dynamic_axes_summary == [
         "input_ids sequence: dynamic [2, 128]",
         "attention_mask sequence: dynamic [2, 128]",
     ]
@@ -49,6 +49,6 @@ def test_llava_exports_with_dynamic_true_keeping_the_model_fixed_image_batch():
     exporter = OnnxExporter()
     exporter.export(model, inputs, OnnxConfig(dynamic=True))
     _check_llava(model, exporter, second_batch=2)
-    summary = exporter.last_report.extra["dynamic_axes_summary"]
+    summary = exporter.last_report.dynamic_axes_summary
     assert "pixel_values batch: static 2 (model-fixed)" in summary
     assert "input_ids sequence: dynamic [2, inf]" in summary

@@ -99,7 +99,7 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
     assert fused["contrib_ops"]["com.microsoft.SkipLayerNormalization"] == 12
     assert fused["fused"]["attention_cpu"] == 6 and fused["fused"]["bias_gelu"] == 6
     assert "skip_layer_normalization x12" in report.applied["ort_fusions"]
-    quant = report.extra["quantization"]
+    quant = report.quantization
     ops = _ops(artifact)
     assert quant["quantized_ops"] == {k: ops[k] for k in quant["quantized_ops"]}
     # 6 FFN up + 4 FFN down (2 kept float) + 6 attention output + 1 pooler projections; the fused
@@ -107,7 +107,7 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
     assert ops["MatMulInteger"] == ops["DynamicQuantizeLinear"] == 17 and ops["Attention"] == 6
     assert len(quant["kept_float"]) == 2  # the first two FFN down-projections stay float
     assert quant["weights_bytes_after"] < 0.4 * quant["weights_bytes_before"]
-    assert report.extra["quality_gates"] == {"cosine": 0.99, "top1_agreement": 0.9}
+    assert report.quality_gates == {"cosine": 0.99, "top1_agreement": 0.9}
     for label in ("sample", "second_shape"):
         hidden = _rows(report, label)["last_hidden_state"]
         assert hidden["kind"] == "quality" and hidden["ok"]
@@ -117,7 +117,7 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
 
 def _assert_default_gates_pass(report, cosine_gate: float) -> dict[str, dict]:
     """Both shapes of every output meet the method's default gates; returns the hidden-state rows."""
-    assert report.extra["quality_gates"] == {"cosine": cosine_gate, "top1_agreement": 0.9}
+    assert report.quality_gates == {"cosine": cosine_gate, "top1_agreement": 0.9}
     hidden = {}
     for label in ("sample", "second_shape"):
         rows = _rows(report, label)
@@ -138,7 +138,7 @@ def test_minilm_int8_static_passes_the_default_gates(minilm):
             minilm.model, minilm.inputs, OnnxConfig(dynamic=True, quantization="int8-static")
         )
     report = exporter.last_report
-    quant = report.extra["quantization"]
+    quant = report.quantization
     hidden = _assert_default_gates_pass(report, 0.99)
     assert 0.995 <= hidden["sample"]["cosine"] < 0.9999 and hidden["sample"]["cosine_min"] >= 0.99
     assert 0.993 <= hidden["second_shape"]["cosine"] < 0.9999 and hidden["second_shape"]["cosine_min"] >= 0.96
@@ -182,7 +182,7 @@ def test_minilm_int4_weight_passes_the_default_4bit_gate(minilm):
         minilm.model, minilm.inputs, OnnxConfig(dynamic=True, quantization="int4-weight")
     )
     report = exporter.last_report
-    quant = report.extra["quantization"]
+    quant = report.quantization
     hidden = _assert_default_gates_pass(report, 0.98)
     for label in ("sample", "second_shape"):
         assert 0.984 <= hidden[label]["cosine"] < 0.999 and hidden[label]["cosine_min"] >= 0.95
@@ -232,7 +232,7 @@ def test_gpt2_int4_weight_matmulnbits_and_top1(iglm_folder):
     # second shape reuses them, issue 12: on random ids at 3 x 102 top-1 was 0.80 and missed)
     config = OnnxConfig(dynamic=True, quantization={"method": "int4-weight", "group_size": 32})
     artifact = exporter.export(loaded.model, loaded.inputs, config)
-    quant = exporter.last_report.extra["quantization"]
+    quant = exporter.last_report.quantization
     assert quant["gemm_to_matmul"] == 12  # GPT-2's Conv1D projections: 4 per block x 3 blocks
     assert _ops(artifact)["MatMulNBits"] == quant["quantized_ops"]["MatMulNBits"] == 13  # + lm_head
     assert _ops(artifact)["Gemm"] == 0
@@ -305,7 +305,7 @@ def test_minilm_int8_static_calibrated_on_prompts(minilm, tmp_path):
     # the seeded random calibration variants that cover such inputs
     config = OnnxConfig(dynamic=True, quantization={"method": "int8-static", "calibration": str(prompts)})
     artifact = exporter.export(minilm.model, minilm.inputs, config)
-    quant = exporter.last_report.extra["quantization"]
+    quant = exporter.last_report.quantization
     assert quant["calibration_batches"] == 2 and len(quant["kept_float"]) == 2
     assert _ops(artifact)["QuantizeLinear"] == 23 and _ops(artifact)["DequantizeLinear"] == 61
     hidden = _assert_default_gates_pass(exporter.last_report, 0.99)

@@ -26,7 +26,7 @@ def test_float16_decoder_with_past_validates_prefill_and_decode_step():
     assert dtypes["input_ids"] == dtypes["attention_mask"] == "INT64"
     assert {v.name: v.dtype.name for v in graph.artifact.model.graph.outputs}["present.0.key"] == "FLOAT16"
     report = graph.report
-    assert report.extra["quality_gates"] == {"cosine": 0.99, "top1_agreement": 0.98}
+    assert report.quality_gates == {"cosine": 0.99, "top1_agreement": 0.98}
     for label, past in (("sample", 4), ("prefill_empty_past", 0), ("decode_step", 6)):
         rows = {r["name"]: r for r in report.validation[label]}
         logits, key = rows["logits"], rows["present.0.key"]

@@ -247,7 +247,7 @@ def test_smollm2_real_weights_stateful_decoder_generates_like_generate(smollm2):
     parts = exporter.export_for_generation(model, inputs, OpenvinoConfig(inference_precision_hint="f32"))
     seconds = time.perf_counter() - start
     assert list(parts) == ["stateful_decoder"]
-    assert parts.reports["stateful_decoder"].extra["validation_generation"]["equal_to_generate"]
+    assert parts.reports["stateful_decoder"].validation_generation["equal_to_generate"]
     # The CPU plugin keeps a stateful model's KV cache in u8 unless told otherwise, whatever the
     # precision hint: measured here, logits then drift by up to 0.4 from the first decode step on
     # (the prefill stays within 1e-4). The exported model's parity is checked with a float32 cache.

@@ -226,7 +226,7 @@ def test_the_decode_component_is_validated_at_a_second_past_length(llama, monkey
     )
     assert eager_pasts == [8, 17], "eager PyTorch ran at the sample and at the second past length"
     report = parts.reports["decode"]
-    record = report.extra["second_shape"]
+    record = report.second_shape
     assert record["past_length"] == [8, 17] and record["cache_kind"] == "dynamic"
     assert report.input_names["cache.layers.0.keys"]["shape"][2] == 8
     assert record["inputs"]["cache.layers.0.keys"][2] == 17

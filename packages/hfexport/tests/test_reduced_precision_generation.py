@@ -122,13 +122,13 @@ def test_float16_static_decode_only_export_prefills_through_its_empty_cache(llam
     assert dtypes["cache.layers.0.keys"] == dtypes["cache.layers.1.values"] == "float16"
     assert dtypes["cache.layers.0.cumulative_length"] == dtypes["input_ids"] == "int64"
     report = artifacts.reports["decode"]
-    assert report.extra["quality_gates"] == {"cosine": 0.99, "top1_agreement": 0.98}
+    assert report.quality_gates == {"cosine": 0.99, "top1_agreement": 0.98}
     # the decode graph served the prompt on an empty cache (validated with the gates) ...
     for label in ("decode_q1", "decode_q4", "decode_prefill_empty_cache"):
         logits = next(r for r in report.validation[label] if r["name"] == "logits")
         assert logits["ok"] and logits["top1_agreement"] >= 0.98 and logits["cosine"] >= 0.99, (label, logits)
     # ... and greedy generation over it ran next to model.generate (reported, not gated)
-    parity = report.extra["greedy_parity"]
+    parity = report.greedy_parity
     assert "error" not in parity and len(parity["sequence"]) == 16
     runner = GenerationRunner(
         artifacts.plan, {"decode": exported_program_caller(artifacts["decode"])}, prefill_with_decode=True

@@ -108,13 +108,13 @@ def test_tiny_siglip_sides_are_model_fixed_with_bounded_hints():
     model, inputs = tiny_model("siglip")
     report = ExportReport(export_format="test")
     program = capture(model, inputs, DynamoConfig(dynamic_shapes=BOUNDED), report)
-    assert "pixel_values image height/width: static 32 (model-fixed)" in report.extra["dynamic_axes_summary"]
-    assert "pixel_values batch: dynamic [2, 8]" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values image height/width: static 32 (model-fixed)" in report.dynamic_axes_summary
+    assert "pixel_values batch: dynamic [2, 8]" in report.dynamic_axes_summary
     assert [(s["axis"], s["sample"], s["tried"]) for s in report.extra["model_fixed_sides"]] == [
         (2, 32, 64),
         (3, 32, 64),
     ]
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert reason == "" and tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
     with torch.no_grad():
         got = program.module()(**second).logits
@@ -126,5 +126,5 @@ def test_tiny_convnext_sides_stay_dynamic_with_bounded_hints():
     model, inputs = tiny_model("convnext", "image-classification")
     report = ExportReport(export_format="test")
     capture(model, inputs, DynamoConfig(dynamic_shapes=BOUNDED), report)
-    assert "pixel_values image height/width: dynamic [32, 128]" in report.extra["dynamic_axes_summary"]
+    assert "pixel_values image height/width: dynamic [32, 128]" in report.dynamic_axes_summary
     assert "model_fixed_sides" not in report.extra

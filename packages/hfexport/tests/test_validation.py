@@ -417,14 +417,12 @@ def test_model_bounded_sequence_is_reported_and_the_second_shape_stays_inside_it
     report = ExportReport(export_format="dynamo")
     with caplog.at_level("WARNING", logger="hfexport.capture"):
         program = capture(model, inputs, DynamoConfig(dynamic=True), report)
-    sequence = [
-        e for e in report.extra["dynamic_axes"] if e["input"] == "input_ids" and e["meaning"] == "sequence"
-    ]
+    sequence = [e for e in report.dynamic_axes if e["input"] == "input_ids" and e["meaning"] == "sequence"]
     assert [(e["status"], e["min"], e["max"], e["note"]) for e in sequence] == [
         ("dynamic", 2, 11, "model-bounded")
     ]
     assert "input_ids/attention_mask sequence: the captured program accepts lengths 2..11 only" in caplog.text
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert second is not None, reason
     assert second["input_ids"].shape == (3, 10)  # inside [2, 11], below the bound, not the sample's 8
     with torch.no_grad():
@@ -451,7 +449,7 @@ def test_a_sequence_bounded_at_the_models_own_position_limit_is_not_model_bounde
             DynamoConfig(dynamic=True),
             report,
         )
-    sequence = [e for e in report.extra["dynamic_axes"] if e["meaning"] == "sequence"]
+    sequence = [e for e in report.dynamic_axes if e["meaning"] == "sequence"]
     assert sequence and all(
         e["max"] == 40 and e["note"] == "" for e in sequence
     )  # the position table's own size
@@ -499,9 +497,9 @@ def test_a_sequence_bound_recorded_only_as_guards_is_found_and_the_second_shape_
     assert all(program.range_constraints[s].upper > 8 for s in program.range_constraints)  # no range bound
     assert guards_accept(program, {"input_ids": (2, 8), "attention_mask": (2, 8)}) is True
     assert guards_accept(program, {"input_ids": (2, 9), "attention_mask": (2, 9)}) is False
-    sequence = [e for e in report.extra["dynamic_axes"] if e["meaning"] == "sequence"]
+    sequence = [e for e in report.dynamic_axes if e["meaning"] == "sequence"]
     assert {(e["max"], e["note"]) for e in sequence} == {(8, "model-bounded")}
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert second is not None, reason
     assert second["input_ids"].shape[0] == 3 and 5 <= second["input_ids"].shape[1] < 8
     with torch.no_grad():
@@ -540,10 +538,10 @@ def test_image_sides_fixed_only_by_guards_are_reported_static_and_the_second_sha
     program = capture(model, inputs, DynamoConfig(dynamic=True), report)
     assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
     assert guards_accept(program, {"pixel_values": (2, 3, 64, 64)}) is False
-    sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.extra["dynamic_axes"]}
+    sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.dynamic_axes}
     assert sides["image height"] == sides["image width"] == ("static", 32, "model-fixed")
     assert sides["batch"][0] == "dynamic"
-    second, reason = derive_second_inputs(model, inputs, program_axes=report.extra["dynamic_axes"])
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
     assert second is not None, reason
     assert tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
     with torch.no_grad():
@@ -575,7 +573,7 @@ def test_guards_written_with_math_ceil_are_evaluated():
     assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
     assert guards_accept(program, {"pixel_values": (2, 3, 25, 32)}) is True  # still 4 blocks
     assert guards_accept(program, {"pixel_values": (2, 3, 64, 32)}) is False
-    height = next(e for e in report.extra["dynamic_axes"] if e["meaning"] == "image height")
+    height = next(e for e in report.dynamic_axes if e["meaning"] == "image height")
     assert (height["status"], height["max"], height["note"]) == ("static", 32, "model-fixed")
 
 

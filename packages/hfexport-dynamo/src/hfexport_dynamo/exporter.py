@@ -172,7 +172,7 @@ class DynamoExporter(HfExporter):
                     model, summary = quantize_copy(model, quantization)
                     summary["weight_bytes_before"] = before
                     record.detail = f"{quantization.method}: {summary['linear']} linear module(s)"
-                report.extra["quantization"] = summary
+                report.quantization = summary
         with contextlib.ExitStack() as patches:
             with report.stage(Stage.PATCHES) as record:
                 entries = patches.enter_context(apply_patches(self.registry_key))

@@ -52,7 +52,7 @@ gives every dynamic dimension a finite bound, in two steps:
    ``min(BATCH_FLOOR, their bound)``; then sequence-like axes down to the sample size. Narrowing
    a range after capture is sound: every guard that held on the wider range still holds.
 
-The final bounds are recorded in the export report (``report.extra["dynamic_bounds"]``).
+The final bounds are recorded in the export report (``report.dynamic_bounds``).
 """
 
 from __future__ import annotations

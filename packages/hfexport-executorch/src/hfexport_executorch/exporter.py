@@ -204,7 +204,7 @@ class ExecutorchExporter(HfExporter):
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
                 budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
                 outcome = bounds.fit_memory_budget(program, symbols, budget)
-                report.extra["dynamic_bounds"] = _bounds_report(symbols, dynamic)
+                report.dynamic_bounds = _bounds_report(symbols, dynamic)
                 report.extra["memory_budget"] = {
                     "budget_bytes": outcome.budget,
                     "estimated_peak_bytes_before": outcome.estimate_before,
@@ -218,13 +218,13 @@ class ExecutorchExporter(HfExporter):
                 if quantization is not None:
                     from hfexport_executorch.quantize import quantized_op_counts
 
-                    report.extra["quantization"]["ops"] = quantized_op_counts(edge)
+                    report.quantization["ops"] = quantized_op_counts(edge)
             with report.stage("memory_planning"):
                 fuse = quantization is not None and quantization.embedding_bits is not None
                 manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
                 if quantization is not None:
-                    _record_sizes(report.extra["quantization"], manager)
+                    _record_sizes(report.quantization, manager)
                 report.extra["memory_planning"] = {
                     "alloc_graph_input": bool(config.alloc_graph_input),
                     "alloc_graph_output": bool(config.alloc_graph_output),
@@ -260,15 +260,15 @@ class ExecutorchExporter(HfExporter):
         the export left static to its sample size. Beyond that a program is not meant to run
         (:class:`~hfexport_executorch.runtime.ExecutorchRunner` refuses). Inputs holding a KV cache
         (generation components) are derived inside the planned bounds instead
-        (``report.extra["dynamic_bounds"]``, cache leaves included) and not cut afterwards, which
+        (``report.dynamic_bounds``, cache leaves included) and not cut afterwards, which
         would part the mask from the cache length.
         """
         from transformers.cache_utils import Cache
 
         from hfexport.validation import derive_second_inputs
 
-        program_axes = list(report.extra.get("dynamic_axes") or [])
-        planned = report.extra.get("dynamic_bounds") or {}
+        program_axes = list(report.dynamic_axes or [])
+        planned = report.dynamic_bounds or {}
         with_cache = any(isinstance(v, Cache) for v in inputs.values())
         if with_cache:
             # the mask, the positions and the cache must stay consistent: the derivation keeps
@@ -348,7 +348,7 @@ def _quantize_source(
 ) -> torch.nn.Module:
     """The model to capture for ``quantization``: a quantized copy for the source-transform methods
     and ``embedding_bits`` (:func:`hfexport_executorch.quantize.quantize_copy`), ``model`` itself for
-    ``int8-dynamic`` alone (quantized after capture). Fills ``report.extra["quantization"]``."""
+    ``int8-dynamic`` alone (quantized after capture). Fills ``report.quantization``."""
     from hfexport.generation.parts import transformed_source_of
     from hfexport.linear_forms import weight_bytes
     from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
@@ -362,7 +362,7 @@ def _quantize_source(
             "weight_bytes_before": weight_bytes(source) if source is not None else None,
         }
         record.detail = f"{quantization.method}: quantized once for every generation component"
-        report.extra["quantization"] = summary
+        report.quantization = summary
         return model
     summary: dict[str, Any] = {"method": quantization.method, "weight_bytes_before": weight_bytes(model)}
     if quantization.method in SOURCE_TRANSFORM_METHODS or quantization.embedding_bits is not None:
@@ -380,7 +380,7 @@ def _quantize_source(
             summary["conv1d_as_linear"] = len(conv1d_as_linear(model))
     if quantization.method == "int8-dynamic":
         summary["per_channel"] = quantization.per_channel
-    report.extra["quantization"] = summary
+    report.quantization = summary
     return model
 
 
@@ -429,7 +429,7 @@ def _size_oblivious_if_image_sides(report: ExportReport) -> Iterator[None]:
 
     sides = [
         a
-        for a in report.extra.get("dynamic_axes") or []
+        for a in report.dynamic_axes or []
         if a.get("status") == "dynamic" and str(a.get("meaning", "")).startswith(("image ", "video "))
     ]
     if not sides:
@@ -489,7 +489,7 @@ def _role_bounds_for_unbounded(symbols: list[bounds.SymbolInfo], model: torch.nn
 
 
 def _bounds_report(symbols: list[bounds.SymbolInfo], dynamic: bounds.DynamicPlan) -> dict[str, Any]:
-    """``report.extra["dynamic_bounds"]``: one entry per dynamic input axis (``axes``), and the axes
+    """``report.dynamic_bounds``: one entry per dynamic input axis (``axes``), and the axes
     that were asked to be dynamic but that ``torch.export`` specialised (``specialized``: input,
     axis, role; e.g. ViT's image size, which its position embeddings fix).
 

@@ -354,7 +354,7 @@ class OnnxExporter(HfExporter):
     ) -> None:
         """Stage ``quantize``: ``config.quantization`` with ONNX Runtime's quantizers
         (:func:`hfexport_onnx.quantize.quantize_ir_model`); the program's model is replaced by the
-        quantized one. ``report.extra["quantization"]`` records the method, options, weight bytes
+        quantized one. ``report.quantization`` records the method, options, weight bytes
         before/after and the quantized op counts."""
         if config.quantization is None:
             return
@@ -368,7 +368,7 @@ class OnnxExporter(HfExporter):
             onnx_program.model = quantized
             after = initializer_bytes(quantized)
             facts.update(weights_bytes_before=before, weights_bytes_after=after)
-            report.extra["quantization"] = facts
+            report.quantization = facts
             report.record_applied("quantize", [config.quantization.method])
             record.detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + ", ".join(
                 f"{op} x{n}" for op, n in facts["quantized_ops"].items()

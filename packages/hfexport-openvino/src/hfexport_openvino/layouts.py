@@ -92,7 +92,7 @@ def write_genai_folder(request: LayoutRequest) -> dict[str, Any]:
     return {
         "components": list(artifacts),
         "tokenizer_models": sorted(p.name for p in tokenizer),
-        "validation_generation": artifacts.reports[next(iter(artifacts))].extra.get("validation_generation"),
+        "validation_generation": artifacts.reports[next(iter(artifacts))].validation_generation,
     }
 
 

@@ -396,7 +396,7 @@ def export_stateful_decoder(
                     f"model.generate's {expected[0, prompt.shape[1] :].tolist()}"
                 )
             record.detail = f"{new} greedy tokens equal to model.generate"
-            report.extra["validation_generation"] = {
+            report.validation_generation = {
                 "greedy_tokens": got[0].tolist(),
                 "equal_to_generate": True,
             }

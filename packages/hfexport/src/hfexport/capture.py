@@ -408,7 +408,7 @@ def capture(
             names of the capture workarounds in effect in ``applied["capture_patches"]``, the image
             sides the model fixes in ``extra["model_fixed_sides"]`` (when there are any; see
             :func:`hfexport.side_probe.model_fixed_image_sides`), and what the program made of each
-            axis asked dynamic in ``extra["dynamic_axes"]`` (with ``extra["dynamic_axes_summary"]``;
+            axis asked dynamic in ``report.dynamic_axes`` (with ``report.dynamic_axes_summary``;
             see :func:`hfexport.program_axes.program_input_axes`; a fixed side reads
             ``"static 32 (model-fixed)"``).
         record_stages: with a ``report``, run each step inside ``report.stage(...)`` so the report
@@ -477,8 +477,8 @@ def capture(
 
         limit, _ = max_positions(getattr(model, "config", None))
         axes = program_input_axes(program, kwargs, dynamic_shapes, position_limit=limit)
-        report.extra["dynamic_axes"] = axes
-        report.extra["dynamic_axes_summary"] = axes_summary(axes)
+        report.dynamic_axes = axes
+        report.dynamic_axes_summary = axes_summary(axes)
         bounded: dict[tuple[str, Any, Any], list[str]] = {}
         for entry in axes:
             if entry.get("note") == "model-bounded" and str(entry.get("meaning", "")).endswith("sequence"):

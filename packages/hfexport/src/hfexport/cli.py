@@ -562,7 +562,7 @@ def _print_validation(report: Any, component: str | None = None) -> None:
         if component:
             label = f"{component}, {label}"
         if rows and rows[0].get("kind") == "quality":
-            _print_quality(label, rows, report.extra.get("quality_gates", {}))
+            _print_quality(label, rows, (report.quality_gates or {}))
             continue
         if rows and rows[0].get("kind") == "text_quality":
             _print_text_quality(label, rows[0])
@@ -940,12 +940,12 @@ def export_command(
             # a generation export: one table per component, titled with its name
             _print_validation(r, component=r.component if component_files else None)
             # axes asked dynamic that the model fixed or bounded (ViT's image size), from the capture
-            for line in r.extra.get("dynamic_axes_summary") or []:
+            for line in r.dynamic_axes_summary or []:
                 if "(model-" in line:
                     console.print(f"[bold]dynamic axes[/]: {line}")
         for r in reports:
-            if r.extra.get("greedy_parity"):
-                console.print(_greedy_parity_line(r.extra["greedy_parity"]))
+            if r.greedy_parity:
+                console.print(_greedy_parity_line(r.greedy_parity))
         if record.size_change:
             console.print(_size_line(record.size_change))
         files = sorted(p for p in output_dir.rglob("*") if p.is_file())  # layouts nest (onnx/, ...)
@@ -1146,7 +1146,7 @@ def _size_line(change: dict[str, Any]) -> str:
 
 
 def _greedy_parity_line(record: dict[str, Any]) -> str:
-    """The summary's line for ``report.extra["greedy_parity"]`` (a gated generation export: greedy
+    """The summary's line for ``report.greedy_parity`` (a gated generation export: greedy
     tokens of the exported components vs ``model.generate``, reported, not gated)."""
     head = "[bold]greedy parity[/] vs model.generate"
     if record.get("error"):

@@ -970,16 +970,14 @@ class HfExporter:
             model: the eager reference model.
             inputs: the prepared sample forward kwargs (in the reference dtype).
             config: the export's config.
-            report: the export report (``report.extra["dynamic_axes"]`` from the capture).
+            report: the export report (``report.dynamic_axes`` from the capture).
 
         Returns:
             ``(forward kwargs, "")`` or ``(None, why no second shape can be derived)``.
         """
         from hfexport.validation import derive_second_inputs
 
-        return derive_second_inputs(
-            model, inputs, config=config, program_axes=report.extra.get("dynamic_axes")
-        )
+        return derive_second_inputs(model, inputs, config=config, program_axes=report.dynamic_axes)
 
     def reference_outputs(
         self,
@@ -1012,7 +1010,7 @@ class HfExporter:
                 report.skip(Stage.VALIDATE_SECOND_SHAPE, reason)
             else:
                 described = describe_second_shape(inputs, second_inputs)
-                report.extra["second_shape"] = described
+                report.second_shape = described
                 sets.append(
                     ValidationSet(
                         "second shape",
@@ -1054,7 +1052,7 @@ class HfExporter:
         model is not at chance on the text (:data:`hfexport.quality.CHANCE_PERPLEXITY_FRACTION`).
         When ``top1_agreement_text`` is gated and ``config.quality_gates`` does not name
         ``top1_agreement``, the per-output ``top1_agreement`` of this export is recorded but not
-        gated (``report.extra["top1_gated_on_text"]``): top-1 over a few sample positions (6 random
+        gated (``report.top1_gated_on_text``): top-1 over a few sample positions (6 random
         ids for a decoder graph) flips by noise on a real LM's near-ties. A model may feed the text
         itself through the attributes ``hfexport_text_plan`` (as ``plan``) and
         ``hfexport_text_source`` (as ``source``).
@@ -1063,7 +1061,7 @@ class HfExporter:
             model: the eager reference model (float32).
             inputs: the sample forward kwargs.
             config: the export's config.
-            report: the export report (``extra["dynamic_axes"]`` bounds the chunks).
+            report: the export report (``report.dynamic_axes`` bounds the chunks).
             plan: ``(make_inputs, chunking)`` as :func:`hfexport.quality.plain_text_inputs` returns,
                 for inputs that are not a plain prefill (a decoder graph with an empty past);
                 ``None`` derives it from ``inputs``.
@@ -1097,7 +1095,7 @@ class HfExporter:
             plan = getattr(model, "hfexport_text_plan", None)
             source = getattr(model, "hfexport_text_source", None) if source is None else source
         if plan is None:
-            plan = plain_text_inputs(model, inputs, report.extra.get("dynamic_axes"))
+            plan = plain_text_inputs(model, inputs, report.dynamic_axes)
         if isinstance(plan, str):
             if is_causal_lm(model):
                 report.extra["text_quality"] = {"skipped": plan}
@@ -1117,7 +1115,7 @@ class HfExporter:
                 report.extra["text_quality"] = {"skipped": problem}
                 return None
         chunks = text_chunks(ids, **chunking)
-        report.extra["text_quality_gates"] = dict(gates)
+        report.text_quality_gates = dict(gates)
         reference = text_reference(
             model,
             make_inputs,
@@ -1130,7 +1128,7 @@ class HfExporter:
         if "top1_agreement" not in named and "top1_agreement_text" in text_gates_in_force(reference):
             # top-1 over every position of the text replaces top-1 over the few sample positions,
             # where near-ties of a real LM on random ids flip by noise (hfexport.quality)
-            report.extra["top1_gated_on_text"] = True
+            report.top1_gated_on_text = True
         return reference
 
     def check_text(
@@ -1243,7 +1241,7 @@ class HfExporter:
         with the quality gates of :func:`hfexport.quality.quality_gates_for` (cosine, top-1
         agreement; the artifact gets its float inputs in ``config.dtype``) instead of allclose;
         ``report.validation`` then holds :class:`hfexport.quality.OutputQuality` rows and
-        ``report.extra["quality_gates"]`` the gates. The derived second shape of such an export
+        ``report.quality_gates`` the gates. The derived second shape of such an export
         reuses the sample's real tokens (a quarter shorter, batch + 1) instead of random ids, so the
         gates score inputs like the sample.
 
@@ -1251,7 +1249,7 @@ class HfExporter:
         :meth:`export_for_generation`) get a second shape too: a prefill another batch and prompt
         length on its empty cache, a decode step another past length (and batch, when the program
         keeps it dynamic) with cache, mask and positions to match; a static cache keeps its shape
-        and moves its write position. ``report.extra["second_shape"]``
+        and moves its write position. ``report.second_shape``
         (:func:`hfexport.validation.describe_second_shape`) records the shapes used and which axes
         and values changed; its ``summary`` is also the detail of the ``validate_second_shape``
         stage. When no second shape can be derived, that stage is recorded as skipped with the reason.
@@ -1293,7 +1291,7 @@ class HfExporter:
                 tensors such as ids, masks and positions keep theirs) and is scored with the quality
                 gates; otherwise it gets ``inputs`` unchanged and is compared with allclose at
                 ``config.atol``/``rtol`` (``None``: :meth:`default_tolerances`).
-            report: when given, ``report.extra["quality_gates"]`` records the gates in force.
+            report: when given, ``report.quality_gates`` records the gates in force.
             label: name of the input set in messages (``"sample"``, ``"decode step"``).
             expected: the eager outputs on ``inputs`` when already computed
                 (:meth:`reference_outputs`); ``None`` runs ``model`` here.
@@ -1312,10 +1310,10 @@ class HfExporter:
         gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:
             gates = output_gates(gates)  # the text metrics are scored by check_text
-            if report is not None and report.extra.get("top1_gated_on_text"):
+            if report is not None and report.top1_gated_on_text:
                 gates.pop("top1_agreement", None)  # recorded, gated as top1_agreement_text
             if report is not None:
-                report.extra["quality_gates"] = dict(gates)
+                report.quality_gates = dict(gates)
             dtype = str(getattr(config, "dtype", None) or "float32")
             rows: list[Any] = validate_quality(
                 model, run, inputs, gates=gates, dtype=dtype, label=label, expected=expected

@@ -6,7 +6,7 @@ it, or specialise it to its sample size because the model needs that size: ViT w
 embeddings of that grid, so its image height and width come out static. Nothing but the captured
 program says which happened, so :func:`program_input_axes` reads it from the program's input
 placeholders and range constraints, the capture records it in the export report
-(``report.extra["dynamic_axes"]``, with one line per input in ``report.extra["dynamic_axes_summary"]``
+(``report.dynamic_axes``, with one line per input in ``report.dynamic_axes_summary``
 such as ``"pixel_values image height/width: static 32 (model-fixed)"``), and the second-shape
 validation keeps such axes at their size (:func:`hfexport.validation.derive_second_inputs`,
 ``program_axes``).

@@ -1117,7 +1117,7 @@ def plain_text_inputs(
     Args:
         model: the eager model.
         inputs: the export's sample forward kwargs.
-        program_axes: ``report.extra["dynamic_axes"]`` (:func:`hfexport.program_axes.program_input_axes`):
+        program_axes: ``report.dynamic_axes`` (:func:`hfexport.program_axes.program_input_axes`):
             a dynamic sequence axis bounds the chunk length by its ``max``; an axis absent or static
             fixes it to the sample size.
         max_length: the longest chunk ever used.

@@ -20,7 +20,7 @@ from hfexport.atomic import note_stage
 from hfexport.errors import MEMORY_OPTIONS, ExportMemoryError, ExportStageError, HfExportError
 from hfexport.memory import current_rss_bytes, peak_rss_bytes
 
-__all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "ExportReport", "Stage", "StageRecord"]
+__all__ = ["CAPTURE_STEPS", "SHARED_STAGES", "TYPED_FACTS", "ExportReport", "Stage", "StageRecord"]
 
 
 class Stage(enum.StrEnum):
@@ -105,6 +105,22 @@ class StageRecord:
     rss_bytes: int | None = None
 
 
+#: The typed facts of :class:`ExportReport` that later stages read back; :meth:`ExportReport.to_dict`
+#: writes them into ``extra``.
+TYPED_FACTS = (
+    "dynamic_axes",
+    "dynamic_axes_summary",
+    "dynamic_bounds",
+    "quantization",
+    "second_shape",
+    "quality_gates",
+    "text_quality_gates",
+    "top1_gated_on_text",
+    "greedy_parity",
+    "validation_generation",
+)
+
+
 @dataclass
 class ExportReport:
     """What happened during one export (one component).
@@ -117,13 +133,34 @@ class ExportReport:
         stages: the stages in order.
         applied: patches and fixes that were applied, by kind.
         validation: per-output comparison rows, per validated input set.
-        extra: backend-specific facts (e.g. XNNPACK delegation share, dynamic bounds).
+        extra: free-form facts for people and tools reading the report (e.g. XNNPACK delegation
+            share, fused ORT ops); no stage of ours reads them back. What a later stage reads is a
+            typed field below; :meth:`to_dict` writes those into ``extra`` too, under the same
+            names, so ``export_report.json`` keeps one layout.
         dtype: the dtype decision (:class:`hfexport.precision.DtypeDecision` as a dict: ``export``,
             ``model``, ``reference``, ``requested``, ``reason``, ``upcasts``, ``gated``), ``None``
             before the export starts.
         artifact_metadata: what ``HfExporter.component_metadata`` returned for the saved artifact
             (``None`` when nothing was saved); the folder's ``export_report.json`` keeps it for
             ``hfexport.load``.
+        dynamic_axes: what the captured program made of each input axis asked dynamic (written by
+            :func:`hfexport.capture.capture`, see :func:`hfexport.program_axes.program_input_axes`:
+            ``input``, ``axis``, ``status``, ``min``, ``max``, ``meaning``, ``note``); read by
+            second-shape derivation, the text-metric chunking and ExecuTorch's bound planning.
+        dynamic_axes_summary: one line per input of :attr:`dynamic_axes` (the CLI prints them).
+        dynamic_bounds: ExecuTorch's planned upper bounds per dynamic axis (``axes``,
+            ``specialized``), read by its ``llm-runner`` layout.
+        quantization: what the quantization did (method, options, counts per op kind, sizes).
+        second_shape: the second validation shape (shapes, the axes it changes and their values,
+            ``summary``); the folder records it per component.
+        quality_gates: the per-output quality gates in force (``{metric: threshold}``).
+        text_quality_gates: the language-model text gates asked for
+            (:func:`hfexport.quality.text_gates_for`).
+        top1_gated_on_text: top-1 agreement is gated over the text
+            (``top1_agreement_text``) instead of over the sample positions.
+        greedy_parity: greedy generation from the exported components against ``model.generate``
+            (``hfexport.generation.export``, after the components are exported).
+        validation_generation: the OpenVINO stateful decoder's own generation check.
     """
 
     export_format: str
@@ -136,6 +173,16 @@ class ExportReport:
     extra: dict[str, Any] = field(default_factory=dict)
     dtype: dict[str, Any] | None = None
     artifact_metadata: dict[str, Any] | None = None
+    dynamic_axes: list[dict[str, Any]] | None = None
+    dynamic_axes_summary: list[str] | None = None
+    dynamic_bounds: dict[str, Any] | None = None
+    quantization: dict[str, Any] | None = None
+    second_shape: dict[str, Any] | None = None
+    quality_gates: dict[str, float] | None = None
+    text_quality_gates: dict[str, float] | None = None
+    top1_gated_on_text: bool = False
+    greedy_parity: dict[str, Any] | None = None
+    validation_generation: dict[str, Any] | None = None
     # called as callback(event, record) with event "start" or "end"; used by the CLI for progress
     callback: Any = field(default=None, repr=False, compare=False)
 
@@ -212,9 +259,15 @@ class ExportReport:
         self.applied.setdefault(str(kind), []).extend(names)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of the whole report."""
+        """JSON-safe dict of the whole report: the typed facts (:data:`TYPED_FACTS`) that are set
+        go into ``extra`` under their own names (the ``export_report.json`` layout)."""
         out = asdict(replace(self, callback=None))
         out.pop("callback", None)
+        extra = out["extra"]
+        for name in TYPED_FACTS:
+            value = out.pop(name)
+            if value is not None and value is not False:
+                extra[name] = value
         return out
 
     def to_json(self) -> str:

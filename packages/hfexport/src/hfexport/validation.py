@@ -481,7 +481,7 @@ def derive_second_inputs(
     ``pixel_mask``), audio features only change batch, raw audio (``input_values``) grows by half.
     With ``program_axes`` (what the captured program made of each axis, as
     :func:`hfexport.program_axes.program_input_axes` gives and the export report records in
-    ``extra["dynamic_axes"]``), an image side the program holds static (ViT: its position
+    ``report.dynamic_axes``), an image side the program holds static (ViT: its position
     embeddings fix the image size) keeps its size, and one the program bounds takes the size
     nearest to double inside its range; token and batch axes are not fitted, so a program that
     specialised them still fails the second shape.
@@ -663,7 +663,7 @@ def _placeholder_batch_fixed(
 
 def describe_second_shape(sample: Mapping[str, Any], second: Mapping[str, Any]) -> dict[str, Any]:
     """What a second shape changed with respect to the sample, as the export report records it
-    (``report.extra["second_shape"]``).
+    (``report.second_shape``).
 
     Args:
         sample: the sample forward kwargs.

@@ -631,7 +631,7 @@ def export_llm_runner(
 
 
 def _token_bound(report: Any) -> int | None:
-    axes = ((getattr(report, "extra", None) or {}).get("dynamic_bounds") or {}).get("axes") or []
+    axes = (getattr(report, "dynamic_bounds", None) or {}).get("axes") or []
     bounds = [a.get("max") for a in axes if a.get("input") == "tokens" and a.get("axis") == 1]
     return int(bounds[0]) if bounds and bounds[0] is not None else None
 

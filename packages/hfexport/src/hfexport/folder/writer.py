@@ -55,7 +55,7 @@ def second_shape_record(report: Any) -> dict[str, Any]:
     Args:
         report: the component's :class:`hfexport.report.ExportReport`.
     """
-    record = report.extra.get("second_shape")
+    record = report.second_shape
     if record is not None:
         return dict(record)
     stages = [s for s in report.stages if s.name == "validate_second_shape"]

@@ -356,7 +356,7 @@ def _record_greedy_parity(
     """For a gated export (reduced precision or quantization, :func:`hfexport.quality.quality_gates_for`),
     run a greedy generation of :data:`GREEDY_PARITY_TOKENS` tokens over the exported components
     next to ``model.generate`` (fp32 eager) and record in the ``decode`` component's report
-    (``report.extra["greedy_parity"]``): ``new_tokens``, ``matching_prefix`` (new tokens equal to
+    (``report.greedy_parity``): ``new_tokens``, ``matching_prefix`` (new tokens equal to
     eager's before the first divergence), ``first_divergence`` (``[row, new-token index]`` or
     ``None``), ``tokens_equal`` and the per-step ``top1_agreement`` of the runner's logits with
     ``generate``'s over the steps both ran on the same prefix. Reported, not gated: the component
@@ -398,5 +398,5 @@ def _record_greedy_parity(
     except Exception as exc:  # reported, never fatal: the components passed their gates
         logger.warning("greedy parity of the exported components could not run: %s", exc)
         record["error"] = f"{type(exc).__name__}: {exc}"
-    report.extra["greedy_parity"] = record
+    report.greedy_parity = record
     logger.info("greedy parity vs model.generate: %s", record)

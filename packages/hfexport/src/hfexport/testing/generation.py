@@ -102,7 +102,7 @@ def check_second_shape(parts: Any, component: str = "decode") -> dict[str, Any]:
         component: the component (``"decode"``, ``"prefill"`` ...).
 
     Returns:
-        ``report.extra["second_shape"]`` of the component (see
+        ``report.second_shape`` of the component (see
         :func:`hfexport.validation.describe_second_shape`: ``inputs``, ``changed``, ``values``,
         ``past_length``, ``summary``).
 
@@ -115,7 +115,7 @@ def check_second_shape(parts: Any, component: str = "decode") -> dict[str, Any]:
     report = parts.reports[component]
     stages = [s for s in report.stages if s.name == "validate_second_shape"]
     assert stages and stages[-1].status == "ok", (component, [(s.status, s.detail) for s in stages])
-    record = report.extra.get("second_shape")
+    record = report.second_shape
     assert record and (record.get("changed") or record.get("values")), (component, record)
     rows = report.validation.get("second_shape")
     assert rows and all(r["ok"] for r in rows), (component, rows)
@@ -195,13 +195,13 @@ def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) 
     for name in ("prefill", "decode"):
         report = parts.reports[name]
         assert report.dtype["export"] == dtype and report.dtype["gated"]
-        assert report.extra["quality_gates"] == {"cosine": 0.99, "top1_agreement": 0.98}
+        assert report.quality_gates == {"cosine": 0.99, "top1_agreement": 0.98}
         logits = next(r for r in report.validation["sample"] if r["name"] == "logits")
         assert logits["dtype"] == f"torch.{dtype}" and logits["ok"], (name, logits)
         assert logits["cosine"] >= 0.999 and logits["top1_agreement"] == 1.0, (name, logits)
     for name in ("prefill", "decode"):
         check_second_shape(parts, name)  # gated too, on the sample's tokens and cache contents
-    parity = parts.reports["decode"].extra["greedy_parity"]
+    parity = parts.reports["decode"].greedy_parity
     assert "error" not in parity and len(parity["sequence"]) == len(parity["reference"]) == 16
     assert parity["matching_prefix"] >= 1, parity  # measured on tiny llama: 16 (no divergence)
 
