@@ -41,3 +41,39 @@ def test_the_cycle_check_sees_a_backend_cycle(tmp_path) -> None:
     assert describe_cycles(graph, find_cycles(graph)) == [
         "pkg.exporter (line 1) -> pkg.generation (line 2) -> pkg.exporter"
     ]
+
+
+def _extra_reads(source: str) -> list[int]:
+    """Line numbers where ``source`` reads a value back from some object's ``.extra`` (a subscript
+    in load context or ``.extra.get(...)``), other than ``self.extra`` / ``record.extra`` (the
+    folder record's top-level keys). ``.extra.setdefault(...)`` appends a note and is allowed."""
+    import ast
+
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        target = None
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load):
+            target = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+            target = node.func.value
+        if not (isinstance(target, ast.Attribute) and target.attr == "extra"):
+            continue
+        if isinstance(target.value, ast.Name) and target.value.id in ("self", "record"):
+            continue
+        lines.append(node.lineno)
+    return lines
+
+
+def test_no_report_extra_value_is_read_back_by_code() -> None:
+    """issue 26: what a later stage needs is a typed field of ``ExportReport``
+    (``hfexport.report.TYPED_FACTS``); ``report.extra`` holds notes nobody reads back."""
+    found = {
+        str(path.relative_to(REPO)): lines
+        for root in ROOTS
+        for path in sorted(root.rglob("*.py"))
+        if (lines := _extra_reads(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+    assert _extra_reads(
+        'x = report.extra["dynamic_axes"]\ny = report.extra.get("q")\nreport.extra["a"] = 1\n'
+    ) == [1, 2]
