@@ -246,6 +246,29 @@ def test_an_old_folder_left_mid_swap_by_a_killed_run_is_restored(previous, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_a_killed_swap_whose_new_folder_was_already_in_is_rolled_back(previous, tmp_path):
+    """Killed between "new folder onto the target" and "previous folder to the trash" (fault point
+    move:3): the target holds the killed run's folder, its breadcrumb is left, its staging folder
+    is gone. The next run (or the supervising CLI) puts the previous folder back: a killed export
+    changes nothing."""
+    before = snapshot(previous)
+    host, dead = atomic._HOST, dead_pid()
+    backup = tmp_path / f".out.hfexport-old.{dead}.{host}.0123abcd"
+    previous.rename(backup)
+    previous.mkdir()
+    (previous / "model.onnx").write_bytes(b"the killed run's complete export")
+    crumb = tmp_path / f".out.hfexport-staging.{dead}.{host}.0123abce{atomic._BREADCRUMB}"
+    crumb.write_text("swap\n")
+    atomic.clean_stale(previous)
+    assert snapshot(previous) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # a finished swap (no breadcrumb) keeps its new folder: only the leftover -old folder goes
+    backup.mkdir()
+    (backup / "model.onnx").write_bytes(b"older")
+    atomic.clean_stale(previous)
+    assert snapshot(previous) == before and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_a_foreign_folder_is_refused_without_overwrite_and_replaced_with_it(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()

@@ -67,8 +67,25 @@ def test_cosine_per_token_ignores_padding_and_top1_on_logits():
     assert hidden_row.top1_agreement is None
     assert not hidden_row.ok and hidden_row.failures == ["cosine = 0.7143 (gate >= 0.99)"]
     assert logits_row.top1_agreement == pytest.approx(6 / 7)
-    # orthogonal one-hot rows: 6 tokens at cosine 1, one at 0
-    assert logits_row.failures == ["cosine = 0.8571 (gate >= 0.99)", "top1_agreement = 0.8571 (gate >= 0.9)"]
+    # orthogonal one-hot rows: 6 tokens at cosine 1, one at 0; top-1 over 7 positions is recorded but
+    # not gated (one flip alone would miss 0.9: top1_gate_applies)
+    assert logits_row.failures == ["cosine = 0.8571 (gate >= 0.99)"]
+    assert "top1_agreement" not in logits_row.gates
+    # over 20 positions, the same single flip (0.95) passes and three flips (0.85) miss
+    wide = torch.tensor([[[0.0, 1.0]] * 20])
+    for flips, failures in ((1, []), (3, ["top1_agreement = 0.8500 (gate >= 0.9)"])):
+        got = wide.clone()
+        got[0, :flips] = torch.tensor([1.0, 0.0])
+        (row,) = score_outputs({"logits": wide}, {"logits": got}, gates={"top1_agreement": 0.9})
+        assert row.failures == failures and row.gates == {"top1_agreement": 0.9}
+
+
+def test_top1_gate_applies_only_over_enough_positions():
+    from hfexport.quality import top1_gate_applies
+
+    assert not top1_gate_applies(0.9, 1) and not top1_gate_applies(0.9, 9) and top1_gate_applies(0.9, 10)
+    assert not top1_gate_applies(0.98, 49) and top1_gate_applies(0.98, 50)
+    assert top1_gate_applies(0.0, 1) and top1_gate_applies(1.0, 1)  # cannot miss / exactness asked for
 
 
 def test_missing_output_and_shape_mismatch_fail():
@@ -124,7 +141,9 @@ def test_validate_quality_names_metric_value_and_override():
         validate_quality(model, bad_run, {"x": x}, gates={"cosine": 0.99}, label="second shape")
     text = str(info.value)
     assert "on the second shape inputs: y: cosine = -1.0000 (gate >= 0.99)" in text
-    assert "config.quality_gates={'cosine': 0.98}" in text and "--gate cosine=0.98" in text
+    # the suggested gate is one this artifact passes (its measured value, rounded down), so following
+    # the hint ends the retry loop
+    assert "config.quality_gates={'cosine': -1.0}" in text and "--gate cosine=-1.0" in text
     assert info.value.table[0].cosine == pytest.approx(-1.0)
     # the table title states what is gated: the mean cosine, with the min recorded only
     assert "(gated: mean per-vector cosine >= 0.99 (cosine); min cosine recorded, not gated)" in text

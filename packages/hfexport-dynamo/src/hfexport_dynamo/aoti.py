@@ -40,7 +40,8 @@ __all__ = [
 
 #: Suffix of the package written next to ``model.pt2``: ``model.aoti.pt2``.
 AOTI_SUFFIX = ".aoti.pt2"
-_PACKAGE_ATTR = "_hfexport_aoti_package"
+# program -> its compiled package: a side table of ours, nothing is set on torch's ExportedProgram
+_PACKAGES: weakref.WeakKeyDictionary[Any, Path] = weakref.WeakKeyDictionary()
 
 
 def package_path(pt2_path: str | os.PathLike[str]) -> Path:
@@ -92,13 +93,16 @@ def compile_package(program: torch.export.ExportedProgram) -> Path:
     weakref.finalize(program, shutil.rmtree, folder, True)
     with torch.no_grad():
         written = torch._inductor.aoti_compile_and_package(program, package_path=str(target))
-    setattr(program, _PACKAGE_ATTR, Path(written))
+    _PACKAGES[program] = Path(written)
     return Path(written)
 
 
 def attached_package(program: Any) -> Path | None:
     """The package :func:`compile_package` made for ``program``, or ``None``."""
-    path = getattr(program, _PACKAGE_ATTR, None)
+    try:
+        path = _PACKAGES.get(program)
+    except TypeError:  # an unhashable object is no program of ours
+        path = None
     return path if path is not None and Path(path).is_file() else None
 
 

@@ -393,8 +393,12 @@ def _clean_stale(target: Path) -> bool:
     """Remove our stale temporary folders beside ``target``; return True if one was restored.
 
     An ``-old`` folder (the previous export, renamed aside by a run killed before its new folder
-    was in place) is renamed back onto ``target`` when ``target`` is missing; every other stale
-    folder of ours is deleted. Entries not matching our names, symlinks and files are left alone.
+    was in place) is renamed back onto ``target`` when ``target`` is missing. When the killed run
+    had already moved its new folder onto ``target`` (its breadcrumb is left and its staging folder
+    is gone: a kill between the last two renames of the swap), the swap is rolled back: the new
+    folder goes and the ``-old`` one is renamed back, so a killed export changes nothing, like any
+    other failed one. Every other stale folder of ours is deleted. Entries not matching our names,
+    symlinks and files are left alone.
     """
     parent = target.parent
     pattern = _sibling_pattern(target)
@@ -402,7 +406,8 @@ def _clean_stale(target: Path) -> bool:
         names = os.listdir(parent)
     except OSError:
         return False
-    stale: list[tuple[str, Path]] = []
+    stale: list[tuple[str, Path, str]] = []
+    moved_in: set[str] = set()  # pids of killed runs whose new folder is already at target
     for name in names:
         crumb = name.endswith(_BREADCRUMB)
         match = pattern.match(name[: -len(_BREADCRUMB)] if crumb else name)
@@ -411,16 +416,27 @@ def _clean_stale(target: Path) -> bool:
             # a breadcrumb whose folder is gone (the run was killed after moving it in, or the
             # folder was removed above): reported and removed with the folder, or alone
             if not os.path.lexists(full.with_name(name[: -len(_BREADCRUMB)])) and _is_stale(full, match):
+                moved_in.add(match["pid"])
                 _report_killed(target, full, match)
             continue
         if match is None or full.is_symlink() or not full.is_dir():
             continue
         if _is_stale(full, match):
-            stale.append((match["kind"], full))
+            stale.append((match["kind"], full, match["pid"]))
     restored = False
     # the newest previous folder is the one the killed run took away from the target
     stale.sort(key=lambda item: (item[0] != "old", -_mtime(item[1])))
-    for kind, full in stale:
+    for kind, full, pid in stale:
+        if kind == "old" and pid in moved_in and os.path.isdir(target) and not os.path.islink(target):
+            # killed between "new folder in" and "previous folder out": roll the swap back
+            undone = _sibling_name(target, "trash")
+            try:
+                os.rename(target, undone)
+            except OSError as exc:
+                logger.warning("could not roll back %s (killed mid-swap): %s", target, exc)
+            else:
+                shutil.rmtree(undone, ignore_errors=True)
+                moved_in.discard(pid)
         if kind == "old" and not os.path.lexists(target):
             try:
                 os.rename(full, target)

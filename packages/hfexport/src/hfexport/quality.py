@@ -11,7 +11,10 @@ score falls below its gate:
 - ``cosine_min``: the smallest of those per-vector cosines (recorded; gated only when set).
 - ``top1_agreement``: for token logits (an output whose last path part is ``logits`` with three
   axes ``[batch, seq, classes]``: causal and masked LMs, token classifiers), the fraction of
-  non-padded positions whose arg-max class equals the eager model's. Gated.
+  non-padded positions whose arg-max class equals the eager model's. Gated when the output has
+  enough positions that one changed arg-max cannot miss the gate on its own (at least
+  ``1 / (1 - gate)`` positions: 10 for 0.9, 50 for 0.98); over fewer (a decode step's single token,
+  :func:`top1_gate_applies`) it is recorded, not gated, and ``cosine`` still is.
 - ``max_abs_diff``: ``max |artifact - eager|`` (recorded; gated, as an upper bound, only when set).
 
 Integer outputs must equal the eager model's exactly.
@@ -114,6 +117,7 @@ __all__ = [
     "text_quality",
     "text_reference",
     "text_token_ids",
+    "top1_gate_applies",
     "validate_quality",
     "validate_text",
 ]
@@ -411,6 +415,20 @@ def _vector_scores(
     return cos_all, max_abs, (torch.cat(agrees) if logits else None)
 
 
+def top1_gate_applies(threshold: float, positions: int) -> bool:
+    """Whether a ``top1_agreement >= threshold`` gate is meaningful over ``positions`` compared
+    positions: only when one changed arg-max cannot miss it on its own, i.e.
+    ``positions * (1 - threshold) >= 1`` (a 0.9 gate needs 10 positions; a single decode token
+    flips between 0 and 1 on a near-tie, which says nothing about the artifact). A gate of 0 or
+    below (it cannot be missed) and a gate of 1 or above (exact agreement, asked for) always apply.
+
+    Args:
+        threshold: the gate, a fraction in ``[0, 1]``.
+        positions: the number of non-padded positions compared.
+    """
+    return threshold <= 0 or threshold >= 1 or positions * (1.0 - float(threshold)) >= 1.0 - 1e-9
+
+
 def _is_token_logits(name: str, tensor: torch.Tensor) -> bool:
     return name.rsplit(".", 1)[-1] == "logits" and tensor.dim() == 3
 
@@ -484,6 +502,8 @@ def score_outputs(
             value = getattr(row, metric, None)
             if value is None:
                 continue
+            if metric == "top1_agreement" and not top1_gate_applies(threshold, int(agree.numel())):
+                continue  # one flipped arg-max alone would miss it: recorded, not gated
             row.gates[metric] = float(threshold)
             missed = value > threshold if metric in _UPPER_BOUND else not value >= threshold
             if missed:
@@ -599,8 +619,15 @@ def validate_quality(
     if raise_on_failure and not all(r.ok for r in rows):
         missed = "; ".join(f"{r.name}: {', '.join(r.failures)}" for r in rows if not r.ok)
         metrics = sorted({f.split(" = ")[0] for r in rows for f in r.failures})
+        # the suggested gate is the lowest measured value, rounded down: one that this artifact passes
         example = {
-            m: round(float(gates[m]) - 0.01, 2) for m in metrics if m in gates and m not in _UPPER_BOUND
+            m: math.floor(
+                min(float(getattr(r, m)) for r in rows if any(f.startswith(f"{m} = ") for f in r.failures))
+                * 100
+            )
+            / 100
+            for m in metrics
+            if m in gates and m not in _UPPER_BOUND
         }
         override = (
             f"Lower the missed gate if the loss is acceptable (config.quality_gates={example}, CLI "

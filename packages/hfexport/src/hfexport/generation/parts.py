@@ -89,8 +89,11 @@ class FunctionalCacheModule(torch.nn.Module):
         return self.inner(**copied)
 
 
-# Attribute set on every module of a transformed generation source (mark_transformed_source).
-_SOURCE_ATTR = "_hfexport_transformed_source"
+# module of a transformed generation source -> (summary, weak ref to its original counterpart), set
+# by mark_transformed_source: a side table of ours, nothing is written on torch's modules
+_TRANSFORMED: weakref.WeakKeyDictionary[torch.nn.Module, tuple[dict[str, Any], Any]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def mark_transformed_source(
@@ -102,10 +105,7 @@ def mark_transformed_source(
     originals = dict(original.named_modules(remove_duplicate=False))
     for path, module in copy.named_modules(remove_duplicate=False):
         counterpart = originals.get(path)
-        module.__dict__[_SOURCE_ATTR] = (
-            summary,
-            weakref.ref(counterpart) if counterpart is not None else None,
-        )
+        _TRANSFORMED[module] = (summary, weakref.ref(counterpart) if counterpart is not None else None)
 
 
 def transformed_source_of(module: torch.nn.Module) -> tuple[dict[str, Any], torch.nn.Module | None] | None:
@@ -113,7 +113,7 @@ def transformed_source_of(module: torch.nn.Module) -> tuple[dict[str, Any], torc
     component wrapper around a part of the copy) was marked by :func:`mark_transformed_source`
     (the outermost marked module's), else ``None``."""
     for part in module.modules():
-        marked = part.__dict__.get(_SOURCE_ATTR)
+        marked = _TRANSFORMED.get(part)
         if marked is not None:
             summary, ref = marked
             return summary, (ref() if ref is not None else None)
