@@ -314,7 +314,7 @@ ROWS: list[Row] = [
         "export_model_folder_without_weights",
         _export("dynamo", model="{tmp}/mymodel"),
         2,
-        r"Invalid value for --model: model folder '.*mymodel' holds config\.json but no weights \(config\.json\), "
+        r"Invalid value for --model: model folder '.*mymodel' holds config\.json but no weight files \(it holds: config\.json\), "
         r"which is invalid; allowed: a folder with config\.json and its weight files",
     ),
     # -- export: options the config rejects (usage errors, before loading) ------------------------
@@ -509,12 +509,12 @@ ROWS: list[Row] = [
     Row("export_unknown_option", _export("dynamo", "{tmp}/out", "--fast"), 2, r"No such option: --fast"),
     Row("unknown_command", ["exprot", "dynamo"], 2, r"No such command 'exprot'"),
     # -- export: models that cannot be loaded (failures while loading, exit 1) ---------------------
-    Row(
+    Row(  # a usage error, before any model work (new-user trial: was exit 1 in load_model)
         "export_model_missing_path",
         _export("dynamo", model="{tmp}/no_such_model"),
-        1,
-        FAILED + r"FileNotFoundError: --model '.*no_such_model' is not a local folder",
-        loads=True,
+        2,
+        r"Invalid value for --model: '.*no_such_model' does not exist; allowed: a local model folder "
+        r"\(config.json and weights\), pkg:<package>\[/<subfolder>\] .*, or tiny:<model_type>",
     ),
     Row(  # an encoder-only checkpoint has no LM head: transformers would make a random one
         "export_text_generation_on_an_encoder_checkpoint",
@@ -532,12 +532,11 @@ ROWS: list[Row] = [
         FAILED + r"UnknownModelTypeError: unknown model_type 'nonsense' for the tiny-model zoo",
         loads=True,
     ),
-    Row(
+    Row(  # a usage error, before any model work
         "export_model_hub_id",
         _export("dynamo", model="org/name"),
-        1,
-        FAILED + r"FileNotFoundError: --model 'org/name' is not a local folder; .*not downloaded from a hub",
-        loads=True,
+        2,
+        r"Invalid value for --model: 'org/name' does not exist; .*\(Hub ids are not downloaded\)",
     ),
     Row(
         "export_model_pkg_missing",
@@ -553,12 +552,11 @@ ROWS: list[Row] = [
         FAILED + r"ValueError: Unrecognized model in .*no_config_model",
         loads=True,
     ),
-    Row(
+    Row(  # a usage error, before any model work
         "export_task_bogus",
         _export("dynamo", "{tmp}/out", "--task", "bogus"),
-        1,
-        FAILED + r"ValueError: unknown task 'bogus'; known tasks: text-generation",
-        loads=True,
+        2,
+        r"Invalid value for --task: unknown task 'bogus'; allowed: auto, feature-extraction, fill-mask",
     ),
     Row(
         "export_task_wrong_for_model",

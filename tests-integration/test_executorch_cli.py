@@ -23,6 +23,11 @@ def test_cli_exports_tiny_qwen3_to_a_pte_that_runs_past_the_sample_shape(tmp_pat
         app, ["export", "executorch", "--model", "tiny:qwen3", "--backend", "xnnpack", str(out)]
     )
     assert result.exit_code == 0, result.output
+    # a causal LM with --task auto: the plain forward, and the line says how to get generation components
+    assert (
+        "exporting the plain forward (--task auto); --task text-generation exports the generation"
+        in " ".join(result.output.split())
+    )
     assert {p.name for p in out.iterdir()} == {
         "model.pte",
         "config.json",

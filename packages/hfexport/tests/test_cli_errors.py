@@ -355,6 +355,16 @@ def test_cli_module_import_does_not_import_torch():
         (["export", "dynamo", "--model", "tiny:bert"], 2, "Missing argument 'OUTPUT_DIR'"),
         (["generate", "GEN", "--input-ids", "1", "--max-new-tokens", "0"], 2, "must be at least 1, got 0"),
         (["generate", "MISSING", "--input-ids", "1"], 2, "does not exist"),
+        (
+            ["export", "dynamo", "OUT", "--model", "MISSING"],
+            2,
+            "does not exist; allowed: a local model folder",
+        ),
+        (
+            ["export", "dynamo", "OUT", "--model", "tiny:bert", "--task", "bogus"],
+            2,
+            "unknown task 'bogus'; allowed",
+        ),
         (["generate", "GEN", "--input-ids", "1,99"], 2, "outside the vocabulary [0, 10)"),
     ],
 )
@@ -571,3 +581,17 @@ def test_failing_export_hides_noise_and_verbose_shows_it(tmp_path):
     for line in logged:
         message = line.split(": ", 1)[1]
         assert message in verbose.stderr, line
+
+
+def test_usage_of_the_supervised_child_names_the_console_script():
+    """The console script runs ``hfexport export`` in a child (``python -m hfexport.cli``); its usage
+    and error boxes still say ``hfexport`` (new-user trial: they said ``python -m hfexport.cli``)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "hfexport.cli", "export", "dynamo", "--model", "tiny:bert"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200", "HFEXPORT_ISOLATE": "child"},
+    )
+    assert proc.returncode == 2
+    assert "Usage: hfexport export [OPTIONS]" in proc.stdout + proc.stderr
+    assert "python -m" not in proc.stdout + proc.stderr

@@ -765,6 +765,7 @@ def export_command(
         formats = _export_formats()
         if export_format not in formats:
             raise typer.BadParameter(f"FORMAT must be one of {', '.join(formats)}, got {export_format!r}")
+        _check_model_and_task(model, task)  # usage errors, before the backend is imported
         config = _config_for(
             export_format,
             static=static,
@@ -837,6 +838,11 @@ def export_command(
             f"in {time.perf_counter() - t0:.1f}s; sample inputs "
             + ", ".join(f"{k}{list(v.shape)}" for k, v in loaded.inputs.items() if hasattr(v, "shape"))
         )
+        if task == "auto" and loaded.task in GENERATION_TASKS:
+            console.print(
+                f"exporting the plain forward (--task auto); --task {loaded.task} exports the generation "
+                "components (prefill, decode) that `hfexport generate` and the runtime layouts run"
+            )
         console.print(f"[bold]export dtype[/] {decision.summary()}")
 
         def progress(event: str, record: Any) -> None:
@@ -1080,6 +1086,30 @@ def _supervise(argv: list[str]) -> int:
         soft_wrap=True,
     )
     return 128 - code
+
+
+def _check_model_and_task(model: str, task: str) -> None:
+    """Refuse an unknown ``--task`` and a ``--model`` folder that does not exist, as usage errors
+    (exit 2) before anything is loaded.
+
+    Raises:
+        typer.BadParameter: ``task`` is neither ``auto`` nor a key of
+            :data:`hfexport.tasks.TASK_AUTO_CLASSES`; ``model`` is a path (not ``tiny:`` or ``pkg:``)
+            that does not exist.
+    """
+    from hfexport.tasks import TASK_AUTO_CLASSES
+
+    if task != "auto" and task not in TASK_AUTO_CLASSES:
+        raise typer.BadParameter(
+            f"unknown task {task!r}; allowed: auto, {', '.join(TASK_AUTO_CLASSES)}", param_hint="--task"
+        )
+    if not model.startswith(("tiny:", "pkg:")) and not os.path.exists(model):
+        raise typer.BadParameter(
+            f"{model!r} does not exist; allowed: a local model folder (config.json and weights), "
+            "pkg:<package>[/<subfolder>] for a checkpoint an installed package ships, or tiny:<model_type> "
+            "(Hub ids are not downloaded)",
+            param_hint="--model",
+        )
 
 
 def _plan_loading(
@@ -1424,7 +1454,7 @@ def main() -> None:
     argv = sys.argv[1:]
     if argv[:1] == ["export"] and os.environ.get(ISOLATE_ENV, "1") not in ("0", "child"):
         sys.exit(_supervise(argv))
-    app()
+    app(prog_name="hfexport")  # also as the supervised child (python -m hfexport.cli): usage says hfexport
 
 
 if __name__ == "__main__":

@@ -375,7 +375,7 @@ def check_weights_present(path: str | os.PathLike[str]) -> None:
     held = sorted(p.name for p in folder.iterdir())
     shown = ", ".join(held[:6]) + (", ..." if len(held) > 6 else "")
     raise CheckpointError(
-        f"model folder {os.fspath(path)!r} holds config.json but no weights ({shown}), which is invalid; "
+        f"model folder {os.fspath(path)!r} holds config.json but no weight files (it holds: {shown}), which is invalid; "
         "allowed: a folder with config.json and its weight files (model.safetensors, pytorch_model.bin, "
         "or shards with their .index.json): copy or download the weight files into it, or pass "
         "tiny:<model_type> for a random tiny model"
