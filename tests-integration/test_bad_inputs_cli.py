@@ -38,6 +38,8 @@ from hfexport.config import DynamoConfig
 from hfexport.exporter import HfExporter
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.snapshots import LEFTOVER
+from hfexport.testing.snapshots import disk_snapshot as _disk_snapshot
 
 runner = CliRunner()
 TRACEBACK = "Traceback (most recent call last)"
@@ -121,21 +123,6 @@ def _make_workdir(tmp: Path, gen_folder: Path) -> None:
     empty_model.mkdir()
     (empty_model / "README.md").write_text("no config here\n")
     shutil.copytree(gen_folder, tmp / "gen")
-
-
-def _disk_snapshot(root: Path) -> dict[str, tuple[int, str | None]]:
-    snap = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            snap[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = (-1, None)
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            data = Path(path).read_bytes()
-            snap[os.path.relpath(path, root)] = (len(data), hashlib.sha256(data).hexdigest())
-    return snap
-
-
-LEFTOVER = re.compile(r"hfexport-staging|\.staging\.|\.tmp|\.partial|~$")
 
 
 def _edit_manifest(text: str | Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[Path], None]:

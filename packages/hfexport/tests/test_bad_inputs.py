@@ -43,6 +43,10 @@ from hfexport.errors import IntegrityError, OutputDirectoryError, UnsupportedInp
 from hfexport.exporter import HfExporter
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.snapshots import LEFTOVER
+from hfexport.testing.snapshots import disk_snapshot as _disk_snapshot
+from hfexport.testing.snapshots import inputs_fingerprint as _inputs_fingerprint
+from hfexport.testing.snapshots import model_fingerprint as _model_fingerprint
 
 # --------------------------------------------------------------------------------------------------
 # test-only backends (core only)
@@ -216,35 +220,6 @@ class Env:
 # --------------------------------------------------------------------------------------------------
 
 
-def _tensor_digest(tensor: torch.Tensor) -> str:
-    flat = tensor.detach().cpu().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
-
-
-def _model_fingerprint(model: torch.nn.Module) -> dict[str, Any]:
-    state = {k: (str(v.dtype), tuple(v.shape), _tensor_digest(v)) for k, v in model.state_dict().items()}
-    config = getattr(model, "config", None)
-    classes = {type(m) for m in model.modules()}
-    return {
-        "state": state,
-        "training": {name: m.training for name, m in model.named_modules()},
-        "config": json.dumps(config.to_dict(), sort_keys=True, default=str) if config is not None else None,
-        "attn": getattr(config, "_attn_implementation", None),
-        "instance_attrs": {name: sorted(vars(m)) for name, m in model.named_modules()},
-        "class_attrs": {
-            f"{c.__module__}.{c.__qualname__}": {k: id(v) for k, v in vars(c).items() if callable(v)}
-            for c in classes
-        },
-    }
-
-
-def _inputs_fingerprint(inputs: dict[str, Any]) -> dict[str, Any]:
-    return {
-        k: (str(v.dtype), tuple(v.shape), _tensor_digest(v)) if isinstance(v, torch.Tensor) else repr(v)
-        for k, v in inputs.items()
-    }
-
-
 def _resolve(dotted: str) -> Any:
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
@@ -285,21 +260,6 @@ def _patch_fingerprint() -> dict[str, int]:
         except (ImportError, AttributeError):
             continue
     return found
-
-
-LEFTOVER = re.compile(r"hfexport-staging|\.staging\.|\.tmp|\.partial|~$")
-
-
-def _disk_snapshot(root: Path) -> dict[str, tuple[int, str | None]]:
-    snap = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            snap[os.path.relpath(os.path.join(dirpath, name), root) + "/"] = (-1, None)
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            data = Path(path).read_bytes()
-            snap[os.path.relpath(path, root)] = (len(data), hashlib.sha256(data).hexdigest())
-    return snap
 
 
 def _make_workdir(tmp: Path) -> None:

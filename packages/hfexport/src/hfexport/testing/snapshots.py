@@ -19,17 +19,37 @@ import re
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LEFTOVER", "disk_snapshot", "leftovers", "model_fingerprint"]
+__all__ = [
+    "LEFTOVER",
+    "disk_snapshot",
+    "inputs_fingerprint",
+    "leftovers",
+    "model_fingerprint",
+    "tensor_digest",
+]
 
 #: names of temporary files and folders of an export (ours, and the backends' own)
 LEFTOVER = re.compile(r"hfexport-(staging|old|trash)|\.staging\.|\.tmp$|\.partial|~$")
 
 
-def _tensor_digest(tensor: Any) -> str:
+def tensor_digest(tensor: Any) -> str:
+    """The SHA-256 hex digest of ``tensor``'s bytes (any dtype and layout; copied to a contiguous CPU
+    buffer first)."""
     flat = tensor.detach().cpu().contiguous().reshape(-1)
     import torch
 
     return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def inputs_fingerprint(inputs: dict[str, Any]) -> dict[str, Any]:
+    """``{name: (dtype, shape, digest)}`` per tensor of ``inputs``, ``repr`` of anything else: two
+    fingerprints compare equal when no input was changed in place."""
+    import torch
+
+    return {
+        k: (str(v.dtype), tuple(v.shape), tensor_digest(v)) if isinstance(v, torch.Tensor) else repr(v)
+        for k, v in inputs.items()
+    }
 
 
 def model_fingerprint(model: Any) -> dict[str, Any]:
@@ -43,7 +63,7 @@ def model_fingerprint(model: Any) -> dict[str, Any]:
         ``training``, ``config`` (JSON), ``attn``, ``instance_attrs``, ``class_attrs``; two
         fingerprints compare equal when nothing changed.
     """
-    state = {k: (str(v.dtype), tuple(v.shape), _tensor_digest(v)) for k, v in model.state_dict().items()}
+    state = {k: (str(v.dtype), tuple(v.shape), tensor_digest(v)) for k, v in model.state_dict().items()}
     config = getattr(model, "config", None)
     classes = {type(m) for m in model.modules()}
     return {
