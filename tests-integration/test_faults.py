@@ -344,8 +344,9 @@ def test_matrix_sigkill_at_every_stage_boundary_and_move(backend, tmp_path, log_
     # unsupervised: the process dies outright; the next run cleans up and names the stage
     work = _workdir(tmp_path / "unsupervised")
     before = disk_snapshot(work)
-    proc = _subprocess(backend, work, "stage:lower:kill", log_env, isolate=False)
+    # capture: a stage every backend starts (dynamo records lower as skipped, never started)
+    proc = _subprocess(backend, work, "stage:capture:kill", log_env, isolate=False)
     assert proc.returncode == -9, proc.stderr
     code, err = _invoke(_args(backend, work), "stage:prepare_inputs:memory", log_env)
-    assert code == 1 and "was killed during stage 'lower'" in err, err
+    assert code == 1 and "was killed during stage 'capture'" in err, err
     _assert_untouched(work, before)
