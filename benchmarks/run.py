@@ -50,7 +50,7 @@ import json, resource, sys, time
 from pathlib import Path
 backend, spec, out_dir = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 from hfexport.auto import AutoExportConfig, AutoHfExporter
-from hfexport.loading import load_model
+from hfexport.checkpoints import load_model
 t0 = time.perf_counter()
 loaded = load_model(spec)
 t_load = time.perf_counter() - t0

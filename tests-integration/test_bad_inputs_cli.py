@@ -4,7 +4,7 @@ Every row asserts the exit code (2: a usage error, 1: a failure), the first line
 message (typer's "Usage:"/"Try" header and rich's box drawing removed), that no Python traceback
 is printed without ``-v``, and that nothing changed on disk: the test's working folder (a
 previous good export, a user's file, a generation export), every path, size and SHA-256, with no
-staging or temporary leftovers. For usage errors the model loader (``hfexport.loading.load_model``,
+staging or temporary leftovers. For usage errors the model loader (``hfexport.checkpoints.load_model``,
 and for ``generate`` the component loading) must never have been called.
 
 Rows run in-process through typer's ``CliRunner`` on ``hfexport.cli.app``; four also run as a
@@ -785,15 +785,15 @@ def test_bad_command_line(row: Row, gen_folder, tmp_path, tmp_path_factory, monk
 
     calls: list[str] = []
     if not row.loads:
+        import hfexport.checkpoints
         import hfexport.generation
         import hfexport.generation.persist
-        import hfexport.loading
 
         def loader_called(*args: Any, **kwargs: Any) -> Any:
             calls.append(repr(args))
             raise AssertionError("the model loader ran for a usage error")
 
-        monkeypatch.setattr(hfexport.loading, "load_model", loader_called)
+        monkeypatch.setattr(hfexport.checkpoints, "load_model", loader_called)
         monkeypatch.setattr(hfexport.generation, "generate_from_dir", loader_called)
         monkeypatch.setattr(hfexport.generation.persist, "load_components", loader_called)
     if row.toy_format:

@@ -54,7 +54,7 @@ def test_real_configs_have_the_published_parameter_counts(bench):
 
 
 def test_reference_samples_the_sentences_our_cli_samples(bench):
-    from hfexport.loading import SAMPLE_SENTENCES
+    from hfexport.checkpoints import SAMPLE_SENTENCES
 
     assert bench.scale_reference.SAMPLE_SENTENCES == SAMPLE_SENTENCES
 

@@ -11,10 +11,10 @@ import torch
 from typer.testing import CliRunner
 
 import hfexport
+from hfexport.checkpoints import load_model
 from hfexport.cli import app
 from hfexport.errors import IntegrityError, MissingBackendError
 from hfexport.loader import ExportFolderError
-from hfexport.loading import load_model
 from hfexport.testing.folders import tiny_model_folder
 
 _TOLERANCE = {"dynamo": 1e-5, "onnx": 1e-4, "executorch": 1e-4}

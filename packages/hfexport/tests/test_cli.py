@@ -71,7 +71,9 @@ def test_export_rejects_unknown_format_and_missing_model(tmp_path):
     )
     assert result.exit_code == 2  # a usage error, before the backend is imported
     text = " ".join(result.output.split())  # rich wraps long lines
-    assert "Invalid value for --model" in text and "nope' does not exist; allowed: a local model folder" in text
+    assert (
+        "Invalid value for --model" in text and "nope' does not exist; allowed: a local model folder" in text
+    )
     assert not (tmp_path / "out" / "model.pt2").exists()
 
 
@@ -107,8 +109,8 @@ def test_validation_table_names_a_bare_tensor_output(monkeypatch):
 
 def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch):
     # issue 12: every QuantizationConfig field has its export option (each with a method that reads it)
+    import hfexport.checkpoints
     import hfexport.cli as cli
-    import hfexport.loading
 
     made = []
     config_for = cli._config_for
@@ -117,7 +119,7 @@ def test_quantization_options_fill_the_quantization_config(tmp_path, monkeypatch
     def stop(*args, **kwargs):
         raise RuntimeError("stop before loading")
 
-    monkeypatch.setattr(hfexport.loading, "load_model", stop)
+    monkeypatch.setattr(hfexport.checkpoints, "load_model", stop)
     args = ["export", "executorch", str(tmp_path / "out"), "--model", "tiny:gpt2", "--quantize", "8da4w"]
     args += ["--embedding-bits", "4", "--group-size", "64", "--quantize-exclude", "lm_head"]
     args += ["--quantize-exclude", "transformer.h.0.*"]

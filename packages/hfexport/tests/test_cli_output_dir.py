@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import hfexport.loading
+import hfexport.checkpoints
 from hfexport.cli import app
 
 runner = CliRunner()
@@ -22,14 +22,14 @@ def flat(output: str) -> str:
 
 @pytest.fixture
 def loads(monkeypatch) -> list[str]:
-    """Calls of ``hfexport.loading.load_model`` (each raises, so no model is ever loaded)."""
+    """Calls of ``hfexport.checkpoints.load_model`` (each raises, so no model is ever loaded)."""
     calls: list[str] = []
 
     def load_model(model, task="auto", **kwargs):
         calls.append(model)
         raise RuntimeError("load_model reached")
 
-    monkeypatch.setattr(hfexport.loading, "load_model", load_model)
+    monkeypatch.setattr(hfexport.checkpoints, "load_model", load_model)
     return calls
 
 

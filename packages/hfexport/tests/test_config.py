@@ -254,11 +254,11 @@ def test_backend_configs_share_the_capture_config_and_only_dynamo_has_aoti():
     assert CaptureConfig.declared_format() is None
 
 
-def test_one_task_table_feeds_loading_the_zoo_and_the_cli():
-    from hfexport import cli, loading, tasks
+def test_one_task_table_feeds_checkpoints_the_zoo_and_the_cli():
+    from hfexport import checkpoints, cli, tasks
     from hfexport.testing import zoo
 
-    assert loading.TASK_AUTO_CLASSES is tasks.TASK_AUTO_CLASSES
+    assert checkpoints.TASK_AUTO_CLASSES is tasks.TASK_AUTO_CLASSES
     assert cli.GENERATION_TASKS is tasks.GENERATION_TASKS
     assert set(tasks.GENERATION_TASKS) <= set(tasks.TASK_AUTO_CLASSES)
     assert {t: tasks.TASK_AUTO_CLASSES[t] for t in zoo.TASK_TO_AUTO_CLASS} == zoo.TASK_TO_AUTO_CLASS

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from hfexport.capture import capture
+from hfexport.checkpoints import check_safetensors, checkpoint_dtype
 from hfexport.config import DynamoConfig
 from hfexport.errors import CheckpointError, ExportValidationError, InsufficientMemoryError
 from hfexport.exporter import HfExporter
 from hfexport.generation import exported_program_caller
-from hfexport.loading import check_safetensors, checkpoint_dtype
 from hfexport.precision import decide_dtype, model_dtype
 from hfexport.testing import tiny_model
 

@@ -154,7 +154,7 @@ def test_greedy_generation_of_the_plain_prompt_says_paris(converted):
 
 @pytest.mark.slow
 def test_pkg_source_and_package_model_folder_use_the_cached_folder(converted, monkeypatch, tmp_path):
-    from hfexport.loading import load_model, resolve_package_model
+    from hfexport.checkpoints import load_model, resolve_package_model
     from hfexport.testing.folders import package_model_folder
 
     cache, folder, _, _ = converted
@@ -188,7 +188,7 @@ def test_pkg_source_and_package_model_folder_use_the_cached_folder(converted, mo
 
 
 def test_missing_gguf_package_gives_a_typed_error_naming_the_install(smollm2_gguf, monkeypatch, tmp_path):
-    from hfexport.loading import load_model
+    from hfexport.checkpoints import load_model
 
     monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` raises ImportError
     with pytest.raises(GgufDependencyError, match=r"needs the gguf package.*pip install gguf") as info:
@@ -331,7 +331,7 @@ def test_the_cache_root_comes_from_the_environment(monkeypatch, tmp_path):
 
 
 def test_a_package_with_no_checkpoint_or_several_gguf_files(monkeypatch, tmp_path):
-    from hfexport.loading import resolve_package_model
+    from hfexport.checkpoints import resolve_package_model
 
     package = tmp_path / "site" / "weights_pkg"
     package.mkdir(parents=True)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
+from hfexport.checkpoints import load_model
 from hfexport.errors import UntrainedWeightsError
-from hfexport.loading import load_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hfexport.loading import resolve_package_model
+from hfexport.checkpoints import resolve_package_model
 
 
 def test_pkg_subfolder_picks_one_of_several_checkpoints():

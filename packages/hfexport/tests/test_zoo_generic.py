@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from hfexport.loading import load_model
+from hfexport.checkpoints import load_model
 from hfexport.testing import (
     TinyModelUnavailable,
     UnknownModelTypeError,

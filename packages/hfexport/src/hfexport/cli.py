@@ -819,9 +819,9 @@ def export_command(
         except ValueError as exc:  # quality gates given for an export compared by tolerances
             raise typer.BadParameter(str(exc), param_hint="--gate") from None
         with console.status(f"loading {model} ..."):
+            from hfexport.checkpoints import load_model
             from hfexport.cli_logging import quiet_progress_bars
             from hfexport.errors import UntrainedWeightsError
-            from hfexport.loading import load_model
 
             quiet_progress_bars()
             try:
@@ -1132,7 +1132,7 @@ def _plan_loading(
         InsufficientMemoryError: the estimated peak of the export exceeds the available memory
             (unless ``ignore_memory_estimate``).
     """
-    from hfexport.loading import (
+    from hfexport.checkpoints import (
         check_safetensors,
         check_weights_present,
         checkpoint_dtype,

@@ -2,7 +2,7 @@
 
 A task is what a checkpoint is loaded for and what its export computes: the pipeline names of
 ``transformers`` (``text-generation``, ``feature-extraction`` ...), each with the Auto class that
-builds a model for it. The CLI's ``--task``, :mod:`hfexport.loading` (which class loads a folder,
+builds a model for it. The CLI's ``--task``, :mod:`hfexport.checkpoints` (which class loads a folder,
 which task an ``architectures`` entry implies) and the seeded tiny models of
 :mod:`hfexport.testing.zoo` all read this table.
 """
@@ -34,7 +34,7 @@ TASK_AUTO_CLASSES: dict[str, str] = {
 GENERATION_TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text", "text2text-generation")
 
 #: Architecture class-name suffix -> task, most specific first (``config.architectures`` entries,
-#: e.g. ``LlamaForCausalLM`` -> ``text-generation``); :func:`hfexport.loading.infer_task` adds the
+#: e.g. ``LlamaForCausalLM`` -> ``text-generation``); :func:`hfexport.checkpoints.infer_task` adds the
 #: model-type exceptions (whisper, vision/audio ``ForConditionalGeneration``).
 ARCHITECTURE_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
     ("ForCausalLM", "text-generation"),

@@ -117,7 +117,7 @@ def package_model_folder(spec: str, dest: str | Path) -> Path:
 
     Args:
         spec: ``"iglm/IgLM-S"``, ``"rxnmapper"``, ... as after ``pkg:`` (see
-            :func:`hfexport.loading.resolve_package_model`).
+            :func:`hfexport.checkpoints.resolve_package_model`).
         dest: folder to create (a test's temporary folder; never inside the repository: IgLM's
             licence is non-commercial).
 
@@ -131,7 +131,7 @@ def package_model_folder(spec: str, dest: str | Path) -> Path:
     Raises:
         FileNotFoundError: the package or folder is missing.
     """
-    from hfexport.loading import resolve_package_model
+    from hfexport.checkpoints import resolve_package_model
 
     src = resolve_package_model(spec)
     dest = Path(dest)

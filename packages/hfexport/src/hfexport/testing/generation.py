@@ -231,7 +231,7 @@ def load_smollm2() -> tuple[Any, Any, dict[str, Any]]:
         hfexport.errors.GgufDependencyError: the first use must convert the GGUF file and ``gguf``
             or ``accelerate`` is missing.
     """
-    from hfexport.loading import load_model
+    from hfexport.checkpoints import load_model
 
     loaded = load_model(SMOLLM2_SPEC)
     tokenizer = loaded.preprocessor

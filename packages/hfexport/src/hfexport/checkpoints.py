@@ -1,4 +1,5 @@
-"""Load a model and make sample inputs for it: a local folder, a ``pkg:`` or a ``tiny:`` model.
+"""Checkpoints to export: load a model and make sample inputs for it (a local folder, a ``pkg:`` or a
+``tiny:`` model). Reading an export folder back is :mod:`hfexport.loader` (``hfexport.load``).
 
 Used by the CLI. Hub ids are not fetched: ``--model`` takes a local folder (config, weights,
 optionally a tokenizer/processor), ``pkg:<import_name>`` for a checkpoint an installed Python
