@@ -55,6 +55,7 @@ from hfexport.auto import register_exporter
 from hfexport.capture import capture
 from hfexport.config import OnnxConfig, QuantizationMethod, check_opset_version, onnx_opset_range
 from hfexport.exporter import HfExporter
+from hfexport.linear_forms import eager_float32_bytes
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
 from hfexport_onnx.io_names import IoNames, assign_io_names
@@ -146,17 +147,6 @@ def _explicit_dim_names(dynamic_shapes: Any) -> dict[str, dict[int, str]]:
             if isinstance(axis, int) and isinstance(name, str) and type(dim).__name__ != "_DimHint":
                 out.setdefault(str(key), {})[axis] = name
     return out
-
-
-def _eager_float32_bytes(model: torch.nn.Module) -> int:
-    """Bytes the model's floating point parameters and buffers take in float32 (each tensor once)."""
-    seen: set[int] = set()
-    total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point() and id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += tensor.numel() * 4
-    return total
 
 
 @register_exporter(BACKEND)
@@ -288,7 +278,7 @@ class OnnxExporter(HfExporter):
     ) -> Any:
         """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
         calibration = self.calibration_batches(model, inputs, config)  # bad keys fail before capture
-        report.extra["eager_weights_bytes"] = _eager_float32_bytes(model)
+        report.extra["eager_weights_bytes"] = eager_float32_bytes(model)
         # the patches stay installed through the IR stages too (the onnxscript optimizer and
         # rewriters run there); the shared "lower" stage spans translation and the IR stages
         with contextlib.ExitStack() as stack:

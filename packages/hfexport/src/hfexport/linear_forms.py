@@ -4,7 +4,8 @@ Weight quantizers (torchao's ``quantize_``) match ``nn.Linear`` and ``nn.Embeddi
 Transformers' GPT-2 family (gpt2, gpt_neo's ancestors, IgLM ...) computes its projections with
 ``transformers.pytorch_utils.Conv1D`` instead; :func:`conv1d_as_linear` turns those into
 equivalent ``nn.Linear`` modules. :func:`matches_any` is the ``QuantizationConfig.exclude`` test and
-:func:`weight_bytes` the size of a model's weights (the "before" of a size comparison).
+:func:`weight_bytes` the size of a model's weights (the "before" of a size comparison),
+:func:`eager_float32_bytes` the same counted as float32.
 
 Everything here changes the module it is given: call it on a copy of the user's model.
 """
@@ -56,6 +57,19 @@ def conv1d_as_linear(model: torch.nn.Module) -> list[str]:
 def matches_any(name: str, patterns: Iterable[str]) -> bool:
     """True when the qualified module ``name`` equals, or ``fnmatch``-matches, one of ``patterns``."""
     return any(name == p or fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def eager_float32_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s floating point parameters and buffers counted as float32 (each tensor
+    once, tied ones once): the eager fp32 size a reduced-precision or quantized artifact is compared
+    with, whatever dtype the model is in (a bf16 checkpoint counts 4 bytes per element)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.is_floating_point() and id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * 4
+    return total
 
 
 def weight_bytes(model: torch.nn.Module) -> int:

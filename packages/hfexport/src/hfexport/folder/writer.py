@@ -65,19 +65,11 @@ def second_shape_record(report: Any) -> dict[str, Any]:
 
 
 def eager_float32_bytes(model: Any) -> int:
-    """Bytes of ``model``'s floating point parameters and buffers counted as float32 (tied tensors
-    once): the eager fp32 size a reduced-precision or quantized artifact is compared with."""
-    return _eager_float32_bytes(model)
+    """:func:`hfexport.linear_forms.eager_float32_bytes` (imported when called: this module loads
+    without torch)."""
+    from hfexport.linear_forms import eager_float32_bytes as count
 
-
-def _eager_float32_bytes(model: Any) -> int:
-    seen: set[int] = set()
-    total = 0
-    for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.is_floating_point() and id(tensor) not in seen:
-            seen.add(id(tensor))
-            total += tensor.numel() * 4
-    return total
+    return count(model)
 
 
 def size_change(
@@ -115,7 +107,7 @@ def size_change(
         for name, prefix in artifact_names.items()
     }
     artifact = sum(per_component.values())
-    eager = model if isinstance(model, int) else _eager_float32_bytes(model)
+    eager = model if isinstance(model, int) else eager_float32_bytes(model)
     if not artifact or not eager:
         return None
     change: dict[str, Any] = {
