@@ -17,7 +17,6 @@ The API rows are in ``packages/hfexport/tests/test_bad_inputs.py``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import re
@@ -29,15 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from hfexport import cli_logging
 from hfexport.cli import app
 from hfexport.config import DynamoConfig
-from hfexport.exporter import HfExporter
-from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.eager_backend import EagerModuleExporter
 from hfexport.testing.snapshots import LEFTOVER
 from hfexport.testing.snapshots import disk_snapshot as _disk_snapshot
 
@@ -50,32 +47,10 @@ NOISE = ("is an Enum subclass", "torchvision is not installed")
 # a generation folder written once, by a test-only backend whose artifact is the eager module
 # --------------------------------------------------------------------------------------------------
 TOY = "clitoy"
-_STORE: dict[str, torch.nn.Module] = {}
 
 
-class EagerExporter(HfExporter):
+class EagerExporter(EagerModuleExporter):
     export_format = TOY
-    config_class = DynamoConfig
-    artifact_filename = "model.toy"
-
-    def _export(self, model, inputs, config, report):
-        with report.stage("capture"):
-            return model
-
-    def runner(self, artifact):
-        def run(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(artifact(**kwargs))
-
-        return run
-
-    def save(self, artifact, path):
-        token = hashlib.sha256(str(len(_STORE)).encode()).hexdigest()
-        _STORE[token] = artifact
-        Path(path).write_text(token, encoding="utf-8")
-
-    def load(self, path, *, trust_remote_code=False):
-        return _STORE[Path(path).read_text(encoding="utf-8")]
 
 
 @pytest.fixture(scope="module")

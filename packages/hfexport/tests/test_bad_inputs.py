@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import importlib
 import inspect
 import json
@@ -43,6 +42,7 @@ from hfexport.errors import IntegrityError, OutputDirectoryError, UnsupportedInp
 from hfexport.exporter import HfExporter
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.eager_backend import EagerModuleExporter
 from hfexport.testing.snapshots import LEFTOVER
 from hfexport.testing.snapshots import disk_snapshot as _disk_snapshot
 from hfexport.testing.snapshots import inputs_fingerprint as _inputs_fingerprint
@@ -85,35 +85,13 @@ class QuantizingCoreExporter(CoreExporter):
 
 
 TOY = "matrixtoy"
-_STORE: dict[str, torch.nn.Module] = {}
 TOY_ARTIFACTS: dict[str, Any] = {}  # what export_for_generation returned, set by the fixture
 
 
-class EagerExporter(HfExporter):
-    """A backend whose artifact is the eager module; its files hold a token naming it in memory."""
+class EagerExporter(EagerModuleExporter):
+    """The eager-module test backend (:mod:`hfexport.testing.eager_backend`), components unvalidated."""
 
     export_format = TOY
-    config_class = DynamoConfig
-    artifact_filename = "model.toy"
-
-    def _export(self, model, inputs, config, report):
-        with report.stage("capture"):
-            return model
-
-    def runner(self, artifact):
-        def run(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(artifact(**kwargs))
-
-        return run
-
-    def save(self, artifact, path):
-        token = hashlib.sha256(str(len(_STORE)).encode()).hexdigest()
-        _STORE[token] = artifact
-        Path(path).write_text(token, encoding="utf-8")
-
-    def load(self, path, *, trust_remote_code=False):
-        return _STORE[Path(path).read_text(encoding="utf-8")]
 
     def component_config(self, name, module, kwargs, plan, config):
         return config.replace(validate=False)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,6 @@ from hfexport import auto
 from hfexport.atomic import EXPORT_MARKERS, check_output_dir
 from hfexport.config import DynamoConfig
 from hfexport.errors import OutputDirectoryError
-from hfexport.exporter import HfExporter
 from hfexport.folder import (
     MANIFEST_NAME,
     REPORT_NAME,
@@ -30,8 +28,8 @@ from hfexport.folder import (
     write_export_folder,
 )
 from hfexport.integrity import write_checksums
-from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.eager_backend import EagerModuleExporter
 
 DATA = Path(__file__).parent / "data" / "export_reports"
 #: export_report.json of `hfexport export` before the folder module (tiny models; long report
@@ -144,36 +142,15 @@ def test_a_layout_folder_with_a_subfolder_is_a_previous_export(tmp_path) -> None
 
 
 # -- the writer, from Python, with a backend whose artifact is the eager module --------------------
-_STORE: dict[str, torch.nn.Module] = {}
-
-
-class _ModuleExporter(HfExporter):
+class _ModuleExporter(EagerModuleExporter):
     export_format = "foldertoy"
-    config_class = DynamoConfig
-    artifact_filename = "model.toy"
-
-    def _export(self, model, inputs, config, report):
-        with report.stage("capture"):
-            return model
-
-    def runner(self, artifact):
-        def run(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(artifact(**kwargs))
-
-        return run
-
-    def save(self, artifact, path):
-        token = uuid.uuid4().hex
-        _STORE[token] = artifact
-        Path(path).write_text(token, encoding="utf-8")
 
     def component_metadata(self, artifact):
         return {"module_class": type(artifact).__name__}
 
     def load_component(self, path, metadata):
         assert metadata == {"module_class": "BertModel"}
-        return self.runner(_STORE[Path(path).read_text(encoding="utf-8")])
+        return self.runner(self.load(path))
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 
 import pytest
 import torch
@@ -24,44 +23,23 @@ from hfexport.errors import MissingBackendError
 from hfexport.exporter import HfExporter
 from hfexport.generation import MANIFEST_NAME, generate_from_dir, load_components, save_components
 from hfexport.integrity import write_checksums
-from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.eager_backend import EagerModuleExporter
 
 FORMAT = "contracttoy"
 NEW_TOKENS = 6
 EVIL = "evil_module_that_writes_a_marker"
-_STORE: dict[str, torch.nn.Module] = {}
 
 
-class EagerExporter(HfExporter):
-    """A backend whose artifact is the (prepared) eager module; files hold a token naming it."""
+class EagerExporter(EagerModuleExporter):
+    """The eager-module test backend, recording the generation hooks it is called with."""
 
     export_format = FORMAT
-    config_class = DynamoConfig
-    artifact_filename = "model.toy"
     calls: list[tuple[str, str]] = []
-
-    def _export(self, model, inputs, config, report):
-        with report.stage("capture"):
-            return model
-
-    def runner(self, artifact):
-        def run(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(artifact(**kwargs))
-
-        return run
-
-    def save(self, artifact, path):
-        token = uuid.uuid4().hex
-        _STORE[token] = artifact
-        with open(path, "w", encoding="utf-8") as fh:
-            fh.write(token)
 
     def load(self, path, *, trust_remote_code=False):
         type(self).calls.append(("load", f"trust_remote_code={trust_remote_code}"))
-        with open(path, encoding="utf-8") as fh:
-            return _STORE[fh.read()]
+        return super().load(path, trust_remote_code=trust_remote_code)
 
     def prepare_component(self, name, module, kwargs, plan):
         type(self).calls.append(("prepare_component", name))
