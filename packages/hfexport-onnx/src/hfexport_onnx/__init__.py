@@ -9,6 +9,7 @@ ONNX IR fixes) in their registries and its runtime layouts (``genai``: ONNX Runt
 
 from __future__ import annotations
 
+from hfexport_onnx import bench_runtime  # noqa: F401  (registers the onnxruntime-genai bench runtime)
 from hfexport_onnx.__about__ import __version__
 from hfexport_onnx.exporter import OnnxExporter, SaveOptions
 from hfexport_onnx.io_names import IoNames

@@ -12,6 +12,7 @@ and its ``genai`` layout with :mod:`hfexport.layouts`.
 
 from __future__ import annotations
 
+from hfexport_openvino import bench_runtime  # noqa: F401  (registers the openvino-genai bench runtime)
 from hfexport_openvino.__about__ import __version__
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError, StatefulExportError
 from hfexport_openvino.exporter import OpenvinoExporter, check_device, save_model

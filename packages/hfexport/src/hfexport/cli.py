@@ -1445,6 +1445,15 @@ def generate_command(
         restore_cli_logging()
 
 
+def _register_bench() -> None:
+    from hfexport.bench.cli import bench_command
+
+    app.command("bench")(bench_command)
+
+
+_register_bench()
+
+
 def main() -> None:
     """Console-script entry point.
 

@@ -214,6 +214,44 @@ class GenerationRunner:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
         if self.plan.architecture == "multimodal":
             return self._prefill_multimodal(ids, mask, inputs)
+        out, positions, values = self._text_prefill(ids, mask, inputs)
+        state = {"token_type_ids": values["token_type_ids"]}
+        return out["logits"][:, -1, :], self._cache_from(out), positions, state
+
+    def prefill_logits(
+        self, input_ids: torch.Tensor | list[int], attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Teacher-forced logits of one prefill over a text prompt (what perplexity is measured on).
+
+        Args:
+            input_ids: int64 ``[batch, seq]`` (or a list of ids for one prompt).
+            attention_mask: ``[batch, seq]``; ``None`` means no padding.
+
+        Returns:
+            The prefill component's logits, ``[batch, seq, vocab]`` in the artifact's dtype.
+
+        Raises:
+            NotImplementedError: an encoder-decoder or multimodal plan (their prefill takes more
+                than text).
+        """
+        if self.plan.architecture != "decoder":
+            raise NotImplementedError(
+                f"prefill_logits runs text-only decoders; this plan is {self.plan.architecture!r}"
+            )
+        ids = torch.as_tensor(input_ids, dtype=torch.int64)
+        if ids.dim() == 1:
+            ids = ids[None]
+        mask = (
+            torch.ones_like(ids)
+            if attention_mask is None
+            else torch.as_tensor(attention_mask).to(torch.int64)
+        )
+        return self._text_prefill(ids, mask, {})[0]["logits"]
+
+    def _text_prefill(
+        self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[Mapping[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
+        """Run the text prefill: ``(outputs, position_ids, the values fed)``."""
         positions = _text_positions(mask)
         values = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **inputs}
         values.update(get_leaf_tensors({k: v for k, v in inputs.items() if not isinstance(v, torch.Tensor)}))
@@ -225,8 +263,7 @@ class GenerationRunner:
             out = self._call("decode", values, self._empty_cache(ids.shape[0]))
         else:
             out = self._call("prefill", values, {})
-        state = {"token_type_ids": values["token_type_ids"]}
-        return out["logits"][:, -1, :], self._cache_from(out), positions, state
+        return out, positions, values
 
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]

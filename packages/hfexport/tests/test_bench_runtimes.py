@@ -1,0 +1,58 @@
+"""The folder-runtime table of ``hfexport bench``: which runtime opens which folder, and errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from hfexport.bench import runtimes
+from hfexport.bench.run import BenchRow, folder_size_bytes
+from hfexport.bench.runtimes import FolderRuntime, load_opener, register_folder_runtime, runtime_for
+
+
+@pytest.fixture
+def table(monkeypatch):
+    monkeypatch.setattr(runtimes, "_RUNTIMES", dict(runtimes._RUNTIMES))
+
+
+def test_the_highest_priority_runtime_that_claims_the_folder_opens_it(table, tmp_path):
+    (tmp_path / "shape.json").write_text("{}")
+    register_folder_runtime(
+        FolderRuntime("generic", "any folder", lambda p: True, lambda p, t: None, priority=-50)
+    )
+    register_folder_runtime(
+        FolderRuntime(
+            "specific", "shape.json", lambda p: (p / "shape.json").is_file(), lambda p, t: None, priority=50
+        )
+    )
+    assert runtime_for(tmp_path).name == "specific"
+    assert runtime_for(tmp_path, "generic").name == "generic"
+    (tmp_path / "shape.json").unlink()
+    assert runtime_for(tmp_path).name == "generic"
+
+
+def test_a_folder_nobody_claims_names_its_files_and_the_runtimes(table, tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(
+        ValueError, match=r"no installed runtime opens .*weights\.bin.*hfexport: a generation folder"
+    ):
+        runtime_for(tmp_path)
+    with pytest.raises(ValueError, match="no folder runtime named 'nope'"):
+        runtime_for(tmp_path, "nope")
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        runtime_for(tmp_path / "weights.bin")
+    with pytest.raises(TypeError, match="takes a FolderRuntime"):
+        register_folder_runtime({"name": "x"})  # type: ignore[arg-type]
+
+
+def test_load_opener_refuses_a_reference_without_a_function():
+    with pytest.raises(ValueError, match="is not a 'module:function' reference"):
+        load_opener("hfexport.bench.eager")
+    assert load_opener("hfexport.bench.eager:open_eager").__name__ == "open_eager"
+
+
+def test_the_folder_size_leaves_out_reports_and_checksums(tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"x" * 1000)
+    (tmp_path / "export_report.json").write_text("{" + " " * 5000 + "}")
+    (tmp_path / "checksums.sha256").write_text("y" * 300)
+    assert folder_size_bytes(tmp_path) == 1000
+    assert BenchRow("f", "r", size_bytes=1).to_dict()["size_bytes"] == 1
