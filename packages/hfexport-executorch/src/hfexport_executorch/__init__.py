@@ -9,6 +9,7 @@ under the ``"executorch"`` format and registers its patches and FX fixes with
 
 from __future__ import annotations
 
+from hfexport_executorch import bench_runtime  # noqa: F401  (registers the executorch-llm-runner bench runtime)
 from hfexport_executorch.__about__ import __version__
 from hfexport_executorch.exporter import ExecutorchExporter
 from hfexport_executorch.layouts import LLM_RUNNER as _LLM_RUNNER  # noqa: F401  (register the layouts)
