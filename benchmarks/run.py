@@ -3,7 +3,8 @@ start-up cost of imports and of the CLI.
 
 Run with ``nox -s bench`` (or ``uv run python benchmarks/run.py [--backends onnx,dynamo] [--models ...]``;
 ``--only exports`` or ``--only startup`` for one part; ``--only runtime`` is ``benchmarks/runtime.py`` and
-``--only scale`` is ``benchmarks/scale.py``, each run on request with its own options). Each export runs in its own subprocess so
+``--only scale`` is ``benchmarks/scale.py`` and ``--only llm`` is ``benchmarks/llm.py`` (ours against the
+runtimes' own LLM builders, measured by ``hfexport bench``), each run on request with its own options). Each export runs in its own subprocess so
 peak RSS (``ru_maxrss``, MiB) belongs to that export alone. The start-up part times fresh
 subprocesses (median wall seconds of ``--repeats``, default 5) of: ``import torch, transformers``;
 ``from hfexport import <Backend>Exporter`` for each backend; ``hfexport export --help`` and a usage
@@ -241,13 +242,13 @@ def main() -> int:
     parser.add_argument("--models", default=None, help=f"default {DEFAULT_MODELS} (scale: its own)")
     parser.add_argument(
         "--only",
-        choices=("exports", "startup", "runtime", "scale"),
+        choices=("exports", "startup", "runtime", "scale", "llm"),
         help="run one part (default: exports and startup; runtime is benchmarks/runtime.py and scale is "
         "benchmarks/scale.py, run on request)",
     )
     parser.add_argument("--repeats", type=int, default=5, help="fresh processes per start-up command")
     args, rest = parser.parse_known_args()
-    if rest and args.only not in ("runtime", "scale"):
+    if rest and args.only not in ("runtime", "scale", "llm"):
         parser.error(
             f"unrecognized arguments: {' '.join(rest)} (runtime and scale options go with --only runtime/scale)"
         )
@@ -257,6 +258,10 @@ def main() -> int:
         from runtime import main as runtime_main  # benchmarks/ is on sys.path when run as a script
 
         return runtime_main(rest)  # --runs, --only-part, --pairs ... (runtime.py --help)
+    if args.only == "llm":
+        from llm import main as llm_main  # benchmarks/ is on sys.path when run as a script
+
+        return llm_main(rest)  # --skip-executorch, --only LABELS, --keep DIR ... (llm.py --help)
     if args.only == "scale":
         from scale import main as scale_main  # benchmarks/ is on sys.path when run as a script
 
