@@ -113,3 +113,43 @@ def test_the_measuring_child_loads_a_runtime_opener_without_the_backend_package(
     lines = proc.stdout.strip().splitlines()
     assert len(json.loads(lines[0])) == 3
     assert lines[1] == "[]"
+
+
+@pytest.mark.extended
+def test_bench_runs_an_executorch_llm_runner_folder_with_text_metrics(folders):
+    """TextLLMRunner generates the eager tokens; the text metrics step forward(tokens, input_pos)
+    one token at a time (the runner's program returns the last position's logits only)."""
+    pytest.importorskip("executorch")
+    out = folders["model"].parent / "executorch-llm-runner"
+    result = _invoke(
+        [
+            "export",
+            "executorch",
+            str(out),
+            "--model",
+            str(folders["model"]),
+            "--task",
+            "text-generation",
+            "--layout",
+            "llm-runner",
+        ]
+    )
+    assert result.exit_code == 0, result.output
+    result = _invoke(
+        [
+            "bench",
+            str(out),
+            "--reference",
+            str(folders["model"]),
+            "--new-tokens",
+            str(NEW_TOKENS),
+            "--runs",
+            "1",
+            "--json",
+        ]
+    )
+    assert result.exit_code == 0, result.output
+    eager, row = json.loads(result.output)
+    assert row["runtime"] == "executorch-llm-runner" and row["error"] == ""
+    assert row["tokens"] == eager["tokens"] and len(row["tokens"]) == NEW_TOKENS
+    assert abs(row["text"]["perplexity_ratio"] - 1.0) < 1e-3 and row["text"]["top1_agreement_text"] > 0.99
