@@ -3,8 +3,13 @@
 Stages of :meth:`DynamoExporter._export` (each a named stage of the export report; the shared
 names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.report.CAPTURE_STEPS`):
 
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`).
+
 1. ``patches``: the active ``register_patch("dynamo", ...)`` workarounds
-   (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture only;
+   (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture and the FX fixes;
+   then ``quantize`` (``config.quantization``: ``int8-weight``'s ``source`` phase,
+   :func:`hfexport_dynamo.quantize.apply_int8_weight`, whose copy is captured);
 2. ``capture``, the core capture (:func:`hfexport.capture.capture`), then one report stage per step:
    ``capture.cache_pytrees`` (every ``Cache`` subclass, model-defined ones included, becomes a
    pytree node), ``capture.signature`` (a ``**kwargs`` forward gets an explicit keyword
@@ -22,7 +27,9 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    transformers classes, a flat dict of outputs, so stock ``torch.export.load`` in a process that
    imports only torch reads and runs it), recorded in the report (``extra["flat_io"]``); the
    returned program itself keeps the eager input/output objects;
-5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact;
+5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact (with
+   ``config.quantization``: torchao's weights decomposed to plain aten,
+   :func:`hfexport_dynamo.quantize.to_plain_aten`);
 6. ``aoti_compile`` (only with ``config.aoti``): the program compiled with AOTInductor
    (:mod:`hfexport_dynamo.aoti`); :meth:`save` writes the package next to the ``.pt2``
    (``model.aoti.pt2``) and validation adds the stage ``validate_aoti``.

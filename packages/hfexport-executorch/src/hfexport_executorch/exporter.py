@@ -1,16 +1,20 @@
 """``ExecutorchExporter``: Hugging Face model -> ExecuTorch program (``.pte``), validated in the
 ExecuTorch runtime.
 
-Stages (each a function, each a line of the export report):
+Stages (each a line of the export report; 1-6 are the core's shared capture step,
+:meth:`hfexport.exporter.HfExporter.captured_program`, with this backend's hooks):
 
 1. ``prepare_backend``: :func:`hfexport_executorch.backends.prepare_backend` (partitioner, model
    adaptations such as dense mixture-of-experts for XNNPACK; ``cuda`` checks CUDA is usable);
 2. ``patches``: ``apply_patches(f"executorch.{backend}")`` installs the ``"executorch"`` patches
    and those of the backend's scope, kept until lowering is done;
+   then ``quantize`` with ``config.quantization``: the method's ``source`` phase (a quantized copy
+   for ``8da4w`` / ``4w`` / ``8w`` / ``embedding_bits``; :mod:`hfexport_executorch.quantize`);
 3. ``dynamic_shapes``: :func:`hfexport_executorch.bounds.plan_dynamic_shapes` bounds every
    ``Dim.AUTO`` axis by its role (batch, sequence, ...); a batch-1 sample is traced at batch 2
    (:func:`hfexport.batching.widen_unit_batch`, the core capture's own rule applied before planning);
-4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
+4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``), then for
+   ``int8-dynamic`` ``quantize_pt2e`` (its ``program`` phase: PT2E, captured again);
 5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
 6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
 7. ``memory_budget``: :func:`hfexport_executorch.bounds.fit_memory_budget` narrows the bounds of

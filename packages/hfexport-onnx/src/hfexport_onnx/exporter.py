@@ -3,6 +3,10 @@
 Stages (each a method, each a line of the export report; the shared names are
 :class:`hfexport.report.Stage`, the ONNX-only ones :attr:`OnnxExporter.stages`):
 
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`; :meth:`OnnxExporter.record_patches` splits
+the patches), whose block spans stages 4-8 too.
+
 1. ``patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
    installed (one ``apply_patches("onnx")`` block around capture, translation and the IR stages,
    where the onnxscript optimizer and rewriters run); patches of
@@ -22,7 +26,9 @@ The shared ``lower`` stage encloses stages 4-8 (recorded after it):
 6. ``ir_fixes``: active :mod:`hfexport_onnx.workarounds.ir_fixes` on the ``onnx_ir`` model;
 7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
    then ``ort_fusions`` (``config.ort_fusions``: ORT contrib-op rewrites, :mod:`hfexport_onnx.fusions`)
-   and ``quantize`` (``config.quantization``: :mod:`hfexport_onnx.quantize`) when asked for;
+   and ``quantize`` (``config.quantization``: the method's ``artifact`` phase,
+   :meth:`hfexport.exporter.HfExporter.quantize_artifact` with :mod:`hfexport_onnx.quantize`) when
+   asked for;
 8. ``external_data``: decides how weights are saved (external data when
    ``config.external_data`` or when they exceed the 2 GiB protobuf limit).
 

@@ -3,7 +3,11 @@
 Stages of :meth:`OpenvinoExporter._export` (each a stage of the export report; the shared names are
 :class:`hfexport.report.Stage`, this backend's own :attr:`OpenvinoExporter.stages`):
 
-1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the capture;
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`, ``decompose`` its ``between_fixes`` hook).
+
+1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the
+   capture, the fixes and ``decompose``;
 2. ``capture``: the core capture (:func:`hfexport.capture.capture`, ``torch.export.export``), with
    its steps as ``capture.<step>``;
 3. ``fx_program_fixes``, then ``decompose`` (OpenVINO's own decomposition table, run here so

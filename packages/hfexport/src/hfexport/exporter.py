@@ -12,6 +12,9 @@ provide. Two ways to do it:
   - ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
     lowering), each inside ``report.stage(name)``, the shared ones named by
     :class:`hfexport.report.Stage` and its own declared in the ``stages`` class attribute;
+    ``with self.captured_program(model, inputs, config, report) as session`` runs the capture every
+    backend shares (patches, the quantization method's source and program phases, capture, FX
+    fixes) and yields the program with the patches still installed; hooks change what differs;
   - ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
   - ``save(artifact, path)``: write the artifact file (export folders, ``export_to_path``).
 
