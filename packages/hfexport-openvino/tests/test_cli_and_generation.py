@@ -77,7 +77,7 @@ def test_stateful_export_refuses_models_without_cache_before_capture(monkeypatch
     from hfexport_openvino import OpenvinoExporter, StatefulExportError
 
     model, inputs = tiny_model("bert")
-    monkeypatch.setattr("hfexport_openvino.exporter.capture", lambda *a, **k: pytest.fail("captured"))
+    monkeypatch.setattr("hfexport.capture.capture", lambda *a, **k: pytest.fail("captured"))
     with pytest.raises(StatefulExportError, match=r"BertModel does not generate text.*stateful=False"):
         OpenvinoExporter().export_for_generation(model, inputs, OpenvinoConfig())
 

@@ -58,7 +58,7 @@ def test_absent_device_is_refused_before_capture(tiny_encoder, monkeypatch):
     model, inputs = tiny_encoder
     exporter = OpenvinoExporter()
     called = []
-    monkeypatch.setattr("hfexport_openvino.exporter.capture", lambda *a, **k: called.append(1))
+    monkeypatch.setattr("hfexport.capture.capture", lambda *a, **k: called.append(1))
     with pytest.raises(
         DeviceUnavailableError, match=r"device 'NPU' is not present here; available devices: CPU"
     ):

@@ -142,6 +142,25 @@ def test_quantization_method_declares_the_options_it_reads_and_the_config_checks
     ):
         QuantizationMethod("x", options={"bits"})
 
+    # phase and apply: declared together, a known phase, prepare only before a later phase
+    with pytest.raises(ValueError, match="phase='compile' is invalid; allowed: source, program, artifact"):
+        QuantizationMethod("x", phase="compile", apply=print)
+    with pytest.raises(ValueError, match="needs phase and apply together"):
+        QuantizationMethod("x", phase="source")
+    with pytest.raises(ValueError, match="needs phase and apply together"):
+        QuantizationMethod("x", apply="pkg.mod:fn")
+    with pytest.raises(ValueError, match="give the source function as apply="):
+        QuantizationMethod("x", phase="source", apply=print, prepare=print)
+    with pytest.raises(ValueError, match="stage='' is invalid"):
+        QuantizationMethod("x", phase="program", apply=print, stage="")
+    lazy = QuantizationMethod("x", phase="program", apply="json:dumps", prepare="json:loads")
+    import json
+
+    assert lazy.resolve_apply() is json.dumps and lazy.source_function() is json.loads
+    assert QuantizationMethod("x", phase="source", apply="json:dumps").source_function() is json.dumps
+    assert QuantizationMethod("x", phase="artifact", apply=print).source_function() is None
+    assert QuantizationMethod("bare").resolve_apply() is None and lazy.stage == "quantize"
+
     # given = set away from the default, in QUANTIZATION_OPTIONS order
     assert QuantizationConfig("d8").given_options() == []
     config = QuantizationConfig("d8", per_channel=False, calibration="p.txt", num_calibration_samples=4)

@@ -214,3 +214,257 @@ def test_a_generation_component_program_takes_the_kwargs_it_was_exported_with():
     torch.testing.assert_close(get_leaf_tensors(got)["logits"], expected.logits)
     with pytest.raises(Exception, match="use_cache"):  # a flag other than the captured one is refused
         program.module()(**{**subinputs, "use_cache": not subinputs["use_cache"]})
+
+
+# --------------------------------------------------------------------------------------------------
+# the shared capture step and the quantization phases
+# --------------------------------------------------------------------------------------------------
+class Marker:
+    """What the capture step's test patch replaces."""
+
+    @staticmethod
+    def value():
+        return "original"
+
+
+def _seen_marker(model, inputs):  # what _export saw while the patches were installed
+    return Marker.value()
+
+
+def _scale_source(request):
+    """Source phase: a copy whose first Linear weight is doubled."""
+    import copy
+
+    quantized = copy.deepcopy(request.target)
+    first = next(m for m in quantized.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        first.weight.mul_(2)
+    return _Result(quantized, {"doubled": 1, "phase_seen": request.phase}, "doubled one weight")
+
+
+def _count_program(request):
+    """Program phase: the program unchanged, its node count as a fact; re-captures once."""
+    recaptured = request.capture(request.target.module())
+    return _Result(recaptured, {"nodes": len(recaptured.graph.nodes), "inputs": sorted(request.inputs)}, "")
+
+
+def _tag_artifact(request):
+    """Artifact phase: the artifact wrapped in a tuple with a tag."""
+    return _Result(("tagged", request.target), {"calibration": request.calibration}, "tagged")
+
+
+def _result_class():
+    from hfexport.quantization import QuantizationResult
+
+    return QuantizationResult
+
+
+_Result = _result_class()
+
+
+class SharedCaptureExporter(HfExporter):
+    """A backend on the shared capture step: only its own lowering (a string) differs."""
+
+    export_format = "core-capture"
+    config_class = DynamoConfig
+    artifact_filename = "model.txt"
+    stages = ("quantize", "quantize_program", "lowered")
+    fail_inside = False
+
+    def _export(self, model, inputs, config, report):
+        with self.captured_program(model, inputs, config, report) as session:
+            self.seen_during = Marker.value()
+            if self.fail_inside:
+                raise RuntimeError("lowering broke")
+            program = session.program
+        self.seen_after = Marker.value()
+        self.session = session
+        with report.stage("lowered"):
+            artifact = self.quantize_artifact(program, config, report, inputs=inputs, calibration=["c"])
+        return artifact
+
+    def runner(self, artifact):
+        program = artifact[1] if isinstance(artifact, tuple) else artifact
+
+        def run(kwargs):
+            return get_leaf_tensors(program.module()(**kwargs))
+
+        return run
+
+    def save(self, artifact, path):
+        with atomic_path(path) as tmp:
+            tmp.write_text("artifact")
+
+
+def _with_methods(**methods):
+    from hfexport.config import QuantizationMethod
+
+    table = {
+        "src": QuantizationMethod("doubles a weight", phase="source", apply=_scale_source),
+        "prog": QuantizationMethod(
+            "counts nodes",
+            phase="program",
+            apply=_count_program,
+            prepare=_scale_source,
+            stage="quantize_program",
+        ),
+        "art": QuantizationMethod("tags the artifact", phase="artifact", apply=_tag_artifact),
+        "declared": "a plain description: the backend would apply it itself",
+    }
+    return type("WithMethods", (SharedCaptureExporter,), {"quantization_methods": table})
+
+
+@pytest.fixture
+def capture_patch():
+    from hfexport.registry import isolated_registry, register_patch
+
+    with isolated_registry():
+
+        @register_patch("core-capture", f"{__name__}.Marker.value")
+        def patched(original):
+            return staticmethod(lambda: "patched")
+
+        yield
+
+
+def test_shared_capture_step_records_the_four_stages_and_keeps_patches_until_the_block_exits(
+    bert, capture_patch
+):
+    model, inputs = bert
+    exporter = SharedCaptureExporter()
+    exporter.export(model, inputs, DynamoConfig())
+    report = exporter.last_report
+    assert [s.name for s in report.stages] == [
+        "prepare_inputs",
+        "patches",
+        "capture",
+        "fx_program_fixes",
+        "fx_node_fixes",
+        "lowered",
+        "reference",
+        "validate",
+    ]
+    assert exporter.seen_during == "patched" and exporter.seen_after == "original" == Marker.value()
+    (name,) = report.applied["patches"]
+    assert name.endswith(".patched")
+    assert report.stages[1].detail == "core-capture: 1 installed"
+    assert report.stages[1].data == {"core-capture": [name]}
+    assert report.applied["fx_program_fixes"] == [] and report.stages[3].detail == "0 applied"
+    session = exporter.session
+    assert session.registry_key == "core-capture" and session.model is session.original
+    assert isinstance(session.program, torch.export.ExportedProgram) and session.method is None
+    assert report.quantization is None and "quantize" not in report.applied
+
+
+def test_shared_capture_step_restores_the_patches_when_the_block_raises(bert, capture_patch):
+    model, inputs = bert
+    exporter = SharedCaptureExporter()
+    exporter.fail_inside = True
+    with pytest.raises(RuntimeError, match="lowering broke"):
+        exporter.export(model, inputs, DynamoConfig())
+    assert Marker.value() == "original" and exporter.seen_during == "patched"
+
+
+def test_quantization_runs_in_its_declared_phase(bert):
+    from hfexport.config import QuantizationConfig
+
+    model, inputs = bert
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    exporter_class = _with_methods()
+
+    source = exporter_class()
+    program = source.export(model, inputs, DynamoConfig(quantization="src", validate=False))
+    report = source.last_report
+    names = [s.name for s in report.stages]
+    assert names[:4] == ["prepare_inputs", "patches", "quantize", "capture"]
+    assert report.stages[2].detail == "doubled one weight"
+    assert report.quantization["method"] == "src" and report.quantization["doubled"] == 1
+    assert report.quantization["phase_seen"] == "source" and report.quantization["weight_bytes_before"] > 0
+    assert report.applied["quantize"] == ["src"]
+    first = next(n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
+    torch.testing.assert_close(program.state_dict[f"{first}.weight"], 2 * weights[f"{first}.weight"])
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())  # the model is untouched
+
+    later = exporter_class()
+    later.export(model, inputs, DynamoConfig(quantization=QuantizationConfig("prog"), validate=False))
+    report = later.last_report
+    names = [s.name for s in report.stages]
+    assert names[:7] == [
+        "prepare_inputs",
+        "patches",
+        "quantize",  # its prepare function, in the source phase
+        "capture",
+        "quantize_program",
+        "fx_program_fixes",
+        "fx_node_fixes",
+    ]
+    assert report.quantization["doubled"] == 1 and report.quantization["nodes"] > 10
+    assert report.quantization["inputs"] == sorted(inputs)
+    assert report.applied["quantize_program"] == ["prog"]
+
+    artifact_phase = exporter_class()
+    artifact = artifact_phase.export(model, inputs, DynamoConfig(quantization="art", validate=False))
+    report = artifact_phase.last_report
+    assert artifact[0] == "tagged" and isinstance(artifact[1], torch.export.ExportedProgram)
+    names = [s.name for s in report.stages]
+    assert names[names.index("lowered") :] == ["lowered", "quantize", "validate"]  # validate: skipped
+    assert "quantize" not in names[: names.index("lowered")]
+    assert report.quantization == {"method": "art", "calibration": ["c"]}
+    assert report.stages[names.index("quantize")].detail == "tagged"
+
+    declared = exporter_class()  # a plain description: nothing runs it for the backend
+    declared.export(model, inputs, DynamoConfig(quantization="declared", validate=False))
+    assert "quantize" not in [s.name for s in declared.last_report.stages]
+
+
+def test_generation_source_is_the_source_phase_copy_shared_by_components(bert):
+    from hfexport.generation.parts import transformed_source_of
+
+    model, inputs = bert
+    exporter = _with_methods()()
+    copy = exporter.generation_source(model, DynamoConfig(quantization="src"))
+    facts, original = transformed_source_of(copy)
+    assert original is model and facts["shared_by_components"] is True and facts["doubled"] == 1
+    assert exporter.generation_source(model, DynamoConfig(quantization="art")) is None  # no source phase
+    assert exporter.generation_source(model, DynamoConfig()) is None
+    assert exporter.generation_source(model, DynamoConfig(quantization="src", dtype="float16")) is None
+    # a component of the shared copy is not quantized again: the copy's facts are reported
+    exporter.export(copy, inputs, DynamoConfig(quantization="src", validate=False))
+    report = exporter.last_report
+    assert report.quantization["shared_by_components"] is True
+    assert next(s for s in report.stages if s.name == "quantize").detail == (
+        "src: quantized once for every generation component"
+    )
+
+
+def test_register_quantization_method_adds_a_method_to_a_backends_table():
+    from hfexport.config import QuantizationConfig, QuantizationMethod
+    from hfexport.quantization import isolated_quantization_methods, register_quantization_method
+    from hfexport.registry import register_quantization_method as from_registry
+
+    assert from_registry is register_quantization_method
+    exporter_class = _with_methods()
+    method = QuantizationMethod("tags too", options={"exclude"}, phase="artifact", apply=_tag_artifact)
+    with isolated_quantization_methods():
+        assert register_quantization_method("core-capture", "tag2", method) is method
+        assert register_quantization_method("core-capture", "tag2", method) is method  # idempotent
+        assert list(exporter_class.quantization_methods) == ["src", "prog", "art", "declared", "tag2"]
+        exporter_class().check_precision(
+            DynamoConfig(quantization=QuantizationConfig("tag2", exclude=("x",)))
+        )
+        with pytest.raises(ValueError, match=r"quantization.per_channel=False is not read .* 'tag2'"):
+            exporter_class().check_precision(
+                DynamoConfig(quantization=QuantizationConfig("tag2", per_channel=False))
+            )
+        other = QuantizationMethod("other", phase="artifact", apply=_tag_artifact)
+        with pytest.raises(ValueError, match="'tag2' is already a core-capture method"):
+            register_quantization_method("core-capture", "tag2", other)
+        with pytest.raises(ValueError, match="declares no phase and apply function"):
+            register_quantization_method("core-capture", "tag3", QuantizationMethod("nothing runs it"))
+        with pytest.raises(TypeError, match=r"takes a hfexport\.config\.QuantizationMethod, got str"):
+            register_quantization_method("core-capture", "tag3", "a description")
+    assert "tag2" not in exporter_class.quantization_methods
+    with pytest.raises(
+        ValueError, match="quantization method 'tag2' is not one of the core-capture backend's"
+    ):
+        exporter_class().check_precision(DynamoConfig(quantization="tag2"))

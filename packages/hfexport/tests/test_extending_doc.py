@@ -1,4 +1,4 @@
-"""docs/extending.md runs as written: a third-party backend and a workaround.
+"""docs/extending.md runs as written: a third-party backend, a quantization method and a workaround.
 
 The backend package is the one the page shows (the blocks marked ``<!-- example-file: PATH -->``):
 the test writes it into ``tmp_path``, builds its wheel with setuptools (no network: no build
@@ -21,6 +21,7 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 
 import hfexport
 
@@ -40,7 +41,7 @@ def doc_examples() -> tuple[dict[str, str], dict[str, str]]:
 def test_doc_has_the_examples_the_tests_run():
     files, examples = doc_examples()
     assert set(files) == {"pyproject.toml", "src/hfexport_myformat/__init__.py"}
-    assert set(examples) == {"backend-usage", "workaround"}
+    assert set(examples) == {"backend-usage", "workaround", "quantization-method"}
     assert '[project.entry-points."hfexport.exporters"]' in files["pyproject.toml"]
     # the plugin is built on the core only
     assert not re.search(r"hfexport_(dynamo|onnx|executorch)", files["src/hfexport_myformat/__init__.py"])
@@ -69,6 +70,51 @@ def test_workaround_example_runs_and_is_listed(monkeypatch, capsys):
     assert capsys.readouterr().out.split() == [entry.issue, "{'torch':", "'>=2.0'}", "True"]
     with registry.isolated_registry():
         assert registry.entries("myformat") == []  # isolated: nothing leaked
+
+
+def test_quantization_method_example_is_one_function_plus_one_registration(monkeypatch, capsys):
+    """The page's method, registered for dynamo, runs in the shared capture step's ``quantize``
+    stage: the captured program holds weights on the int8 grid, the model keeps its own, the
+    facts land in ``report.quantization``; the registration is gone after the isolated block."""
+    pytest.importorskip("hfexport_dynamo", reason="the example registers its method for the dynamo backend")
+    from hfexport.quantization import isolated_quantization_methods, registered_quantization_methods
+    from hfexport_dynamo import DynamoExporter
+
+    _, examples = doc_examples()
+    with isolated_quantization_methods():
+        module = _module_from(examples["quantization-method"], "docs_extending_quantization", monkeypatch)
+        assert set(registered_quantization_methods("dynamo")) == {"int8-grid"}
+        assert DynamoExporter.quantization_methods["int8-grid"].phase == "source"
+        model, exporter, program = module.model, module.exporter, module.program
+        report = exporter.last_report
+        linears = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+        rounded = [n for n in linears if not n.startswith("pooler.")]
+        assert len(rounded) == len(linears) - 1 > 0
+        assert report.quantization["method"] == "int8-grid"
+        assert report.quantization["rounded_linear"] == len(rounded)
+        assert report.quantization["weight_bytes_before"] > 0
+        assert report.applied["quantize"] == ["int8-grid"]
+        names = [s.name for s in report.stages]
+        assert names.index("patches") < names.index("quantize") < names.index("capture")
+        assert (
+            next(s for s in report.stages if s.name == "quantize").detail
+            == f"{len(rounded)} linear module(s)"
+        )
+        assert capsys.readouterr().out.split() == ["int8-grid", str(len(rounded))]
+        # the program's weights are on the grid (and differ from the model's), the model's are not
+        state = program.state_dict
+        for name in rounded:
+            eager = model.get_submodule(name).weight.detach()
+            captured = state[f"{name}.weight"]
+            scale = eager.abs().amax(dim=1, keepdim=True) / 127
+            steps = captured / scale
+            assert torch.allclose(steps, steps.round(), atol=1e-3), name
+            assert not torch.equal(captured, eager), name
+        pooler = model.get_submodule("pooler.dense").weight.detach()
+        assert torch.equal(state["pooler.dense.weight"], pooler)  # excluded: left float
+        assert all(row["ok"] for row in report.validation["sample"]) and report.quality_gates
+    assert registered_quantization_methods("dynamo") == {}
+    assert "int8-grid" not in DynamoExporter.quantization_methods
 
 
 @pytest.fixture

@@ -3,8 +3,13 @@
 Stages of :meth:`DynamoExporter._export` (each a named stage of the export report; the shared
 names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.report.CAPTURE_STEPS`):
 
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`).
+
 1. ``patches``: the active ``register_patch("dynamo", ...)`` workarounds
-   (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture only;
+   (:mod:`hfexport_dynamo.workarounds.patches`), installed for the capture and the FX fixes;
+   then ``quantize`` (``config.quantization``: ``int8-weight``'s ``source`` phase,
+   :func:`hfexport_dynamo.quantize.apply_int8_weight`, whose copy is captured);
 2. ``capture``, the core capture (:func:`hfexport.capture.capture`), then one report stage per step:
    ``capture.cache_pytrees`` (every ``Cache`` subclass, model-defined ones included, becomes a
    pytree node), ``capture.signature`` (a ``**kwargs`` forward gets an explicit keyword
@@ -22,7 +27,9 @@ names are :class:`hfexport.report.Stage`, the capture steps :data:`hfexport.repo
    transformers classes, a flat dict of outputs, so stock ``torch.export.load`` in a process that
    imports only torch reads and runs it), recorded in the report (``extra["flat_io"]``); the
    returned program itself keeps the eager input/output objects;
-5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact;
+5. ``lower``, recorded as skipped: the ``ExportedProgram`` is the artifact (with
+   ``config.quantization``: torchao's weights decomposed to plain aten,
+   :func:`hfexport_dynamo.quantize.to_plain_aten`);
 6. ``aoti_compile`` (only with ``config.aoti``): the program compiled with AOTInductor
    (:mod:`hfexport_dynamo.aoti`); :meth:`save` writes the package next to the ``.pt2``
    (``model.aoti.pt2``) and validation adds the stage ``validate_aoti``.
@@ -33,7 +40,6 @@ dynamic exports, at a second shape (:meth:`hfexport.exporter.HfExporter.validate
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Callable, Mapping
@@ -42,10 +48,8 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.auto import register_exporter
-from hfexport.capture import capture
 from hfexport.config import DynamoConfig, QuantizationMethod
 from hfexport.exporter import HfExporter
-from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
 from hfexport_dynamo import aoti as _aoti
 from hfexport_dynamo.flat_io import flat_io_names, flat_program_io
@@ -114,6 +118,8 @@ class DynamoExporter(HfExporter):
     artifact_filename: ClassVar[str] = "model.pt2"
     #: registry key whose patches and FX fixes this exporter applies
     registry_key: ClassVar[str] = "dynamo"
+    #: the ``capture`` stage lists its steps (``capture.torch_export`` ...)
+    records_capture_steps: ClassVar[bool] = True
     stages: ClassVar[tuple[str, ...]] = (
         "quantize",
         *CAPTURE_STEPS,
@@ -155,40 +161,11 @@ class DynamoExporter(HfExporter):
             ExportStageError: a stage failed; ``stage`` names it (``capture.torch_export`` ...).
             ValueError: ``config.dynamic_shapes`` names inputs that are not among ``inputs``.
         """
+        # patches, quantize (int8-weight's source phase), capture, FX fixes: the shared capture step
+        with self.captured_program(model, inputs, config, report) as session:
+            program = session.program
         quantization = getattr(config, "quantization", None)
-        if quantization is not None:
-            with report.stage("quantize", detail=quantization.method) as record:
-                from hfexport.generation.parts import transformed_source_of
-                from hfexport.linear_forms import weight_bytes
-                from hfexport_dynamo.quantize import quantize_copy
-
-                shared = transformed_source_of(model)
-                if shared is not None:  # a generation component of the copy quantized once for all
-                    summary, source = dict(shared[0]), shared[1]
-                    summary["weight_bytes_before"] = weight_bytes(source if source is not None else model)
-                    record.detail = f"{quantization.method}: quantized once for every generation component"
-                else:
-                    before = weight_bytes(model)
-                    model, summary = quantize_copy(model, quantization)
-                    summary["weight_bytes_before"] = before
-                    record.detail = f"{quantization.method}: {summary['linear']} linear module(s)"
-                report.quantization = summary
-        with contextlib.ExitStack() as patches:
-            with report.stage(Stage.PATCHES) as record:
-                entries = patches.enter_context(apply_patches(self.registry_key))
-                names = [entry.name for entry in entries]
-                record.detail = ", ".join(name.rsplit(".", 1)[-1] for name in names)
-                report.record_applied(Stage.PATCHES, names)
-            with report.stage(Stage.CAPTURE):  # its steps follow it as capture.<step>
-                program = capture(model, inputs, config, report, record_stages=True)
-        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
-            applied = apply_fx_program_fixes(self.registry_key, program)
-            record.detail = ", ".join(applied)
-            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
-        with report.stage(Stage.FX_NODE_FIXES) as record:
-            applied = apply_fx_node_fixes(self.registry_key, program.graph_module)
-            record.detail = ", ".join(applied)
-            report.record_applied(Stage.FX_NODE_FIXES, applied)
+        summary = report.quantization
         if quantization is None:
             report.skip(Stage.LOWER, "the ExportedProgram is the artifact")
         else:
@@ -299,22 +276,6 @@ class DynamoExporter(HfExporter):
             UnsafeArtifactError, ArtifactLoadError: see :func:`hfexport_dynamo.load`.
         """
         return load_program(path, trust_remote_code=trust_remote_code)
-
-    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
-        """The int8 weight-only copy every generation component is captured from, built once with
-        :func:`hfexport_dynamo.quantize.quantize_copy` (fp32 capture; a reduced ``dtype`` casts
-        before quantizing, which each component's export does); ``None`` without quantization.
-        ``model`` is never modified."""
-        quantization = getattr(config, "quantization", None)
-        if quantization is None or str(getattr(config, "dtype", "float32") or "float32") != "float32":
-            return None
-        self.check_precision(config)
-        from hfexport.generation.parts import mark_transformed_source
-        from hfexport_dynamo.quantize import quantize_copy
-
-        quantized, summary = quantize_copy(model, quantization)
-        mark_transformed_source(quantized, model, {**summary, "shared_by_components": True})
-        return quantized
 
     def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
         """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.

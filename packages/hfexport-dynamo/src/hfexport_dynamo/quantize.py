@@ -1,6 +1,8 @@
 """Quantized ``ExportedProgram``: the ``DynamoConfig.quantization`` methods of the dynamo backend.
 
-``int8-weight``: int8 weight-only linear layers through torchao. :func:`quantize_copy` deep-copies
+``int8-weight`` (a ``source``-phase method: :func:`apply_int8_weight`, run by the base exporter's
+shared capture step, :meth:`hfexport.exporter.HfExporter.captured_program`): int8 weight-only
+linear layers through torchao. :func:`quantize_copy` deep-copies
 the model, turns transformers' GPT-2 ``Conv1D`` projections into ``nn.Linear``
 (:func:`hfexport.linear_forms.conv1d_as_linear`) and applies torchao's ``Int8WeightOnlyConfig``
 (symmetric int8, one scale per output channel) to every ``nn.Linear`` not excluded; the copy is
@@ -22,8 +24,16 @@ import torch
 
 from hfexport.config import QuantizationMethod
 from hfexport.linear_forms import conv1d_as_linear, matches_any
+from hfexport.quantization import QuantizationRequest, QuantizationResult
 
-__all__ = ["METHODS", "check_quantization", "program_weight_bytes", "quantize_copy", "to_plain_aten"]
+__all__ = [
+    "METHODS",
+    "apply_int8_weight",
+    "check_quantization",
+    "program_weight_bytes",
+    "quantize_copy",
+    "to_plain_aten",
+]
 
 #: Method name -> what it does and the ``QuantizationConfig`` options it reads
 #: (``DynamoExporter.quantization_methods``; any other option is refused before capture).
@@ -31,6 +41,8 @@ METHODS: dict[str, QuantizationMethod] = {
     "int8-weight": QuantizationMethod(
         "int8 weight-only linear layers (torchao Int8WeightOnlyConfig, per-channel), decomposed to plain aten ops",
         options=frozenset({"exclude"}),
+        phase="source",
+        apply="hfexport_dynamo.quantize:apply_int8_weight",
     ),
 }
 
@@ -89,6 +101,26 @@ def quantize_copy(model: torch.nn.Module, quantization: Any) -> tuple[torch.nn.M
 
     quantize_(quantized, Int8WeightOnlyConfig(), filter_fn=filter_fn)
     return quantized, summary
+
+
+def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
+    """The ``source`` phase of ``int8-weight``: the model's int8 weight-only copy
+    (:func:`quantize_copy`), captured instead of the model; the exporter's ``lower`` stage then
+    flattens it to plain aten (:func:`to_plain_aten`).
+
+    Args:
+        request: ``target`` the eager model (left as it was), ``quantization`` the config.
+
+    Returns:
+        The copy, with facts ``{"method", "linear", "conv1d_as_linear", "excluded"}``.
+
+    Raises:
+        ValueError: see :func:`check_quantization`.
+    """
+    quantized, summary = quantize_copy(request.target, request.quantization)
+    return QuantizationResult(
+        quantized, summary, f"{request.quantization.method}: {summary['linear']} linear module(s)"
+    )
 
 
 def to_plain_aten(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:

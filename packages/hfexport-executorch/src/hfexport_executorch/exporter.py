@@ -1,16 +1,20 @@
 """``ExecutorchExporter``: Hugging Face model -> ExecuTorch program (``.pte``), validated in the
 ExecuTorch runtime.
 
-Stages (each a function, each a line of the export report):
+Stages (each a line of the export report; 1-6 are the core's shared capture step,
+:meth:`hfexport.exporter.HfExporter.captured_program`, with this backend's hooks):
 
 1. ``prepare_backend``: :func:`hfexport_executorch.backends.prepare_backend` (partitioner, model
    adaptations such as dense mixture-of-experts for XNNPACK; ``cuda`` checks CUDA is usable);
 2. ``patches``: ``apply_patches(f"executorch.{backend}")`` installs the ``"executorch"`` patches
    and those of the backend's scope, kept until lowering is done;
+   then ``quantize`` with ``config.quantization``: the method's ``source`` phase (a quantized copy
+   for ``8da4w`` / ``4w`` / ``8w`` / ``embedding_bits``; :mod:`hfexport_executorch.quantize`);
 3. ``dynamic_shapes``: :func:`hfexport_executorch.bounds.plan_dynamic_shapes` bounds every
    ``Dim.AUTO`` axis by its role (batch, sequence, ...); a batch-1 sample is traced at batch 2
    (:func:`hfexport.batching.widen_unit_batch`, the core capture's own rule applied before planning);
-4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``);
+4. ``capture``: the core :func:`hfexport.capture.capture` (``torch.export.export``), then for
+   ``int8-dynamic`` ``quantize_pt2e`` (its ``program`` phase: PT2E, captured again);
 5. ``fx_program_fixes``: ``apply_fx_program_fixes`` (e.g. bounding unbounded dynamic ranges);
 6. ``fx_node_fixes``: ``apply_fx_node_fixes`` on the captured graph;
 7. ``memory_budget``: :func:`hfexport_executorch.bounds.fit_memory_budget` narrows the bounds of
@@ -28,7 +32,7 @@ sample shape and, for dynamic exports, at a second shape.
 from __future__ import annotations
 
 import contextlib
-import copy
+import dataclasses
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +43,7 @@ import torch
 from hfexport.auto import register_exporter
 from hfexport.batching import widen_unit_batch
 from hfexport.config import ExecutorchConfig, QuantizationMethod
-from hfexport.exporter import HfExporter
+from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
 from hfexport_executorch import generation as _generation
@@ -48,9 +52,24 @@ from hfexport_executorch.quantize import METHODS as _quantize_methods
 from hfexport_executorch.quantize import WEIGHT_ONLY_METHODS
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 
-__all__ = ["ExecutorchExporter"]
+__all__ = ["ExecutorchCapture", "ExecutorchExporter"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ExecutorchCapture(CaptureSession):
+    """The shared capture step's session with this backend's state between its hooks.
+
+    Attributes:
+        plan: the backend plan of ``prepare_backend`` (partitioners, registry key, device).
+        dynamic: the dynamic-shape plan of ``dynamic_shapes`` (roles and bounds per axis).
+        bounded_by_fix: the symbols ``bound_unbounded_dynamic_ranges`` bounded (name -> bound).
+    """
+
+    plan: Any = None
+    dynamic: bounds.DynamicPlan | None = None
+    bounded_by_fix: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @register_exporter("executorch")
@@ -110,6 +129,8 @@ class ExecutorchExporter(HfExporter):
     #: of every delegated weight and the emitter's copy of the embedding (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "ExecuTorch's XNNPACK delegate"
+    #: the shared capture step's session: this backend's plan, dynamic shapes and fixed bounds
+    capture_session_class: ClassVar[type[CaptureSession]] = ExecutorchCapture
     #: see :mod:`hfexport_executorch.quantize` (``embedding_bits`` combines with any of them).
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = dict(_quantize_methods)
 
@@ -139,10 +160,16 @@ class ExecutorchExporter(HfExporter):
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: Any, report: ExportReport
     ) -> Any:
-        from hfexport.capture import capture
-        from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
-        from hfexport.tensors import cast_leaf_tensors
-        from hfexport_executorch.backends import prepare_backend
+        """Stages 1-9 of the module docstring; returns the ``ExecutorchProgramManager``.
+
+        Stages 1-6 are the base class's shared capture step
+        (:meth:`hfexport.exporter.HfExporter.captured_program`) with this backend's hooks:
+        :meth:`prepare_capture` (``prepare_backend``), :meth:`before_capture` (``dynamic_shapes``),
+        :meth:`capture_program` (the capture with its dynamic-shape fallback) and
+        :meth:`fix_program` (the role bounds the fixes read); the quantization methods run there by
+        phase (:data:`hfexport_executorch.quantize.METHODS`). The memory budget, lowering and
+        memory planning run with the patches still installed.
+        """
         from hfexport_executorch.lowering import (
             constant_methods_of,
             delegation_summary,
@@ -151,56 +178,19 @@ class ExecutorchExporter(HfExporter):
             planned_memory_bytes,
         )
         from hfexport_executorch.serialize import attach_atomic_save
-        from hfexport_executorch.workarounds.fx_fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
 
-        with contextlib.ExitStack() as stack:
-            with report.stage("prepare_backend", detail=str(config.backend)):
-                plan = prepare_backend(config.backend, model, stack)
-                report.extra["backend"] = plan.name
-                report.extra["backend_adaptations"] = list(plan.adaptations)
-            with report.stage(Stage.PATCHES, detail=plan.registry_key) as record:
-                installed = stack.enter_context(apply_patches(plan.registry_key))
-                report.record_applied(Stage.PATCHES, [entry.name for entry in installed])
-                for entry in installed:  # by key: "executorch" first, then the backend scope
-                    record.data.setdefault(entry.backend, []).append(entry.name)
-            if plan.device.type != "cpu":
-                inputs = cast_leaf_tensors(inputs, device=plan.device)
-            quantization = getattr(config, "quantization", None)
-            if quantization is not None:
-                with report.stage("quantize", detail=quantization.method) as record:
-                    model = _quantize_source(model, quantization, report, record)
-            with report.stage("dynamic_shapes"):
-                trace_inputs, widened = widen_unit_batch(inputs, config)
-                if widened:
-                    report.extra["trace_inputs"] = widened
-                dynamic = bounds.plan_dynamic_shapes(model, trace_inputs, config)
-            with report.stage(Stage.CAPTURE):
-                program = _capture_with_fallback(capture, model, trace_inputs, config, dynamic, report)
-            if quantization is not None and quantization.method == "int8-dynamic":
-                with report.stage("quantize_pt2e", detail="XNNPACKQuantizer, dynamic activations"):
-                    from hfexport_executorch.quantize import pt2e_quantize
-
-                    converted = pt2e_quantize(program, [trace_inputs], per_channel=quantization.per_channel)
-                    program = _capture_with_fallback(
-                        capture, converted, trace_inputs, config, dynamic, report
-                    )
-            with report.stage(Stage.FX_PROGRAM_FIXES):
-                symbols = bounds.collect_symbols(program, trace_inputs, dynamic)
-                program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, model)
-                applied = apply_fx_program_fixes(plan.registry_key, program)
-                report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
-                bounded_by_fix = program.graph_module.meta.get(BOUNDED_META_KEY, {})
-            with report.stage(Stage.FX_NODE_FIXES):
-                applied = apply_fx_node_fixes(plan.registry_key, program.graph_module)
-                report.record_applied(Stage.FX_NODE_FIXES, applied)
+        quantization = getattr(config, "quantization", None)
+        with self.captured_program(model, inputs, config, report) as session:
+            assert isinstance(session, ExecutorchCapture) and session.plan is not None
+            program, plan, dynamic = session.program, session.plan, session.dynamic
             # the bounds are fitted to the budget on the captured program, before lowering: a
             # delegate serializes the upper bounds it is lowered with and the XNNPACK runtime sizes
             # its workspace from them (Qwen3-0.6B's 40960 positions: 16 GB at the first run of a
             # 2x11 input when the bounds were narrowed after lowering, for the planner only)
             with report.stage("memory_budget"):
-                symbols = bounds.collect_symbols(program, trace_inputs, dynamic)
+                symbols = bounds.collect_symbols(program, session.inputs, dynamic)
                 for info in symbols:
-                    if str(info.symbol) in bounded_by_fix:
+                    if str(info.symbol) in session.bounded_by_fix:
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
                 budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
                 outcome = bounds.fit_memory_budget(program, symbols, budget)
@@ -213,9 +203,9 @@ class ExecutorchExporter(HfExporter):
                     "fits": outcome.fits,
                 }
             with report.stage(Stage.LOWER, detail=plan.delegate_id), _size_oblivious_if_image_sides(report):
-                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(model))
+                edge = lower_to_edge(program, plan.partitioners, constant_methods_of(session.model))
                 report.extra["delegation"] = delegation_summary(edge)
-                if quantization is not None:
+                if quantization is not None and report.quantization is not None:
                     from hfexport_executorch.quantize import quantized_op_counts
 
                     report.quantization["ops"] = quantized_op_counts(edge)
@@ -223,7 +213,7 @@ class ExecutorchExporter(HfExporter):
                 fuse = quantization is not None and quantization.embedding_bits is not None
                 manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
-                if quantization is not None:
+                if quantization is not None and report.quantization is not None:
                     _record_sizes(report.quantization, manager)
                 report.extra["memory_planning"] = {
                     "alloc_graph_input": bool(config.alloc_graph_input),
@@ -232,6 +222,62 @@ class ExecutorchExporter(HfExporter):
                 }
         remember_runtime_backend(manager, plan.runtime_backend)
         return attach_atomic_save(manager)
+
+    # -- the shared capture step's hooks -----------------------------------------------------------
+    def prepare_capture(self, session: CaptureSession) -> None:
+        """Stage ``prepare_backend``: :func:`hfexport_executorch.backends.prepare_backend` (the
+        partitioner, model adaptations kept until the step closes); its registry key
+        (``executorch.<backend>``) is the one whose patches and fixes apply; inputs move to the
+        backend's device."""
+        from hfexport.tensors import cast_leaf_tensors
+        from hfexport_executorch.backends import prepare_backend
+
+        assert isinstance(session, ExecutorchCapture)
+        config, report = session.config, session.report
+        with report.stage("prepare_backend", detail=str(config.backend)):
+            plan = prepare_backend(config.backend, session.model, session.stack)
+            report.extra["backend"] = plan.name
+            report.extra["backend_adaptations"] = list(plan.adaptations)
+        session.plan = plan
+        session.registry_key = plan.registry_key
+        if plan.device.type != "cpu":
+            session.inputs = cast_leaf_tensors(session.inputs, device=plan.device)
+
+    def before_capture(self, session: CaptureSession) -> None:
+        """Stage ``dynamic_shapes``: a batch-1 sample is traced at batch 2
+        (:func:`hfexport.batching.widen_unit_batch`; ``session.inputs`` become the trace inputs),
+        and every dynamic axis gets a role and bounds (:func:`hfexport_executorch.bounds.plan_dynamic_shapes`)."""
+        assert isinstance(session, ExecutorchCapture)
+        with session.report.stage("dynamic_shapes"):
+            trace_inputs, widened = widen_unit_batch(session.inputs, session.config)
+            if widened:
+                session.report.extra["trace_inputs"] = widened
+            session.inputs = trace_inputs
+            session.dynamic = bounds.plan_dynamic_shapes(session.model, trace_inputs, session.config)
+
+    def capture_program(self, session: CaptureSession, module: torch.nn.Module) -> Any:
+        """The core capture with the planned role dimensions, falling back to bounded ``Dim.AUTO``
+        hints on a dynamic-shape constraint error (also for ``int8-dynamic``'s re-capture)."""
+        from hfexport.capture import capture
+
+        assert isinstance(session, ExecutorchCapture) and session.dynamic is not None
+        return _capture_with_fallback(
+            capture, module, session.inputs, session.config, session.dynamic, session.report
+        )
+
+    def fix_program(self, session: CaptureSession) -> list[str]:
+        """The active program fixes, with the role bounds of the symbols captured unbounded in the
+        graph's meta (what ``bound_unbounded_dynamic_ranges`` reads); the symbols it bounded are
+        kept for the ``memory_budget`` stage."""
+        from hfexport_executorch.workarounds.fx_fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
+
+        assert isinstance(session, ExecutorchCapture) and session.dynamic is not None
+        program = session.program
+        symbols = bounds.collect_symbols(program, session.inputs, session.dynamic)
+        program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, session.model)
+        applied = super().fix_program(session)
+        session.bounded_by_fix = dict(program.graph_module.meta.get(BOUNDED_META_KEY, {}))
+        return applied
 
     # -- runtime -----------------------------------------------------------------------------------
     def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
@@ -295,27 +341,6 @@ class ExecutorchExporter(HfExporter):
         :func:`hfexport_executorch.generation.component_config`."""
         return _generation.component_config(name, module, kwargs, plan, config)
 
-    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
-        """The quantized copy every generation component is captured from (source-transform methods
-        ``8da4w`` / ``4w`` / ``8w`` and ``embedding_bits``, fp32 capture), built once with
-        :func:`hfexport_executorch.quantize.quantize_copy` so ``prefill`` and ``decode`` share one
-        set of quantized weights; ``None`` otherwise (``int8-dynamic`` quantizes each captured
-        graph; a reduced ``dtype`` casts before quantizing, which each component's export does).
-        ``model`` is never modified."""
-        from hfexport.generation.parts import mark_transformed_source
-        from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
-
-        quantization = getattr(config, "quantization", None)
-        dtype = str(getattr(config, "dtype", "float32") or "float32")
-        if quantization is None or dtype != "float32":
-            return None
-        if quantization.method not in SOURCE_TRANSFORM_METHODS and quantization.embedding_bits is None:
-            return None
-        self.check_precision(config)
-        quantized, applied = quantize_copy(model, quantization)
-        mark_transformed_source(quantized, model, {**applied, "shared_by_components": True})
-        return quantized
-
     def component_metadata(self, artifact: Any) -> dict[str, Any]:
         """The program's input/output pytree specs and the delegate backend it needs (a ``.pte``
         holds the flat program only); see :func:`hfexport_executorch.generation.component_metadata`."""
@@ -341,47 +366,6 @@ class ExecutorchExporter(HfExporter):
         from hfexport_executorch.serialize import save_program
 
         save_program(artifact, path)
-
-
-def _quantize_source(
-    model: torch.nn.Module, quantization: Any, report: ExportReport, record: Any
-) -> torch.nn.Module:
-    """The model to capture for ``quantization``: a quantized copy for the source-transform methods
-    and ``embedding_bits`` (:func:`hfexport_executorch.quantize.quantize_copy`), ``model`` itself for
-    ``int8-dynamic`` alone (quantized after capture). Fills ``report.quantization``."""
-    from hfexport.generation.parts import transformed_source_of
-    from hfexport.linear_forms import weight_bytes
-    from hfexport_executorch.quantize import SOURCE_TRANSFORM_METHODS, quantize_copy
-
-    shared = transformed_source_of(model)
-    if shared is not None:  # a generation component of the copy quantized once for all components
-        applied, source = shared
-        summary = {
-            **applied,
-            "embedding_bits": quantization.embedding_bits,
-            "weight_bytes_before": weight_bytes(source) if source is not None else None,
-        }
-        record.detail = f"{quantization.method}: quantized once for every generation component"
-        report.quantization = summary
-        return model
-    summary: dict[str, Any] = {"method": quantization.method, "weight_bytes_before": weight_bytes(model)}
-    if quantization.method in SOURCE_TRANSFORM_METHODS or quantization.embedding_bits is not None:
-        model, applied = quantize_copy(model, quantization)
-        summary.update(applied, embedding_bits=quantization.embedding_bits)
-        record.detail = (
-            f"{quantization.method}: {applied['linear']} linear, {applied['embedding']} embedding module(s)"
-        )
-    elif quantization.method == "int8-dynamic":
-        from hfexport.linear_forms import conv1d_as_linear
-
-        # XNNPACKQuantizer annotates aten.linear only: GPT-2's Conv1D (addmm) would stay float
-        if any(type(m).__name__ == "Conv1D" for m in model.modules()):
-            model = copy.deepcopy(model)
-            summary["conv1d_as_linear"] = len(conv1d_as_linear(model))
-    if quantization.method == "int8-dynamic":
-        summary["per_channel"] = quantization.per_channel
-    report.quantization = summary
-    return model
 
 
 def _record_sizes(summary: dict[str, Any], manager: Any) -> None:

@@ -1,6 +1,8 @@
 """Quantized ExecuTorch programs: the ``ExecutorchConfig.quantization`` methods.
 
-Two families, applied at different points of the export:
+Two families, applied at different points of the export (each method's ``phase`` and ``apply`` in
+:data:`METHODS`; the base exporter's shared capture step,
+:meth:`hfexport.exporter.HfExporter.captured_program`, runs them):
 
 - **source transforms** (``8da4w``, ``4w``, ``8w`` and ``embedding_bits``): on a **copy** of the
   model before capture (:func:`quantize_copy`), ``4w`` / ``8w`` swap each ``nn.Linear`` for a
@@ -34,6 +36,7 @@ import torch
 
 from hfexport.config import QuantizationMethod
 from hfexport.linear_forms import conv1d_as_linear, matches_any
+from hfexport.quantization import QuantizationRequest, QuantizationResult
 
 __all__ = [
     "DEFAULT_GROUP_SIZE",
@@ -42,6 +45,8 @@ __all__ = [
     "WEIGHT_ONLY_METHODS",
     "pt2e_quantize",
     "quantize_copy",
+    "quantize_program_pt2e",
+    "quantize_source",
     "quantized_op_counts",
 ]
 
@@ -54,26 +59,37 @@ logger = logging.getLogger(__name__)
 #: ``int8-dynamic`` quantizes every linear (PT2E, one global config) and calibrates on the sample
 #: inputs only (dynamic activations need no ranges), so it reads neither ``exclude`` for linears nor
 #: ``calibration``.
+_SOURCE = "hfexport_executorch.quantize:quantize_source"
 METHODS: dict[str, QuantizationMethod] = {
     "8da4w": QuantizationMethod(
         "8-bit dynamic per-token activations and 4-bit grouped weights (torchao), XNNPACK kernels",
         options=frozenset({"group_size", "exclude", "embedding_bits"}),
+        phase="source",
+        apply=_SOURCE,
     ),
     "int8-dynamic": QuantizationMethod(
         "PT2E with ExecuTorch's XNNPACKQuantizer: 8-bit dynamic activations, int8 per-channel weights",
         options=frozenset({"per_channel", "embedding_bits"}),
         options_if={"group_size": ("embedding_bits", 4), "exclude": ("embedding_bits", None)},
+        phase="program",
+        apply="hfexport_executorch.quantize:quantize_program_pt2e",
+        prepare=_SOURCE,
+        stage="quantize_pt2e",
     ),
     "4w": QuantizationMethod(
         "4-bit grouped symmetric weights, float activations; runs on the quantized kernels' mixed_linear "
         "(not delegated; values stored one per byte, so the size of 8w)",
         options=frozenset({"group_size", "exclude", "embedding_bits"}),
+        phase="source",
+        apply=_SOURCE,
     ),
     "8w": QuantizationMethod(
         "8-bit per-row symmetric weights, float activations; runs on the quantized kernels' mixed_linear "
         "(not delegated)",
         options=frozenset({"exclude", "embedding_bits"}),
         options_if={"group_size": ("embedding_bits", 4)},
+        phase="source",
+        apply=_SOURCE,
     ),
 }
 # Why ``4w`` / ``8w`` do not use torchao's weight-only form (``IntxWeightOnlyConfig``, as ExecuTorch's LLM
@@ -222,6 +238,51 @@ def _replace_weight_only(model: torch.nn.Module, method: str, group_size: int, w
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, WeightOnlyLinear(module, bits, group_size if bits == 4 else None))
+
+
+def quantize_source(request: QuantizationRequest) -> QuantizationResult:
+    """The ``source`` phase of every method: ``8da4w`` / ``4w`` / ``8w`` and ``embedding_bits`` get
+    the quantized copy of :func:`quantize_copy`; ``int8-dynamic`` (whose own phase is ``program``,
+    :func:`quantize_program_pt2e`) gets a copy with GPT-2's ``Conv1D`` as ``nn.Linear`` when the
+    model has one (``XNNPACKQuantizer`` annotates ``aten.linear`` only: an ``addmm`` would stay
+    float), else the model itself.
+
+    Args:
+        request: ``target`` the eager model (left as it was), ``quantization`` the config.
+
+    Returns:
+        The module to capture; facts as :func:`quantize_copy`'s summary plus ``embedding_bits``
+        (and ``per_channel`` for ``int8-dynamic``).
+    """
+    quantization, model = request.quantization, request.target
+    facts: dict[str, Any] = {"method": quantization.method}
+    detail = ""
+    if quantization.method in SOURCE_TRANSFORM_METHODS or quantization.embedding_bits is not None:
+        model, applied = quantize_copy(model, quantization)
+        facts.update(applied, embedding_bits=quantization.embedding_bits)
+        detail = (
+            f"{quantization.method}: {applied['linear']} linear, {applied['embedding']} embedding module(s)"
+        )
+    elif any(type(m).__name__ == "Conv1D" for m in model.modules()):
+        model = copy.deepcopy(model)
+        facts["conv1d_as_linear"] = len(conv1d_as_linear(model))
+    if quantization.method == "int8-dynamic":
+        facts["per_channel"] = quantization.per_channel
+    return QuantizationResult(model, facts, detail)
+
+
+def quantize_program_pt2e(request: QuantizationRequest) -> QuantizationResult:
+    """The ``program`` phase of ``int8-dynamic`` (stage ``quantize_pt2e``): :func:`pt2e_quantize` on
+    the captured program, calibrated on the capture inputs, then captured again (``request.capture``,
+    the exporter's capture with its dynamic-shape fallback).
+
+    Raises:
+        ValueError: called outside the capture step (``request.capture`` is ``None``).
+    """
+    if request.capture is None:
+        raise ValueError("quantize_program_pt2e needs request.capture (the program phase of an export)")
+    converted = pt2e_quantize(request.target, [request.inputs], per_channel=request.quantization.per_channel)
+    return QuantizationResult(request.capture(converted), {}, "XNNPACKQuantizer, dynamic activations")
 
 
 def pt2e_quantize(

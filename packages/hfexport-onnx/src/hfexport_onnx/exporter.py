@@ -3,6 +3,10 @@
 Stages (each a method, each a line of the export report; the shared names are
 :class:`hfexport.report.Stage`, the ONNX-only ones :attr:`OnnxExporter.stages`):
 
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`; :meth:`OnnxExporter.record_patches` splits
+the patches), whose block spans stages 4-8 too.
+
 1. ``patches`` / ``onnx_patches``: the active ``register_patch("onnx", ...)`` entries are
    installed (one ``apply_patches("onnx")`` block around capture, translation and the IR stages,
    where the onnxscript optimizer and rewriters run); patches of
@@ -22,7 +26,9 @@ The shared ``lower`` stage encloses stages 4-8 (recorded after it):
 6. ``ir_fixes``: active :mod:`hfexport_onnx.workarounds.ir_fixes` on the ``onnx_ir`` model;
 7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
    then ``ort_fusions`` (``config.ort_fusions``: ORT contrib-op rewrites, :mod:`hfexport_onnx.fusions`)
-   and ``quantize`` (``config.quantization``: :mod:`hfexport_onnx.quantize`) when asked for;
+   and ``quantize`` (``config.quantization``: the method's ``artifact`` phase,
+   :meth:`hfexport.exporter.HfExporter.quantize_artifact` with :mod:`hfexport_onnx.quantize`) when
+   asked for;
 8. ``external_data``: decides how weights are saved (external data when
    ``config.external_data`` or when they exceed the 2 GiB protobuf limit).
 
@@ -37,7 +43,6 @@ shape) and saves when ``config.output_path`` is set.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -52,11 +57,9 @@ import torch
 
 from hfexport.atomic import atomic_path
 from hfexport.auto import register_exporter
-from hfexport.capture import capture
 from hfexport.config import OnnxConfig, QuantizationMethod, check_opset_version, onnx_opset_range
-from hfexport.exporter import HfExporter
+from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.linear_forms import eager_float32_bytes
-from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
 from hfexport_onnx.io_names import IoNames, assign_io_names
 from hfexport_onnx.quantize import QUANTIZATION_METHODS
@@ -279,35 +282,40 @@ class OnnxExporter(HfExporter):
         """Run stages 1-8 (see the module docstring) and return the ``ONNXProgram``."""
         calibration = self.calibration_batches(model, inputs, config)  # bad keys fail before capture
         report.extra["eager_weights_bytes"] = eager_float32_bytes(model)
-        # the patches stay installed through the IR stages too (the onnxscript optimizer and
-        # rewriters run there); the shared "lower" stage spans translation and the IR stages
-        with contextlib.ExitStack() as stack:
-            self.install_patches(stack, report)
-            program = self.capture_program(model, inputs, config, report)
-            self.apply_fx_fixes(program, report)
-            stack.enter_context(report.stage(Stage.LOWER, detail="torch.onnx.export"))
+        # the shared capture step (patches, capture, FX fixes) keeps the patches installed through
+        # the IR stages too (the onnxscript optimizer and rewriters run there); the shared "lower"
+        # stage spans translation and the IR stages
+        with (
+            self.captured_program(model, inputs, config, report) as session,
+            report.stage(Stage.LOWER, detail="torch.onnx.export"),
+        ):
+            program = session.program
             table = self.translation_table(report)
             onnx_program = self.translate(program, config, table, report)
             self.name_io(onnx_program, program, config, report)
             self.fix_ir(onnx_program, report)
             self.optimize(onnx_program, config, report)
             self.fuse_for_ort(onnx_program, config, report)
-            self.quantize(onnx_program, config, report, calibration)
+            # the artifact phase: after the ORT fusions, before the external-data plan
+            onnx_program.model = self.quantize_artifact(
+                onnx_program.model, config, report, inputs=inputs, calibration=calibration
+            )
             self.plan_external_data(onnx_program, config, report)
         return onnx_program
 
     def calibration_batches(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig
     ) -> list[dict[str, Any]] | None:
-        """Calibration inputs for ``int8-static`` (:func:`hfexport.calibration.calibration_inputs`:
-        ``calibration_data``, else the prompt file, else sample inputs + seeded random variants with
-        a warning); ``None`` for other methods.
+        """Calibration inputs for a method that reads ``calibration`` (``int8-static``;
+        :func:`hfexport.calibration.calibration_inputs`: ``calibration_data``, else the prompt file,
+        else sample inputs + seeded random variants with a warning); ``None`` for other methods.
 
         Raises:
             ValueError: calibration keys that are not the model's inputs, an unreadable prompt file.
         """
         quantization = config.quantization
-        if quantization is None or quantization.method != "int8-static":
+        method = self.quantization_spec(config)
+        if quantization is None or method is None or "calibration" not in method.options:
             return None
         from hfexport.calibration import calibration_inputs
 
@@ -335,69 +343,19 @@ class OnnxExporter(HfExporter):
                 + (", ".join(f"{op.rsplit('.', 1)[-1]} x{n}" for op, n in ops.items()) or "nothing fused")
             )
 
-    def quantize(
-        self,
-        onnx_program: Any,
-        config: OnnxConfig,
-        report: ExportReport,
-        calibration: list[dict[str, Any]] | None,
-    ) -> None:
-        """Stage ``quantize``: ``config.quantization`` with ONNX Runtime's quantizers
-        (:func:`hfexport_onnx.quantize.quantize_ir_model`); the program's model is replaced by the
-        quantized one. ``report.quantization`` records the method, options, weight bytes
-        before/after and the quantized op counts."""
-        if config.quantization is None:
-            return
-        from hfexport_onnx.quantize import quantize_ir_model
-
-        with report.stage("quantize", detail=config.quantization.method) as record:
-            before = initializer_bytes(onnx_program.model)
-            quantized, facts = quantize_ir_model(
-                onnx_program.model, config.quantization, calibration=calibration
-            )
-            onnx_program.model = quantized
-            after = initializer_bytes(quantized)
-            facts.update(weights_bytes_before=before, weights_bytes_after=after)
-            report.quantization = facts
-            report.record_applied("quantize", [config.quantization.method])
-            record.detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + ", ".join(
-                f"{op} x{n}" for op, n in facts["quantized_ops"].items()
-            )
-
-    def install_patches(self, stack: contextlib.ExitStack, report: ExportReport) -> list[Any]:
-        """Stages ``patches`` (torch/transformers side) and ``onnx_patches``: install the active ``"onnx"`` patches.
-
-        The patches stay installed until ``stack`` closes (after translation) and are restored
-        then, also on error. Returns the entries in effect.
-        """
-        with report.stage(Stage.PATCHES) as record:
-            in_effect = stack.enter_context(apply_patches(BACKEND))
-            torch_side = [e.name for e in in_effect if not _is_onnx_side(e)]
-            report.record_applied(Stage.PATCHES, torch_side)
-            record.detail = f"{len(torch_side)} installed"
-        with report.stage("onnx_patches") as record:
-            onnx_side = [e.name for e in in_effect if _is_onnx_side(e)]
-            report.record_applied("onnx_patches", onnx_side)
-            record.detail = f"{len(onnx_side)} installed"
-        return list(in_effect)
-
-    def capture_program(
-        self, model: torch.nn.Module, inputs: dict[str, Any], config: OnnxConfig, report: ExportReport
-    ) -> torch.export.ExportedProgram:
-        """Stage ``capture``: :func:`hfexport.capture.capture`."""
-        with report.stage(Stage.CAPTURE):
-            return capture(model, inputs, config, report)
-
-    def apply_fx_fixes(self, program: torch.export.ExportedProgram, report: ExportReport) -> None:
-        """Stages ``fx_program_fixes`` and ``fx_node_fixes`` on the captured program, in place."""
-        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
-            applied = apply_fx_program_fixes(BACKEND, program)
-            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
-            record.detail = f"{len(applied)} applied"
-        with report.stage(Stage.FX_NODE_FIXES) as record:
-            applied = apply_fx_node_fixes(BACKEND, program.graph_module)
-            report.record_applied(Stage.FX_NODE_FIXES, applied)
-            record.detail = f"{len(applied)} applied"
+    def record_patches(self, session: CaptureSession, record: Any) -> None:
+        """Stages ``patches`` (torch/transformers side) and ``onnx_patches`` (recorded right after
+        it): the installed ``"onnx"`` patches split by target; torch.onnx, onnxscript, onnx_ir, onnx
+        and onnxruntime targets are this backend's own toolchain. They stay installed until the
+        shared capture step's block closes (after the IR stages), and are restored then, also on
+        error."""
+        torch_side = [e.name for e in session.patches if not _is_onnx_side(e)]
+        session.report.record_applied(Stage.PATCHES, torch_side)
+        record.detail = f"{len(torch_side)} installed"
+        with session.report.stage("onnx_patches") as onnx_record:
+            onnx_side = [e.name for e in session.patches if _is_onnx_side(e)]
+            session.report.record_applied("onnx_patches", onnx_side)
+            onnx_record.detail = f"{len(onnx_side)} installed"
 
     def translation_table(self, report: ExportReport) -> dict[Any, Callable[..., Any]]:
         """Stage ``custom_translations``: the active translations of :mod:`hfexport_onnx.workarounds.translations`."""

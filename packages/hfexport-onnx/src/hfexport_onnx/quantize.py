@@ -29,13 +29,14 @@ import collections
 import fnmatch
 import logging
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from hfexport.config import QuantizationMethod
+from hfexport.quantization import QuantizationRequest, QuantizationResult
 
 __all__ = [
     "ACCURACY_LEVEL",
@@ -44,6 +45,10 @@ __all__ = [
     "QUANTIZATION_METHODS",
     "QUANTIZED_OP_TYPES",
     "activation_matmuls",
+    "apply_int4_weight",
+    "apply_int8_dynamic",
+    "apply_int8_static",
+    "apply_int8_weight",
     "excluded_nodes",
     "ffn_up_nodes",
     "int8_weight_only",
@@ -64,22 +69,30 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
         "ONNX Runtime quantize_dynamic: int8 per-channel weights, dynamic int8 activations "
         "(MatMulInteger), int8 word embeddings",
         options=frozenset({"per_channel", "exclude"}),
+        phase="artifact",
+        apply="hfexport_onnx.quantize:apply_int8_dynamic",
     ),
     "int8-static": QuantizationMethod(
         "ONNX Runtime quantize_static: QDQ int8 MatMuls with smoothed activations, ranges calibrated on "
         "prompts or sample inputs, int8 word embedding",
         options=frozenset({"per_channel", "exclude", "calibration", "num_calibration_samples"}),
+        phase="artifact",
+        apply="hfexport_onnx.quantize:apply_int8_static",
     ),
     "int4-weight": QuantizationMethod(
         "ONNX Runtime MatMulNBits: 4-bit block-quantized MatMul weights (group_size, default 32; "
         "symmetric by default; accuracy_level default 4 = int8 compute), GELU FFN up-projections and "
         "the LM head 8-bit, int8 word embedding",
         options=frozenset({"group_size", "exclude", "symmetric", "accuracy_level"}),
+        phase="artifact",
+        apply="hfexport_onnx.quantize:apply_int4_weight",
     ),
     "int8-weight": QuantizationMethod(
         "ONNX Runtime MatMulNBits: 8-bit block-quantized MatMul weights (group_size, default 32; "
         "symmetric by default; accuracy_level default 4 = int8 compute), int8 word embedding",
         options=frozenset({"group_size", "exclude", "symmetric", "accuracy_level"}),
+        phase="artifact",
+        apply="hfexport_onnx.quantize:apply_int8_weight",
     ),
 }
 
@@ -605,112 +618,223 @@ def _load(path: Path) -> Any:
     return ir.from_proto(onnx.load(str(path), load_external_data=True))
 
 
+def _quantize_graph(
+    request: QuantizationRequest,
+    write: Callable[..., None],
+    *,
+    keep_sensitive_float: bool,
+    int8_embeddings: bool,
+) -> QuantizationResult:
+    """The steps every ONNX method shares around its quantizer ``write``: the ``exclude`` patterns
+    resolved to nodes, ``Gemm`` -> ``MatMul``, the early FFN down-projections kept float
+    (``keep_sensitive_float``, without ``exclude``), the word embedding in int8
+    (``int8_embeddings``), then ``write(src, dst, model, quantization, exclude, facts, calibration)``
+    in a temporary folder (``src`` not yet written: the writer saves the model when its own
+    rewrites are done), the quantized graph read back with the exporter's metadata, its op counts
+    and the weight bytes before/after."""
+    from hfexport_onnx.runtime import initializer_bytes
+
+    model, quantization = request.target, request.quantization
+    before = initializer_bytes(model)
+    exclude = excluded_nodes(model, quantization.exclude)
+    facts: dict[str, Any] = {"method": quantization.method}
+    facts["gemm_to_matmul"] = _gemm_to_matmul(model)
+    if keep_sensitive_float and not quantization.exclude:
+        # the FFN down-projections of the first two blocks read heavy-tailed GELU outputs: float
+        auto = sensitive_ffn_nodes(model, SENSITIVE_FFN_LAYERS)
+        exclude += auto
+        facts["kept_float"] = auto
+    if int8_embeddings:
+        facts["int8_embeddings"] = quantize_embeddings(model, exclude)
+    facts["excluded_nodes"] = len(exclude)
+    with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
+        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
+        write(src, dst, model, quantization, exclude, facts, request.calibration)
+        quantized = _load(dst)
+    # keep the exporter's metadata (graph input/output leaf-path mapping) on the new model
+    for key, value in model.metadata_props.items():
+        quantized.metadata_props.setdefault(key, value)
+    facts["quantized_ops"] = quantized_op_counts(quantized)
+    after = initializer_bytes(quantized)
+    facts.update(weights_bytes_before=before, weights_bytes_after=after)
+    detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + ", ".join(
+        f"{op} x{n}" for op, n in facts["quantized_ops"].items()
+    )
+    return QuantizationResult(quantized, facts, detail)
+
+
+def _save(model: Any, src: Path) -> None:
+    import onnx_ir as ir
+
+    ir.save(model, src, external_data="model.onnx.data")
+
+
+def _write_int8_dynamic(
+    src: Path,
+    dst: Path,
+    model: Any,
+    quantization: Any,
+    exclude: list[str],
+    facts: dict[str, Any],
+    calibration: Any,
+) -> None:
+    from onnxruntime import quantization as q
+
+    _save(model, src)
+    facts["per_channel"] = quantization.per_channel
+    q.quantize_dynamic(
+        src,
+        dst,
+        weight_type=q.QuantType.QInt8,
+        per_channel=quantization.per_channel,
+        nodes_to_exclude=exclude,
+        use_external_data_format=True,
+        extra_options={"MatMulConstBOnly": True},
+    )
+
+
+def _write_int8_static(
+    src: Path,
+    dst: Path,
+    model: Any,
+    quantization: Any,
+    exclude: list[str],
+    facts: dict[str, Any],
+    calibration: Any,
+) -> None:
+    from onnxruntime import quantization as q
+
+    if not calibration:
+        raise ValueError(
+            "int8-static needs calibration inputs; allowed: OnnxExporter(calibration_data=...), "
+            "quantization.calibration (a prompt file) or the sample inputs (the exporter's default)"
+        )
+    names = [v.name for v in model.graph.inputs]
+    feeds = _feeds(list(calibration), names)
+    float_matmuls = activation_matmuls(model)
+    skip = set(exclude) | set(float_matmuls)
+    weight_matmuls = [
+        n.name for n in model.graph.all_nodes() if n.op_type == "MatMul" and n.name and n.name not in skip
+    ]
+    smoothed = smooth_activations(model, feeds, weight_matmuls)
+    facts.update(
+        per_channel=quantization.per_channel,
+        calibration_batches=len(calibration),
+        calibrate_method="MinMax",
+        activations="uint8 per-tensor (asymmetric)",
+        smoothing_alpha=SMOOTHING_ALPHA,
+        smoothed_activations=smoothed,
+        float_activation_matmuls=len(float_matmuls),
+    )
+    # the MatMuls kept out of QDQ still store int8 weights (float activations)
+    facts["int8_weight_only"] = int8_weight_only(model, facts.get("kept_float", []))
+    _save(model, src)
+    q.quantize_static(
+        src,
+        dst,
+        _Reader(feeds),
+        quant_format=q.QuantFormat.QDQ,
+        op_types_to_quantize=["MatMul"],
+        per_channel=quantization.per_channel,
+        activation_type=q.QuantType.QUInt8,
+        weight_type=q.QuantType.QInt8,
+        nodes_to_exclude=sorted(skip),
+        calibrate_method=q.CalibrationMethod.MinMax,
+        use_external_data_format=True,
+        # a MatMul's float output feeds the bias Add: quantizing it (ORT's default) adds a
+        # second rounding per projection for no speed-up
+        extra_options={"MatMulConstBOnly": True, "OpTypesToExcludeOutputQuantization": ["MatMul"]},
+    )
+
+
+def apply_int8_dynamic(request: QuantizationRequest) -> QuantizationResult:
+    """``int8-dynamic`` (phase ``artifact``): ``quantize_dynamic`` on ``request.target`` (the
+    ``onnx_ir.Model``, rewritten in place on the way; the result is a new model).
+
+    Returns:
+        The quantized model; facts ``method``, ``per_channel``, ``kept_float``, ``excluded_nodes``,
+        ``quantized_ops``, ``weights_bytes_before`` / ``_after`` ...
+
+    Raises:
+        ValueError: an ``exclude`` pattern matching no module.
+    """
+    return _quantize_graph(request, _write_int8_dynamic, keep_sensitive_float=True, int8_embeddings=False)
+
+
+def apply_int8_static(request: QuantizationRequest) -> QuantizationResult:
+    """``int8-static`` (phase ``artifact``): smoothed QDQ ``quantize_static`` calibrated on
+    ``request.calibration``.
+
+    Raises:
+        ValueError: no calibration batches; an ``exclude`` pattern matching no module.
+    """
+    return _quantize_graph(request, _write_int8_static, keep_sensitive_float=True, int8_embeddings=True)
+
+
+def _write_nbits(bits: int) -> Callable[..., None]:
+    def write(
+        src: Path,
+        dst: Path,
+        model: Any,
+        quantization: Any,
+        exclude: list[str],
+        facts: dict[str, Any],
+        calibration: Any,
+    ) -> None:
+        _save(model, src)
+        _nbits_weight(src, dst, model, quantization, exclude, facts, bits=bits)
+
+    return write
+
+
+def apply_int4_weight(request: QuantizationRequest) -> QuantizationResult:
+    """``int4-weight`` (phase ``artifact``): 4-bit ``MatMulNBits`` blocks (:func:`_nbits_weight`).
+
+    Raises:
+        ValueError: an ``exclude`` pattern matching no module.
+    """
+    return _quantize_graph(request, _write_nbits(4), keep_sensitive_float=False, int8_embeddings=True)
+
+
+def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
+    """``int8-weight`` (phase ``artifact``): 8-bit ``MatMulNBits`` blocks (:func:`_nbits_weight`).
+
+    Raises:
+        ValueError: an ``exclude`` pattern matching no module.
+    """
+    return _quantize_graph(request, _write_nbits(8), keep_sensitive_float=False, int8_embeddings=True)
+
+
 def quantize_ir_model(
     model: Any,
     quantization: Any,
     *,
     calibration: list[Mapping[str, Any]] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
-    """Quantize an ``onnx_ir.Model`` with ONNX Runtime's quantizers.
+    """Quantize an ``onnx_ir.Model`` with the ``apply`` function of ``quantization.method`` in
+    :data:`QUANTIZATION_METHODS` (outside an export; the exporter calls the method through
+    :meth:`hfexport.exporter.HfExporter.quantize_artifact`).
 
     Args:
         model: the exported (optimized, possibly fused) graph; rewritten in place on the way
-            (``Gemm`` -> ``MatMul``, int8 embeddings, smoothing): the exporter replaces it with
-            the returned model.
-        quantization: the :class:`hfexport.config.QuantizationConfig` (``method`` one of
-            :data:`QUANTIZATION_METHODS`, ``per_channel``, ``exclude``, ``group_size``).
-        calibration: forward-kwarg dicts (``int8-static`` only).
+            (``Gemm`` -> ``MatMul``, int8 embeddings, smoothing): use the returned model.
+        quantization: the :class:`hfexport.config.QuantizationConfig`.
+        calibration: forward-kwarg dicts (methods that read ``calibration`` only).
 
     Returns:
         ``(quantized onnx_ir.Model, facts)``: ``facts`` holds ``method``, ``excluded_nodes`` (count),
-        ``quantized_ops`` ({op: count}) and the options used.
+        ``quantized_ops`` ({op: count}), the weight bytes before/after and the options used.
 
     Raises:
         ValueError: an unknown method, an exclude pattern matching nothing, ``int8-static`` without
             calibration.
     """
-    import onnx_ir as ir
-    from onnxruntime import quantization as q
-
-    method = quantization.method
-    if method not in QUANTIZATION_METHODS:
+    method = QUANTIZATION_METHODS.get(quantization.method)
+    if method is None:
         raise ValueError(
-            f"quantization method {method!r} is unknown; allowed: {', '.join(QUANTIZATION_METHODS)}"
+            f"quantization method {quantization.method!r} is unknown; allowed: {', '.join(QUANTIZATION_METHODS)}"
         )
-    exclude = excluded_nodes(model, quantization.exclude)
-    facts: dict[str, Any] = {"method": method}
-    facts["gemm_to_matmul"] = _gemm_to_matmul(model)
-    if method in ("int8-dynamic", "int8-static") and not quantization.exclude:
-        # the FFN down-projections of the first two blocks read heavy-tailed GELU outputs: float
-        auto = sensitive_ffn_nodes(model, SENSITIVE_FFN_LAYERS)
-        exclude += auto
-        facts["kept_float"] = auto
-    if method in ("int8-static", "int4-weight", "int8-weight"):
-        # int8-dynamic quantizes the word embedding itself (ORT's Gather quantization)
-        facts["int8_embeddings"] = quantize_embeddings(model, exclude)
-    facts["excluded_nodes"] = len(exclude)
-    with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
-        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
-        if method == "int8-dynamic":
-            ir.save(model, src, external_data="model.onnx.data")
-            facts["per_channel"] = quantization.per_channel
-            q.quantize_dynamic(
-                src,
-                dst,
-                weight_type=q.QuantType.QInt8,
-                per_channel=quantization.per_channel,
-                nodes_to_exclude=exclude,
-                use_external_data_format=True,
-                extra_options={"MatMulConstBOnly": True},
-            )
-        elif method == "int8-static":
-            if not calibration:
-                raise ValueError("int8-static needs calibration inputs")
-            names = [v.name for v in model.graph.inputs]
-            feeds = _feeds(calibration, names)
-            float_matmuls = activation_matmuls(model)
-            skip = set(exclude) | set(float_matmuls)
-            weight_matmuls = [
-                n.name
-                for n in model.graph.all_nodes()
-                if n.op_type == "MatMul" and n.name and n.name not in skip
-            ]
-            smoothed = smooth_activations(model, feeds, weight_matmuls)
-            facts.update(
-                per_channel=quantization.per_channel,
-                calibration_batches=len(calibration),
-                calibrate_method="MinMax",
-                activations="uint8 per-tensor (asymmetric)",
-                smoothing_alpha=SMOOTHING_ALPHA,
-                smoothed_activations=smoothed,
-                float_activation_matmuls=len(float_matmuls),
-            )
-            # the MatMuls kept out of QDQ still store int8 weights (float activations)
-            facts["int8_weight_only"] = int8_weight_only(model, facts.get("kept_float", []))
-            ir.save(model, src, external_data="model.onnx.data")
-            q.quantize_static(
-                src,
-                dst,
-                _Reader(feeds),
-                quant_format=q.QuantFormat.QDQ,
-                op_types_to_quantize=["MatMul"],
-                per_channel=quantization.per_channel,
-                activation_type=q.QuantType.QUInt8,
-                weight_type=q.QuantType.QInt8,
-                nodes_to_exclude=sorted(skip),
-                calibrate_method=q.CalibrationMethod.MinMax,
-                use_external_data_format=True,
-                # a MatMul's float output feeds the bias Add: quantizing it (ORT's default) adds a
-                # second rounding per projection for no speed-up
-                extra_options={"MatMulConstBOnly": True, "OpTypesToExcludeOutputQuantization": ["MatMul"]},
-            )
-        else:  # int4-weight / int8-weight
-            ir.save(model, src, external_data="model.onnx.data")
-            bits = 8 if method == "int8-weight" else 4
-            _nbits_weight(src, dst, model, quantization, exclude, facts, bits=bits)
-        quantized = _load(dst)
-    # keep the exporter's metadata (graph input/output leaf-path mapping) on the new model
-    for key, value in model.metadata_props.items():
-        quantized.metadata_props.setdefault(key, value)
-    facts["quantized_ops"] = quantized_op_counts(quantized)
-    return quantized, facts
+    result = method.resolve_apply()(
+        QuantizationRequest(model, quantization, "artifact", calibration=calibration)
+    )
+    return result.target, result.facts

@@ -3,7 +3,11 @@
 Stages of :meth:`OpenvinoExporter._export` (each a stage of the export report; the shared names are
 :class:`hfexport.report.Stage`, this backend's own :attr:`OpenvinoExporter.stages`):
 
-1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the capture;
+Stages 1-3 are the core's shared capture step
+(:meth:`hfexport.exporter.HfExporter.captured_program`, ``decompose`` its ``between_fixes`` hook).
+
+1. ``patches``: the active ``register_patch("openvino", ...)`` workarounds, installed for the
+   capture, the fixes and ``decompose``;
 2. ``capture``: the core capture (:func:`hfexport.capture.capture`, ``torch.export.export``), with
    its steps as ``capture.<step>``;
 3. ``fx_program_fixes``, then ``decompose`` (OpenVINO's own decomposition table, run here so
@@ -25,7 +29,6 @@ the core's stateless prefill/decode components.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -37,10 +40,8 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.auto import register_exporter
-from hfexport.capture import capture
 from hfexport.config import OpenvinoConfig
-from hfexport.exporter import HfExporter
-from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
+from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
@@ -162,6 +163,8 @@ class OpenvinoExporter(HfExporter):
     supported_versions: ClassVar[dict[str, str]] = dict(SUPPORTED)
     artifact_filename: ClassVar[str] = "openvino_model.xml"
     stages: ClassVar[tuple[str, ...]] = ("decompose", "convert", "io_names")
+    #: the ``capture`` stage lists its steps (``capture.torch_export`` ...)
+    records_capture_steps: ClassVar[bool] = True
     #: auto exports every checkpoint in float32 (the IR may store its weights in fp16,
     #: ``compress_to_fp16``; the precision the CPU plugin computes in is the compile hint)
     native_dtypes: ClassVar[tuple[str, ...]] = ("float32",)
@@ -181,35 +184,24 @@ class OpenvinoExporter(HfExporter):
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
     ) -> Any:
-        """Stages 1-4 of the module docstring; returns the named ``openvino.Model``."""
-        program = self.capture_program(model, inputs, config, report)
+        """Stages 1-4 of the module docstring; returns the named ``openvino.Model``.
+
+        Stages 1-3 are the base class's shared capture step
+        (:meth:`hfexport.exporter.HfExporter.captured_program`) with this backend's ``decompose``
+        between the program and node fixes (:meth:`between_fixes`); the conversion runs once the
+        patches are restored.
+        """
+        with self.captured_program(model, inputs, config, report) as session:
+            program = session.program
         return self.convert(program, config, report)
 
-    def capture_program(
-        self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
-    ) -> torch.export.ExportedProgram:
-        """Stages ``patches``, ``capture``, ``fx_program_fixes``, ``fx_node_fixes``."""
-        with contextlib.ExitStack() as patches:
-            with report.stage(Stage.PATCHES) as record:
-                entries = patches.enter_context(apply_patches(BACKEND))
-                names = [entry.name for entry in entries]
-                record.detail = f"{len(names)} installed"
-                report.record_applied(Stage.PATCHES, names)
-            with report.stage(Stage.CAPTURE):
-                program = capture(model, inputs, config, report, record_stages=True)
-        with report.stage(Stage.FX_PROGRAM_FIXES) as record:
-            applied = apply_fx_program_fixes(BACKEND, program)
-            record.detail = f"{len(applied)} applied"
-            report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
-        with report.stage("decompose") as record:
-            # the frontend's own decomposition, here, so the node fixes see the graph it converts
-            program = decompose_like_openvino(program)
-            record.detail = f"{len(program.graph.nodes)} nodes"
-        with report.stage(Stage.FX_NODE_FIXES) as record:
-            applied = apply_fx_node_fixes(BACKEND, program.graph_module)
-            record.detail = f"{len(applied)} applied"
-            report.record_applied(Stage.FX_NODE_FIXES, applied)
-        return program
+    def between_fixes(self, session: CaptureSession) -> None:
+        """Stage ``decompose``: OpenVINO's own decomposition table on the captured program
+        (:func:`hfexport_openvino.decompositions.decompose_like_openvino`), run between the program
+        fixes and the node fixes so that the node fixes see the graph the frontend converts."""
+        with session.report.stage("decompose") as record:
+            session.program = decompose_like_openvino(session.program)
+            record.detail = f"{len(session.program.graph.nodes)} nodes"
 
     def convert(
         self, program: torch.export.ExportedProgram, config: OpenvinoConfig, report: ExportReport

@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -27,6 +27,7 @@ __all__ = [
     "DTYPES",
     "ORT_FUSION_TARGETS",
     "QUANTIZATION_OPTIONS",
+    "QUANTIZATION_PHASES",
     "CaptureConfig",
     "DynamoConfig",
     "ExecutorchConfig",
@@ -460,6 +461,18 @@ class ExportConfigMixin:
         return dataclasses.replace(self, **changes)
 
 
+def _resolve_target(target: Any) -> Any:
+    """A callable as is, a ``"module:function"`` string imported, ``None`` as ``None``."""
+    if target is None or callable(target):
+        return target
+    module, _, attr = str(target).partition(":")
+    if not module or not attr:
+        raise ValueError(f"{target!r} is not a callable or a 'module:function' string")
+    import importlib
+
+    return getattr(importlib.import_module(module), attr)
+
+
 def _check_type(name: str, value: Any, types: tuple[type, ...], allowed: str) -> None:
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
@@ -490,10 +503,18 @@ QUANTIZATION_OPTIONS = (
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 
 
+#: Where a quantization method runs (:attr:`QuantizationMethod.phase`): ``source`` on the eager
+#: module before capture, ``program`` on the captured ``ExportedProgram``, ``artifact`` on the
+#: backend's lowered artifact (an ONNX graph ...).
+QUANTIZATION_PHASES = ("source", "program", "artifact")
+
+
 @dataclass(frozen=True)
 class QuantizationMethod:
-    """One quantization method of a backend: what it does and which :class:`QuantizationConfig`
-    options it reads (``HfExporter.quantization_methods`` maps each method name to one).
+    """One quantization method of a backend: what it does, which :class:`QuantizationConfig`
+    options it reads, and where and with what function it runs (``HfExporter.quantization_methods``
+    maps each method name to one; :func:`hfexport.quantization.register_quantization_method` adds
+    one to a backend from outside).
 
     An option the method does not read is refused before capture
     (:meth:`QuantizationConfig.check_options`, run by ``HfExporter.check_precision``) instead of
@@ -506,14 +527,36 @@ class QuantizationMethod:
         options_if: fields it reads only together with another field:
             ``{"group_size": ("embedding_bits", 4)}`` reads ``group_size`` only when
             ``embedding_bits == 4``; a required value of ``None`` means "when that field is set".
+        phase: where ``apply`` runs, one of :data:`QUANTIZATION_PHASES`: ``"source"`` (the eager
+            module, before capture, inside the shared capture step
+            :meth:`hfexport.exporter.HfExporter.captured_program`), ``"program"`` (the captured
+            ``ExportedProgram``, right after capture, same step), ``"artifact"`` (the lowered
+            artifact, where the backend calls :meth:`hfexport.exporter.HfExporter.quantize_artifact`).
+            ``None`` (with ``apply=None``): the method is only declared, and the backend applies it
+            itself.
+        apply: the function that quantizes, ``apply(request) -> result``
+            (:class:`hfexport.quantization.QuantizationRequest` ->
+            :class:`hfexport.quantization.QuantizationResult`), a callable or a lazy
+            ``"module:function"`` string imported at the first export that uses it.
+        prepare: an optional second function of the same signature run in the ``source`` phase of
+            a method whose ``phase`` is later: it adapts the eager module to what ``apply`` will
+            quantize (ExecuTorch ``int8-dynamic``: GPT-2 ``Conv1D`` as ``nn.Linear``, embeddings).
+        stage: the report stage ``apply`` runs in (default ``"quantize"``; ExecuTorch's PT2E
+            ``int8-dynamic`` runs in ``"quantize_pt2e"``); ``prepare`` always runs in ``"quantize"``.
 
     Raises:
-        ValueError: a name that is not one of :data:`QUANTIZATION_OPTIONS`.
+        ValueError: a name that is not one of :data:`QUANTIZATION_OPTIONS`; a ``phase`` not in
+            :data:`QUANTIZATION_PHASES`; ``apply`` without ``phase`` or the reverse; ``prepare``
+            with a ``source`` phase (``apply`` is the source function then); an empty ``stage``.
     """
 
     description: str
     options: frozenset[str] = frozenset()
     options_if: Mapping[str, tuple[str, Any]] = field(default_factory=dict)
+    phase: str | None = None
+    apply: Callable[[Any], Any] | str | None = None
+    prepare: Callable[[Any], Any] | str | None = None
+    stage: str = "quantize"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "options", frozenset(self.options))
@@ -524,6 +567,36 @@ class QuantizationMethod:
             raise ValueError(
                 f"QuantizationMethod names unknown option(s) {unknown}; allowed: {', '.join(QUANTIZATION_OPTIONS)}"
             )
+        if self.phase is not None and self.phase not in QUANTIZATION_PHASES:
+            raise ValueError(
+                f"QuantizationMethod phase={self.phase!r} is invalid; allowed: {', '.join(QUANTIZATION_PHASES)}"
+            )
+        if (self.phase is None) != (self.apply is None):
+            raise ValueError(
+                "QuantizationMethod needs phase and apply together (the phase says where apply runs); "
+                f"got phase={self.phase!r}, apply={self.apply!r}"
+            )
+        if self.prepare is not None and self.phase in (None, "source"):
+            raise ValueError(
+                "QuantizationMethod prepare= runs in the source phase before a later phase's apply; with "
+                f"phase={self.phase!r} give the source function as apply= (allowed phases with prepare: "
+                "program, artifact)"
+            )
+        if not isinstance(self.stage, str) or not self.stage:
+            raise ValueError(f"QuantizationMethod stage={self.stage!r} is invalid; allowed: a stage name")
+
+    def resolve_apply(self) -> Callable[[Any], Any] | None:
+        """``apply`` as a callable (a lazy ``"module:function"`` imported now), ``None`` when unset.
+
+        Raises:
+            ImportError, AttributeError: the lazy target does not exist.
+        """
+        return _resolve_target(self.apply)
+
+    def source_function(self) -> Callable[[Any], Any] | None:
+        """The function of the ``source`` phase: ``apply`` for a source method, ``prepare`` for a
+        later one, ``None`` when the method does nothing to the eager module."""
+        return _resolve_target(self.apply if self.phase == "source" else self.prepare)
 
     def __str__(self) -> str:
         return self.description

@@ -12,6 +12,9 @@ provide. Two ways to do it:
   - ``_export(model, inputs, config, report) -> artifact``: its stages (patches, capture, fixes,
     lowering), each inside ``report.stage(name)``, the shared ones named by
     :class:`hfexport.report.Stage` and its own declared in the ``stages`` class attribute;
+    ``with self.captured_program(model, inputs, config, report) as session`` runs the capture every
+    backend shares (patches, the quantization method's source and program phases, capture, FX
+    fixes) and yields the program with the patches still installed; hooks change what differs;
   - ``runner(artifact) -> callable``: forward kwargs -> ``{output_name: tensor}``, used by validation;
   - ``save(artifact, path)``: write the artifact file (export folders, ``export_to_path``).
 
@@ -34,6 +37,7 @@ against eager PyTorch at the sample shape and a second shape, and the report.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import os
@@ -41,7 +45,7 @@ import shutil
 import tempfile
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,7 +55,7 @@ from hfexport.config import ExportConfigMixin, QuantizationMethod
 from hfexport.environment import check_environment, format_problems, warn_drift_once
 from hfexport.report import ExportReport, Stage
 
-__all__ = ["HfExporter"]
+__all__ = ["CaptureSession", "HfExporter"]
 
 _LOCKS_GUARD = threading.Lock()
 _MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
@@ -153,6 +157,43 @@ def _bound_export(function: Callable[..., Any], exporter: HfExporter) -> Callabl
     return export
 
 
+@dataclasses.dataclass
+class CaptureSession:
+    """The state of one run of the shared capture step (:meth:`HfExporter.captured_program`),
+    passed to every capture hook and yielded to the backend.
+
+    A backend whose hooks share more state subclasses it (a dataclass, with defaults) and names the
+    subclass in :attr:`HfExporter.capture_session_class`.
+
+    Attributes:
+        model: the module to capture: the prepared model, replaced by its quantized copy after a
+            ``source``-phase quantization (the user's model is never modified).
+        inputs: the forward kwargs captured with (a hook may replace them, e.g. a widened batch).
+        config: the export's resolved config.
+        report: the export's report.
+        registry_key: the key whose patches and FX fixes are applied (:attr:`HfExporter.registry_key`,
+            else the export format; :meth:`HfExporter.prepare_capture` may change it).
+        original: the model as given, before any source transform.
+        stack: closes when the capture step's ``with`` block exits: the patches are restored then;
+            a hook may enter its own contexts in it (restored in reverse order, also on error).
+        patches: the patch entries installed for the capture (``RegistryEntry`` objects).
+        method: the declared :class:`hfexport.config.QuantizationMethod` of ``config.quantization``
+            (``None`` without quantization, or when the backend declared a plain description).
+        program: the captured ``ExportedProgram`` once the ``capture`` stage ran.
+    """
+
+    model: torch.nn.Module
+    inputs: dict[str, Any]
+    config: Any
+    report: ExportReport
+    registry_key: str
+    original: torch.nn.Module
+    stack: contextlib.ExitStack
+    patches: list[Any] = dataclasses.field(default_factory=list)
+    method: QuantizationMethod | None = None
+    program: Any = None
+
+
 class HfExporter:
     """Base exporter of a ``transformers.PreTrainedModel`` to one runtime.
 
@@ -221,12 +262,30 @@ class HfExporter:
     #: ``config.quantization.method`` names this backend implements -> a
     #: :class:`hfexport.config.QuantizationMethod` (what it does and which options it reads; a
     #: plain description string is accepted too and declares nothing, so its options are not checked).
+    #: Every subclass's value becomes a :class:`hfexport.quantization.QuantizationMethodTable`: its
+    #: own methods plus those registered for its format with
+    #: :func:`hfexport.quantization.register_quantization_method`.
     quantization_methods: ClassVar[Mapping[str, QuantizationMethod | str]] = {}
+    #: The registry key whose patches and FX fixes :meth:`captured_program` applies (``""``: the
+    #: :attr:`export_format`); a backend may pick another per export in :meth:`prepare_capture`.
+    registry_key: ClassVar[str] = ""
+    #: Whether the ``capture`` stage lists its steps (``capture.signature``, ``capture.torch_export``
+    #: ...) as stages of their own (:func:`hfexport.capture.capture`'s ``record_stages``).
+    records_capture_steps: ClassVar[bool] = False
+    #: The :class:`CaptureSession` (sub)class :meth:`captured_program` creates: a backend whose
+    #: hooks share more state subclasses the dataclass with its own typed fields.
+    capture_session_class: ClassVar[type[CaptureSession]] = CaptureSession
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that overrides :meth:`export` without the pipeline hooks gets its ``export``
         wrapped so ``last_report`` records it (:func:`_reported_export`)."""
         super().__init_subclass__(**kwargs)
+        from hfexport.quantization import QuantizationMethodTable
+
+        declared = cls.__dict__.get("quantization_methods", cls.quantization_methods)
+        if not (isinstance(declared, QuantizationMethodTable) and declared.backend == cls.export_format):
+            own = declared.own if isinstance(declared, QuantizationMethodTable) else dict(declared or {})
+            cls.quantization_methods = QuantizationMethodTable(cls.export_format, own)
         own = cls.__dict__.get("export")
         if own is not None and cls._export is HfExporter._export and not isinstance(own, _ReportedExport):
             cls.export = _ReportedExport(own)  # type: ignore[method-assign]
@@ -710,6 +769,279 @@ class HfExporter:
             "(export_to_path, the CLI, generation components) needs its hooks _export, runner and save"
         )
 
+    # -- the shared capture step -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def captured_program(
+        self,
+        model: torch.nn.Module,
+        inputs: Mapping[str, Any],
+        config: Any,
+        report: ExportReport,
+        *,
+        registry_key: str | None = None,
+    ) -> Iterator[CaptureSession]:
+        """The capture every backend shares, as a context manager: installs the backend's patches,
+        captures, fixes, and yields the session (``session.program`` is the ``ExportedProgram``)
+        with the patches still installed; they are restored when the block exits, also on error.
+
+        Stages, in order (each a stage of ``report``; a hook a backend overrides in brackets):
+
+        1. [:meth:`prepare_capture`]: the backend's own work before the patches (none by default);
+        2. ``patches``: ``apply_patches(session.registry_key)`` [:meth:`record_patches` records them];
+        3. ``quantize``: the ``source`` phase of the declared quantization method (its ``apply``,
+           or its ``prepare`` for a later phase) on the eager module; the copy it returns is
+           captured. A generation component of a copy :meth:`generation_source` quantized once
+           is recognised and not quantized again. ``report.quantization`` gets the facts;
+        4. [:meth:`before_capture`]: the backend's work on the inputs/model before capture;
+        5. ``capture`` [:meth:`capture_program`]: :func:`hfexport.capture.capture`, its steps as
+           ``capture.<step>`` stages when :attr:`records_capture_steps`;
+        6. the method's ``stage`` (``quantize`` by default): the ``program`` phase on the captured
+           program;
+        7. ``fx_program_fixes`` [:meth:`fix_program`], then [:meth:`between_fixes`] (OpenVINO's
+           ``decompose``), then ``fx_node_fixes`` [:meth:`fix_nodes`].
+
+        Args:
+            model: the prepared model (as :meth:`_export` gets it).
+            inputs: the prepared forward kwargs.
+            config: the export's resolved config.
+            report: the export's report.
+            registry_key: the patches/fixes key (default :attr:`registry_key`, else
+                :attr:`export_format`).
+
+        Yields:
+            The :class:`CaptureSession` (an instance of :attr:`capture_session_class`).
+
+        Raises:
+            ExportStageError: a stage failed (the report names it); whatever a hook raises.
+        """
+        from hfexport.registry import apply_patches
+
+        key = registry_key or self.registry_key or self.export_format
+        with contextlib.ExitStack() as stack:
+            session = self.capture_session_class(
+                model=model,
+                inputs=dict(inputs),
+                config=config,
+                report=report,
+                registry_key=key,
+                original=model,
+                stack=stack,
+                method=self.quantization_spec(config),
+            )
+            self.prepare_capture(session)
+            with report.stage(Stage.PATCHES, detail=session.registry_key) as record:
+                session.patches = list(stack.enter_context(apply_patches(session.registry_key)))
+                self.record_patches(session, record)
+            source_function = session.method.source_function() if session.method is not None else None
+            if source_function is not None:
+                with report.stage("quantize", detail=config.quantization.method) as record:
+                    self._quantize_source(session, source_function, record)
+            self.before_capture(session)
+            with report.stage(Stage.CAPTURE):
+                session.program = self.capture_program(session, session.model)
+            if session.method is not None and session.method.phase == "program":
+                with report.stage(session.method.stage, detail=config.quantization.method) as record:
+                    result = session.method.resolve_apply()(
+                        self._quantization_request(
+                            session,
+                            session.program,
+                            "program",
+                            capture=lambda module: self.capture_program(session, module),
+                        )
+                    )
+                    session.program = result.target
+                    self._record_quantization(
+                        report,
+                        config.quantization.method,
+                        result,
+                        record,
+                        session.method.stage,
+                        replace=False,
+                    )
+            with report.stage(Stage.FX_PROGRAM_FIXES) as record:
+                applied = self.fix_program(session)
+                report.record_applied(Stage.FX_PROGRAM_FIXES, applied)
+                record.detail = f"{len(applied)} applied"
+            self.between_fixes(session)
+            with report.stage(Stage.FX_NODE_FIXES) as record:
+                applied = self.fix_nodes(session)
+                report.record_applied(Stage.FX_NODE_FIXES, applied)
+                record.detail = f"{len(applied)} applied"
+            yield session
+
+    def prepare_capture(self, session: CaptureSession) -> None:
+        """Hook of :meth:`captured_program`, before the patches: the backend's own preparation
+        (ExecuTorch: its backend plan, which picks ``session.registry_key``). Default: nothing."""
+
+    def record_patches(self, session: CaptureSession, record: Any) -> None:
+        """Hook of :meth:`captured_program`, inside the ``patches`` stage: record the installed
+        ``session.patches``. Default: every name under ``report.applied["patches"]``, grouped by
+        registry key in ``record.data``, the count as the detail. ONNX splits them into torch-side
+        ``patches`` and a stage ``onnx_patches`` of its own."""
+        names = [entry.name for entry in session.patches]
+        session.report.record_applied(Stage.PATCHES, names)
+        for entry in session.patches:  # by key: a parent key ("executorch") first, then its scope
+            record.data.setdefault(entry.backend, []).append(entry.name)
+        record.detail = f"{session.registry_key}: {len(names)} installed"
+
+    def before_capture(self, session: CaptureSession) -> None:
+        """Hook of :meth:`captured_program`, after the patches and the ``source`` quantization,
+        before ``capture``: the backend's work on ``session.inputs`` / ``session.model``
+        (ExecuTorch: the ``dynamic_shapes`` stage). Default: nothing."""
+
+    def capture_program(self, session: CaptureSession, module: torch.nn.Module) -> Any:
+        """Hook of :meth:`captured_program`: capture ``module`` (``session.model``, or a module a
+        ``program``-phase quantization re-captures) with ``session.inputs`` and ``session.config``.
+
+        Default: :func:`hfexport.capture.capture`, with its steps as stages when
+        :attr:`records_capture_steps`.
+
+        Returns:
+            The ``ExportedProgram``.
+        """
+        from hfexport.capture import capture
+
+        return capture(
+            module, session.inputs, session.config, session.report, record_stages=self.records_capture_steps
+        )
+
+    def fix_program(self, session: CaptureSession) -> list[str]:
+        """Hook of :meth:`captured_program`, inside ``fx_program_fixes``: apply the active
+        ``register_fx_program_fix(session.registry_key)`` entries to ``session.program``.
+
+        Returns:
+            The names of the fixes applied.
+        """
+        from hfexport.registry import apply_fx_program_fixes
+
+        return apply_fx_program_fixes(session.registry_key, session.program)
+
+    def between_fixes(self, session: CaptureSession) -> None:
+        """Hook of :meth:`captured_program`, between ``fx_program_fixes`` and ``fx_node_fixes``
+        (OpenVINO: its ``decompose`` stage, which may replace ``session.program``). Default: nothing."""
+
+    def fix_nodes(self, session: CaptureSession) -> list[str]:
+        """Hook of :meth:`captured_program`, inside ``fx_node_fixes``: apply the active
+        ``register_fx_node_fix(session.registry_key)`` entries to ``session.program``'s graph.
+
+        Returns:
+            The names of the fixes applied.
+        """
+        from hfexport.registry import apply_fx_node_fixes
+
+        return apply_fx_node_fixes(session.registry_key, session.program.graph_module)
+
+    # -- quantization phases -----------------------------------------------------------------------
+    def quantization_spec(self, config: Any) -> QuantizationMethod | None:
+        """The declared :class:`hfexport.config.QuantizationMethod` of ``config.quantization``
+        (from :attr:`quantization_methods`), ``None`` without quantization or when the backend
+        declared the method by a plain description (it then applies it itself)."""
+        quantization = getattr(config, "quantization", None)
+        if quantization is None:
+            return None
+        method = self.quantization_methods.get(quantization.method)
+        return method if isinstance(method, QuantizationMethod) else None
+
+    def quantize_artifact(
+        self,
+        artifact: Any,
+        config: Any,
+        report: ExportReport,
+        *,
+        inputs: Mapping[str, Any] | None = None,
+        calibration: Any = None,
+    ) -> Any:
+        """The ``artifact`` phase: the call a backend makes where its lowered artifact is ready to
+        quantize (ONNX: after the ORT fusions, before the external-data plan).
+
+        Runs the declared method's ``apply`` in its stage (``quantize``) when its phase is
+        ``artifact``; otherwise returns ``artifact`` unchanged and records nothing.
+
+        Args:
+            artifact: what the backend's artifact-phase functions take (ONNX: the ``onnx_ir.Model``).
+            config: the export's config.
+            report: the export's report: ``report.quantization`` gets the facts,
+                ``report.applied["quantize"]`` the method name.
+            inputs: the sample forward kwargs, passed on in the request.
+            calibration: calibration batches, passed on in the request.
+
+        Returns:
+            The quantized artifact (the function's ``result.target``), or ``artifact``.
+        """
+        method = self.quantization_spec(config)
+        if method is None or method.phase != "artifact":
+            return artifact
+        from hfexport.quantization import QuantizationRequest
+
+        with report.stage(method.stage, detail=config.quantization.method) as record:
+            request = QuantizationRequest(
+                artifact,
+                config.quantization,
+                "artifact",
+                inputs=dict(inputs or {}),
+                report=report,
+                calibration=calibration,
+            )
+            result = method.resolve_apply()(request)
+            self._record_quantization(
+                report, config.quantization.method, result, record, method.stage, replace=True
+            )
+        return result.target
+
+    def _quantization_request(
+        self, session: CaptureSession, target: Any, phase: str, *, capture: Callable[[Any], Any] | None = None
+    ) -> Any:
+        from hfexport.quantization import QuantizationRequest
+
+        return QuantizationRequest(
+            target,
+            session.config.quantization,
+            phase,
+            inputs=session.inputs,
+            report=session.report,
+            capture=capture,
+        )
+
+    def _quantize_source(self, session: CaptureSession, function: Callable[[Any], Any], record: Any) -> None:
+        """Stage ``quantize`` of :meth:`captured_program`: the source phase, or the facts of the copy
+        :meth:`generation_source` quantized once when ``session.model`` is part of it."""
+        from hfexport.generation.parts import transformed_source_of
+        from hfexport.linear_forms import weight_bytes
+
+        method = session.config.quantization.method
+        shared = transformed_source_of(session.model)
+        if shared is not None:  # a generation component of the copy quantized once for all
+            facts, original = shared
+            session.report.quantization = {
+                **facts,
+                "weight_bytes_before": (
+                    weight_bytes(original) if original is not None else facts.get("weight_bytes_before")
+                ),
+            }
+            record.detail = f"{method}: quantized once for every generation component"
+            return
+        before = weight_bytes(session.model)
+        result = function(self._quantization_request(session, session.model, "source"))
+        session.model = result.target
+        session.report.quantization = {"method": method, "weight_bytes_before": before, **result.facts}
+        session.report.record_applied("quantize", [method])
+        if result.detail:
+            record.detail = result.detail
+
+    @staticmethod
+    def _record_quantization(
+        report: ExportReport, method: str, result: Any, record: Any, stage: str, *, replace: bool
+    ) -> None:
+        """Facts of a ``program`` / ``artifact`` phase into ``report.quantization`` (replacing them,
+        or added to the source phase's), the method under ``report.applied[stage]``."""
+        if replace or not report.quantization:
+            report.quantization = {"method": method, **result.facts}
+        else:
+            report.quantization.update(result.facts)
+        report.record_applied(stage, [method])
+        if result.detail:
+            record.detail = result.detail
+
     def runner(self, artifact: Any) -> Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]:
         """Return a callable running ``artifact`` on forward kwargs -> ``{output_name: tensor}``.
 
@@ -880,10 +1212,41 @@ class HfExporter:
             model: the generative model (left untouched).
             config: the component config (an instance of :attr:`config_class`).
 
+        The default builds it from the declared quantization method
+        (:attr:`quantization_methods`): a float32 export whose method has a ``source``-phase
+        function (its ``apply`` for a ``source`` method, its ``prepare`` for a later one) gets
+        that function's copy, marked with its facts
+        (:func:`hfexport.generation.parts.mark_transformed_source`), which the shared capture step
+        (:meth:`captured_program`) recognises in each component instead of quantizing again. A
+        reduced ``dtype`` gets ``None`` (each component casts, then quantizes).
+
+        Args:
+            model: the generative model (left untouched).
+            config: the component config (an instance of :attr:`config_class`).
+
         Returns:
             The copy, or ``None`` when ``config`` asks for no source transform.
+
+        Raises:
+            ValueError: the quantization is refused (:meth:`check_precision`).
         """
-        return None
+        method = self.quantization_spec(config)
+        source_function = method.source_function() if method is not None else None
+        if source_function is None or str(getattr(config, "dtype", None) or "float32") != "float32":
+            return None
+        self.check_precision(config)
+        from hfexport.generation.parts import mark_transformed_source
+        from hfexport.linear_forms import weight_bytes
+        from hfexport.quantization import QuantizationRequest
+
+        before = weight_bytes(model)
+        result = source_function(QuantizationRequest(model, config.quantization, "source"))
+        if result.target is model:
+            return None
+        facts = {"method": config.quantization.method, **result.facts, "shared_by_components": True}
+        facts.setdefault("weight_bytes_before", before)
+        mark_transformed_source(result.target, model, facts)
+        return result.target
 
     def export_for_generation(
         self,

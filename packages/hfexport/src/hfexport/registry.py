@@ -58,6 +58,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from hfexport.environment import installed_version, public_version
+from hfexport.quantization import register_quantization_method
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +83,7 @@ __all__ = [
     "register_fx_program_fix",
     "register_kind",
     "register_patch",
+    "register_quantization_method",
 ]
 
 logger = logging.getLogger(__name__)
