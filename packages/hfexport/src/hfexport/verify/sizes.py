@@ -95,7 +95,8 @@ class AxisGroup:
         sample: the size in the sample inputs (of the group's quantity: a mask member with an
             offset holds ``sample + offset``).
         size: the size in the second shape; ``size == sample`` when the group keeps its size.
-        note: why the group keeps its size (``""`` when it changes, or nothing was tried).
+        note: why the group keeps its size (``""`` when it changes, or nothing was tried); for
+            an axis of a derived ``Dim``, the root it follows.
         dim: the ``torch.export.Dim`` name the group was declared with, or ``None``.
     """
 
@@ -570,7 +571,13 @@ def _declared_plan(
                 sample = int(tensors[node[0]].shape[node[1]])
                 derived_size = int(d.derived[1](sizes[root_node]))
                 plan.groups.append(
-                    AxisGroup(f"axis {node[1]}", (AxisMember(*node),), sample, derived_size, dim=d.derived[0])
+                    AxisGroup(
+                        f"axis {node[1]}",
+                        (AxisMember(*node),),
+                        sample,
+                        derived_size,
+                        f"derived from Dim {d.derived[0]!r}",
+                    )
                 )
                 sizes[node] = derived_size
     if not sizes:
