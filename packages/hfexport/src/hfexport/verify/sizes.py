@@ -687,7 +687,7 @@ def _cache_plan(
     if not get_leaf_tensors(cache):
         return (
             f"the cache {cache_key!r} holds no tensor (a prefill): the other inputs take the plain second shape "
-            "(hfexport.verify.second_shape.derive_second_inputs derives them)"
+            "(hfexport.validation.derive_second_inputs derives them)"
         )
     kinds = {cache_layer_kind(layer) for layer in getattr(cache, "layers", [])}
     if not kinds or None in kinds or len(kinds) > 1:
