@@ -8,6 +8,7 @@ one path for plain inputs, declared ``dynamic_shapes`` and inputs next to a KV c
 :func:`describe_second_shape` records what changed (``report.second_shape``).
 
 Inputs holding a transformers ``Cache`` (the prefill and decode steps of a generation export):
+
 - a cache that holds no tensor (the prefill: a growing cache of 0 positions, or a static cache not
   allocated yet): the other inputs take the plain second shape (another batch, another prompt
   length) and the cache stays empty;
@@ -23,7 +24,8 @@ Inputs holding a transformers ``Cache`` (the prefill and decode steps of a gener
   the sample's own tokens, see ``reuse``), the 2-D mask is all ones over ``past + new`` positions,
   ``position_ids`` count on from the new past length (M-RoPE ``[3, batch, q]`` positions are the
   sample's moved by the change of past length), ``cache_position`` is
-  ``arange(past, past + new)``.
+  ``arange(past, past + new)``. The size plan of a decode step has two groups, ``batch`` and
+  ``past length`` (:func:`hfexport.verify.sizes.plan_cache_sizes`).
 
 The derived cache is built from the sample's cache object with only its tensors replaced
 (:func:`hfexport.tensors.set_leaf_tensors`), so the artifact and the eager reference get the very
@@ -48,7 +50,7 @@ from hfexport.program_axes import axis_meaning
 from hfexport.tensors import get_leaf_tensors
 from hfexport.verify.caches import cache_past_length, find_cache, static_cache_length
 from hfexport.verify.fill import fill_second_inputs
-from hfexport.verify.sizes import _cache_plan, plan_second_shape
+from hfexport.verify.sizes import plan_cache_sizes, plan_second_shape
 
 __all__ = [
     "NOTHING_VARIED",
@@ -206,9 +208,9 @@ def derive_cache_second_inputs(
         ``(second_inputs, "")``, or ``(None, reason)`` when no sound second shape can be derived.
         The second inputs hold a new cache object (the sample's is left untouched).
     """
-    plan = _cache_plan(model, inputs, config=config, program_axes=program_axes)
-    if isinstance(plan, str):
-        return None, plan
+    plan, reason = plan_cache_sizes(model, inputs, config=config, program_axes=program_axes)
+    if plan is None:
+        return None, reason
     return fill_second_inputs(inputs, plan, seed=seed, reuse=reuse)
 
 

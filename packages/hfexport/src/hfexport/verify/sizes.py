@@ -48,11 +48,16 @@ from hfexport.tensors import get_leaf_tensors
 from hfexport.verify.caches import cache_layer_kind, cache_past_length, find_cache, static_cache_length
 
 __all__ = [
+    "NO_VALUE_RULE",
     "PAST_LENGTH",
+    "TOKEN_KINDS",
     "AxisGroup",
     "AxisMember",
     "SizePlan",
+    "cache_state_paths",
+    "plan_cache_sizes",
     "plan_second_shape",
+    "prompt_placeholders",
 ]
 
 #: the meaning of the axis group a filled KV cache and its mask share
@@ -662,6 +667,38 @@ def cache_state_paths(cache: Any) -> dict[str, torch.Tensor]:
     return {p: t for p, t in get_leaf_tensors(cache).items() if p.rsplit(".", 1)[-1] in ("keys", "values")}
 
 
+def plan_cache_sizes(
+    model: torch.nn.Module,
+    inputs: Mapping[str, Any],
+    *,
+    config: Any = None,
+    program_axes: Sequence[Mapping[str, Any]] | None = None,
+) -> tuple[SizePlan | None, str]:
+    """The size plan of a decode step's inputs (a filled KV cache among them): two groups, ``batch``
+    (every input's batch axis and the cache tensors' axis 0) and ``past length`` (the mask's axis 1
+    with offset ``q``, the new tokens, and a growing cache's position axis), each inside the range
+    the program takes (see :func:`hfexport.verify.second_shape.derive_cache_second_inputs` for the
+    rules).
+
+    Args:
+        model: the eager component (its ``config`` gives the maximum positions).
+        inputs: its forward kwargs: one ``Cache``, tensors, scalar flags.
+        config: the export config (explicit ``dynamic_shapes`` say which axes may change when the
+            program's outcomes do not list them).
+        program_axes: the program's axis outcomes (cache leaves named by their path), or ``None``.
+
+    Returns:
+        ``(plan, "")``, or ``(None, reason)``: no cache, an encoder-decoder cache, an empty cache (a
+        prefill: :func:`plan_second_shape` plans it), layers other than ``DynamicLayer`` /
+        ``StaticLayer``, an input without a rule next to the cache, or neither group can change.
+
+    Raises:
+        ValueError: ``inputs`` hold more than one ``Cache``.
+    """
+    plan = _cache_plan(model, inputs, config=config, program_axes=program_axes)
+    return (None, plan) if isinstance(plan, str) else (plan, "")
+
+
 def _cache_plan(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -669,8 +706,6 @@ def _cache_plan(
     config: Any,
     program_axes: Sequence[Mapping[str, Any]] | None,
 ) -> SizePlan | str:
-    """The batch and past length of a decode step's inputs (see
-    :func:`hfexport.verify.second_shape.derive_cache_second_inputs` for the rules and refusals)."""
     found = find_cache(inputs)
     if found is None:
         return "no cache among the inputs"
