@@ -121,3 +121,30 @@ def test_no_backend_name_literal_in_core_code_outside_the_format_table() -> None
         for line, value in backend_name_literals(path.read_text(encoding="utf-8"))
     ]
     assert not found, "backend names in core code (use HfExporter methods instead):\n" + "\n".join(found)
+
+
+def test_verify_imports_nothing_that_imports_it() -> None:
+    """issue 26: ``hfexport.verify`` sits below its users. No module it reaches through imports
+    (also inside functions) imports a ``verify`` module from outside the package: not the exporter,
+    not the compatibility modules ``hfexport.validation`` / ``hfexport.quality`` /
+    ``hfexport.generation.second_shape``, not the generation package."""
+    graph = import_graph()
+    verify = {m for m in graph if m == "hfexport.verify" or m.startswith("hfexport.verify.")}
+    assert {"hfexport.verify.compare", "hfexport.verify.gates", "hfexport.verify.sizes"} <= verify
+    users = {m for m, targets in graph.items() if m not in verify and verify & set(targets)}
+    assert {
+        "hfexport.validation",
+        "hfexport.quality",
+        "hfexport.generation.second_shape",
+        "hfexport.exporter",
+    } <= users
+    reached: dict[str, str] = {}
+    stack = sorted(verify)
+    while stack:
+        module = stack.pop()
+        for target in graph.get(module, {}):
+            if target not in reached and target not in verify:
+                reached[target] = module
+                stack.append(target)
+    back = sorted(f"{reached[m]} -> {m}" for m in users if m in reached)
+    assert not back, "hfexport.verify imports back up into its users:\n" + "\n".join(back)

@@ -210,7 +210,7 @@ def test_caches_without_a_rule_say_why(llama) -> None:
 
 @pytest.mark.slow
 def test_the_decode_component_is_validated_at_a_second_past_length(llama, monkeypatch) -> None:
-    import hfexport.validation as validation
+    import hfexport.verify.compare as validation
 
     model, inputs = llama
     eager_pasts: list[int] = []

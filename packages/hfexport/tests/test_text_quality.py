@@ -92,7 +92,7 @@ def test_kl_and_top1_against_a_known_perturbation():
 
 
 def test_memory_blocks_give_the_same_scores(monkeypatch):
-    import hfexport.quality as q
+    import hfexport.verify.text as q
 
     torch.manual_seed(1)
     chunks = [torch.randint(0, 97, (1, 33))]
@@ -252,7 +252,7 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     """A protein LM's tokenizer maps English prose to <unk> (IgLM-S: 98%): the text is one token
     repeated, any artifact predicts it, so the default text gates must not replace the sample's
     top-1 gate; gates the user names still apply."""
-    import hfexport.quality
+    import hfexport.verify.text
     from hfexport.exporter import HfExporter
     from hfexport.quality import UNKNOWN_TOKEN_FRACTION, text_coverage_problem
     from hfexport.report import ExportReport
@@ -278,7 +278,7 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     )
 
     model = _tiny_llama()
-    monkeypatch.setattr(hfexport.quality, "model_tokenizer", lambda model: foreign)
+    monkeypatch.setattr(hfexport.verify.text, "model_tokenizer", lambda model: foreign)
     sample = {"input_ids": torch.randint(0, 3, (1, 8)), "attention_mask": torch.ones(1, 8, dtype=torch.long)}
     exporter = _OnlyExport()
     report = ExportReport(export_format="dynamo")

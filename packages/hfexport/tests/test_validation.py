@@ -580,7 +580,7 @@ def test_guards_written_with_math_ceil_are_evaluated():
 def test_compare_outputs_works_in_chunks_and_keeps_allclose_semantics(monkeypatch):
     """Large outputs are compared in float64 chunks (a real LM's logits are 30M elements): a
     difference in the last chunk, NaNs, infinities and padding behave as torch.allclose does."""
-    import hfexport.validation as v
+    import hfexport.verify.compare as v
 
     monkeypatch.setattr(v, "_CHUNK", 1000)  # 3 x 5 x 400 = 6000 elements: six chunks
     expected = torch.randn(3, 5, 400)

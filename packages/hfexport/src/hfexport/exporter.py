@@ -382,7 +382,7 @@ class HfExporter:
                 f"allowed: {', '.join(self.supported_dtypes)}"
             )
         quantization = getattr(config, "quantization", None)
-        from hfexport.quality import quality_gates_for
+        from hfexport.verify.gates import quality_gates_for
 
         quality_gates_for(config)  # unknown gate names are refused before capture
         if quantization is not None and quantization.method not in self.quantization_methods:
@@ -1338,7 +1338,7 @@ class HfExporter:
         Returns:
             ``(forward kwargs, "")`` or ``(None, why no second shape can be derived)``.
         """
-        from hfexport.validation import derive_second_inputs
+        from hfexport.verify.second_shape import derive_second_inputs
 
         return derive_second_inputs(model, inputs, config=config, program_axes=report.dynamic_axes)
 
@@ -1363,7 +1363,8 @@ class HfExporter:
             :class:`hfexport.validation.ValidationSet` objects (label, stage, inputs, expected
             outputs ``{leaf path: tensor}``), sample first.
         """
-        from hfexport.validation import ValidationSet, describe_second_shape, eager_outputs
+        from hfexport.verify.compare import ValidationSet, eager_outputs
+        from hfexport.verify.second_shape import describe_second_shape
 
         sets = [ValidationSet("sample", Stage.VALIDATE, dict(inputs), detail="sample inputs")]
         if getattr(config, "is_dynamic", False) and getattr(config, "validate_second_shape", True):
@@ -1438,14 +1439,13 @@ class HfExporter:
             ValueError: the tokenizer gives ids outside the model's vocabulary.
         """
         from hfexport.precision import dtype_name, model_dtype
-        from hfexport.quality import (
+        from hfexport.verify.gates import text_default_gates, text_gates_for
+        from hfexport.verify.text import (
             is_causal_lm,
             model_tokenizer,
             plain_text_inputs,
             text_chunks,
             text_coverage_problem,
-            text_default_gates,
-            text_gates_for,
             text_gates_in_force,
             text_reference,
             text_token_ids,
@@ -1509,14 +1509,14 @@ class HfExporter:
         Raises:
             ExportValidationError: a text gate is missed (metric, value, gate and margin named).
         """
-        from hfexport.quality import validate_text
+        from hfexport.verify.text import validate_text
 
         result = validate_text(reference, run, raise_on_failure=False)
         row = result.to_dict()
         report.validation["text"] = [row]
         if not result.ok:
             from hfexport.errors import ExportValidationError
-            from hfexport.quality import format_text_quality, text_gate_message
+            from hfexport.verify.text import format_text_quality, text_gate_message
 
             raise ExportValidationError(text_gate_message(result, format_text_quality(result)), [result])
         return row
@@ -1667,8 +1667,8 @@ class HfExporter:
             ExportValidationError: an output differs beyond tolerance or misses a gate.
         """
         from hfexport.precision import dtype_name, model_dtype
-        from hfexport.quality import output_gates, quality_gates_for, validate_quality
-        from hfexport.validation import validate_artifact
+        from hfexport.verify.compare import validate_artifact
+        from hfexport.verify.gates import output_gates, quality_gates_for, validate_quality
 
         gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:

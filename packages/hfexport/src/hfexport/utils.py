@@ -41,8 +41,8 @@ _SOURCES: dict[str, str] = {
     "auto_dynamic_shapes": "hfexport.capture",
     "register_cache_pytrees": "hfexport.pytree",
     # validation
-    "compare_outputs": "hfexport.validation",
-    "validate_artifact": "hfexport.validation",
+    "compare_outputs": "hfexport.verify.compare",
+    "validate_artifact": "hfexport.verify.compare",
 }
 
 __all__ = sorted(_SOURCES)

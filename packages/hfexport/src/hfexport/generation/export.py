@@ -365,7 +365,7 @@ def _record_greedy_parity(
     to run the loop is recorded as ``error`` and does not fail the export."""
     from hfexport.generation.parity import compare_with_generate
     from hfexport.generation.runner import GenerationRunner, callers_from_exporter
-    from hfexport.quality import quality_gates_for
+    from hfexport.verify.gates import quality_gates_for
 
     if not artifacts or not any(quality_gates_for(c) is not None for c in configs.values()):
         return

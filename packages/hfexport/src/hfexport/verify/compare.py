@@ -1,0 +1,366 @@
+"""Output comparison: does an exported artifact compute what eager PyTorch computes?
+
+Every backend runs its artifact through a *runner* (a callable taking forward kwargs and returning
+``{output_name: tensor}``). :func:`validate_artifact` runs the eager model and the artifact on one
+input set, compares every output (:func:`compare_outputs`, tolerances :func:`default_tolerances`)
+and raises :class:`~hfexport.errors.ExportValidationError` with the per-output table
+(:func:`format_table`) when a difference is above tolerance. The input sets themselves
+(:class:`ValidationSet`: the sample, and the second shape of :mod:`hfexport.verify.second_shape`)
+are built by ``HfExporter.validation_sets``; reduced-precision and quantized exports are scored by
+the quality gates of :mod:`hfexport.verify.gates` instead of tolerances.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from hfexport.errors import ExportValidationError
+from hfexport.tensors import duplicate_leaf_tensors, get_leaf_tensors
+
+__all__ = [
+    "OutputComparison",
+    "Runner",
+    "ValidationSet",
+    "compare_outputs",
+    "default_tolerances",
+    "eager_outputs",
+    "format_table",
+    "validate_artifact",
+]
+
+logger = logging.getLogger(__name__)
+
+#: a backend runner: forward kwargs -> ``{output name: tensor}``
+Runner = Callable[[dict[str, Any]], Mapping[str, torch.Tensor]]
+
+# fp32: atol 1e-4, rtol 1e-3; half precision: 1e-2 both.
+_TOLERANCES = {
+    torch.float32: (1e-4, 1e-3),
+    torch.float64: (1e-6, 1e-5),
+    torch.float16: (1e-2, 1e-2),
+    torch.bfloat16: (1e-2, 1e-2),
+}
+
+
+def default_tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """``(atol, rtol)`` for outputs of ``dtype``: fp32 ``(1e-4, 1e-3)``, fp16/bf16 ``(1e-2, 1e-2)``."""
+    return _TOLERANCES.get(dtype, (1e-4, 1e-3))
+
+
+@dataclass
+class ValidationSet:
+    """One input set an export is validated on, with the eager model's outputs on it.
+
+    Attributes:
+        label: ``"sample"`` or ``"second shape"`` (messages and table titles).
+        stage: the report stage its comparison runs in (``validate`` / ``validate_second_shape``).
+        inputs: forward kwargs, in the eager reference's dtype.
+        detail: the stage detail (``"sample inputs"``, the second shape's summary).
+        expected: ``{leaf path: tensor}`` of the eager model on ``inputs`` (filled by
+            ``HfExporter.reference_outputs``).
+        text: the eager side of the language-model text metrics run with this set
+            (:class:`hfexport.verify.text.TextReference`; the sample set of a quantized causal LM), or ``None``.
+    """
+
+    label: str
+    stage: str
+    inputs: dict[str, Any]
+    detail: str = ""
+    expected: dict[str, torch.Tensor] | None = None
+    text: Any = None
+
+    @property
+    def key(self) -> str:
+        """The ``report.validation`` key: the label with ``_`` for spaces (``second_shape``)."""
+        return self.label.replace(" ", "_")
+
+
+@dataclass
+class OutputComparison:
+    """One output compared with eager PyTorch.
+
+    Attributes:
+        name: output leaf path (``logits``, ``past_key_values.layers.0.keys``, ...).
+        shape: shape of the artifact's output; ``expected_shape`` that of eager PyTorch.
+        max_abs_diff: ``max |actual - expected|`` over compared elements (``inf`` on shape mismatch).
+        max_rel_diff: ``max |actual - expected| / (|expected| + 1e-12)`` over compared elements.
+        atol / rtol: tolerances used; ``ok`` is ``allclose`` under them (NaNs must match).
+        compared: how many elements were compared (padded positions excluded).
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    expected_shape: tuple[int, ...]
+    dtype: str
+    max_abs_diff: float
+    max_rel_diff: float
+    atol: float
+    rtol: float
+    ok: bool
+    compared: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (``inf`` as a string)."""
+        out = asdict(self)
+        for key in ("max_abs_diff", "max_rel_diff"):
+            if not math.isfinite(out[key]):
+                out[key] = str(out[key])
+        return out
+
+
+def _valid_positions(
+    name: str, expected: torch.Tensor, attention_mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """Mask of positions whose value is meaningful: padded positions (mask == 0) are excluded."""
+    if attention_mask is None or attention_mask.dim() != 2 or expected.dim() < 2:
+        return None
+    if (
+        expected.dim() == 4
+        and name.rsplit(".", 1)[-1] in ("keys", "values")
+        and (expected.shape[0], expected.shape[2]) == tuple(attention_mask.shape)
+    ):
+        # cache layers [batch, heads, seq, head_dim]: padded positions hold meaningless states
+        return attention_mask.to(torch.bool)[:, None, :, None].expand_as(expected)
+    if tuple(expected.shape[:2]) != tuple(attention_mask.shape):
+        return None
+    keep = attention_mask.to(torch.bool)
+    while keep.dim() < expected.dim():
+        keep = keep.unsqueeze(-1)
+    return keep.expand_as(expected)
+
+
+def compare_outputs(
+    expected: Mapping[str, torch.Tensor],
+    actual: Mapping[str, torch.Tensor],
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    attention_mask: torch.Tensor | None = None,
+) -> list[OutputComparison]:
+    """Compare artifact outputs with eager outputs, output by output.
+
+    Args:
+        expected: ``{name: tensor}`` from eager PyTorch.
+        actual: ``{name: tensor}`` from the artifact; every expected name must be present.
+        atol / rtol: tolerances; ``None`` picks :func:`default_tolerances` for each output's dtype.
+        attention_mask: 2-D ``[batch, seq]`` mask of the inputs; for outputs whose first two
+            dimensions are ``[batch, seq]``, positions where it is 0 (padding) are not compared,
+            since their values carry no meaning.
+
+    Returns:
+        One :class:`OutputComparison` per expected output, in ``expected`` order. A missing
+        output or a shape mismatch gives a row with ``ok=False`` and infinite differences.
+    """
+    rows: list[OutputComparison] = []
+    for name, exp in expected.items():
+        exp_t = exp.detach()
+        a_def, r_def = default_tolerances(exp_t.dtype)
+        a_tol = a_def if atol is None else atol
+        r_tol = r_def if rtol is None else rtol
+        got = actual.get(name)
+        if got is None:
+            rows.append(
+                OutputComparison(
+                    name, (), tuple(exp_t.shape), str(exp_t.dtype), math.inf, math.inf, a_tol, r_tol, False, 0
+                )
+            )
+            continue
+        got_t = torch.as_tensor(got).detach().to(device=exp_t.device)
+        if tuple(got_t.shape) != tuple(exp_t.shape):
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    math.inf,
+                    math.inf,
+                    a_tol,
+                    r_tol,
+                    False,
+                    0,
+                )
+            )
+            continue
+        if not exp_t.is_floating_point():
+            equal = torch.equal(got_t.to(exp_t.dtype), exp_t)
+            diff = 0.0 if equal else float((got_t.double() - exp_t.double()).abs().max())
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    diff,
+                    diff,
+                    a_tol,
+                    r_tol,
+                    equal,
+                    exp_t.numel(),
+                )
+            )
+            continue
+        keep = _valid_positions(name, exp_t, attention_mask)
+        stats = _float_diff(exp_t, got_t, keep, a_tol, r_tol)
+        if stats is None:  # every position is padding
+            rows.append(
+                OutputComparison(
+                    name,
+                    tuple(got_t.shape),
+                    tuple(exp_t.shape),
+                    str(exp_t.dtype),
+                    0.0,
+                    0.0,
+                    a_tol,
+                    r_tol,
+                    True,
+                    0,
+                )
+            )
+            continue
+        max_abs, max_rel, ok, compared = stats
+        rows.append(
+            OutputComparison(
+                name,
+                tuple(got_t.shape),
+                tuple(exp_t.shape),
+                str(exp_t.dtype),
+                max_abs,
+                max_rel,
+                a_tol,
+                r_tol,
+                ok,
+                compared,
+            )
+        )
+    return rows
+
+
+#: Elements compared at once by :func:`_float_diff` (float64 chunks of 32 MB): a real LM's logits
+#: (3 x 65 x 151936, 30M elements) are compared without whole-tensor float64 copies.
+_CHUNK = 1 << 22
+
+
+def _float_diff(
+    expected: torch.Tensor, actual: torch.Tensor, keep: torch.Tensor | None, atol: float, rtol: float
+) -> tuple[float, float, bool, int] | None:
+    """``(max abs diff, max rel diff, allclose, compared)`` of two same-shape float tensors over the
+    positions ``keep`` marks (all when ``None``), or ``None`` when no position is kept.
+
+    Computed in float64 chunks of :data:`_CHUNK` elements. ``allclose`` is ``torch.allclose``'s
+    rule (``|a - e| <= atol + rtol * |e|``, equal infinities agreeing) over the positions where
+    neither side is NaN, and NaNs must sit at the same positions; the differences skip NaN positions.
+    """
+    flat_e = expected.reshape(-1)
+    flat_a = actual.reshape(-1)
+    flat_k = keep.reshape(-1) if keep is not None else None
+    max_abs = max_rel = 0.0
+    ok = True
+    compared = 0
+    for start in range(0, flat_e.numel(), _CHUNK):
+        e = flat_e[start : start + _CHUNK].to(torch.float64, copy=True)  # in-place ops below
+        a = flat_a[start : start + _CHUNK].to(torch.float64, copy=True)
+        if flat_k is not None:
+            k = flat_k[start : start + _CHUNK]
+            e, a = e[k], a[k]
+        if e.numel() == 0:
+            continue
+        compared += e.numel()
+        e_nan, a_nan = torch.isnan(e), torch.isnan(a)
+        if not torch.equal(e_nan, a_nan):
+            ok = False
+        finite = ~(e_nan | a_nan)
+        if not bool(finite.all()):
+            e, a = e[finite], a[finite]
+        if e.numel() == 0:
+            continue
+        diff = torch.where(a == e, 0.0, (a - e).abs_())  # equal infinities differ by 0, as in allclose
+        e_abs = e.abs_()
+        max_abs = max(max_abs, float(diff.max()))
+        ok = ok and bool((diff <= atol + rtol * e_abs).all())
+        max_rel = max(max_rel, float((diff / (e_abs + 1e-12)).max()))
+    return None if compared == 0 else (max_abs, max_rel, ok, compared)
+
+
+def format_table(rows: list[OutputComparison], title: str = "") -> str:
+    """Render comparison rows as a fixed-width text table (one line per output)."""
+    head = f"{'output':<44} {'shape':<22} {'max abs diff':>13} {'max rel diff':>13} {'atol':>8}  ok"
+    lines = [title] if title else []
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        shape = "x".join(map(str, r.shape)) or "-"
+        if r.shape != r.expected_shape:
+            shape += f" (eager {'x'.join(map(str, r.expected_shape))})"
+        lines.append(
+            f"{r.name[:44]:<44} {shape[:22]:<22} {r.max_abs_diff:>13.3e} {r.max_rel_diff:>13.3e} {r.atol:>8.0e}  "
+            f"{'yes' if r.ok else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def eager_outputs(model: torch.nn.Module, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Run ``model(**inputs)`` under ``no_grad`` on copies of the inputs and flatten the result.
+
+    Returns:
+        ``{leaf_path: tensor}`` as :func:`hfexport.tensors.get_leaf_tensors` names them
+        (``logits``, ``past_key_values.layers.0.keys``, ...).
+    """
+    with torch.no_grad():
+        out = model(**duplicate_leaf_tensors(dict(inputs)))
+    return get_leaf_tensors(out)
+
+
+def validate_artifact(
+    model: torch.nn.Module,
+    run: Runner,
+    inputs: Mapping[str, Any],
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    label: str = "sample",
+    raise_on_failure: bool = True,
+    expected: Mapping[str, torch.Tensor] | None = None,
+) -> list[OutputComparison]:
+    """Run the artifact and eager PyTorch on ``inputs`` and compare every output.
+
+    Args:
+        model: the eager model (in eval mode, flags applied as for the export).
+        run: the backend runner: forward kwargs -> ``{output_name: tensor}``.
+        inputs: forward kwargs.
+        atol / rtol: tolerances (``None``: :func:`default_tolerances` per output dtype).
+        label: name of this input set in messages (``"sample"``, ``"second shape"``).
+        raise_on_failure: raise when any output is off.
+        expected: the eager outputs on ``inputs`` when already computed (``None``: run ``model``).
+
+    Returns:
+        The comparison rows.
+
+    Raises:
+        ExportValidationError: an output is missing, has another shape, or differs beyond
+            tolerance; the message holds the table.
+    """
+    if expected is None:
+        expected = eager_outputs(model, inputs)
+    actual = run(duplicate_leaf_tensors(dict(inputs)))
+    mask = inputs.get("attention_mask") if isinstance(inputs.get("attention_mask"), torch.Tensor) else None
+    rows = compare_outputs(dict(expected), actual, atol=atol, rtol=rtol, attention_mask=mask)
+    table = format_table(
+        rows,
+        title=f"validation on {label} inputs "
+        + ", ".join(f"{k}{list(v.shape)}" for k, v in inputs.items() if isinstance(v, torch.Tensor)),
+    )
+    logger.info("%s", table)
+    if raise_on_failure and not all(r.ok for r in rows):
+        bad = [r.name for r in rows if not r.ok]
+        raise ExportValidationError(
+            f"exported artifact does not match eager PyTorch on the {label} inputs for output(s) {bad}:\n{table}\n"
+            "Pass a looser atol/rtol if the difference is expected (e.g. reduced precision), or report the model.",
+            rows,
+        )
+    return rows
