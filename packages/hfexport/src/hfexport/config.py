@@ -1136,7 +1136,13 @@ class OnnxConfig(CaptureConfig):
     optimize: bool = field(
         default=True,
         metadata={
-            CLI: CliFlag("--no-optimize", "Skip the graph optimizer (onnx).", switch=True, set_to=False)
+            CLI: CliFlag(
+                "--no-optimize",
+                "Skip the graph optimizer (onnx).",
+                switch=True,
+                set_to=False,
+                ignore_elsewhere=True,
+            )
         },
     )
     export_params: bool = True

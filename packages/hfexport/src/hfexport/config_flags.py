@@ -37,6 +37,7 @@ __all__ = [
 #: The dataclass field-metadata key holding a field's :class:`CliFlag`.
 CLI = "cli"
 
+
 class _Missing:
     """The type of :data:`MISSING`."""
 
@@ -91,9 +92,11 @@ class CliFlag:
             has the field.
         elsewhere: the message when the flag is given for a format that does not take it, with
             ``{format}`` for the chosen one (``"--opset applies to onnx, not {format}"``);
-            ``None``: the flag is ignored there.
+            ``None``: ``"--flag is not an option of the <format> format ..."``.
         elsewhere_hint: report ``elsewhere`` as an error of the flag (``Invalid value for
-            --ort-fusions: ...``) rather than as a bare usage error.
+            --ort-fusions: ...``) rather than as a bare usage error (the default message always is).
+        ignore_elsewhere: given for a format that does not take it, the flag is ignored instead
+            (``--no-optimize`` for a format without a graph optimizer).
         group: a nested config dataclass the flag's value starts: the field's value becomes
             ``{group_key: value, <fields of the group given by their own flags>}``.
         group_key: the ``group`` field the flag's own value sets.
@@ -120,6 +123,7 @@ class CliFlag:
     formats: tuple[str, ...] | None = None
     elsewhere: str | None = None
     elsewhere_hint: bool = False
+    ignore_elsewhere: bool = False
     group: type | None = None
     group_key: str = ""
     group_noun: str = ""
@@ -295,7 +299,7 @@ def config_from_flags(
 
     Raises:
         FlagError: in this order: a given flag the format does not take (its ``elsewhere``
-            message; ignored when it has none); a flag of a group given without the group's flag
+            message, or one naming the format; not when it has ``ignore_elsewhere``); a flag of a group given without the group's flag
             (``--group-size, --per-tensor apply to a quantization; add --quantize METHOD``); a
             value a flag's parser refuses; a value the config refuses (the config's message,
             reported as the flag of the field it names).
@@ -315,9 +319,16 @@ def config_from_flags(
         d = by_flag[flag]
         if flag in applicable or not is_given(d.cli, value):
             continue
+        if d.cli.ignore_elsewhere:
+            continue
         if d.cli.elsewhere is not None:
             message = d.cli.elsewhere.format(format=export_format, flag=flag)
             raise FlagError(message, flag if d.cli.elsewhere_hint else None)
+        raise FlagError(
+            f"{flag} is not an option of the {export_format} format ({config_cls.__name__} has no field "
+            f"{d.path!r}); `hfexport export {export_format} --help` lists its options",
+            flag,
+        )
 
     chosen = [d for d in own if d.cli.flag in applicable]
     for group in (d for d in chosen if d.cli.group is not None):
