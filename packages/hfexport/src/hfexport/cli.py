@@ -10,6 +10,7 @@ atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -344,7 +345,6 @@ class _ExportFlags:
         known: every flag declared by a registered config class and by the chosen format's (a
             flag of another format's config is accepted, to be refused with its own message).
         shown: the flags ``--help`` lists: the chosen format's, or with no (known) format every one.
-        params: one click option per flag in ``known`` (hidden unless in ``shown``).
         names: click parameter name -> flag.
     """
 
@@ -374,7 +374,11 @@ class _ExportFlags:
         self.known = list(table.values())
         self.shown = shown
         self.names = {_FLAG_PARAM_PREFIX + d.cli.param_name: d.cli.flag for d in self.known}
-        self.params = _flag_options(self.known, shown)
+
+    @functools.cached_property
+    def params(self) -> list[Any]:
+        """One click option per flag in :attr:`known` (hidden unless in :attr:`shown`)."""
+        return _flag_options(self.known, self.shown)
 
     def takes_value(self, option: str) -> bool:
         """Whether the config flag ``option`` reads the next command-line word as its value."""
