@@ -39,6 +39,7 @@ __all__ = [
     "OpenvinoConfig",
     "QuantizationConfig",
     "QuantizationMethod",
+    "calibration_file",
     "check_dynamic_shapes_leaves",
     "check_opset_version",
     "decode_dynamic_shapes",
@@ -46,6 +47,8 @@ __all__ = [
     "format_name",
     "is_quality_gated",
     "onnx_opset_range",
+    "parse_ort_fusion_target",
+    "parse_quality_gates",
 ]
 
 
