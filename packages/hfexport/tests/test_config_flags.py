@@ -264,3 +264,29 @@ def test_bad_declarations_are_refused():
 
     with pytest.raises(TypeError, match="metadata\\['cli'\\] is str"):
         declared_flags(NotAFlag)
+
+
+@pytest.mark.parametrize(
+    ("args", "found"),
+    [
+        (["onnx", "out"], "onnx"),
+        (["--model", "tiny:bert", "--quantize", "8da4w", "executorch", "out"], "executorch"),
+        (["--model=tiny:bert", "-v", "--static", "dynamo", "out"], "dynamo"),
+        (["--gate", "cosine=0.9", "--gate", "top1_agreement=0.8", "onnx"], "onnx"),
+        (["--model", "tiny:bert", "--", "onnx", "out"], "onnx"),
+        (["--help"], None),
+    ],
+)
+def test_the_format_is_found_before_click_parses(args, found):
+    """FORMAT decides which options exist, so it is read first, skipping the values of options."""
+    from hfexport import cli
+
+    command = cli.typer.main.get_command(app).commands["export"]
+    assert cli._format_argument(args, command.params, cli._ExportFlags(None)) == found
+
+
+def test_help_after_options_is_the_formats(tmp_path):
+    args = ["export", "--model", "tiny:bert", "executorch", "--help"]
+    text = _text(runner.invoke(app, args, env={"COLUMNS": "240"}).output)
+    assert "executorch options" in text and "--backend" in text
+    assert "--opset" not in text and "--aoti" not in text
