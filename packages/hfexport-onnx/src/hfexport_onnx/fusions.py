@@ -10,11 +10,13 @@ the ops it produces and its metadata the onnxscript range it was checked with.
 :func:`apply_ort_fusions` runs the active entries for a provider in registration order on an
 ``onnx_ir.Model`` in place and returns ``{rewrite: count}``.
 
-Order matters and is the registration order below: normalizations and rotary embeddings first,
-then the attention chain (``sdpa`` marks scaled-dot-product-attention subgraphs, which ``gqa`` /
-``mha*`` / ``attention`` consume; ``sdpa`` functions nothing consumed are inlined back at the end),
-then the activations, then the MatMul rules (``FusedMatMul``). The ``onnx`` entries run before the
-``onnx.<provider>`` ones (registry order), whatever their place in this file.
+The rewrites are one table, :data:`ORT_FUSIONS` (name, ops, the rewrite functions, provider,
+dtypes, the op a rewrite needs), registered row by row in its order, which is the order they run:
+normalizations and rotary embeddings first, then the attention chain (``sdpa`` marks
+scaled-dot-product-attention subgraphs, which ``gqa`` / ``mha*`` / ``attention`` consume; ``sdpa``
+functions nothing consumed are inlined back at the end), then the activations, then the MatMul
+rules (``FusedMatMul``), then the provider-specific rows (the registry runs the ``onnx`` entries
+before the ``onnx.<provider>`` ones).
 
 Two rewrites are ours, not onnxscript's: ``cached_gqa`` (:mod:`hfexport_onnx.gqa`, right after
 ``sdpa``: attention over a ``Concat(past, new)`` KV cache as transformers 5 graphs have it ->
@@ -26,8 +28,10 @@ into one MatMul + Split, after the Attention fusions that pack Q/K/V their own w
 from __future__ import annotations
 
 import collections
+import importlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from hfexport import registry
@@ -35,7 +39,9 @@ from hfexport.config import ORT_FUSION_TARGETS
 
 __all__ = [
     "KIND",
+    "ORT_FUSIONS",
     "PROVIDERS",
+    "OrtFusion",
     "apply_ort_fusions",
     "check_fusion_target",
     "contrib_op_counts",
@@ -187,199 +193,59 @@ def apply_ort_fusions(model: Any, provider: str, *, dtype: str = "float32") -> d
     return counts
 
 
-def _fuse(func_path: str, **kwargs: Any) -> Callable[[Any], int]:
-    module_name, name = func_path.rsplit(".", 1)
-
-    def run(model: Any) -> int:
-        import importlib
-
-        return int(getattr(importlib.import_module(module_name), name)(model, **kwargs))
-
-    return run
-
-
 _UP = "onnxscript.rewriter.ort_fusions"
 #: where our GroupQueryAttention rewrite puts the rotary embedding (see :mod:`hfexport_onnx.gqa`)
 GQA_ROTARY = "gqa"
+#: the op the attention-projection fusions build on (they skip a graph without it)
+_MHA = "MultiHeadAttention"
 
 
-# -- normalizations --------------------------------------------------------------------------------
-@register_ort_fusion(
-    "com.microsoft.Gelu",
-    description="Erf-based GELU subgraph -> com.microsoft.Gelu (onnxscript fuse_erfgelu)",
-)
-def fuse_erf_gelu(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.erfgelu.fuse_erfgelu")(model)
+@dataclass(frozen=True)
+class OrtFusion:
+    """One row of :data:`ORT_FUSIONS`: a rewrite into ONNX Runtime contrib ops, and when it runs.
+
+    Attributes:
+        name: the report's name of the rewrite (``report.applied["ort_fusions"]`` says
+            ``"<name> x<count>"``); the registry entry is ``hfexport_onnx.fusions.fuse_<name>``.
+        ops: the ops it produces (the registry entry's targets).
+        description: one line for ``hfexport patches``.
+        rewrites: what runs, in order, each ``rewrite(model: onnx_ir.Model, **kwargs) -> int``
+            (rewrites made): a dotted path, imported when the fusion first runs (onnxscript's
+            ``ort_fusions`` functions, our :mod:`hfexport_onnx.gqa` and
+            :mod:`hfexport_onnx.matmul_packing`), or a function; the counts are summed.
+        kwargs: keyword arguments of every rewrite.
+        provider: ``None`` for every execution provider (registry key ``"onnx"``), else ``"cpu"``
+            or ``"cuda"`` (``"onnx.cpu"`` ...; those run after every ``"onnx"`` row).
+        dtypes: the graph compute dtypes it runs for (``None``: all); for another it counts 0
+            (the op has no kernel for it on the provider).
+        requires_op: it counts 0 unless the graph has a node of this op type (it rewrites one).
+        then: a pass run on the model after the rewrites (``cos_sin_cache``: common
+            subexpression elimination of the caches it made).
+        issue: the upstream issue the integration follows; ``None`` for our own optimizations,
+            which no upstream fix will replace.
+    """
+
+    name: str
+    ops: tuple[str, ...]
+    description: str
+    rewrites: tuple[str | Callable[..., int], ...]
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    provider: str | None = None
+    dtypes: tuple[str, ...] | None = None
+    requires_op: str | None = None
+    then: Callable[[Any], None] | None = None
+    issue: str | None = _ISSUE
 
 
-@register_ort_fusion(
-    "SimplifiedLayerNormalization",
-    description="RMS normalization subgraph -> SimplifiedLayerNormalization (onnxscript fuse_rms_normalization)",
-)
-def fuse_rms_normalization(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.rms_normalization.fuse_rms_normalization")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.SkipLayerNormalization",
-    description="residual Add + LayerNormalization -> com.microsoft.SkipLayerNormalization",
-)
-def fuse_skip_layer_normalization(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.skip_normalization.fuse_skip_layer_normalization")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.SkipSimplifiedLayerNormalization",
-    description="residual Add + SimplifiedLayerNormalization -> com.microsoft.SkipSimplifiedLayerNormalization",
-)
-def fuse_skip_rms_normalization(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.skip_normalization.fuse_skip_rms_normalization")(model)
-
-
-# -- rotary embeddings -----------------------------------------------------------------------------
-@register_ort_fusion(
-    "com.microsoft.RotaryEmbedding",
-    description="rotate-half rotary embedding subgraph -> com.microsoft.RotaryEmbedding",
-)
-def fuse_rotary_embedding(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.rotary_embedding.fuse_rotary_embedding")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.RotaryEmbedding",
-    description="cos/sin computed from position ids -> a precomputed cos/sin cache input of RotaryEmbedding",
-)
-def fuse_cos_sin_cache(model: Any, dtype: str) -> int:
+def _eliminate_common_subexpressions(model: Any) -> None:
     import onnx_ir.passes.common as common_passes
 
-    count = _fuse(f"{_UP}.cos_sin_cache.fuse_cos_sin_cache")(model)
     common_passes.CommonSubexpressionEliminationPass()(model)
-    return count
 
 
-@register_ort_fusion(
-    "com.microsoft.RotaryEmbedding",
-    description="rotary embedding over part of the head dimension -> RotaryEmbedding on a slice",
-)
-def fuse_partial_rotary_embedding(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.rotary_embedding.fuse_partial_rotary_embedding")(model)
-
-
-# -- attention ------------------------------------------------------------------------------------
-@register_ort_fusion(
-    "SDPA (intermediate)",
-    description="mark scaled-dot-product attention subgraphs for the attention fusions (inlined back if unused)",
-)
-def fuse_sdpa(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.sdpa.fuse_sdpa", apply_shape_inference=True)(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.GroupQueryAttention",
-    description="SDPA over Concat(past, new) KV caches, repeat_kv and a rotate-half rotary embedding, as "
-    "transformers 5 graphs have them (positions * inv_freq, boolean mask via GatherND) -> "
-    "com.microsoft.GroupQueryAttention with packed QKV, the rotary inside (do_rotary, cos/sin from "
-    "inv_freq, position_ids), seqlens_k/total length from the shapes and the mask as attention_bias "
-    "(our rewrite: hfexport_onnx.gqa)",
-    issue="https://github.com/microsoft/onnxscript/pull/2461",  # GatherND-built masks: unmerged
-)
-def fuse_cached_gqa(model: Any, dtype: str) -> int:
-    from hfexport_onnx.gqa import fuse_cached_gqa as fuse
-
-    return fuse(model, rotary=GQA_ROTARY)
-
-
-@register_ort_fusion(
-    "com.microsoft.GroupQueryAttention",
-    description="SDPA over a concatenated KV cache with grouped heads -> com.microsoft.GroupQueryAttention",
-)
-def fuse_gqa(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.gqa.fuse_gqa")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.GroupQueryAttention",
-    description="GroupQueryAttention on slices of one projection -> GroupQueryAttention with packed QKV",
-)
-def fuse_packed_qkv_for_gqa(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.gqa_packed_qkv.fuse_qkv_gqa")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.MultiHeadAttention",
-    description="SDPA with head split/merge reshapes (and an optional cache) -> com.microsoft.MultiHeadAttention",
-)
-def fuse_mha(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.mha.fuse_mha1")(model) + _fuse(f"{_UP}.mha.fuse_mha2")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.MultiHeadAttention",
-    description="query pre-scaling folded into MultiHeadAttention's scale attribute",
-)
-def fuse_mha_scale(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.mha_scale.fuse_mha_scale")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.MultiHeadAttention",
-    description="Q/K/V projection biases moved into MultiHeadAttention's bias input",
-)
-def fuse_mha_bias(model: Any, dtype: str) -> int:
-    if not any(n.op_type == "MultiHeadAttention" for n in model.graph.all_nodes()):
-        return 0
-    return _fuse(f"{_UP}.mha_bias.fuse_mha_bias")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.Attention",
-    provider="cpu",
-    description="Q/K/V projections + MultiHeadAttention -> com.microsoft.Attention (packed QKV weights); "
-    "fp32 only on CPU (ORT's CPU Attention kernel is float-only)",
-)
-def fuse_attention_cpu(model: Any, dtype: str) -> int:
-    if dtype != "float32" or not any(n.op_type == "MultiHeadAttention" for n in model.graph.all_nodes()):
-        return 0
-    return _fuse(f"{_UP}.attention.fuse_attention")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.Attention",
-    provider="cuda",
-    description="Q/K/V projections + MultiHeadAttention -> com.microsoft.Attention (packed QKV weights, fp32/fp16)",
-)
-def fuse_attention_cuda(model: Any, dtype: str) -> int:
-    if not any(n.op_type == "MultiHeadAttention" for n in model.graph.all_nodes()):
-        return 0
-    return _fuse(f"{_UP}.attention.fuse_attention")(model)
-
-
-# -- activations and MatMuls ------------------------------------------------------------------------
-@register_ort_fusion(
-    "com.microsoft.FastGelu", description="tanh-approximated GELU subgraph -> com.microsoft.FastGelu"
-)
-def fuse_gelu(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.gelu.fuse_gelu")(model)
-
-
-@register_ort_fusion("com.microsoft.BiasGelu", description="bias Add + Gelu -> com.microsoft.BiasGelu")
-def fuse_bias_gelu(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.bias_gelu.fuse_bias_gelu")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.MultiHeadAttention",
-    description="remaining SDPA subgraphs (no reshape pattern matched) -> MultiHeadAttention",
-)
-def fuse_sdpa_via_mha(model: Any, dtype: str) -> int:
-    return _fuse(f"{_UP}.sdpa_via_mha.replace_sdpa_by_mha")(model)
-
-
-@register_ort_fusion(
-    "com.microsoft.FusedMatMul",
-    description="Transpose/scale around MatMul -> com.microsoft.FusedMatMul; softmax/group-norm pattern rules",
-)
-def fuse_matmul_rules(model: Any, dtype: str) -> int:
+def _fused_matmul_rules(model: Any) -> int:
+    """onnxscript's ORT pattern rules (Transpose/scale around MatMul -> ``FusedMatMul``, softmax,
+    group norm); returns the ``FusedMatMul`` nodes they added."""
     from onnxscript.optimizer import optimize
     from onnxscript.rewriter import rewrite
     from onnxscript.rewriter.ort_fusions import _core
@@ -391,25 +257,207 @@ def fuse_matmul_rules(model: Any, dtype: str) -> int:
     return max(after["FusedMatMul"] - before["FusedMatMul"], 0)
 
 
-# -- MatMul packing: provider keys run after the generic entries (registry order: "onnx", then
-# "onnx.<provider>"), so the Attention fusions, which pack Q/K/V themselves, took their MatMuls first
 _PACKING = (
     "MatMuls of one input with constant weights (llama gate/up projections) -> one MatMul over the "
     "concatenated weights + Split: same bytes read, fewer kernels per decode step (our rewrite: "
     "hfexport_onnx.matmul_packing)"
 )
+_ATTENTION = "Q/K/V projections + MultiHeadAttention -> com.microsoft.Attention (packed QKV weights"
+
+#: The ORT fusions, in the order they run: normalizations and rotary embeddings, then the attention
+#: chain (``sdpa`` marks scaled-dot-product-attention subgraphs that ``gqa`` / ``mha*`` /
+#: ``attention`` consume), the activations, the MatMul rules, then the provider-specific rows.
+#: Each row is registered as one registry entry of kind :data:`KIND` (see :func:`register_ort_fusion`).
+ORT_FUSIONS: tuple[OrtFusion, ...] = (
+    # -- normalizations
+    OrtFusion(
+        "erf_gelu",
+        ("com.microsoft.Gelu",),
+        "Erf-based GELU subgraph -> com.microsoft.Gelu (onnxscript fuse_erfgelu)",
+        (f"{_UP}.erfgelu.fuse_erfgelu",),
+    ),
+    OrtFusion(
+        "rms_normalization",
+        ("SimplifiedLayerNormalization",),
+        "RMS normalization subgraph -> SimplifiedLayerNormalization (onnxscript fuse_rms_normalization)",
+        (f"{_UP}.rms_normalization.fuse_rms_normalization",),
+    ),
+    OrtFusion(
+        "skip_layer_normalization",
+        ("com.microsoft.SkipLayerNormalization",),
+        "residual Add + LayerNormalization -> com.microsoft.SkipLayerNormalization",
+        (f"{_UP}.skip_normalization.fuse_skip_layer_normalization",),
+    ),
+    OrtFusion(
+        "skip_rms_normalization",
+        ("com.microsoft.SkipSimplifiedLayerNormalization",),
+        "residual Add + SimplifiedLayerNormalization -> com.microsoft.SkipSimplifiedLayerNormalization",
+        (f"{_UP}.skip_normalization.fuse_skip_rms_normalization",),
+    ),
+    # -- rotary embeddings
+    OrtFusion(
+        "rotary_embedding",
+        ("com.microsoft.RotaryEmbedding",),
+        "rotate-half rotary embedding subgraph -> com.microsoft.RotaryEmbedding",
+        (f"{_UP}.rotary_embedding.fuse_rotary_embedding",),
+    ),
+    OrtFusion(
+        "cos_sin_cache",
+        ("com.microsoft.RotaryEmbedding",),
+        "cos/sin computed from position ids -> a precomputed cos/sin cache input of RotaryEmbedding",
+        (f"{_UP}.cos_sin_cache.fuse_cos_sin_cache",),
+        then=_eliminate_common_subexpressions,
+    ),
+    OrtFusion(
+        "partial_rotary_embedding",
+        ("com.microsoft.RotaryEmbedding",),
+        "rotary embedding over part of the head dimension -> RotaryEmbedding on a slice",
+        (f"{_UP}.rotary_embedding.fuse_partial_rotary_embedding",),
+    ),
+    # -- attention
+    OrtFusion(
+        "sdpa",
+        ("SDPA (intermediate)",),
+        "mark scaled-dot-product attention subgraphs for the attention fusions (inlined back if unused)",
+        (f"{_UP}.sdpa.fuse_sdpa",),
+        kwargs={"apply_shape_inference": True},
+    ),
+    OrtFusion(
+        "cached_gqa",
+        ("com.microsoft.GroupQueryAttention",),
+        "SDPA over Concat(past, new) KV caches, repeat_kv and a rotate-half rotary embedding, as "
+        "transformers 5 graphs have them (positions * inv_freq, boolean mask via GatherND) -> "
+        "com.microsoft.GroupQueryAttention with packed QKV, the rotary inside (do_rotary, cos/sin from "
+        "inv_freq, position_ids), seqlens_k/total length from the shapes and the mask as attention_bias "
+        "(our rewrite: hfexport_onnx.gqa)",
+        ("hfexport_onnx.gqa.fuse_cached_gqa",),
+        kwargs={"rotary": GQA_ROTARY},
+        issue="https://github.com/microsoft/onnxscript/pull/2461",  # GatherND-built masks: unmerged
+    ),
+    OrtFusion(
+        "gqa",
+        ("com.microsoft.GroupQueryAttention",),
+        "SDPA over a concatenated KV cache with grouped heads -> com.microsoft.GroupQueryAttention",
+        (f"{_UP}.gqa.fuse_gqa",),
+    ),
+    OrtFusion(
+        "packed_qkv_for_gqa",
+        ("com.microsoft.GroupQueryAttention",),
+        "GroupQueryAttention on slices of one projection -> GroupQueryAttention with packed QKV",
+        (f"{_UP}.gqa_packed_qkv.fuse_qkv_gqa",),
+    ),
+    OrtFusion(
+        "mha",
+        ("com.microsoft.MultiHeadAttention",),
+        "SDPA with head split/merge reshapes (and an optional cache) -> com.microsoft.MultiHeadAttention",
+        (f"{_UP}.mha.fuse_mha1", f"{_UP}.mha.fuse_mha2"),
+    ),
+    OrtFusion(
+        "mha_scale",
+        ("com.microsoft.MultiHeadAttention",),
+        "query pre-scaling folded into MultiHeadAttention's scale attribute",
+        (f"{_UP}.mha_scale.fuse_mha_scale",),
+    ),
+    OrtFusion(
+        "mha_bias",
+        ("com.microsoft.MultiHeadAttention",),
+        "Q/K/V projection biases moved into MultiHeadAttention's bias input",
+        (f"{_UP}.mha_bias.fuse_mha_bias",),
+        requires_op=_MHA,
+    ),
+    # -- activations and MatMuls
+    OrtFusion(
+        "gelu",
+        ("com.microsoft.FastGelu",),
+        "tanh-approximated GELU subgraph -> com.microsoft.FastGelu",
+        (f"{_UP}.gelu.fuse_gelu",),
+    ),
+    OrtFusion(
+        "bias_gelu",
+        ("com.microsoft.BiasGelu",),
+        "bias Add + Gelu -> com.microsoft.BiasGelu",
+        (f"{_UP}.bias_gelu.fuse_bias_gelu",),
+    ),
+    OrtFusion(
+        "sdpa_via_mha",
+        ("com.microsoft.MultiHeadAttention",),
+        "remaining SDPA subgraphs (no reshape pattern matched) -> MultiHeadAttention",
+        (f"{_UP}.sdpa_via_mha.replace_sdpa_by_mha",),
+    ),
+    OrtFusion(
+        "matmul_rules",
+        ("com.microsoft.FusedMatMul",),
+        "Transpose/scale around MatMul -> com.microsoft.FusedMatMul; softmax/group-norm pattern rules",
+        (_fused_matmul_rules,),
+    ),
+    # -- provider rows (registry key "onnx.<provider>": after every "onnx" row)
+    OrtFusion(
+        "attention_cpu",
+        ("com.microsoft.Attention",),
+        f"{_ATTENTION}); fp32 only on CPU (ORT's CPU Attention kernel is float-only)",
+        (f"{_UP}.attention.fuse_attention",),
+        provider="cpu",
+        dtypes=("float32",),
+        requires_op=_MHA,
+    ),
+    OrtFusion(
+        "attention_cuda",
+        ("com.microsoft.Attention",),
+        f"{_ATTENTION}, fp32/fp16)",
+        (f"{_UP}.attention.fuse_attention",),
+        provider="cuda",
+        requires_op=_MHA,
+    ),
+    # MatMul packing runs after the Attention fusions, which pack Q/K/V their own way; not
+    # workarounds (issue=None): ONNX Runtime's own graph optimizers do not pack MatMuls
+    OrtFusion(
+        "sibling_matmuls_cpu",
+        ("MatMul+Split",),
+        _PACKING,
+        ("hfexport_onnx.matmul_packing.pack_sibling_matmuls",),
+        provider="cpu",
+        issue=None,
+    ),
+    OrtFusion(
+        "sibling_matmuls_cuda",
+        ("MatMul+Split",),
+        _PACKING,
+        ("hfexport_onnx.matmul_packing.pack_sibling_matmuls",),
+        provider="cuda",
+        issue=None,
+    ),
+)
 
 
-# not workarounds (issue=None): ONNX Runtime's own graph optimizers do not pack MatMuls
-@register_ort_fusion("MatMul+Split", provider="cpu", description=_PACKING, issue=None)
-def fuse_sibling_matmuls_cpu(model: Any, dtype: str) -> int:
-    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
+def _resolve(rewrite: str | Callable[..., int]) -> Callable[..., int]:
+    if callable(rewrite):
+        return rewrite
+    module_name, name = rewrite.rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), name)
 
-    return pack_sibling_matmuls(model)
+
+def _entry_function(fusion: OrtFusion) -> Callable[[Any, str], int]:
+    """The registry entry's ``fuse(model, dtype) -> int`` for ``fusion`` (named ``fuse_<name>``)."""
+
+    def fuse(model: Any, dtype: str) -> int:
+        if fusion.dtypes is not None and dtype not in fusion.dtypes:
+            return 0
+        if fusion.requires_op is not None and not any(
+            n.op_type == fusion.requires_op for n in model.graph.all_nodes()
+        ):
+            return 0
+        count = sum(int(_resolve(rewrite)(model, **fusion.kwargs)) for rewrite in fusion.rewrites)
+        if fusion.then is not None:
+            fusion.then(model)
+        return count
+
+    fuse.__name__ = fuse.__qualname__ = f"fuse_{fusion.name}"
+    fuse.__doc__ = fusion.description
+    return fuse
 
 
-@register_ort_fusion("MatMul+Split", provider="cuda", description=_PACKING, issue=None)
-def fuse_sibling_matmuls_cuda(model: Any, dtype: str) -> int:
-    from hfexport_onnx.matmul_packing import pack_sibling_matmuls
-
-    return pack_sibling_matmuls(model)
+for _fusion in ORT_FUSIONS:  # one registry entry per row, in table order
+    globals()[f"fuse_{_fusion.name}"] = register_ort_fusion(
+        *_fusion.ops, provider=_fusion.provider, description=_fusion.description, issue=_fusion.issue
+    )(_entry_function(_fusion))
+del _fusion

@@ -10,15 +10,17 @@ atomically: the folder is replaced as a whole (a failed export leaves OUTPUT_DIR
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
 import time
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
+import typer.main
 from rich.console import Console
 from rich.table import Table
 
@@ -326,180 +328,167 @@ def _declared_ranges(distribution: str) -> dict[str, str]:
     return ranges
 
 
-# config field -> the export option that sets it (config errors are reported as that option's)
-_OPTION_OF_FIELD = {
-    "atol": "--atol",
-    "rtol": "--rtol",
-    "opset_version": "--opset",
-    "backend": "--backend",
-    "dtype": "--dtype",
-    "ort_fusions": "--ort-fusions",
-    "quantization": "--quantize",
-    "quantization.method": "--quantize",
-    "quantization.group_size": "--group-size",
-    "quantization.embedding_bits": "--embedding-bits",
-    "quantization.per_channel": "--per-tensor",
-    "quantization.exclude": "--quantize-exclude",
-    "quantization.calibration": "--calibration",
-    "quantization.num_calibration_samples": "--calibration-samples",
-    "quantization.symmetric": "--asymmetric",
-    "quantization.accuracy_level": "--accuracy-level",
-    "quality_gates": "--gate",
-}
+# --------------------------------------------------------------------------------------------------
+# `hfexport export FORMAT` options from the config class's fields (hfexport.config_flags)
+# --------------------------------------------------------------------------------------------------
+#: ``click.Context.meta`` keys: the flags offered for this command line, and the values given
+_FLAGS_KEY = "hfexport.export_flags"
+_GIVEN_KEY = "hfexport.export_flag_values"
+#: Python names of the config flags' parameters start with this (never one of export_command's own)
+_FLAG_PARAM_PREFIX = "config__"
 
 
-class EmbeddingBits(StrEnum):
-    """``--embedding-bits`` choices (``QuantizationConfig.embedding_bits``)."""
+class _ExportFlags:
+    """The config flags ``hfexport export`` accepts for one command line.
 
-    FOUR = "4"
-    EIGHT = "8"
-
-
-def _parse_gates(gates: list[str] | None) -> dict[str, float] | None:
-    """``["cosine=0.98", "top1_agreement=0.85"]`` -> ``{"cosine": 0.98, ...}``.
-
-    Raises:
-        typer.BadParameter: an item that is not ``metric=float``.
+    Attributes:
+        known: every flag declared by a registered config class and by the chosen format's (a
+            flag of another format's config is accepted, to be refused with its own message).
+        shown: the flags ``--help`` lists: the chosen format's, or with no (known) format every one.
+        names: click parameter name -> flag.
     """
-    if not gates:
-        return None
-    out: dict[str, float] = {}
-    for item in gates:
-        name, sep, value = item.partition("=")
-        try:
-            if not sep or not name.strip():
-                raise ValueError
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise typer.BadParameter(
-                f"{item!r} is not METRIC=THRESHOLD; allowed metrics: cosine, cosine_min, top1_agreement, "
-                "max_abs_diff, perplexity_ratio, kl_divergence, top1_agreement_text (e.g. --gate cosine=0.98)",
-                param_hint="--gate",
-            ) from None
-    return out
+
+    def __init__(self, export_format: str | None) -> None:
+        from hfexport.auto import _CONFIGS, AutoExportConfig
+        from hfexport.config_flags import declared_flags
+
+        chosen = None
+        if export_format is not None:
+            try:  # a plugin's format loads its backend here; an unknown one is refused later
+                chosen = AutoExportConfig.config_class(export_format)
+            except Exception:
+                chosen = None
+        table: dict[str, Any] = {}
+        shown: set[str] = set()
+        if chosen is not None:
+            for d in declared_flags(chosen):
+                table[d.cli.flag] = d
+                if d.applies_to(chosen, export_format):
+                    shown.add(d.cli.flag)
+        for cls in dict.fromkeys(_CONFIGS.values()):
+            for d in declared_flags(cls):
+                if d.cli.flag not in table:
+                    table[d.cli.flag] = d
+                    if chosen is None:
+                        shown.add(d.cli.flag)
+        self.known = list(table.values())
+        self.shown = shown
+        self.names = {_FLAG_PARAM_PREFIX + d.cli.param_name: d.cli.flag for d in self.known}
+
+    @functools.cached_property
+    def params(self) -> list[Any]:
+        """One click option per flag in :attr:`known` (hidden unless in :attr:`shown`)."""
+        return _flag_options(self.known, self.shown)
+
+    def takes_value(self, option: str) -> bool:
+        """Whether the config flag ``option`` reads the next command-line word as its value."""
+        return any(d.cli.flag == option and not d.cli.switch for d in self.known)
 
 
-def _config_for(
-    fmt: str,
-    *,
-    static: bool,
-    opset: int | None,
-    atol: float | None,
-    rtol: float | None = None,
-    optimize: bool,
-    validate: bool,
-    backend: str | None,
-    dtype: str | None = None,
-    ort_fusions: str | None = None,
-    quantize: str | None = None,
-    calibration: Path | None = None,
-    group_size: int | None = None,
-    embedding_bits: int | None = None,
-    per_tensor: bool = False,
-    quantize_exclude: list[str] | None = None,
-    calibration_samples: int | None = None,
-    gates: dict[str, float] | None = None,
-    aoti: bool = False,
-    asymmetric: bool = False,
-    accuracy_level: int | None = None,
-) -> Any:
-    """The export config the options describe (no torch import).
+def _flag_options(flags: list[Any], shown: set[str]) -> list[Any]:
+    """Click options for ``flags`` (:class:`hfexport.config_flags.DeclaredFlag`), built by typer
+    from a synthesized signature so they parse, convert and show like the hand-written ones."""
+    import inspect
+    from typing import Literal
 
-    The quantization options (``calibration``, ``calibration_samples``, ``group_size``,
-    ``embedding_bits``, ``per_tensor``, ``quantize_exclude``, ``asymmetric``, ``accuracy_level``) fill the fields of
-    :class:`hfexport.config.QuantizationConfig` and need ``quantize``; whether the backend has an
-    option is the exporter's to say (``HfExporter.check_precision``, e.g. ONNX and dynamo refuse
-    ``embedding_bits``), which the CLI runs before the model is loaded.
+    types: dict[str, type] = {"str": str, "int": int, "float": float, "Path": Path}
+    parameters = []
+    for d in flags:
+        cli = d.cli
+        if cli.switch:
+            kind: Any = bool
+        else:
+            kind = Literal.__getitem__(cli.choices) if cli.choices else types[cli.type]
+            kind = list[kind] | None if cli.repeat else kind | None
+        panel = cli.panel or (d.parent.panel if d.parent is not None else None)
+        if panel is None:
+            panel = f"{d.owner.declared_format() or d.owner.__name__} options"
+        option = typer.Option(
+            cli.flag, help=cli.help, metavar=cli.metavar, hidden=cli.flag not in shown, rich_help_panel=panel
+        )
+        parameters.append(
+            inspect.Parameter(
+                _FLAG_PARAM_PREFIX + cli.param_name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=False if cli.switch else None,
+                annotation=Annotated[kind, option],
+            )
+        )
+
+    def flags_holder(**_: Any) -> None:
+        """Never called: its signature describes the flags."""
+
+    flags_holder.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    flags_holder.__annotations__ = {p.name: p.annotation for p in parameters}
+    holder = typer.Typer(add_completion=False)
+    holder.command()(flags_holder)
+    return list(typer.main.get_command(holder).params)
+
+
+def _format_argument(args: list[str], own: list[Any], flags: _ExportFlags) -> str | None:
+    """The FORMAT word of an ``hfexport export`` command line (its first positional), found before
+    click parses it; ``None`` when there is none (``hfexport export --help``)."""
+    takes_value = {
+        opt for p in own if getattr(p, "param_type_name", "") == "option" and not p.is_flag for opt in p.opts
+    }
+    words = iter(args)
+    for word in words:
+        if word == "--":
+            return next(words, None)
+        if word.startswith("-") and word != "-":
+            if "=" not in word and (word in takes_value or flags.takes_value(word)):
+                next(words, None)
+            continue
+        return word
+    return None
+
+
+class _ExportCommand(typer.core.TyperCommand):
+    """``hfexport export``: the options of the chosen FORMAT's config class join the command's
+    own (:class:`_ExportFlags`); their values reach :func:`export_command` through
+    ``ctx.meta[_GIVEN_KEY]`` (flag -> value), not as parameters."""
+
+    def _flags(self, ctx: Any) -> _ExportFlags:
+        if _FLAGS_KEY not in ctx.meta:
+            ctx.meta[_FLAGS_KEY] = _ExportFlags(None)
+        return ctx.meta[_FLAGS_KEY]
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_FLAGS_KEY] = _ExportFlags(_format_argument(args, self.params, _ExportFlags(None)))
+        return super().parse_args(ctx, args)
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = [*self.params, *self._flags(ctx).params]
+        help_option = self.get_help_option(ctx)
+        return [*params, help_option] if help_option is not None else params
+
+    def invoke(self, ctx: Any) -> Any:
+        names = self._flags(ctx).names
+        ctx.meta[_GIVEN_KEY] = {
+            flag: ctx.params.pop(name) for name, flag in names.items() if name in ctx.params
+        }
+        return super().invoke(ctx)
+
+
+def _config_for(fmt: str, given: dict[str, Any], known: list[Any] | None = None) -> Any:
+    """The export config the command line's config flags describe (no torch import).
+
+    Args:
+        fmt: the export format.
+        given: flag (``"--opset"``) -> its command-line value (``None``/``False``/``[]`` when not given).
+        known: the declarations of the flags in ``given`` (:attr:`_ExportFlags.known`).
 
     Raises:
-        typer.BadParameter: an option the format does not take, or a value the config rejects
-            (the message is the config's, e.g. ``atol=nan is invalid; allowed: ...``).
+        typer.BadParameter: a flag the format does not take, or a value the flag's parser or the
+            config rejects (the message is theirs, e.g. ``atol=nan is invalid; allowed: ...``).
     """
     from hfexport.auto import AutoExportConfig
-    from hfexport.config import ExportFormat
+    from hfexport.config_flags import FlagError, config_from_flags
 
-    data: dict[str, Any] = {"export_format": fmt, "dynamic": not static, "validate": validate}
-    if atol is not None:
-        data["atol"] = atol
-    if rtol is not None:
-        data["rtol"] = rtol
-    cls = AutoExportConfig.config_class(fmt)
-    fields = set(cls.__dataclass_fields__)
-    if opset is not None:
-        if "opset_version" not in fields:
-            raise typer.BadParameter(f"--opset applies to onnx, not {fmt}")
-        data["opset_version"] = opset
-    if "optimize" in fields:
-        data["optimize"] = optimize
-    if aoti:
-        if fmt != ExportFormat.DYNAMO.value:
-            raise typer.BadParameter(f"--aoti applies to the {ExportFormat.DYNAMO.value} format, not {fmt}")
-        data["aoti"] = True
-    if backend is not None:
-        if "backend" not in fields:
-            raise typer.BadParameter(f"--backend applies to executorch, not {fmt}")
-        data["backend"] = backend
-    if dtype is not None:
-        data["dtype"] = dtype
-    if ort_fusions is not None:
-        from hfexport.config import ORT_FUSION_TARGETS
-
-        if "ort_fusions" not in fields:
-            raise typer.BadParameter(f"--ort-fusions applies to onnx, not {fmt}", param_hint="--ort-fusions")
-        if ort_fusions not in ORT_FUSION_TARGETS:  # the config's message names Python's None
-            raise typer.BadParameter(
-                f"{ort_fusions!r} is not a fusion target; --ort-fusions must be one of: "
-                f"{', '.join(ORT_FUSION_TARGETS)} (or omit it for a graph without fused ops)",
-                param_hint="--ort-fusions",
-            )
-        data["ort_fusions"] = ort_fusions
-    given = {
-        "--calibration": calibration,
-        "--calibration-samples": calibration_samples,
-        "--group-size": group_size,
-        "--embedding-bits": embedding_bits,
-        "--per-tensor": True if per_tensor else None,
-        "--quantize-exclude": quantize_exclude or None,
-        "--asymmetric": True if asymmetric else None,
-        "--accuracy-level": accuracy_level,
-    }
-    used = [option for option, value in given.items() if value is not None]
-    if used and quantize is None:
-        raise typer.BadParameter(
-            f"{', '.join(used)} appl{'ies' if len(used) == 1 else 'y'} to a quantization; add --quantize METHOD",
-            param_hint="--quantize",
-        )
-    if quantize is not None:
-        quantization: dict[str, Any] = {"method": quantize}
-        if calibration is not None:
-            if not calibration.is_file():
-                raise typer.BadParameter(
-                    f"{calibration} is not a file; allowed: a UTF-8 text file, one prompt per line",
-                    param_hint="--calibration",
-                )
-            quantization["calibration"] = str(calibration)
-        if calibration_samples is not None:
-            quantization["num_calibration_samples"] = calibration_samples
-        if group_size is not None:
-            quantization["group_size"] = group_size
-        if embedding_bits is not None:
-            quantization["embedding_bits"] = int(embedding_bits)
-        if per_tensor:
-            quantization["per_channel"] = False
-        if asymmetric:
-            quantization["symmetric"] = False
-        if accuracy_level is not None:
-            quantization["accuracy_level"] = accuracy_level
-        if quantize_exclude:
-            quantization["exclude"] = list(quantize_exclude)
-        data["quantization"] = quantization
-    if gates is not None:
-        data["quality_gates"] = gates
     try:
-        return AutoExportConfig.from_dict(data)
-    except ValueError as exc:
-        field = str(exc).split("=", 1)[0]
-        raise typer.BadParameter(str(exc), param_hint=_OPTION_OF_FIELD.get(field)) from None
+        return config_from_flags(AutoExportConfig.config_class(fmt), fmt, given, known)
+    except FlagError as exc:
+        raise typer.BadParameter(str(exc), param_hint=exc.flag) from None
 
 
 def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]) -> None:
@@ -584,8 +573,9 @@ def _print_validation(report: Any, component: str | None = None) -> None:
         console.print(table)
 
 
-@app.command("export")
+@app.command("export", cls=_ExportCommand)
 def export_command(
+    ctx: typer.Context,
     export_format: Annotated[
         str,
         typer.Argument(
@@ -605,105 +595,6 @@ def export_command(
         ),
     ],
     task: Annotated[str, typer.Option(help="auto (from config.architectures) or a task name.")] = "auto",
-    opset: Annotated[int | None, typer.Option(help="ONNX opset version (onnx only).")] = None,
-    static: Annotated[
-        bool, typer.Option("--static", help="Export static shapes (default: dynamic).")
-    ] = False,
-    atol: Annotated[float | None, typer.Option(help="Validation absolute tolerance.")] = None,
-    rtol: Annotated[
-        float | None,
-        typer.Option(help="Validation relative tolerance (default: the backend's for the dtype)."),
-    ] = None,
-    no_optimize: Annotated[
-        bool, typer.Option("--no-optimize", help="Skip the graph optimizer (onnx).")
-    ] = False,
-    no_validate: Annotated[bool, typer.Option("--no-validate", help="Skip the parity check.")] = False,
-    backend: Annotated[str | None, typer.Option(help="ExecuTorch delegate: xnnpack or cuda.")] = None,
-    dtype: Annotated[
-        str | None,
-        typer.Option(
-            help="Compute dtype of the capture: float32 (default), float16, bfloat16 (what the backend runs)."
-        ),
-    ] = None,
-    ort_fusions: Annotated[
-        str | None,
-        typer.Option(
-            "--ort-fusions", help="Rewrite into ONNX Runtime fused contrib ops for cpu or cuda (onnx)."
-        ),
-    ] = None,
-    quantize: Annotated[
-        str | None,
-        typer.Option(
-            "--quantize",
-            help="Quantization method of the backend: onnx int8-dynamic, int8-static, int4-weight; "
-            "executorch/dynamo: see `hfexport env`.",
-        ),
-    ] = None,
-    calibration: Annotated[
-        Path | None,
-        typer.Option(
-            help="Text file of calibration prompts, one per line (methods that calibrate: onnx int8-static)."
-        ),
-    ] = None,
-    group_size: Annotated[
-        int | None,
-        typer.Option(
-            "--group-size",
-            help="Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w / 4w group).",
-        ),
-    ] = None,
-    asymmetric: Annotated[
-        bool,
-        typer.Option(
-            "--asymmetric",
-            help="Block-quantized weights with zero points (onnx int4-weight / int8-weight; default symmetric).",
-        ),
-    ] = False,
-    accuracy_level: Annotated[
-        int | None,
-        typer.Option(
-            "--accuracy-level",
-            help="MatMulNBits minimum compute precision: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
-            "(onnx int4-weight / int8-weight; default 4).",
-        ),
-    ] = None,
-    embedding_bits: Annotated[
-        EmbeddingBits | None,
-        typer.Option(
-            "--embedding-bits",
-            help="Also quantize the token embeddings to 4 or 8 bits (executorch; other backends refuse it).",
-        ),
-    ] = None,
-    per_tensor: Annotated[
-        bool,
-        typer.Option(
-            "--per-tensor", help="One weight scale per tensor instead of per output channel (int8 methods)."
-        ),
-    ] = False,
-    quantize_exclude: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--quantize-exclude",
-            metavar="MODULE",
-            help="Leave this module in float (a module path or fnmatch pattern, e.g. lm_head); repeatable.",
-        ),
-    ] = None,
-    calibration_samples: Annotated[
-        int | None,
-        typer.Option(
-            "--calibration-samples",
-            help="At most this many calibration batches (static quantization; default 32).",
-        ),
-    ] = None,
-    gate: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--gate",
-            help="Override a quality gate, METRIC=THRESHOLD (cosine, cosine_min, top1_agreement, "
-            "max_abs_diff; for a quantized causal LM also the text metrics perplexity_ratio, "
-            "kl_divergence, top1_agreement_text); repeatable.",
-        ),
-    ] = None,
     layout: Annotated[
         str | None,
         typer.Option(
@@ -711,14 +602,6 @@ def export_command(
             "transformers.js (onnx), llm-runner (executorch), ... (`hfexport env` lists them)."
         ),
     ] = None,
-    aoti: Annotated[
-        bool,
-        typer.Option(
-            "--aoti",
-            help="dynamo: also compile an AOTInductor package (model.aoti.pt2) and validate it at both shapes "
-            "(needs a C++ compiler).",
-        ),
-    ] = False,
     allow_untrained: Annotated[
         bool,
         typer.Option(
@@ -746,6 +629,9 @@ def export_command(
 ) -> None:
     """Export a model, validate it against eager PyTorch, and write it with its report.
 
+    The options of the capture, validation, quantization and FORMAT itself are the fields of
+    FORMAT's config class (`hfexport export FORMAT --help` lists them).
+
     OUTPUT_DIR is replaced as a whole on success (files of an earlier export are gone) and left as
     it was on failure. It must be new, empty, or a previous export, unless --overwrite is given.
     """
@@ -766,37 +652,18 @@ def export_command(
         if export_format not in formats:
             raise typer.BadParameter(f"FORMAT must be one of {', '.join(formats)}, got {export_format!r}")
         _check_model_and_task(model, task)  # usage errors, before the backend is imported
-        config = _config_for(
-            export_format,
-            static=static,
-            opset=opset,
-            atol=atol,
-            rtol=rtol,
-            optimize=not no_optimize,
-            validate=not no_validate,
-            backend=backend,
-            dtype=dtype,
-            ort_fusions=ort_fusions,
-            quantize=quantize,
-            calibration=calibration,
-            group_size=group_size,
-            embedding_bits=int(embedding_bits.value) if embedding_bits is not None else None,
-            per_tensor=per_tensor,
-            quantize_exclude=quantize_exclude,
-            calibration_samples=calibration_samples,
-            gates=_parse_gates(gate),
-            aoti=aoti,
-            asymmetric=asymmetric,
-            accuracy_level=accuracy_level,
-        )
+        flags: _ExportFlags = ctx.meta[_FLAGS_KEY]
+        config = _config_for(export_format, ctx.meta[_GIVEN_KEY], flags.known)
         from hfexport.auto import AutoHfExporter
 
         exporter = AutoHfExporter.from_config(config)  # imports the backend: its layouts register
         try:  # dtype, method, fusion target, gate names: refused before the model is loaded
             exporter.check_precision(config)
         except ValueError as exc:
+            from hfexport.config_flags import declared_flags, flag_for_field
+
             field = str(exc).split("=", 1)[0].split(" ", 1)[0]
-            hint = _OPTION_OF_FIELD.get(field) or (
+            hint = flag_for_field(declared_flags(type(config)), field) or (
                 "--quantize" if "quantiz" in str(exc) else "--gate" if "quality_gates" in str(exc) else None
             )
             raise typer.BadParameter(str(exc), param_hint=hint) from None

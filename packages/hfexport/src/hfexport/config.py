@@ -20,7 +20,10 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
+
+from hfexport.config_flags import CLI, CliFlag
 
 __all__ = [
     "ACCURACY_LEVELS",
@@ -37,6 +40,7 @@ __all__ = [
     "OpenvinoConfig",
     "QuantizationConfig",
     "QuantizationMethod",
+    "calibration_file",
     "check_dynamic_shapes_leaves",
     "check_opset_version",
     "decode_dynamic_shapes",
@@ -44,6 +48,8 @@ __all__ = [
     "format_name",
     "is_quality_gated",
     "onnx_opset_range",
+    "parse_ort_fusion_target",
+    "parse_quality_gates",
 ]
 
 
@@ -485,6 +491,69 @@ DTYPES = ("float32", "float16", "bfloat16")
 ORT_FUSION_TARGETS = ("cpu", "cuda")
 
 
+#: Help sections of ``hfexport export --help`` for the flags every backend shares.
+CAPTURE_PANEL = "Capture and validation"
+QUANTIZATION_PANEL = "Quantization (with --quantize METHOD)"
+
+#: The metrics ``--gate`` names (``CaptureConfig.quality_gates`` keys), for its error message.
+GATE_METRICS = (
+    "cosine",
+    "cosine_min",
+    "top1_agreement",
+    "max_abs_diff",
+    "perplexity_ratio",
+    "kl_divergence",
+    "top1_agreement_text",
+)
+
+
+def calibration_file(path: str | os.PathLike[str]) -> str:
+    """``--calibration``'s value as ``QuantizationConfig.calibration``: the path of an existing file.
+
+    Raises:
+        ValueError: ``path`` is not a file.
+    """
+    if not Path(path).is_file():
+        raise ValueError(f"{path} is not a file; allowed: a UTF-8 text file, one prompt per line")
+    return os.fspath(path)
+
+
+def parse_quality_gates(items: list[str]) -> dict[str, float]:
+    """``--gate`` values as ``CaptureConfig.quality_gates``: ``["cosine=0.98"]`` -> ``{"cosine": 0.98}``.
+
+    Raises:
+        ValueError: an item that is not ``METRIC=THRESHOLD`` with a float threshold.
+    """
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            if not sep or not name.strip():
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ValueError(
+                f"{item!r} is not METRIC=THRESHOLD; allowed metrics: {', '.join(GATE_METRICS)} "
+                "(e.g. --gate cosine=0.98)"
+            ) from None
+    return out
+
+
+def parse_ort_fusion_target(value: str) -> str:
+    """``--ort-fusions``'s value as ``OnnxConfig.ort_fusions`` (one of :data:`ORT_FUSION_TARGETS`).
+
+    Raises:
+        ValueError: another value; the message names the targets (the config's own message names
+            Python's ``None``, which the command line cannot give).
+    """
+    if value not in ORT_FUSION_TARGETS:
+        raise ValueError(
+            f"{value!r} is not a fusion target; --ort-fusions must be one of: {', '.join(ORT_FUSION_TARGETS)} "
+            "(or omit it for a graph without fused ops)"
+        )
+    return value
+
+
 #: The :class:`QuantizationConfig` fields a quantization method may read besides ``method``
 #: (the names a :class:`QuantizationMethod` lists).
 QUANTIZATION_OPTIONS = (
@@ -660,14 +729,92 @@ class QuantizationConfig:
     """
 
     method: str
-    group_size: int | None = None
-    embedding_bits: int | None = None
-    per_channel: bool = True
-    exclude: tuple[str, ...] = ()
-    calibration: str | None = None
-    num_calibration_samples: int = 32
-    symmetric: bool | None = None
-    accuracy_level: int | None = None
+    group_size: int | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--group-size",
+                "Block/group size of 4-bit weights (onnx int4-weight block, executorch 8da4w / 4w group).",
+                type="int",
+            )
+        },
+    )
+    embedding_bits: int | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--embedding-bits",
+                "Also quantize the token embeddings to 4 or 8 bits (executorch; other backends refuse it).",
+                choices=("4", "8"),
+                parse=int,
+            )
+        },
+    )
+    per_channel: bool = field(
+        default=True,
+        metadata={
+            CLI: CliFlag(
+                "--per-tensor",
+                "One weight scale per tensor instead of per output channel (int8 methods).",
+                switch=True,
+                set_to=False,
+            )
+        },
+    )
+    exclude: tuple[str, ...] = field(
+        default=(),
+        metadata={
+            CLI: CliFlag(
+                "--quantize-exclude",
+                "Leave this module in float (a module path or fnmatch pattern, e.g. lm_head); repeatable.",
+                repeat=True,
+                metavar="MODULE",
+            )
+        },
+    )
+    calibration: str | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--calibration",
+                "Text file of calibration prompts, one per line (methods that calibrate: onnx int8-static).",
+                type="Path",
+                parse=calibration_file,
+            )
+        },
+    )
+    num_calibration_samples: int = field(
+        default=32,
+        metadata={
+            CLI: CliFlag(
+                "--calibration-samples",
+                "At most this many calibration batches (static quantization; default 32).",
+                type="int",
+            )
+        },
+    )
+    symmetric: bool | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--asymmetric",
+                "Block-quantized weights with zero points (onnx int4-weight / int8-weight; default symmetric).",
+                switch=True,
+                set_to=False,
+            )
+        },
+    )
+    accuracy_level: int | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--accuracy-level",
+                "MatMulNBits minimum compute precision: 0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8 "
+                "(onnx int4-weight / int8-weight; default 4).",
+                type="int",
+            )
+        },
+    )
 
     def __post_init__(self) -> None:
         _check_type("quantization.method", self.method, (str,), "a method name such as 'int8-dynamic'")
@@ -830,17 +977,88 @@ class CaptureConfig(ExportConfigMixin):
             validated with ``atol``/``rtol`` (no gate would apply).
     """
 
-    dynamic: bool = False
+    dynamic: bool = field(
+        default=False,
+        metadata={
+            # the command line exports dynamic shapes unless --static is given
+            CLI: CliFlag(
+                "--static",
+                "Export static shapes (default: dynamic).",
+                switch=True,
+                set_to=False,
+                unset=True,
+                panel=CAPTURE_PANEL,
+            )
+        },
+    )
     strict: bool = False
     dynamic_shapes: Any = None
     prefer_deferred_runtime_asserts_over_guards: bool = False
-    validate: bool = True
-    atol: float | None = None
-    rtol: float | None = None
+    validate: bool = field(
+        default=True,
+        metadata={
+            CLI: CliFlag(
+                "--no-validate", "Skip the parity check.", switch=True, set_to=False, panel=CAPTURE_PANEL
+            )
+        },
+    )
+    atol: float | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag("--atol", "Validation absolute tolerance.", type="float", panel=CAPTURE_PANEL)
+        },
+    )
+    rtol: float | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--rtol",
+                "Validation relative tolerance (default: the backend's for the dtype).",
+                type="float",
+                panel=CAPTURE_PANEL,
+            )
+        },
+    )
     validate_second_shape: bool = True
-    dtype: str | None = None
-    quantization: QuantizationConfig | None = None
-    quality_gates: dict[str, float] | None = None
+    dtype: str | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--dtype",
+                "Compute dtype of the capture: float32 (default), float16, bfloat16 (what the backend runs).",
+                panel=CAPTURE_PANEL,
+            )
+        },
+    )
+    quantization: QuantizationConfig | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--quantize",
+                "Quantization method of the backend: onnx int8-dynamic, int8-static, int4-weight; "
+                "executorch/dynamo: see `hfexport env`.",
+                group=QuantizationConfig,
+                group_key="method",
+                group_noun="a quantization",
+                value_name="METHOD",
+                panel=QUANTIZATION_PANEL,
+            )
+        },
+    )
+    quality_gates: dict[str, float] | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--gate",
+                "Override a quality gate, METRIC=THRESHOLD (cosine, cosine_min, top1_agreement, "
+                "max_abs_diff; for a quantized causal LM also the text metrics perplexity_ratio, "
+                "kl_divergence, top1_agreement_text); repeatable.",
+                repeat=True,
+                parse=parse_quality_gates,
+                panel=CAPTURE_PANEL,
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         if self.dtype is not None and self.dtype not in DTYPES:
@@ -939,7 +1157,19 @@ class DynamoConfig(CaptureConfig):
 
     FORMAT: ClassVar[str | None] = ExportFormat.DYNAMO.value
 
-    aoti: bool = False
+    aoti: bool = field(
+        default=False,
+        metadata={
+            CLI: CliFlag(
+                "--aoti",
+                "dynamo: also compile an AOTInductor package (model.aoti.pt2) and validate it at both shapes "
+                "(needs a C++ compiler).",
+                switch=True,
+                formats=(ExportFormat.DYNAMO.value,),  # a subclass for another format refuses it
+                elsewhere=f"--aoti applies to the {ExportFormat.DYNAMO.value} format, not {{format}}",
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         super().validate_fields()
@@ -967,12 +1197,44 @@ class OnnxConfig(CaptureConfig):
     FORMAT: ClassVar[str | None] = ExportFormat.ONNX.value
 
     output_path: str | None = None
-    opset_version: int | None = None
+    opset_version: int | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--opset",
+                "ONNX opset version (onnx only).",
+                type="int",
+                elsewhere="--opset applies to onnx, not {format}",
+            )
+        },
+    )
     external_data: bool = True
-    optimize: bool = True
+    optimize: bool = field(
+        default=True,
+        metadata={
+            CLI: CliFlag(
+                "--no-optimize",
+                "Skip the graph optimizer (onnx).",
+                switch=True,
+                set_to=False,
+                ignore_elsewhere=True,
+            )
+        },
+    )
     export_params: bool = True
     keep_initializers_as_inputs: bool = False
-    ort_fusions: str | None = None
+    ort_fusions: str | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--ort-fusions",
+                "Rewrite into ONNX Runtime fused contrib ops for cpu or cuda (onnx).",
+                parse=parse_ort_fusion_target,
+                elsewhere="--ort-fusions applies to onnx, not {format}",
+                elsewhere_hint=True,
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         super().validate_fields()
@@ -1088,7 +1350,16 @@ class ExecutorchConfig(CaptureConfig):
 
     FORMAT: ClassVar[str | None] = ExportFormat.EXECUTORCH.value
 
-    backend: str = "xnnpack"
+    backend: str = field(
+        default="xnnpack",
+        metadata={
+            CLI: CliFlag(
+                "--backend",
+                "ExecuTorch delegate: xnnpack or cuda.",
+                elsewhere="--backend applies to executorch, not {format}",
+            )
+        },
+    )
     alloc_graph_input: bool = True
     alloc_graph_output: bool = True
     alloc_mutable_buffers: bool = True
