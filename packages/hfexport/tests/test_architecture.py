@@ -50,7 +50,7 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path) -> None:
     # function-level: HfExporter.export_for_generation imports the generation export
     assert "hfexport.generation.export" in graph["hfexport.exporter"]
     # package-level `from hfexport.generation import preparers` is an edge to the submodule
-    assert "hfexport.generation.preparers" in graph["hfexport.generation"]
+    assert "hfexport.generation.vision_inputs" in graph["hfexport.generation"]
     tree = ast.parse(
         "from . import plan\nfrom ..tensors import x\ndef f():\n    from .runner import Caller\n"
     )
