@@ -3,6 +3,8 @@
 - the import graph of ``hfexport`` is a DAG: every ``import`` / ``from ... import`` of an
   ``hfexport`` module counts as an edge, also inside functions, relative imports resolved;
 - the core imports no backend package;
+- production code (every module outside ``hfexport.testing``) imports no ``hfexport.testing``
+  module: the test helpers are not part of what an export runs;
 - no backend name (``"dynamo"``, ``"onnx"``, ``"executorch"``, ``"hfexport-onnx"``,
   ``"hfexport_dynamo.x"`` ...) appears as a string literal outside the built-in format table:
   the core talks to a backend only through ``HfExporter`` methods.
@@ -73,6 +75,21 @@ def test_the_core_imports_no_backend() -> None:
         if target.split(".")[0] in {f"hfexport_{b}" for b in BACKENDS}
     ]
     assert not found, "\n".join(found)
+
+
+def test_production_code_imports_no_test_helper() -> None:
+    graph = import_graph()
+    found = [
+        f"{name}:{line} imports {target}"
+        for name, targets in graph.items()
+        if name != "hfexport.testing" and not name.startswith("hfexport.testing.")
+        for target, line in targets.items()
+        if target == "hfexport.testing" or target.startswith("hfexport.testing.")
+    ]
+    assert not found, "production code imports the test helpers:\n" + "\n".join(found)
+    # the check sees the kind of import it forbids (the one hfexport.checkpoints used to have)
+    tree = ast.parse("def f():\n    from hfexport.testing import make_inputs\n")
+    assert _imported("hfexport.checkpoints", False, tree, set(_modules())) == [("hfexport.testing", 2)]
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
