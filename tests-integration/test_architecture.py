@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.testing.imports import describe_cycles, find_cycles, import_graph
+from hfexport.testing.imports import describe_cycles, find_cycles, import_graph, imports_of_test_helpers
 
 REPO = Path(__file__).resolve().parent.parent
 #: the package folders of every workspace member: packages/<dist>/src/<import name>
@@ -34,13 +34,7 @@ def test_no_import_cycle_in_any_package() -> None:
 def test_no_package_imports_the_test_helpers_from_production_code() -> None:
     graph = import_graph(ROOTS)
     assert any(name.startswith("hfexport_onnx.") for name in graph)  # the backends are in the graph
-    found = [
-        f"{name}:{line} imports {target}"
-        for name, targets in graph.items()
-        if name != "hfexport.testing" and not name.startswith("hfexport.testing.")
-        for target, line in targets.items()
-        if target == "hfexport.testing" or target.startswith("hfexport.testing.")
-    ]
+    found = imports_of_test_helpers(graph)
     assert not found, "production code imports the test helpers:\n" + "\n".join(found)
 
 

@@ -17,7 +17,13 @@ import re
 from pathlib import Path
 
 import hfexport
-from hfexport.testing.imports import describe_cycles, find_cycles, imported, package_modules
+from hfexport.testing.imports import (
+    describe_cycles,
+    find_cycles,
+    imported,
+    imports_of_test_helpers,
+    package_modules,
+)
 from hfexport.testing.imports import import_graph as _import_graph
 
 ROOT = Path(hfexport.__file__).parent
@@ -78,15 +84,11 @@ def test_the_core_imports_no_backend() -> None:
 
 
 def test_production_code_imports_no_test_helper() -> None:
-    graph = import_graph()
-    found = [
-        f"{name}:{line} imports {target}"
-        for name, targets in graph.items()
-        if name != "hfexport.testing" and not name.startswith("hfexport.testing.")
-        for target, line in targets.items()
-        if target == "hfexport.testing" or target.startswith("hfexport.testing.")
-    ]
+    found = imports_of_test_helpers(import_graph())
     assert not found, "production code imports the test helpers:\n" + "\n".join(found)
+    assert imports_of_test_helpers(
+        {"hfexport.x": {"hfexport.testing.zoo": 3}, "hfexport.testing": {"hfexport.x": 1}}
+    ) == ["hfexport.x:3 imports hfexport.testing.zoo"]
     # the check sees the kind of import it forbids (the one hfexport.checkpoints used to have)
     tree = ast.parse("def f():\n    from hfexport.testing import make_inputs\n")
     assert _imported("hfexport.checkpoints", False, tree, set(_modules())) == [("hfexport.testing", 2)]
