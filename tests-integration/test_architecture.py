@@ -1,12 +1,13 @@
 """The import graph of the core and every backend package together, read from their sources: no
 import cycle inside a package or across packages (the core's own graph, and that it imports no
-backend, are checked in ``packages/hfexport/tests/test_architecture.py``)."""
+backend, are checked in ``packages/hfexport/tests/test_architecture.py``); no production module of
+any package imports the test helpers (``hfexport.testing``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from hfexport.testing.imports import describe_cycles, find_cycles, import_graph
+from hfexport.testing.imports import describe_cycles, find_cycles, import_graph, imports_of_test_helpers
 
 REPO = Path(__file__).resolve().parent.parent
 #: the package folders of every workspace member: packages/<dist>/src/<import name>
@@ -28,6 +29,13 @@ def test_no_import_cycle_in_any_package() -> None:
     graph = import_graph(ROOTS)
     cycles = find_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(describe_cycles(graph, cycles))
+
+
+def test_no_package_imports_the_test_helpers_from_production_code() -> None:
+    graph = import_graph(ROOTS)
+    assert any(name.startswith("hfexport_onnx.") for name in graph)  # the backends are in the graph
+    found = imports_of_test_helpers(graph)
+    assert not found, "production code imports the test helpers:\n" + "\n".join(found)
 
 
 def test_the_cycle_check_sees_a_backend_cycle(tmp_path) -> None:

@@ -15,25 +15,18 @@ import pytest
 import torch
 
 from hfexport.config import DynamoConfig
-from hfexport.testing import SUPPORTED_MODEL_TYPES, tiny_model
-from hfexport.validation import derive_second_inputs, validate_artifact
+from hfexport.testing import tiny_model
+from hfexport.testing.backend_suite import PRESET_ZOO, assert_matches_at_two_shapes, assert_runs_match_eager
+from hfexport.validation import derive_second_inputs
 from hfexport_dynamo import DynamoExporter, load
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-ZOO = (
-    "llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2", "gpt_neox", "opt", "mixtral",
-    "bert", "roberta", "distilbert", "t5", "bart", "vit", "whisper",
-)  # fmt: skip
 ATOL = RTOL = 1e-5
 
 
-def test_zoo_list_is_the_tiny_model_zoo():
-    # wav2vec2 and qwen2_vl are covered by the shared cases C08 and C04 (test_dynamo_cases.py)
-    assert set(ZOO) == set(SUPPORTED_MODEL_TYPES) - {"wav2vec2", "qwen2_vl"}
-
-
-@pytest.mark.parametrize("model_type", ZOO)
+# wav2vec2 and qwen2_vl are covered by the shared cases C08 and C04 (test_dynamo_cases.py)
+@pytest.mark.parametrize("model_type", PRESET_ZOO)
 def test_architecture_exports_validates_two_shapes_and_reloads(model_type, tmp_path):
     model, inputs = tiny_model(model_type)
     exporter = DynamoExporter()
@@ -42,10 +35,7 @@ def test_architecture_exports_validates_two_shapes_and_reloads(model_type, tmp_p
     seconds = time.perf_counter() - start
     report = exporter.last_report
     assert isinstance(program, torch.export.ExportedProgram)
-    assert {s.name: s.status for s in report.stages}["validate_second_shape"] == "ok", report.summary_lines()
-    for label in ("sample", "second_shape"):
-        rows = report.validation[label]
-        assert rows and all(r["ok"] and r["max_abs_diff"] <= ATOL for r in rows), (label, rows)
+    assert_matches_at_two_shapes(report, ATOL)
 
     # image sides the program fixes (ViT's image size) keep their size, as in the export's own validation
     second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
@@ -54,9 +44,9 @@ def test_architecture_exports_validates_two_shapes_and_reloads(model_type, tmp_p
 
     path = exporter.artifact_path(tmp_path)
     exporter.save(program, path)
-    reloaded = exporter.runner(load(path))
-    for label, kwargs in (("reloaded sample", inputs), ("reloaded second shape", second)):
-        rows = validate_artifact(model, reloaded, kwargs, atol=ATOL, rtol=RTOL, label=label)
-        assert rows[0].name in ("logits", "last_hidden_state") and all(r.ok for r in rows)
+    runs = {"reloaded": exporter.runner(load(path))}
+    assert_runs_match_eager(
+        model, runs, (inputs, second), atol=ATOL, first_output=("logits", "last_hidden_state")
+    )
     print(f"{model_type}: export+validation {seconds:.1f}s, max diff "
           f"{max(r['max_abs_diff'] for rows in report.validation.values() for r in rows):.2e}")  # fmt: skip

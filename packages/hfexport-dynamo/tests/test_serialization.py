@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pathlib
 import subprocess
 import sys
 import textwrap
@@ -13,12 +12,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.export import Dim
 
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig
 from hfexport.tensors import duplicate_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.pt2 import (
+    Pool,
+    TouchOnUnpickle,
+    archive_root,
+    edit_json,
+    pickle_payload,
+    pool_program,
+    rewrite_archive,
+)
 from hfexport_dynamo import (
     ArtifactLoadError,
     CorruptArtifactError,
@@ -31,71 +38,12 @@ from hfexport_dynamo import (
 from hfexport_dynamo.safety import _expression_problem, _guard_problem, _target_problem
 
 
-class Pool(torch.nn.Module):
-    """A small torch-only program (no transformers classes), so a subprocess needs only torch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.proj(x).relu().sum(dim=1)
-
-
 @pytest.fixture(scope="module")
 def pool_file(tmp_path_factory) -> Path:
     """A dynamic Pool program written by hfexport_dynamo.save."""
-    program = torch.export.export(
-        Pool().eval(), (), {"x": torch.randn(2, 5, 4)}, dynamic_shapes={"x": {1: Dim("n")}}
-    )
     path = tmp_path_factory.mktemp("pool") / "pool.pt2"
-    save(program, path)
+    save(pool_program(), path)
     return path
-
-
-class _TouchOnUnpickle:
-    """Unpickling this object creates ``marker``: stands for any code a pickle can run."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
-
-
-def _payload(marker: Path) -> bytes:
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(_TouchOnUnpickle(marker), buffer)
-    return buffer.getvalue()
-
-
-def _rewrite(src: Path, dst: Path, replace=None, add=None) -> Path:
-    """Copy a .pt2 archive, replacing/adding members (paths relative to the archive root)."""
-    replace, add = replace or {}, add or {}
-    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zout:
-        root = zin.namelist()[0].split("/", 1)[0]
-        for info in zin.infolist():
-            relative = info.filename[len(root) + 1 :]
-            data = zin.read(info)
-            if relative in replace:
-                change = replace[relative]
-                data = change(data) if callable(change) else change
-            zout.writestr(info.filename, data)
-        for relative, data in add.items():
-            zout.writestr(f"{root}/{relative}", data)
-    return dst
-
-
-def _edit_json(edit):
-    def apply(data: bytes) -> bytes:
-        document = json.loads(data)
-        edit(document)
-        return json.dumps(document).encode()
-
-    return apply
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,8 +172,8 @@ def test_cache_output_program_loads_in_a_fresh_process(tmp_path):
 @pytest.mark.slow
 def test_malicious_sample_inputs_pickle_is_refused_and_never_runs(tmp_path, pool_file):
     marker = tmp_path / "marker"
-    evil = _rewrite(
-        pool_file, tmp_path / "evil.pt2", replace={"data/sample_inputs/model.pt": _payload(marker)}
+    evil = rewrite_archive(
+        pool_file, tmp_path / "evil.pt2", replace={"data/sample_inputs/model.pt": pickle_payload(marker)}
     )
     with pytest.raises(
         UnsafeArtifactError, match=r"data/sample_inputs/model\.pt: pickle refused by the weights-only"
@@ -245,19 +193,18 @@ def _weights_entry_pickled(marker: Path):
 
     def replace(pool_file: Path) -> dict:
         with zipfile.ZipFile(pool_file) as zf:
-            root = zf.namelist()[0].split("/", 1)[0]
-            config = json.loads(zf.read(f"{root}/data/weights/model_weights_config.json"))
+            config = json.loads(zf.read(f"{archive_root(pool_file)}/data/weights/model_weights_config.json"))
         path_name = next(iter(config["config"].values()))["path_name"]
         return {
-            "data/weights/model_weights_config.json": _edit_json(edit),
-            f"data/weights/{path_name}": _payload(marker),
+            "data/weights/model_weights_config.json": edit_json(edit),
+            f"data/weights/{path_name}": pickle_payload(marker),
         }
 
     return replace
 
 
 def _graph_edit(edit):
-    return lambda pool_file: {"models/model.json": _edit_json(edit)}
+    return lambda pool_file: {"models/model.json": edit_json(edit)}
 
 
 def _set_first_target(document):
@@ -290,8 +237,8 @@ def _opaque_constant(marker: Path):
                                                      "use_pickle": True, "tensor_meta": None}  # fmt: skip
 
     return lambda pool_file: {
-        "data/constants/model_constants_config.json": _edit_json(edit),
-        "__add__data/constants/opaque_obj_0": pickle.dumps(_TouchOnUnpickle(marker)),
+        "data/constants/model_constants_config.json": edit_json(edit),
+        "__add__data/constants/opaque_obj_0": pickle.dumps(TouchOnUnpickle(marker)),
     }
 
 
@@ -327,7 +274,7 @@ def test_crafted_archives_are_refused_with_the_reason(tmp_path, pool_file, craft
     changes = craft(marker)(pool_file)
     add = {k.removeprefix("__add__"): v for k, v in changes.items() if k.startswith("__add__")}
     replace = {k: v for k, v in changes.items() if not k.startswith("__add__")}
-    evil = _rewrite(pool_file, tmp_path / "evil.pt2", replace=replace, add=add)
+    evil = rewrite_archive(pool_file, tmp_path / "evil.pt2", replace=replace, add=add)
     with pytest.raises(UnsafeArtifactError, match=finding) as caught:
         load(evil)
     assert all(p in str(caught.value) for p in caught.value.problems[:20])

@@ -172,28 +172,12 @@ def test_8da4w_generation_export_of_real_gpt2_iglm_quarter_size(
 # -- llm-runner layout ---------------------------------------------------------------------------------
 @pytest.mark.extended  # a 512-position static-cache program: minutes of lowering, like the fp32 IgLM-S runner test
 def test_llm_runner_layout_honours_quantize_8da4w(tmp_path: Path) -> None:
-    from typer.testing import CliRunner
-
-    from hfexport.cli import app
+    from hfexport.testing.invoke import export_layout
 
     folder, model, _ = _load("iglm/IgLM-S", tmp_path / "model")
     out = tmp_path / "out"
-    result = CliRunner().invoke(
-        app,
-        [
-            "export",
-            "executorch",
-            "--task",
-            "text-generation",
-            "--layout",
-            "llm-runner",
-            "--quantize",
-            "8da4w",
-            "--model",
-            str(folder),
-            str(out),
-        ],
-        env={"COLUMNS": "2000"},
+    result = export_layout(
+        "executorch", folder, out, layout="llm-runner", task="text-generation", extra=["--quantize", "8da4w"]
     )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "export_report.json").read_text())

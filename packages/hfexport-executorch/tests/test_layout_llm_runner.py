@@ -28,10 +28,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from hfexport.cli import app
 from hfexport.testing.folders import package_model_folder, tiny_model_folder
+from hfexport.testing.invoke import export_layout, refusal
 
 NEW_TOKENS = 24
 PROMPT = "The quick brown fox"
@@ -75,25 +74,6 @@ print("RESULT " + json.dumps({
 """
 
 
-def _export(folder: Path, out: Path, *extra: str):
-    return CliRunner().invoke(
-        app,
-        [
-            "export",
-            "executorch",
-            "--task",
-            "text-generation",
-            "--layout",
-            "llm-runner",
-            "--model",
-            str(folder),
-            str(out),
-            *extra,
-        ],
-        env={"COLUMNS": "2000"},
-    )
-
-
 def _run_runner(out: Path, prompt: str, new_tokens: int) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # no worktree sources on the path
     proc = subprocess.run(
@@ -127,7 +107,7 @@ def _expected(folder: Path, prompt: str, new_tokens: int) -> tuple[list[int], li
 
 
 def _check_parity(folder: Path, out: Path, prompt: str = PROMPT, new_tokens: int = NEW_TOKENS) -> dict:
-    result = _export(folder, out)
+    result = export_layout("executorch", folder, out, layout="llm-runner", task="text-generation")
     assert result.exit_code == 0, result.output
     assert (out / "model.pte").is_file() and (out / "tokenizer.json").is_file()
     report = json.loads((out / "export_report.json").read_text())
@@ -163,16 +143,6 @@ def test_tiny_qwen3_runner_generates_like_generate(tmp_path: Path) -> None:
     _check_parity(folder, tmp_path / "out")
 
 
-def _refused(folder: Path, task: str, out: Path) -> str:
-    result = CliRunner().invoke(
-        app,
-        ["export", "executorch", "--task", task, "--layout", "llm-runner", "--model", str(folder), str(out)],
-        env={"COLUMNS": "2000"},
-    )
-    assert result.exit_code == 2, result.output
-    return " ".join(result.output.split())
-
-
 @pytest.mark.extended
 def test_real_gpt2_runner_generates_like_generate(tmp_path: Path) -> None:
     # IgLM-S: a real GPT-2 checkpoint (3 layers) from the iglm package, with a character-level
@@ -195,7 +165,7 @@ def test_layout_refuses_seq2seq_and_encoder_models(tmp_path: Path, model_type: s
     folder = tmp_path / model_type
     model.save_pretrained(folder)
     out = tmp_path / "out"
-    text = _refused(folder, task, out)
+    text = refusal(export_layout("executorch", folder, out, layout="llm-runner", task=task))
     assert f"layout 'llm-runner' serves tasks text-generation, not '{task}'" in text
     assert "no executorch layout fits; drop --layout for the default export" in text
     assert not out.exists()
@@ -206,7 +176,7 @@ def test_layout_needs_tokenizer(tmp_path: Path) -> None:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / name).unlink(missing_ok=True)
     out = tmp_path / "out"
-    text = _refused(folder, "text-generation", out)
+    text = refusal(export_layout("executorch", folder, out, layout="llm-runner", task="text-generation"))
     assert "layout 'llm-runner' needs the tokenizer next to the model" in text
     assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in text
     assert not out.exists()

@@ -120,7 +120,7 @@ class ToyKeepLast(torch.nn.Module):
     """``input_ids`` ``[batch, seq, 12]`` -> its last ``min(seq, 4)`` positions, doubled (a sliding window)."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        from hfexport.workarounds.capture import keep_last
+        from hfexport.workarounds.torch_export import keep_last
 
         return keep_last(input_ids, 4, dim=1) * 2
 

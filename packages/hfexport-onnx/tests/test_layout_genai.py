@@ -14,16 +14,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from hfexport import cli_logging
-from hfexport.cli import app
 from hfexport.testing.folders import package_model_folder, tiny_model_folder
+from hfexport.testing.invoke import export_layout, folded, invoke, refusal
 from hfexport_onnx.layouts.genai import GENERIC_TYPE, genai_model_type
 
 pytest.importorskip("onnxruntime_genai")
-
-runner = CliRunner()
 
 NEW_TOKENS = 24
 
@@ -58,20 +55,8 @@ def _cli_log_in_tmp(tmp_path, monkeypatch):
     monkeypatch.setenv(cli_logging.LOG_FILE_ENV, str(tmp_path / "cli-test.log"))
 
 
-def _invoke(args: list[str]):
-    return runner.invoke(app, args, env={"COLUMNS": "2000"})
-
-
-def _text(output: str) -> str:
-    for ch in "│╭╮╰╯─":
-        output = output.replace(ch, " ")
-    return " ".join(output.split())
-
-
 def _export(folder: Path, out: Path) -> dict:
-    result = _invoke(
-        ["export", "onnx", str(out), "--model", str(folder), "--task", "text-generation", "--layout", "genai"]
-    )
+    result = export_layout("onnx", folder, out, layout="genai", task="text-generation")
     assert result.exit_code == 0, result.output
     return json.loads((out / "export_report.json").read_text())
 
@@ -202,21 +187,7 @@ def test_genai_model_type_mapping():
 
 def test_genai_refuses_an_encoder_before_loading_anything_into_output_dir(tmp_path):
     out = tmp_path / "out"
-    result = _invoke(
-        [
-            "export",
-            "onnx",
-            str(out),
-            "--model",
-            "tiny:bert",
-            "--task",
-            "feature-extraction",
-            "--layout",
-            "genai",
-        ]
-    )
-    assert result.exit_code == 2, result.output
-    text = _text(result.output)
+    text = refusal(export_layout("onnx", "tiny:bert", out, layout="genai", task="feature-extraction"))
     assert "layout 'genai' serves tasks text-generation, not 'feature-extraction'" in text
     assert (
         "layouts of onnx that fit:" in text
@@ -227,21 +198,7 @@ def test_genai_refuses_an_encoder_before_loading_anything_into_output_dir(tmp_pa
 
 def test_genai_refuses_a_model_without_a_growing_attention_cache(tmp_path):
     out = tmp_path / "out"
-    result = _invoke(
-        [
-            "export",
-            "onnx",
-            str(out),
-            "--model",
-            "tiny:mamba",
-            "--task",
-            "text-generation",
-            "--layout",
-            "genai",
-        ]
-    )
-    assert result.exit_code == 2, result.output
-    text = _text(result.output)
+    text = refusal(export_layout("onnx", "tiny:mamba", out, layout="genai", task="text-generation"))
     assert "layout 'genai' runs decoder-only causal LMs with a plain attention KV cache" in text
     assert "MambaForCausalLM" in text
     assert not out.exists()
@@ -252,18 +209,14 @@ def test_genai_missing_tokenizer_says_which_files_to_add(tmp_path):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         (folder / name).unlink()
     out = tmp_path / "out"
-    result = _invoke(
-        ["export", "onnx", str(out), "--model", str(folder), "--task", "text-generation", "--layout", "genai"]
-    )
-    assert result.exit_code == 2, result.output
-    text = _text(result.output)
+    text = refusal(export_layout("onnx", folder, out, layout="genai", task="text-generation"))
     assert "layout 'genai' needs the tokenizer next to the model" in text
     assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in text
     assert not out.exists()
 
 
 def test_env_lists_the_genai_layout():
-    result = _invoke(["env", "--json"])
+    result = invoke(["env", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     genai = [lay for lay in data["layouts"] if lay["name"] == "genai" and lay["format"] == "onnx"]
@@ -279,9 +232,9 @@ def test_env_lists_the_genai_layout():
     ]
     onnx_row = next(r for r in data["backends"] if r["format"] == "onnx")
     assert "genai" in onnx_row["layouts"]
-    table = _invoke(["env"])
+    table = invoke(["env"])
     assert table.exit_code == 0
-    assert "genai" in _text(table.output) and "onnxruntime-genai" in _text(table.output)
+    assert "genai" in folded(table.output) and "onnxruntime-genai" in folded(table.output)
 
 
 def test_decoder_graph_refuses_encoder_decoders_and_sliding_window_caches():

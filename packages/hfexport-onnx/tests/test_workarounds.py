@@ -17,8 +17,8 @@ from hfexport_onnx.versions import SUPPORTED
 from hfexport_onnx.workarounds import fx_fixes, translations
 
 ATOL = 1e-5
-SLIDING = "hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length"
-SIZE_ONE = "hfexport.workarounds.capture.keep_size_one_batch_dynamic"
+SLIDING = "hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic_length"
+SIZE_ONE = "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic"
 
 
 def test_every_onnx_workaround_names_issue_and_range():

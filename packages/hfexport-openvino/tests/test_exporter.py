@@ -210,7 +210,7 @@ def test_sym_min_fix_lets_openvino_convert_a_sliding_window_cut():
     OpenVINO's frontend cannot convert; the fix computes it over 0-d tensors, same values."""
     import openvino as ov
 
-    from hfexport.workarounds.capture import keep_last
+    from hfexport.workarounds.torch_export import keep_last
 
     (entry,) = [e for e in entries("openvino") if e.name.endswith("sym_min_max_as_tensor_ops")]
     assert entry.versions == {"openvino": ">=2026.0"}

@@ -3,6 +3,8 @@
 - the import graph of ``hfexport`` is a DAG: every ``import`` / ``from ... import`` of an
   ``hfexport`` module counts as an edge, also inside functions, relative imports resolved;
 - the core imports no backend package;
+- production code (every module outside ``hfexport.testing``) imports no ``hfexport.testing``
+  module: the test helpers are not part of what an export runs;
 - no backend name (``"dynamo"``, ``"onnx"``, ``"executorch"``, ``"hfexport-onnx"``,
   ``"hfexport_dynamo.x"`` ...) appears as a string literal outside the built-in format table:
   the core talks to a backend only through ``HfExporter`` methods.
@@ -15,7 +17,13 @@ import re
 from pathlib import Path
 
 import hfexport
-from hfexport.testing.imports import describe_cycles, find_cycles, imported, package_modules
+from hfexport.testing.imports import (
+    describe_cycles,
+    find_cycles,
+    imported,
+    imports_of_test_helpers,
+    package_modules,
+)
 from hfexport.testing.imports import import_graph as _import_graph
 
 ROOT = Path(hfexport.__file__).parent
@@ -50,7 +58,7 @@ def test_the_graph_sees_function_level_and_relative_imports(tmp_path) -> None:
     # function-level: HfExporter.export_for_generation imports the generation export
     assert "hfexport.generation.export" in graph["hfexport.exporter"]
     # package-level `from hfexport.generation import preparers` is an edge to the submodule
-    assert "hfexport.generation.preparers" in graph["hfexport.generation"]
+    assert "hfexport.generation.vision_inputs" in graph["hfexport.generation"]
     tree = ast.parse(
         "from . import plan\nfrom ..tensors import x\ndef f():\n    from .runner import Caller\n"
     )
@@ -73,6 +81,17 @@ def test_the_core_imports_no_backend() -> None:
         if target.split(".")[0] in {f"hfexport_{b}" for b in BACKENDS}
     ]
     assert not found, "\n".join(found)
+
+
+def test_production_code_imports_no_test_helper() -> None:
+    found = imports_of_test_helpers(import_graph())
+    assert not found, "production code imports the test helpers:\n" + "\n".join(found)
+    assert imports_of_test_helpers(
+        {"hfexport.x": {"hfexport.testing.zoo": 3}, "hfexport.testing": {"hfexport.x": 1}}
+    ) == ["hfexport.x:3 imports hfexport.testing.zoo"]
+    # the check sees the kind of import it forbids (the one hfexport.checkpoints used to have)
+    tree = ast.parse("def f():\n    from hfexport.testing import make_inputs\n")
+    assert _imported("hfexport.checkpoints", False, tree, set(_modules())) == [("hfexport.testing", 2)]
 
 
 def _docstrings(tree: ast.AST) -> set[int]:

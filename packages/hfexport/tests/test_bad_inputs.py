@@ -43,6 +43,7 @@ from hfexport.exporter import HfExporter
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
 from hfexport.testing.eager_backend import EagerModuleExporter
+from hfexport.testing.pt2 import archive_members, member_data_offset, pool_program, write_archive
 from hfexport.testing.snapshots import LEFTOVER
 from hfexport.testing.snapshots import disk_snapshot as _disk_snapshot
 from hfexport.testing.snapshots import inputs_fingerprint as _inputs_fingerprint
@@ -119,16 +120,6 @@ class ArgsOnly(torch.nn.Module):
         return args[0]
 
 
-class Pool(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = torch.nn.Linear(4, 3)
-
-    def forward(self, x):
-        return self.proj(x).relu().sum(dim=1)
-
-
 # --------------------------------------------------------------------------------------------------
 # fixtures built once per module
 # --------------------------------------------------------------------------------------------------
@@ -168,11 +159,8 @@ def pt2_file(tmp_path_factory) -> Path | None:
         from hfexport_dynamo import save
     except ImportError:
         return None
-    program = torch.export.export(
-        Pool().eval(), (), {"x": torch.randn(2, 5, 4)}, dynamic_shapes={"x": {1: Dim("n")}}
-    )
     path = tmp_path_factory.mktemp("pt2") / "pool.pt2"
-    save(program, path)
+    save(pool_program(), path)
     return path
 
 
@@ -333,10 +321,7 @@ def _weights_offset(path: Path) -> int:
     but for its CRC, and changes what would load)."""
     with zipfile.ZipFile(path) as zf:
         info = next(i for i in zf.infolist() if "/data/weights/" in i.filename and i.file_size > 8)
-        header = path.read_bytes()[info.header_offset : info.header_offset + 30]
-        name_len = int.from_bytes(header[26:28], "little")
-        extra_len = int.from_bytes(header[28:30], "little")
-        return info.header_offset + 30 + name_len + extra_len + 4
+    return member_data_offset(path, info.filename) + 4
 
 
 def _setup_flipped_pt2(env: Env) -> None:
@@ -349,15 +334,12 @@ def _setup_flipped_pt2(env: Env) -> None:
 
 def _setup_duplicate_pt2(env: Env) -> None:
     path = _copy_pt2(env)
-    with zipfile.ZipFile(path) as zf:
-        members = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    members = archive_members(path)
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns about the duplicate name we write on purpose
-        with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as zout:
-            for name, data in [members[-1], *members]:
-                zout.writestr(name, data)
+        write_archive(path, [members[-1], *members])
 
 
 def _dynamo_load(relative: str) -> Callable[[Env], Any]:

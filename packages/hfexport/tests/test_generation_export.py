@@ -8,11 +8,8 @@ The exporter used here is the smallest possible backend: the core ``capture`` an
 from __future__ import annotations
 
 import copy
-import io
 import json
-import pathlib
 import subprocess
-import zipfile
 
 import pytest
 import torch
@@ -36,19 +33,10 @@ from hfexport.generation import (
 from hfexport.generation.export import resolve_component_configs
 from hfexport.integrity import write_checksums
 from hfexport.testing import tiny_model
+from hfexport.testing.pt2 import SAMPLE_INPUTS, pickle_payload, rewrite_archive
 
 NEW_TOKENS = 20
 ATOL = 1e-4
-
-
-class _TouchOnUnpickle:
-    """Unpickling this object creates ``marker``: stands for any code a pickle can run."""
-
-    def __init__(self, marker: pathlib.Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
 
 
 class ProgramExporter(HfExporter):
@@ -295,13 +283,9 @@ def test_save_and_generate_from_dir(llama, dynamic_parts, tmp_path, monkeypatch)
     # found from the manifest, never a plain torch.export.load)
     pytest.importorskip("hfexport_dynamo", reason="the refusal is the dynamo backend's safe loader")
     marker = tmp_path / "marker"
-    payload = io.BytesIO()
-    torch.save(_TouchOnUnpickle(marker), payload)
-    with zipfile.ZipFile(tmp_path / "prefill.pt2") as zin:
-        members = [(i.filename, zin.read(i)) for i in zin.infolist()]
-    with zipfile.ZipFile(tmp_path / "decode.pt2", "w") as zout:
-        for name, data in members:
-            zout.writestr(name, payload.getvalue() if name.endswith("data/sample_inputs/model.pt") else data)
+    rewrite_archive(
+        tmp_path / "prefill.pt2", tmp_path / "decode.pt2", replace={SAMPLE_INPUTS: pickle_payload(marker)}
+    )
     write_checksums(tmp_path)
     with pytest.raises(HfExportError, match=r"refusing to load .*decode\.pt2"):
         generate_from_dir(tmp_path, prompt, max_new_tokens=2)

@@ -7,7 +7,7 @@ import torch
 
 from hfexport.generation import decompose_for_generation, decompose_multimodal, is_multimodal
 from hfexport.generation.multimodal import find_multimodal_layout, link_inputs
-from hfexport.generation.preparers import (
+from hfexport.generation.vision_inputs import (
     mrope_position_ids,
     prepare_mrope_position_ids,
     prepare_vision_grid_inputs,

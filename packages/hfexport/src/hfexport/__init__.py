@@ -43,7 +43,10 @@ _LAZY: dict[str, tuple[str, str]] = {
     "apply_patches": ("hfexport.registry", "apply_patches"),
     # inputs and tensors
     "prepare_for_export": ("hfexport.inputs", "prepare_for_export"),
-    "register_export_input_preparer": ("hfexport.workarounds.preparers", "register_export_input_preparer"),
+    "register_export_input_preparer": (
+        "hfexport.workarounds.input_preparers",
+        "register_export_input_preparer",
+    ),
     "get_leaf_tensors": ("hfexport.tensors", "get_leaf_tensors"),
     "load": ("hfexport.loader", "load"),
     "ExportedModel": ("hfexport.loader", "ExportedModel"),

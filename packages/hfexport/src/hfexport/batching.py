@@ -6,7 +6,7 @@ same. A model exported from one real example (one sentence, one image, one audio
 then only run at batch 1. Repeating the rows of every batch-carrying input once gives the batch
 axis a sample size of 2 without changing what the program computes; the exporter still validates
 the program on the caller's batch-1 inputs. This works on every torch release, unlike the
-size-oblivious tracing flag (:func:`hfexport.workarounds.capture.keep_size_one_batch_dynamic`),
+size-oblivious tracing flag (:func:`hfexport.workarounds.torch_export.keep_size_one_batch_dynamic`),
 which is still applied to batch-1 samples with explicit ``dynamic_shapes``.
 """
 

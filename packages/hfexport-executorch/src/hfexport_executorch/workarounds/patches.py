@@ -117,7 +117,7 @@ def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Call
 
     When a traced size is a ``Min``/``Max`` expression (a sliding-window cache keeps
     ``min(length, window - 1)`` positions: see the core capture workaround
-    ``hfexport.workarounds.capture.sliding_window_update_keeps_dynamic_length``, which Gemma-2 needs),
+    ``hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic_length``, which Gemma-2 needs),
     ``torch.export`` materialises it as a ``torch.sym_min``/``torch.sym_max`` call node. ExecuTorch knows these: its
     ``EdgeToBackendOpsPass`` turns them into ``executorch_prim::sym_min/sym_max`` (added by
     https://github.com/pytorch/executorch/pull/12037), and the runtime implements them. But the edge

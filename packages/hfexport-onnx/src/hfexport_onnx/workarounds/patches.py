@@ -7,7 +7,7 @@ Patches of ``torch``/``transformers`` are reported as *torch patches*, patches o
 ``onnxscript``, ``onnx_ir``, ``onnx`` or ``onnxruntime`` as *ONNX patches*.
 
 The ``torch.export`` faults every backend meets (the sliding-window cache slice, size-1 dynamic
-batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.capture`.
+batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.torch_export`.
 """
 
 from __future__ import annotations

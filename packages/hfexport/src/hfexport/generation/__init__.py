@@ -2,7 +2,8 @@
 
 - :func:`decompose_prefill_decode`, :func:`decompose_for_generation`,
   :func:`decompose_multimodal`, :func:`is_multimodal`: capture the forward kwargs of each component
-  from one real ``generate`` call (:mod:`.decompose`, :mod:`.multimodal`, :mod:`.capture`);
+  from one real ``generate`` call (:mod:`.decompose`, :mod:`.multimodal`, :mod:`.recording`); the result type,
+  :class:`Decomposition`, lives in :mod:`.components`;
 - :func:`merge_decode_steps`: multi-token decode (:mod:`.decode`);
 - ``HfExporter.export_for_generation`` (built on :func:`export_components`) exports every component;
 - :class:`GenerationRunner`: the greedy loop over exported components (:mod:`.runner`);
@@ -10,15 +11,14 @@
   component plus ``generation_manifest.json`` (:mod:`.persist`);
 - :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`).
 
-Importing this package registers the ``generation`` workarounds (:mod:`.patches`); the
-vision-language input preparers (:mod:`.preparers`) are registered by :mod:`hfexport.inputs` on
+Importing this package registers the ``generation`` workarounds (:mod:`hfexport.workarounds.generation`); the
+vision-language input preparers (:mod:`.vision_inputs`) are registered by :mod:`hfexport.inputs` on
 first use.
 """
 
 from __future__ import annotations
 
-from hfexport.generation import preparers as _preparers  # noqa: F401  (registers the preparers)
-from hfexport.generation.capture import capture_generate_calls, record_generation
+from hfexport.generation import vision_inputs as _vision_inputs  # noqa: F401  (registers the preparers)
 from hfexport.generation.decode import decode_inputs_for_query_length, merge_decode_steps
 from hfexport.generation.decompose import (
     Decomposition,
@@ -37,8 +37,9 @@ from hfexport.generation.persist import (
     save_components,
 )
 from hfexport.generation.plan import ComponentIO, GenerationPlan
-from hfexport.generation.preparers import mrope_position_ids, vision_grid_inputs
+from hfexport.generation.recording import capture_generate_calls, record_generation
 from hfexport.generation.runner import GenerationRunner, callers_from_exporter, exported_program_caller
+from hfexport.generation.vision_inputs import mrope_position_ids, vision_grid_inputs
 from hfexport.workarounds import generation as _workarounds  # noqa: F401  (registers the workarounds)
 
 __all__ = [

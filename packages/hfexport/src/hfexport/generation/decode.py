@@ -140,7 +140,7 @@ def merge_decode_steps(steps: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
     Args:
         steps: kwargs of consecutive decode calls, in order (at least one), as captured from
-            ``generate`` (see :mod:`hfexport.generation.capture`).
+            ``generate`` (see :mod:`hfexport.generation.recording`).
 
     Returns:
         One kwargs dict (new tensors; the cache object is the first step's, not copied) whose call

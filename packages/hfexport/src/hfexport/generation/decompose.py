@@ -18,10 +18,10 @@ from typing import Any
 
 import torch
 
-from hfexport.generation.capture import record_generation
-from hfexport.generation.decomposition import Decomposition, describe_components, token_ids_of
+from hfexport.generation.components import Decomposition, describe_components, token_ids_of
 from hfexport.generation.multimodal import decompose_multimodal, is_multimodal
 from hfexport.generation.plan import GenerationPlan
+from hfexport.generation.recording import record_generation
 
 __all__ = [
     "Decomposition",

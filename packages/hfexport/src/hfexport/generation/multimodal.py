@@ -300,10 +300,10 @@ def decompose_multimodal(
             that ``generate`` never called, or inputs whose source cannot be told.
         RuntimeError: ``generate`` failed.
     """
-    from hfexport.generation.capture import record_generation
-    from hfexport.generation.decomposition import Decomposition, describe_components, token_ids_of
+    from hfexport.generation.components import Decomposition, describe_components, token_ids_of
     from hfexport.generation.plan import GenerationPlan
-    from hfexport.generation.preparers import vision_grid_inputs, vision_grid_settings
+    from hfexport.generation.recording import record_generation
+    from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
 
     layout = find_multimodal_layout(model)
     if not layout.encoders or layout.language_model is None:

@@ -221,7 +221,7 @@ class GenerationPlan:
         features: multimodal only: ``{placeholder_token_id (str): {"component": c, "output": o}}``:
             which output replaces the embeddings of which placeholder token.
         vision_grid: ``{component: settings}`` for Qwen-style vision encoders (see
-            :func:`hfexport.generation.preparers.vision_grid_settings`).
+            :func:`hfexport.generation.vision_inputs.vision_grid_settings`).
         mrope: ``{"spatial_merge_size": m}`` when the language model takes M-RoPE position ids.
         io: ``{component: ComponentIO}``.
     """

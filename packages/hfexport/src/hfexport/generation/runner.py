@@ -268,7 +268,7 @@ class GenerationRunner:
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
-        from hfexport.generation.preparers import mrope_position_ids, vision_grid_inputs
+        from hfexport.generation.vision_inputs import mrope_position_ids, vision_grid_inputs
 
         plan = self.plan
         prompt = {"input_ids": ids, "attention_mask": mask, **inputs}

@@ -19,7 +19,7 @@ The package has one module per concept; this module re-exports their public name
 :mod:`~hfexport.inputs.flags` (:func:`apply_output_flags`), :mod:`~hfexport.inputs.attention`
 (:func:`attention_for_export`), :mod:`~hfexport.inputs.state` (:func:`restore_model_state`) and
 :mod:`~hfexport.inputs.config_undo` (the config bookkeeping they share). The preparer registry
-lives in :mod:`hfexport.workarounds.preparers`; its functions are re-exported here too.
+lives in :mod:`hfexport.workarounds.input_preparers`; its functions are re-exported here too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from hfexport.inputs.attention import attention_for_export
 from hfexport.inputs.flags import OUTPUT_FLAG_KEYS, apply_output_flags
 from hfexport.inputs.prepare import LOSS_INPUT_KEYS, precompute_export_inputs, prepare_for_export
 from hfexport.inputs.state import restore_model_state
-from hfexport.workarounds.preparers import (
+from hfexport.workarounds.input_preparers import (
     ExportInputPreparer,
     register_export_input_preparer,
     registered_export_input_preparers,

@@ -2,7 +2,7 @@
 
 Refuses the loss/training path, lifts the output flags, casts tensors to the model's dtype and
 device, and precomputes data-dependent inputs with the registered preparers
-(:mod:`hfexport.workarounds.preparers`, applied by :func:`precompute_export_inputs`).
+(:mod:`hfexport.workarounds.input_preparers`, applied by :func:`precompute_export_inputs`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hfexport.errors import UnsupportedInputError
 from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model, check_token_ids
 from hfexport.inputs.flags import OUTPUT_FLAG_KEYS
 from hfexport.tensors import cast_leaf_tensors
-from hfexport.workarounds.preparers import apply_export_input_preparers
+from hfexport.workarounds.input_preparers import apply_export_input_preparers
 
 __all__ = ["LOSS_INPUT_KEYS", "precompute_export_inputs", "prepare_for_export"]
 
@@ -37,7 +37,7 @@ def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str,
     """Apply every registered preparer whose markers are all present in ``inputs``.
 
     Registers the built-in vision-language preparers first, then runs
-    :func:`hfexport.workarounds.preparers.apply_export_input_preparers`.
+    :func:`hfexport.workarounds.input_preparers.apply_export_input_preparers`.
 
     Args:
         model: the model being exported, passed to each preparer.
@@ -50,7 +50,7 @@ def precompute_export_inputs(model: Any, inputs: Mapping[str, Any]) -> dict[str,
     Raises:
         TypeError: a preparer returned something other than a mapping.
     """
-    import hfexport.generation.preparers  # noqa: F401  (registers the built-in vision-language preparers)
+    import hfexport.generation.vision_inputs  # noqa: F401  (registers the built-in vision-language preparers)
 
     return apply_export_input_preparers(model, inputs)
 

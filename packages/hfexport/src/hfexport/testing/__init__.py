@@ -1,8 +1,9 @@
 """Test helpers shared by the hfexport packages: tiny seeded models and the shared regression cases.
 
 * :func:`tiny_model` builds a small random-weight model of any architecture transformers knows plus
-  forward kwargs for it (:mod:`hfexport.testing.zoo`; generic shrink in
-  :mod:`hfexport.testing.shrink`, per-type overrides in :mod:`hfexport.testing.presets`);
+  forward kwargs for it, or the model of a shared case (``"case:C09"``); the tiny models and
+  :func:`make_inputs` are core features (:mod:`hfexport.tiny`, :mod:`hfexport.sample_inputs`),
+  re-exported here by :mod:`hfexport.testing.zoo`;
 * :func:`load_case` / :func:`list_cases` read the shared ``*.toml`` cases and build their models
   and inputs (:mod:`hfexport.testing.cases`).
 

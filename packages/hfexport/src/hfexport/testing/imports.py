@@ -13,7 +13,14 @@ import itertools
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["describe_cycles", "find_cycles", "import_graph", "imported", "package_modules"]
+__all__ = [
+    "describe_cycles",
+    "find_cycles",
+    "import_graph",
+    "imported",
+    "imports_of_test_helpers",
+    "package_modules",
+]
 
 
 def package_modules(roots: Iterable[Path]) -> dict[str, tuple[Path, bool]]:
@@ -139,4 +146,20 @@ def describe_cycles(graph: dict[str, dict[str, int]], cycles: list[list[str]]) -
     return [
         " -> ".join(f"{a} (line {graph[a][b]})" for a, b in itertools.pairwise(cycle)) + f" -> {cycle[-1]}"
         for cycle in cycles
+    ]
+
+
+def _in_testing(module: str) -> bool:
+    return module == "hfexport.testing" or module.startswith("hfexport.testing.")
+
+
+def imports_of_test_helpers(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``"module:line imports hfexport.testing..."`` for every production module of ``graph`` (any
+    module outside ``hfexport.testing``) that imports a module of ``hfexport.testing``."""
+    return [
+        f"{name}:{line} imports {target}"
+        for name, targets in graph.items()
+        if not _in_testing(name)
+        for target, line in targets.items()
+        if _in_testing(target)
     ]

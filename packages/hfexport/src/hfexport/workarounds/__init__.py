@@ -1,10 +1,10 @@
 """The core's workarounds, one module per concept, all entries of :mod:`hfexport.registry`.
 
-- :mod:`hfexport.workarounds.capture`: patches installed around every ``torch.export`` capture
+- :mod:`hfexport.workarounds.torch_export`: patches installed around every ``torch.export`` capture
   (key ``"capture"``), whichever backend asked for it;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
-- :mod:`hfexport.workarounds.preparers`: the ``"input_preparer"`` kind (data-dependent inputs
+- :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
   precomputed before capture, key ``"inputs"``) and :func:`register_export_input_preparer`;
 - :mod:`hfexport.workarounds.moe`: the dense mixture-of-experts forward every backend that cannot
   run transformers' data-dependent experts loop registers under its own key;
@@ -27,10 +27,10 @@ CORE_KEYS: tuple[str, ...] = ("capture", "generation", "inputs")
 
 #: Modules whose import registers the core's built-in entries.
 CORE_MODULES: tuple[str, ...] = (
-    "hfexport.workarounds.capture",
+    "hfexport.workarounds.torch_export",
     "hfexport.workarounds.generation",
-    "hfexport.workarounds.preparers",
-    "hfexport.generation.preparers",
+    "hfexport.workarounds.input_preparers",
+    "hfexport.generation.vision_inputs",
 )
 
 

@@ -1,15 +1,31 @@
-"""The zoo sweep's tooling (hfexport.testing.sweep): type lists, subprocess time limit, coverage page."""
+"""The zoo sweep's tooling (``benchmarks/zoo_sweep.py``, ``zoo_sweep_child.py``; repository tools, not
+in any published package): type lists, subprocess time limit, coverage page, the child's verdicts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 
-from hfexport.testing import sweep
+
+def _load_sweep():
+    """``benchmarks/zoo_sweep.py`` (what ``nox -s zoo`` runs), loaded by path as ``zoo_sweep``."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo_sweep.py"
+    if "zoo_sweep" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("zoo_sweep", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["zoo_sweep"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["zoo_sweep"]
+
+
+sweep = _load_sweep()
 
 
 def test_sweep_types_filters_and_limits():
@@ -106,7 +122,7 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
 
 
 def test_known_skips_name_the_model_side_change_for_mamba_and_none_is_left_for_llava():
-    from hfexport.testing.sweep import KNOWN_SKIPS
+    KNOWN_SKIPS = sweep.KNOWN_SKIPS
 
     for backend in sweep.BACKENDS:
         assert "mamba_selective_scan" in KNOWN_SKIPS[(backend, "mamba")]
@@ -289,7 +305,7 @@ def test_skip_reasons_become_numbered_notes_under_the_family_table(tmp_path):
 def test_forked_child_streams_records_and_is_killed_or_reported_like_a_fresh_interpreter(monkeypatch):
     import time
 
-    from hfexport.testing import sweep_child
+    sweep_child = sweep._child_module()
 
     def hangs_after_one_cell(args):
         print(json.dumps({"kind": "build", "status": "ok", "args": args}), flush=True)
@@ -419,3 +435,42 @@ def test_cells_drop_object_addresses(tmp_path):
     )
     text = sweep.render(tmp_path, tmp_path / "c.md", known={"causal-lm": ["a"]})
     assert "failed op(s): <function sym_max>" in text and "0x7fc7" not in text
+
+
+# --- the child's verdict on an ExecuTorch export whose program came out static ---
+
+
+class _StaticBatch(torch.nn.Module):
+    """Specialises every axis asked dynamic: a (2, 8, 4) table is added to the embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(32, 4)
+        self.table = torch.nn.Parameter(torch.randn(2, 8, 4))
+
+    def forward(self, input_ids, attention_mask):
+        return self.emb(input_ids) * attention_mask[..., None] + self.table
+
+
+def test_a_pass_whose_program_came_out_static_is_a_failure_of_the_second_shape(monkeypatch):
+    # ExecuTorch fits the second shape into the program's bounds: a static program validates at the
+    # sample's shape twice, which the sweep must not count as a dynamic pass
+    pytest.importorskip(
+        "hfexport_executorch", reason="the cell exports with hfexport-executorch, not installed"
+    )
+    import hfexport.testing as testing
+
+    sweep_child = sweep._child_module()
+
+    ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(
+        testing,
+        "tiny_model",
+        lambda *a, **k: (_StaticBatch().eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}),
+    )
+    cell = sweep_child.export_cell("executorch", "static-toy", "feature-extraction")
+    assert cell["status"] == "fail" and cell["stage"] == "validate_second_shape"
+    assert (
+        cell["reason"]
+        == "the program came out static: every axis asked dynamic was specialised, nothing varied"
+    )

@@ -1,7 +1,7 @@
 """The sweep's child process: build one model type's tiny model, then export it on each backend.
 
-Run by :mod:`hfexport.testing.sweep` as ``python -c "from hfexport.testing.sweep_child import main;
-main()" <model_type> <task> <backend,...>`` in a fresh interpreter. It prints one JSON line per step,
+Run by ``zoo_sweep.py`` (next to this file) as ``python -c "...; from zoo_sweep_child import main;
+main()" <model_type> <task> <backend,...>`` in a fresh interpreter (or a fork of the sweep). It prints one JSON line per step,
 flushed as soon as the step ends: first ``{"kind": "build", ...}``, then ``{"kind": "cell",
 "backend": ..., ...}`` per backend, so a parent that has to kill a hung or crashed child still keeps
 every finished step. One interpreter serves all backends of a type: the imports and the tiny model

@@ -10,7 +10,7 @@
   inner ``.model`` of ``...ForConditionalGeneration`` classes.
 
 The preparers below (input-preparer entries of the workaround registry,
-:mod:`hfexport.workarounds.preparers`) compute them eagerly so the exported graph receives them as inputs; the
+:mod:`hfexport.workarounds.input_preparers`) compute them eagerly so the exported graph receives them as inputs; the
 standalone functions are also what the generation runner calls at run time, when no eager model
 is around (:func:`vision_grid_inputs`, :func:`mrope_position_ids`).
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from hfexport.workarounds.preparers import register_export_input_preparer
+from hfexport.workarounds.input_preparers import register_export_input_preparer
 
 __all__ = [
     "find_rope_index_owner",

@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 from torch.export import Dim
 from transformers.cache_utils import DynamicCache, DynamicSlidingWindowLayer
 
-import hfexport.workarounds.capture as workarounds
+import hfexport.workarounds.torch_export as workarounds
 from hfexport import registry
 from hfexport.capture import capture
 from hfexport.config import DynamoConfig
@@ -280,7 +280,7 @@ def test_dynamic_image_sides_are_not_pinned_by_a_size_one_feature_map():
     from hfexport.capture import capture
     from hfexport.config import DynamoConfig
     from hfexport.testing import tiny_model
-    from hfexport.workarounds.capture import dynamic_image_side_axes
+    from hfexport.workarounds.torch_export import dynamic_image_side_axes
 
     model, inputs = tiny_model("convnext", "image-classification")
     assert dynamic_image_side_axes(inputs, {"pixel_values": {0: None, 2: torch.export.Dim.AUTO}}) == [

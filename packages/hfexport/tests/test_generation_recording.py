@@ -10,7 +10,7 @@ from transformers import DynamicCache, GenerationConfig
 from transformers.cache_utils import DynamicLayer, StaticCache
 
 from hfexport.generation import decompose_for_generation, decompose_prefill_decode
-from hfexport.generation.capture import normalise_call, padding_mask_for_call
+from hfexport.generation.recording import normalise_call, padding_mask_for_call
 from hfexport.registry import apply_patches, entries
 from hfexport.testing import tiny_model
 from hfexport.workarounds.generation import BACKEND

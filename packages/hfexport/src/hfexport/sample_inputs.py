@@ -1,0 +1,329 @@
+"""Deterministic sample forward kwargs for a Hugging Face model: :func:`make_inputs`.
+
+Used for ``tiny:`` models (:func:`hfexport.tiny.tiny_model`) and for real checkpoint folders that
+have no tokenizer to encode the sample sentences with (:func:`hfexport.checkpoints.load_model`).
+The inputs follow the model's :func:`modality` and forward signature; the hand-written tiny presets
+(:data:`hfexport.tiny.SUPPORTED_MODEL_TYPES`) have fixed shapes, listed in :func:`make_inputs`.
+
+Special token ids are kept out of the random ids: they are drawn from ``[3, lowest special id >= 3)``
+(the tiny configurations keep pad 0, bos 1, eos 2 and move every other special id to the top of the
+vocabulary), so the sample inputs never contain special tokens by accident.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+from hfexport.tiny.catalog import SUPPORTED_MODEL_TYPES, auto_class_name, check_task
+from hfexport.tiny.shrink import special_token_ids
+
+__all__ = ["make_inputs", "modality"]
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _random_ids(gen: torch.Generator, shape: tuple[int, ...], low: int, high: int) -> torch.Tensor:
+    return torch.randint(low, high, shape, generator=gen, dtype=torch.int64)
+
+
+def _text_vocab(config: PretrainedConfig) -> int:
+    return int(config.get_text_config().vocab_size)
+
+
+def _wav2vec2_samples(config: PretrainedConfig, frames: int) -> int:
+    """Shortest raw-audio length whose feature encoder output has ``frames`` frames."""
+    length = frames
+    for kernel, stride in reversed(list(zip(config.conv_kernel, config.conv_stride))):
+        length = (length - 1) * stride + kernel
+    return length
+
+
+def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """One image of a 2m x 2m patch grid (m = spatial merge size) inside a 12-token prompt."""
+    vision = config.vision_config
+    merge = int(vision.spatial_merge_size)
+    grid = (1, 2 * merge, 2 * merge)
+    num_patches = grid[0] * grid[1] * grid[2]
+    num_image_tokens = num_patches // (merge * merge)
+    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    special = (
+        config.image_token_id,
+        config.video_token_id,
+        config.vision_start_token_id,
+        config.vision_end_token_id,
+    )
+    seq_len = 12
+    start = 3
+    input_ids = _random_ids(gen, (1, seq_len), 3, min(min(special), _text_vocab(config)))
+    input_ids[0, start] = config.vision_start_token_id
+    input_ids[0, start + 1 : start + 1 + num_image_tokens] = config.image_token_id
+    input_ids[0, start + 1 + num_image_tokens] = config.vision_end_token_id
+    pixel_values = torch.randn(num_patches, patch_dim, generator=gen, dtype=torch.float32)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": pixel_values,
+        "image_grid_thw": torch.tensor([grid], dtype=torch.int64),
+        "mm_token_type_ids": (input_ids == config.image_token_id).to(torch.int64),
+    }
+
+
+def _forward_params(model: torch.nn.Module) -> set[str]:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _image_token_id(config: PretrainedConfig) -> int | None:
+    for attr in ("image_token_id", "image_token_index"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def modality(model: PreTrainedModel, task: str | None = None) -> str:
+    """The kind of input a model takes, from its ``main_input_name`` and forward signature.
+
+    ``task`` other than ``None``/``"image-text-to-text"`` keeps a text model text-only even when
+    its forward also takes images (gemma3's causal LM).
+
+    Returns:
+        ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
+        (``input_ids`` with ``pixel_values`` and an image token id in the config), ``"audio"``
+        (raw ``input_values``) or ``"audio-features"`` (``input_features``, e.g. mel spectrograms);
+        ``"other"`` for anything else.
+    """
+    main = getattr(model, "main_input_name", "input_ids")
+    params = _forward_params(model)
+    if main == "input_ids":
+        if (
+            task in (None, "image-text-to-text")
+            and "pixel_values" in params
+            and _image_token_id(model.config) is not None
+        ):
+            return "image+text"
+        return "text"
+    return {"pixel_values": "image", "input_values": "audio", "input_features": "audio-features"}.get(
+        main, "other"
+    )
+
+
+def _id_range(config: PretrainedConfig, vocab: int) -> tuple[int, int]:
+    """``[3, high)``: below every special id >= 3 (the generic shrink puts those at the top)."""
+    specials = [i for i in special_token_ids(config) if 3 <= i < vocab]
+    high = min(specials, default=vocab)
+    return (3, high) if high > 3 else (3, vocab)
+
+
+def _sub(config: PretrainedConfig, name: str) -> Any:
+    return getattr(config, name, None) or config
+
+
+def _image_shape(config: PretrainedConfig) -> tuple[int, int]:
+    vision = _sub(config, "vision_config")
+    size = getattr(vision, "image_size", None) or getattr(config, "image_size", None) or 32
+    if isinstance(size, list | tuple):
+        size = size[-1]
+    if isinstance(size, Mapping):
+        size = next(iter(size.values()))
+    channels = getattr(vision, "num_channels", None) or getattr(config, "num_channels", None) or 3
+    return int(channels), int(size)
+
+
+def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> int | None:
+    """Image tokens per image the model's vision tower produces, by running it once."""
+    getter = getattr(model, "get_image_features", None)
+    if getter is None and hasattr(model, "model"):
+        getter = getattr(model.model, "get_image_features", None)
+    if getter is None:
+        return None
+    with torch.no_grad():
+        try:
+            out = getter(pixel_values=pixel_values)
+        except Exception:
+            return None
+    if hasattr(out, "pooler_output") and out.pooler_output is not None:
+        out = out.pooler_output
+    elif hasattr(out, "last_hidden_state"):
+        out = out.last_hidden_state
+    if isinstance(out, list | tuple):
+        rows = sum(int(t.reshape(-1, t.shape[-1]).shape[0]) for t in out)
+    elif isinstance(out, torch.Tensor):
+        rows = int(out.reshape(-1, out.shape[-1]).shape[0])
+    else:
+        return None
+    return rows // pixel_values.shape[0]
+
+
+def _generic_inputs(
+    model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Inputs of a type without a hand-written preset, from its modality and forward signature."""
+    config = model.config
+    params = _forward_params(model)
+    kind = modality(model, task)
+    inputs: dict[str, torch.Tensor] = {}
+    if kind == "image" or kind == "image+text":
+        channels, size = _image_shape(config)
+        inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    if kind == "audio":
+        if getattr(config, "conv_kernel", None) and getattr(config, "conv_stride", None):
+            n = _wav2vec2_samples(config, s)
+        else:
+            n = 320 * s + 80
+        inputs["input_values"] = torch.randn(b, n, generator=gen, dtype=torch.float32)
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones(b, n, dtype=torch.int64)
+    if kind == "audio-features":
+        if getattr(config, "num_mel_bins", None) and getattr(config, "max_source_positions", None):
+            shape = (b, int(config.num_mel_bins), 2 * int(config.max_source_positions))  # whisper-like
+            frames = shape[2]
+        else:
+            feat = (
+                getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) or 80
+            )
+            feat *= getattr(config, "input_channels", 1) or 1
+            frames = 4 * s
+            shape = (b, frames, int(feat))
+        inputs["input_features"] = torch.randn(*shape, generator=gen, dtype=torch.float32)
+        if "attention_mask" in params and shape[1] == frames:
+            inputs["attention_mask"] = torch.ones(b, frames, dtype=torch.int64)
+    if kind in ("text", "image+text"):
+        text = config.get_text_config()
+        vocab = int(getattr(text, "vocab_size", None) or 256)
+        low, high = _id_range(config, vocab)
+        input_ids = _random_ids(gen, (b, s), low, high)
+        if kind == "image+text":
+            n = _count_image_tokens(model, inputs["pixel_values"])
+            image_token = _image_token_id(config)
+            if n:
+                image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
+                input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+        inputs["input_ids"] = input_ids
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones_like(input_ids)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+        vocab = int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 256))
+        low, high = _id_range(config, vocab)
+        decoder_input_ids = _random_ids(gen, (b, s), low, high)
+        start = getattr(config, "decoder_start_token_id", None)
+        if start is None:
+            start = getattr(config, "pad_token_id", None) or 0
+        decoder_input_ids[:, 0] = int(start)
+        inputs["decoder_input_ids"] = decoder_input_ids
+    return inputs
+
+
+def make_inputs(
+    model: PreTrainedModel,
+    task: str | None = None,
+    *,
+    batch_size: int = 2,
+    seq_len: int = 8,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
+    """Build deterministic forward kwargs for an already-built model.
+
+    Random values come from a ``torch.Generator`` seeded with ``seed``, so equal arguments give
+    equal tensors; the global RNG is not touched. Token ids are int64 in ``[3, vocab_size)``,
+    attention masks are int64 ones, floating inputs are float32 standard normal.
+
+    What ``batch_size`` (``b``) and ``seq_len`` (``s``) mean for the hand-written presets:
+
+    * decoder LMs and BERT-like encoders: ``input_ids``, ``attention_mask`` ``[b, s]``;
+    * t5, bart: also ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token;
+    * vit: ``pixel_values`` ``[b, num_channels, image_size, image_size]`` (``s`` is ignored);
+    * whisper: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]`` and
+      ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token;
+    * wav2vec2: ``input_values`` ``[b, n]`` float32 and ``attention_mask`` ``[b, n]``, with ``n``
+      the shortest audio length giving ``s`` output frames (logits ``[b, s, vocab]``);
+    * qwen2_vl: always one image, whatever ``b`` and ``s``: ``input_ids``, ``attention_mask``,
+      ``mm_token_type_ids`` ``[1, 12]`` (vision start at 3, four image tokens at 4..7, vision end
+      at 8; ``mm_token_type_ids`` is 1 on image tokens), ``pixel_values`` ``[16, 1176]``,
+      ``image_grid_thw`` ``[[1, 4, 4]]`` (for the zoo's vision config).
+
+    Any other model type gets inputs from its :func:`modality` and forward signature:
+
+    * ``"text"``: ``input_ids`` ``[b, s]`` int64 in ``[3, lowest special id >= 3)``, plus
+      ``attention_mask`` ``[b, s]`` int64 ones when ``forward`` takes one;
+    * ``"image"``: ``pixel_values`` ``[b, num_channels, image_size, image_size]`` float32 (sizes
+      from the config or its ``vision_config``; ``s`` is ignored);
+    * ``"image+text"``: ``pixel_values`` as for images and ``input_ids`` ``[b, s + n]`` whose
+      positions ``1 .. n`` hold the image token, ``n`` being the number of image features the
+      vision tower produces per image (found by running ``get_image_features`` once);
+    * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
+      frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
+      ``[b, n]`` when taken;
+    * ``"audio-features"``: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]``
+      (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like);
+    * encoder-decoders also get ``decoder_input_ids`` ``[b, s]`` starting with the decoder start
+      token (``pad_token_id`` or 0 when the config has none).
+
+    Args:
+        model: a model of any type transformers knows (a :func:`hfexport.tiny.tiny_model` or a
+            loaded checkpoint).
+        task: checked against the model type's tasks when given; the inputs do not depend on it.
+        batch_size: rows in the batch, >= 1.
+        seq_len: sequence length (see above), >= 1.
+        seed: seed of the generator producing the random values.
+
+    Returns:
+        A dict of CPU tensors such that ``model(**inputs)`` runs.
+
+    Raises:
+        ValueError: unknown model type, unknown task or one the type has no class for, or a
+            non-positive ``batch_size``/``seq_len``.
+    """
+    config = model.config
+    model_type = config.model_type
+    if model_type in SUPPORTED_MODEL_TYPES:
+        auto_class_name(model_type, task)  # validates model type and task
+    elif task is not None:
+        check_task(task)  # a composite type's model may carry its sub-config's model_type
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size and seq_len must be >= 1, got {batch_size} and {seq_len}")
+    gen = _generator(seed)
+    b, s = batch_size, seq_len
+
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return _generic_inputs(model, task, b, s, gen)
+    if model_type == "qwen2_vl":
+        return _qwen2_vl_inputs(config, gen)
+    if model_type == "vit":
+        size = int(config.image_size)
+        return {
+            "pixel_values": torch.randn(
+                b, int(config.num_channels), size, size, generator=gen, dtype=torch.float32
+            )
+        }
+    if model_type == "wav2vec2":
+        n = _wav2vec2_samples(config, s)
+        return {
+            "input_values": torch.randn(b, n, generator=gen, dtype=torch.float32),
+            "attention_mask": torch.ones(b, n, dtype=torch.int64),
+        }
+    if model_type == "whisper":
+        frames = 2 * int(config.max_source_positions)
+        features = torch.randn(b, int(config.num_mel_bins), frames, generator=gen, dtype=torch.float32)
+        decoder_input_ids = _random_ids(gen, (b, s), 3, int(config.vocab_size))
+        decoder_input_ids[:, 0] = int(config.decoder_start_token_id)
+        return {"input_features": features, "decoder_input_ids": decoder_input_ids}
+
+    vocab = _text_vocab(config)
+    input_ids = _random_ids(gen, (b, s), 3, vocab)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones(b, s, dtype=torch.int64)}
+    if getattr(config, "is_encoder_decoder", False):
+        decoder_input_ids = _random_ids(gen, (b, s), 3, vocab)
+        decoder_input_ids[:, 0] = int(config.decoder_start_token_id)
+        inputs["decoder_input_ids"] = decoder_input_ids
+    return inputs

@@ -1,0 +1,195 @@
+"""Build a tiny, seeded, random-weight model: :func:`tiny_model` (the CLI's ``--model tiny:TYPE``).
+
+The configuration comes from :func:`hfexport.tiny.catalog.shrunk_config`, the sample inputs from
+:func:`hfexport.sample_inputs.make_inputs`. A type whose tiny model cannot be built, or cannot run
+eagerly on the derived inputs, raises :class:`~hfexport.tiny.catalog.TinyModelUnavailable` naming the
+stage and the reason (it is not an export failure).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import transformers
+from transformers import PreTrainedModel
+
+from hfexport.tiny.catalog import (
+    SUPPORTED_MODEL_TYPES,
+    TinyModelUnavailable,
+    auto_class_name,
+    one_line,
+    shrunk_config,
+)
+from hfexport.tiny.presets import PRESETS
+
+__all__ = ["DEGENERATE_MAX_ABS", "check_runs_eagerly", "tiny_model"]
+
+
+def _build(
+    model_type: str,
+    task: str | None,
+    seed: int,
+    attn_implementation: str | None,
+    overrides: Mapping[str, Any],
+) -> PreTrainedModel:
+    auto_cls = getattr(transformers, auto_class_name(model_type, task))
+    config = shrunk_config(model_type, **overrides)
+    preset = PRESETS.get(model_type)
+    if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always
+        if attn_implementation is None:
+            attn_implementation = preset.attn_implementation or "sdpa"
+        torch.manual_seed(seed)
+        return auto_cls.from_config(config, attn_implementation=attn_implementation).eval()
+    chosen = attn_implementation or (preset.attn_implementation if preset else None) or "sdpa"
+    try:
+        torch.manual_seed(seed)
+        try:
+            model = auto_cls.from_config(config, attn_implementation=chosen)
+        except ValueError as exc:
+            message = str(exc).lower()
+            if (
+                attn_implementation is not None
+                or chosen != "sdpa"
+                or "attention implementation" not in message
+            ):
+                raise
+            torch.manual_seed(seed)  # no SDPA path in this architecture: eager attention
+            model = auto_cls.from_config(config, attn_implementation="eager")
+    except Exception as exc:  # any failure to instantiate means "no tiny model", with the reason
+        raise TinyModelUnavailable(model_type, task, "build", one_line(exc)) from exc
+    _redraw_zero_matrices(model, seed)
+    return model.eval()
+
+
+def _redraw_zero_matrices(model: torch.nn.Module, seed: int) -> list[str]:
+    """Draw every all-zero weight matrix of ``model`` (2-D or more, floating) from N(0, std), std =
+    the config's ``initializer_range`` (0.02 without one), with a generator seeded by ``seed``.
+
+    Some architectures zero-initialise a weight matrix, notably MoE routers (afmoe's
+    ``router.gate``): every token then scores every expert equally, and which experts top-k picks
+    among exact ties is left to the kernel (torch's CPU topk and ONNX Runtime's TopK pick
+    different ones), so an exported model "differs" from eager for no fault of the export, and
+    routing covers only one expert set. A trained checkpoint never has such a matrix. Vectors
+    (norm weights, biases, zero-initialised gates) are left alone.
+
+    Returns:
+        The names of the redrawn parameters, in module order.
+    """
+    std = float(getattr(getattr(model, "config", None), "initializer_range", 0.02) or 0.02)
+    gen = torch.Generator().manual_seed(seed + 1)
+    redrawn = []
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() >= 2 and param.is_floating_point() and param.numel() and not param.any():
+                param.copy_(
+                    torch.randn(param.shape, generator=gen, dtype=torch.float32).to(param.dtype) * std
+                )
+                redrawn.append(name)
+    return redrawn
+
+
+def check_runs_eagerly(
+    model: PreTrainedModel, inputs: Mapping[str, torch.Tensor], task: str | None = None
+) -> Any:
+    """Run ``model(**inputs)`` without gradients and return its output.
+
+    Raises:
+        TinyModelUnavailable: (stage ``"eager"``) the forward pass raised (the reason is the
+            exception's type and first line), or every floating-point output value is below
+            :data:`DEGENERATE_MAX_ABS` in magnitude: activations vanished through the random layers,
+            and a parity check against such a model compares zeros, so it proves nothing (the fix is
+            a per-type overlay in :mod:`hfexport.tiny.presets`, e.g. a larger ``initializer_range``).
+    """
+    try:
+        with torch.no_grad():
+            output = model(**inputs)
+    except Exception as exc:  # any eager failure makes the type unavailable, not an export failure
+        raise TinyModelUnavailable(model.config.model_type, task, "eager", one_line(exc)) from exc
+    floats = [t for t in _output_tensors(output) if t.is_floating_point() and t.numel()]
+    if floats and max(float(t.abs().max()) for t in floats) < DEGENERATE_MAX_ABS:
+        peak = max(float(t.abs().max()) for t in floats)
+        raise TinyModelUnavailable(
+            model.config.model_type,
+            task,
+            "eager",
+            f"degenerate outputs: every value is below {DEGENERATE_MAX_ABS:g} in magnitude (max {peak:.1e}); the "
+            "activations vanish through the random layers, so parity with eager would compare zeros "
+            "(add an overlay with a larger initializer_range in hfexport.tiny.presets)",
+        )
+    return output
+
+
+#: a tiny model whose every floating-point output is below this (absolute) is degenerate
+DEGENERATE_MAX_ABS = 1e-6
+
+
+def _output_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor in a model output (ModelOutput, tuple, dict, cache objects skipped)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [t for value in output.values() for t in _output_tensors(value)]
+    if isinstance(output, (tuple, list)):
+        return [t for value in output for t in _output_tensors(value)]
+    return []
+
+
+def tiny_model(
+    model_type: str,
+    task: str | None = None,
+    *,
+    seed: int = 0,
+    batch_size: int = 2,
+    seq_len: int = 8,
+    attn_implementation: str | None = None,
+    check_eager: bool = False,
+    **overrides: Any,
+) -> tuple[PreTrainedModel, dict[str, torch.Tensor]]:
+    """Build a tiny seeded random-weight model in eval mode and matching forward kwargs.
+
+    ``torch.manual_seed(seed)`` runs right before the model is built, so equal arguments give
+    equal weights; the inputs come from :func:`hfexport.sample_inputs.make_inputs` with the same seed.
+
+    Args:
+        model_type: any model type transformers knows (:func:`known_model_types`; the nineteen of
+            :data:`SUPPORTED_MODEL_TYPES` have hand-written presets),.
+        task: a task of the model type (see :func:`supported_tasks`); ``None`` = default task.
+        seed: seed for the weights and the inputs.
+        batch_size: batch size of the sample inputs.
+        seq_len: sequence length of the sample inputs (meaning per architecture in
+            :func:`hfexport.sample_inputs.make_inputs`).
+        attn_implementation: ``"sdpa"``, ``"eager"``, ...; ``None`` picks ``"sdpa"`` where
+            the architecture supports it in transformers 5.24 and ``"eager"`` otherwise (gemma2,
+            and any generic type whose model class refuses SDPA).
+        check_eager: run the model once on the sample inputs (:func:`check_runs_eagerly`).
+        **overrides: configuration overrides, see :func:`shrunk_config`.
+
+    Returns:
+        ``(model, sample_inputs)``: a ``PreTrainedModel`` in eval mode on CPU in float32, and a
+        dict of tensors such that ``model(**sample_inputs)`` runs.
+
+    Raises:
+        UnknownModelTypeError: (a ``ValueError``) transformers knows no such model type; the
+            message lists close matches.
+        ValueError: unknown task (the message lists the tasks), a task the type has no class for
+            (the message names the tasks it has).
+        TinyModelUnavailable: the tiny configuration or model cannot be built (stage
+            ``"config"``/``"build"``), or, with ``check_eager=True``, the forward pass on the
+            sample inputs fails (stage ``"eager"``).
+    """
+    # imported here, not at the top: hfexport.sample_inputs imports hfexport.tiny.catalog, which
+    # runs hfexport/tiny/__init__.py, which imports this module
+    from hfexport.sample_inputs import make_inputs
+
+    model = _build(model_type, task, seed, attn_implementation, overrides)
+    try:
+        inputs = make_inputs(model, task, batch_size=batch_size, seq_len=seq_len, seed=seed)
+    except ValueError:
+        raise
+    except Exception as exc:  # deriving inputs ran into the model (e.g. its vision tower)
+        raise TinyModelUnavailable(model_type, task, "eager", one_line(exc)) from exc
+    if check_eager:
+        check_runs_eagerly(model, inputs, task)
+    return model, inputs

@@ -1,0 +1,398 @@
+"""Per-model-type overrides of the tiny-model zoo, kept as data: one entry per type that needs one.
+
+Every model type transformers knows gets a tiny configuration by the generic shrink of
+:mod:`hfexport.tiny.shrink`. An entry here changes that for one type:
+
+* ``mode="replace"``: the entry's ``config`` *is* the tiny configuration (the nineteen hand-written
+  presets; their shapes are relied on by tests across the repository, so they never go through the
+  generic shrink);
+* ``mode="overlay"``: the entry's ``config`` is merged over the generic shrink (nested dicts key by
+  key), for types the generic rules get wrong.
+
+``tasks`` (optional) fixes the tasks the tiny model is offered for, default first; without it the
+tasks come from transformers' auto mappings. ``attn_implementation`` (optional) replaces the
+default ``"sdpa"``. ``reason`` says why the entry exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+__all__ = ["PRESETS", "Preset"]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """One per-type override of the zoo.
+
+    Attributes:
+        config: configuration attributes (sub-configurations as nested dicts).
+        reason: why the type needs an entry (one sentence).
+        mode: ``"replace"`` (``config`` is the whole tiny configuration) or ``"overlay"`` (merged
+            over the generic shrink).
+        tasks: the tasks offered, default first; ``None`` = from transformers' auto mappings.
+        attn_implementation: the attention implementation the model is built with when the caller
+            gives none; ``None`` = ``"sdpa"`` (with a fallback to ``"eager"`` where SDPA is missing).
+    """
+
+    config: dict[str, Any]
+    reason: str
+    mode: Literal["replace", "overlay"] = "overlay"
+    tasks: tuple[str, ...] | None = None
+    attn_implementation: str | None = None
+
+
+_VOCAB = 256
+_NUM_LABELS = 3
+_SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+
+# Decoder-only language models share one skeleton; each entry only adds what differs.
+_DECODER_BASE: dict[str, Any] = {
+    "vocab_size": _VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    **_SPECIAL_IDS,
+}
+
+_ENCODER_BASE: dict[str, Any] = {
+    "vocab_size": _VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 512,
+}
+
+_HAND_WRITTEN: dict[str, dict[str, Any]] = {
+    "llama": {**_DECODER_BASE, "head_dim": 16},
+    "qwen2": {**_DECODER_BASE},
+    "qwen3": {**_DECODER_BASE, "head_dim": 16},
+    "mistral": {**_DECODER_BASE, "head_dim": 16},
+    "gemma2": {**_DECODER_BASE, "head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 32},
+    "phi3": {**_DECODER_BASE, "original_max_position_embeddings": 512},
+    "gpt2": {
+        "vocab_size": _VOCAB,
+        "n_embd": 64,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_inner": 128,
+        "n_positions": 512,
+        **_SPECIAL_IDS,
+    },
+    "gpt_neox": {
+        **{k: v for k, v in _DECODER_BASE.items() if k != "num_key_value_heads"},
+        "rotary_pct": 0.25,
+    },
+    "opt": {
+        "vocab_size": _VOCAB,
+        "hidden_size": 64,
+        "word_embed_proj_dim": 64,
+        "ffn_dim": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 512,
+        "pad_token_id": 1,
+        "bos_token_id": 2,
+        "eos_token_id": 2,
+    },
+    "mixtral": {
+        **_DECODER_BASE,
+        "head_dim": 16,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+    },
+    "bert": {**_ENCODER_BASE, "pad_token_id": 0},
+    # roberta offsets positions by pad_token_id + 1, hence the two extra positions.
+    "roberta": {
+        **_ENCODER_BASE,
+        "max_position_embeddings": 514,
+        "pad_token_id": 1,
+        "bos_token_id": 0,
+        "eos_token_id": 2,
+    },
+    "distilbert": {
+        "vocab_size": _VOCAB,
+        "dim": 64,
+        "hidden_dim": 128,
+        "n_layers": 2,
+        "n_heads": 4,
+        "max_position_embeddings": 512,
+        "pad_token_id": 0,
+    },
+    "t5": {
+        "vocab_size": _VOCAB,
+        "d_model": 64,
+        "d_kv": 16,
+        "d_ff": 128,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+        "relative_attention_max_distance": 32,
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "decoder_start_token_id": 0,
+    },
+    "bart": {
+        "vocab_size": _VOCAB,
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "max_position_embeddings": 512,
+        "bos_token_id": 0,
+        "pad_token_id": 1,
+        "eos_token_id": 2,
+        "decoder_start_token_id": 2,
+        "forced_eos_token_id": 2,
+    },
+    "vit": {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "image_size": 32,
+        "patch_size": 8,
+        "encoder_stride": 8,
+    },
+    "whisper": {
+        "vocab_size": _VOCAB,
+        "num_mel_bins": 16,
+        "d_model": 64,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 128,
+        "decoder_ffn_dim": 128,
+        "max_source_positions": 32,
+        "max_target_positions": 448,
+        **_SPECIAL_IDS,
+        "decoder_start_token_id": 1,
+        # real checkpoints suppress "space" and end-of-text at the first step; ids must fit the vocab
+        "begin_suppress_tokens": [2],
+    },
+    "wav2vec2": {
+        "vocab_size": 32,
+        "hidden_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 64,
+        "conv_dim": [32, 32],
+        "conv_kernel": [10, 3],
+        "conv_stride": [5, 2],
+        "num_conv_pos_embeddings": 16,
+        "num_conv_pos_embedding_groups": 4,
+        "feat_extract_norm": "layer",
+        "do_stable_layer_norm": True,
+        "layerdrop": 0.0,
+        "mask_time_prob": 0.0,
+        **_SPECIAL_IDS,
+    },
+    "qwen2_vl": {
+        "image_token_id": 250,
+        "video_token_id": 251,
+        "vision_start_token_id": 252,
+        "vision_end_token_id": 253,
+        "text_config": {
+            "vocab_size": _VOCAB,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 512,
+            "rope_scaling": {"type": "mrope", "mrope_section": [2, 2, 4]},
+            **_SPECIAL_IDS,
+        },
+        "vision_config": {
+            "depth": 2,
+            "embed_dim": 32,
+            "hidden_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "spatial_merge_size": 2,
+            "in_channels": 3,
+        },
+    },
+}
+
+
+_CAUSAL = ("text-generation", "feature-extraction", "text-classification")
+_ENCODER = ("feature-extraction", "fill-mask", "text-classification")
+_HAND_WRITTEN_TASKS: dict[str, tuple[str, ...]] = {
+    **{
+        mt: _CAUSAL
+        for mt in (
+            "llama",
+            "qwen2",
+            "qwen3",
+            "mistral",
+            "gemma2",
+            "phi3",
+            "gpt2",
+            "gpt_neox",
+            "opt",
+            "mixtral",
+        )
+    },
+    **{mt: _ENCODER for mt in ("bert", "roberta", "distilbert")},
+    "t5": ("text2text-generation", "feature-extraction"),
+    "bart": ("text2text-generation", "feature-extraction"),
+    "vit": ("image-classification", "feature-extraction"),
+    "whisper": ("automatic-speech-recognition", "feature-extraction"),
+    "wav2vec2": ("automatic-speech-recognition", "feature-extraction"),
+    "qwen2_vl": ("image-text-to-text",),
+}
+
+_HAND_WRITTEN_REASONS: dict[str, str] = {
+    "llama": "hand-written preset (GQA 4/2 heads, head_dim 16); its shapes are relied on by the zoo tests",
+    "qwen2": "hand-written preset (GQA, biased q/k/v); its shapes are relied on by the zoo tests",
+    "qwen3": "hand-written preset (q/k norms, head_dim 16); its shapes are relied on by the zoo tests",
+    "mistral": "hand-written preset keeping the default 4096-token sliding window (never reached in tests)",
+    "gemma2": "hand-written preset: alternating sliding/full attention with a 32-token window; no SDPA path",
+    "phi3": "hand-written preset: original_max_position_embeddings must match the shrunk positions",
+    "gpt2": "hand-written preset (n_* attribute names, learned positions)",
+    "gpt_neox": "hand-written preset: partial rotary embeddings (rotary_pct 0.25), no kv heads",
+    "opt": "hand-written preset: learned positions offset by 2, its own pad/bos/eos ids",
+    "mixtral": "hand-written preset: 4 experts, top-2 routing (grouped_mm experts)",
+    "bert": "hand-written preset; its shapes are relied on by the zoo tests and the CLI tests",
+    "roberta": "hand-written preset: positions offset by pad_token_id + 1, hence 514 positions",
+    "distilbert": "hand-written preset (dim/hidden_dim/n_* attribute names)",
+    "t5": "hand-written preset: relative position buckets (8 buckets, distance 32)",
+    "bart": "hand-written preset: its own bos/pad/eos/decoder-start ids",
+    "vit": "hand-written preset: 32x32 images in 8x8 patches",
+    "whisper": "hand-written preset: 64 mel frames of 16 bins, begin_suppress_tokens inside the vocab",
+    "wav2vec2": "hand-written preset: a two-layer conv feature encoder, CTC head",
+    "qwen2_vl": "hand-written preset: mrope sections, one image of 4x4 patches in a 12-token prompt",
+}
+
+_EAGER_ONLY = frozenset({"gemma2"})  # no SDPA implementation in transformers 5.24
+
+#: model_type -> its override (see the module docstring).
+PRESETS: dict[str, Preset] = {
+    mt: Preset(
+        config=cfg,
+        reason=_HAND_WRITTEN_REASONS[mt],
+        mode="replace",
+        tasks=_HAND_WRITTEN_TASKS[mt],
+        attn_implementation="eager" if mt in _EAGER_ONLY else None,
+    )
+    for mt, cfg in _HAND_WRITTEN.items()
+}
+
+# Overlays over the generic shrink, for types its rules get wrong.
+PRESETS.update(
+    {
+        "deepseek_v2": Preset(
+            config={"num_experts_per_tok": 2, "n_group": 1, "topk_group": 1},
+            reason="the default config leaves num_experts_per_tok None, which its router cannot use",
+        ),
+        "dbrx": Preset(
+            config={"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8.0}},
+            reason=(
+                "transformers 5.24 DbrxAttention.__init__ reads attn_config.rope_theta, which "
+                "DbrxAttentionConfig no longer defines (rotary base moved to rope_parameters; the "
+                "attribute is stored, never used), and its clamp needs clip_qkv set (None gives "
+                "clamp(min=None, max=None)); no upstream issue found"
+            ),
+        ),
+        "dots1": Preset(
+            config={"n_routed_experts": 4, "num_experts_per_tok": 2, "n_shared_experts": 1},
+            reason=(
+                "the default config leaves n_routed_experts, num_experts_per_tok and n_shared_experts "
+                "None; its experts cannot be built"
+            ),
+        ),
+        "dots3_note_text": Preset(
+            config={"per_layer_config": {"1": {"head_dim": 24}}},
+            reason=(
+                "its sliding layers need head_dim == qk_nope_head_dim + qk_rope_head_dim (16 + 8), "
+                "its global MLA layers head_dim == qk_rope_head_dim (8)"
+            ),
+        ),
+        "dory": Preset(
+            config={
+                # DoryConfig.to_dict() (what the shrink reads) and its constructor count every layer
+                # twice (attention + "mlp" block), and __post_init__ halves them again
+                "num_hidden_layers": 6,
+                "n_input_layers": 2,
+                "n_recurrent_layers": 2,
+                "n_output_layers": 2,
+                "layer_types": [
+                    "sliding_attention",
+                    "mlp",
+                    "full_attention",
+                    "mlp",
+                    "sliding_attention",
+                    "mlp",
+                ],
+            },
+            reason=(
+                "input + recurrent + output layers must add up to the layers (the generic two layers left "
+                "n_recurrent_layers at -7: eager broke past the 32-token window); one of each, a full "
+                "attention layer in the loop"
+            ),
+        ),
+        "granitemoehybrid": Preset(
+            config={"layer_types": ["linear_attention", "attention"]},
+            reason=(
+                "the default layer_types are all linear_attention (mamba), and the hybrid cache's "
+                "get_seq_length fails eagerly without an attention layer"
+            ),
+        ),
+        "gpt_neo": Preset(
+            config={"attention_types": [[["global", "local"], 1]]},
+            reason="attention_types expands to one entry per layer and must match the two layers",
+        ),
+        "hunyuan_v1_moe": Preset(
+            config={"num_experts": 4, "moe_topk": 2},
+            reason=(
+                "the default config has one expert routed top-1 (released checkpoints have many): its "
+                "grouped_mm offsets call histc(bins=1, min=0, max=0), a data-range histogram torchlib "
+                "does not translate"
+            ),
+        ),
+        "lfm2_moe": Preset(
+            config={"layer_types": ["conv", "full_attention"]},
+            reason="the default config leaves layer_types None, which its decoder layers index; one conv, one attention layer",
+        ),
+        "mamba2": Preset(
+            config={"num_heads": 8, "head_dim": 16, "n_groups": 1, "expand": 2},
+            reason="num_heads * head_dim must equal expand * hidden_size (2 * 64)",
+        ),
+        # Deep convolution stacks with few channels: weights drawn at the default initializer_range
+        # (0.02) shrink the activations at every layer, and the logits vanish (measured max |logit|:
+        # mobilevit 0.0, efficientnet 0.0, mobilenet_v1 1e-29, mobilenet_v2 6e-23, pp_lcnet 6e-37), so a parity check
+        # against eager compares zeros. The ranges below give logits of 0.1-30.
+        "mobilevit": Preset(
+            config={"initializer_range": 0.2},
+            reason="at initializer_range 0.02 the logits vanish to exactly 0 (max |logit| 0.13 at 0.2)",
+        ),
+        "efficientnet": Preset(
+            config={"initializer_range": 0.4},
+            reason="at initializer_range 0.02 the logits vanish to exactly 0 (max |logit| 0.51 at 0.4; 0.3 still 2e-8)",
+        ),
+        "mobilenet_v1": Preset(
+            config={"initializer_range": 0.2},
+            reason="at initializer_range 0.02 the logits vanish to 1e-29 (max |logit| 0.11 at 0.2)",
+        ),
+        "pp_lcnet": Preset(
+            config={"initializer_range": 0.35},
+            reason="at initializer_range 0.02 the outputs vanish to 6e-37 (max 1.4 at 0.35; 0.25 still 2e-5)",
+        ),
+        "mobilenet_v2": Preset(
+            config={"initializer_range": 0.2},
+            reason="at initializer_range 0.02 the logits vanish to 6e-23 (max |logit| 34 at 0.2)",
+        ),
+    }
+)

@@ -1,0 +1,423 @@
+"""Generic shrink of a transformers default configuration into a tiny one.
+
+:func:`shrink_overrides` reads the default configuration of a model type
+(``AutoConfig.for_model(model_type)``) and returns the attributes to change so that the model
+has two layers, a hidden size of 64 (4 heads of 16, 2 kv heads where the default has grouped
+queries), feed-forward sizes of 128, a vocabulary of 256 tokens, at most 512 positions, 4 experts
+routed top-2, a 32-token sliding window, 32x32 images in 8x8 patches, and recursively the same for
+every nested sub-configuration (``text_config``, ``vision_config``, ``audio_config``, ``encoder``,
+``decoder`` ...). Special token ids are kept valid: ids 0, 1 and 2 stay; every other special id
+(``*_token_id``, ``*_token_index``, lists of them) is moved to the top of the 256-token vocabulary
+(255, 254, ...), equal ids staying equal, so random ids drawn from ``[3, lowest special id)`` never
+hit a special token.
+
+The rules are by attribute *name*, which transformers keeps consistent across model types; types
+the rules get wrong have an overlay in :mod:`hfexport.tiny.presets`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from transformers import PretrainedConfig
+
+__all__ = ["HEADS", "HEAD_DIM", "HIDDEN", "VOCAB", "shrink_overrides", "special_token_ids"]
+
+VOCAB = 256
+HIDDEN = 64
+HEADS = 4
+HEAD_DIM = HIDDEN // HEADS
+FFN = 128
+LAYERS = 2
+MAX_POSITIONS = 512
+EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+SLIDING_WINDOW = 32
+IMAGE_SIZE = 32
+PATCH_SIZE = 8
+
+_HIDDEN_KEYS = frozenset(
+    {
+        "hidden_size",
+        "d_model",
+        "n_embd",
+        "n_embed",
+        "embed_dim",
+        "model_dim",
+        "word_embed_proj_dim",
+        "embedding_size",
+        "d_embed",
+        "dim",
+        "emb_dim",
+        "projection_dim",
+        "text_embed_dim",
+        "vision_embed_dim",
+    }
+)
+_FFN_KEYS = frozenset(
+    {
+        "intermediate_size",
+        "n_inner",
+        "ffn_dim",
+        "d_ff",
+        "encoder_ffn_dim",
+        "decoder_ffn_dim",
+        "d_inner",
+        "ffn_hidden_size",
+        "moe_intermediate_size",
+        "shared_expert_intermediate_size",
+        "expert_intermediate_size",
+        "intermediate_size_mlp",
+        "dense_intermediate_size",
+        "expert_ffn_hidden_size",
+    }
+)
+_LAYER_KEYS = frozenset(
+    {
+        "num_hidden_layers",
+        "n_layer",
+        "n_layers",
+        "num_layers",
+        "num_decoder_layers",
+        "num_encoder_layers",
+        "encoder_layers",
+        "decoder_layers",
+        "depth",
+    }
+)
+_HEAD_KEYS = frozenset(
+    {
+        "num_attention_heads",
+        "n_head",
+        "n_heads",
+        "num_heads",
+        "encoder_attention_heads",
+        "decoder_attention_heads",
+        "num_decoder_attention_heads",
+    }
+)
+_KV_HEAD_KEYS = frozenset({"num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"})
+_HEAD_DIM_KEYS = frozenset(
+    {"head_dim", "d_kv", "kv_channels", "attention_head_dim", "attention_head_size", "qk_head_dim"}
+)
+_POSITION_KEYS = frozenset(
+    {
+        "max_position_embeddings",
+        "n_positions",
+        "n_ctx",
+        "max_target_positions",
+        "original_max_position_embeddings",
+    }
+)
+_EXPERT_KEYS = frozenset(
+    {"num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "zero_expert_num"}
+)
+_EXPERT_TOPK_KEYS = frozenset({"num_experts_per_tok", "moe_topk", "num_experts_per_token", "moe_k"})
+_ONE_KEYS = frozenset({"n_group", "topk_group", "n_shared_experts", "num_shared_experts", "n_groups"})
+# multi-head latent attention (deepseek v2/v3 and friends)
+_MLA = {
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "kv_lora_rank": 32,
+    "q_lora_rank": 32,
+}
+_TOKEN_SUFFIXES = ("_token_id", "_token_index", "_token_ids")
+
+
+def special_token_ids(config: PretrainedConfig) -> set[int]:
+    """Every special token id (``*_token_id``, ``*_token_index``, lists of them) in ``config`` and its
+    sub-configurations, as a set of ints (``None`` values are left out)."""
+    found: set[int] = set()
+
+    def visit(cfg: Any) -> None:
+        items = cfg.to_dict().items() if isinstance(cfg, PretrainedConfig) else cfg.items()
+        for key, value in items:
+            if not isinstance(key, str):
+                continue
+            if isinstance(value, PretrainedConfig | Mapping):
+                visit(value)
+            elif key.endswith(_TOKEN_SUFFIXES):
+                values = value if isinstance(value, list | tuple) else [value]
+                found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+
+    visit(config)
+    return found
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _kv_heads(original_kv: int, original_heads: Any) -> int:
+    if original_kv == 1:
+        return 1  # multi-query attention stays multi-query
+    if _is_int(original_heads) and original_kv >= original_heads:
+        return HEADS  # plain multi-head attention
+    return 2
+
+
+def _trim_layer_types(types: list[Any], layers: int) -> list[Any]:
+    """``layers`` entries of a per-layer list, covering as many distinct values as fit, in order of
+    first appearance (a 5:1 sliding/full pattern keeps one of each in two layers)."""
+    distinct = list(dict.fromkeys(types))
+    if len(distinct) <= 1 or layers >= len(types):
+        return list(types[:layers])
+    picked = distinct[:layers]
+    while len(picked) < layers:
+        picked.append(types[len(picked)])
+    return picked
+
+
+def _shrink_rope(rope: Mapping[str, Any], head_dim: int, max_positions: int) -> dict[str, Any]:
+    out = dict(rope)
+    for key, value in rope.items():
+        if isinstance(value, Mapping):  # per-layer-type rope parameters (gemma3 and friends)
+            out[key] = _shrink_rope(value, head_dim, max_positions)
+        elif key == "mrope_section" and isinstance(value, list) and value:
+            half = head_dim // 2
+            total = sum(value)
+            scaled = [max(1, v * half // total) for v in value]
+            scaled[-1] += half - sum(scaled)
+            out[key] = scaled
+        elif key in ("short_factor", "long_factor") and isinstance(value, list):
+            factor = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+            out[key] = value[: max(1, int(head_dim * factor) // 2)]
+        elif key == "original_max_position_embeddings" and _is_int(value):
+            out[key] = min(value, max_positions)
+    return out
+
+
+def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = None) -> dict[str, Any]:
+    """Attributes to pass to ``AutoConfig.for_model`` to make ``config`` tiny.
+
+    Args:
+        config: a default (full-size) configuration of any model type.
+        remap: special-token id map shared across sub-configurations; built from ``config`` when
+            ``None`` (the top-level call).
+
+    Returns:
+        A dict of changed attributes; a sub-configuration appears as the *whole* dict of its shrunk
+        attributes (its ``model_type`` included), so the parent rebuilds the same sub-model type.
+    """
+    if remap is None:
+        remap = _token_remap(config)
+    values = config.to_dict()
+    out: dict[str, Any] = {}
+    heads = values.get("num_attention_heads", values.get("n_head", values.get("num_heads")))
+    has_stages = isinstance(values.get("depths"), list)  # swin-like: the width doubles per stage
+
+    for key, value in values.items():
+        # sub-configurations are dicts in to_dict(); reading any other attribute back through the
+        # config can raise (transformers >= 5.20 per-layer attributes of heterogeneous configs,
+        # AmbiguousGlobalPerLayerAttributeError, which getattr's default does not catch)
+        sub = getattr(config, key, None) if isinstance(value, Mapping) else None
+        if isinstance(sub, PretrainedConfig):
+            out[key] = {**sub.to_dict(), **shrink_overrides(sub, remap)}
+            continue
+        if key.endswith(_TOKEN_SUFFIXES):
+            if _is_int(value) and value in remap:
+                out[key] = remap[value]
+            elif isinstance(value, list):
+                out[key] = [remap.get(v, v) if _is_int(v) else v for v in value]
+            continue
+        if key.endswith("_tokens") and isinstance(value, list):  # suppress lists and the like
+            out[key] = [v for v in value if _is_int(v) and v < VOCAB][:4]
+            continue
+        new = _shrink_value(key, value, heads)
+        if new is not _KEEP:
+            out[key] = new
+
+    layer_key = next(
+        (k for k in ("num_hidden_layers", "num_layers", "n_layer", "n_layers") if k in values), None
+    )
+    layers = out.get(layer_key) if layer_key else None
+    old_layers = values.get(layer_key) if layer_key else None
+    if _is_int(layers) and _is_int(old_layers) and old_layers > layers:
+        for key, value in values.items():  # per-layer lists follow the layer count
+            if isinstance(value, list) and len(value) == old_layers:
+                out[key] = list(out.get(key, value))[:layers]
+    if _is_int(values.get("qk_rope_head_dim")):  # MLA: head_dim is the rotary part
+        out["qk_rope_head_dim"] = _MLA["qk_rope_head_dim"]
+        if "head_dim" in values:
+            out["head_dim"] = _MLA["qk_rope_head_dim"]
+        if "qk_head_dim" in values:
+            out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
+    for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
+        types = values.get(key)
+        if isinstance(types, list) and _is_int(layers):
+            out[key] = _trim_layer_types(types, layers)
+        elif isinstance(types, str) and _is_int(layers) and len(types) > layers:
+            out[key] = "".join(_trim_layer_types(list(types), layers))
+    if _is_int(layers):  # hybrids: the last layer keeps attention (and experts) after the shrink
+        for key, value in values.items():
+            if key.endswith("_layer_period") and _is_int(value) and _is_int(values.get(key[:-6] + "offset")):
+                out[key], out[key[:-6] + "offset"] = (
+                    layers,
+                    layers - 1,
+                )  # layer i has it when i % period == offset
+        if "attn_layer_indices" in values and not values["attn_layer_indices"]:
+            out["attn_layer_indices"] = [layers - 1]  # bamba-style: no attention at all by default
+    # a head_dim left None is derived as hidden / heads by most models, but some read it as is
+    # (hunyuan_v1_dense/moe: head_dim ** -0.5); the tiny value is that same quotient
+    if (
+        "head_dim" in values
+        and values["head_dim"] is None
+        and "head_dim" not in out
+        and out.get("hidden_size") == HIDDEN
+        and out.get("num_attention_heads") == HEADS
+    ):
+        out["head_dim"] = HEAD_DIM
+    # kv heads left None mean "as many as the query heads" (nemotron reads them as is)
+    if values.get("num_key_value_heads", 0) is None and _is_int(out.get("num_attention_heads")):
+        out["num_key_value_heads"] = out["num_attention_heads"]
+    per_layer = values.get("per_layer_config")
+    if isinstance(per_layer, Mapping) and per_layer:
+        out["per_layer_config"] = _shrink_per_layer(per_layer, out, heads, layers, values.get("layer_types"))
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = values.get(key)
+        if isinstance(rope, Mapping):
+            head_dim = out.get("head_dim") or HEAD_DIM
+            out[key] = _shrink_rope(rope, int(head_dim), MAX_POSITIONS)
+    if has_stages:  # swin-like: embed_dim doubles per stage up to hidden_size
+        stages = len(values["depths"])
+        if _is_int(values.get("embed_dim")):
+            out["embed_dim"] = 16
+            if _is_int(values.get("hidden_size")):
+                out["hidden_size"] = 16 * 2 ** (stages - 1)
+    if values.get("num_labels", 0) != 3 and "id2label" in values:
+        out["num_labels"] = 3
+    return out
+
+
+_KEEP = object()
+
+
+def _shrink_per_layer(
+    per_layer: Mapping[Any, Any], shrunk: Mapping[str, Any], heads: Any, layers: Any, types: Any
+) -> dict[str, Any]:
+    """Shrink a heterogeneous config's ``per_layer_config`` (transformers >= 5.20: ``{layer index:
+    {attribute: value}}`` overriding the global attributes for one layer, e.g. dots3_note's and
+    gemma4's wider sliding/full-attention layers).
+
+    Tiny layer ``i`` takes the overrides of the first original layer of its type (the layer types
+    are trimmed to cover each kind, see :func:`_trim_layer_types`), or of original layer ``i`` when
+    the config has no ``layer_types``. An attribute the top-level shrink changed takes the top-level
+    tiny value (a 256-wide head next to 16-wide global heads would break the tiny model's shape
+    rules); any other is shrunk by the same rules. Types whose layers need different tiny values
+    (dots3_note's sliding layers) have an overlay in :mod:`hfexport.tiny.presets`.
+    """
+    by_index: dict[int, Mapping[str, Any]] = {}
+    for key, attrs in per_layer.items():
+        try:
+            by_index[int(key)] = attrs
+        except (TypeError, ValueError):
+            continue
+    if not _is_int(layers):
+        return {str(i): dict(a) for i, a in by_index.items()}
+    tiny_types = _trim_layer_types(list(types), layers) if isinstance(types, list) else None
+    out: dict[str, Any] = {}
+    for i in range(layers):
+        source = list(types).index(tiny_types[i]) if tiny_types and i < len(tiny_types) else i
+        attrs = by_index.get(source)
+        if not isinstance(attrs, Mapping):
+            continue
+        layer: dict[str, Any] = {}
+        for key, value in attrs.items():
+            if key in shrunk:
+                layer[key] = shrunk[key]
+            else:
+                new = _shrink_value(key, value, heads)
+                layer[key] = value if new is _KEEP else new
+        out[str(i)] = layer
+    return out
+
+
+def _shrink_value(key: str, value: Any, heads: Any) -> Any:
+    """The tiny value of one attribute, or ``_KEEP``."""
+    if isinstance(value, list) and value and all(_is_int(v) for v in value):
+        if key in ("depths", "encoder_layers", "decoder_layers", "num_hidden_layers"):
+            return [1] * len(value)
+        if key in _HEAD_KEYS or key == "num_attention_heads":
+            return [min(v, 2) for v in value]
+        if key in ("hidden_sizes", "embed_dims", "embed_dim", "hidden_size", "dims"):
+            return [min(v, 16 * 2**i) for i, v in enumerate(value)]
+        if key == "conv_dim":
+            return [32] * len(value)
+        if key in _FFN_KEYS:
+            return [FFN] * len(value)
+        return _KEEP
+    if not _is_int(value):
+        return _KEEP
+    if key in _HIDDEN_KEYS:
+        return min(value, HIDDEN)
+    if key in _FFN_KEYS:
+        return min(value, FFN)
+    if key in _LAYER_KEYS:
+        return min(value, LAYERS)
+    if key in _HEAD_KEYS:
+        return min(value, HEADS)
+    if key in _KV_HEAD_KEYS:
+        return min(_kv_heads(value, heads), HEADS)
+    if key in _HEAD_DIM_KEYS:
+        return HEAD_DIM
+    if key in _MLA:
+        return _MLA[key]
+    if key == "rotary_dim":
+        return min(value, HEAD_DIM)
+    if key == "window_size":  # swin-like windows over the 8x8 patch grid of a 32x32 image
+        return min(value, 4)
+    if key == "mm_tokens_per_image":
+        return min(value, 4)
+    if key in ("vocab_size", "vocab_size_per_layer_input"):
+        return min(value, VOCAB)
+    if key in _POSITION_KEYS:
+        return value if value <= 2 * MAX_POSITIONS else MAX_POSITIONS
+    if key in _EXPERT_KEYS:
+        return min(value, EXPERTS)
+    if key in _EXPERT_TOPK_KEYS:
+        return min(value, EXPERTS_PER_TOKEN)
+    if key in _ONE_KEYS:
+        return min(value, 1)
+    if key == "first_k_dense_replace":
+        return min(value, 1)
+    if key == "sliding_window":
+        return min(value, SLIDING_WINDOW)
+    if key == "image_size":
+        return min(value, IMAGE_SIZE)
+    if key == "patch_size":
+        return value if value <= 4 else PATCH_SIZE
+    if key in ("encoder_stride",):
+        return min(value, PATCH_SIZE)
+    if key in ("num_conv_pos_embeddings",):
+        return min(value, 16)
+    if key in ("num_conv_pos_embedding_groups",):
+        return min(value, 4)
+    if key in ("classifier_proj_size", "conv_channels", "proj_codevector_dim", "codevector_dim"):
+        return min(value, 32)
+    return _KEEP
+
+
+def _vocab_sizes(config: Any) -> list[int]:
+    items = config.to_dict().items() if isinstance(config, PretrainedConfig) else config.items()
+    sizes = []
+    for key, value in items:
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, PretrainedConfig | Mapping):
+            sizes += _vocab_sizes(value)
+        elif key == "vocab_size" and _is_int(value):
+            sizes.append(value)
+    return sizes
+
+
+def _token_remap(config: PretrainedConfig) -> dict[int, int]:
+    """Special ids >= 3 -> v-1, v-2, ... with v the smallest shrunk vocabulary of the tree (255, 254,
+    ... for a 256-token vocabulary); equal ids stay equal. Empty when the tree has no vocabulary."""
+    sizes = _vocab_sizes(config)
+    if not sizes:
+        return {}
+    top = min(min(sizes), VOCAB)
+    ids = sorted(i for i in special_token_ids(config) if i >= 3)
+    return {old: top - 1 - k for k, old in enumerate(ids) if top - 1 - k >= 3}
