@@ -105,40 +105,42 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     ]
 
 
-def test_known_skips_name_the_model_side_change_for_mamba_and_none_is_left_for_llava():
+def test_known_skips_keep_mamba_off_the_backends_without_the_scan_form_and_none_is_left_for_llava():
     from hfexport.testing.sweep import KNOWN_SKIPS
 
     for backend in sweep.BACKENDS:
-        assert "mamba_selective_scan" in KNOWN_SKIPS[(backend, "mamba")]
         # llava exports and validates on every backend: the runtime assertions of its placeholder check
         # are dropped before ONNX translation / ExecuTorch lowering, and the second shape of a dynamic=True
         # export keeps the image batch the capture fixes (packages/*/tests/test_image_text.py)
         assert (backend, "llava") not in KNOWN_SKIPS
+    for model_type in ("mamba", "falcon_mamba", "jamba"):
+        # dynamo and onnx run the selective scan as torch's scan op (hfexport.workarounds.recurrences;
+        # tests-integration/test_recurrences.py exports them at two sequence lengths)
+        assert ("dynamo", model_type) not in KNOWN_SKIPS and ("onnx", model_type) not in KNOWN_SKIPS
+        for backend in ("executorch", "openvino"):
+            reason = KNOWN_SKIPS[(backend, model_type)]
+            for part in (
+                "transformers 5.24",
+                f"models/{model_type}/modeling_{model_type}.py",
+                "mamba_selective_scan",
+                "for index in range(seq_len)",
+                "pytorch/pytorch#146835",
+                f"{backend} is not given it",
+                "lengths 4..15 only",
+            ):
+                assert part in reason, (model_type, backend, part)
 
 
-def test_mamba_skip_names_the_model_side_construct():
-    reason = sweep.KNOWN_SKIPS[("dynamo", "mamba")]
-    assert {sweep.KNOWN_SKIPS[(b, "mamba")] for b in sweep.BACKENDS} == {reason}
-    for part in (
-        "transformers 5.24",
-        "models/mamba/modeling_mamba.py",
-        "mamba_selective_scan",
-        "for index in range(seq_len)",
-        "is_torchdynamo_exporting()",
-        "Guard failed: attention_mask.size()[1] == 8",
-    ):
-        assert part in reason, part
-
-
-@pytest.mark.parametrize("model_type", ["falcon_mamba", "jamba"])
-def test_copied_mamba_scan_skips_name_the_construct_still_installed(model_type):
+@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "jamba"])
+def test_mamba_scan_skips_name_the_construct_still_installed(model_type):
     import importlib
     import inspect
 
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    reason = sweep.KNOWN_SKIPS[("onnx", model_type)]
-    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
-    assert f"models/{model_type}/modeling_{model_type}.py" in reason and "mamba_selective_scan" in reason
+    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in ("executorch", "openvino")} == {
+        sweep._selective_scan_unlowered(model_type, "executorch"),
+        sweep._selective_scan_unlowered(model_type, "openvino"),
+    }
     # the construct the reason names is still there on the installed transformers (retire the skip if not)
     source = inspect.getsource(module.mamba_selective_scan)
     assert "for index in range(seq_len):" in source

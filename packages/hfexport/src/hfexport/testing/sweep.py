@@ -66,31 +66,24 @@ FAMILIES: dict[str, str] = {
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
-#: transformers 5.24 mamba (checked with torch 2.13): the plain forward (use_cache=False) reaches the sequential
-#: branch of mamba_selective_scan under torch.export; see the reason text for the construct and the change needed
-_MAMBA_SCAN = (
-    "model-side: transformers 5.24 models/mamba/modeling_mamba.py, mamba_selective_scan (called by MambaMixer.forward "
-    "also with use_cache=False) runs the recurrence as `for index in range(seq_len)`, which torch.export unrolls, so "
-    "capture specialises the sequence length (Guard failed: attention_mask.size()[1] == 8); its loop-free branches "
-    "are closed under export (associative_scan needs config.use_associative_scan and is gated by "
-    "`is_torchdynamo_compiling() and not is_torchdynamo_exporting()`; mambapy's pscan is not a dependency). Needs a "
-    "loop-free scan allowed under export, e.g. the chunked segment-sum form Mamba2/FalconH1 use (no upstream issue found)"
-)
+#: backends whose captures install hfexport.workarounds.recurrences (torch's scan op for the selective scan)
+_SCAN_LOWERING_BACKENDS = ("dynamo", "onnx")
 
 
-def _copied_mamba_scan(model_type: str, mixer: str) -> str:
-    """Skip reason for a model type whose module carries a copy of mamba's sequential selective scan."""
+def _selective_scan_unlowered(model_type: str, backend: str) -> str:
+    """Skip reason for a mamba-scan type on a backend that does not lower torch's scan higher-order op."""
     return (
-        f"model-side: transformers 5.24 models/{model_type}/modeling_{model_type}.py, mamba_selective_scan (a copy of "
-        f"mamba's, called by {mixer}.forward also with use_cache=False) runs the recurrence as `for index in "
-        "range(seq_len)`, which torch.export unrolls, so capture specialises the sequence length (Guard failed: "
-        "attention_mask.size()[1] == 8); its associative_scan branch is gated by `is_torchdynamo_compiling() and not "
-        "is_torchdynamo_exporting()`. Needs a loop-free scan allowed under export, as for mamba (no upstream issue found)"
+        f"backend-side: hfexport.workarounds.recurrences gives the dynamo and onnx captures a scan-op form of "
+        f"transformers 5.24 models/{model_type}/modeling_{model_type}.py mamba_selective_scan, whose `for index "
+        "in range(seq_len)` loop capture unrolls (Guard failed: attention_mask.size()[1] == 8; "
+        f"pytorch/pytorch#146835); {backend} is not given it (its lowering of torch's scan op is not checked), "
+        "and the module's loop-free chunked form, equal to eager, comes out of torch.export 2.13 bounded to the "
+        "sample's chunk count (lengths 4..15 only), so it is not registered either"
     )
 
 
-#: transformers 5.24 types carrying a copy of mamba's selective scan -> their mixer class
-_COPIED_MAMBA_SCANS = {"falcon_mamba": "FalconMambaMixer", "jamba": "JambaMambaMixer"}
+#: transformers 5.24 types whose mixer runs mamba's sequential selective scan (or a verbatim copy)
+_MAMBA_SCAN_TYPES = ("mamba", "falcon_mamba", "jamba")
 
 
 def _hand_written_experts_loop(model_type: str, experts: str) -> str:
@@ -109,11 +102,11 @@ def _hand_written_experts_loop(model_type: str, experts: str) -> str:
 _HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
-    **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
     **{
-        (backend, mt): _copied_mamba_scan(mt, mixer)
-        for mt, mixer in _COPIED_MAMBA_SCANS.items()
+        (backend, mt): _selective_scan_unlowered(mt, backend)
+        for mt in _MAMBA_SCAN_TYPES
         for backend in BACKENDS
+        if backend not in _SCAN_LOWERING_BACKENDS
     },
     **{
         (backend, mt): _hand_written_experts_loop(mt, experts)

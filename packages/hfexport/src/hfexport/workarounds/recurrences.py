@@ -31,7 +31,14 @@ two *forms*, chosen per backend by :func:`register_recurrences`:
   :data:`CHUNK` tokens; inside a chunk the recurrence is solved as a masked matrix of cumulative
   log-decays (segment sums), between chunks the chunk-final states are combined the same way over
   the chunk axis. Memory grows with ``channels * length * CHUNK`` inside chunks and ``channels *
-  chunks**2`` between them; agreement with eager to about 1e-5 relative in float32.
+  chunks**2`` between them; agreement with eager to about 1e-5 relative in float32. RWKV's
+  chunked form is one masked ``[L, L]`` weighting per channel (its decay is the same at every
+  step). No backend registers this form yet: with torch 2.13, ``torch.export`` cannot prove that
+  the padded length divides into chunks, so the captured program is bounded to the sample's chunk
+  count (mamba on ExecuTorch: lengths 4..15 only).
+
+Registered today: ``"scan"`` under ``"dynamo"`` and ``"onnx"``. ExecuTorch and OpenVINO do not
+lower the scan op, so they keep transformers' loop (see docs/coverage.md).
 
 The patches are installed around the capture only: the eager model used for validation runs the
 original loop.
