@@ -153,6 +153,31 @@ def test_construct_keeps_its_sequence_axis_and_matches_eager_at_three_lengths(ba
             )
 
 
+@pytest.mark.parametrize("construct", sorted(CONSTRUCTS))
+def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths(construct):
+    # The form ExecuTorch and OpenVINO get: loop-free, so its torch.export program must keep the length
+    # symbolic by itself (no scan op), over chunk boundaries (CHUNK = 16: 3, 8 and 37 tokens span 1..3 chunks).
+    from hfexport.registry import apply_patches, isolated_registry
+    from hfexport.workarounds.recurrences import register_recurrences
+
+    module = CONSTRUCTS[construct]().eval()
+    sample = module.inputs(SAMPLE_LENGTH, torch.Generator().manual_seed(0))
+    with isolated_registry():
+        register_recurrences("chunked-check", form="chunked")
+        with apply_patches("chunked-check"):
+            program = torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(module))
+    (bounds,) = program.range_constraints.values()
+    assert (bounds.lower, bounds.upper) == (2, 1024)  # the whole declared range: nothing specialised
+    assert not any(n.target is torch.ops.higher_order.scan for n in program.graph.nodes)
+    for length in LENGTHS:
+        args = module.inputs(length, torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want, got = module(*args), program.module()(*args)
+        for g, w in zip(got, want, strict=True):
+            diff = (g.float() - w.float()).abs().max().item()
+            assert diff <= 1e-5 * max(1.0, w.float().abs().max().item()), (construct, length, diff)
+
+
 # --------------------------------------------------------------------------------------------
 # The models, through the exporter
 # --------------------------------------------------------------------------------------------

@@ -138,3 +138,30 @@ def test_the_targets_are_the_loops_transformers_still_has():
         modeling_rwkv.rwkv_linear_attention_cpu
     )
     assert "for t in range(hidden_states.shape[1]):" in inspect.getsource(RecurrentGemmaRglru._rnn_scan)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_mamba2_chunk_scan_on_whole_chunks_matches_the_unpadded_call(length):
+    from transformers.models.mamba2 import modeling_mamba2
+
+    g = _gen(300 + length)
+    b, h, p, groups, n, chunk = 2, 4, 3, 2, 5, 16
+    x = torch.randn(b, length, h, p, generator=g)
+    dt = torch.randn(b, length, h, generator=g)
+    A = -torch.rand(h, generator=g) * 3
+    B, C = (torch.randn(b, length, groups, n, generator=g) for _ in range(2))
+    kw = {"D": torch.randn(h, generator=g), "dt_bias": torch.randn(h, generator=g), "dt_softplus": True}
+    original = modeling_mamba2.mamba2_chunk_scan
+    want_y, want_state = original(x, dt, A, B, C, chunk, return_final_states=True, **kw)
+    got_y, got_state = R.mamba2_chunk_scan_padded(
+        original, x, dt, A, B, C, chunk, return_final_states=True, **kw
+    )
+    assert got_y.shape == want_y.shape == (b, length, h, p)
+    assert (got_y - want_y).abs().max().item() <= 1e-5
+    assert (got_state - want_state).abs().max().item() <= 1e-5
+    # with an initial state the call is passed on as it is
+    state = torch.randn(b, h, p, n, generator=g)
+    assert torch.equal(
+        R.mamba2_chunk_scan_padded(original, x, dt, A, B, C, chunk, initial_states=state, **kw),
+        original(x, dt, A, B, C, chunk, initial_states=state, **kw),
+    )

@@ -33,12 +33,11 @@ two *forms*, chosen per backend by :func:`register_recurrences`:
   the chunk axis. Memory grows with ``channels * length * CHUNK`` inside chunks and ``channels *
   chunks**2`` between them; agreement with eager to about 1e-5 relative in float32. RWKV's
   chunked form is one masked ``[L, L]`` weighting per channel (its decay is the same at every
-  step). No backend registers this form yet: with torch 2.13, ``torch.export`` cannot prove that
-  the padded length divides into chunks, so the captured program is bounded to the sample's chunk
-  count (mamba on ExecuTorch: lengths 4..15 only).
+  step). The padding goes in front and the chunk count is one floor division, so torch.export
+  keeps the length symbolic (no modulo it would have to prove divisible).
 
-Registered today: ``"scan"`` under ``"dynamo"`` and ``"onnx"``. ExecuTorch and OpenVINO do not
-lower the scan op, so they keep transformers' loop (see docs/coverage.md).
+Registered: ``"scan"`` under ``"dynamo"`` and ``"onnx"``; ``"chunked"`` under ``"executorch"`` and
+``"openvino"`` (their lowering of the scan op is not established; the chunked form needs none).
 
 The patches are installed around the capture only: the eager model used for validation runs the
 original loop.
@@ -59,10 +58,12 @@ from hfexport.registry import register_patch
 __all__ = [
     "CHUNK",
     "FORMS",
+    "MAMBA2_CHUNK_SCAN_TARGETS",
     "MAMBA_SCAN_TARGETS",
     "RG_LRU_TARGETS",
     "RWKV_TARGETS",
     "linear_recurrence",
+    "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
     "register_recurrences",
     "rg_lru_scan_in_form",
@@ -86,6 +87,13 @@ MAMBA_SCAN_TARGETS: tuple[str, ...] = (
 )
 #: RWKV's time mixing (the dispatcher RwkvSelfAttention.forward calls).
 RWKV_TARGETS: tuple[str, ...] = ("transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention",)
+#: Mamba2's chunked scan and its verbatim copies (transformers 5.x): loop-free already, but its
+#: ``pad_size = (chunk_size - L % chunk_size) % chunk_size`` and ``if pad_size > 0`` bound the program
+#: to lengths below one chunk (4..255 for a sample of 8); every backend gets the padded call.
+MAMBA2_CHUNK_SCAN_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{name}.modeling_{name}.mamba2_chunk_scan"
+    for name in ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2")
+)
 #: RecurrentGemma's RG-LRU loop.
 RG_LRU_TARGETS: tuple[str, ...] = (
     "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
@@ -112,8 +120,8 @@ def _scan(step: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
 
 
 def _pad_time(x: torch.Tensor, pad: Any) -> torch.Tensor:
-    """Pad the time axis (dim 1) of ``x`` [B, L, ...] with ``pad`` zeros at the end."""
-    widths = [0, 0] * (x.dim() - 2) + [0, pad]
+    """Pad the time axis (dim 1) of ``x`` [B, L, ...] with ``pad`` zeros in front."""
+    widths = [0, 0] * (x.dim() - 2) + [pad, 0]
     return F.pad(x, widths)
 
 
@@ -162,15 +170,19 @@ def linear_recurrence(
     log_a, b = log_a.to(dtype), b.to(dtype)
     batch, length = b.shape[0], b.shape[1]
     channels = b.shape[2:]
-    pad = (chunk - length % chunk) % chunk
+    # chunk count written without a modulo, and one chunk more than needed, so that torch.export's
+    # symbolic shapes follow it: the padded length is chunks * chunk by construction, and the count is
+    # at least 2 for every length (a count of 1 at the sample would specialise size-1 axes). The padding
+    # goes in front (decay 1, input 0: the state stays h0 through it), so the real steps are the tail
+    chunks = (length + 2 * chunk - 1) // chunk  # one floor division: chunks * chunk stays a product
+    pad = chunks * chunk - length
     # reset steps (-inf) would give -inf - -inf = nan in the segment sums: a large negative is exact in float32
     log_a = torch.clamp(log_a, min=-1e4)
     log_a, b = _pad_time(log_a, pad), _pad_time(b, pad)
-    chunks = (length + pad) // chunk
     # [B, *C, N, T]: channels first so the segment matrices sit on the last two axes
     perm = [0, *range(3, 3 + len(channels)), 1, 2]
-    log_a = log_a.reshape(batch, chunks, chunk, *channels).permute(*perm)
-    b = b.reshape(batch, chunks, chunk, *channels).permute(*perm)
+    log_a = log_a.reshape(batch, -1, chunk, *channels).permute(*perm)
+    b = b.reshape(batch, -1, chunk, *channels).permute(*perm)
     # 1. inside each chunk, from a zero state: h_local[t] = sum_{s<=t} exp(sum log_a[s+1..t]) b[s]
     local = (_segment_decay(log_a) @ b.unsqueeze(-1)).squeeze(-1)  # [B, *C, N, T]
     # 2. the state entering each chunk: combine the chunk-final local states over the chunk axis
@@ -178,17 +190,20 @@ def linear_recurrence(
     total = cum[..., -1]  # [B, *C, N] decay over a whole chunk
     final = local[..., -1]  # [B, *C, N]
     # entering[n] = sum_{m<n} exp(sum total[m+1..n-1]) final[m]  (+ exp(sum total[0..n-1]) h0)
-    shifted = F.pad(total[..., :-1], (1, 0))  # shifted[n] = total[n-1], decay applied when entering chunk n
+    shifted = F.pad(total, (1, 0))[..., :-1]  # shifted[n] = total[n-1], decay applied when entering chunk n
     through = _segment_decay(shifted)  # [B, *C, N, N]: (n, m) = exp(sum shifted[m+1..n])
-    prior = F.pad(final[..., :-1], (1, 0))  # prior[m] = final[m-1]: chunk m-1's state, entering chunk m
+    prior = F.pad(final, (1, 0))[..., :-1]  # prior[m] = final[m-1]: chunk m-1's state, entering chunk m
     entering = (through @ prior.unsqueeze(-1)).squeeze(-1)  # [B, *C, N]
     if h0 is not None:
         entering = entering + torch.exp(torch.cumsum(shifted, dim=-1)) * h0.to(dtype).unsqueeze(-1)
     # 3. every state: local part plus the entering state decayed to the step
     states = local + torch.exp(cum) * entering.unsqueeze(-1)  # [B, *C, N, T]
     inverse = [0, len(channels) + 1, len(channels) + 2, *range(1, len(channels) + 1)]
-    states = states.permute(*inverse).reshape(batch, chunks * chunk, *channels)[:, :length]
-    return states, states[:, -1]
+    states = states.permute(*inverse).reshape(batch, -1, *channels)
+    # the real steps are the last `length` (a gather: a slice starting at `pad` would make torch.export
+    # ask for a proof that pad >= 0, which it cannot give for a floor division)
+    real = torch.arange(length, device=states.device) + pad
+    return states.index_select(1, real), states[:, -1]
 
 
 # --------------------------------------------------------------------------------------------
@@ -268,6 +283,60 @@ def mamba_selective_scan_in_form(
     if return_last_state:
         return y, last
     return y
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba2's chunked scan: whole chunks only
+# --------------------------------------------------------------------------------------------
+
+
+def mamba2_chunk_scan_padded(
+    original: Callable[..., Any],
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    *args: Any,
+    initial_states: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Call transformers' ``mamba2_chunk_scan`` on whole chunks, so capture keeps the length symbolic.
+
+    The inputs get zero steps in front up to a whole number of chunks, one more than needed (one
+    floor division, so ``torch.export`` sees ``L % chunk_size == 0`` and drops the branch on the
+    padding, and at least two chunks, so a one-chunk sample specialises nothing); with a zero
+    initial state, a zero step leaves the state at zero and outputs zero, so the real steps' outputs
+    and the final state are unchanged. The real steps are gathered back from the tail.
+
+    Args:
+        original: transformers' ``mamba2_chunk_scan``.
+        hidden_states: ``[B, L, H, P]``; dt ``[B, L, H]``; A ``[H]``; B, C ``[B, L, G, N]``.
+        chunk_size: the model's chunk size.
+        *args, **kwargs: passed on unchanged (``D``, ``dt_bias``, ``return_final_states``, ...).
+        initial_states: ``[B, H, P, N]`` or ``None``; with a state the call is passed on unpadded
+            (a zero step would decay it).
+
+    Returns:
+        What ``original`` returns: ``y [B, L, H, P]``, or ``(y, final_state)``.
+    """
+    if initial_states is not None:
+        return original(
+            hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs
+        )
+    length = hidden_states.shape[1]
+    # one chunk more than needed: at least 2 chunks at any length, so a 1-chunk sample does not specialise
+    pad = chunk_size * ((length + 2 * chunk_size - 1) // chunk_size) - length
+
+    def front(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, [0, 0] * (x.dim() - 2) + [pad, 0])
+
+    result = original(front(hidden_states), front(dt), A, front(B), front(C), chunk_size, *args, **kwargs)
+    real = torch.arange(length, device=hidden_states.device) + pad
+    if isinstance(result, tuple):
+        return (result[0].index_select(1, real), *result[1:])
+    return result.index_select(1, real)
 
 
 # --------------------------------------------------------------------------------------------
@@ -482,8 +551,19 @@ def _rg_lru_factory(form: str) -> Callable[[Callable[..., Any]], Callable[..., A
     return factory
 
 
+def _mamba2_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        return mamba2_chunk_scan_padded(original, *args, **kwargs)
+
+    return replacement
+
+
+_mamba2_factory.__name__ = _mamba2_factory.__qualname__ = "mamba2_chunk_scan_whole_chunks"
+
+
 def register_recurrences(backend: str, *, form: str) -> None:
-    """Register the three recurrence patches under ``backend`` in ``form``.
+    """Register the three recurrence patches under ``backend`` in ``form``, and Mamba2's padded call.
 
     Args:
         backend: registry key, e.g. ``"dynamo"`` or ``"executorch.xnnpack"``.
@@ -527,3 +607,13 @@ def register_recurrences(backend: str, *, form: str) -> None:
         issue="https://github.com/huggingface/transformers/pull/43737",
         versions=_VERSIONS,
     )(_rg_lru_factory(form))
+    register_patch(
+        backend,
+        *MAMBA2_CHUNK_SCAN_TARGETS,
+        description=(
+            "Mamba2 chunked scan (mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2) on zero-padded "
+            "whole chunks, so the program is not bounded to lengths below one chunk"
+        ),
+        issue="https://github.com/pytorch/pytorch/issues/146835",
+        versions=_VERSIONS,
+    )(_mamba2_factory)
