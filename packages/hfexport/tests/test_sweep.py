@@ -105,7 +105,7 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     ]
 
 
-def test_known_skips_keep_mamba_off_the_backends_without_the_scan_form_and_none_is_left_for_llava():
+def test_no_known_skip_is_left_for_the_recurrent_types_or_llava():
     from hfexport.testing.sweep import KNOWN_SKIPS
 
     for backend in sweep.BACKENDS:
@@ -113,38 +113,10 @@ def test_known_skips_keep_mamba_off_the_backends_without_the_scan_form_and_none_
         # are dropped before ONNX translation / ExecuTorch lowering, and the second shape of a dynamic=True
         # export keeps the image batch the capture fixes (packages/*/tests/test_image_text.py)
         assert (backend, "llava") not in KNOWN_SKIPS
-    for model_type in ("mamba", "falcon_mamba", "jamba"):
-        # dynamo and onnx run the selective scan as torch's scan op (hfexport.workarounds.recurrences;
-        # tests-integration/test_recurrences.py exports them at two sequence lengths)
-        assert ("dynamo", model_type) not in KNOWN_SKIPS and ("onnx", model_type) not in KNOWN_SKIPS
-        for backend in ("executorch", "openvino"):
-            reason = KNOWN_SKIPS[(backend, model_type)]
-            for part in (
-                "transformers 5.24",
-                f"models/{model_type}/modeling_{model_type}.py",
-                "mamba_selective_scan",
-                "for index in range(seq_len)",
-                "pytorch/pytorch#146835",
-                f"{backend} is not given it",
-                "lengths 4..15 only",
-            ):
-                assert part in reason, (model_type, backend, part)
-
-
-@pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba", "jamba"])
-def test_mamba_scan_skips_name_the_construct_still_installed(model_type):
-    import importlib
-    import inspect
-
-    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in ("executorch", "openvino")} == {
-        sweep._selective_scan_unlowered(model_type, "executorch"),
-        sweep._selective_scan_unlowered(model_type, "openvino"),
-    }
-    # the construct the reason names is still there on the installed transformers (retire the skip if not)
-    source = inspect.getsource(module.mamba_selective_scan)
-    assert "for index in range(seq_len):" in source
-    assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
+        # the selective scan runs as torch's scan op (dynamo, onnx) or the chunked form (executorch,
+        # openvino): hfexport.workarounds.recurrences, tests-integration/test_recurrences.py
+        for model_type in ("mamba", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma", "mamba2"):
+            assert (backend, model_type) not in KNOWN_SKIPS
 
 
 @pytest.mark.parametrize(
@@ -169,8 +141,9 @@ def test_hand_written_experts_loop_skips_name_the_construct_still_installed(mode
 
 
 def test_mamba_capture_still_specialises_the_sequence_length():
-    # Documents the construct behind the mamba skip on the installed transformers: the plain forward's
-    # selective scan is a Python loop over the sequence, unrolled at capture. Retire the skip when this fails.
+    # Documents the construct hfexport.workarounds.recurrences replaces on the installed transformers: the plain
+    # forward's selective scan is a Python loop over the sequence, unrolled by a capture without the backends'
+    # patches. Retire the mamba patch when this fails.
     import inspect
 
     import pytest

@@ -66,24 +66,8 @@ FAMILIES: dict[str, str] = {
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
-#: backends whose captures install hfexport.workarounds.recurrences (torch's scan op for the selective scan)
-_SCAN_LOWERING_BACKENDS = ("dynamo", "onnx")
-
-
-def _selective_scan_unlowered(model_type: str, backend: str) -> str:
-    """Skip reason for a mamba-scan type on a backend that does not lower torch's scan higher-order op."""
-    return (
-        f"backend-side: hfexport.workarounds.recurrences gives the dynamo and onnx captures a scan-op form of "
-        f"transformers 5.24 models/{model_type}/modeling_{model_type}.py mamba_selective_scan, whose `for index "
-        "in range(seq_len)` loop capture unrolls (Guard failed: attention_mask.size()[1] == 8; "
-        f"pytorch/pytorch#146835); {backend} is not given it (its lowering of torch's scan op is not checked), "
-        "and the module's loop-free chunked form, equal to eager, comes out of torch.export 2.13 bounded to the "
-        "sample's chunk count (lengths 4..15 only), so it is not registered either"
-    )
-
-
-#: transformers 5.24 types whose mixer runs mamba's sequential selective scan (or a verbatim copy)
-_MAMBA_SCAN_TYPES = ("mamba", "falcon_mamba", "jamba")
+# mamba, falcon_mamba and jamba are no longer skipped: hfexport.workarounds.recurrences replaces their
+# per-token selective scan at capture (scan op on dynamo/onnx, chunked form on executorch/openvino)
 
 
 def _hand_written_experts_loop(model_type: str, experts: str) -> str:
@@ -102,12 +86,6 @@ def _hand_written_experts_loop(model_type: str, experts: str) -> str:
 _HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
-    **{
-        (backend, mt): _selective_scan_unlowered(mt, backend)
-        for mt in _MAMBA_SCAN_TYPES
-        for backend in BACKENDS
-        if backend not in _SCAN_LOWERING_BACKENDS
-    },
     **{
         (backend, mt): _hand_written_experts_loop(mt, experts)
         for mt, experts in _HAND_WRITTEN_EXPERTS.items()
