@@ -70,31 +70,8 @@ FAMILIES: dict[str, str] = {
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
-#: transformers 5.24 mamba (checked with torch 2.13): the plain forward (use_cache=False) reaches the sequential
-#: branch of mamba_selective_scan under torch.export; see the reason text for the construct and the change needed
-_MAMBA_SCAN = (
-    "model-side: transformers 5.24 models/mamba/modeling_mamba.py, mamba_selective_scan (called by MambaMixer.forward "
-    "also with use_cache=False) runs the recurrence as `for index in range(seq_len)`, which torch.export unrolls, so "
-    "capture specialises the sequence length (Guard failed: attention_mask.size()[1] == 8); its loop-free branches "
-    "are closed under export (associative_scan needs config.use_associative_scan and is gated by "
-    "`is_torchdynamo_compiling() and not is_torchdynamo_exporting()`; mambapy's pscan is not a dependency). Needs a "
-    "loop-free scan allowed under export, e.g. the chunked segment-sum form Mamba2/FalconH1 use (no upstream issue found)"
-)
-
-
-def _copied_mamba_scan(model_type: str, mixer: str) -> str:
-    """Skip reason for a model type whose module carries a copy of mamba's sequential selective scan."""
-    return (
-        f"model-side: transformers 5.24 models/{model_type}/modeling_{model_type}.py, mamba_selective_scan (a copy of "
-        f"mamba's, called by {mixer}.forward also with use_cache=False) runs the recurrence as `for index in "
-        "range(seq_len)`, which torch.export unrolls, so capture specialises the sequence length (Guard failed: "
-        "attention_mask.size()[1] == 8); its associative_scan branch is gated by `is_torchdynamo_compiling() and not "
-        "is_torchdynamo_exporting()`. Needs a loop-free scan allowed under export, as for mamba (no upstream issue found)"
-    )
-
-
-#: transformers 5.24 types carrying a copy of mamba's selective scan -> their mixer class
-_COPIED_MAMBA_SCANS = {"falcon_mamba": "FalconMambaMixer", "jamba": "JambaMambaMixer"}
+# mamba, falcon_mamba and jamba are no longer skipped: hfexport.workarounds.recurrences replaces their
+# per-token selective scan at capture (scan op on dynamo/onnx, chunked form on executorch/openvino)
 
 
 def _hand_written_experts_loop(model_type: str, experts: str) -> str:
@@ -113,12 +90,6 @@ def _hand_written_experts_loop(model_type: str, experts: str) -> str:
 _HAND_WRITTEN_EXPERTS = {"dbrx": "DbrxExperts", "longcat_flash": "LongcatFlashExperts"}
 #: (backend, model_type) -> reason the cell is skipped, naming the upstream issue or the model-side change
 KNOWN_SKIPS: dict[tuple[str, str], str] = {
-    **{(backend, "mamba"): _MAMBA_SCAN for backend in BACKENDS},
-    **{
-        (backend, mt): _copied_mamba_scan(mt, mixer)
-        for mt, mixer in _COPIED_MAMBA_SCANS.items()
-        for backend in BACKENDS
-    },
     **{
         (backend, mt): _hand_written_experts_loop(mt, experts)
         for mt, experts in _HAND_WRITTEN_EXPERTS.items()

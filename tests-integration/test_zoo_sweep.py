@@ -121,44 +121,18 @@ def test_render_counts_rows_cells_and_partial_banner(tmp_path):
     ]
 
 
-def test_known_skips_name_the_model_side_change_for_mamba_and_none_is_left_for_llava():
+def test_no_known_skip_is_left_for_the_recurrent_types_or_llava():
     KNOWN_SKIPS = sweep.KNOWN_SKIPS
 
     for backend in sweep.BACKENDS:
-        assert "mamba_selective_scan" in KNOWN_SKIPS[(backend, "mamba")]
         # llava exports and validates on every backend: the runtime assertions of its placeholder check
         # are dropped before ONNX translation / ExecuTorch lowering, and the second shape of a dynamic=True
         # export keeps the image batch the capture fixes (packages/*/tests/test_image_text.py)
         assert (backend, "llava") not in KNOWN_SKIPS
-
-
-def test_mamba_skip_names_the_model_side_construct():
-    reason = sweep.KNOWN_SKIPS[("dynamo", "mamba")]
-    assert {sweep.KNOWN_SKIPS[(b, "mamba")] for b in sweep.BACKENDS} == {reason}
-    for part in (
-        "transformers 5.24",
-        "models/mamba/modeling_mamba.py",
-        "mamba_selective_scan",
-        "for index in range(seq_len)",
-        "is_torchdynamo_exporting()",
-        "Guard failed: attention_mask.size()[1] == 8",
-    ):
-        assert part in reason, part
-
-
-@pytest.mark.parametrize("model_type", ["falcon_mamba", "jamba"])
-def test_copied_mamba_scan_skips_name_the_construct_still_installed(model_type):
-    import importlib
-    import inspect
-
-    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
-    reason = sweep.KNOWN_SKIPS[("onnx", model_type)]
-    assert {sweep.KNOWN_SKIPS[(b, model_type)] for b in sweep.BACKENDS} == {reason}
-    assert f"models/{model_type}/modeling_{model_type}.py" in reason and "mamba_selective_scan" in reason
-    # the construct the reason names is still there on the installed transformers (retire the skip if not)
-    source = inspect.getsource(module.mamba_selective_scan)
-    assert "for index in range(seq_len):" in source
-    assert "is_torchdynamo_compiling() and not is_torchdynamo_exporting()" in source
+        # the selective scan runs as torch's scan op (dynamo, onnx) or the chunked form (executorch,
+        # openvino): hfexport.workarounds.recurrences, tests-integration/test_recurrences.py
+        for model_type in ("mamba", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma", "mamba2"):
+            assert (backend, model_type) not in KNOWN_SKIPS
 
 
 @pytest.mark.parametrize(
@@ -183,8 +157,9 @@ def test_hand_written_experts_loop_skips_name_the_construct_still_installed(mode
 
 
 def test_mamba_capture_still_specialises_the_sequence_length():
-    # Documents the construct behind the mamba skip on the installed transformers: the plain forward's
-    # selective scan is a Python loop over the sequence, unrolled at capture. Retire the skip when this fails.
+    # Documents the construct hfexport.workarounds.recurrences replaces on the installed transformers: the plain
+    # forward's selective scan is a Python loop over the sequence, unrolled by a capture without the backends'
+    # patches. Retire the mamba patch when this fails.
     import inspect
 
     import pytest

@@ -33,6 +33,7 @@ from typing import Any
 
 from hfexport.registry import register_patch
 from hfexport.workarounds.moe import register_dense_experts
+from hfexport.workarounds.recurrences import register_recurrences
 
 __all__ = [
     "LOAD_KEY",
@@ -55,6 +56,10 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------------------------
 
 register_dense_experts("dynamo", every_implementation=False)
+
+# Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): torch's scan higher-order op, which a
+# .pt2 runs as it is, instead of a per-token loop that capture unrolls (issue 28)
+register_recurrences("dynamo", form="scan")
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ import torch
 
 from hfexport.registry import register_patch
 from hfexport.workarounds.moe import register_dense_experts
+from hfexport.workarounds.recurrences import register_recurrences
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
@@ -553,6 +554,11 @@ def gated_delta_rule_keeps_the_triangular_solve(original: Callable[..., Any]) ->
 
 
 register_dense_experts("executorch.xnnpack", every_implementation=True)
+
+# Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
+# per-token loop that capture unrolls (issue 28)
+register_recurrences("executorch", form="chunked")
+
 
 
 @register_patch(

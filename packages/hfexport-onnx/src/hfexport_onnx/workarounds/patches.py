@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.recurrences import register_recurrences
 
 __all__ = [
     "custom_translations_may_take_complex_inputs",
@@ -25,6 +26,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): torch's scan higher-order op, which
+# torch.onnx translates to an ONNX Scan, instead of a per-token loop that capture unrolls (issue 28)
+register_recurrences("onnx", form="scan")
 
 
 @register_patch(

@@ -35,6 +35,7 @@ import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.moe import register_dense_experts
+from hfexport.workarounds.recurrences import register_recurrences
 
 __all__ = [
     "BACKEND",
@@ -92,6 +93,11 @@ def drop_empty_cat_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
 
 # OpenVINO converts no torch._grouped_mm; the "eager" loop specialises on the sample routing
 register_dense_experts(BACKEND, every_implementation=True)
+
+# Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
+# per-token loop that capture unrolls (issue 28)
+register_recurrences(BACKEND, form="chunked")
+
 
 
 _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)

@@ -1,0 +1,619 @@
+"""Recurrences that keep their sequence axis under ``torch.export``, shared by every backend.
+
+transformers 5.x computes three recurrent constructs, on the CPU path every exporter traces, as a
+Python loop over the tokens (``for t in range(seq_len)``):
+
+- the **selective scan** of Mamba (``mamba_selective_scan`` in ``modeling_mamba``, copied verbatim
+  into ``modeling_falcon_mamba`` and ``modeling_jamba``): ``h_t = exp(A dt_t) h_{t-1} + dt_t B_t
+  x_t``, ``y_t = C_t h_t``;
+- RWKV's **time mixing** (``rwkv_linear_attention`` / ``rwkv_linear_attention_cpu`` in
+  ``modeling_rwkv``): the WKV numerator and denominator, carried with a running maximum so the
+  exponentials do not overflow;
+- the **RG-LRU** of RecurrentGemma (``RecurrentGemmaRglru._rnn_scan``): ``h_t = a_t h_{t-1} +
+  x_t``, reset where ``position_ids == 0``.
+
+``torch.export`` runs such a loop in Python and records one copy of the body per token of the
+sample, so the program only accepts the sample's sequence length (``Guard failed:
+input_ids.size()[1] == 8`` on a second length). The loop-free branches transformers has are
+closed under export (Mamba's ``associative_scan`` is gated by ``is_torchdynamo_compiling() and
+not is_torchdynamo_exporting()``, pytorch/pytorch#146835, huggingface/transformers#43737).
+
+This module expresses each recurrence in a form that keeps the sequence axis symbolic, in one of
+two *forms*, chosen per backend by :func:`register_recurrences`:
+
+- ``"scan"``: the loop body, unchanged, under torch's ``scan`` higher-order op
+  (``torch._higher_order_ops.scan``): the program holds the body once and iterates it over the
+  symbolic length. Same arithmetic, in the same order, as eager (agreement to float32 rounding).
+  For backends that lower the op: ``torch.export`` programs (``hfexport-dynamo``) and the ONNX
+  translation (an ONNX ``Scan``).
+- ``"chunked"``: a loop-free parallel form built from ``cumsum``/``exp``/``matmul`` and a causal
+  mask, for runtimes without a loop operator. The sequence is padded to a multiple of
+  :data:`CHUNK` tokens; inside a chunk the recurrence is solved as a masked matrix of cumulative
+  log-decays (segment sums), between chunks the chunk-final states are combined the same way over
+  the chunk axis. Memory grows with ``channels * length * CHUNK`` inside chunks and ``channels *
+  chunks**2`` between them; agreement with eager to about 1e-5 relative in float32. RWKV's
+  chunked form is one masked ``[L, L]`` weighting per channel (its decay is the same at every
+  step). The padding goes in front and the chunk count is one floor division, so torch.export
+  keeps the length symbolic (no modulo it would have to prove divisible).
+
+Registered: ``"scan"`` under ``"dynamo"`` and ``"onnx"``; ``"chunked"`` under ``"executorch"`` and
+``"openvino"`` (their lowering of the scan op is not established; the chunked form needs none).
+
+The patches are installed around the capture only: the eager model used for validation runs the
+original loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hfexport.registry import register_patch
+
+__all__ = [
+    "CHUNK",
+    "FORMS",
+    "MAMBA2_CHUNK_SCAN_TARGETS",
+    "MAMBA_SCAN_TARGETS",
+    "RG_LRU_TARGETS",
+    "RWKV_TARGETS",
+    "linear_recurrence",
+    "mamba2_chunk_scan_padded",
+    "mamba_selective_scan_in_form",
+    "register_recurrences",
+    "rg_lru_scan_in_form",
+    "rwkv_time_mixing_in_form",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The forms a backend may ask for: ``"scan"`` (torch's scan higher-order op) or ``"chunked"``
+#: (loop-free segment sums).
+FORMS: tuple[str, ...] = ("scan", "chunked")
+
+#: Tokens per chunk of the ``"chunked"`` form.
+CHUNK = 16
+
+#: Mamba's sequential selective scan and its verbatim copies (transformers 5.x).
+MAMBA_SCAN_TARGETS: tuple[str, ...] = (
+    "transformers.models.mamba.modeling_mamba.mamba_selective_scan",
+    "transformers.models.falcon_mamba.modeling_falcon_mamba.mamba_selective_scan",
+    "transformers.models.jamba.modeling_jamba.mamba_selective_scan",
+)
+#: RWKV's time mixing (the dispatcher RwkvSelfAttention.forward calls).
+RWKV_TARGETS: tuple[str, ...] = ("transformers.models.rwkv.modeling_rwkv.rwkv_linear_attention",)
+#: Mamba2's chunked scan and its verbatim copies (transformers 5.x): loop-free already, but its
+#: ``pad_size = (chunk_size - L % chunk_size) % chunk_size`` and ``if pad_size > 0`` bound the program
+#: to lengths below one chunk (4..255 for a sample of 8); every backend gets the padded call.
+MAMBA2_CHUNK_SCAN_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{name}.modeling_{name}.mamba2_chunk_scan"
+    for name in ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2")
+)
+#: RecurrentGemma's RG-LRU loop.
+RG_LRU_TARGETS: tuple[str, ...] = (
+    "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
+)
+
+_VERSIONS = {"transformers": ">=5.0,<6"}
+
+
+def _check_form(form: str) -> None:
+    if form not in FORMS:
+        raise ValueError(f"recurrence form must be one of {FORMS}, got {form!r}")
+
+
+def _scan(step: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
+    # imported here: the higher-order op package pulls in dynamo, which the core does not need at import
+    from torch._higher_order_ops.scan import scan
+
+    return scan(step, init, xs)
+
+
+# --------------------------------------------------------------------------------------------
+# The diagonal linear recurrence h_t = a_t * h_{t-1} + b_t, loop-free
+# --------------------------------------------------------------------------------------------
+
+
+def _pad_time(x: torch.Tensor, pad: Any) -> torch.Tensor:
+    """Pad the time axis (dim 1) of ``x`` [B, L, ...] with ``pad`` zeros in front."""
+    widths = [0, 0] * (x.dim() - 2) + [pad, 0]
+    return F.pad(x, widths)
+
+
+def _segment_decay(log_a: torch.Tensor) -> torch.Tensor:
+    """``[..., T] -> [..., T, T]``: entry (t, s) is ``exp(sum(log_a[s+1..t]))`` for ``s <= t``, else 0.
+
+    Each sum is accumulated on its own (a cumulative sum down the columns of a masked copy), not
+    as a difference of two running totals, so long sequences lose no precision to cancellation.
+    """
+    steps = log_a.shape[-1]
+    device = log_a.device
+    rows = log_a.unsqueeze(-1).expand(*log_a.shape, steps)  # (t, s) = log_a[t]
+    strictly = torch.ones(steps, steps, dtype=torch.bool, device=device).tril(-1)
+    sums = torch.cumsum(rows.masked_fill(~strictly, 0.0), dim=-2)  # (t, s) = sum log_a[s+1..t]
+    causal = torch.ones(steps, steps, dtype=torch.bool, device=device).tril()
+    return torch.exp(sums.masked_fill(~causal, float("-inf")))
+
+
+def linear_recurrence(
+    log_a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, *, chunk: int = CHUNK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Solve ``h_t = exp(log_a_t) * h_{t-1} + b_t`` over the time axis without a loop.
+
+    Args:
+        log_a: ``[B, L, *C]`` float tensor, the log of each step's decay (``<= 0`` for a stable
+            recurrence; ``-inf`` resets the state).
+        b: ``[B, L, *C]`` tensor of the same shape, each step's input.
+        h0: ``[B, *C]`` initial state, zero when ``None``.
+        chunk: tokens per chunk (the time axis is padded to a multiple of it).
+
+    Returns:
+        ``(states, last)``: ``states`` ``[B, L, *C]`` (every ``h_t``, float32 or ``b``'s dtype if
+        wider) and ``last`` ``[B, *C]`` (``h_{L-1}``; ``L`` must be at least 1).
+
+    Raises:
+        ValueError: when ``log_a`` and ``b`` differ in shape or have fewer than 2 dimensions, or
+            ``chunk < 1``.
+    """
+    if log_a.shape != b.shape or log_a.dim() < 2:
+        raise ValueError(
+            f"linear_recurrence needs log_a and b of one shape [B, L, ...], got {tuple(log_a.shape)} and {tuple(b.shape)}"
+        )
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1, got {chunk}")
+    dtype = torch.promote_types(b.dtype, torch.float32)
+    log_a, b = log_a.to(dtype), b.to(dtype)
+    batch, length = b.shape[0], b.shape[1]
+    channels = b.shape[2:]
+    # chunk count written without a modulo, and one chunk more than needed, so that torch.export's
+    # symbolic shapes follow it: the padded length is chunks * chunk by construction, and the count is
+    # at least 2 for every length (a count of 1 at the sample would specialise size-1 axes). The padding
+    # goes in front (decay 1, input 0: the state stays h0 through it), so the real steps are the tail
+    chunks = (length + 2 * chunk - 1) // chunk  # one floor division: chunks * chunk stays a product
+    pad = chunks * chunk - length
+    # reset steps (-inf) would give -inf - -inf = nan in the segment sums: a large negative is exact in float32
+    log_a = torch.clamp(log_a, min=-1e4)
+    log_a, b = _pad_time(log_a, pad), _pad_time(b, pad)
+    # [B, *C, N, T]: channels first so the segment matrices sit on the last two axes
+    perm = [0, *range(3, 3 + len(channels)), 1, 2]
+    log_a = log_a.reshape(batch, -1, chunk, *channels).permute(*perm)
+    b = b.reshape(batch, -1, chunk, *channels).permute(*perm)
+    # 1. inside each chunk, from a zero state: h_local[t] = sum_{s<=t} exp(sum log_a[s+1..t]) b[s]
+    local = (_segment_decay(log_a) @ b.unsqueeze(-1)).squeeze(-1)  # [B, *C, N, T]
+    # 2. the state entering each chunk: combine the chunk-final local states over the chunk axis
+    cum = torch.cumsum(log_a, dim=-1)  # decay from the chunk start to each step
+    total = cum[..., -1]  # [B, *C, N] decay over a whole chunk
+    final = local[..., -1]  # [B, *C, N]
+    # entering[n] = sum_{m<n} exp(sum total[m+1..n-1]) final[m]  (+ exp(sum total[0..n-1]) h0)
+    shifted = F.pad(total, (1, 0))[..., :-1]  # shifted[n] = total[n-1], decay applied when entering chunk n
+    through = _segment_decay(shifted)  # [B, *C, N, N]: (n, m) = exp(sum shifted[m+1..n])
+    prior = F.pad(final, (1, 0))[..., :-1]  # prior[m] = final[m-1]: chunk m-1's state, entering chunk m
+    entering = (through @ prior.unsqueeze(-1)).squeeze(-1)  # [B, *C, N]
+    if h0 is not None:
+        entering = entering + torch.exp(torch.cumsum(shifted, dim=-1)) * h0.to(dtype).unsqueeze(-1)
+    # 3. every state: local part plus the entering state decayed to the step
+    states = local + torch.exp(cum) * entering.unsqueeze(-1)  # [B, *C, N, T]
+    inverse = [0, len(channels) + 1, len(channels) + 2, *range(1, len(channels) + 1)]
+    states = states.permute(*inverse).reshape(batch, -1, *channels)
+    # the real steps are the last `length` (a gather: a slice starting at `pad` would make torch.export
+    # ask for a proof that pad >= 0, which it cannot give for a floor division)
+    real = torch.arange(length, device=states.device) + pad
+    return states.index_select(1, real), states[:, -1]
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba's selective scan
+# --------------------------------------------------------------------------------------------
+
+
+def mamba_selective_scan_in_form(
+    form: str,
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    delta_bias: torch.Tensor | None = None,
+    delta_softplus: bool = False,
+    return_last_state: bool = False,
+    **kwargs: Any,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Mamba's selective scan (transformers' ``mamba_selective_scan`` contract) in ``form``.
+
+    Args:
+        form: ``"scan"`` or ``"chunked"`` (see the module docstring).
+        hidden_states: ``[B, D, L]`` the convolved inputs ``x``.
+        dt: ``[B, D, L]`` time steps (before ``delta_bias`` / softplus).
+        A: ``[D, N]`` the (negative) state matrix diagonal.
+        B, C: ``[B, N, L]`` the input-dependent projections.
+        D: ``[D]`` skip weights, or ``None``.
+        z: ``[B, D, L]`` gate, or ``None``.
+        delta_bias: ``[D]`` added to ``dt``, or ``None``.
+        delta_softplus: apply softplus to ``dt``.
+        return_last_state: also return the final state.
+        **kwargs: ``use_mambapy`` / ``use_associative_scan`` and others, ignored (one form serves all).
+
+    Returns:
+        ``y`` ``[B, D, L]`` in ``hidden_states``' dtype, and the final state ``[B, D, N]`` (float32)
+        when ``return_last_state``.
+
+    Raises:
+        ValueError: for an unknown ``form``.
+    """
+    _check_form(form)
+    input_dtype = hidden_states.dtype
+    if delta_bias is not None:
+        dt = dt + delta_bias.to(dt.dtype)[..., None]
+    if delta_softplus:
+        dt = F.softplus(dt)
+    # time first: [B, L, D, N]
+    dt_t = dt.transpose(1, 2).float()
+    log_decay = A.float()[None, None] * dt_t[..., None]
+    drive = (
+        dt_t[..., None]
+        * B.transpose(1, 2).float()[:, :, None, :]
+        * hidden_states.transpose(1, 2).float()[..., None]
+    )
+    c_t = C.transpose(1, 2)  # [B, L, N]
+    if form == "scan":
+
+        def step(state: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+            decay, inp, c = xs
+            state = torch.exp(decay) * state + inp
+            out = torch.matmul(state.to(input_dtype), c.unsqueeze(-1))[..., 0]
+            return state, out
+
+        init = torch.zeros_like(drive[:, 0], memory_format=torch.contiguous_format)
+        last, ys = _scan(step, init, (log_decay.transpose(0, 1), drive.transpose(0, 1), c_t.transpose(0, 1)))
+        y = ys.permute(1, 2, 0)  # [L, B, D] -> [B, D, L]
+    else:
+        states, last = linear_recurrence(log_decay, drive)
+        y = torch.matmul(states.to(input_dtype), c_t.unsqueeze(-1))[..., 0].transpose(1, 2)
+    if D is not None:
+        y = y + hidden_states * D[None, :, None]
+    if z is not None:
+        y = y * F.silu(z)
+    if return_last_state:
+        return y, last
+    return y
+
+
+# --------------------------------------------------------------------------------------------
+# Mamba2's chunked scan: whole chunks only
+# --------------------------------------------------------------------------------------------
+
+
+def mamba2_chunk_scan_padded(
+    original: Callable[..., Any],
+    hidden_states: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    chunk_size: int,
+    *args: Any,
+    initial_states: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Call transformers' ``mamba2_chunk_scan`` on whole chunks, so capture keeps the length symbolic.
+
+    The inputs get zero steps in front up to a whole number of chunks, one more than needed (one
+    floor division, so ``torch.export`` sees ``L % chunk_size == 0`` and drops the branch on the
+    padding, and at least two chunks, so a one-chunk sample specialises nothing); with a zero
+    initial state, a zero step leaves the state at zero and outputs zero, so the real steps' outputs
+    and the final state are unchanged. The real steps are gathered back from the tail.
+
+    Args:
+        original: transformers' ``mamba2_chunk_scan``.
+        hidden_states: ``[B, L, H, P]``; dt ``[B, L, H]``; A ``[H]``; B, C ``[B, L, G, N]``.
+        chunk_size: the model's chunk size.
+        *args, **kwargs: passed on unchanged (``D``, ``dt_bias``, ``return_final_states``, ...).
+        initial_states: ``[B, H, P, N]`` or ``None``; with a state the call is passed on unpadded
+            (a zero step would decay it).
+
+    Returns:
+        What ``original`` returns: ``y [B, L, H, P]``, or ``(y, final_state)``.
+    """
+    if initial_states is not None:
+        return original(
+            hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states, **kwargs
+        )
+    length = hidden_states.shape[1]
+    # one chunk more than needed: at least 2 chunks at any length, so a 1-chunk sample does not specialise
+    pad = chunk_size * ((length + 2 * chunk_size - 1) // chunk_size) - length
+
+    def front(x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, [0, 0] * (x.dim() - 2) + [pad, 0])
+
+    result = original(front(hidden_states), front(dt), A, front(B), front(C), chunk_size, *args, **kwargs)
+    real = torch.arange(length, device=hidden_states.device) + pad
+    if isinstance(result, tuple):
+        return (result[0].index_select(1, real), *result[1:])
+    return result.index_select(1, real)
+
+
+# --------------------------------------------------------------------------------------------
+# RWKV's time mixing (WKV)
+# --------------------------------------------------------------------------------------------
+
+
+def rwkv_time_mixing_in_form(
+    form: str,
+    time_decay: torch.Tensor,
+    time_first: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    state: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+    return_state: bool = False,
+) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    """RWKV's WKV time mixing (transformers' ``rwkv_linear_attention`` contract) in ``form``.
+
+    Args:
+        form: ``"scan"`` or ``"chunked"``.
+        time_decay, time_first: ``[C]`` per-channel decay (``w = -exp(time_decay)`` per step) and
+            bonus of the current token.
+        key, value: ``[B, L, C]``.
+        state: ``(numerator, denominator, max)`` ``[B, C]`` float32 each, or ``None`` (empty).
+        return_state: return the final state also when ``state`` is ``None``.
+
+    Returns:
+        ``(output [B, L, C] in key's dtype, [numerator, denominator, max] or None)``; the
+        returned state holds the same quantities as transformers' CPU loop (the real numerator
+        and denominator are ``numerator * exp(max)`` and ``denominator * exp(max)``).
+
+    Raises:
+        ValueError: for an unknown ``form``.
+    """
+    _check_form(form)
+    w = -torch.exp(time_decay.float())
+    u = time_first.float()
+    if state is None:
+        num = torch.zeros_like(key[:, 0], dtype=torch.float32)
+        den = torch.zeros_like(key[:, 0], dtype=torch.float32)
+        mx = torch.zeros_like(key[:, 0], dtype=torch.float32) - 1e38
+    else:
+        num, den, mx = state
+    if form == "scan":
+        # the carry must keep one layout through the scan: the state slices arrive strided
+        num, den, mx = (t.float().contiguous() for t in (num, den, mx))
+
+        def step(
+            carry: tuple[torch.Tensor, ...], xs: tuple[torch.Tensor, torch.Tensor]
+        ) -> tuple[Any, torch.Tensor]:
+            n, d, m = carry
+            k, v = xs
+            k = k.float()
+            top = torch.maximum(m, k + u)
+            e1, e2 = torch.exp(m - top), torch.exp(k + u - top)
+            out = ((e1 * n + e2 * v) / (e1 * d + e2)).to(key.dtype)
+            top = torch.maximum(m + w, k)
+            e1, e2 = torch.exp(m + w - top), torch.exp(k - top)
+            return (e1 * n + e2 * v, e1 * d + e2, top), out
+
+        (num, den, mx), ys = _scan(step, (num, den, mx), (key.transpose(0, 1), value.transpose(0, 1)))
+        output = ys.transpose(0, 1)
+    else:
+        output, (num, den, mx) = _rwkv_chunked(w, u, key, value, num, den, mx)
+    if return_state or state is not None:
+        return output, [num, den, mx]
+    return output, None
+
+
+def _rwkv_chunked(
+    w: torch.Tensor,
+    u: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    num: torch.Tensor,
+    den: torch.Tensor,
+    mx: torch.Tensor,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """WKV without a loop: the past of step t is ``sum_{s<t} exp(k_s + (t-1-s) w) v_s`` (+ the state).
+
+    The decay ``w`` is the same at every step, so the weight of token ``s`` seen from step ``t``
+    is ``k_s + (t-1-s) w``; every weight of a row is shifted by the row's maximum before ``exp``
+    (as the loop's running maximum does), so no exponential overflows.
+    """
+    length = key.shape[1]
+    k = key.float()
+    v = value.float()
+    steps = torch.arange(length, device=key.device, dtype=torch.float32)
+    # [L_t, L_s] log weights of past tokens (s < t); the current token carries k_t + u
+    lag = steps[:, None] - 1 - steps[None, :]
+    past = k[:, None, :, :] + lag[None, :, :, None] * w  # [B, Lt, Ls, C]
+    strictly = torch.ones(length, length, dtype=torch.bool, device=key.device).tril(-1)
+    past = past.masked_fill(~strictly[None, :, :, None], float("-inf"))
+    # the carried state enters at step t with log weight mx + t * w
+    carried = mx[:, None, :] + steps[None, :, None] * w  # [B, Lt, C]
+    current = k + u  # [B, Lt, C]
+    top = torch.maximum(torch.maximum(past.amax(dim=2), carried), current)  # [B, Lt, C]
+    e_past = torch.exp(past - top[:, :, None, :])
+    e_carried = torch.exp(carried - top)
+    e_current = torch.exp(current - top)
+    numerator = (e_past * v[:, None, :, :]).sum(dim=2) + e_carried * num[:, None, :] + e_current * v
+    denominator = e_past.sum(dim=2) + e_carried * den[:, None, :] + e_current
+    output = (numerator / denominator).to(key.dtype)
+    # final state: every token decayed to the end, k_s + (L-1-s) w, and the carried state mx + L w
+    final_log = k + (length - 1 - steps)[None, :, None] * w  # [B, L, C]
+    final_carried = mx + length * w
+    new_mx = torch.maximum(final_log.amax(dim=1), final_carried)
+    e_tokens = torch.exp(final_log - new_mx[:, None, :])
+    e_state = torch.exp(final_carried - new_mx)
+    new_num = (e_tokens * v).sum(dim=1) + e_state * num
+    new_den = e_tokens.sum(dim=1) + e_state * den
+    return output, (new_num, new_den, new_mx)
+
+
+# --------------------------------------------------------------------------------------------
+# RecurrentGemma's RG-LRU
+# --------------------------------------------------------------------------------------------
+
+
+def rg_lru_scan_in_form(
+    form: str,
+    original: Callable[..., Any],
+    module: Any,
+    hidden_states: torch.Tensor,
+    recurrent_gate: torch.Tensor,
+    reset: torch.Tensor,
+    recurrent_states: torch.Tensor | None,
+    acc_dtype: torch.dtype = torch.float32,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RecurrentGemma's ``RecurrentGemmaRglru._rnn_scan`` in ``form``.
+
+    Args:
+        form: ``"scan"`` or ``"chunked"``.
+        original: the method replaced, still used for a static one-token input (decoding).
+        module: the ``RecurrentGemmaRglru`` instance.
+        hidden_states: ``[B, L, W]`` normalised inputs ``x_t``.
+        recurrent_gate: ``[B, L, W]`` decays ``a_t``.
+        reset: ``[B, L, 1]`` bool, where the state restarts (``position_ids == 0``).
+        recurrent_states: ``[B, W]`` initial state, or ``None`` (zeros).
+        acc_dtype: accumulation dtype.
+
+    Returns:
+        ``(states [B, L, W] in hidden_states' dtype, last state [B, W] in acc_dtype)``.
+
+    Raises:
+        ValueError: for an unknown ``form``.
+    """
+    _check_form(form)
+    length = hidden_states.shape[1]
+    if isinstance(length, int) and length == 1:
+        return original(module, hidden_states, recurrent_gate, reset, recurrent_states, acc_dtype)
+    gate = (recurrent_gate * ~reset).to(acc_dtype)
+    if recurrent_states is None:
+        recurrent_states = torch.zeros(
+            hidden_states[:, 0].shape, dtype=acc_dtype, device=hidden_states.device
+        )
+    recurrent_states = recurrent_states.to(acc_dtype).contiguous()
+    if form == "scan":
+        out_dtype = hidden_states.dtype
+
+        def step(
+            state: torch.Tensor, xs: tuple[torch.Tensor, torch.Tensor]
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            a, x = xs
+            state = a * state + x.to(acc_dtype)
+            return state, state.to(out_dtype, copy=True)  # a scan output may not alias the carry
+
+        last, ys = _scan(step, recurrent_states, (gate.transpose(0, 1), hidden_states.transpose(0, 1)))
+        return ys.transpose(0, 1), last
+    states, last = linear_recurrence(torch.log(gate), hidden_states.to(acc_dtype), recurrent_states)
+    return states.to(hidden_states.dtype), last.to(acc_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Registration
+# --------------------------------------------------------------------------------------------
+
+
+def _mamba_factory(form: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def replacement(*args: Any, **kwargs: Any) -> Any:
+            return mamba_selective_scan_in_form(form, *args, **kwargs)
+
+        return replacement
+
+    factory.__name__ = factory.__qualname__ = f"mamba_selective_scan_{form}"
+    return factory
+
+
+def _rwkv_factory(form: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def replacement(*args: Any, **kwargs: Any) -> Any:
+            return rwkv_time_mixing_in_form(form, *args, **kwargs)
+
+        return replacement
+
+    factory.__name__ = factory.__qualname__ = f"rwkv_time_mixing_{form}"
+    return factory
+
+
+def _rg_lru_factory(form: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def factory(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def replacement(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return rg_lru_scan_in_form(form, original, self, *args, **kwargs)
+
+        return replacement
+
+    factory.__name__ = factory.__qualname__ = f"rg_lru_scan_{form}"
+    return factory
+
+
+def _mamba2_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def replacement(*args: Any, **kwargs: Any) -> Any:
+        return mamba2_chunk_scan_padded(original, *args, **kwargs)
+
+    return replacement
+
+
+_mamba2_factory.__name__ = _mamba2_factory.__qualname__ = "mamba2_chunk_scan_whole_chunks"
+
+
+def register_recurrences(backend: str, *, form: str) -> None:
+    """Register the three recurrence patches under ``backend`` in ``form``, and Mamba2's padded call.
+
+    Args:
+        backend: registry key, e.g. ``"dynamo"`` or ``"executorch.xnnpack"``.
+        form: ``"scan"`` where the backend lowers torch's scan higher-order op, ``"chunked"``
+            otherwise.
+
+    Raises:
+        ValueError: for an unknown ``form`` or an invalid ``backend`` key.
+    """
+    _check_form(form)
+    how = "torch's scan higher-order op" if form == "scan" else "chunked segment sums"
+    register_patch(
+        backend,
+        *MAMBA_SCAN_TARGETS,
+        description=(
+            f"Mamba selective scan (mamba, falcon_mamba, jamba) as {how} instead of a Python loop over "
+            "the tokens, which capture unrolls (the program kept the sample's sequence length)"
+        ),
+        issue="https://github.com/pytorch/pytorch/issues/146835",
+        versions=_VERSIONS,
+    )(_mamba_factory(form))
+    register_patch(
+        backend,
+        *RWKV_TARGETS,
+        description=(
+            f"RWKV time mixing (WKV) as {how} instead of the CPU loop over the tokens, which capture "
+            "unrolls (Guard failed: input_ids.size()[1] == 8 on a second length)"
+        ),
+        # no RWKV issue found upstream; the loop construct and the op that replaces it
+        issue="https://github.com/pytorch/pytorch/issues/50688",
+        versions=_VERSIONS,
+    )(_rwkv_factory(form))
+    register_patch(
+        backend,
+        *RG_LRU_TARGETS,
+        description=(
+            f"RecurrentGemma RG-LRU as {how} instead of the loop over the tokens, which capture unrolls "
+            "(Guard failed: input_ids.size()[1] == 8 on a second length)"
+        ),
+        # the PR that gave mamba/recurrent_gemma a scan op kept it off under export
+        issue="https://github.com/huggingface/transformers/pull/43737",
+        versions=_VERSIONS,
+    )(_rg_lru_factory(form))
+    register_patch(
+        backend,
+        *MAMBA2_CHUNK_SCAN_TARGETS,
+        description=(
+            "Mamba2 chunked scan (mamba2, bamba, falcon_h1, granitemoehybrid, nemotron_h, zamba2) on zero-padded "
+            "whole chunks, so the program is not bounded to lengths below one chunk"
+        ),
+        issue="https://github.com/pytorch/pytorch/issues/146835",
+        versions=_VERSIONS,
+    )(_mamba2_factory)

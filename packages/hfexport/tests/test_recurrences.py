@@ -1,0 +1,167 @@
+"""hfexport.workarounds.recurrences: each form of each recurrence equals transformers' loop in eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport.workarounds import recurrences as R
+
+LENGTHS = (1, 7, 40)  # one token, inside one chunk, across three chunks of the chunked form
+ATOL = {"scan": 1e-6, "chunked": 1e-5}
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize("form", R.FORMS)
+@pytest.mark.parametrize("length", LENGTHS)
+def test_mamba_selective_scan_forms_match_the_loop(form, length):
+    from transformers.models.mamba import modeling_mamba
+
+    g = _gen(length)
+    b, d, n = 2, 6, 4
+    x, dt, z = (torch.randn(b, d, length, generator=g) for _ in range(3))
+    B, C = (torch.randn(b, n, length, generator=g) for _ in range(2))
+    A = -torch.rand(d, n, generator=g) * 4
+    D, bias = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    kw = {"D": D, "z": z, "delta_bias": bias, "delta_softplus": True, "return_last_state": True}
+    want_y, want_state = modeling_mamba.mamba_selective_scan(x, dt, A, B, C, **kw)
+    got_y, got_state = R.mamba_selective_scan_in_form(form, x, dt, A, B, C, **kw)
+    assert got_y.shape == want_y.shape == (b, d, length) and got_state.shape == (b, d, n)
+    assert (got_y - want_y).abs().max().item() <= ATOL[form]
+    assert (got_state - want_state).abs().max().item() <= ATOL[form]
+    # without return_last_state only y comes back, as from transformers
+    only = R.mamba_selective_scan_in_form(
+        form, x, dt, A, B, C, D=D, z=z, delta_bias=bias, delta_softplus=True
+    )
+    assert isinstance(only, torch.Tensor) and torch.equal(only, got_y)
+
+
+@pytest.mark.parametrize("form", R.FORMS)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_rwkv_time_mixing_forms_match_the_loop(form, length, with_state):
+    from transformers.models.rwkv import modeling_rwkv
+
+    g = _gen(100 + length)
+    b, c = 2, 5
+    key = torch.randn(b, length, c, generator=g) * 3  # large keys exercise the running maximum
+    value = torch.randn(b, length, c, generator=g)
+    decay, first = torch.randn(c, generator=g), torch.randn(c, generator=g)
+    state = None
+    if with_state:
+        state = [
+            torch.randn(b, c, generator=g),
+            torch.rand(b, c, generator=g) + 0.5,
+            torch.randn(b, c, generator=g),
+        ]
+
+    def copy(s):
+        return None if s is None else [t.clone() for t in s]
+
+    want, want_state = modeling_rwkv.rwkv_linear_attention_cpu(decay, first, key, value, copy(state), True)
+    got, got_state = R.rwkv_time_mixing_in_form(form, decay, first, key, value, copy(state), True)
+    assert (got - want).abs().max().item() <= ATOL[form]
+    # the state's representation may differ by the scale exp(max): compare the real sums it stands for
+    for i in (0, 1):
+        real_got = got_state[i] * torch.exp(got_state[2])
+        real_want = want_state[i] * torch.exp(want_state[2])
+        assert torch.allclose(real_got, real_want, rtol=1e-4, atol=1e-5)
+    # no state asked for, none returned
+    assert R.rwkv_time_mixing_in_form(form, decay, first, key, value)[1] is None
+
+
+@pytest.mark.parametrize("form", R.FORMS)
+@pytest.mark.parametrize("length", LENGTHS)
+@pytest.mark.parametrize("with_state", [False, True])
+def test_rg_lru_forms_match_the_loop(form, length, with_state):
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+    g = _gen(200 + length)
+    b, w = 2, 6
+    x = torch.randn(b, length, w, generator=g)
+    gate = torch.rand(b, length, w, generator=g)
+    positions = torch.tensor([[0, *range(1, length)], [3, *range(4, 3 + length)]])[:, :length]
+    reset = positions[:, :, None] == 0  # the first row restarts at its first token, the second does not
+    state = torch.randn(b, w, generator=g) if with_state else None
+    original = RecurrentGemmaRglru._rnn_scan
+    want, want_last = original(None, x, gate, reset, state)
+    got, got_last = R.rg_lru_scan_in_form(form, original, None, x, gate, reset, state)
+    assert got.shape == want.shape and got_last.dtype == torch.float32
+    assert (got - want).abs().max().item() <= ATOL[form]
+    assert (got_last - want_last).abs().max().item() <= ATOL[form]
+
+
+def test_linear_recurrence_solves_the_recurrence_with_an_initial_state_across_chunks():
+    g = _gen(7)
+    log_a = -torch.rand(2, 37, 3, generator=g) * 2
+    b = torch.randn(2, 37, 3, generator=g)
+    h0 = torch.randn(2, 3, generator=g)
+    h, want = h0, []
+    for t in range(37):
+        h = torch.exp(log_a[:, t]) * h + b[:, t]
+        want.append(h)
+    states, last = R.linear_recurrence(log_a, b, h0, chunk=8)
+    assert torch.allclose(states, torch.stack(want, 1), atol=1e-5)
+    assert torch.allclose(last, h, atol=1e-5)
+
+
+def test_bad_arguments_raise_typed_errors_that_say_what_is_allowed():
+    x = torch.zeros(1, 4, 2)
+    with pytest.raises(ValueError, match="one of \\('scan', 'chunked'\\)"):
+        R.mamba_selective_scan_in_form("loop", x, x, torch.zeros(4, 3), x, x)
+    with pytest.raises(ValueError, match="one shape"):
+        R.linear_recurrence(torch.zeros(1, 4, 2), torch.zeros(1, 4, 3))
+    with pytest.raises(ValueError, match="chunk must be at least 1"):
+        R.linear_recurrence(x, x, chunk=0)
+    with pytest.raises(ValueError, match="one of"):
+        R.register_recurrences("dynamo", form="unrolled")
+
+
+def test_the_targets_are_the_loops_transformers_still_has():
+    # Retire a patch when its target no longer loops over the tokens (or is gone).
+    import importlib
+    import inspect
+
+    for path in (*R.MAMBA_SCAN_TARGETS, *R.RWKV_TARGETS):
+        module, name = path.rsplit(".", 1)
+        target = getattr(importlib.import_module(module), name)
+        assert callable(target), path
+    from transformers.models.mamba import modeling_mamba
+    from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+    from transformers.models.rwkv import modeling_rwkv
+
+    assert "for index in range(seq_len):" in inspect.getsource(modeling_mamba.mamba_selective_scan)
+    assert "for current_index in range(seq_length):" in inspect.getsource(
+        modeling_rwkv.rwkv_linear_attention_cpu
+    )
+    assert "for t in range(hidden_states.shape[1]):" in inspect.getsource(RecurrentGemmaRglru._rnn_scan)
+
+
+@pytest.mark.parametrize("length", LENGTHS)
+def test_mamba2_chunk_scan_on_whole_chunks_matches_the_unpadded_call(length):
+    from transformers.models.mamba2 import modeling_mamba2
+
+    g = _gen(300 + length)
+    b, h, p, groups, n, chunk = 2, 4, 3, 2, 5, 16
+    x = torch.randn(b, length, h, p, generator=g)
+    dt = torch.randn(b, length, h, generator=g)
+    A = -torch.rand(h, generator=g) * 3
+    B, C = (torch.randn(b, length, groups, n, generator=g) for _ in range(2))
+    kw = {"D": torch.randn(h, generator=g), "dt_bias": torch.randn(h, generator=g), "dt_softplus": True}
+    original = modeling_mamba2.mamba2_chunk_scan
+    want_y, want_state = original(x, dt, A, B, C, chunk, return_final_states=True, **kw)
+    got_y, got_state = R.mamba2_chunk_scan_padded(
+        original, x, dt, A, B, C, chunk, return_final_states=True, **kw
+    )
+    assert got_y.shape == want_y.shape == (b, length, h, p)
+    assert (got_y - want_y).abs().max().item() <= 1e-5
+    assert (got_state - want_state).abs().max().item() <= 1e-5
+    # with an initial state the call is passed on as it is
+    state = torch.randn(b, h, p, n, generator=g)
+    assert torch.equal(
+        R.mamba2_chunk_scan_padded(original, x, dt, A, B, C, chunk, initial_states=state, **kw),
+        original(x, dt, A, B, C, chunk, initial_states=state, **kw),
+    )

@@ -1,0 +1,224 @@
+"""Recurrences keep their sequence axis: the patches of hfexport.workarounds.recurrences, per backend.
+
+Two levels:
+
+* each construct (Mamba's selective scan, RWKV's time mixing, RecurrentGemma's RG-LRU) captured
+  alone under the backend's patches with a symbolic length, run at THREE sequence lengths and
+  compared with transformers' eager loop (dynamo: the ``torch.export`` program; ONNX: the
+  translated model in onnxruntime);
+* the models, tiny and seeded, through the normal exporter with ``dynamic=True``: the sample
+  (batch 2, 8 tokens) and the exporter's derived second shape (another length) both match eager.
+
+Default run: the three constructs on dynamo and ONNX and one model per construct (mamba, rwkv,
+recurrent_gemma) on both backends (about a minute and a half). ``extended``: mamba2 (whose own
+chunked scan needed no patch), falcon_mamba and jamba (copies of Mamba's scan).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+#: max abs difference allowed against eager, per backend (the backends' float32 defaults)
+ATOL = {"dynamo": 1e-5, "onnx": 1e-4}
+#: the capture sample's length, then the three lengths each construct is checked at
+SAMPLE_LENGTH = 8
+LENGTHS = (3, 8, 37)
+
+
+def _load_backend_patches(backend: str) -> None:
+    if backend == "dynamo":
+        import hfexport_dynamo.workarounds.patches  # noqa: F401  (registers the "dynamo" patches)
+    else:
+        import hfexport_onnx.workarounds.patches  # noqa: F401  (registers the "onnx" patches)
+
+
+class _MambaScan(torch.nn.Module):
+    def forward(self, x, dt, B, C, z):
+        from transformers.models.mamba import modeling_mamba
+
+        A = -torch.arange(1, 5, dtype=torch.float32).expand(x.shape[1], 4)
+        D = torch.linspace(0.5, 1.5, x.shape[1])
+        bias = torch.linspace(-1.0, 1.0, x.shape[1])
+        y, state = modeling_mamba.mamba_selective_scan(
+            x, dt, A, B, C, D=D, z=z, delta_bias=bias, delta_softplus=True, return_last_state=True
+        )
+        return y, state
+
+    @staticmethod
+    def inputs(length: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        b, d, n = 2, 6, 4
+        x, dt, z = (torch.randn(b, d, length, generator=g) for _ in range(3))
+        B, C = (torch.randn(b, n, length, generator=g) for _ in range(2))
+        return x, dt, B, C, z
+
+    time_axes = (2, 2, 2, 2, 2)
+
+
+class _RwkvTimeMixing(torch.nn.Module):
+    def forward(self, key, value, num, den, mx):
+        from transformers.models.rwkv import modeling_rwkv
+
+        channels = key.shape[-1]
+        decay = torch.linspace(-2.0, 1.0, channels)
+        first = torch.linspace(0.5, -0.5, channels)
+        out, state = modeling_rwkv.rwkv_linear_attention(decay, first, key, value, state=[num, den, mx])
+        return out, *state
+
+    @staticmethod
+    def inputs(length: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        b, c = 2, 5
+        key = torch.randn(b, length, c, generator=g) * 3
+        value = torch.randn(b, length, c, generator=g)
+        num, mx = torch.randn(b, c, generator=g), torch.randn(b, c, generator=g)
+        den = torch.rand(b, c, generator=g) + 0.5
+        return key, value, num, den, mx
+
+    time_axes = (1, 1, None, None, None)
+
+
+class _RgLru(torch.nn.Module):
+    def forward(self, x, gate, reset, state):
+        from transformers.models.recurrent_gemma.modeling_recurrent_gemma import RecurrentGemmaRglru
+
+        return RecurrentGemmaRglru._rnn_scan(None, x, gate, reset, state)
+
+    @staticmethod
+    def inputs(length: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        b, w = 2, 6
+        x = torch.randn(b, length, w, generator=g)
+        gate = torch.rand(b, length, w, generator=g)
+        positions = torch.stack([torch.arange(length), torch.arange(length) + 3])
+        return x, gate, positions[:, :, None] == 0, torch.randn(b, w, generator=g)
+
+    time_axes = (1, 1, 1, None)
+
+
+CONSTRUCTS = {"mamba_selective_scan": _MambaScan, "rwkv_time_mixing": _RwkvTimeMixing, "rg_lru": _RgLru}
+
+
+def _dynamic_shapes(module: torch.nn.Module) -> tuple[dict[int, object] | None, ...]:
+    length = torch.export.Dim("length", min=2, max=1024)
+    return tuple(None if axis is None else {axis: length} for axis in module.time_axes)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "onnx"])
+@pytest.mark.parametrize("construct", sorted(CONSTRUCTS))
+def test_construct_keeps_its_sequence_axis_and_matches_eager_at_three_lengths(backend, construct, tmp_path):
+    from hfexport.registry import apply_patches
+
+    _load_backend_patches(backend)
+    module = CONSTRUCTS[construct]().eval()
+    sample = module.inputs(SAMPLE_LENGTH, torch.Generator().manual_seed(0))
+    with apply_patches(backend) as entries:
+        assert any(construct.split("_")[0] in e.name for e in entries), [e.name for e in entries]
+        if backend == "dynamo":
+            program = torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(module))
+        else:
+            onnx_program = torch.onnx.export(
+                module, sample, dynamic_shapes=_dynamic_shapes(module), dynamo=True
+            )
+    if backend == "dynamo":
+        assert any(n.target is torch.ops.higher_order.scan for n in program.graph.nodes)
+        run = program.module()
+    else:
+        import onnxruntime as ort
+
+        path = tmp_path / f"{construct}.onnx"
+        onnx_program.save(str(path))
+        assert "Scan" in {node.op_type for node in onnx_program.model_proto.graph.node}
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        names = [i.name for i in session.get_inputs()]
+
+        def run(*args):
+            outs = session.run(None, {n: a.numpy() for n, a in zip(names, args, strict=True)})
+            return tuple(torch.from_numpy(o) for o in outs)
+
+    for length in LENGTHS:
+        args = module.inputs(length, torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want = module(*args)  # eager: transformers' loop, unpatched
+            got = run(*args)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            diff = (g.float() - w.float()).abs().max().item()
+            assert diff <= ATOL[backend] * max(1.0, w.float().abs().max().item()), (
+                construct,
+                backend,
+                length,
+                diff,
+            )
+
+
+@pytest.mark.parametrize("construct", sorted(CONSTRUCTS))
+def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths(construct):
+    # The form ExecuTorch and OpenVINO get: loop-free, so its torch.export program must keep the length
+    # symbolic by itself (no scan op), over chunk boundaries (CHUNK = 16: 3, 8 and 37 tokens span 1..3 chunks).
+    from hfexport.registry import apply_patches, isolated_registry
+    from hfexport.workarounds.recurrences import register_recurrences
+
+    module = CONSTRUCTS[construct]().eval()
+    sample = module.inputs(SAMPLE_LENGTH, torch.Generator().manual_seed(0))
+    with isolated_registry():
+        register_recurrences("chunked-check", form="chunked")
+        with apply_patches("chunked-check"):
+            program = torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(module))
+    (bounds,) = program.range_constraints.values()
+    assert (bounds.lower, bounds.upper) == (2, 1024)  # the whole declared range: nothing specialised
+    assert not any(n.target is torch.ops.higher_order.scan for n in program.graph.nodes)
+    for length in LENGTHS:
+        args = module.inputs(length, torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want, got = module(*args), program.module()(*args)
+        for g, w in zip(got, want, strict=True):
+            diff = (g.float() - w.float()).abs().max().item()
+            assert diff <= 1e-5 * max(1.0, w.float().abs().max().item()), (construct, length, diff)
+
+
+# --------------------------------------------------------------------------------------------
+# The models, through the exporter
+# --------------------------------------------------------------------------------------------
+
+DEFAULT_MODELS = ("mamba", "rwkv", "recurrent_gemma")  # one per construct
+EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
+
+MODEL_CASES = [
+    *[pytest.param(b, mt, id=f"{b}-{mt}") for mt in DEFAULT_MODELS for b in ("dynamo", "onnx")],
+    *[
+        pytest.param(b, mt, id=f"{b}-{mt}", marks=pytest.mark.extended)
+        for mt in EXTENDED_MODELS
+        for b in ("dynamo", "onnx")
+    ],
+]
+
+
+def _config(backend: str):
+    from hfexport.config import DynamoConfig, OnnxConfig
+
+    return DynamoConfig(dynamic=True) if backend == "dynamo" else OnnxConfig(dynamic=True)
+
+
+@pytest.mark.parametrize(("backend", "model_type"), MODEL_CASES)
+def test_recurrent_model_exports_dynamic_and_matches_at_two_sequence_lengths(backend, model_type):
+    from hfexport.auto import AutoHfExporter
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model(model_type, "text-generation", seed=0)
+    assert inputs["input_ids"].shape == (2, SAMPLE_LENGTH)
+    exporter = AutoHfExporter.from_config(_config(backend))
+    exporter.export(model, inputs)
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    assert statuses["validate_second_shape"] == "ok", report.summary_lines()
+    sample, second = report.validation["sample"], report.validation["second_shape"]
+    assert sample[0]["name"] == "logits" and tuple(sample[0]["shape"]) == (
+        2,
+        SAMPLE_LENGTH,
+        model.config.vocab_size,
+    )
+    assert second[0]["shape"][1] != SAMPLE_LENGTH  # a second sequence length ran
+    for row in sample + second:
+        assert row["ok"] and float(row["max_abs_diff"]) <= ATOL[backend], row
