@@ -60,15 +60,26 @@ def test_a_deepcopy_under_output_flags_runs_its_own_weights() -> None:
 
 def test_kv_cache_outputs_of_a_language_model_get_the_looser_cache_gate() -> None:
     gates = default_quality_gates("float32", "8da4w")
-    assert gates == {"cosine": 0.98, "top1_agreement": 0.9} and CACHE_COSINE_GATE == 0.9
+    assert gates == {"cosine": 0.98, "top1_agreement": 0.9, "cache_cosine": 0.5} and CACHE_COSINE_GATE == 0.9
     torch.manual_seed(0)
     logits = torch.randn(1, 12, 11)  # 12 positions: enough for the top-1 gate (top1_gate_applies)
     keys = torch.randn(1, 2, 12, 8)
     noisy = keys + 0.35 * torch.randn_like(keys)  # mean per-vector cosine ~0.94
     expected = {"logits": logits, "cache.layers.0.keys": keys}
     rows = score_outputs(expected, {"logits": logits, "cache.layers.0.keys": noisy}, gates=gates)
-    assert rows[0].gates == gates and rows[0].ok
-    assert rows[1].gates == {"cosine": 0.9} and 0.9 < rows[1].cosine < 0.98 and rows[1].ok
+    assert rows[0].gates == {"cosine": 0.98, "top1_agreement": 0.9} and rows[0].ok
+    assert rows[1].gates == {"cosine": 0.5} and 0.9 < rows[1].cosine < 0.98 and rows[1].ok
+    # an 8-bit method keeps the 0.9 cache gate; an explicit cache_cosine gate replaces it
+    eight = score_outputs(
+        expected,
+        {"logits": logits, "cache.layers.0.keys": noisy},
+        gates=default_quality_gates("float32", "8w"),
+    )
+    assert eight[1].gates == {"cosine": 0.9} and eight[1].ok
+    strict = score_outputs(
+        expected, {"logits": logits, "cache.layers.0.keys": noisy}, gates={**gates, "cache_cosine": 0.97}
+    )
+    assert strict[1].gates == {"cosine": 0.97} and not strict[1].ok
     broken = score_outputs(
         expected, {"logits": logits, "cache.layers.0.keys": torch.randn_like(keys)}, gates=gates
     )

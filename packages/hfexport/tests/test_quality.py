@@ -23,7 +23,11 @@ from hfexport.quality import (
 def test_default_gates_per_dtype_and_method():
     assert default_quality_gates("float16") == {"cosine": 0.99, "top1_agreement": 0.98}
     assert default_quality_gates("float32", "int8-dynamic") == {"cosine": 0.99, "top1_agreement": 0.9}
-    assert default_quality_gates("float32", "int4-weight") == {"cosine": 0.98, "top1_agreement": 0.9}
+    assert default_quality_gates("float32", "int4-weight") == {
+        "cosine": 0.98,
+        "top1_agreement": 0.9,
+        "cache_cosine": 0.5,
+    }
     assert [is_four_bit(m) for m in ("8da4w", "4w", "8w", "int8-static", "int4-weight")] == [
         True,
         True,

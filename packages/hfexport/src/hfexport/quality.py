@@ -10,6 +10,7 @@ from __future__ import annotations
 from hfexport.verify.compare import Runner
 from hfexport.verify.gates import (
     CACHE_COSINE_GATE,
+    CACHE_COSINE_GATE_4BIT,
     GATED_METRICS,
     QUALITY_METRICS,
     TEXT_GATES_4BIT,
@@ -53,6 +54,7 @@ from hfexport.verify.text import (
 
 __all__ = [
     "CACHE_COSINE_GATE",
+    "CACHE_COSINE_GATE_4BIT",
     "CHANCE_PERPLEXITY_FRACTION",
     "GATED_METRICS",
     "QUALITY_METRICS",
