@@ -1,4 +1,5 @@
-"""Tests of hfexport.testing: the tiny-model zoo and the shared-case loader."""
+"""Tests of hfexport.testing: the tiny-model zoo (:mod:`hfexport.tiny`, re-exported) and the shared-case
+loader."""
 
 from __future__ import annotations
 
@@ -361,6 +362,25 @@ def test_tiny_model_accepts_a_case():
     assert torch.equal(model.state_dict()[name], ref_model.state_dict()[name])
     with pytest.raises(ValueError, match="takes no task"):
         tiny_model("case:C09", "text-generation")
+
+
+def test_the_tiny_models_and_sample_inputs_are_the_cores_and_only_tests_build_a_case():
+    from hfexport import sample_inputs, tiny
+    from hfexport.testing import zoo
+
+    assert (make_inputs, default_task, zoo.shrunk_config) == (
+        sample_inputs.make_inputs,
+        tiny.default_task,
+        tiny.shrunk_config,
+    )
+    model, inputs = tiny.tiny_model("llama")  # what --model tiny:llama builds
+    ref_model, ref_inputs = tiny_model("llama")
+    _assert_same_inputs(inputs, ref_inputs)
+    name = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(model.state_dict()[name], ref_model.state_dict()[name])
+    # the shared cases are test data: the core's factory does not know them
+    with pytest.raises(tiny.UnknownModelTypeError, match=r"unknown model_type 'case:C09'"):
+        tiny.tiny_model("case:C09")
 
 
 def test_list_cases_by_backend():

@@ -102,7 +102,8 @@ class UnknownModelTypeError(ValueError):
 class TinyModelUnavailable(HfExportError, RuntimeError):
     """The tiny model of a known model type cannot be built or cannot run eagerly.
 
-    Not an export failure: the sweep reports such a type as "unbuildable" or "eager fails".
+    Not an export failure: the zoo sweep (``nox -s zoo``) reports such a type as "unbuildable" or
+    "eager fails".
 
     Attributes:
         model_type: the model type asked for.
