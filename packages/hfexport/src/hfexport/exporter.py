@@ -788,10 +788,11 @@ class HfExporter:
 
         1. [:meth:`prepare_capture`]: the backend's own work before the patches (none by default);
         2. ``patches``: ``apply_patches(session.registry_key)`` [:meth:`record_patches` records them];
-        3. ``quantize``: the ``source`` phase of the declared quantization method (its ``apply``,
-           or its ``prepare`` for a later phase) on the eager module; the copy it returns is
-           captured. A generation component of a copy :meth:`generation_source` quantized once
-           is recognised and not quantized again. ``report.quantization`` gets the facts;
+        3. ``quantize`` (a source method's ``stage``): the ``source`` phase of the declared
+           quantization method (its ``apply``, or its ``prepare`` for a later phase) on the eager
+           module; the copy it returns is captured. A generation component of a copy
+           :meth:`generation_source` quantized once is recognised and not quantized again.
+           ``report.quantization`` gets the facts;
         4. [:meth:`before_capture`]: the backend's work on the inputs/model before capture;
         5. ``capture`` [:meth:`capture_program`]: :func:`hfexport.capture.capture`, its steps as
            ``capture.<step>`` stages when :attr:`records_capture_steps`;
@@ -833,8 +834,9 @@ class HfExporter:
                 session.patches = list(stack.enter_context(apply_patches(session.registry_key)))
                 self.record_patches(session, record)
             source_function = session.method.source_function() if session.method is not None else None
-            if source_function is not None:
-                with report.stage("quantize", detail=config.quantization.method) as record:
+            if source_function is not None:  # a source method's own stage; a later one's prepare: quantize
+                stage = session.method.stage if session.method.phase == "source" else "quantize"
+                with report.stage(stage, detail=config.quantization.method) as record:
                     self._quantize_source(session, source_function, record)
             self.before_capture(session)
             with report.stage(Stage.CAPTURE):

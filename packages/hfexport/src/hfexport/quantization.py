@@ -94,6 +94,8 @@ class QuantizationResult:
 
 # (backend format, method name) -> QuantizationMethod, registered from outside the backend
 _REGISTERED: dict[str, dict[str, QuantizationMethod]] = {}
+# backend -> its own table, to refuse a registration that would shadow a built-in method
+_BUILTIN: dict[str, Mapping[str, QuantizationMethod | str]] = {}
 
 
 def register_quantization_method(backend: str, name: str, method: QuantizationMethod) -> QuantizationMethod:
@@ -157,13 +159,10 @@ def isolated_quantization_methods() -> Iterator[None]:
         _REGISTERED.update(saved)
 
 
-# backend -> its own table, to refuse a registration that would shadow a built-in method
-_BUILTIN: dict[str, Mapping[str, QuantizationMethod | str]] = {}
-
-
 class QuantizationMethodTable(Mapping[str, "QuantizationMethod | str"]):
     """A backend's quantization methods: its own, then those registered for its format, looked up
-    live (a method registered after the class was defined is listed).
+    live (a method registered after the class was defined is listed; a registered name that the
+    backend also defines itself, registered before the backend was imported, is not used).
 
     ``HfExporter`` turns every subclass's ``quantization_methods`` class attribute into one, so
     ``dict(OnnxExporter.quantization_methods)`` lists the built-in and registered methods.
@@ -181,7 +180,10 @@ class QuantizationMethodTable(Mapping[str, "QuantizationMethod | str"]):
             _BUILTIN[backend] = {**_BUILTIN.get(backend, {}), **self.own}
 
     def _merged(self) -> dict[str, QuantizationMethod | str]:
-        return {**self.own, **_REGISTERED.get(self.backend, {})}
+        merged = dict(self.own)
+        for name, method in _REGISTERED.get(self.backend, {}).items():
+            merged.setdefault(name, method)  # a backend's own method is never shadowed
+        return merged
 
     def __getitem__(self, name: str) -> QuantizationMethod | str:
         return self._merged()[name]
