@@ -290,3 +290,20 @@ def test_help_after_options_is_the_formats(tmp_path):
     text = _text(runner.invoke(app, args, env={"COLUMNS": "240"}).output)
     assert "executorch options" in text and "--backend" in text
     assert "--opset" not in text and "--aoti" not in text
+
+
+def test_a_plugin_flag_named_like_an_export_option_is_refused(monkeypatch, tmp_path):
+    @dataclasses.dataclass
+    class Clash(DynamoConfig):
+        export_format: str = "clash"
+        source: str = field(default="", metadata={CLI: CliFlag("--model", "clashes with export's own")})
+
+    monkeypatch.setitem(auto._CONFIGS, "clash", Clash)
+    result = runner.invoke(
+        app, ["export", "clash", str(tmp_path / "o"), "--model", "tiny:bert"], env={"COLUMNS": "240"}
+    )
+    assert result.exit_code == 2, result.output
+    assert "Clash.source declares --model, an option of `hfexport export` itself" in _text(result.output)
+    # other formats are not affected: the clashing flag is left out of theirs
+    result = runner.invoke(app, ["export", "dynamo", "--help"], env={"COLUMNS": "240"})
+    assert result.exit_code == 0 and "clashes with export's own" not in _text(result.output)

@@ -348,7 +348,18 @@ class _ExportFlags:
         names: click parameter name -> flag.
     """
 
-    def __init__(self, export_format: str | None) -> None:
+    def __init__(self, export_format: str | None, reserved: frozenset[str] = frozenset()) -> None:
+        """Collect the flags for ``export_format`` (``None``: no format on the command line).
+
+        Args:
+            export_format: the FORMAT word of the command line, or ``None``.
+            reserved: the options of ``hfexport export`` itself (``--model`` ...); a config flag
+                of another format named like one is left out.
+
+        Raises:
+            typer.BadParameter: the chosen format's config declares a flag named like one of
+                ``reserved`` (its backend must rename it).
+        """
         from hfexport.auto import _CONFIGS, AutoExportConfig
         from hfexport.config_flags import declared_flags
 
@@ -362,12 +373,18 @@ class _ExportFlags:
         shown: set[str] = set()
         if chosen is not None:
             for d in declared_flags(chosen):
+                if d.cli.flag in reserved:
+                    raise typer.BadParameter(
+                        f"{chosen.__qualname__}.{d.path} declares {d.cli.flag}, an option of `hfexport export` "
+                        f"itself; the {export_format} backend must give the field another flag name",
+                        param_hint="FORMAT",
+                    )
                 table[d.cli.flag] = d
                 if d.applies_to(chosen, export_format):
                     shown.add(d.cli.flag)
         for cls in dict.fromkeys(_CONFIGS.values()):
             for d in declared_flags(cls):
-                if d.cli.flag not in table:
+                if d.cli.flag not in table and d.cli.flag not in reserved:
                     table[d.cli.flag] = d
                     if chosen is None:
                         shown.add(d.cli.flag)
@@ -450,11 +467,16 @@ class _ExportCommand(typer.core.TyperCommand):
 
     def _flags(self, ctx: Any) -> _ExportFlags:
         if _FLAGS_KEY not in ctx.meta:
-            ctx.meta[_FLAGS_KEY] = _ExportFlags(None)
+            ctx.meta[_FLAGS_KEY] = _ExportFlags(None, self._reserved())
         return ctx.meta[_FLAGS_KEY]
 
+    def _reserved(self) -> frozenset[str]:
+        return frozenset(opt for p in self.params for opt in getattr(p, "opts", ())) | {"--help"}
+
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        ctx.meta[_FLAGS_KEY] = _ExportFlags(_format_argument(args, self.params, _ExportFlags(None)))
+        reserved = self._reserved()
+        fmt = _format_argument(args, self.params, _ExportFlags(None, reserved))
+        ctx.meta[_FLAGS_KEY] = _ExportFlags(fmt, reserved)
         return super().parse_args(ctx, args)
 
     def get_params(self, ctx: Any) -> list[Any]:
