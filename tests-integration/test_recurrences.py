@@ -1,17 +1,20 @@
 """Recurrences keep their sequence axis: the patches of hfexport.workarounds.recurrences, per backend.
 
-Two levels:
+Three levels:
 
 * each construct (Mamba's selective scan, RWKV's time mixing, RecurrentGemma's RG-LRU) captured
   alone under the backend's patches with a symbolic length, run at THREE sequence lengths and
-  compared with transformers' eager loop (dynamo: the ``torch.export`` program; ONNX: the
-  translated model in onnxruntime);
+  compared with transformers' eager loop (dynamo: the ``torch.export`` program, scan op; ONNX: the
+  translated model in onnxruntime, an ONNX Scan);
+* the same constructs in the chunked form ExecuTorch and OpenVINO get, as ``torch.export``
+  programs over the whole declared length range;
 * the models, tiny and seeded, through the normal exporter with ``dynamic=True``: the sample
   (batch 2, 8 tokens) and the exporter's derived second shape (another length) both match eager.
 
-Default run: the three constructs on dynamo and ONNX and one model per construct (mamba, rwkv,
-recurrent_gemma) on both backends (about a minute and a half). ``extended``: mamba2 (whose own
-chunked scan needed no patch), falcon_mamba and jamba (copies of Mamba's scan).
+Default run: the constructs on dynamo, ONNX and in the chunked form, and one model per construct
+(mamba, rwkv, recurrent_gemma) on dynamo and ONNX (about two minutes on an idle core).
+``extended``: mamba2 (its chunk scan on whole chunks), falcon_mamba and jamba (copies of Mamba's
+scan) on dynamo and ONNX, and the models on ExecuTorch and OpenVINO (minutes each).
 """
 
 from __future__ import annotations
@@ -185,6 +188,9 @@ def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths
 DEFAULT_MODELS = ("mamba", "rwkv", "recurrent_gemma")  # one per construct
 EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
 
+#: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only
+EDGE_MODELS = ("mamba", "mamba2", "falcon_mamba", "jamba")
+
 MODEL_CASES = [
     *[pytest.param(b, mt, id=f"{b}-{mt}") for mt in DEFAULT_MODELS for b in ("dynamo", "onnx")],
     *[
@@ -196,9 +202,15 @@ MODEL_CASES = [
 
 
 def _config(backend: str):
-    from hfexport.config import DynamoConfig, OnnxConfig
+    from hfexport.config import DynamoConfig, ExecutorchConfig, OnnxConfig, OpenvinoConfig
 
-    return DynamoConfig(dynamic=True) if backend == "dynamo" else OnnxConfig(dynamic=True)
+    configs = {
+        "dynamo": DynamoConfig,
+        "onnx": OnnxConfig,
+        "executorch": ExecutorchConfig,
+        "openvino": OpenvinoConfig,
+    }
+    return configs[backend](dynamic=True)
 
 
 @pytest.mark.parametrize(("backend", "model_type"), MODEL_CASES)
@@ -222,3 +234,23 @@ def test_recurrent_model_exports_dynamic_and_matches_at_two_sequence_lengths(bac
     assert second[0]["shape"][1] != SAMPLE_LENGTH  # a second sequence length ran
     for row in sample + second:
         assert row["ok"] and float(row["max_abs_diff"]) <= ATOL[backend], row
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("backend", ["executorch", "openvino"])
+@pytest.mark.parametrize("model_type", EDGE_MODELS)
+def test_recurrent_model_exports_dynamic_on_the_edge_backends(backend, model_type):
+    # the chunked form: validated by the backend's runtime at the sample and at a second sequence length
+    pytest.importorskip("executorch" if backend == "executorch" else "openvino")
+    from hfexport.auto import AutoHfExporter
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model(model_type, "text-generation", seed=0)
+    exporter = AutoHfExporter.from_config(_config(backend))
+    exporter.export(model, inputs)
+    report = exporter.last_report
+    statuses = {s.name: s.status for s in report.stages}
+    assert statuses["validate_second_shape"] == "ok", report.summary_lines()
+    sample, second = report.validation["sample"], report.validation["second_shape"]
+    assert second[0]["shape"][1] != SAMPLE_LENGTH
+    assert all(row["ok"] for row in sample + second), sample + second

@@ -39,6 +39,11 @@ two *forms*, chosen per backend by :func:`register_recurrences`:
 Registered: ``"scan"`` under ``"dynamo"`` and ``"onnx"``; ``"chunked"`` under ``"executorch"`` and
 ``"openvino"`` (their lowering of the scan op is not established; the chunked form needs none).
 
+Mamba2's ``mamba2_chunk_scan`` (and its copies in bamba, falcon_h1, granitemoehybrid, nemotron_h and
+zamba2) is loop-free already, but its padding to whole chunks is a modulo with a branch on it that
+bounds the program below one chunk (256 tokens); :func:`mamba2_chunk_scan_padded` pads in front
+instead, on every backend.
+
 The patches are installed around the capture only: the eager model used for validation runs the
 original loop.
 """
