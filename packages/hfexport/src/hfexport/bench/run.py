@@ -42,10 +42,12 @@ _NOT_WEIGHTS = (".sha256", ".log")
 
 def folder_size_bytes(folder: Path) -> int:
     """Bytes of every file under ``folder`` except reports and checksum lists (what ships)."""
+    from hfexport.folder import REPORT_NAME
+
     return sum(
         p.stat().st_size
         for p in folder.rglob("*")
-        if p.is_file() and not p.name.endswith(_NOT_WEIGHTS) and p.name != "export_report.json"
+        if p.is_file() and not p.name.endswith(_NOT_WEIGHTS) and p.name != REPORT_NAME
     )
 
 
