@@ -188,8 +188,13 @@ def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths
 DEFAULT_MODELS = ("mamba", "rwkv", "recurrent_gemma")  # one per construct
 EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
 
-#: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only
-EDGE_MODELS = ("mamba", "mamba2", "falcon_mamba", "jamba")
+#: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only.
+#: Not on ExecuTorch (docs/coverage.md): rwkv (the XNNPACK program fails at run time, error 0x12) and
+#: recurrent_gemma (XNNPACK refuses a partition whose output is also its input), both past capture.
+EDGE_CASES = [
+    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba")],
+    *[("openvino", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
+]
 
 MODEL_CASES = [
     *[pytest.param(b, mt, id=f"{b}-{mt}") for mt in DEFAULT_MODELS for b in ("dynamo", "onnx")],
@@ -237,8 +242,7 @@ def test_recurrent_model_exports_dynamic_and_matches_at_two_sequence_lengths(bac
 
 
 @pytest.mark.extended
-@pytest.mark.parametrize("backend", ["executorch", "openvino"])
-@pytest.mark.parametrize("model_type", EDGE_MODELS)
+@pytest.mark.parametrize(("backend", "model_type"), EDGE_CASES)
 def test_recurrent_model_exports_dynamic_on_the_edge_backends(backend, model_type):
     # the chunked form: validated by the backend's runtime at the sample and at a second sequence length
     pytest.importorskip("executorch" if backend == "executorch" else "openvino")

@@ -9,6 +9,9 @@ original code) and the registry puts the originals back afterwards, also when th
   implementation only: mixture-of-experts layers whose ``"eager"`` implementation loops over the
   experts the sample routed to (``nonzero()`` on the router output) run a dense computation over
   every expert instead, so every expert stays in the graph whatever the routing.
+- the core's recurrences (:mod:`hfexport.workarounds.recurrences`, ``form="scan"``): Mamba's
+  selective scan, RWKV's time mixing and RecurrentGemma's RG-LRU as torch's scan higher-order op
+  instead of per-token loops the capture unrolls; Mamba2's chunk scan on whole chunks.
 
 The ``torch.export`` faults every backend meets (the sliding-window cache slice, size-1 dynamic
 batch axes) are worked around by the core capture itself, see :mod:`hfexport.workarounds.torch_export`.

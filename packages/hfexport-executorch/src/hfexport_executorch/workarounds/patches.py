@@ -560,7 +560,6 @@ register_dense_experts("executorch.xnnpack", every_implementation=True)
 register_recurrences("executorch", form="chunked")
 
 
-
 @register_patch(
     "executorch",
     "executorch.exir.backend.utils.WhyNoPartition.__call__",

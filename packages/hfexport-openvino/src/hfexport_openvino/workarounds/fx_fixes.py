@@ -99,7 +99,6 @@ register_dense_experts(BACKEND, every_implementation=True)
 register_recurrences(BACKEND, form="chunked")
 
 
-
 _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
 
 
