@@ -358,8 +358,9 @@ ROWS: list[Row] = [
         _export("onnx", "{tmp}/out", "--quantize", "int8-dynamic", "--embedding-bits", "8"),
         2,
         r"Invalid value for --embedding-bits: quantization\.embedding_bits=8 is not an option of the onnx "
-        r"backend \(each of its methods stores the word embedding in int8 already\); allowed: "
-        r"embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings",
+        r"backend's method 'int8-dynamic' \(it stores the word embedding in int8 already\); allowed: "
+        r"embedding_bits=None, method 'int4-weight' \(4 or 8: the bits of a tied LM head and its embedding\), "
+        r"or export_format='executorch' for 4/8-bit embeddings",
     ),
     Row(
         "export_quantize_embedding_bits_on_dynamo",

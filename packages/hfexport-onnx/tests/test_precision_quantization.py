@@ -58,7 +58,8 @@ def test_bad_precision_input_is_refused_before_capture(minilm):
         (OnnxConfig(dtype="float16", quality_gates={"cosin": 0.9}), r"unknown metric\(s\) \['cosin'\]"),
         (
             OnnxConfig(quantization={"method": "int8-dynamic", "embedding_bits": 4}),
-            r"quantization\.embedding_bits=4 is not an option of the onnx backend .*allowed: embedding_bits=None",
+            r"quantization\.embedding_bits=4 is not an option of the onnx backend's method 'int8-dynamic' "
+            r".*allowed: embedding_bits=None, method 'int4-weight' \(4 or 8",
         ),
         (
             OnnxConfig(quantization={"method": "int4-weight", "group_size": 7}),

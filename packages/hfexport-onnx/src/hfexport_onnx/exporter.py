@@ -228,12 +228,19 @@ class OnnxExporter(HfExporter):
                 f"MatMul/Add/Softmax kernels); allowed for onnx: {', '.join(self.supported_dtypes)}"
             )
         quantization = getattr(config, "quantization", None)
-        if quantization is not None and quantization.embedding_bits is not None:
+        method = self.quantization_methods.get(quantization.method) if quantization is not None else None
+        if (
+            quantization is not None
+            and quantization.embedding_bits is not None
+            and (method is None or "embedding_bits" not in method.options)
+        ):
             # before the core's generic option check: this message says where 4/8-bit embeddings are
+            readers = [m for m, spec in self.quantization_methods.items() if "embedding_bits" in spec.options]
             raise ValueError(
                 f"quantization.embedding_bits={quantization.embedding_bits} is not an option of the onnx "
-                "backend (each of its methods stores the word embedding in int8 already); allowed: "
-                "embedding_bits=None, or export_format='executorch' for 4/8-bit embeddings"
+                f"backend's method {quantization.method!r} (it stores the word embedding in int8 already); "
+                f"allowed: embedding_bits=None, method {' / '.join(map(repr, readers))} (4 or 8: the bits of "
+                "a tied LM head and its embedding), or export_format='executorch' for 4/8-bit embeddings"
             )
         super().check_precision(config)
         if self.calibration_data is not None:

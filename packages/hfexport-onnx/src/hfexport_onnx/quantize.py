@@ -57,7 +57,9 @@ __all__ = [
     "quantize_ir_model",
     "quantized_op_counts",
     "sensitive_ffn_nodes",
+    "share_tied_embedding",
     "smooth_activations",
+    "tied_embedding",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,14 +84,16 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
     "int4-weight": QuantizationMethod(
         "ONNX Runtime MatMulNBits: 4-bit block-quantized MatMul weights (group_size, default 32; "
         "symmetric by default; accuracy_level default 4 = int8 compute), GELU FFN up-projections and "
-        "the LM head 8-bit, int8 word embedding",
-        options=frozenset({"group_size", "exclude", "symmetric", "accuracy_level"}),
+        "the LM head 8-bit (embedding_bits=4: 4-bit), a tied word embedding gathered from the head's "
+        "blocks (GatherBlockQuantized), an untied one int8",
+        options=frozenset({"group_size", "exclude", "symmetric", "accuracy_level", "embedding_bits"}),
         phase="artifact",
         apply="hfexport_onnx.quantize:apply_int4_weight",
     ),
     "int8-weight": QuantizationMethod(
         "ONNX Runtime MatMulNBits: 8-bit block-quantized MatMul weights (group_size, default 32; "
-        "symmetric by default; accuracy_level default 4 = int8 compute), int8 word embedding",
+        "symmetric by default; accuracy_level default 4 = int8 compute), a tied word embedding gathered "
+        "from the head's blocks (GatherBlockQuantized), an untied one int8",
         options=frozenset({"group_size", "exclude", "symmetric", "accuracy_level"}),
         phase="artifact",
         apply="hfexport_onnx.quantize:apply_int8_weight",
@@ -479,6 +483,43 @@ def _gemm_to_matmul(model: Any) -> int:
     return count
 
 
+def _fold_weight_transposes(model: Any) -> int:
+    """Give ``MatMul(A, Transpose(W))`` with a constant 2-D ``W`` a constant transposed weight, in
+    place, so the quantizers (which take a constant ``B`` only) see it: a tied LM head exported
+    without ``--ort-fusions`` reads the word embedding through a ``Transpose`` (the table itself
+    stays for the embedding's ``Gather``). Returns the number of ``MatMul`` inputs rewritten."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    count = 0
+    for node in list(graph):
+        if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or len(node.inputs) < 2:
+            continue
+        b = node.inputs[1]
+        producer = b.producer() if b is not None else None
+        if producer is None or producer.op_type != "Transpose" or producer.domain not in ("", "ai.onnx"):
+            continue
+        source = producer.inputs[0]
+        if source is None or source.const_value is None or len(source.const_value.shape) != 2:
+            continue
+        perm = producer.attributes.get("perm")
+        if perm is not None and list(perm.value) != [1, 0]:
+            continue
+        array = source.const_value.numpy().T.copy()
+        name = f"{source.name}_transposed"
+        weight = graph.initializers.get(name)
+        if weight is None:
+            weight = ir.Value(name=name, const_value=ir.tensor(array, name=name))
+            weight.shape = ir.Shape(array.shape)
+            weight.dtype = source.dtype
+            graph.register_initializer(weight)
+        node.replace_input_with(1, weight)
+        if not producer.outputs[0].uses() and producer.outputs[0] not in graph.outputs:
+            graph.remove(producer, safe=True)
+        count += 1
+    return count
+
+
 def quantized_op_counts(model: Any) -> dict[str, int]:
     """``{op_type: count}`` of the quantization ops in an ``onnx_ir.Model`` or ``onnx.ModelProto``."""
     nodes = model.graph.all_nodes() if hasattr(model.graph, "all_nodes") else model.graph.node
@@ -566,6 +607,115 @@ ACCURACY_LEVEL = 4
 SYMMETRIC = True
 
 
+def tied_embedding(model: Any) -> tuple[str, str] | None:
+    """The word embedding a language model's head shares its weights with (tied weights).
+
+    A tied pair is a token-embedding ``Gather`` (axis 0 of a constant float32 ``[vocab, hidden]``
+    table with at least :data:`MIN_EMBEDDING_ROWS` rows) and a head ``MatMul``
+    (:func:`lm_head_nodes`) whose constant ``[hidden, vocab]`` weight is exactly the table's
+    transpose (after :func:`_gemm_to_matmul`, which transposes a tied head's ``FusedMatMul``).
+
+    Args:
+        model: an ``onnx_ir.Model``.
+
+    Returns:
+        ``(gather node name, head MatMul node name)``, or ``None`` when the head is not tied.
+    """
+    import onnx_ir as ir
+
+    heads = [n for n in model.graph.all_nodes() if n.name in set(lm_head_nodes(model))]
+    if not heads:
+        return None
+    for node in model.graph:
+        if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or not node.name:
+            continue
+        table = node.inputs[0]
+        axis = node.attributes.get("axis")
+        if table is None or table.const_value is None or table.dtype != ir.DataType.FLOAT:
+            continue
+        if (axis.value if axis is not None else 0) != 0 or len(table.const_value.shape) != 2:
+            continue
+        rows, cols = table.const_value.shape
+        if rows < MIN_EMBEDDING_ROWS:
+            continue
+        for head in heads:
+            weight = head.inputs[1].const_value
+            if tuple(weight.shape) != (cols, rows):
+                continue
+            if np.array_equal(weight.numpy().T, table.const_value.numpy()):
+                return node.name, head.name
+    return None
+
+
+def share_tied_embedding(proto: Any, gather: str, head: str, *, block: int) -> int:
+    """Gather the tied word embedding from its head's quantized blocks (as ONNX Runtime GenAI's
+    builder does for tied weights): the embedding ``Gather`` node ``gather`` of ``proto``
+    (``onnx.ModelProto``, changed in place) becomes ``com.microsoft.GatherBlockQuantized`` over the
+    ``MatMulNBits`` head's ``B`` blocks (reshaped ``[vocab, n_blocks, blob] -> [vocab, blob *
+    n_blocks]``) and scales (``[vocab, n_blocks]``, shared with the head), so the table is stored
+    once, quantized, and only the gathered rows are dequantized at run time. The float table is
+    dropped.
+
+    Args:
+        proto: the quantized model.
+        gather: the embedding ``Gather`` node's name (:func:`tied_embedding`).
+        head: the head ``MatMul`` node's name before quantization (the quantizer names its
+            ``MatMulNBits`` ``<head>_Q<bits>``).
+        block: the head's block size (elements per block along the hidden axis).
+
+    Returns:
+        The head's bit width (4 or 8), or 0 when the head is not a zero-point-free
+        ``MatMulNBits`` (nothing is changed then).
+    """
+    import onnx
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    nodes = {n.name: n for n in graph.node}
+    head_node = next(
+        (n for name, n in nodes.items() if n.op_type == "MatMulNBits" and name.startswith(f"{head}_Q")), None
+    )
+    old = nodes.get(gather)
+    if head_node is None or old is None or (len(head_node.input) > 3 and head_node.input[3]):
+        return 0  # a head with zero points (asymmetric) or not quantized: keep the int8 / float table
+    attrs = {a.name: helper.get_attribute_value(a) for a in head_node.attribute}
+    bits, vocab = int(attrs["bits"]), int(attrs["N"])
+    inits = {i.name: i for i in graph.initializer}
+    blocks, scales = inits[head_node.input[1]], inits[head_node.input[2]]
+    scale_array = numpy_helper.to_array(scales)
+    if scale_array.ndim == 1:  # [vocab * n_blocks] -> [vocab, n_blocks]: MatMulNBits reads either
+        scales.CopyFrom(numpy_helper.from_array(scale_array.reshape(vocab, -1), name=scales.name))
+    shape = numpy_helper.from_array(np.asarray([vocab, -1], dtype=np.int64), name=f"{gather}_blocks_shape")
+    graph.initializer.append(shape)
+    reshape = helper.make_node(
+        "Reshape", [blocks.name, shape.name], [f"{gather}_blocks"], name=f"{gather}_reshape"
+    )
+    gathered = helper.make_node(
+        "GatherBlockQuantized",
+        [reshape.output[0], old.input[1], scales.name],
+        list(old.output),
+        name=f"{gather}_block_quantized",
+        domain="com.microsoft",
+        bits=bits,
+        block_size=block,
+        gather_axis=0,
+        quantize_axis=1,
+    )
+    table = old.input[0]
+    index = list(graph.node).index(old)
+    graph.node.remove(old)
+    graph.node.insert(index, gathered)
+    graph.node.insert(index, reshape)
+    if not any(table in n.input for n in graph.node):
+        for i, init in enumerate(graph.initializer):
+            if init.name == table:
+                del graph.initializer[i]
+                break
+    if not any(o.domain == "com.microsoft" for o in proto.opset_import):
+        proto.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return bits
+
+
 def _nbits_weight(
     src: Path,
     dst: Path,
@@ -595,7 +745,9 @@ def _nbits_weight(
     block = int(quantization.group_size or INT4_BLOCK_SIZE)
     symmetric = SYMMETRIC if quantization.symmetric is None else bool(quantization.symmetric)
     level = ACCURACY_LEVEL if quantization.accuracy_level is None else int(quantization.accuracy_level)
-    eight = [] if quantization.exclude or bits == 8 else [*ffn_up_nodes(model), *lm_head_nodes(model)]
+    head_bits = int(quantization.embedding_bits or 8)
+    heads = lm_head_nodes(model) if head_bits == 8 else []
+    eight = [] if quantization.exclude or bits == 8 else [*ffn_up_nodes(model), *heads]
     facts.update(bits=bits, group_size=block, symmetric=symmetric, accuracy_level=level, eight_bit=eight)
     proto = onnx.load(str(src), load_external_data=True)
     common = {"block_size": block, "is_symmetric": symmetric, "accuracy_level": level}
@@ -608,6 +760,12 @@ def _nbits_weight(
         quantizer = MatMulNBitsQuantizer(proto, bits=8, nodes_to_exclude=[*exclude, *four_bit], **common)
         quantizer.process()
         proto = quantizer.model.model
+    tied = facts.get("tied_embedding")
+    if tied:
+        shared = share_tied_embedding(proto, tied["gather"], tied["head"], block=block)
+        tied["bits"] = shared
+        if not shared:  # asymmetric head blocks: the embedding stays the float table
+            facts["tied_embedding"] = None
     onnx.save_model(proto, str(dst), save_as_external_data=True, location="quantized.onnx.data")
 
 
@@ -624,6 +782,7 @@ def _quantize_graph(
     *,
     keep_sensitive_float: bool,
     int8_embeddings: bool,
+    share_tied: bool = False,
 ) -> QuantizationResult:
     """The steps every ONNX method shares around its quantizer ``write``: the ``exclude`` patterns
     resolved to nodes, ``Gemm`` -> ``MatMul``, the early FFN down-projections kept float
@@ -639,13 +798,19 @@ def _quantize_graph(
     exclude = excluded_nodes(model, quantization.exclude)
     facts: dict[str, Any] = {"method": quantization.method}
     facts["gemm_to_matmul"] = _gemm_to_matmul(model)
+    facts["folded_weight_transposes"] = _fold_weight_transposes(model)
     if keep_sensitive_float and not quantization.exclude:
         # the FFN down-projections of the first two blocks read heavy-tailed GELU outputs: float
         auto = sensitive_ffn_nodes(model, SENSITIVE_FFN_LAYERS)
         exclude += auto
         facts["kept_float"] = auto
+    # a symmetric head's blocks are what GatherBlockQuantized reads without zero points
+    tied = tied_embedding(model) if share_tied and quantization.symmetric is not False else None
+    if tied is not None and not any(tied[1] == name for name in exclude):
+        facts["tied_embedding"] = {"gather": tied[0], "head": tied[1]}
     if int8_embeddings:
-        facts["int8_embeddings"] = quantize_embeddings(model, exclude)
+        skip = [*exclude, facts["tied_embedding"]["gather"]] if facts.get("tied_embedding") else exclude
+        facts["int8_embeddings"] = quantize_embeddings(model, skip)
     facts["excluded_nodes"] = len(exclude)
     with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
         src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
@@ -793,7 +958,9 @@ def apply_int4_weight(request: QuantizationRequest) -> QuantizationResult:
     Raises:
         ValueError: an ``exclude`` pattern matching no module.
     """
-    return _quantize_graph(request, _write_nbits(4), keep_sensitive_float=False, int8_embeddings=True)
+    return _quantize_graph(
+        request, _write_nbits(4), keep_sensitive_float=False, int8_embeddings=True, share_tied=True
+    )
 
 
 def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
@@ -802,7 +969,9 @@ def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
     Raises:
         ValueError: an ``exclude`` pattern matching no module.
     """
-    return _quantize_graph(request, _write_nbits(8), keep_sensitive_float=False, int8_embeddings=True)
+    return _quantize_graph(
+        request, _write_nbits(8), keep_sensitive_float=False, int8_embeddings=True, share_tied=True
+    )
 
 
 def quantize_ir_model(

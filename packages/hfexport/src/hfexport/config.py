@@ -712,7 +712,9 @@ class QuantizationConfig:
         method: the quantization recipe name.
         group_size: elements per quantization group / block for grouped (4-bit) weights
             (``None`` takes the method's default, e.g. 32 for ``8da4w``, 16 for ONNX ``int4-weight``).
-        embedding_bits: also quantize the token embedding to 4 or 8 bits (ExecuTorch); ``None`` leaves it.
+        embedding_bits: also quantize the token embedding to 4 or 8 bits (ExecuTorch); for ONNX
+            ``int4-weight``, the bits of a tied LM head and the embedding gathered from its blocks
+            (``None``: 8); ``None`` leaves it.
         per_channel: per-output-channel weight scales (True) or one per tensor.
         exclude: fully qualified module names (or ``fnmatch`` patterns over them) left in float,
             e.g. ``("lm_head",)``.
@@ -744,7 +746,8 @@ class QuantizationConfig:
         metadata={
             CLI: CliFlag(
                 "--embedding-bits",
-                "Also quantize the token embeddings to 4 or 8 bits (executorch; other backends refuse it).",
+                "Token embeddings in 4 or 8 bits (executorch; onnx int4-weight: the bits of a tied LM head "
+                "and the embedding it shares, default 8).",
                 choices=("4", "8"),
                 parse=int,
             )
