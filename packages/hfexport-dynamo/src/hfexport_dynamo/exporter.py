@@ -49,6 +49,7 @@ from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
 from hfexport_dynamo import aoti as _aoti
 from hfexport_dynamo.flat_io import flat_io_names, flat_program_io
+from hfexport_dynamo.generation import DynamoGenerationSupport
 from hfexport_dynamo.quantize import METHODS as _quantize_methods
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
@@ -285,7 +286,7 @@ class DynamoExporter(HfExporter):
         ambiguous (duplicate zip members ...) and, unless ``trust_remote_code``, when it holds
         content that could run code; ``torch.export.load`` then runs with weights-only unpickling
         only. :meth:`runner` of the result runs it; this is also what loads saved generation
-        components (``HfExporter.load_component`` runs ``self.runner(self.load(path))``).
+        components (the default ``generation_support.load_component`` runs ``self.runner(self.load(path))``).
 
         Args:
             path: the ``.pt2`` file.
@@ -300,29 +301,8 @@ class DynamoExporter(HfExporter):
         """
         return load_program(path, trust_remote_code=trust_remote_code)
 
-    def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
-        """The int8 weight-only copy every generation component is captured from, built once with
-        :func:`hfexport_dynamo.quantize.quantize_copy` (fp32 capture; a reduced ``dtype`` casts
-        before quantizing, which each component's export does); ``None`` without quantization.
-        ``model`` is never modified."""
-        quantization = getattr(config, "quantization", None)
-        if quantization is None or str(getattr(config, "dtype", "float32") or "float32") != "float32":
-            return None
-        self.check_precision(config)
-        from hfexport.generation.parts import mark_transformed_source
-        from hfexport_dynamo.quantize import quantize_copy
-
-        quantized, summary = quantize_copy(model, quantization)
-        mark_transformed_source(quantized, model, {**summary, "shared_by_components": True})
-        return quantized
-
-    def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
-        """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.
-
-        The names a torch-only process passes to ``torch.export.load(file).module()(**leaves)`` and
-        reads from its output dict (see :mod:`hfexport_dynamo.flat_io`).
-        """
-        return {"flat_io": flat_io_names(artifact)}
+    # -- generation hooks: hfexport_dynamo.generation.DynamoGenerationSupport ------------------
+    generation_support_class = DynamoGenerationSupport
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""

@@ -140,7 +140,7 @@ class ExportReport:
         dtype: the dtype decision (:class:`hfexport.precision.DtypeDecision` as a dict: ``export``,
             ``model``, ``reference``, ``requested``, ``reason``, ``upcasts``, ``gated``), ``None``
             before the export starts.
-        artifact_metadata: what ``HfExporter.component_metadata`` returned for the saved artifact
+        artifact_metadata: what ``exporter.generation_support.component_metadata`` returned for the saved artifact
             (``None`` when nothing was saved); the folder's ``export_report.json`` keeps it for
             ``hfexport.load``.
         dynamic_axes: what the captured program made of each input axis asked dynamic (written by

@@ -8,7 +8,9 @@
 - :class:`GenerationRunner`: the greedy loop over exported components (:mod:`.runner`);
 - :func:`save_components` / :func:`load_components` / :func:`generate_from_dir`: one file per
   component plus ``generation_manifest.json`` (:mod:`.persist`);
-- :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`).
+- :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`);
+- :class:`GenerationSupport`: what a backend adds to all of the above, one object per exporter
+  (``HfExporter.generation_support``; :mod:`.support`).
 
 Importing this package registers the ``generation`` workarounds (:mod:`.patches`); the
 vision-language input preparers (:mod:`.preparers`) are registered by :mod:`hfexport.inputs` on
@@ -39,6 +41,7 @@ from hfexport.generation.persist import (
 from hfexport.generation.plan import ComponentIO, GenerationPlan
 from hfexport.generation.preparers import mrope_position_ids, vision_grid_inputs
 from hfexport.generation.runner import GenerationRunner, callers_from_exporter, exported_program_caller
+from hfexport.generation.support import GenerationSupport
 from hfexport.workarounds import generation as _workarounds  # noqa: F401  (registers the workarounds)
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "GenerationParity",
     "GenerationPlan",
     "GenerationRunner",
+    "GenerationSupport",
     "callers_from_exporter",
     "capture_generate_calls",
     "compare_with_generate",
