@@ -61,17 +61,24 @@ def _modules(spec: pytree.TreeSpec) -> list[str]:
 
 def component_metadata(artifact: Any) -> dict[str, Any]:
     """The program's input/output pytree specs, the modules defining their node types (for
-    information only: :func:`load_component` never imports them) and the delegate backend the
-    runtime needs (e.g. ``XnnpackBackend``)."""
+    information only: :func:`load_component` never imports them), the delegate backend the
+    runtime needs (e.g. ``XnnpackBackend``) and, for a program exported with output flags, their
+    values (``output_flags``: constant inputs the runtime requires, filled in by the runner)."""
+    from hfexport.inputs.flags import program_output_flags
     from hfexport_executorch.backends import runtime_backend
 
-    spec = artifact.exported_program("forward").call_spec
-    return {
+    program = artifact.exported_program("forward")
+    spec = program.call_spec
+    metadata = {
         "in_spec": pytree.treespec_dumps(spec.in_spec),
         "out_spec": pytree.treespec_dumps(spec.out_spec),
         "modules": sorted(set(_modules(spec.in_spec)) | set(_modules(spec.out_spec))),
         "required_backend": runtime_backend(artifact),
     }
+    flags = program_output_flags(program)
+    if flags:
+        metadata["output_flags"] = flags
+    return metadata
 
 
 def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
@@ -106,7 +113,11 @@ def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) ->
             "imports modules named by a saved manifest: import the module that defines it before loading"
         ) from exc
     return ExecutorchRunner(
-        os.fspath(path), in_spec, out_spec, required_backend=metadata.get("required_backend")
+        os.fspath(path),
+        in_spec,
+        out_spec,
+        required_backend=metadata.get("required_backend"),
+        output_flags=dict(metadata.get("output_flags") or {}),
     )
 
 

@@ -625,6 +625,7 @@ class HfExporter:
                 model, inputs, flags = prepare_for_export(model, sample_inputs)
                 inputs = cast_leaf_tensors(inputs, torch_dtype(decision.reference))
                 stack.enter_context(apply_output_flags(model, flags))
+                report.output_flags = dict(flags) or None  # constant inputs of the program (capture)
                 if source is not None:
                     stack.enter_context(attention_for_export(source))
                     stack.enter_context(apply_output_flags(source, flags))
@@ -1119,9 +1120,10 @@ class HfExporter:
         Raises:
             ExportValidationError: a text gate is missed (metric, value, gate and margin named).
         """
+        from hfexport.inputs.flags import with_output_flags
         from hfexport.quality import validate_text
 
-        result = validate_text(reference, run, raise_on_failure=False)
+        result = validate_text(reference, with_output_flags(run, report.output_flags), raise_on_failure=False)
         row = result.to_dict()
         report.validation["text"] = [row]
         if not result.ok:
@@ -1254,7 +1256,9 @@ class HfExporter:
         Args:
             model: the eager reference model (float32 for a float32 export; the model's own dtype
                 otherwise), flags applied as for the export.
-            run: the backend runner (forward kwargs -> ``{output_name: tensor}``).
+            run: the backend runner (forward kwargs -> ``{output_name: tensor}``); with a
+                ``report`` whose ``output_flags`` are set, it is called with ``inputs`` plus those
+                flags (the kwargs the artifact was exported with).
             inputs: forward kwargs in the reference model's dtype (``Cache`` objects or nested
                 lists/dicts of cache tensors included), as the eager model takes them.
             config: the export's config. When ``config.dtype`` differs from the reference model's
@@ -1276,10 +1280,13 @@ class HfExporter:
         Raises:
             ExportValidationError: an output differs beyond tolerance or misses a gate.
         """
+        from hfexport.inputs.flags import with_output_flags
         from hfexport.precision import dtype_name, model_dtype
         from hfexport.quality import output_gates, quality_gates_for, validate_quality
         from hfexport.validation import validate_artifact
 
+        if report is not None:  # the artifact gets the kwargs it was exported with, flags included
+            run = with_output_flags(run, report.output_flags)
         gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:
             gates = output_gates(gates)  # the text metrics are scored by check_text
