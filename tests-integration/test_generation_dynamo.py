@@ -161,13 +161,12 @@ def test_static_cache_given_to_the_decode_graph_is_updated_in_place():
     )["decode"]
     decode = program.module()
     sample = decode_inputs_for_query_length(parts["decode"][1], 1)
-    sample.pop("use_cache"), sample.pop("return_dict")
     cache = sample["cache"]
     keys = cache.layers[0].keys
     lengths = [int(cache.layers[0].cumulative_length)]
     for q in (1, 2, 4):
+        # the kwargs the graph was exported with, output flags included (issue 26)
         step = decode_inputs_for_query_length({**parts["decode"][1], "cache": cache}, q, seed=q)
-        step.pop("use_cache"), step.pop("return_dict")
         step["cache"] = cache  # the very object, not a copy
         step["attention_mask"] = torch.ones(2, lengths[-1] + q, dtype=torch.int64)
         step["position_ids"] = (torch.arange(q) + lengths[-1]).expand(2, q)

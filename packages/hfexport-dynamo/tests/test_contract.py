@@ -1,5 +1,5 @@
 """DynamoExporter's side of the backend contract: ``load`` is the safe loader, and saved
-generation components load through it (``HfExporter.load_component`` = ``runner(load(path))``)."""
+generation components load through it (``generation_support.load_component`` = ``runner(load(path))``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def pool_file(tmp_path_factory) -> Path:
 
 
 def test_load_component_runs_the_saved_program(pool_file) -> None:
-    caller = DynamoExporter().load_component(pool_file, {})
+    caller = DynamoExporter().generation_support.load_component(pool_file, {})
     x = torch.randn(2, 7, 4)  # the sequence axis is dynamic, the batch static
     with torch.no_grad():
         want = Pool().eval()(x)
@@ -28,7 +28,7 @@ def test_load_component_runs_the_saved_program(pool_file) -> None:
     assert len(got) == 1
     assert torch.allclose(next(iter(got.values())), want, atol=1e-6, rtol=0)
     # a keyword-input program saved flat records its leaf names (stock torch.export.load runs it)
-    assert DynamoExporter().component_metadata(torch.export.load(pool_file)) == {
+    assert DynamoExporter().generation_support.component_metadata(torch.export.load(pool_file)) == {
         "flat_io": {"inputs": {"x": "x"}}
     }
 
@@ -41,5 +41,5 @@ def test_load_and_load_component_use_the_safe_loader(pool_file, tmp_path) -> Non
     with pytest.raises(UnsafeArtifactError, match=r"pickle refused"):
         DynamoExporter().load(evil)
     with pytest.raises(UnsafeArtifactError, match=r"pickle refused"):
-        DynamoExporter().load_component(evil, {})
+        DynamoExporter().generation_support.load_component(evil, {})
     assert not marker.exists()

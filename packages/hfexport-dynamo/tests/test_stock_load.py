@@ -3,7 +3,9 @@
 A plain export of a tiny llama (outputs ``CausalLMOutputWithPast`` with a ``DynamicCache``) and its
 generation components (``prefill`` returns a cache, ``decode`` takes and returns one) are loaded
 in a subprocess that imports torch alone and run as ``torch.export.load(path).module()(**leaves)``
-with the flat leaf names (:mod:`hfexport_dynamo.flat_io`); outputs must equal eager PyTorch's.
+with the flat leaf names (:mod:`hfexport_dynamo.flat_io`), the components also with the output
+flags they were exported with (``use_cache``, ``return_dict``: constant inputs, issue 26); outputs
+must equal eager PyTorch's.
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ def test_plain_and_generation_pt2_run_with_stock_torch_export_load(tmp_path):
     manifest = json.loads((folder / "generation_manifest.json").read_text())
     names = manifest["components"]["decode"]["metadata"]["flat_io"]
     assert names["inputs"]["cache__layers__0__keys"] == "cache.layers.0.keys"
+    assert names["inputs"]["use_cache"] == "use_cache" and names["inputs"]["return_dict"] == "return_dict"
+    flags = {"use_cache": True, "return_dict": True}  # as the components were exported
     assert names["outputs"]["logits"] == "logits"
 
     # eager prefill, then one eager decode step on a copy of the prefill's cache
@@ -92,7 +96,7 @@ def test_plain_and_generation_pt2_run_with_stock_torch_export_load(tmp_path):
             "position_ids": positions[:, -1:] + 1,
             "cache": cache,
         }
-        flat_decode_in = {k: v.clone() for k, v in flat_inputs(decode_in).items()}
+        flat_decode_in = {k: v.clone() for k, v in flat_inputs(decode_in).items()} | flags
         decoded = model(
             input_ids=token,
             attention_mask=decode_in["attention_mask"],
@@ -102,7 +106,7 @@ def test_plain_and_generation_pt2_run_with_stock_torch_export_load(tmp_path):
     assert set(flat_decode_in) == set(names["inputs"])
     cases = {
         str(tmp_path / "model.pt2"): {"inputs": dict(inputs), "expected": plain},
-        str(folder / "prefill.pt2"): {"inputs": prefill_in, "expected": _expected(prefilled)},
+        str(folder / "prefill.pt2"): {"inputs": prefill_in | flags, "expected": _expected(prefilled)},
         str(folder / "decode.pt2"): {"inputs": flat_decode_in, "expected": _expected(decoded)},
     }
     diffs = _run_torch_only(cases, tmp_path)

@@ -18,4 +18,4 @@ def test_a_changed_graph_or_weights_file_is_refused_before_loading(tmp_path, dam
     write_checksums(tmp_path)
     (tmp_path / damaged).write_bytes(b"changed bytes")
     with pytest.raises(IntegrityError, match=re.escape(damaged) + " does not match its checksum"):
-        OnnxExporter().load_component(tmp_path / "prefill.onnx", {})
+        OnnxExporter().generation_support.load_component(tmp_path / "prefill.onnx", {})

@@ -40,6 +40,7 @@ from hfexport.capture import capture
 from hfexport.config import DynamoConfig, ExecutorchConfig, OnnxConfig, QuantizationMethod
 from hfexport.errors import IntegrityError, OutputDirectoryError, UnsupportedInputError
 from hfexport.exporter import HfExporter
+from hfexport.generation.support import GenerationSupport
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
 from hfexport.testing.eager_backend import EagerModuleExporter
@@ -89,13 +90,18 @@ TOY = "matrixtoy"
 TOY_ARTIFACTS: dict[str, Any] = {}  # what export_for_generation returned, set by the fixture
 
 
+class UnvalidatedComponents(GenerationSupport):
+    """Generation hooks exporting every component with ``validate=False``."""
+
+    def component_config(self, name, module, kwargs, plan, config):
+        return config.replace(validate=False)
+
+
 class EagerExporter(EagerModuleExporter):
     """The eager-module test backend (:mod:`hfexport.testing.eager_backend`), components unvalidated."""
 
     export_format = TOY
-
-    def component_config(self, name, module, kwargs, plan, config):
-        return config.replace(validate=False)
+    generation_support_class = UnvalidatedComponents
 
 
 class Plain(torch.nn.Module):

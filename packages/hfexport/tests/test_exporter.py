@@ -10,6 +10,7 @@ from hfexport.capture import capture
 from hfexport.config import DynamoConfig
 from hfexport.errors import ExportStageError, ExportValidationError, UnsupportedInputError
 from hfexport.exporter import HfExporter
+from hfexport.inputs.flags import program_output_flags
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
 
@@ -192,12 +193,6 @@ def test_a_pipeline_backend_overriding_export_keeps_its_own_report(bert):
     assert exporter.last_report.stages[-1].status == "ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 26, not done yet: output flags are lifted out of the captured signature, so the "
-    "program refuses the use_cache/return_dict kwargs a decompose_for_generation component was "
-    "exported with (reorder_kwargs: keyword mismatch) instead of checking them against the captured values",
-)
 def test_a_generation_component_program_takes_the_kwargs_it_was_exported_with():
     from hfexport.generation import decompose_for_generation
 
@@ -207,13 +202,20 @@ def test_a_generation_component_program_takes_the_kwargs_it_was_exported_with():
     )
     module, subinputs = components["prefill"]
     assert {"use_cache", "return_dict"} <= set(subinputs)
-    program = CoreOnlyExporter().export(module, subinputs, DynamoConfig())
+    exporter = CoreOnlyExporter()
+    program = exporter.export(module, subinputs, DynamoConfig())
     with torch.no_grad():
         got = program.module()(**subinputs)  # the same kwargs, flags included
         expected = module(**subinputs)
     torch.testing.assert_close(get_leaf_tensors(got)["logits"], expected.logits)
     with pytest.raises(Exception, match="use_cache"):  # a flag other than the captured one is refused
         program.module()(**{**subinputs, "use_cache": not subinputs["use_cache"]})
+    # the program's flags are its constant inputs, as captured; validation ran with them
+    assert program_output_flags(program) == {"use_cache": True, "return_dict": True}
+    assert exporter.last_report.output_flags == {"use_cache": True, "return_dict": True}
+    assert exporter.last_report.validation["sample"] and all(
+        r["ok"] for r in exporter.last_report.validation["sample"]
+    )
 
 
 # --------------------------------------------------------------------------------------------------

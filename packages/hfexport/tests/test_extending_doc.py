@@ -214,6 +214,8 @@ def test_cli_exports_a_decorator_registered_format(in_process_plugin, tmp_path):
     assert report["export_format"] == "myformat"
     assert report["report"]["export_format"] == "myformat"
     assert all(row["ok"] for row in report["report"]["validation"]["sample"])
+    # the plugin's GenerationSupport described the artifact in the folder
+    assert report["artifact"]["metadata"] == {"inputs": header["inputs"]}
     result = CliRunner().invoke(app, ["export", "tflite", str(tmp_path / "x"), "--model", "tiny:bert"])
     assert result.exit_code != 0
     assert "FORMAT must be one of dynamo, onnx, executorch, openvino, myformat" in " ".join(

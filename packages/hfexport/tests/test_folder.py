@@ -27,6 +27,7 @@ from hfexport.folder import (
     read_export_folder,
     write_export_folder,
 )
+from hfexport.generation.support import GenerationSupport
 from hfexport.integrity import write_checksums
 from hfexport.testing import tiny_model
 from hfexport.testing.eager_backend import EagerModuleExporter
@@ -142,15 +143,18 @@ def test_a_layout_folder_with_a_subfolder_is_a_previous_export(tmp_path) -> None
 
 
 # -- the writer, from Python, with a backend whose artifact is the eager module --------------------
-class _ModuleExporter(EagerModuleExporter):
-    export_format = "foldertoy"
-
+class _ModuleSupport(GenerationSupport):
     def component_metadata(self, artifact):
         return {"module_class": type(artifact).__name__}
 
     def load_component(self, path, metadata):
         assert metadata == {"module_class": "BertModel"}
-        return self.runner(self.load(path))
+        return self.exporter.runner(self.exporter.load(path))
+
+
+class _ModuleExporter(EagerModuleExporter):
+    export_format = "foldertoy"
+    generation_support_class = _ModuleSupport
 
 
 @pytest.fixture

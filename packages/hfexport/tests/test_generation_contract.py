@@ -1,6 +1,7 @@
-"""The backend contract of generation: every hook is a method of ``HfExporter``, the core calls
-the exporter it was handed (or the one registered for a manifest's format), and a manifest never
-decides which modules are imported (issue 14 item 2).
+"""The backend contract of generation: every hook is a method of the exporter's one
+``GenerationSupport`` object (issue 26), the core calls the exporter it was handed (or the one
+registered for a manifest's format), and a manifest never decides which modules are imported
+(issue 14 item 2). The hooks' old ``HfExporter`` names still work for one release, deprecated.
 
 The backend here is a test-only one, registered under its own format: its artifact is the eager
 module itself, kept in memory and named by a token written to the component file, so the tests
@@ -22,6 +23,7 @@ from hfexport.config import DynamoConfig
 from hfexport.errors import MissingBackendError
 from hfexport.exporter import HfExporter
 from hfexport.generation import MANIFEST_NAME, generate_from_dir, load_components, save_components
+from hfexport.generation.support import GenerationSupport
 from hfexport.integrity import write_checksums
 from hfexport.testing import tiny_model
 from hfexport.testing.eager_backend import EagerModuleExporter
@@ -31,22 +33,15 @@ NEW_TOKENS = 6
 EVIL = "evil_module_that_writes_a_marker"
 
 
-class EagerExporter(EagerModuleExporter):
-    """The eager-module test backend, recording the generation hooks it is called with."""
-
-    export_format = FORMAT
-    calls: list[tuple[str, str]] = []
-
-    def load(self, path, *, trust_remote_code=False):
-        type(self).calls.append(("load", f"trust_remote_code={trust_remote_code}"))
-        return super().load(path, trust_remote_code=trust_remote_code)
+class RecordingSupport(GenerationSupport):
+    """Generation hooks recording their calls on the exporter class."""
 
     def prepare_component(self, name, module, kwargs, plan):
-        type(self).calls.append(("prepare_component", name))
+        type(self.exporter).calls.append(("prepare_component", name))
         return module
 
     def component_config(self, name, module, kwargs, plan, config):
-        type(self).calls.append(("component_config", name))
+        type(self.exporter).calls.append(("component_config", name))
         # the returned config is the one exported with: skip validation of the decode graph
         return config.replace(validate=False) if name == "decode" else config
 
@@ -54,8 +49,20 @@ class EagerExporter(EagerModuleExporter):
         return {"module_class": type(artifact).__name__}
 
     def load_component(self, path, metadata):
-        type(self).calls.append(("load_component", metadata["module_class"]))
+        type(self.exporter).calls.append(("load_component", metadata["module_class"]))
         return super().load_component(path, metadata)
+
+
+class EagerExporter(EagerModuleExporter):
+    """The eager-module test backend, recording the generation hooks it is called with."""
+
+    export_format = FORMAT
+    generation_support_class = RecordingSupport
+    calls: list[tuple[str, str]] = []
+
+    def load(self, path, *, trust_remote_code=False):
+        type(self).calls.append(("load", f"trust_remote_code={trust_remote_code}"))
+        return super().load(path, trust_remote_code=trust_remote_code)
 
 
 @pytest.fixture(scope="module")
@@ -100,16 +107,22 @@ def _want(model, prompt: list[int]) -> list[int]:
 
 def test_base_class_defaults_of_the_contract(llama) -> None:
     model, inputs = llama
-    exporter = EagerExporter()
+    exporter = EagerModuleExporter()
     config = DynamoConfig()
-    assert HfExporter.supports_empty_growing_cache is True
-    assert HfExporter.prepare_component(exporter, "decode", model, inputs, None) is model
-    assert HfExporter.component_config(exporter, "decode", model, inputs, None, config) is config
-    assert HfExporter.component_metadata(exporter, object()) == {}
+    support = exporter.generation_support
+    assert type(support) is GenerationSupport and support.exporter is exporter
+    assert exporter.generation_support is support  # one object per exporter
+    assert support.supports_empty_growing_cache is True
+    assert support.prepare_component("decode", model, inputs, None) is model
+    assert support.component_config("decode", model, inputs, None, config) is config
+    assert support.component_metadata(object()) == {}
+    assert support.generation_source(model, config) is None
+    assert support.component_filename("decode") == "decode.toy"  # name + the artifact's suffix
+    assert type(EagerExporter().generation_support) is RecordingSupport
     with pytest.raises(
         NotImplementedError, match=r"EagerExporter \('contracttoy'\) cannot load saved artifacts"
     ):
-        HfExporter.load(exporter, "x.toy")
+        HfExporter.load(EagerExporter(), "x.toy")
 
 
 def test_export_for_generation_calls_the_hooks_of_the_exporter(exported) -> None:
@@ -131,8 +144,11 @@ def test_export_for_generation_calls_the_hooks_of_the_exporter(exported) -> None
 def test_supports_empty_growing_cache_false_refuses_a_decode_only_export(llama, toy_format) -> None:
     model, inputs = llama
 
-    class NoEmptyCache(EagerExporter):
+    class NoEmptyCacheSupport(RecordingSupport):
         supports_empty_growing_cache = False
+
+    class NoEmptyCache(EagerExporter):
+        generation_support_class = NoEmptyCacheSupport
 
     with pytest.raises(
         ValueError, match=r"the contracttoy runtime cannot run a decode graph on an empty growing"
@@ -263,13 +279,13 @@ def test_component_filename_and_generation_runner_hooks(llama, exported, toy_for
 
     model, inputs = llama
     artifacts, _ = exported
-    exporter = EagerExporter()
-    assert exporter.component_filename("decode") == "decode.toy"  # the default: name + artifact suffix
+    support = EagerExporter().generation_support
+    assert support.component_filename("decode") == "decode.toy"  # the default: name + artifact suffix
     assert isinstance(
-        exporter.generation_runner(artifacts.plan, {"prefill": None, "decode": None}), GenerationRunner
+        support.generation_runner(artifacts.plan, {"prefill": None, "decode": None}), GenerationRunner
     )
 
-    class OwnLoop(EagerExporter):
+    class OwnLoopSupport(RecordingSupport):
         def component_filename(self, name):
             return f"{name}_graph.toy"
 
@@ -277,6 +293,9 @@ def test_component_filename_and_generation_runner_hooks(llama, exported, toy_for
             runner = super().generation_runner(plan, callers, **runner_kwargs)
             runner.made_by = "OwnLoop"
             return runner
+
+    class OwnLoop(EagerExporter):
+        generation_support_class = OwnLoopSupport
 
     folder = tmp_path / "own"
     save_components(OwnLoop(), artifacts, folder, model=model)
@@ -302,7 +321,7 @@ def test_generation_source_is_built_once_and_every_component_is_captured_from_it
     before = {k: v.clone() for k, v in model.state_dict().items()}
     built = []
 
-    class Scaling(EagerExporter):
+    class ScalingSupport(RecordingSupport):
         def generation_source(self, model, config):
             twin = copy.deepcopy(model)
             with torch.no_grad():
@@ -310,6 +329,9 @@ def test_generation_source_is_built_once_and_every_component_is_captured_from_it
             mark_transformed_source(twin, model, {"method": "scale"})
             built.append(twin)
             return twin
+
+    class Scaling(EagerExporter):
+        generation_support_class = ScalingSupport
 
     artifacts = Scaling().export_for_generation(model, inputs, DynamoConfig(atol=1e-2, rtol=1e-2))
     assert len(built) == 1
@@ -320,3 +342,53 @@ def test_generation_source_is_built_once_and_every_component_is_captured_from_it
     assert "forward" not in model.__dict__ and "forward" not in built[0].__dict__
     assert artifacts.reports["prefill"].validation["sample"]  # validated against the original
     assert "greedy_parity" not in artifacts.reports["decode"].extra  # fp32, no quantization: not gated
+
+
+def test_the_old_hfexporter_hook_names_still_work_for_one_release(llama, exported, tmp_path) -> None:
+    """issue 26: an exporter written against the old contract (hooks as ``HfExporter`` methods) is
+    told at class creation, and its overrides, ``super()`` calls included, are still the hooks the
+    core calls; calling an old name delegates to the support with a warning."""
+    model, inputs = llama
+    artifacts, _ = exported
+    calls = []
+
+    with pytest.warns(DeprecationWarning, match=r"Legacy overrides component_filename, component_metadata, "):
+
+        class Legacy(EagerModuleExporter):
+            export_format = FORMAT
+            supports_empty_growing_cache = False
+
+            def component_metadata(self, artifact):
+                calls.append("component_metadata")
+                return {"legacy": True, **super().component_metadata(artifact)}
+
+            def component_filename(self, name):
+                return f"old_{name}.toy"
+
+            def load_component(self, path, metadata):
+                calls.append(f"load_component {metadata}")
+                return super().load_component(path, metadata)
+
+    exporter = Legacy()
+    support = exporter.generation_support
+    assert isinstance(support, GenerationSupport) and type(support).__name__ == "LegacyGenerationSupport"
+    assert support.supports_empty_growing_cache is False
+    assert support.component_filename("decode") == "old_decode.toy"
+    folder = tmp_path / "legacy"
+    save_components(exporter, artifacts, folder, model=model)
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    assert manifest["files"] == {"prefill": "old_prefill.toy", "decode": "old_decode.toy"}
+    assert manifest["components"]["decode"]["metadata"] == {"legacy": True}  # super() reached the default
+    prompt = inputs["input_ids"][0].tolist()
+    assert generate_from_dir(folder, prompt, max_new_tokens=NEW_TOKENS, exporter=Legacy()) == _want(
+        model, prompt
+    )
+    assert calls == ["component_metadata"] * 2 + ["load_component {'legacy': True}"] * 2
+    # the old names on a new-style exporter: delegates, deprecated
+    new_style = EagerExporter()
+    with pytest.warns(DeprecationWarning, match=r"HfExporter.component_filename is deprecated"):
+        assert new_style.component_filename("decode") == "decode.toy"
+    with pytest.warns(DeprecationWarning, match=r"use exporter.generation_support.component_metadata"):
+        assert new_style.component_metadata(torch.nn.Linear(1, 1)) == {"module_class": "Linear"}
+    with pytest.warns(DeprecationWarning, match=r"HfExporter.supports_empty_growing_cache is deprecated"):
+        assert new_style.supports_empty_growing_cache is True

@@ -147,9 +147,9 @@ def test_multi_token_decode_graph_takes_any_query_length(llama, dynamic_parts, d
     _, artifacts = dynamic_parts
     decode = artifacts["decode"].module()
     inputs = decode_inputs_for_query_length(decode_kwargs, q, seed=q)
-    inputs.pop("use_cache"), inputs.pop("return_dict")
+    assert inputs["use_cache"] is True  # the kwargs the graph was exported with, flags included (issue 26)
     with torch.no_grad():
-        want = model(**copy.deepcopy(inputs), use_cache=True)
+        want = model(**copy.deepcopy(inputs))
         got = decode(**copy.deepcopy(inputs))
     assert got.logits.shape == (2, q, model.config.vocab_size)
     torch.testing.assert_close(got.logits, want.logits, atol=ATOL, rtol=0)
@@ -192,13 +192,12 @@ def test_static_cache_passed_to_the_decode_graph_grows_in_place(llama, static_pa
     ][1]
     decode = artifacts["decode"].module()
     for q, empty in ((1, False), (2, False), (4, False), (4, True)):
-        sample = decode_inputs_for_query_length(kwargs, q, empty_cache=empty, seed=q)
-        sample.pop("use_cache"), sample.pop("return_dict")
+        sample = decode_inputs_for_query_length(kwargs, q, empty_cache=empty, seed=q)  # flags included
         cache = sample["cache"]
         keys = cache.layers[0].keys
         before = int(cache.layers[0].cumulative_length)
         with torch.no_grad():
-            want = model(**copy.deepcopy(sample), use_cache=True)
+            want = model(**copy.deepcopy(sample))
             got = decode(**sample)
         assert int(cache.layers[0].cumulative_length) == before + q, "the cache length grows by q"
         assert cache.layers[0].keys is keys, "the same preallocated tensor is updated"

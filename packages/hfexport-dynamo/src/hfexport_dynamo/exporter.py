@@ -53,6 +53,7 @@ from hfexport.exporter import HfExporter
 from hfexport.report import CAPTURE_STEPS, ExportReport, Stage
 from hfexport_dynamo import aoti as _aoti
 from hfexport_dynamo.flat_io import flat_io_names, flat_program_io
+from hfexport_dynamo.generation import DynamoGenerationSupport
 from hfexport_dynamo.quantize import METHODS as _quantize_methods
 from hfexport_dynamo.runtime import ProgramRunner
 from hfexport_dynamo.serialization import load as load_program
@@ -262,7 +263,7 @@ class DynamoExporter(HfExporter):
         ambiguous (duplicate zip members ...) and, unless ``trust_remote_code``, when it holds
         content that could run code; ``torch.export.load`` then runs with weights-only unpickling
         only. :meth:`runner` of the result runs it; this is also what loads saved generation
-        components (``HfExporter.load_component`` runs ``self.runner(self.load(path))``).
+        components (the default ``generation_support.load_component`` runs ``self.runner(self.load(path))``).
 
         Args:
             path: the ``.pt2`` file.
@@ -277,13 +278,8 @@ class DynamoExporter(HfExporter):
         """
         return load_program(path, trust_remote_code=trust_remote_code)
 
-    def component_metadata(self, artifact: torch.export.ExportedProgram) -> dict[str, Any]:
-        """``{"flat_io": {"inputs": {flat_name: leaf_path}, "outputs": {...}}}`` for the manifest.
-
-        The names a torch-only process passes to ``torch.export.load(file).module()(**leaves)`` and
-        reads from its output dict (see :mod:`hfexport_dynamo.flat_io`).
-        """
-        return {"flat_io": flat_io_names(artifact)}
+    # -- generation hooks: hfexport_dynamo.generation.DynamoGenerationSupport ------------------
+    generation_support_class = DynamoGenerationSupport
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """``(1e-5, 1e-5)`` for fp32 models; ``(None, None)`` (the core's dtype defaults) otherwise."""

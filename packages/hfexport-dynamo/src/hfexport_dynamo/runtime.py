@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import UnsupportedInputError
+from hfexport.inputs.flags import fill_output_flags, program_output_flags
 from hfexport.tensors import get_leaf_tensors
 from hfexport_dynamo.flat_io import FLAT_SEPARATOR, flat_inputs, leaf_path, takes_flat_inputs
 
@@ -49,12 +50,17 @@ class ProgramRunner:
     :func:`hfexport.tensors.get_leaf_tensors` and flat names mapped back, so they carry the eager
     output's leaf paths (``logits``, ``last_hidden_state``, ``cache.layers.0.keys``, ...).
 
+    The output flags the program was exported with (``use_cache``, ``return_dict``: constant
+    inputs of a program captured from kwargs that carried them) may be left out; they are filled
+    in with their captured values (:func:`hfexport.inputs.flags.fill_output_flags`).
+
     Args:
         program: the exported program.
 
     Raises (on call):
         UnsupportedInputError: the kwargs miss an input the program was exported with, or add
-            one it was not exported with (the message lists both sets).
+            one it was not exported with (the message lists both sets); an output flag differs
+            from its captured value (the message names it).
         AssertionError: an input shape violates the program's shape guards (torch's message,
             e.g. ``Guard failed: input_ids.size()[0] == 1``).
     """
@@ -62,6 +68,8 @@ class ProgramRunner:
     def __init__(self, program: torch.export.ExportedProgram) -> None:
         self.program = program
         self.input_names = program_input_names(program)
+        #: ``{flag: value}`` the program takes as constant inputs (filled in when left out)
+        self.output_flags = program_output_flags(program)
         self._module: torch.nn.Module | None = None
         self._lock = threading.Lock()
 
@@ -76,6 +84,7 @@ class ProgramRunner:
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Run the program on forward kwargs ``inputs``; return its leaf tensors by path."""
         flat = takes_flat_inputs(self.program)
+        inputs = fill_output_flags(inputs, self.output_flags)
         kwargs = flat_inputs(inputs) if flat else dict(inputs)
         expected = self.program.call_spec.in_spec.child(1).context if flat else self.input_names
         if expected:

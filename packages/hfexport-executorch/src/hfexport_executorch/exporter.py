@@ -46,8 +46,8 @@ from hfexport.config import ExecutorchConfig, QuantizationMethod
 from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_executorch import bounds
-from hfexport_executorch import generation as _generation
 from hfexport_executorch.backends import remember_runtime_backend, runtime_backend
+from hfexport_executorch.generation import ExecutorchGenerationSupport
 from hfexport_executorch.quantize import METHODS as _quantize_methods
 from hfexport_executorch.quantize import WEIGHT_ONLY_METHODS
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
@@ -112,12 +112,6 @@ class ExecutorchExporter(HfExporter):
         "memory_budget",
         "memory_planning",
     )
-    #: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
-    #: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
-    #: ones it recomputes, and aborts the process (closest upstream discussion: pytorch/executorch
-    #: PR 19006). A dynamic-cache decode graph therefore cannot serve the prefill here: export the
-    #: ``prefill`` component as well (a static cache has no 0-size axis and can).
-    supports_empty_growing_cache: ClassVar[bool] = False
     #: fp32; fp16, which XNNPACK delegates (its fp16 kernels, measured on IgLM-S: top-1 0.996 vs
     #: fp32 eager); bf16, which lowers and runs but entirely on portable kernels (XNNPACK claims no
     #: bf16 node here): correct (top-1 0.996) and slower; ``report.extra["delegation"]`` shows it.
@@ -325,37 +319,8 @@ class ExecutorchExporter(HfExporter):
             return None, reason
         return (derived if with_cache else _fit_to_bounds(derived, inputs, planned)), ""
 
-    # -- generation hooks (HfExporter's contract; helpers in hfexport_executorch.generation) -----
-    def prepare_component(
-        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
-    ) -> torch.nn.Module:
-        """Static-cache components get paired cache inputs/outputs instead of in-place updates
-        (the runtime returns a mutated input as an extra output and leaves the input as it was);
-        see :func:`hfexport_executorch.generation.prepare_component`."""
-        return _generation.prepare_component(name, module, kwargs, plan)
-
-    def component_config(
-        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any, config: Any
-    ) -> Any:
-        """Bounded dynamic axes for decode-step components exported with ``dynamic=True``; see
-        :func:`hfexport_executorch.generation.component_config`."""
-        return _generation.component_config(name, module, kwargs, plan, config)
-
-    def component_metadata(self, artifact: Any) -> dict[str, Any]:
-        """The program's input/output pytree specs and the delegate backend it needs (a ``.pte``
-        holds the flat program only); see :func:`hfexport_executorch.generation.component_metadata`."""
-        return _generation.component_metadata(artifact)
-
-    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
-        """An :class:`~hfexport_executorch.runtime.ExecutorchRunner` over a saved ``.pte`` component,
-        rebuilt from the file and the specs in ``metadata``; see
-        :func:`hfexport_executorch.generation.load_component`.
-
-        Raises:
-            FileNotFoundError: no file at ``path``.
-            ValueError: ``metadata`` lacks the specs, or they name an unregistered node type.
-        """
-        return _generation.load_component(path, metadata)
+    # -- generation hooks: hfexport_executorch.generation.ExecutorchGenerationSupport -----------
+    generation_support_class = ExecutorchGenerationSupport
 
     def save(self, artifact: Any, path: str | os.PathLike[str]) -> None:
         """Write ``artifact`` (an ``ExecutorchProgramManager``) to ``path`` (``.pte``) atomically.

@@ -1,18 +1,26 @@
-"""Generation helpers of the ExecuTorch backend, called by the generation hooks of
-:class:`hfexport_executorch.ExecutorchExporter` (the backend contract is the exporter class; the
-core never looks this module up).
+"""The ExecuTorch backend's generation hooks: :class:`ExecutorchGenerationSupport`, the
+:class:`hfexport.generation.support.GenerationSupport` of
+:class:`hfexport_executorch.ExecutorchExporter` (its ``generation_support_class``), and the
+functions it calls.
 
 The greedy loop lives in the core (:class:`hfexport.generation.GenerationRunner`); each component
-call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. This module holds:
+call is an :class:`hfexport_executorch.runtime.ExecutorchRunner`. The hooks that differ from the
+core's defaults:
 
-- :func:`component_metadata` / :func:`load_component`: a ``.pte`` file holds the flat program
-  only, so the pytree specs of the program's inputs and outputs (caches and model outputs
-  included) go into the generation manifest and the runner is rebuilt from file and specs;
-- :func:`prepare_component`: static-cache components get paired cache inputs/outputs;
-- :func:`component_config`: decode-step components get bounded dynamic axes;
-- :func:`patchify_conv3d_as_matmul` (re-exported; registered in
-  :mod:`hfexport_executorch.workarounds.patches`, key ``executorch``): the patch-embedding Conv3d
-  of Qwen-style vision encoders as a matmul, which the runtime can execute.
+- ``supports_empty_growing_cache = False``: the runtime cannot run a decode graph on a growing
+  cache of 0 positions, so a decode-only export on a dynamic cache is refused;
+- ``component_metadata`` / ``load_component`` (:func:`component_metadata` / :func:`load_component`):
+  a ``.pte`` file holds the flat program only, so the pytree specs of the program's inputs and
+  outputs (caches and model outputs included) go into the manifest and the runner is rebuilt from
+  file and specs;
+- ``prepare_component`` (:func:`prepare_component`): static-cache components get paired cache
+  inputs/outputs;
+- ``component_config`` (:func:`component_config`): decode-step components get bounded dynamic axes;
+- ``generation_source``: the quantized copy every component is captured from.
+
+:func:`patchify_conv3d_as_matmul` (re-exported; registered in
+:mod:`hfexport_executorch.workarounds.patches`, key ``executorch``) computes the patch-embedding
+Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ import torch
 import torch.utils._pytree as pytree
 
 from hfexport.conventions import TEXT, max_positions, names_with
+from hfexport.generation.support import GenerationSupport
 from hfexport.pytree import register_known_pytrees
 from hfexport_executorch.workarounds.patches import patchify_conv3d_as_matmul
 
 __all__ = [
+    "ExecutorchGenerationSupport",
     "component_config",
     "component_metadata",
     "load_component",
@@ -51,17 +61,24 @@ def _modules(spec: pytree.TreeSpec) -> list[str]:
 
 def component_metadata(artifact: Any) -> dict[str, Any]:
     """The program's input/output pytree specs, the modules defining their node types (for
-    information only: :func:`load_component` never imports them) and the delegate backend the
-    runtime needs (e.g. ``XnnpackBackend``)."""
+    information only: :func:`load_component` never imports them), the delegate backend the
+    runtime needs (e.g. ``XnnpackBackend``) and, for a program exported with output flags, their
+    values (``output_flags``: constant inputs the runtime requires, filled in by the runner)."""
+    from hfexport.inputs.flags import program_output_flags
     from hfexport_executorch.backends import runtime_backend
 
-    spec = artifact.exported_program("forward").call_spec
-    return {
+    program = artifact.exported_program("forward")
+    spec = program.call_spec
+    metadata = {
         "in_spec": pytree.treespec_dumps(spec.in_spec),
         "out_spec": pytree.treespec_dumps(spec.out_spec),
         "modules": sorted(set(_modules(spec.in_spec)) | set(_modules(spec.out_spec))),
         "required_backend": runtime_backend(artifact),
     }
+    flags = program_output_flags(program)
+    if flags:
+        metadata["output_flags"] = flags
+    return metadata
 
 
 def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
@@ -96,7 +113,11 @@ def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) ->
             "imports modules named by a saved manifest: import the module that defines it before loading"
         ) from exc
     return ExecutorchRunner(
-        os.fspath(path), in_spec, out_spec, required_backend=metadata.get("required_backend")
+        os.fspath(path),
+        in_spec,
+        out_spec,
+        required_backend=metadata.get("required_backend"),
+        output_flags=dict(metadata.get("output_flags") or {}),
     )
 
 
@@ -185,3 +206,45 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
 
     _, prepared, _ = prepare_for_export(module, kwargs)
     return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
+
+
+class ExecutorchGenerationSupport(GenerationSupport):
+    """Generation hooks of the ExecuTorch backend (see the module docstring)."""
+
+    #: A growing (dynamic) cache of 0 positions cannot be fed to a program: the runtime's
+    #: ``make_tensor_ptr`` asserts that the strides torch gives a tensor with a 0-size axis are the
+    #: ones it recomputes, and aborts the process (closest upstream discussion: pytorch/executorch
+    #: PR 19006). A dynamic-cache decode graph therefore cannot serve the prefill here: export the
+    #: ``prefill`` component as well (a static cache has no 0-size axis and can).
+    supports_empty_growing_cache = False
+
+    def prepare_component(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
+    ) -> torch.nn.Module:
+        """Static-cache components get paired cache inputs/outputs instead of in-place updates
+        (the runtime returns a mutated input as an extra output and leaves the input as it was);
+        see :func:`prepare_component`."""
+        return prepare_component(name, module, kwargs, plan)
+
+    def component_config(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any, config: Any
+    ) -> Any:
+        """Bounded dynamic axes for decode-step components exported with ``dynamic=True``; see
+        :func:`component_config`."""
+        return component_config(name, module, kwargs, plan, config)
+
+    def component_metadata(self, artifact: Any) -> dict[str, Any]:
+        """The program's input/output pytree specs and the delegate backend it needs (a ``.pte``
+        holds the flat program only); see :func:`component_metadata`."""
+        return component_metadata(artifact)
+
+    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
+        """An :class:`~hfexport_executorch.runtime.ExecutorchRunner` over a saved ``.pte``, rebuilt
+        from the file and the specs in ``metadata``; see :func:`load_component`.
+
+        Raises:
+            FileNotFoundError: no file at ``path``.
+            ValueError: ``metadata`` lacks the specs, or they name an unregistered node type.
+            hfexport.errors.IntegrityError: the file differs from its SHA-256 in ``checksums.sha256``.
+        """
+        return load_component(path, metadata)

@@ -314,9 +314,12 @@ def pt2e_quantize(
     module = program.module()
     _integer_scalar_overloads(module)
     prepared = prepare_pt2e(module, quantizer)
+    from hfexport.inputs.flags import fill_output_flags, program_output_flags
+
+    flags = program_output_flags(program)  # constant inputs of a component's program (issue 26)
     with torch.no_grad():
         for batch in calibration:
-            prepared(**batch)
+            prepared(**fill_output_flags(batch, flags))
     converted = convert_pt2e(prepared)
     # one dynamic quantize chain per consumer, so each linear's pattern is self-contained for XNNPACK
     DuplicateDynamicQuantChainPass()(converted)

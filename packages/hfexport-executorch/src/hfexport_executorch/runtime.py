@@ -180,6 +180,11 @@ class ExecutorchRunner:
         method: the method to run.
         required_backend: a delegate backend the program needs in the runtime
             (``"XnnpackBackend"``); checked on first call.
+        output_flags: ``{flag: value}`` the program was exported with (``use_cache`` ...: constant
+            inputs of the program, which the runtime requires and checks); a call may leave them
+            out (they are filled in) or pass them (each is checked first, with an error naming
+            it). ``None``: the program's own (:func:`hfexport.inputs.flags.program_output_flags`)
+            when ``program`` is a program manager, else none.
 
     The program is loaded on first call and kept. Outputs are cloned: the runtime returns
     tensors backed by its planned memory, which the next call overwrites.
@@ -193,7 +198,13 @@ class ExecutorchRunner:
         *,
         method: str = "forward",
         required_backend: str | None = None,
+        output_flags: Mapping[str, Any] | None = None,
     ) -> None:
+        if output_flags is None and hasattr(program, "exported_program"):
+            from hfexport.inputs.flags import program_output_flags
+
+            output_flags = program_output_flags(program.exported_program(method))
+        self.output_flags = dict(output_flags or {})
         self._source = _program_bytes(program)
         self.in_spec = in_spec
         self.out_spec = out_spec
@@ -235,7 +246,11 @@ class ExecutorchRunner:
             method = load_method(program, self.method_name)
             if method is None:
                 raise RuntimeError(f"the ExecuTorch program has no method {self.method_name!r}")
-            self._planned_sizes = _planned_input_sizes(method)
+            from hfexport.native_output import captured_stderr
+
+            # the runtime logs "input: N is not Tensor" for each non-tensor input (output flags)
+            with captured_stderr("executorch"):
+                self._planned_sizes = _planned_input_sizes(method)
             self._method = method
         return self._method
 
@@ -258,13 +273,29 @@ class ExecutorchRunner:
                         "(a Dim(max=...) in ExecutorchConfig.dynamic_shapes, or a larger max_dynamic_bytes)"
                     )
 
+    def program_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """``kwargs`` as the program takes them: the output flags it was exported with filled in
+        when left out (:func:`hfexport.inputs.flags.fill_output_flags`), and flags it does not
+        take (a program exported without them) dropped.
+
+        Raises:
+            hfexport.errors.UnsupportedInputError: a flag differs from its exported value.
+        """
+        from hfexport.inputs.flags import OUTPUT_FLAG_KEYS, fill_output_flags
+
+        filled = fill_output_flags(kwargs, self.output_flags)
+        names = set(self.input_names)
+        return {k: v for k, v in filled.items() if k not in OUTPUT_FLAG_KEYS or k in names or not names}
+
     def flatten_inputs(self, kwargs: Mapping[str, Any]) -> list[Any]:
         """Flatten forward kwargs into the program's positional input list.
 
         Raises:
             ValueError: the kwargs do not have the structure the program was exported with (other
                 names, a missing input, a cache of another layout); the message lists both.
+            hfexport.errors.UnsupportedInputError: an output flag differs from its exported value.
         """
+        kwargs = self.program_kwargs(kwargs)
         names = self.input_names
         if names and set(names) == set(kwargs):
             kwargs = {k: kwargs[k] for k in names}
@@ -287,9 +318,11 @@ class ExecutorchRunner:
         Raises:
             ValueError: see :meth:`flatten_inputs`; or an input is larger than the upper bound the
                 program was memory-planned for (the message names the input, axis and bound).
+            hfexport.errors.UnsupportedInputError: an output flag differs from its exported value.
             RuntimeError: the runtime lacks the required backend, or execution failed.
         """
         register_cache_pytrees()
+        kwargs = self.program_kwargs(kwargs)
         flat = self.flatten_inputs(kwargs)
         method = self._load()
         self._check_sizes(kwargs, flat)

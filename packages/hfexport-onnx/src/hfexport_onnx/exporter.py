@@ -61,6 +61,7 @@ from hfexport.config import OnnxConfig, QuantizationMethod, check_opset_version,
 from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.linear_forms import eager_float32_bytes
 from hfexport.report import ExportReport, Stage
+from hfexport_onnx.generation import OnnxGenerationSupport
 from hfexport_onnx.io_names import IoNames, assign_io_names
 from hfexport_onnx.quantize import QUANTIZATION_METHODS
 from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
@@ -524,31 +525,8 @@ class OnnxExporter(HfExporter):
             raise FileNotFoundError(f"no ONNX model at {path}")
         return onnx.load(os.fspath(path))
 
-    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
-        """An ONNX Runtime session over a saved ``.onnx`` generation component.
-
-        The graph feeds inputs by leaf path (``input_ids``, ``cache.layers.0.keys`` ...) and names
-        the outputs like the eager model's; a cache goes in as graph inputs and comes back as
-        paired outputs (``cache.layers.0.keys.out`` mapped back to the leaf path), also for a
-        static cache, whose in-place update becomes an output in ONNX. ``metadata`` is unused (the
-        graph's names are in the file).
-
-        The graph and its external data (``<file>.data``) are first checked against the folder's
-        ``checksums.sha256`` when it lists them (:func:`hfexport.integrity.verify_file`).
-
-        Raises:
-            FileNotFoundError: no file at ``path``.
-            hfexport.errors.IntegrityError: the graph or its weights differ from their SHA-256.
-        """
-        from hfexport.integrity import verify_file
-
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"no ONNX model at {path}")
-        verify_file(path)
-        external = Path(path).with_name(Path(path).name + ".data")
-        if external.is_file():
-            verify_file(external)
-        return OnnxRuntimeRunner(path)
+    # -- generation hooks: hfexport_onnx.generation.OnnxGenerationSupport ----------------------
+    generation_support_class = OnnxGenerationSupport
 
     def default_tolerances(self, model: torch.nn.Module) -> tuple[float | None, float | None]:
         """fp32: ``(1e-4, 1e-3)``; fp16/bf16: ``(1e-2, 1e-2)`` (from the model's parameter dtype)."""

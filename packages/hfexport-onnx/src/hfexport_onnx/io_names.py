@@ -49,6 +49,9 @@ COLLISION_SUFFIX = ".out"
 INPUTS_KEY = "hfexport.inputs"
 #: ``metadata_props`` key holding ``{graph output name: leaf path}`` (JSON).
 OUTPUTS_KEY = "hfexport.outputs"
+#: ``metadata_props`` key holding ``{output flag: value}`` the graph was exported with (JSON;
+#: written only when there are flags). The graph takes no such input; the runner checks them.
+OUTPUT_FLAGS_KEY = "hfexport.output_flags"
 
 
 @dataclass
@@ -59,15 +62,22 @@ class IoNames:
         inputs: ``{graph input name: forward kwarg leaf path}``, in graph order.
         outputs: ``{graph output name: model output leaf path}``, in graph order.
         pruned_inputs: leaf paths of tensor inputs the graph does not take (unused by the model).
+        output_flags: ``{flag: value}`` the program was exported with (``use_cache`` ...); not
+            graph inputs (``torch.onnx`` drops constant inputs): the runner checks a given flag
+            against them and drops it.
     """
 
     inputs: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     pruned_inputs: list[str] = field(default_factory=list)
+    output_flags: dict[str, Any] = field(default_factory=dict)
 
     def to_metadata(self) -> dict[str, str]:
-        """The ``metadata_props`` entries recording this mapping."""
-        return {INPUTS_KEY: json.dumps(self.inputs), OUTPUTS_KEY: json.dumps(self.outputs)}
+        """The ``metadata_props`` entries recording this mapping (and the output flags, if any)."""
+        entries = {INPUTS_KEY: json.dumps(self.inputs), OUTPUTS_KEY: json.dumps(self.outputs)}
+        if self.output_flags:
+            entries[OUTPUT_FLAGS_KEY] = json.dumps(self.output_flags)
+        return entries
 
 
 def _key_path(keys: Sequence[Any]) -> str:
@@ -187,7 +197,9 @@ def assign_io_names(model: Any, program: torch.export.ExportedProgram) -> IoName
     initializer_names = set(graph.initializers)
     graph_inputs = [v for v in graph.inputs if v.name not in initializer_names]
 
-    names = IoNames()
+    from hfexport.inputs.flags import program_output_flags
+
+    names = IoNames(output_flags=program_output_flags(program))
     # Inputs: by placeholder name, falling back to position when torch.onnx renamed them.
     by_name = {v.name: v for v in graph_inputs}
     matched = [(by_name[n], p) for n, p in input_paths.items() if n in by_name]
@@ -263,4 +275,10 @@ def io_names_from_metadata(metadata: Mapping[str, str]) -> IoNames | None:
         raise ValueError(f"model metadata {INPUTS_KEY}/{OUTPUTS_KEY} is not valid JSON: {exc}") from exc
     if not isinstance(inputs, dict) or not isinstance(outputs, dict):
         raise ValueError(f"model metadata {INPUTS_KEY}/{OUTPUTS_KEY} must be JSON objects")
-    return IoNames(inputs=dict(inputs), outputs=dict(outputs))
+    try:
+        flags = json.loads(metadata.get(OUTPUT_FLAGS_KEY) or "{}")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"model metadata {OUTPUT_FLAGS_KEY} is not valid JSON: {exc}") from exc
+    if not isinstance(flags, dict):
+        raise ValueError(f"model metadata {OUTPUT_FLAGS_KEY} must be a JSON object")
+    return IoNames(inputs=dict(inputs), outputs=dict(outputs), output_flags=dict(flags))

@@ -191,13 +191,18 @@ class OnnxRuntimeRunner:
         """Map forward kwargs to the session's feeds ``{graph input name: ndarray}``.
 
         Tensors the graph does not take (inputs the model never reads, pruned at export) are
-        left out.
+        left out. Output flags (``use_cache`` ...) are no graph inputs: each one given is checked
+        against the value the graph was exported with (recorded in its metadata) and dropped.
 
         Raises:
             ValueError: a graph input has no matching leaf tensor in ``forward_kwargs``; the
                 message lists what the graph needs and what was given.
+            hfexport.errors.UnsupportedInputError: an output flag differs from its exported value.
         """
-        leaves = get_leaf_tensors(dict(forward_kwargs))
+        from hfexport.inputs.flags import check_output_flags
+
+        flags = self.io_names.output_flags if self.io_names is not None else {}
+        leaves = get_leaf_tensors(check_output_flags(forward_kwargs, flags))
         feeds: dict[str, np.ndarray] = {}
         missing = []
         for name in self.input_names:
@@ -226,6 +231,7 @@ class OnnxRuntimeRunner:
 
         Raises:
             ValueError: a graph input is missing (see :meth:`feeds`).
+            hfexport.errors.UnsupportedInputError: an output flag differs from its exported value.
         """
         results = self.session.run(None, self.feeds(forward_kwargs))
         return {

@@ -45,8 +45,9 @@ from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
+from hfexport_openvino.generation import OpenvinoGenerationSupport
 from hfexport_openvino.naming import name_model_io
-from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
+from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner
 from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds.fx_fixes import BACKEND
 
@@ -353,35 +354,5 @@ class OpenvinoExporter(HfExporter):
 
         return export_stateful_decoder(self, model, inputs, resolved)
 
-    def component_filename(self, name: str) -> str:
-        """``openvino_model.xml`` for the stateful decoder (the file OpenVINO GenAI reads), else ``<name>.xml``."""
-        from hfexport_openvino.stateful import STATEFUL_COMPONENT
-
-        return self.artifact_filename if name == STATEFUL_COMPONENT else f"{name}.xml"
-
-    def component_metadata(self, artifact: Any) -> dict[str, Any]:
-        """``{"stateful": bool, "inference_precision_hint": str | None}`` of a component model."""
-        hint = recorded_precision_hint(artifact)
-        return {
-            "stateful": bool(artifact.has_rt_info(["hfexport", "stateful"])),
-            "inference_precision_hint": hint,
-        }
-
-    def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
-        """A :class:`~hfexport_openvino.stateful.StatefulGenerationRunner` for a stateful decoder folder,
-        else the core's ``GenerationRunner``."""
-        from hfexport_openvino.stateful import STATEFUL_COMPONENT, StatefulGenerationRunner
-
-        if list(plan.components) == [STATEFUL_COMPONENT]:
-            return StatefulGenerationRunner(plan, callers[STATEFUL_COMPONENT])
-        return super().generation_runner(plan, callers, **runner_kwargs)
-
-    def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
-        """A runner over a saved component: :class:`~hfexport_openvino.runtime.OpenvinoRunner`, or a
-        :class:`~hfexport_openvino.stateful.StatefulDecoder` for a stateful decoder (``metadata["stateful"]``)."""
-        model = self.load(path)
-        if metadata.get("stateful"):
-            from hfexport_openvino.stateful import StatefulDecoder
-
-            return StatefulDecoder(model, precision_hint=metadata.get("inference_precision_hint"))
-        return OpenvinoRunner(model, precision_hint=metadata.get("inference_precision_hint"))
+    # -- generation hooks: hfexport_openvino.generation.OpenvinoGenerationSupport ---------------
+    generation_support_class = OpenvinoGenerationSupport

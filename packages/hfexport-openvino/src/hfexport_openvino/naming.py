@@ -50,10 +50,13 @@ class IoNames:
     Attributes:
         inputs: ``{input name: forward kwarg leaf path}`` in model input order.
         outputs: ``{output name: model output leaf path}`` in model output order.
+        output_flags: ``{flag: value}`` the program was exported with (``use_cache`` ...): no
+            model inputs; the runner checks a given flag against them and drops it.
     """
 
     inputs: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
+    output_flags: dict[str, Any] = field(default_factory=dict)
 
 
 def _key_path(keys: Sequence[Any]) -> str:
@@ -115,13 +118,17 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
         RuntimeError: the model has another number of inputs or outputs than the program's tensor
             user inputs/outputs (the conversion dropped or added one); the message lists both.
     """
+    from hfexport.inputs.flags import program_output_flags
+
     in_paths, out_paths = program_io_paths(program)
+    flags = program_output_flags(program)
+    _drop_flag_parameters(ov_model, program, flags)
     if len(ov_model.inputs) != len(in_paths) or len(ov_model.outputs) != len(out_paths):
         raise RuntimeError(
             f"the OpenVINO model has {len(ov_model.inputs)} inputs / {len(ov_model.outputs)} outputs, the "
             f"program {len(in_paths)} ({in_paths}) / {len(out_paths)} ({out_paths}); cannot name them"
         )
-    names = IoNames()
+    names = IoNames(output_flags=flags)
     for port, path in zip(ov_model.inputs, in_paths):
         port.get_tensor().set_names({path})
         names.inputs[path] = path
@@ -133,8 +140,30 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
         taken.add(name)
         port.get_tensor().set_names({name})
         names.outputs[name] = path
-    ov_model.set_rt_info(json.dumps({"inputs": names.inputs, "outputs": names.outputs}), [RT_INFO_KEY, "io"])
+    record: dict[str, Any] = {"inputs": names.inputs, "outputs": names.outputs}
+    if flags:
+        record["output_flags"] = flags
+    ov_model.set_rt_info(json.dumps(record), [RT_INFO_KEY, "io"])
     return names
+
+
+def _drop_flag_parameters(
+    ov_model: Any, program: torch.export.ExportedProgram, flags: dict[str, Any]
+) -> None:
+    """Remove the parameters ``openvino.convert_model`` made of the program's output flags
+    (``use_cache`` ...: constant inputs the graph never reads; OpenVINO 2026.x turns them into
+    unused model parameters), so the model takes the tensor inputs only, as every other runtime's."""
+    if not flags:
+        return
+    user_inputs = [s for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    if len(ov_model.inputs) != len(user_inputs):
+        return  # the conversion already left them out
+    parameters = list(ov_model.get_parameters())
+    for spec, parameter in zip(user_inputs, parameters):
+        if isinstance(spec.arg, TensorArgument) or spec.arg.name not in flags:
+            continue
+        if not any(target for output in parameter.outputs() for target in output.get_target_inputs()):
+            ov_model.remove_parameter(parameter)
 
 
 def io_names_from_model(ov_model: Any) -> IoNames:
@@ -145,7 +174,7 @@ def io_names_from_model(ov_model: Any) -> IoNames:
     """
     try:
         data = json.loads(str(ov_model.get_rt_info([RT_INFO_KEY, "io"]).astype(str)))
-        return IoNames(dict(data["inputs"]), dict(data["outputs"]))
+        return IoNames(dict(data["inputs"]), dict(data["outputs"]), dict(data.get("output_flags") or {}))
     except Exception:  # not recorded (a model from elsewhere): the names are the paths
         return IoNames(
             {p.get_any_name(): p.get_any_name() for p in ov_model.inputs},

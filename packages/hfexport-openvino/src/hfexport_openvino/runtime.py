@@ -61,7 +61,8 @@ class OpenvinoRunner:
 
     Raises (on call):
         UnsupportedInputError: the kwargs miss an input the model takes (the message lists the
-            model's inputs and what was given).
+            model's inputs and what was given), or give an output flag (``use_cache`` ...) another
+            value than the model was exported with (flags are no model inputs: checked, dropped).
 
     The model is compiled on first call; one infer request per runner, calls are serialised.
     """
@@ -94,7 +95,9 @@ class OpenvinoRunner:
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
         """Run the model on forward kwargs ``inputs``; return ``{output leaf path: tensor}``."""
-        leaves = get_leaf_tensors(dict(inputs))
+        from hfexport.inputs.flags import check_output_flags
+
+        leaves = get_leaf_tensors(check_output_flags(inputs, self.names.output_flags))
         missing = [path for path in self.names.inputs.values() if path not in leaves]
         if missing:
             raise UnsupportedInputError(

@@ -14,7 +14,10 @@ Stages (each a function, called in order by :func:`capture`):
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.capture`
    (faults of ``torch.export`` every backend meets), installed around the next step only;
-6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``.
+6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
+   the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
+   model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
+   program takes the kwargs it was exported with and its guards refuse another flag value.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ __all__ = [
     "capture",
     "check_dynamic_shapes",
     "check_shared_axes",
+    "flags_in_signature",
     "register_stale_attribute",
     "release_shape_env_caches",
     "reset_stale_state",
@@ -110,6 +114,45 @@ def signature_module(model: torch.nn.Module, inputs: Mapping[str, Any]) -> torch
     if all(k in named for k in inputs):
         return model
     return KwargsModule(model, list(inputs))
+
+
+@contextlib.contextmanager
+def flags_in_signature(module: torch.nn.Module, names: list[str], flags: Mapping[str, Any]) -> Iterator[None]:
+    """Give ``module`` a forward whose signature is the keyword inputs ``names`` followed by the
+    output flags ``flags``, for the ``with`` body (``torch.export`` binds kwargs and their
+    ``dynamic_shapes`` by that signature); the module's own forward is back afterwards.
+
+    The flags are already applied to the model's config (:func:`hfexport.inputs.apply_output_flags`);
+    traced as kwargs, ``torch.export`` records them as constant inputs of the program, so
+    ``program.module()(**inputs, use_cache=True)`` is accepted and another value fails its guard.
+    The forward passes every kwarg on to the module's previous forward (which names each flag or
+    takes ``**kwargs``: :func:`hfexport.inputs.prepare_for_export` checked it). No wrapper module
+    is made, so parameter names stay the model's own.
+
+    Args:
+        module: the module ``torch.export`` captures.
+        names: its input kwargs, in order.
+        flags: ``{flag: value}``; with none, ``module`` is left as it is.
+    """
+    if not flags:
+        yield
+        return
+    previous = module.__dict__.get("forward", _ABSENT)
+    inner = module.forward
+    params = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in [*names, *flags]]
+
+    def forward(**kwargs: Any) -> Any:
+        return inner(**kwargs)
+
+    forward.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    module.forward = forward  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        if previous is _ABSENT:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = previous
 
 
 def _auto_for(value: Any) -> Any:
@@ -404,7 +447,9 @@ def capture(
         inputs: forward kwargs: tensors, caches, ``None`` and Python scalars.
         config: a ``DynamoConfig`` (or subclass): ``dynamic``, ``dynamic_shapes``, ``strict``,
             ``prefer_deferred_runtime_asserts_over_guards`` are used.
-        report: an ``ExportReport``; facts (dynamic shapes, cleared attributes) go in ``extra``, the
+        report: an ``ExportReport``; its ``output_flags`` (set by ``HfExporter.export``) become
+            constant keyword inputs of the program (:func:`flags_in_signature`); facts (dynamic
+            shapes, cleared attributes) go in ``extra``, the
             names of the capture workarounds in effect in ``applied["capture_patches"]``, the image
             sides the model fixes in ``extra["model_fixed_sides"]`` (when there are any; see
             :func:`hfexport.side_probe.model_fixed_image_sides`), and what the program made of each
@@ -418,7 +463,9 @@ def capture(
             Off by default: callers that wrap the whole call in their own stage keep one stage.
 
     Returns:
-        The ``ExportedProgram``; its ``module()`` takes the same keyword inputs.
+        The ``ExportedProgram``; its ``module()`` takes the same keyword inputs, and the output
+        flags of ``report.output_flags`` (required, as every exported kwarg is; another value
+        fails a guard naming the flag).
 
     Raises:
         ValueError: ``dynamic_shapes`` names unknown inputs.
@@ -459,11 +506,14 @@ def capture(
                 report.record_applied(
                     "capture_patches", [e.name for e in in_effect if e.name not in recorded]
                 )
-        with stage("capture.torch_export"):
+        flags = dict((report.output_flags if report is not None else None) or {})
+        if flags and isinstance(traced_shapes, dict):
+            traced_shapes = {**traced_shapes, **dict.fromkeys(flags)}
+        with stage("capture.torch_export"), flags_in_signature(module, list(kwargs), flags):
             program = torch.export.export(
                 module,
                 args=(),
-                kwargs=kwargs,
+                kwargs={**kwargs, **flags},
                 dynamic_shapes=traced_shapes,
                 strict=bool(getattr(config, "strict", False)),
                 prefer_deferred_runtime_asserts_over_guards=bool(

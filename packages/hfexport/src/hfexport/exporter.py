@@ -21,13 +21,10 @@ provide. Two ways to do it:
 It may override, where the defaults do not fit:
 
 - ``load(path, *, trust_remote_code=False) -> artifact``: read a saved artifact (default: refuses);
-- generation hooks, used by ``export_for_generation`` and the generation folder loader:
-  ``prepare_component`` (adapt a component's module before export, default: unchanged),
-  ``component_config`` (adapt its config, default: unchanged), ``component_metadata`` (JSON-safe
-  facts the loader needs, stored in ``generation_manifest.json``, default: ``{}``),
-  ``load_component`` (a saved component file -> caller, default: ``runner(load(path))``),
-  ``generation_source`` (one transformed copy of the model, e.g. quantized, that every component
-  is captured from, default: ``None``) and ``supports_empty_growing_cache`` (default: True).
+- ``generation_support_class``: the :class:`hfexport.generation.support.GenerationSupport`
+  subclass holding its generation hooks (how a component is prepared, configured, named, described
+  in the manifest, loaded and run; default: the core's defaults). The hooks that were methods of
+  this class (``prepare_component``, ``load_component`` ...) still work for one release, deprecated.
 
 The base class owns what every backend shares: environment validation, input preparation, the
 reversible model state (training mode, attention implementation, output flags), validation
@@ -38,22 +35,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import logging
 import os
 import shutil
 import tempfile
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from hfexport.config import ExportConfigMixin, QuantizationMethod
 from hfexport.environment import check_environment, format_problems, warn_drift_once
 from hfexport.report import ExportReport, Stage
+
+if TYPE_CHECKING:
+    from hfexport.generation.support import GenerationSupport
 
 __all__ = ["CaptureSession", "HfExporter"]
 
@@ -131,8 +133,6 @@ class _ReportedExport:
 
 
 def _bound_export(function: Callable[..., Any], exporter: HfExporter) -> Callable[..., Any]:
-    import functools
-
     @functools.wraps(function)
     def export(*args: Any, **kwargs: Any) -> Any:
         model = args[0] if args else kwargs.get("model")
@@ -194,6 +194,42 @@ class CaptureSession:
     program: Any = None
 
 
+def _deprecated(exporter: HfExporter, hook: str) -> None:
+    """Warn that ``HfExporter.<hook>`` is deprecated, unless it is reached from the exporter's own
+    override of it (``super().hook(...)``), whose class was warned about at creation."""
+    from hfexport.generation.support import in_legacy_override
+
+    if in_legacy_override(exporter.generation_support, hook):
+        return
+    warnings.warn(
+        f"HfExporter.{hook} is deprecated and will be removed in the next release: use "
+        f"exporter.generation_support.{hook} (hfexport.generation.support.GenerationSupport)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _adopt_legacy_hooks(cls: type[HfExporter]) -> None:
+    """Keep the generation hooks an exporter subclass still overrides under their old
+    ``HfExporter`` names working for one release: warn once, at class creation, and give the class
+    a ``generation_support_class`` that calls its overrides
+    (:func:`hfexport.generation.support.legacy_support_class`)."""
+    from hfexport.generation.support import LEGACY_HOOKS, GenerationSupport, legacy_support_class
+
+    hooks = {name: cls.__dict__[name] for name in LEGACY_HOOKS if name in cls.__dict__}
+    if not hooks:
+        return
+    warnings.warn(
+        f"{cls.__qualname__} overrides {', '.join(sorted(hooks))} of HfExporter, deprecated and ignored from the "
+        "next release: move them to a subclass of hfexport.generation.support.GenerationSupport named by "
+        f"{cls.__qualname__}.generation_support_class",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    base = cls.generation_support_class or GenerationSupport
+    cls.generation_support_class = legacy_support_class(base, cls, hooks)
+
+
 class HfExporter:
     """Base exporter of a ``transformers.PreTrainedModel`` to one runtime.
 
@@ -207,16 +243,17 @@ class HfExporter:
             per process.
         artifact_filename: file name the CLI writes (``model.onnx``, ...); its suffix is also the
             suffix of saved generation components (``decode.onnx``).
-        supports_empty_growing_cache: see the generation hooks below (default True).
+        generation_support_class: the :class:`hfexport.generation.support.GenerationSupport`
+            subclass of the backend (``None``: the base class, the core's defaults).
         stages: the names of the backend's own report stages (those not in
             :class:`hfexport.report.Stage`), in run order; a test holds every report to them.
 
     A backend implements :meth:`export` alone (its artifact is then unvalidated, and
     ``last_report`` says so), or the pipeline hooks :meth:`_export`, :meth:`runner` and
     :meth:`save`, which the base class's :meth:`export` drives (preparation, capture, validation,
-    report). Methods with defaults it may override: :meth:`load`, :meth:`default_tolerances`, and
-    the generation hooks :meth:`prepare_component`, :meth:`component_config`,
-    :meth:`component_metadata`, :meth:`load_component`, :meth:`generation_source`.
+    report). Methods with defaults it may override: :meth:`load`, :meth:`default_tolerances`; its
+    generation hooks are one object, :attr:`generation_support` (an instance of
+    :attr:`generation_support_class`).
 
     Args:
         config: the default config for :meth:`export` (an instance of ``config_class``).
@@ -237,10 +274,10 @@ class HfExporter:
     # {distribution: specifier} the package declares it supports (used to find stale workarounds)
     supported_versions: ClassVar[dict[str, str]] = {}
     artifact_filename: ClassVar[str] = "model"
-    #: Whether a decode graph of this runtime can run on a growing (dynamic) cache of 0 positions,
-    #: i.e. serve the prefill of a decoder-only model (read by ``export_for_generation``: when it is
-    #: False and no ``prefill`` component is exported on a dynamic cache, the export is refused).
-    supports_empty_growing_cache: ClassVar[bool] = True
+    #: The backend's generation hooks: a :class:`hfexport.generation.support.GenerationSupport`
+    #: subclass, instantiated once per exporter as :attr:`generation_support` (``None``: the base
+    #: class, whose hooks are the core's defaults).
+    generation_support_class: ClassVar[type[GenerationSupport] | None] = None
     #: The backend's own stage names (the shared ones are :class:`hfexport.report.Stage`).
     stages: ClassVar[tuple[str, ...]] = ()
     #: ``config.dtype`` values this backend can capture and run here (see :meth:`check_precision`).
@@ -286,6 +323,7 @@ class HfExporter:
         if not (isinstance(declared, QuantizationMethodTable) and declared.backend == cls.export_format):
             own = declared.own if isinstance(declared, QuantizationMethodTable) else dict(declared or {})
             cls.quantization_methods = QuantizationMethodTable(cls.export_format, own)
+        _adopt_legacy_hooks(cls)
         own = cls.__dict__.get("export")
         if own is not None and cls._export is HfExporter._export and not isinstance(own, _ReportedExport):
             cls.export = _ReportedExport(own)  # type: ignore[method-assign]
@@ -307,7 +345,7 @@ class HfExporter:
         #: :func:`hfexport.folder.write_export_folder` records by default
         self.last_config: ExportConfigMixin | None = None
         #: the resolved config of the export running now (dtype decided), ``None`` between exports:
-        #: what :meth:`runner` and :meth:`load_component` read for runtime settings (device ...)
+        #: what :meth:`runner` and ``generation_support.load_component`` read for runtime settings
         self.active_config: ExportConfigMixin | None = None
         # optional progress hook: callback(event, stage_record), event in {"start", "end"}
         self.stage_callback: Callable[[str, Any], None] | None = None
@@ -502,7 +540,7 @@ class HfExporter:
                 one given at construction, else the class defaults.
             component: name of the exported component, used in the report and errors.
             source: a transformed copy of ``model`` (same structure and forward, e.g. the quantized
-                copy :meth:`generation_source` built once for every generation component) to
+                copy ``generation_support.generation_source`` built once for every generation component) to
                 capture instead of ``model``; the artifact is still validated against ``model``
                 (the fp32 eager reference). The same output flags and attention settings are applied
                 to it for the export and undone afterwards.
@@ -646,6 +684,7 @@ class HfExporter:
                 model, inputs, flags = prepare_for_export(model, sample_inputs)
                 inputs = cast_leaf_tensors(inputs, torch_dtype(decision.reference))
                 stack.enter_context(apply_output_flags(model, flags))
+                report.output_flags = dict(flags) or None  # constant inputs of the program (capture)
                 if source is not None:
                     stack.enter_context(attention_for_export(source))
                     stack.enter_context(apply_output_flags(source, flags))
@@ -669,7 +708,7 @@ class HfExporter:
                     staged = staging / target.name
                     with report.stage(Stage.SAVE, detail=str(target)):
                         self.save(artifact, staged)
-                        metadata = self.component_metadata(artifact)
+                        metadata = self.generation_support.component_metadata(artifact)
                         report.artifact_metadata = metadata
                     from hfexport.integrity import hash_in_background
 
@@ -688,7 +727,7 @@ class HfExporter:
                             from hfexport.integrity import mark_written
 
                             mark_written(staging)  # its checksums are written after validation
-                            run = self.load_component(staged, metadata)
+                            run = self.generation_support.load_component(staged, metadata)
                 elif sets is not None:
                     extra = self.extra_runners(artifact, None)
                 if sets is not None:
@@ -698,12 +737,30 @@ class HfExporter:
         return artifact, report
 
     def loads_artifacts(self) -> bool:
-        """Whether this backend reads its saved artifacts back (:meth:`load` or
-        :meth:`load_component` overridden): then an export with a path validates the saved file
-        (when :attr:`validates_saved_file`); otherwise the in-memory artifact is validated (and
-        kept until then)."""
-        cls = type(self)
-        return cls.load is not HfExporter.load or cls.load_component is not HfExporter.load_component
+        """Whether this backend reads its saved artifacts back (:meth:`load` overridden, or
+        ``load_component`` of its :attr:`generation_support`): then an export with a path validates
+        the saved file (when :attr:`validates_saved_file`); otherwise the in-memory artifact is
+        validated (and kept until then)."""
+        from hfexport.generation.support import GenerationSupport
+
+        loader = type(self.generation_support).load_component
+        return type(self).load is not HfExporter.load or loader is not GenerationSupport.load_component
+
+    @functools.cached_property
+    def generation_support(self) -> GenerationSupport:
+        """The backend's generation hooks: an instance of :attr:`generation_support_class` bound
+        to this exporter (built on first use, then kept).
+
+        Used by ``export_for_generation`` (``prepare_component``, ``component_config``,
+        ``generation_source``, ``supports_empty_growing_cache``), ``save_components`` and export
+        folders (``component_filename``, ``component_metadata``), and every loader
+        (``load_component``, ``generation_runner``); see
+        :class:`hfexport.generation.support.GenerationSupport`.
+        """
+        from hfexport.generation.support import GenerationSupport
+
+        cls = type(self).generation_support_class or GenerationSupport
+        return cls(self)
 
     @contextlib.contextmanager
     def _in_use(self, config: Any) -> Any:
@@ -1090,165 +1147,51 @@ class HfExporter:
             "its backend does not implement HfExporter.load"
         )
 
-    # -- generation hooks --------------------------------------------------------------------------
+    # -- generation hooks: deprecated names (moved to GenerationSupport) -------------------------
     def prepare_component(
         self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
     ) -> torch.nn.Module:
-        """Adapt a generation component's module before it is exported (default: ``module``).
-
-        Called by ``export_for_generation`` once per component, before :meth:`component_config`.
-
-        Args:
-            name: the component (``"prefill"``, ``"decode"``, ``"image_encoder"`` ...).
-            module: the exportable submodule (it has a transformers ``config``).
-            kwargs: its recorded forward kwargs (tensors, ``Cache`` objects); do not modify them.
-            plan: the :class:`hfexport.generation.plan.GenerationPlan` (``cache_kind``,
-                ``max_cache_len``, ``architecture`` ...).
-
-        Returns:
-            The module to export: ``module`` itself or a wrapper with the same forward kwargs (e.g.
-            :class:`hfexport.generation.parts.FunctionalCacheModule` for runtimes that do not
-            write mutated inputs back).
-        """
-        return module
+        """Deprecated: ``generation_support.prepare_component`` (removed in the next release)."""
+        _deprecated(self, "prepare_component")
+        return self.generation_support.prepare_component(name, module, kwargs, plan)
 
     def component_config(
-        self,
-        name: str,
-        module: torch.nn.Module,
-        kwargs: Mapping[str, Any],
-        plan: Any,
-        config: ExportConfigMixin,
-    ) -> ExportConfigMixin:
-        """Adapt a generation component's resolved config (default: ``config``).
-
-        Args:
-            name, module, kwargs, plan: as for :meth:`prepare_component` (``module`` is the
-                prepared one).
-            config: the component's config, already an instance of :attr:`config_class`.
-
-        Returns:
-            The config to export the component with (e.g. ``config.replace(dynamic_shapes=...)``
-            with bounded dynamic axes); never mutate ``config`` in place.
-        """
-        return config
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any, config: Any
+    ) -> Any:
+        """Deprecated: ``generation_support.component_config`` (removed in the next release)."""
+        _deprecated(self, "component_config")
+        return self.generation_support.component_config(name, module, kwargs, plan, config)
 
     def component_metadata(self, artifact: Any) -> dict[str, Any]:
-        """JSON-safe facts :meth:`load_component` needs besides the file (default: ``{}``).
-
-        Stored as the component's ``"metadata"`` in ``generation_manifest.json``. The loader never
-        imports modules named in it: a manifest comes from a folder, i.e. possibly from someone else.
-
-        Args:
-            artifact: one component's artifact, as :meth:`export` returned it.
-
-        Returns:
-            A dict of JSON-serialisable values (strings, numbers, lists, dicts).
-        """
-        return {}
+        """Deprecated: ``generation_support.component_metadata`` (removed in the next release)."""
+        _deprecated(self, "component_metadata")
+        return self.generation_support.component_metadata(artifact)
 
     def component_filename(self, name: str) -> str:
-        """File name of generation component ``name`` in a saved folder (default: ``name`` plus the
-        extension of :attr:`artifact_filename`, e.g. ``decode.onnx``).
-
-        A backend whose runtime loads fixed file names (OpenVINO GenAI reads ``openvino_model.xml``)
-        returns them here; ``save_components`` records the name in the manifest, so loading needs
-        no rule.
-        """
-        suffix = "".join(Path(str(self.artifact_filename)).suffixes) or ".bin"
-        return f"{name}{suffix}"
+        """Deprecated: ``generation_support.component_filename`` (removed in the next release)."""
+        _deprecated(self, "component_filename")
+        return self.generation_support.component_filename(name)
 
     def generation_runner(self, plan: Any, callers: Mapping[str, Any], **runner_kwargs: Any) -> Any:
-        """The greedy runner over loaded components (default: :class:`hfexport.generation.GenerationRunner`).
-
-        Called by :func:`hfexport.generation.load_runner` (hence ``hfexport generate``) with the
-        folder's plan and the callers :meth:`load_component` returned. A backend whose components
-        are not stateless graphs (a decoder keeping its KV cache as runtime state) returns its own
-        runner here; it must offer ``plan`` and ``generate(input_ids, attention_mask=None, *,
-        max_new_tokens, **inputs) -> int64 [batch, seq + n]`` like ``GenerationRunner``.
-
-        Args:
-            plan: the :class:`hfexport.generation.plan.GenerationPlan` of the folder.
-            callers: ``{component: caller}`` from :meth:`load_component`.
-            runner_kwargs: passed on to ``GenerationRunner`` (``prefill_with_decode`` ...).
-        """
-        from hfexport.generation.runner import GenerationRunner
-
-        return GenerationRunner(plan, callers, **runner_kwargs)
+        """Deprecated: ``generation_support.generation_runner`` (removed in the next release)."""
+        _deprecated(self, "generation_runner")
+        return self.generation_support.generation_runner(plan, callers, **runner_kwargs)
 
     def load_component(self, path: str | os.PathLike[str], metadata: Mapping[str, Any]) -> Any:
-        """Load one saved generation component and return its caller.
-
-        The default is ``self.runner(self.load(path))``, with the backend's safe loading
-        (``trust_remote_code=False``).
-
-        Args:
-            path: the component file (``decode.pt2`` ...).
-            metadata: what :meth:`component_metadata` returned for it at save time.
-
-        Returns:
-            A callable: forward kwargs (the component's plan input structure) ->
-            ``{output_leaf_path: tensor}``.
-
-        Raises:
-            FileNotFoundError: no file at ``path``.
-            NotImplementedError: the backend cannot load saved artifacts.
-        """
-        return self.runner(self.load(path, trust_remote_code=False))
+        """Deprecated: ``generation_support.load_component`` (removed in the next release)."""
+        _deprecated(self, "load_component")
+        return self.generation_support.load_component(path, metadata)
 
     def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
-        """A transformed copy of ``model`` that every generation component is captured from, built
-        once per :meth:`export_for_generation` (default: ``None``, each component's :meth:`export`
-        transforms what it needs itself).
+        """Deprecated: ``generation_support.generation_source`` (removed in the next release)."""
+        _deprecated(self, "generation_source")
+        return self.generation_support.generation_source(model, config)
 
-        A backend whose config transforms the model's weights before capture (a quantizing source
-        transform) returns one transformed deep copy here, so that ``prefill``, ``decode`` and the
-        other components share one set of transformed weights instead of transforming the model
-        once per component; ``model`` itself is never modified. The copy must keep ``model``'s
-        module structure (components are found in it by their qualified names) and let the
-        backend's ``_export`` recognise it as already transformed. Components are exported with
-        ``export(component_module, kwargs, config, source=<the same module in the copy>)`` and still
-        validated against the untransformed model.
-
-        Args:
-            model: the generative model (left untouched).
-            config: the component config (an instance of :attr:`config_class`).
-
-        The default builds it from the declared quantization method
-        (:attr:`quantization_methods`): a float32 export whose method has a ``source``-phase
-        function (its ``apply`` for a ``source`` method, its ``prepare`` for a later one) gets
-        that function's copy, marked with its facts
-        (:func:`hfexport.generation.parts.mark_transformed_source`), which the shared capture step
-        (:meth:`captured_program`) recognises in each component instead of quantizing again. A
-        reduced ``dtype`` gets ``None`` (each component casts, then quantizes).
-
-        Args:
-            model: the generative model (left untouched).
-            config: the component config (an instance of :attr:`config_class`).
-
-        Returns:
-            The copy, or ``None`` when ``config`` asks for no source transform.
-
-        Raises:
-            ValueError: the quantization is refused (:meth:`check_precision`).
-        """
-        method = self.quantization_spec(config)
-        source_function = method.source_function() if method is not None else None
-        if source_function is None or str(getattr(config, "dtype", None) or "float32") != "float32":
-            return None
-        self.check_precision(config)
-        from hfexport.generation.parts import mark_transformed_source
-        from hfexport.linear_forms import weight_bytes
-        from hfexport.quantization import QuantizationRequest
-
-        before = weight_bytes(model)
-        result = source_function(QuantizationRequest(model, config.quantization, "source"))
-        if result.target is model:
-            return None
-        facts = {"method": config.quantization.method, **result.facts, "shared_by_components": True}
-        facts.setdefault("weight_bytes_before", before)
-        mark_transformed_source(result.target, model, facts)
-        return result.target
+    @property
+    def supports_empty_growing_cache(self) -> bool:
+        """Deprecated: ``generation_support.supports_empty_growing_cache`` (removed in the next release)."""
+        _deprecated(self, "supports_empty_growing_cache")
+        return self.generation_support.supports_empty_growing_cache
 
     def export_for_generation(
         self,
@@ -1296,7 +1239,7 @@ class HfExporter:
                 the component, the submodel class and the input keys).
 
         A ``config.quantization`` that transforms the weights before capture is applied once:
-        :meth:`generation_source` builds one transformed copy that every component is captured
+        ``generation_support.generation_source`` builds one transformed copy that every component is captured
         from (``model`` is never modified). A reduced-precision or quantized export is gated per
         component against the fp32 eager model (top-1 agreement of the logits, cosine; KV-cache
         outputs at :data:`hfexport.quality.CACHE_COSINE_GATE`), and a greedy generation over the
@@ -1511,9 +1454,10 @@ class HfExporter:
         Raises:
             ExportValidationError: a text gate is missed (metric, value, gate and margin named).
         """
+        from hfexport.inputs.flags import with_output_flags
         from hfexport.verify.text import validate_text
 
-        result = validate_text(reference, run, raise_on_failure=False)
+        result = validate_text(reference, with_output_flags(run, report.output_flags), raise_on_failure=False)
         row = result.to_dict()
         report.validation["text"] = [row]
         if not result.ok:
@@ -1646,7 +1590,9 @@ class HfExporter:
         Args:
             model: the eager reference model (float32 for a float32 export; the model's own dtype
                 otherwise), flags applied as for the export.
-            run: the backend runner (forward kwargs -> ``{output_name: tensor}``).
+            run: the backend runner (forward kwargs -> ``{output_name: tensor}``); with a
+                ``report`` whose ``output_flags`` are set, it is called with ``inputs`` plus those
+                flags (the kwargs the artifact was exported with).
             inputs: forward kwargs in the reference model's dtype (``Cache`` objects or nested
                 lists/dicts of cache tensors included), as the eager model takes them.
             config: the export's config. When ``config.dtype`` differs from the reference model's
@@ -1668,10 +1614,13 @@ class HfExporter:
         Raises:
             ExportValidationError: an output differs beyond tolerance or misses a gate.
         """
+        from hfexport.inputs.flags import with_output_flags
         from hfexport.precision import dtype_name, model_dtype
         from hfexport.verify.compare import validate_artifact
         from hfexport.verify.gates import output_gates, quality_gates_for, validate_quality
 
+        if report is not None:  # the artifact gets the kwargs it was exported with, flags included
+            run = with_output_flags(run, report.output_flags)
         gates = quality_gates_for(config, reference=dtype_name(model_dtype(model)))
         if gates is not None:
             gates = output_gates(gates)  # the text metrics are scored by check_text

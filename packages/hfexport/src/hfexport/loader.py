@@ -305,5 +305,5 @@ def load(output_dir: str | os.PathLike[str]) -> ExportedModel:
         raise ExportFolderError(
             f"{folder} has no {filename}, the artifact its {REPORT_NAME} names; export it again"
         )
-    caller = exporter.load_component(path, entry.metadata if entry is not None else {})
+    caller = exporter.generation_support.load_component(path, entry.metadata if entry is not None else {})
     return ExportedModel(folder, exporter.export_format, task=task, output_class=cls, runner=caller)

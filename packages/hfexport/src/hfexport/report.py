@@ -118,6 +118,7 @@ TYPED_FACTS = (
     "top1_gated_on_text",
     "greedy_parity",
     "validation_generation",
+    "output_flags",
 )
 
 
@@ -140,7 +141,7 @@ class ExportReport:
         dtype: the dtype decision (:class:`hfexport.precision.DtypeDecision` as a dict: ``export``,
             ``model``, ``reference``, ``requested``, ``reason``, ``upcasts``, ``gated``), ``None``
             before the export starts.
-        artifact_metadata: what ``HfExporter.component_metadata`` returned for the saved artifact
+        artifact_metadata: what ``exporter.generation_support.component_metadata`` returned for the saved artifact
             (``None`` when nothing was saved); the folder's ``export_report.json`` keeps it for
             ``hfexport.load``.
         dynamic_axes: what the captured program made of each input axis asked dynamic (written by
@@ -161,6 +162,9 @@ class ExportReport:
         greedy_parity: greedy generation from the exported components against ``model.generate``
             (``hfexport.generation.export``, after the components are exported).
         validation_generation: the OpenVINO stateful decoder's own generation check.
+        output_flags: the output flags of the sample inputs (``{"use_cache": True, ...}``), set
+            by ``HfExporter.export`` after preparing the inputs; :func:`hfexport.capture.capture`
+            makes them constant inputs of the program, validation passes them to the runner.
     """
 
     export_format: str
@@ -183,6 +187,7 @@ class ExportReport:
     top1_gated_on_text: bool = False
     greedy_parity: dict[str, Any] | None = None
     validation_generation: dict[str, Any] | None = None
+    output_flags: dict[str, Any] | None = None
     # called as callback(event, record) with event "start" or "end"; used by the CLI for progress
     callback: Any = field(default=None, repr=False, compare=False)
 

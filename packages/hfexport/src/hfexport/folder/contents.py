@@ -91,7 +91,7 @@ def read_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
 @dataclass
 class ArtifactEntry:
     """The artifact of a plain export: its file name in the folder and the metadata the backend's
-    ``load_component(path, metadata)`` takes (what ``HfExporter.component_metadata`` returned)."""
+    ``load_component(path, metadata)`` takes (what ``generation_support.component_metadata`` returned)."""
 
     file: str | None
     metadata: dict[str, Any] = field(default_factory=dict)

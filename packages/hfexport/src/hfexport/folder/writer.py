@@ -147,11 +147,13 @@ class ExportFolderWriter:
         """Save an in-memory artifact of a plain export with ``exporter.save``.
 
         Returns:
-            The record's ``artifact`` entry (file name, ``exporter.component_metadata(artifact)``).
+            The record's ``artifact`` entry (file name, ``exporter.generation_support.component_metadata(artifact)``).
         """
         path = self.artifact_path()
         self.exporter.save(artifact, path)
-        return ArtifactEntry(file=path.name, metadata=dict(self.exporter.component_metadata(artifact) or {}))
+        return ArtifactEntry(
+            file=path.name, metadata=dict(self.exporter.generation_support.component_metadata(artifact) or {})
+        )
 
     def saved_artifact(self, metadata: Mapping[str, Any] | None) -> ArtifactEntry:
         """The ``artifact`` entry of an artifact already saved at :meth:`artifact_path` (by

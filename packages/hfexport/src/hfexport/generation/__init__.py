@@ -9,7 +9,9 @@
 - :class:`GenerationRunner`: the greedy loop over exported components (:mod:`.runner`);
 - :func:`save_components` / :func:`load_components` / :func:`generate_from_dir`: one file per
   component plus ``generation_manifest.json`` (:mod:`.persist`);
-- :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`).
+- :func:`compare_with_generate`: parity of the exported loop with ``model.generate`` (:mod:`.parity`);
+- :class:`GenerationSupport`: what a backend adds to all of the above, one object per exporter
+  (``HfExporter.generation_support``; :mod:`.support`).
 
 Importing this package registers the ``generation`` workarounds (:mod:`hfexport.workarounds.generation`); the
 vision-language input preparers (:mod:`.vision_inputs`) are registered by :mod:`hfexport.inputs` on
@@ -39,6 +41,7 @@ from hfexport.generation.persist import (
 from hfexport.generation.plan import ComponentIO, GenerationPlan
 from hfexport.generation.recording import capture_generate_calls, record_generation
 from hfexport.generation.runner import GenerationRunner, callers_from_exporter, exported_program_caller
+from hfexport.generation.support import GenerationSupport
 from hfexport.generation.vision_inputs import mrope_position_ids, vision_grid_inputs
 from hfexport.workarounds import generation as _workarounds  # noqa: F401  (registers the workarounds)
 
@@ -51,6 +54,7 @@ __all__ = [
     "GenerationParity",
     "GenerationPlan",
     "GenerationRunner",
+    "GenerationSupport",
     "callers_from_exporter",
     "capture_generate_calls",
     "compare_with_generate",

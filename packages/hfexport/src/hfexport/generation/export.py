@@ -239,7 +239,7 @@ def export_components(
         plan.architecture == "decoder"
         and plan.cache_kind == "dynamic"
         and "prefill" not in names
-        and not exporter.supports_empty_growing_cache
+        and not exporter.generation_support.supports_empty_growing_cache
     ):
         raise ValueError(
             f"the {exporter.export_format} runtime cannot run a decode graph on an empty growing cache, so it "
@@ -254,11 +254,11 @@ def export_components(
     for name in names:
         module, kwargs = decomposition[name]
         exportable = exportable_module(module, parent_config)
-        exportable = exporter.prepare_component(name, exportable, kwargs, plan)
+        exportable = exporter.generation_support.prepare_component(name, exportable, kwargs, plan)
         try:
             resolved = exporter._resolve_config(configs[name])
             resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
-            resolved = exporter.component_config(name, exportable, kwargs, plan, resolved)
+            resolved = exporter.generation_support.component_config(name, exportable, kwargs, plan, resolved)
             resolved_configs[name] = resolved
             source = sources.component(name, module, kwargs, plan, resolved)
             artifact = exporter.export(exportable, kwargs, resolved, component=name, source=source)
@@ -307,7 +307,7 @@ GREEDY_PARITY_TOKENS = 16
 
 
 class _SourceCopies:
-    """The transformed copies of the model (:meth:`HfExporter.generation_source`), one per distinct
+    """The transformed copies of the model (``exporter.generation_support.generation_source``), one per distinct
     transform among the component configs, built on first use and shared by every component; a
     component is found in its copy by its qualified name in the model."""
 
@@ -328,18 +328,18 @@ class _SourceCopies:
         self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: GenerationPlan, config: Any
     ) -> torch.nn.Module | None:
         """The component's module in the transformed copy, adapted as the component itself is
-        (:func:`exportable_module`, ``exporter.prepare_component``), or ``None`` (no transform, or
+        (:func:`exportable_module`, ``generation_support.prepare_component``), or ``None`` (no transform, or
         the component is no submodule of the model: its own export then transforms it)."""
         key = self._key(config)
         if key not in self.copies:
-            self.copies[key] = self.exporter.generation_source(self.model, config)
+            self.copies[key] = self.exporter.generation_support.generation_source(self.model, config)
         copy = self.copies[key]
         path = self.paths.get(id(module))
         if copy is None or path is None:
             return None
         part = copy.get_submodule(path)
         exportable = exportable_module(part, getattr(copy, "config", None))
-        return self.exporter.prepare_component(name, exportable, kwargs, plan)
+        return self.exporter.generation_support.prepare_component(name, exportable, kwargs, plan)
 
     def release(self) -> None:
         self.copies.clear()

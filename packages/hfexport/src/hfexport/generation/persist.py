@@ -11,10 +11,10 @@ ids and the full :class:`~hfexport.generation.plan.GenerationPlan` (component in
 and output names), so :func:`generate_from_dir` can run greedy generation with nothing but the
 folder and the backend package installed.
 
-Backends plug in through the generation hooks of their exporter (:class:`hfexport.exporter.HfExporter`):
-:meth:`~hfexport.exporter.HfExporter.component_metadata` (JSON-safe facts the loader will need,
-stored per component) at save time, :meth:`~hfexport.exporter.HfExporter.load_component` at load
-time. The exporter class that loads a folder is the one registered for the manifest's ``format``
+Backends plug in through their exporter's ``generation_support``
+(:class:`hfexport.generation.support.GenerationSupport`): ``component_filename`` and
+``component_metadata`` (JSON-safe facts the loader will need, stored per component) at save time,
+``load_component`` and ``generation_runner`` at load time. The exporter class that loads a folder is the one registered for the manifest's ``format``
 (:func:`hfexport.auto.get_hf_exporter`); nothing named in the manifest is ever imported.
 """
 
@@ -49,11 +49,6 @@ logger = logging.getLogger(__name__)
 # incompatible changes) are the export folder's, defined once in hfexport.folder.contents
 
 
-def _suffix(exporter: Any) -> str:
-    suffix = "".join(Path(str(exporter.artifact_filename)).suffixes)
-    return suffix or ".bin"
-
-
 def save_components(
     exporter: Any,
     artifacts: Mapping[str, Any],
@@ -66,9 +61,9 @@ def save_components(
     """Write one file per component and ``generation_manifest.json`` as the folder ``output_dir``.
 
     Args:
-        exporter: the ``HfExporter`` that produced ``artifacts`` (its ``save`` writes each file,
-            its ``component_metadata`` gives each component's manifest metadata, its
-            ``artifact_filename`` gives the extension, e.g. ``.onnx``).
+        exporter: the ``HfExporter`` that produced ``artifacts`` (its ``save`` writes each file;
+            its ``generation_support`` names each file, ``component_filename``, e.g.
+            ``decode.onnx``, and gives each component's manifest metadata, ``component_metadata``).
         artifacts: ``{component: artifact}`` as ``export_for_generation`` returns it.
         output_dir: the folder (created if needed). It is replaced as a whole by
             :func:`hfexport.atomic.atomic_output_dir`: once everything was written the new folder
@@ -108,17 +103,16 @@ def save_components(
     token_ids = dict(plan.token_ids)
     if model is not None:
         token_ids.update({k: v for k, v in token_ids_of(model).items() if v not in (None, [])})
-    suffix = _suffix(exporter)
     target = Path(output_dir)
     files: dict[str, str] = {}
     components: dict[str, dict[str, Any]] = {}
+    support = exporter.generation_support
     with atomic_output_dir(target, overwrite=overwrite) as staging:
         for name in plan.components:
-            namer = getattr(exporter, "component_filename", None)
-            filename = namer(name) if callable(namer) else f"{name}{suffix}"
+            filename = support.component_filename(name)
             exporter.save(artifacts[name], staging / filename)
             files[name] = filename
-            components[name] = {"file": filename, "metadata": exporter.component_metadata(artifacts[name])}
+            components[name] = {"file": filename, "metadata": support.component_metadata(artifacts[name])}
         plan_dict = plan.to_dict()
         plan_dict["token_ids"] = token_ids
         manifest = {
@@ -210,8 +204,8 @@ def load_components(
 ) -> tuple[GenerationPlan, dict[str, Caller]]:
     """Load the components saved in ``output_dir`` with their backend.
 
-    Each component is loaded by ``exporter.load_component(path, metadata)``: the backend's own,
-    safe loader (:meth:`hfexport.exporter.HfExporter.load_component`). Nothing named in the
+    Each component is loaded by ``exporter.generation_support.load_component(path, metadata)``:
+    the backend's own, safe loader (:meth:`hfexport.generation.support.GenerationSupport.load_component`). Nothing named in the
     manifest is imported: its ``format`` selects a registered exporter, and the pytree node types
     of the components' inputs come from a fixed list (:func:`hfexport.pytree.register_known_pytrees`).
 
@@ -253,7 +247,7 @@ def load_components(
     callers: dict[str, Caller] = {}
     for name, entry in entries.items():
         path = Path(output_dir) / entry["file"]
-        callers[name] = exporter.load_component(path, entry.get("metadata", {}))
+        callers[name] = exporter.generation_support.load_component(path, entry.get("metadata", {}))
     return plan, callers
 
 
@@ -263,9 +257,9 @@ def load_runner(
     """A :class:`GenerationRunner` over the components saved in ``output_dir``.
 
     ``exporter`` is passed to :func:`load_components` (default: the manifest format's registered
-    exporter); the runner is ``exporter.generation_runner(plan, callers, **runner_kwargs)``
-    (:meth:`hfexport.exporter.HfExporter.generation_runner`: a :class:`GenerationRunner` unless the
-    backend runs its components its own way).
+    exporter); the runner is ``exporter.generation_support.generation_runner(plan, callers,
+    **runner_kwargs)`` (:meth:`hfexport.generation.support.GenerationSupport.generation_runner`: a
+    :class:`GenerationRunner` unless the backend runs its components its own way).
     """
     if exporter is None:
         from hfexport.integrity import verify_checksums
@@ -273,10 +267,8 @@ def load_runner(
         verify_checksums(output_dir)  # before the manifest is read, as load_components does
         exporter = _exporter_for(read_manifest(output_dir), output_dir)
     plan, callers = load_components(output_dir, exporter=exporter)
-    make_runner = getattr(exporter, "generation_runner", None)
-    if callable(make_runner):  # the backend's runner (a stateful decoder's own loop), else the core's
-        return make_runner(plan, callers, **runner_kwargs)
-    return GenerationRunner(plan, callers, **runner_kwargs)
+    # the backend's runner (a stateful decoder's own loop), by default the core's GenerationRunner
+    return exporter.generation_support.generation_runner(plan, callers, **runner_kwargs)
 
 
 def generate_from_dir(

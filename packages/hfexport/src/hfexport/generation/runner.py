@@ -38,14 +38,23 @@ _ENCODER_PREFIX = "encoder_outputs."
 def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
     """A caller running ``program.module()`` (the in-place cache updates of the graph happen on the inputs).
 
+    The output flags the program was exported with (``use_cache`` ...) may be left out of the
+    kwargs: they are filled in with their captured values (:func:`hfexport.inputs.flags.fill_output_flags`).
+
     Returns:
         ``kwargs -> {output_leaf_path: tensor}``.
+
+    Raises (on call):
+        UnsupportedInputError: a flag differs from the value the program was exported with.
     """
+    from hfexport.inputs.flags import fill_output_flags, program_output_flags
+
     module = program.module()
+    flags = program_output_flags(program)
 
     def call(kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            return get_leaf_tensors(module(**kwargs))
+            return get_leaf_tensors(module(**fill_output_flags(kwargs, flags)))
 
     return call
 

