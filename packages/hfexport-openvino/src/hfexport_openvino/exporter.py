@@ -12,7 +12,9 @@ Stages of :meth:`OpenvinoExporter._export` (each a stage of the export report; t
    (:mod:`hfexport_openvino.workarounds.fx_fixes`);
 4. ``lower`` (``openvino.convert_model``), enclosing ``convert`` (a rejected op raises
    :class:`~hfexport_openvino.errors.OpenvinoConversionError` naming the FX node and op) and
-   ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`).
+   ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`);
+5. ``quantize`` (only with ``config.quantization``): NNCF weight compression of the converted IR
+   (:mod:`hfexport_openvino.quantize`).
 
 The base class then validates the model compiled on ``config.device`` against eager PyTorch at
 the sample shape and, for dynamic exports, a second shape.
@@ -38,13 +40,14 @@ import torch
 
 from hfexport.auto import register_exporter
 from hfexport.capture import capture
-from hfexport.config import OpenvinoConfig
+from hfexport.config import OpenvinoConfig, QuantizationMethod
 from hfexport.exporter import HfExporter
 from hfexport.registry import apply_fx_node_fixes, apply_fx_program_fixes, apply_patches
 from hfexport.report import ExportReport, Stage
 from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.naming import name_model_io
+from hfexport_openvino.quantize import QUANTIZATION_METHODS, check_quantization, compress_ir
 from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner, recorded_precision_hint
 from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds.fx_fixes import BACKEND
@@ -169,6 +172,8 @@ class OpenvinoExporter(HfExporter):
     #: constants and its repacked weights (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "OpenVINO's CPU plugin (f32 hint)"
+    #: NNCF weight compression of the converted IR (:mod:`hfexport_openvino.quantize`)
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = QUANTIZATION_METHODS
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OpenvinoConfig:
@@ -177,13 +182,25 @@ class OpenvinoExporter(HfExporter):
         check_device(resolved.device, resolved.inference_precision_hint)
         return resolved  # type: ignore[return-value]
 
+    def check_precision(self, config: Any) -> None:
+        """The base's checks, then the values of ``config.quantization`` NNCF cannot take
+        (:func:`hfexport_openvino.quantize.check_quantization`: group size, calibration file).
+
+        Raises:
+            ValueError: as the base; a ``group_size`` not in
+                :data:`~hfexport_openvino.quantize.INT4_GROUP_SIZES`; a missing or empty calibration file.
+        """
+        super().check_precision(config)
+        check_quantization(getattr(config, "quantization", None))
+
     # -- stages --------------------------------------------------------------------------------
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
     ) -> Any:
-        """Stages 1-4 of the module docstring; returns the named ``openvino.Model``."""
+        """Stages 1-5 of the module docstring; returns the named (and compressed) ``openvino.Model``."""
         program = self.capture_program(model, inputs, config, report)
-        return self.convert(program, config, report)
+        ov_model = self.convert(program, config, report)
+        return compress_ir(ov_model, program, config, report, model=model, inputs=inputs)
 
     def capture_program(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
