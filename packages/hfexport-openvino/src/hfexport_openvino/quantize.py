@@ -94,11 +94,19 @@ def check_quantization(quantization: QuantizationConfig | None) -> None:
         quantization: the export's ``config.quantization`` (``None``: nothing to check).
 
     Raises:
+        ImportError: ``nncf`` is not installed.
         ValueError: ``group_size`` not in :data:`INT4_GROUP_SIZES`; a ``calibration`` file that does
             not exist, is not UTF-8 or has no non-blank line.
     """
     if quantization is None or quantization.method not in QUANTIZATION_METHODS:
         return
+    import importlib.util
+
+    if importlib.util.find_spec("nncf") is None:
+        raise ImportError(
+            f"quantization method {quantization.method!r} compresses the IR with NNCF, which is not installed: "
+            "pip install 'hfexport-openvino[tested]' (or pip install 'nncf>=3.4')"
+        )
     if quantization.group_size is not None and quantization.group_size not in INT4_GROUP_SIZES:
         raise ValueError(
             f"quantization.group_size={quantization.group_size} is not supported by OpenVINO's 4-bit "
