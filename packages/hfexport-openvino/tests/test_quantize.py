@@ -133,7 +133,8 @@ def test_group_size_the_model_cannot_take_is_refused_with_the_allowed_ones():
     x = ops.parameter([1, 96], ov.Type.f32)
     weight = ops.constant(np.ones((32, 96), dtype=np.float32))
     model = ov.Model([ops.matmul(x, weight, False, True)], [x])
-    check_group_size(model, 32)  # 96 = 3 x 32
+    assert check_group_size(model, 32) == 32  # 96 = 3 x 32
+    assert check_group_size(model, None) == 32  # the default 128 does not divide 96: the largest that does
     with pytest.raises(
         ValueError, match=r"group_size=64 does not divide the input channels \[96\].*allowed here: 16, 32$"
     ):

@@ -9,7 +9,8 @@ MatMul / Gather kernels):
 - ``int8-weight``: every MatMul and embedding ``Gather`` weight to 8 bits, one scale (and zero
   point unless ``symmetric=True``) per output channel; data-free.
 - ``int4-weight``: MatMul weights to 4 bits in groups of ``group_size`` input channels (default
-  :data:`INT4_GROUP_SIZE`, asymmetric unless ``symmetric=True``); the embedding and the last MatMul
+  :data:`INT4_GROUP_SIZE`, or the largest smaller power of two dividing every MatMul's input
+  channels, :func:`check_group_size`; asymmetric unless ``symmetric=True``); the embedding and the last MatMul
   (the LM head) stay 8-bit per channel (NNCF's backup precision, as its default int4 IR does). Data-
   free, unless ``calibration`` names a prompt file: then AWQ and scale estimation run on at most
   ``num_calibration_samples`` of its lines, fed to the IR as prefills (on an empty past for a
@@ -70,7 +71,8 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
         options=frozenset({"symmetric", "exclude"}),
     ),
     "int4-weight": QuantizationMethod(
-        "NNCF compress_weights: 4-bit grouped MatMul weights (group_size, default 128; asymmetric unless "
+        "NNCF compress_weights: 4-bit grouped MatMul weights (group_size, default 128 or the largest "
+        "smaller power of two dividing the channels; asymmetric unless "
         "symmetric=True), embedding and LM head 8-bit; AWQ + scale estimation when calibration names a "
         "prompt file",
         options=frozenset({"group_size", "symmetric", "exclude", "calibration", "num_calibration_samples"}),
@@ -315,11 +317,22 @@ def calibration_dataset(
     return nncf.Dataset(feeds), len(feeds)
 
 
-def check_group_size(ov_model: Any, group_size: int, excluded: Sequence[str] = ()) -> None:
-    """Refuse a ``group_size`` that does not divide the input channels of every float MatMul weight.
+def check_group_size(ov_model: Any, group_size: int | None, excluded: Sequence[str] = ()) -> int:
+    """The group size of ``int4-weight`` for ``ov_model``: ``group_size`` when it divides the input
+    channels of every float MatMul weight; for ``None``, :data:`INT4_GROUP_SIZE` or, when that does
+    not divide them (SmolLM2's hidden size 576), the largest smaller size of :data:`INT4_GROUP_SIZES`
+    that does (64 there).
+
+    Args:
+        ov_model: the converted ``openvino.Model``.
+        group_size: the requested size, or ``None`` for the default.
+        excluded: op names left in float (not compressed, not checked).
+
+    Returns:
+        The group size to use.
 
     Raises:
-        ValueError: the message names the channel sizes and the group sizes of
+        ValueError: no usable size; the message names the channel sizes and the group sizes of
             :data:`INT4_GROUP_SIZES` that divide them all.
     """
     sizes = set()
@@ -333,13 +346,19 @@ def check_group_size(ov_model: Any, group_size: int, excluded: Sequence[str] = (
         if len(shape) != 2:
             continue
         sizes.add(int(shape[1] if op.get_transpose_b() else shape[0]))
+    allowed = [g for g in INT4_GROUP_SIZES if all(size % g == 0 for size in sizes)]
+    if group_size is None:
+        fitting = [g for g in allowed if g <= INT4_GROUP_SIZE]
+        if fitting:
+            return fitting[-1]
+        group_size = INT4_GROUP_SIZE
     bad = sorted(size for size in sizes if size % group_size)
     if bad:
-        allowed = [g for g in INT4_GROUP_SIZES if all(size % g == 0 for size in sizes)]
         raise ValueError(
             f"quantization.group_size={group_size} does not divide the input channels {bad} of the model's "
             f"MatMul weights; allowed here: {', '.join(map(str, allowed)) or 'none of ' + str(INT4_GROUP_SIZES)}"
         )
+    return group_size
 
 
 # -- methods -----------------------------------------------------------------------------------------
@@ -378,7 +397,7 @@ def compress_int4(
     calibration: Callable[[], tuple[Any, int]] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """``int4-weight``: ``nncf.compress_weights`` in ``INT4_ASYM`` (``INT4_SYM`` with
-    ``symmetric=True``), groups of ``group_size`` (default :data:`INT4_GROUP_SIZE`), ratio 1.0, the
+    ``symmetric=True``), groups of ``group_size`` (default: :func:`check_group_size`), ratio 1.0, the
     embedding and the last MatMul in ``INT8_ASYM`` (NNCF's backup mode); with ``calibration``, AWQ
     and scale estimation on its dataset.
 
@@ -396,8 +415,7 @@ def compress_int4(
     import nncf
 
     mode = nncf.CompressWeightsMode.INT4_SYM if quantization.symmetric else nncf.CompressWeightsMode.INT4_ASYM
-    group_size = quantization.group_size or INT4_GROUP_SIZE
-    check_group_size(ov_model, group_size, excluded)
+    group_size = check_group_size(ov_model, quantization.group_size, excluded)
     dataset, samples = calibration() if calibration is not None else (None, 0)
     compressed = nncf.compress_weights(
         ov_model,
