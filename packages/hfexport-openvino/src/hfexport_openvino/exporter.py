@@ -16,7 +16,9 @@ Stages 1-3 are the core's shared capture step
    (:mod:`hfexport_openvino.workarounds.fx_fixes`);
 4. ``lower`` (``openvino.convert_model``), enclosing ``convert`` (a rejected op raises
    :class:`~hfexport_openvino.errors.OpenvinoConversionError` naming the FX node and op) and
-   ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`).
+   ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`);
+5. ``quantize`` (only with ``config.quantization``): NNCF weight compression of the converted IR
+   (:mod:`hfexport_openvino.quantize`).
 
 The base class then validates the model compiled on ``config.device`` against eager PyTorch at
 the sample shape and, for dynamic exports, a second shape.
@@ -40,13 +42,14 @@ from typing import Any, ClassVar
 import torch
 
 from hfexport.auto import register_exporter
-from hfexport.config import OpenvinoConfig
+from hfexport.config import OpenvinoConfig, QuantizationMethod
 from hfexport.exporter import CaptureSession, HfExporter
 from hfexport.report import ExportReport, Stage
 from hfexport_openvino.decompositions import decompose_like_openvino, frontend_input
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.generation import OpenvinoGenerationSupport
 from hfexport_openvino.naming import name_model_io
+from hfexport_openvino.quantize import QUANTIZATION_METHODS, check_quantization, compress_ir
 from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner
 from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds.fx_fixes import BACKEND
@@ -173,6 +176,8 @@ class OpenvinoExporter(HfExporter):
     #: constants and its repacked weights (docs/performance.md, "Scale")).
     memory_factor: ClassVar[float] = 2.6
     runtime_name: ClassVar[str] = "OpenVINO's CPU plugin (f32 hint)"
+    #: NNCF weight compression of the converted IR (:mod:`hfexport_openvino.quantize`)
+    quantization_methods: ClassVar[Mapping[str, QuantizationMethod]] = QUANTIZATION_METHODS
 
     # -- config ------------------------------------------------------------------------------
     def _resolve_config(self, config: Any) -> OpenvinoConfig:
@@ -181,20 +186,34 @@ class OpenvinoExporter(HfExporter):
         check_device(resolved.device, resolved.inference_precision_hint)
         return resolved  # type: ignore[return-value]
 
+    def check_precision(self, config: Any) -> None:
+        """The base's checks, then the values of ``config.quantization`` NNCF cannot take
+        (:func:`hfexport_openvino.quantize.check_quantization`: group size, calibration file).
+
+        Raises:
+            ValueError: as the base; a ``group_size`` not in
+                :data:`~hfexport_openvino.quantize.INT4_GROUP_SIZES`; a missing or empty calibration file.
+        """
+        super().check_precision(config)
+        check_quantization(getattr(config, "quantization", None))
+
     # -- stages --------------------------------------------------------------------------------
     def _export(
         self, model: torch.nn.Module, inputs: dict[str, Any], config: OpenvinoConfig, report: ExportReport
     ) -> Any:
-        """Stages 1-4 of the module docstring; returns the named ``openvino.Model``.
+        """Stages 1-5 of the module docstring; returns the named (and, with ``config.quantization``,
+        weight-compressed) ``openvino.Model``.
 
         Stages 1-3 are the base class's shared capture step
         (:meth:`hfexport.exporter.HfExporter.captured_program`) with this backend's ``decompose``
         between the program and node fixes (:meth:`between_fixes`); the conversion runs once the
-        patches are restored.
+        patches are restored, then NNCF's weight compression on the converted IR
+        (:func:`hfexport_openvino.quantize.compress_ir`; nothing without quantization).
         """
         with self.captured_program(model, inputs, config, report) as session:
             program = session.program
-        return self.convert(program, config, report)
+        ov_model = self.convert(program, config, report)
+        return compress_ir(ov_model, program, config, report, model=model, inputs=inputs)
 
     def between_fixes(self, session: CaptureSession) -> None:
         """Stage ``decompose``: OpenVINO's own decomposition table on the captured program

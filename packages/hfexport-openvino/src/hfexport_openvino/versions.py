@@ -12,14 +12,25 @@ from __future__ import annotations
 
 __all__ = ["MIN_VERSIONS", "REQUIRED_PACKAGES", "SUPPORTED", "TESTED_VERSIONS"]
 
-#: Distributions the backend imports.
+#: Distributions the backend imports (``nncf``, a dependency too, is imported only by a
+#: ``--quantize`` export: :mod:`hfexport_openvino.quantize`).
 REQUIRED_PACKAGES: tuple[str, ...] = ("torch", "transformers", "openvino")
 
 #: Exact versions this release was validated with (the ``tested`` extra pins these).
-TESTED_VERSIONS: dict[str, str] = {"openvino": "2026.4.1", "torch": "2.13.0", "transformers": "5.24.0"}
+TESTED_VERSIONS: dict[str, str] = {
+    "openvino": "2026.4.1",
+    "nncf": "3.4.0",
+    "torch": "2.13.0",
+    "transformers": "5.24.0",
+}
 
 #: Lowest versions the backend runs with; older ones raise ``ImportError`` at construction.
-MIN_VERSIONS: dict[str, str] = {"openvino": "2026.0", "torch": "2.12", "transformers": "5.23"}
+MIN_VERSIONS: dict[str, str] = {"openvino": "2026.0", "nncf": "3.4", "torch": "2.12", "transformers": "5.23"}
 
 #: Supported ranges (package metadata declares ranges, never exact pins).
-SUPPORTED: dict[str, str] = {"openvino": ">=2026.0", "torch": ">=2.12", "transformers": ">=5.23,<6"}
+SUPPORTED: dict[str, str] = {
+    "openvino": ">=2026.0",
+    "nncf": ">=3.4",
+    "torch": ">=2.12",
+    "transformers": ">=5.23,<6",
+}
