@@ -118,7 +118,10 @@ def test_minilm_fused_int8_dynamic_keeps_cosine_above_099(minilm):
 
 def _assert_default_gates_pass(report, cosine_gate: float) -> dict[str, dict]:
     """Both shapes of every output meet the method's default gates; returns the hidden-state rows."""
-    assert report.quality_gates == {"cosine": cosine_gate, "top1_agreement": 0.9}
+    expected = {"cosine": cosine_gate, "top1_agreement": 0.9}
+    if cosine_gate == 0.98:  # a 4-bit method also gates KV-cache outputs (none here) at cache_cosine
+        expected["cache_cosine"] = 0.5
+    assert report.quality_gates == expected
     hidden = {}
     for label in ("sample", "second_shape"):
         rows = _rows(report, label)

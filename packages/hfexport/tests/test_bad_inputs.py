@@ -881,7 +881,8 @@ CASES: list[Case] = [
         ),
         ValueError,
         r"quantization\.per_channel=False is not read by the onnx quantization method 'int4-weight' .*"
-        r"allowed with 'int4-weight': group_size, exclude, symmetric, accuracy_level \(per_channel is read by: int8-dynamic, int8-static\)",
+        r"allowed with 'int4-weight': group_size, embedding_bits, exclude, symmetric, accuracy_level "
+        r"\(per_channel is read by: int8-dynamic, int8-static\)",
         needs="hfexport_onnx",
     ),
     Case(

@@ -38,7 +38,7 @@ def test_env_lists_each_backends_quantization_methods_and_dtypes():
         "int8-weight",
     ]
     assert backends["onnx"]["quantization"]["int4-weight"]["options"] == (
-        "group_size, exclude, symmetric, accuracy_level"
+        "group_size, embedding_bits, exclude, symmetric, accuracy_level"
     )
     assert list(backends["dynamo"]["quantization"]) == ["int8-weight"]
     assert backends["executorch"]["quantization"]["4w"]["options"] == "group_size, embedding_bits, exclude"
@@ -188,7 +188,7 @@ def test_export_help_documents_the_quantization_options():
     result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
     text = " ".join(result.output.split())
     assert result.exit_code == 0
-    assert "--embedding-bits <4|8>" in text and "4 or 8 bits (executorch; other backends refuse it)" in text
+    assert "--embedding-bits <4|8>" in text and "4 or 8 bits (executorch; onnx int4-weight: the bits of a tied LM head" in text
     for option in ("--group-size", "--per-tensor", "--quantize-exclude", "--calibration-samples"):
         assert option in text
 
