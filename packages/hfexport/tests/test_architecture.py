@@ -3,6 +3,8 @@
 - the import graph of ``hfexport`` is a DAG: every ``import`` / ``from ... import`` of an
   ``hfexport`` module counts as an edge, also inside functions, relative imports resolved;
 - the core imports no backend package;
+- the modules sit in declared layers (:data:`LAYERS`, lowest first) and no import runs from a
+  lower layer back up to a higher one (also inside functions);
 - production code (every module outside ``hfexport.testing``) imports no ``hfexport.testing``
   module: the test helpers are not part of what an export runs;
 - no backend name (``"dynamo"``, ``"onnx"``, ``"executorch"``, ``"hfexport-onnx"``,
@@ -167,3 +169,93 @@ def test_verify_imports_nothing_that_imports_it() -> None:
                 stack.append(target)
     back = sorted(f"{reached[m]} -> {m}" for m in users if m in reached)
     assert not back, "hfexport.verify imports back up into its users:\n" + "\n".join(back)
+
+
+#: The core's layers, lowest first (issue 26): a module may import its own layer and the ones
+#: below, never one above. A module belongs to the layer of its longest matching prefix; ``=name``
+#: matches that module alone (a package's ``__init__`` facade that re-exports higher modules).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "records (no torch: errors, names, file formats)",
+        (
+            "hfexport.__about__", "hfexport.errors", "hfexport.tasks", "hfexport.folder.contents",
+            "hfexport.config_flags", "hfexport.utils", "hfexport.environment", "hfexport.memory",
+            "hfexport.faults", "hfexport.integrity",
+        ),
+    ),
+    (
+        "files, tensors and conventions",
+        (
+            "hfexport.atomic", "hfexport.cli_logging", "hfexport.tensors", "hfexport.pytree",
+            "hfexport.conventions", "hfexport.report", "hfexport.linear_forms", "hfexport.native_output",
+            "hfexport.batching",
+        ),
+    ),
+    (
+        "configs and registries",
+        ("hfexport.config", "hfexport.precision", "hfexport.quantization", "hfexport.registry", "hfexport.layouts"),
+    ),
+    (
+        "services (capture, inputs, verification, generation parts, models)",
+        (
+            "hfexport.workarounds", "hfexport.capture", "hfexport.inputs", "hfexport.input_checks",
+            "hfexport.program_axes", "hfexport.side_probe", "hfexport.sample_inputs", "hfexport.tiny",
+            "hfexport.gguf_source", "hfexport.checkpoints", "hfexport.calibration", "hfexport.verify",
+            "hfexport.validation", "hfexport.quality", "hfexport.generation",
+        ),
+    ),
+    (
+        "the exporter and what drives it",
+        (
+            "hfexport.exporter", "hfexport.auto", "=hfexport.generation", "hfexport.generation.export",
+            "hfexport.generation.persist", "hfexport.generation.support", "hfexport.folder",
+            "hfexport.folder.writer", "hfexport.loader",
+        ),
+    ),
+    ("surface (CLI, bench, test helpers, the package facade)", ("=hfexport", "hfexport.cli", "hfexport.bench", "hfexport.testing")),
+)  # fmt: skip
+
+
+def layer_of(module: str) -> int | None:
+    """Index in :data:`LAYERS` of ``module`` (longest matching prefix; ``=name`` exact), or ``None``."""
+    best: tuple[int, int] | None = None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix.startswith("="):
+                if module == prefix[1:]:
+                    return index
+                continue
+            if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > best[1]
+            ):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def upward_imports(graph: dict[str, dict[str, int]]) -> list[str]:
+    """``"module:line (layer) -> imported (higher layer)"`` for every import of ``graph`` that runs
+    from a lower layer up to a higher one."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        own = layer_of(module)
+        for target, line in sorted(targets.items()):
+            other = layer_of(target)
+            if own is not None and other is not None and other > own:
+                found.append(f"{module}:{line} ({LAYERS[own][0]}) -> {target} ({LAYERS[other][0]})")
+    return found
+
+
+def test_every_core_module_has_a_layer_and_no_import_runs_up() -> None:
+    graph = import_graph()
+    unassigned = sorted(m for m in graph if layer_of(m) is None)
+    assert not unassigned, f"modules without a layer in LAYERS: {unassigned}"
+    assert layer_of("hfexport.generation") == 4 and layer_of("hfexport.generation.runner") == 3
+    violations = upward_imports(graph)
+    assert not violations, "imports from a lower layer up:\n" + "\n".join(violations)
+
+
+def test_the_layer_check_sees_an_upward_import() -> None:
+    planted = {"hfexport.config": {"hfexport.exporter": 7}, "hfexport.exporter": {"hfexport.config": 3}}
+    assert upward_imports(planted) == [
+        "hfexport.config:7 (configs and registries) -> hfexport.exporter (the exporter and what drives it)"
+    ]
