@@ -417,7 +417,8 @@ ROWS: list[Row] = [
         _export("onnx", "{tmp}/out", "--quantize", "int4-weight", "--per-tensor"),
         2,
         r"Invalid value for --per-tensor: quantization\.per_channel=False is not read by the onnx quantization "
-        r"method 'int4-weight' .*allowed with 'int4-weight': group_size, exclude, symmetric, accuracy_level \(per_channel is read by: "
+        r"method 'int4-weight' .*allowed with 'int4-weight': group_size, embedding_bits, exclude, symmetric, accuracy_level "
+        r"\(per_channel is read by: "
         r"int8-dynamic, int8-static\)",
     ),
     Row(

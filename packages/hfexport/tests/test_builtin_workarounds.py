@@ -19,13 +19,27 @@ def _ours(entry: registry.RegistryEntry) -> bool:
     return module.split(".")[0] in ("hfexport", *BACKEND_PACKAGES)
 
 
+#: Registered ORT fusions that are our own optimizations, not workarounds of an upstream bug: ONNX
+#: Runtime's graph optimizers do not pack sibling MatMuls at all (hfexport_onnx.matmul_packing), so
+#: there is no issue to name and nothing to retire; they carry a description and versions.
+OPTIMIZATIONS = {
+    "hfexport_onnx.fusions.fuse_sibling_matmuls_cpu",
+    "hfexport_onnx.fusions.fuse_sibling_matmuls_cuda",
+}
+
+
 def missing_metadata(found: list[registry.RegistryEntry]) -> list[str]:
     """``kind backend name: what is missing`` for each of our entries lacking metadata."""
     problems = []
     for entry in found:
         if not _ours(entry):
             continue
-        lacking = [field for field in ("description", "issue", "versions") if not getattr(entry, field)]
+        needed = (
+            ("description", "versions")
+            if entry.name in OPTIMIZATIONS
+            else ("description", "issue", "versions")
+        )
+        lacking = [field for field in needed if not getattr(entry, field)]
         if lacking:
             problems.append(f"{entry.kind} {entry.backend} {entry.name}: no {', '.join(lacking)}")
     return problems
@@ -47,7 +61,7 @@ def test_every_builtin_entry_carries_description_issue_and_versions():
     }
     assert missing_metadata(found) == []
     for entry in found:
-        if _ours(entry):
+        if _ours(entry) and entry.name not in OPTIMIZATIONS:
             assert entry.issue.startswith("https://github.com/"), entry.name
 
 

@@ -188,7 +188,10 @@ def test_export_help_documents_the_quantization_options():
     result = runner.invoke(app, ["export", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
     text = " ".join(result.output.split())
     assert result.exit_code == 0
-    assert "--embedding-bits <4|8>" in text and "4 or 8 bits (executorch; onnx int4-weight: the bits of a tied LM head" in text
+    assert (
+        "--embedding-bits <4|8>" in text
+        and "4 or 8 bits (executorch; onnx int4-weight: the bits of a tied LM head" in text
+    )
     for option in ("--group-size", "--per-tensor", "--quantize-exclude", "--calibration-samples"):
         assert option in text
 
