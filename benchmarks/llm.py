@@ -123,7 +123,7 @@ def variants(folder: Path, out: Path, skip_executorch: bool) -> dict[str, list[s
 def targets(rows: dict[str, dict]) -> list[str]:
     """The issue's ratios, ours int4 vs the builder's int4; a line per missed target."""
     ours, theirs = rows.get("ours onnx genai int4", {}), rows.get("builder onnx int4", {})
-    if "error" in ours or "error" in theirs or not ours or not theirs:
+    if ours.get("error") or theirs.get("error") or not ours or not theirs:
         return ["ours or the builder's int4 did not run: no ratios"]
     missed = []
     checks = [

@@ -56,3 +56,27 @@ def test_the_folder_size_leaves_out_reports_and_checksums(tmp_path):
     (tmp_path / "checksums.sha256").write_text("y" * 300)
     assert folder_size_bytes(tmp_path) == 1000
     assert BenchRow("f", "r", size_bytes=1).to_dict()["size_bytes"] == 1
+
+
+def test_a_child_reports_its_own_peak_not_the_parents(tmp_path):
+    """Linux carries ru_maxrss across exec: a child started by a parent holding 300 MB reports at
+    least that there; peak_rss_bytes reads the child's own high-water mark (VmHWM)."""
+    import subprocess
+    import sys
+
+    held = bytearray(300 * 2**20)
+    for i in range(0, len(held), 4096):
+        held[i] = 1
+    code = (
+        "import resource; from hfexport.bench.child import peak_rss_bytes; "
+        "print(peak_rss_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
+    )
+    own, inherited = map(
+        int,
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout.split(),
+    )
+    assert inherited >= 300 * 2**20  # what ru_maxrss would have reported
+    assert own < 200 * 2**20  # the child itself: an interpreter and the core's bench modules
+    assert len(held) == 300 * 2**20
