@@ -258,3 +258,29 @@ def test_recurrent_model_exports_dynamic_on_the_edge_backends(backend, model_typ
     sample, second = report.validation["sample"], report.validation["second_shape"]
     assert second[0]["shape"][1] != SAMPLE_LENGTH
     assert all(row["ok"] for row in sample + second), sample + second
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "recurrent_gemma"])
+def test_generation_components_of_a_recurrent_model_are_refused_up_front(model_type, tmp_path):
+    """Their state is a recurrence, not a KV cache: export_for_generation refuses them before
+    generate() runs (it used to fail in recording for mamba, in capture for recurrent_gemma, and
+    to write rwkv components whose state.* inputs no runner could feed), and the CLI says to export
+    the plain forward."""
+    from typer.testing import CliRunner
+
+    from hfexport.cli import app
+    from hfexport.errors import UnsupportedModelError
+    from hfexport.testing import tiny_model
+    from hfexport_dynamo import DynamoExporter
+
+    model, inputs = tiny_model(model_type, "text-generation")
+    with pytest.raises(UnsupportedModelError, match=rf"{model_type}'s generation state is a recurrence"):
+        DynamoExporter().export_for_generation(model, {"input_ids": inputs["input_ids"]})
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app,
+        ["export", "dynamo", str(out), "--model", f"tiny:{model_type}", "--task", "text-generation"],
+        env={"HFEXPORT_ISOLATE": "0", "COLUMNS": "300"},
+    )
+    assert result.exit_code == 1 and "--task auto" in result.output, result.output
+    assert not out.exists()

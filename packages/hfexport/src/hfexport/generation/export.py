@@ -184,6 +184,34 @@ def _encoder_shapes(
     return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, leading_axis_only))
 
 
+#: Model types whose generation state is a recurrence (conv / SSM / RWKV / RG-LRU state), not a
+#: KV cache: their plain forward exports at any sequence length (hfexport.workarounds.recurrences),
+#: but splitting that state between prefill and decode components is not built yet (issue 28), so
+#: ``export_for_generation`` refuses them up front instead of failing in ``generate()`` recording
+#: (mamba, mamba2: the cache's ``get_seq_length``), in capture (recurrent_gemma), or writing
+#: components the runner cannot feed (rwkv's ``state.*`` inputs).
+RECURRENT_STATE_TYPES = frozenset({"mamba", "falcon_mamba", "mamba2", "rwkv", "recurrent_gemma"})
+
+
+def check_generation_cache(model: Any) -> None:
+    """Refuse a model whose generation state :func:`export_components` cannot carry.
+
+    Raises:
+        UnsupportedModelError: ``model.config.model_type`` is in :data:`RECURRENT_STATE_TYPES`;
+            the message says what to export instead.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in RECURRENT_STATE_TYPES:
+        from hfexport.errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"{model_type}'s generation state is a recurrence (its conv/SSM state), not a KV cache; "
+            "prefill/decode components that carry it are not built yet (hfexport issue 28). Export the "
+            "plain forward instead (CLI: --task auto; Python: exporter.export(model, {'input_ids': ...})), "
+            "which runs at any sequence length"
+        )
+
+
 def export_components(
     exporter: Any,
     model: torch.nn.Module,
@@ -212,12 +240,15 @@ def export_components(
         :class:`GenerationArtifacts` ``{component: artifact}`` with ``.plan`` and ``.reports``.
 
     Raises:
+        UnsupportedModelError: a model whose generation state is a recurrence
+            (:data:`RECURRENT_STATE_TYPES`), before anything runs.
         ValueError: bad inputs or a per-component config with missing entries.
         ComponentExportError: a component failed to export or validate (``RuntimeError``; the
             message names the component, its class and its input keys; the cause is chained).
         RuntimeError: ``generate`` failed while recording.
     """
     # a dtype or quantization method the backend cannot produce is refused before generate() runs
+    check_generation_cache(model)
     given = config.values() if isinstance(config, Mapping) and _per_component(config) else [config]
     for one in given:
         exporter.check_precision(exporter._resolve_config(one))
