@@ -197,3 +197,15 @@ def test_write_export_folder_needs_an_export_or_a_config(toy_format, tmp_path) -
     with pytest.raises(ValueError, match="needs the export's config"):
         write_export_folder(tmp_path / "out", toy_format(), object())
     assert not (tmp_path / "out").exists()
+
+
+def test_the_size_change_counts_a_weights_file_beside_the_graph():
+    """OpenVINO writes openvino_model.xml (graph) + openvino_model.bin (weights): both are the artifact."""
+    from hfexport.config import OpenvinoConfig
+    from hfexport.folder.writer import size_change
+
+    sizes = {"openvino_model.xml": 100, "openvino_model.bin": 300, "tokenizer.json": 50, "model.bin.txt": 7}
+    change = size_change(
+        OpenvinoConfig(quantization="int8-weight"), 1000, sizes, {"model": "openvino_model.xml"}
+    )
+    assert change == {"eager_float32_bytes": 1000, "artifact_bytes": 400, "ratio": 0.4}

@@ -90,7 +90,8 @@ def size_change(
         sizes: ``{file name: bytes}`` of the output folder.
         artifact_names: ``{component: artifact file name}`` (``{"model": "model.onnx"}`` for a
             plain export); a component's bytes are those of every file whose name starts with its
-            file name (``model.onnx`` + ``model.onnx.data``).
+            file name (``model.onnx`` + ``model.onnx.data``) plus a ``.bin`` weights file of the same stem
+            (``openvino_model.xml`` + ``openvino_model.bin``).
         export_dtype: the dtype the export computed in when ``config.dtype`` is ``None`` (auto:
             the dtype decision's ``export``, e.g. ``"bfloat16"`` for a bf16 checkpoint on dynamo).
 
@@ -102,8 +103,14 @@ def size_change(
     plain = dtype in (None, "float32") and getattr(config, "quantization", None) is None
     if plain and getattr(config, "ort_fusions", None) is None:
         return None
+
+    def weights_of(name: str) -> str:
+        return name.rsplit(".", 1)[0] + ".bin"
+
+    # a component's files: its own name and the files it brings (model.onnx + model.onnx.data), and
+    # a weights file beside it with its stem (openvino_model.xml + openvino_model.bin)
     per_component = {
-        name: sum(n for file, n in sizes.items() if file.startswith(prefix))
+        name: sum(n for file, n in sizes.items() if file.startswith(prefix) or file == weights_of(prefix))
         for name, prefix in artifact_names.items()
     }
     artifact = sum(per_component.values())
