@@ -94,6 +94,11 @@ def test_the_table_names_the_columns_and_a_folder_no_runtime_opens_is_a_usage_er
     assert "no installed runtime opens" in result.output and "notes.txt" in result.output
     result = _invoke(["bench", str(folders["onnx-genai"]), "--new-tokens", "1"])
     assert result.exit_code == 2 and "--new-tokens" in result.output
+    for bad in (["--input-ids=-1,2"], ["--input-ids", ","], ["--input-ids", "1", "--threads", "0"]):
+        result = _invoke(["bench", str(folders["onnx-genai"]), *bad])
+        assert result.exit_code == 2, (bad, result.output)
+    result = _invoke(["bench", str(tmp_path / "nowhere"), "--input-ids", "1"])
+    assert result.exit_code == 2 and "does not exist" in result.output
 
 
 def test_the_measuring_child_loads_a_runtime_opener_without_the_backend_package(folders):

@@ -25,8 +25,18 @@ from hfexport.bench.runtimes import FolderRuntime, register_folder_runtime
 
 
 def claims(folder: Path) -> bool:
-    """True for a folder ``TextLLMRunner`` loads (``model.pte`` next to ``tokenizer.json``)."""
-    return (folder / "model.pte").is_file() and (folder / "tokenizer.json").is_file()
+    """True for a folder ``TextLLMRunner`` loads: ``model.pte`` next to ``tokenizer.json``, and, when
+    the folder has hfexport's ``export_report.json``, written with ``--layout llm-runner`` (a plain
+    ExecuTorch export has ``model.pte`` too, but not the runner's ``forward(tokens, input_pos)``)."""
+    if not ((folder / "model.pte").is_file() and (folder / "tokenizer.json").is_file()):
+        return False
+    report = folder / "export_report.json"
+    if not report.is_file():
+        return True  # a folder another tool wrote (export_llm's .pte beside its tokenizer)
+    try:
+        return json.loads(report.read_text(encoding="utf-8")).get("layout") == "llm-runner"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _llm_runner_module() -> Any:

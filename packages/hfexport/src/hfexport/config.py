@@ -501,6 +501,7 @@ GATE_METRICS = (
     "cosine_min",
     "top1_agreement",
     "max_abs_diff",
+    "cache_cosine",
     "perplexity_ratio",
     "kl_divergence",
     "top1_agreement_text",
@@ -1054,8 +1055,8 @@ class CaptureConfig(ExportConfigMixin):
             CLI: CliFlag(
                 "--gate",
                 "Override a quality gate, METRIC=THRESHOLD (cosine, cosine_min, top1_agreement, "
-                "max_abs_diff; for a quantized causal LM also the text metrics perplexity_ratio, "
-                "kl_divergence, top1_agreement_text); repeatable.",
+                "max_abs_diff, cache_cosine for KV-cache outputs; for a quantized causal LM also the text "
+                "metrics perplexity_ratio, kl_divergence, top1_agreement_text); repeatable.",
                 repeat=True,
                 parse=parse_quality_gates,
                 panel=CAPTURE_PANEL,

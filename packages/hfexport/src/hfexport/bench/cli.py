@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,8 @@ from rich.console import Console
 
 from hfexport.bench.run import DEFAULT_PROMPT
 
-console = Console(highlight=False)
+# a piped table keeps its columns whole (rich would fold them to 80 columns without a terminal)
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 250)
 err_console = Console(stderr=True, highlight=False)
 
 
@@ -68,7 +70,15 @@ def bench_command(
             raise typer.BadParameter(
                 "takes comma-separated integers, e.g. 1,2,3", param_hint="--input-ids"
             ) from None
+        if not ids or min(ids) < 0:
+            raise typer.BadParameter(
+                "takes at least one non-negative token id, e.g. 1,2,3", param_hint="--input-ids"
+            )
+    if threads < 1:
+        raise typer.BadParameter(f"must be at least 1, got {threads}", param_hint="--threads")
     for folder in folders:
+        if not folder.exists():
+            raise typer.BadParameter(f"{folder} does not exist", param_hint="FOLDER")
         if not folder.is_dir():
             raise typer.BadParameter(f"{folder} is not a folder", param_hint="FOLDER")
     try:

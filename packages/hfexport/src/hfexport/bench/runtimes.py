@@ -192,7 +192,9 @@ def runtime_for(folder: str | Path, name: str | None = None) -> FolderRuntime:
     files = ", ".join(sorted(p.name for p in path.iterdir())[:12]) or "nothing"
     raise ValueError(
         f"no installed runtime opens {path} (it holds: {files}); registered runtimes: {listing}. "
-        "Install the backend package whose runtime reads this folder shape"
+        "hfexport bench runs generation folders (hfexport export FORMAT --task text-generation, or a "
+        "--layout for a runtime's own loader); for another folder shape, install the backend package "
+        "whose runtime reads it"
     )
 
 
