@@ -1039,8 +1039,9 @@ class CaptureConfig(ExportConfigMixin):
         metadata={
             CLI: CliFlag(
                 "--quantize",
-                "Quantization method of the backend: onnx int8-dynamic, int8-static, int4-weight; "
-                "executorch/dynamo: see `hfexport env`.",
+                "Quantization method of the backend (each format's methods and the options they read: "
+                "`hfexport env`): onnx int8-dynamic, int8-static, int4-weight, int8-weight; openvino "
+                "int8-weight, int4-weight; executorch 8da4w, 4w, 8w, int8-dynamic; dynamo int8-weight.",
                 group=QuantizationConfig,
                 group_key="method",
                 group_noun="a quantization",
