@@ -80,3 +80,14 @@ def test_a_child_reports_its_own_peak_not_the_parents(tmp_path):
     assert inherited >= 300 * 2**20  # what ru_maxrss would have reported
     assert own < 200 * 2**20  # the child itself: an interpreter and the core's bench modules
     assert len(held) == 300 * 2**20
+
+
+def test_per_position_logits_flattens_a_prefill_and_names_a_last_position_only_graph():
+    import numpy as np
+
+    from hfexport.bench.runtimes import per_position_logits
+
+    array, note = per_position_logits(np.ones((1, 5, 7), dtype=np.float64), 5)
+    assert array.shape == (5, 7) and array.dtype == np.float32 and note == ""
+    array, note = per_position_logits(np.ones((1, 1, 7)), 5)
+    assert array is None and note == "the artifact returns logits for 1 of 5 positions"

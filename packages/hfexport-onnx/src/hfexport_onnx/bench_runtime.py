@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hfexport.bench.runtimes import FolderRuntime, register_folder_runtime
+from hfexport.bench.runtimes import FolderRuntime, per_position_logits, register_folder_runtime
 
 
 def claims(folder: Path) -> bool:
@@ -75,11 +75,8 @@ class GenaiFolder:
 
         generator = self._generator(len(ids))
         generator.append_tokens(np.asarray([list(ids)], dtype=np.int32))
-        logits = np.asarray(generator.get_output("logits"), dtype=np.float32)
-        logits = logits.reshape(-1, logits.shape[-1])
-        if logits.shape[0] != len(ids):
-            self.logits_note = f"the graph returns logits for {logits.shape[0]} of {len(ids)} positions"
-            return None
+        logits, note = per_position_logits(generator.get_output("logits"), len(ids))
+        self.logits_note = note
         return logits
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hfexport.bench.runtimes import FolderRuntime, register_folder_runtime
+from hfexport.bench.runtimes import FolderRuntime, per_position_logits, register_folder_runtime
 
 _NEEDED = ("openvino_model.xml", "openvino_tokenizer.xml", "openvino_detokenizer.xml")
 
@@ -95,11 +95,8 @@ class LlmPipelineFolder:
                 self.logits_note = f"the IR takes an input {name!r} the bench does not feed"
                 return None
         request.infer(feed)
-        logits = np.asarray(request.get_tensor("logits").data, dtype=np.float32)
-        logits = logits.reshape(-1, logits.shape[-1])
-        if logits.shape[0] != len(ids):
-            self.logits_note = f"the IR returns logits for {logits.shape[0]} of {len(ids)} positions"
-            return None
+        logits, note = per_position_logits(request.get_tensor("logits").data, len(ids))
+        self.logits_note = note
         return logits
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "folder_runtimes",
     "import_installed_backends",
     "load_opener",
+    "per_position_logits",
     "register_folder_runtime",
     "resolve",
     "runtime_for",
@@ -126,6 +127,26 @@ def load_opener(reference: str) -> Any:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return getattr(module, attr)
+
+
+def per_position_logits(logits: Any, positions: int) -> tuple[Any, str]:
+    """A runtime's logits output as ``[positions, vocab]`` float32, or why it is not.
+
+    Args:
+        logits: the array a runtime returned for one prefill (``[1, seq, vocab]`` or ``[seq, vocab]``).
+        positions: the number of tokens prefilled.
+
+    Returns:
+        ``(array, "")``, or ``(None, note)`` when the output holds fewer rows than ``positions``
+        (a graph that returns the last position's logits only).
+    """
+    import numpy as np
+
+    array = np.asarray(logits, dtype=np.float32)
+    array = array.reshape(-1, array.shape[-1])
+    if array.shape[0] != positions:
+        return None, f"the artifact returns logits for {array.shape[0]} of {positions} positions"
+    return array, ""
 
 
 def register_folder_runtime(runtime: FolderRuntime) -> FolderRuntime:
