@@ -564,12 +564,20 @@ def test_successful_export_stderr_has_no_library_noise(tmp_path):
 
 @pytest.mark.slow
 def test_failing_export_hides_noise_and_verbose_shows_it(tmp_path):
-    # bert has no text-generation task: fails after torch, transformers and torchao are imported
-    args = ["--task", "text-generation", str(tmp_path / "out")]
+    import torch
+    from safetensors.torch import save_file
+
+    # a failure after torch, transformers and torchao are imported: a folder
+    # whose config.json names no model type fails while loading
+    broken = tmp_path / "broken_model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    save_file({"x": torch.zeros(1)}, str(broken / "model.safetensors"))
+    args = ["--model", str(broken), str(tmp_path / "out")]
     proc, log = _export_subprocess(tmp_path, *args, log_name="fail.log")
     assert proc.returncode == 1, proc.stderr
     assert _text(proc.stderr).startswith(
-        "export failed in stage 'load_model': ValueError: the tiny bert model"
+        "export failed in stage 'load_model': ValueError: Unrecognized model"
     )
     assert _noise_lines(proc.stderr) == []
     assert "torchvision" not in proc.stderr and "DeprecationWarning" not in proc.stderr

@@ -75,7 +75,9 @@ def test_a_plugin_configs_flag_is_in_its_formats_help_only(plugin):
     assert "--temperature <float> Plugin softmax temperature (cliplugin)." in text
     assert "--mode <fast|exact> Plugin mode." in text
     assert "cliplugin options" in text  # its own help section
-    assert "--atol" in text and "--quantize" in text  # the inherited fields' flags
+    assert "--atol" in text and "--static" in text  # the inherited fields' flags
+    # its exporter declares no quantization method: --quantize and its options are not offered
+    assert "--quantize" not in text and "--group-size" not in text
     # dynamo's --aoti is for the dynamo format only; onnx's and executorch's flags are not shown
     for other in ("--aoti", "--opset", "--backend", "--ort-fusions"):
         assert other not in text, other
@@ -307,3 +309,37 @@ def test_a_plugin_flag_named_like_an_export_option_is_refused(monkeypatch, tmp_p
     # other formats are not affected: the clashing flag is left out of theirs
     result = runner.invoke(app, ["export", "dynamo", "--help"], env={"COLUMNS": "240"})
     assert result.exit_code == 0 and "clashes with export's own" not in _text(result.output)
+
+
+def test_a_formats_help_names_its_own_quantization_methods_and_the_options_they_read():
+    """`export dynamo --help` listed every format's methods and options no dynamo method reads."""
+    dynamo = _text(runner.invoke(app, ["export", "dynamo", "--help"], env={"COLUMNS": "240"}).output)
+    assert "Quantization method of the dynamo format: int8-weight (`hfexport env`" in dynamo
+    assert "int4-weight" not in dynamo and "8da4w" not in dynamo
+    for unread in ("--group-size", "--embedding-bits", "--calibration", "--accuracy-level", "--asymmetric"):
+        assert unread not in dynamo, unread
+    assert "--quantize-exclude" in dynamo
+    onnx = _text(runner.invoke(app, ["export", "onnx", "--help"], env={"COLUMNS": "240"}).output)
+    assert (
+        "Quantization method of the onnx format: int8-dynamic, int8-static, int4-weight, int8-weight ("
+        in onnx
+    )
+    assert "--accuracy-level" in onnx and "--calibration" in onnx and "--group-size" in onnx
+    # a hidden option is still parsed: it is refused by the method's own message, not "No such option"
+    result = runner.invoke(
+        app,
+        [
+            "export",
+            "dynamo",
+            "/tmp/never-written",
+            "--model",
+            "tiny:bert",
+            "--quantize",
+            "int8-weight",
+            "--group-size",
+            "32",
+        ],
+        env={"COLUMNS": "240"},
+    )
+    assert result.exit_code == 2 and "No such option" not in result.output, result.output
+    assert "group_size" in _text(result.output)

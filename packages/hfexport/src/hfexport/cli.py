@@ -348,13 +348,17 @@ class _ExportFlags:
         names: click parameter name -> flag.
     """
 
-    def __init__(self, export_format: str | None, reserved: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, export_format: str | None, reserved: frozenset[str] = frozenset(), for_help: bool = False
+    ) -> None:
         """Collect the flags for ``export_format`` (``None``: no format on the command line).
 
         Args:
             export_format: the FORMAT word of the command line, or ``None``.
             reserved: the options of ``hfexport export`` itself (``--model`` ...); a config flag
                 of another format named like one is left out.
+            for_help: the command line asks for ``--help``: the format's backend is imported to
+                list its own quantization methods (never otherwise: usage errors stay fast).
 
         Raises:
             typer.BadParameter: the chosen format's config declares a flag named like one of
@@ -390,21 +394,53 @@ class _ExportFlags:
                         shown.add(d.cli.flag)
         self.known = list(table.values())
         self.shown = shown
+        self.helps: dict[str, str] = {}
+        if chosen is not None and for_help:
+            self._narrow_quantization(export_format)
         self.names = {_FLAG_PARAM_PREFIX + d.cli.param_name: d.cli.flag for d in self.known}
+
+    def _narrow_quantization(self, export_format: str) -> None:
+        """``--help`` of one format: ``--quantize`` names that format's methods, and the options
+        none of them reads are not listed (they are still parsed, to be refused by name)."""
+        from hfexport.auto import _load_backend
+        from hfexport.config import QuantizationConfig
+
+        try:
+            cls = _load_backend(export_format)
+            methods = dict(getattr(cls, "quantization_methods", {}) or {}) if cls is not None else None
+        except Exception:  # a broken backend is reported by the export itself
+            methods = None
+        if methods is None:
+            return
+        read: set[str] = set()
+        for method in methods.values():
+            read |= set(method.options) | set(method.options_if)
+        for d in self.known:
+            if d.cli.group is QuantizationConfig and d.cli.flag in self.shown:
+                if not methods:
+                    self.shown.discard(d.cli.flag)
+                    continue
+                self.helps[d.cli.flag] = (
+                    f"Quantization method of the {export_format} format: {', '.join(methods)} (`hfexport env` "
+                    "says what each does and the options it reads)."
+                )
+            elif d.parent is not None and d.parent.group is QuantizationConfig and d.field_name not in read:
+                self.shown.discard(d.cli.flag)
 
     @functools.cached_property
     def params(self) -> list[Any]:
         """One click option per flag in :attr:`known` (hidden unless in :attr:`shown`)."""
-        return _flag_options(self.known, self.shown)
+        return _flag_options(self.known, self.shown, self.helps)
 
     def takes_value(self, option: str) -> bool:
         """Whether the config flag ``option`` reads the next command-line word as its value."""
         return any(d.cli.flag == option and not d.cli.switch for d in self.known)
 
 
-def _flag_options(flags: list[Any], shown: set[str]) -> list[Any]:
+def _flag_options(flags: list[Any], shown: set[str], helps: dict[str, str] | None = None) -> list[Any]:
     """Click options for ``flags`` (:class:`hfexport.config_flags.DeclaredFlag`), built by typer
-    from a synthesized signature so they parse, convert and show like the hand-written ones."""
+    from a synthesized signature so they parse, convert and show like the hand-written ones;
+    ``helps`` replaces the declared help of the flags it names (flag -> text)."""
     import inspect
     from typing import Literal
 
@@ -421,7 +457,11 @@ def _flag_options(flags: list[Any], shown: set[str]) -> list[Any]:
         if panel is None:
             panel = f"{d.owner.declared_format() or d.owner.__name__} options"
         option = typer.Option(
-            cli.flag, help=cli.help, metavar=cli.metavar, hidden=cli.flag not in shown, rich_help_panel=panel
+            cli.flag,
+            help=(helps or {}).get(cli.flag, cli.help),
+            metavar=cli.metavar,
+            hidden=cli.flag not in shown,
+            rich_help_panel=panel,
         )
         parameters.append(
             inspect.Parameter(
@@ -476,7 +516,7 @@ class _ExportCommand(typer.core.TyperCommand):
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         reserved = self._reserved()
         fmt = _format_argument(args, self.params, _ExportFlags(None, reserved))
-        ctx.meta[_FLAGS_KEY] = _ExportFlags(fmt, reserved)
+        ctx.meta[_FLAGS_KEY] = _ExportFlags(fmt, reserved, for_help="--help" in args)
         return super().parse_args(ctx, args)
 
     def get_params(self, ctx: Any) -> list[Any]:
@@ -602,7 +642,8 @@ def export_command(
         str,
         typer.Argument(
             metavar="FORMAT",
-            help="dynamo, onnx, executorch, or a format an installed plugin registers (`hfexport env` lists them).",
+            help="dynamo, onnx, executorch, openvino, or a format an installed plugin registers (`hfexport env` "
+            "lists them).",
         ),
     ],
     output_dir: Annotated[
@@ -696,6 +737,7 @@ def export_command(
                 check_layout(export_format, layout, task=None if task == "auto" else task)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
+        _check_model_source(model, task)
         stage = "load_model"
         _step(stage)
         t0 = time.perf_counter()
@@ -984,8 +1026,7 @@ def _check_model_and_task(model: str, task: str) -> None:
     Raises:
         typer.BadParameter: ``task`` is neither ``auto`` nor a key of
             :data:`hfexport.tasks.TASK_AUTO_CLASSES`; ``model`` is a path (not ``tiny:`` or ``pkg:``)
-            that does not exist, ``tiny:`` names a model type transformers does not know (or
-            ``task`` is not one of its tasks), or ``pkg:`` names no installed package.
+            that does not exist.
     """
     from hfexport.tasks import TASK_AUTO_CLASSES
 
@@ -1000,6 +1041,17 @@ def _check_model_and_task(model: str, task: str) -> None:
             "(Hub ids are not downloaded)",
             param_hint="--model",
         )
+
+
+def _check_model_source(model: str, task: str) -> None:
+    """Refuse a ``tiny:`` or ``pkg:`` model spec that cannot load, as a usage error of ``--model`` /
+    ``--task`` (run after the format's own checks: it imports transformers).
+
+    Raises:
+        typer.BadParameter: ``tiny:`` names a model type transformers does not know (the message
+            lists close matches) or ``task`` is not one of its tasks; ``pkg:`` names no installed
+            package.
+    """
     if model.startswith("tiny:"):
         from hfexport.tiny.catalog import supported_tasks
 
