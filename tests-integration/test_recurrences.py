@@ -260,12 +260,106 @@ def test_recurrent_model_exports_dynamic_on_the_edge_backends(backend, model_typ
     assert all(row["ok"] for row in sample + second), sample + second
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "recurrent_gemma"])
+# --------------------------------------------------------------------------------------------
+# Generation: prefill/decode components carrying the recurrent state (hfexport.generation.recurrent)
+# --------------------------------------------------------------------------------------------
+
+#: new tokens of each greedy comparison
+NEW_TOKENS = 8
+#: the two prompt lengths generation is compared at (the capture sample has SAMPLE_LENGTH tokens)
+PROMPT_LENGTHS = (5, 13)
+
+GENERATION_CASES = [
+    *[pytest.param(b, "mamba", id=f"{b}-mamba") for b in ("dynamo", "onnx")],
+    *[
+        pytest.param(b, mt, id=f"{b}-{mt}", marks=pytest.mark.extended)
+        for mt in ("falcon_mamba", "mamba2", "rwkv")
+        for b in ("dynamo", "onnx")
+    ],
+]
+
+
+def _greedy_parity(exporter, artifacts, model) -> None:
+    """The exported prefill/decode components generate the tokens of model.generate(do_sample=False)
+    at two prompt lengths, with every step's logits equal to generate's within tolerance."""
+    from hfexport.generation import GenerationRunner, callers_from_exporter
+
+    runner = GenerationRunner(artifacts.plan, callers_from_exporter(exporter, artifacts))
+    for length in PROMPT_LENGTHS:
+        ids = torch.randint(
+            3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length)
+        )
+        with torch.no_grad():
+            want = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        got = runner.generate(ids, max_new_tokens=NEW_TOKENS)
+        assert got.tolist() == want.sequences.tolist(), (length, got[:, length:], want.sequences[:, length:])
+        assert len(runner.last_logits) == len(want.logits) == got.shape[1] - length
+        for step, (ours, theirs) in enumerate(zip(runner.last_logits, want.logits, strict=True)):
+            diff = (ours - theirs.float()).abs().max().item()
+            assert diff <= 1e-4, (length, step, diff)
+
+
+@pytest.mark.parametrize(("backend", "model_type"), GENERATION_CASES)
+def test_recurrent_generation_components_carry_the_state_and_generate_like_generate(backend, model_type):
+    from hfexport.auto import AutoHfExporter
+    from hfexport.generation.recurrent import recurrent_state_names
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model(model_type, "text-generation", seed=0)
+    exporter = AutoHfExporter.from_config(_config(backend))
+    artifacts = exporter.export_for_generation(model, inputs)
+    assert list(artifacts) == ["prefill", "decode"]
+    names = [f"cache.{n}" for n in recurrent_state_names(model)]
+    decode_io = artifacts.plan.io["decode"]
+    # the decode step takes one token and every state tensor, and returns the logits and every new state
+    assert decode_io.tensor_paths == ["input_ids", *names]
+    assert decode_io.outputs == ["logits", *names]
+    assert artifacts.plan.io["prefill"].outputs == ["logits", *names]
+    for name in ("prefill", "decode"):
+        statuses = {s.name: s.status for s in artifacts.reports[name].stages}
+        assert statuses.get("validate_second_shape") == "ok", artifacts.reports[name].summary_lines()
+    _greedy_parity(exporter, artifacts, model)
+
+
+def test_recurrent_generation_components_save_load_and_generate_from_the_folder(tmp_path):
+    """The manifest of a mamba export round-trips: a runner loaded from the folder generates as
+    model.generate does, without the eager model."""
+    from hfexport.generation import generate_from_dir, save_components
+    from hfexport.testing import tiny_model
+    from hfexport_dynamo import DynamoExporter
+
+    model, inputs = tiny_model("mamba", "text-generation", seed=0)
+    exporter = DynamoExporter()
+    artifacts = exporter.export_for_generation(model, inputs, _config("dynamo"))
+    save_components(exporter, artifacts, tmp_path / "out", model=model)
+    prompt = [5, 17, 42, 7, 99, 3]
+    want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)
+    got = generate_from_dir(tmp_path / "out", prompt, max_new_tokens=NEW_TOKENS)
+    assert torch.as_tensor(got).reshape(-1).tolist() == want[0, len(prompt) :].tolist()
+
+
+def test_recurrent_generation_refuses_a_multi_token_decode():
+    from hfexport.testing import tiny_model
+    from hfexport_dynamo import DynamoExporter
+
+    model, inputs = tiny_model("mamba", "text-generation", seed=0)
+    with pytest.raises(Exception, match="one token at a time") as info:
+        DynamoExporter().export_for_generation(model, inputs, multi_token_decode=True)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("model_type", ["recurrent_gemma"])
 def test_generation_components_of_a_recurrent_model_are_refused_up_front(model_type, tmp_path):
-    """Their state is a recurrence, not a KV cache: export_for_generation refuses them before
-    generate() runs (it used to fail in recording for mamba, in capture for recurrent_gemma, and
-    to write rwkv components whose state.* inputs no runner could feed), and the CLI says to export
-    the plain forward."""
+    """recurrent_gemma's state (module-held conv and RG-LRU states next to a sliding-window KV cache)
+    has no components yet: export_for_generation refuses it before generate() runs (it used to fail
+    in capture), and the CLI says to export the plain forward."""
     from typer.testing import CliRunner
 
     from hfexport.cli import app

@@ -36,6 +36,7 @@ from hfexport.generation.plan import GenerationPlan
 __all__ = [
     "LINEAR_ATTENTION_CACHE_TYPES",
     "RECURRENT_GENERATION_TYPES",
+    "RWKV_STATE_NAMES",
     "RecurrentStateComponent",
     "decompose_recurrent",
     "is_recurrent_state_model",
@@ -46,8 +47,19 @@ __all__ = [
 #: state and one SSM state per layer, ``state_idx`` 0).
 LINEAR_ATTENTION_CACHE_TYPES = frozenset({"mamba", "falcon_mamba", "mamba2"})
 
+#: RWKV's five state tensors ``[batch, hidden, layers]`` in the order of transformers' ``state``
+#: list: the token-shift inputs of channel mixing and of time mixing, then the WKV numerator,
+#: denominator and running maximum.
+RWKV_STATE_NAMES: tuple[str, ...] = (
+    "feed_forward_shift",
+    "time_mixing_shift",
+    "wkv_numerator",
+    "wkv_denominator",
+    "wkv_max",
+)
+
 #: Every model type this module builds prefill/decode components for.
-RECURRENT_GENERATION_TYPES = LINEAR_ATTENTION_CACHE_TYPES
+RECURRENT_GENERATION_TYPES = LINEAR_ATTENTION_CACHE_TYPES | {"rwkv"}
 
 
 def _model_type(model: Any) -> str | None:
@@ -72,7 +84,7 @@ def recurrent_state_names(model: Any) -> list[str]:
 
     Returns:
         ``["layers.0.conv_states", "layers.0.recurrent_states", "layers.1.conv_states", ...]`` for
-        the linear-attention caches.
+        the linear-attention caches, :data:`RWKV_STATE_NAMES` for RWKV.
 
     Raises:
         ValueError: ``model`` is of another type.
@@ -84,6 +96,8 @@ def recurrent_state_names(model: Any) -> list[str]:
             for i in range(_num_layers(model))
             for kind in ("conv_states", "recurrent_states")
         ]
+    if model_type == "rwkv":
+        return list(RWKV_STATE_NAMES)
     raise ValueError(
         f"model type {model_type!r} has no recurrent-state components; supported: "
         f"{sorted(RECURRENT_GENERATION_TYPES)}"
@@ -159,6 +173,12 @@ class RecurrentStateComponent(torch.nn.Module):
         if self.kind == "decode" and cache is None:
             raise ValueError("the decode component needs the previous call's cache")
         state = None if self.kind == "prefill" else cache
+        if self.config.model_type == "rwkv":
+            # copies: the model writes each layer's slice of the state in place
+            given = None if state is None else [state[name].clone() for name in RWKV_STATE_NAMES]
+            # RWKV's forward takes no padding mask (it ignores attention_mask)
+            output = self.model(input_ids=input_ids, state=given, use_cache=True, return_dict=True)
+            return {"logits": output.logits, "cache": dict(zip(RWKV_STATE_NAMES, output.state, strict=True))}
         model_cache = _linear_attention_cache(self.model, state)
         output = self.model(
             input_ids=input_ids,
@@ -205,7 +225,7 @@ def decompose_recurrent(
     decode = RecurrentStateComponent(model, "decode").eval()
     prefill_kwargs: dict[str, Any] = {"input_ids": input_ids}
     mask = inputs.get("attention_mask")
-    if mask is not None:
+    if mask is not None and _model_type(model) != "rwkv":
         prefill_kwargs["attention_mask"] = mask
     with torch.no_grad():
         first = prefill(**prefill_kwargs)
