@@ -181,6 +181,59 @@ def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths
             assert diff <= 1e-5 * max(1.0, w.float().abs().max().item()), (construct, length, diff)
 
 
+class _Mamba2ChunkScan(torch.nn.Module):
+    CHUNK = 4  # a small chunk, so the three lengths end inside, on and across chunk boundaries
+
+    def forward(self, x, dt, B, C):
+        from transformers.models.mamba2 import modeling_mamba2
+
+        heads = x.shape[2]
+        A = -torch.linspace(0.5, 2.0, heads)
+        D = torch.linspace(0.5, 1.5, heads)
+        bias = torch.linspace(-1.0, 1.0, heads)
+        return modeling_mamba2.mamba2_chunk_scan(
+            x, dt, A, B, C, self.CHUNK, D=D, dt_bias=bias, dt_softplus=True, return_final_states=True
+        )
+
+    @staticmethod
+    def inputs(length: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        b, h, p, groups, n = 2, 4, 3, 2, 5
+        x = torch.randn(b, length, h, p, generator=g)
+        dt = torch.randn(b, length, h, generator=g)
+        B, C = (torch.randn(b, length, groups, n, generator=g) for _ in range(2))
+        return x, dt, B, C
+
+    time_axes = (1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "chunked-check"])
+def test_mamba2_chunk_scan_keeps_its_sequence_axis_past_one_chunk_at_three_lengths(backend):
+    # Without the whole-chunk padding the program is bounded below one chunk (its modulo and the branch on
+    # it specialise the length), so 8 and 37 tokens (2 and 10 chunks of 4) would fail the length guard.
+    from hfexport.registry import apply_patches, isolated_registry
+    from hfexport.workarounds.recurrences import register_recurrences
+
+    module = _Mamba2ChunkScan().eval()
+    sample = module.inputs(SAMPLE_LENGTH - 1, torch.Generator().manual_seed(0))
+    with isolated_registry():
+        register_recurrences(backend, form="scan" if backend == "dynamo" else "chunked")
+        with apply_patches(backend) as entries:
+            assert any("mamba2" in e.name for e in entries), [e.name for e in entries]
+            program = torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(module))
+    first = program.graph_signature.user_inputs[0]
+    (x,) = (n for n in program.graph.nodes if n.op == "placeholder" and n.name == first)
+    bounds = program.range_constraints[x.meta["val"].shape[1].node.expr]
+    assert (bounds.lower, bounds.upper) == (2, 1024)  # the whole declared range, not one chunk
+    for length in LENGTHS:
+        args = module.inputs(length, torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want, got = module(*args), program.module()(*args)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            diff = (g - w).abs().max().item()
+            assert diff <= 1e-5 * max(1.0, w.abs().max().item()), (length, diff)
+
+
 # --------------------------------------------------------------------------------------------
 # The models, through the exporter
 # --------------------------------------------------------------------------------------------

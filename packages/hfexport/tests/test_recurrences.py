@@ -165,3 +165,47 @@ def test_mamba2_chunk_scan_on_whole_chunks_matches_the_unpadded_call(length):
         R.mamba2_chunk_scan_padded(original, x, dt, A, B, C, chunk, initial_states=state, **kw),
         original(x, dt, A, B, C, chunk, initial_states=state, **kw),
     )
+
+
+@pytest.mark.parametrize(
+    "padding", [(0, 0, 1, -1), (0, 0, -1, 1), (-2, 1), (1, -1, -1, 2), (0, 0, 0, 0), (-1, -1, 0, 0, 1, 0)]
+)
+def test_a_negative_padding_width_as_a_slice_equals_the_pad(padding):
+    x = torch.randn(2, 5, 4, generator=_gen(7))
+    want = torch.nn.functional.pad(x, padding, "constant", 0.5)
+    got = R.constant_pad_without_negative_widths(x, padding, 0.5)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_rwkv_token_shift_captures_without_a_negative_pad_width_under_the_patch():
+    # RWKV's time_shift; ExecuTorch's portable constant_pad_nd refuses a negative width at run time (0x12)
+    from hfexport.registry import apply_patches, isolated_registry
+
+    shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+    x = torch.randn(2, 6, 3, generator=_gen(8))
+    dims = ({1: torch.export.Dim("length", min=2, max=64)},)
+
+    def pads(program):
+        return [
+            list(n.args[1])
+            for n in program.graph.nodes
+            if n.op == "call_function" and str(n.target).split(".")[1:2] in (["pad"], ["constant_pad_nd"])
+        ]
+
+    assert any(min(p) < 0 for p in pads(torch.export.export(shift, (x,), dynamic_shapes=dims)))
+    with isolated_registry():
+        R.register_time_shift_without_crop("pad-check")
+        with apply_patches("pad-check") as entries:
+            assert [e.name.split(".")[-1] for e in entries] == ["constant_pad_crop_as_slice"]
+            program = torch.export.export(shift, (x,), dynamic_shapes=dims)
+    assert pads(program) and all(min(p) >= 0 for p in pads(program))
+    for length in (2, 6, 40):
+        y = torch.randn(2, length, 3, generator=_gen(length))
+        assert torch.equal(program.module()(y), shift(y))
+
+
+def test_negative_padding_widths_refuse_a_bad_padding():
+    with pytest.raises(ValueError, match="one \\(before, after\\) pair"):
+        R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 2, 3))
+    with pytest.raises(ValueError, match="at most 2 pairs"):
+        R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 1, 1, 1, 1, 1))

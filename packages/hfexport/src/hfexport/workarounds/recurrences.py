@@ -44,6 +44,13 @@ zamba2) is loop-free already, but its padding to whole chunks is a modulo with a
 bounds the program below one chunk (256 tokens); :func:`mamba2_chunk_scan_padded` pads in front
 instead, on every backend.
 
+RWKV's token shift is ``nn.ZeroPad2d((0, 0, 1, -1))``: one zero step in front and the last step
+cropped by a *negative* padding. ExecuTorch's portable ``constant_pad_nd`` kernel refuses negative
+widths at run time ("Padding values must be non-negative", error 0x12, since pytorch/executorch#18018;
+XNNPACK leaves such a pad to the portable kernel since pytorch/executorch#12935), so
+:func:`register_time_shift_without_crop` (ExecuTorch only) pads by the non-negative widths and
+crops with a slice instead.
+
 The patches are installed around the capture only: the eager model used for validation runs the
 original loop.
 """
@@ -62,15 +69,18 @@ from hfexport.registry import register_patch
 
 __all__ = [
     "CHUNK",
+    "CONSTANT_PAD_TARGETS",
     "FORMS",
     "MAMBA2_CHUNK_SCAN_TARGETS",
     "MAMBA_SCAN_TARGETS",
     "RG_LRU_TARGETS",
     "RWKV_TARGETS",
+    "constant_pad_without_negative_widths",
     "linear_recurrence",
     "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
     "register_recurrences",
+    "register_time_shift_without_crop",
     "rg_lru_scan_in_form",
     "rwkv_time_mixing_in_form",
 ]
@@ -513,6 +523,80 @@ def rg_lru_scan_in_form(
         return ys.transpose(0, 1), last
     states, last = linear_recurrence(torch.log(gate), hidden_states.to(acc_dtype), recurrent_states)
     return states.to(hidden_states.dtype), last.to(acc_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Negative padding widths (RWKV's token shift) as a pad and a slice
+# --------------------------------------------------------------------------------------------
+
+#: ``nn.ZeroPad2d`` / ``nn.ConstantPad*d``'s forward (RWKV's ``time_shift`` is a ``ZeroPad2d``).
+CONSTANT_PAD_TARGETS: tuple[str, ...] = ("torch.nn.modules.padding._ConstantPadNd.forward",)
+
+
+def constant_pad_without_negative_widths(
+    x: torch.Tensor, padding: tuple[int, ...] | list[int], value: float = 0.0
+) -> torch.Tensor:
+    """``F.pad(x, padding, "constant", value)`` with every negative width done as a slice.
+
+    Args:
+        x: any tensor with at least ``len(padding) // 2`` dimensions.
+        padding: ``F.pad`` widths, last dimension first (``(left, right, top, bottom, ...)``);
+            a negative width removes that many steps on its side.
+        value: the fill value.
+
+    Returns:
+        The tensor ``F.pad`` returns (same shape and values); the pad it records has only
+        non-negative widths, and the crops are ``narrow`` slices.
+
+    Raises:
+        ValueError: an odd number of widths, or more pairs than ``x`` has dimensions.
+    """
+    widths = [int(w) for w in padding]
+    if len(widths) % 2 or len(widths) // 2 > x.dim():
+        raise ValueError(
+            f"padding needs one (before, after) pair per padded dimension, at most {x.dim()} pairs; got {widths}"
+        )
+    out = F.pad(x, [max(w, 0) for w in widths], "constant", value)
+    for pair in range(len(widths) // 2):
+        dim = out.dim() - 1 - pair
+        before, after = -min(widths[2 * pair], 0), -min(widths[2 * pair + 1], 0)
+        if before or after:
+            # a side is either padded or cropped, so cropping the padded tensor is exact
+            out = out.narrow(dim, before, out.shape[dim] - before - after)
+    return out
+
+
+def _constant_pad_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        if all(int(w) >= 0 for w in self.padding):
+            return original(self, input)
+        return constant_pad_without_negative_widths(input, tuple(self.padding), self.value)
+
+    return forward
+
+
+_constant_pad_factory.__name__ = _constant_pad_factory.__qualname__ = "constant_pad_crop_as_slice"
+
+
+def register_time_shift_without_crop(backend: str) -> None:
+    """Register, under ``backend``, ``nn.ZeroPad2d`` / ``ConstantPad*d`` modules with negative
+    widths (RWKV's token shift) as a non-negative pad and a slice (see the module docstring).
+
+    Raises:
+        ValueError: an invalid ``backend`` key.
+    """
+    register_patch(
+        backend,
+        *CONSTANT_PAD_TARGETS,
+        description=(
+            "constant padding modules with negative widths (RWKV's token shift ZeroPad2d((0, 0, 1, -1))) as a "
+            "pad by the non-negative widths and a slice: the portable constant_pad_nd kernel refuses negative "
+            "widths at run time (error 0x12)"
+        ),
+        issue="https://github.com/pytorch/executorch/pull/18018",
+        versions={"executorch": ">=1.0"},
+    )(_constant_pad_factory)
 
 
 # --------------------------------------------------------------------------------------------
