@@ -375,9 +375,13 @@ def test_recurrent_generation_components_carry_the_state_and_generate_like_gener
     assert decode_io.tensor_paths == ["input_ids", *names]
     assert decode_io.outputs == ["logits", *names]
     assert artifacts.plan.io["prefill"].outputs == ["logits", *names]
-    for name in ("prefill", "decode"):
-        statuses = {s.name: s.status for s in artifacts.reports[name].stages}
-        assert statuses.get("validate_second_shape") == "ok", artifacts.reports[name].summary_lines()
+    # the prefill is validated at a second prompt length, the decode step at its sample (one token)
+    statuses = {s.name: s.status for s in artifacts.reports["prefill"].stages}
+    assert statuses.get("validate_second_shape") == "ok", artifacts.reports["prefill"].summary_lines()
+    second = artifacts.reports["prefill"].validation["second_shape"]
+    assert second[0]["name"] == "logits" and second[0]["shape"][1] != SAMPLE_LENGTH
+    decode_statuses = {s.name: s.status for s in artifacts.reports["decode"].stages}
+    assert decode_statuses.get("validate") == "ok", artifacts.reports["decode"].summary_lines()
     _greedy_parity(exporter, artifacts, model)
 
 

@@ -209,3 +209,20 @@ def test_negative_padding_widths_refuse_a_bad_padding():
         R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 2, 3))
     with pytest.raises(ValueError, match="at most 2 pairs"):
         R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 1, 1, 1, 1, 1))
+
+
+def test_rwkv_is_rescaled_before_capture_as_its_first_eval_forward_would():
+    from hfexport.testing import tiny_model
+    from hfexport.workarounds.input_preparers import apply_export_input_preparers
+
+    model, inputs = tiny_model("rwkv", "text-generation", seed=0)
+    model.config.rescale_every = 1  # every layer's weights divided (the tiny config's 6 divides none)
+    backbone = model.rwkv
+    assert not backbone.layers_are_rescaled and not model.training
+    weight = backbone.blocks[1].attention.output.weight.detach().clone()
+    prepared = apply_export_input_preparers(model, dict(inputs))
+    assert prepared.keys() == inputs.keys()
+    assert backbone.layers_are_rescaled
+    torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)
+    apply_export_input_preparers(model, dict(inputs))  # once only
+    torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)

@@ -192,6 +192,16 @@ def _encoder_shapes(
 RECURRENT_STATE_TYPES = frozenset({"mamba", "falcon_mamba", "mamba2", "rwkv", "recurrent_gemma"})
 
 
+#: Why a refused recurrent type has no components yet (the refusal message says it).
+_REFUSAL_REASONS = {
+    "recurrent_gemma": (
+        "its conv and RG-LRU states live inside its modules (conv1d_state, rg_lru.recurrent_states), next to "
+        "a sliding-window KV cache of its attention layers that a decode component would take as a growing "
+        "cache with its mask; components carrying both are not built yet"
+    ),
+}
+
+
 def _refused_recurrent_types() -> frozenset[str]:
     from hfexport.generation.recurrent import RECURRENT_GENERATION_TYPES
 
@@ -211,9 +221,10 @@ def check_generation_cache(model: Any) -> None:
     if model_type in _refused_recurrent_types():
         from hfexport.errors import UnsupportedModelError
 
+        why = _REFUSAL_REASONS.get(model_type, "prefill/decode components that carry it are not built yet")
         raise UnsupportedModelError(
             f"{model_type}'s generation state is a recurrence (its conv/SSM state), not a KV cache; "
-            "prefill/decode components that carry it are not built yet (hfexport issue 28). Export the "
+            f"{why} (hfexport issue 28). Export the "
             "plain forward instead (CLI: --task auto; Python: exporter.export(model, {'input_ids': ...})), "
             "which runs at any sequence length"
         )

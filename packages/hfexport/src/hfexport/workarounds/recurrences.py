@@ -66,6 +66,7 @@ import torch
 import torch.nn.functional as F
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.input_preparers import register_export_input_preparer
 
 __all__ = [
     "CHUNK",
@@ -82,6 +83,7 @@ __all__ = [
     "register_recurrences",
     "register_time_shift_without_crop",
     "rg_lru_scan_in_form",
+    "rwkv_rescaled_before_capture",
     "rwkv_time_mixing_in_form",
 ]
 
@@ -597,6 +599,49 @@ def register_time_shift_without_crop(backend: str) -> None:
         issue="https://github.com/pytorch/executorch/pull/18018",
         versions={"executorch": ">=1.0"},
     )(_constant_pad_factory)
+
+
+# --------------------------------------------------------------------------------------------
+# RWKV's lazy inference rescaling, done before capture
+# --------------------------------------------------------------------------------------------
+
+
+@register_export_input_preparer(
+    "input_ids",
+    description=(
+        "RWKV: rescale the weights (RwkvModel._rescale_layers) eagerly before capture, as the model's first eval "
+        "forward would, instead of tracing the in-place division into the program (ExecuTorch returned more "
+        "outputs than the program's spec: 'leaves has length 10 but the spec refers to a pytree that holds 6')"
+    ),
+    # no upstream issue found; the PR that added RWKV and its in-place inference rescaling
+    issue="https://github.com/huggingface/transformers/pull/22797",
+    versions=_VERSIONS,
+)
+def rwkv_rescaled_before_capture(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Run RWKV's one-time inference rescaling eagerly, before capture.
+
+    ``RwkvModel.forward`` divides two weight matrices per layer in place by ``2 ** (layer //
+    rescale_every)`` the first time it runs in eval mode (and flags it, ``layers_are_rescaled``).
+    Captured on a model that never ran, the division and its write-back into the parameters are
+    traced; done here, the program holds the rescaled weights as eager inference does.
+
+    Args:
+        model: the model being exported (any module; RWKV models are found among its submodules).
+        inputs: the forward kwargs, returned unchanged.
+
+    Returns:
+        ``inputs``.
+    """
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    for module in modules:
+        rescale = getattr(module, "_rescale_layers", None)
+        if (
+            type(module).__name__ == "RwkvModel"
+            and callable(rescale)
+            and module.training == getattr(module, "layers_are_rescaled", None)
+        ):
+            rescale()
+    return inputs
 
 
 # --------------------------------------------------------------------------------------------
