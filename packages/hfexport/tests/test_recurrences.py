@@ -226,3 +226,36 @@ def test_rwkv_is_rescaled_before_capture_as_its_first_eval_forward_would():
     torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)
     apply_export_input_preparers(model, dict(inputs))  # once only
     torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)
+
+
+class _SlicedTransposeTwice(torch.nn.Module):
+    """RecurrentGemma's pattern: a transposed slice used by two consumers."""
+
+    def forward(self, x):
+        y = x[:, :, : x.shape[2] - 1].transpose(1, 2)
+        return y.sum(dim=1), y * 2
+
+
+def test_a_transposed_slice_gets_one_transpose_per_consumer():
+    x = torch.randn(2, 3, 6, generator=_gen(11))
+    program = torch.export.export(_SlicedTransposeTwice(), (x,))
+    gm = program.graph_module
+
+    def transposes():
+        return [n for n in gm.graph.nodes if str(n.target) == "aten.transpose.int"]
+
+    (only,) = transposes()
+    assert len(only.users) == 2
+    rewritten = [
+        R.sliced_transpose_per_consumer(gm, n) for n in list(gm.graph.nodes) if n.op == "call_function"
+    ]
+    assert rewritten.count(True) == 1
+    gm.recompile()
+    assert [len(n.users) for n in transposes()] == [1, 1]
+    module = _SlicedTransposeTwice()
+    for got, want in zip(program.module()(x), module(x), strict=True):
+        assert torch.equal(got, want)
+    # a transpose of anything but a slice, or with one consumer, is left alone
+    assert not any(
+        R.sliced_transpose_per_consumer(gm, n) for n in list(gm.graph.nodes) if n.op == "call_function"
+    )

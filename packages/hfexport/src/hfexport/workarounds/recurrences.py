@@ -81,10 +81,12 @@ __all__ = [
     "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
     "register_recurrences",
+    "register_sliced_transpose_per_consumer",
     "register_time_shift_without_crop",
     "rg_lru_scan_in_form",
     "rwkv_rescaled_before_capture",
     "rwkv_time_mixing_in_form",
+    "sliced_transpose_per_consumer",
 ]
 
 logger = logging.getLogger(__name__)
@@ -642,6 +644,64 @@ def rwkv_rescaled_before_capture(model: Any, inputs: dict[str, Any]) -> dict[str
         ):
             rescale()
     return inputs
+
+
+# --------------------------------------------------------------------------------------------
+# A transpose of a slice with several consumers (RecurrentGemma on XNNPACK)
+# --------------------------------------------------------------------------------------------
+
+_TRANSPOSES = ("aten.transpose.int", "aten.permute.default", "aten.permute_copy.default")
+
+
+def sliced_transpose_per_consumer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give each consumer of a transposed slice its own transpose.
+
+    RecurrentGemma's recurrent block transposes a slice of its convolution output
+    (``self.conv_1d(x)[..., :seq_len]`` then ``.transpose(1, 2)``) and uses the result twice. The
+    XNNPACK partitioner leaves the dynamic slice out and delegates the transpose alone, and the
+    delegate then returns that one value twice, which its preprocessing refuses ("Output node
+    'aten_permute_copy_default' is already in the inputs ... pass through arguments, which are not
+    supported in XNNPACK Delegate", pytorch/executorch#19152, executorch 1.4.1). One transpose per
+    consumer gives each delegate output one value; the values are unchanged.
+
+    Args:
+        gm: the graph module holding ``node``.
+        node: any ``call_function`` node; rewritten when it is a transpose/permute of an
+            ``aten.slice`` with more than one consumer.
+
+    Returns:
+        True when ``node`` was rewritten.
+    """
+    if str(node.target) not in _TRANSPOSES or len(node.users) < 2:
+        return False
+    source = node.args[0] if node.args else None
+    if not isinstance(source, torch.fx.Node) or str(source.target) != "aten.slice.Tensor":
+        return False
+    for user in list(node.users)[1:]:
+        with gm.graph.inserting_after(node):
+            copy = gm.graph.call_function(node.target, node.args, dict(node.kwargs))
+        copy.meta.update(node.meta)
+        user.replace_input_with(node, copy)
+    return True
+
+
+def register_sliced_transpose_per_consumer(backend: str) -> None:
+    """Register :func:`sliced_transpose_per_consumer` as an FX node fix under ``backend``.
+
+    Raises:
+        ValueError: an invalid ``backend`` key.
+    """
+    from hfexport.registry import register_fx_node_fix
+
+    register_fx_node_fix(
+        backend,
+        description=(
+            "one transpose per consumer of a transposed slice (RecurrentGemma's recurrent block): the XNNPACK "
+            "delegate of a lone transpose returned one value twice, which its preprocessing refuses"
+        ),
+        issue="https://github.com/pytorch/executorch/issues/19152",
+        versions={"executorch": ">=1.0"},
+    )(sliced_transpose_per_consumer)
 
 
 # --------------------------------------------------------------------------------------------
