@@ -329,6 +329,11 @@ GENERATION_CASES = [
         for mt in ("falcon_mamba", "mamba2", "rwkv")
         for b in ("dynamo", "onnx")
     ],
+    # the chunked form in the edge runtimes (OpenVINO: the core's components, not its stateful decoder)
+    *[
+        pytest.param(b, "mamba", id=f"{b}-mamba", marks=pytest.mark.extended)
+        for b in ("executorch", "openvino")
+    ],
 ]
 
 
@@ -361,6 +366,8 @@ def _greedy_parity(exporter, artifacts, model) -> None:
 
 @pytest.mark.parametrize(("backend", "model_type"), GENERATION_CASES)
 def test_recurrent_generation_components_carry_the_state_and_generate_like_generate(backend, model_type):
+    if backend in ("executorch", "openvino"):
+        pytest.importorskip(backend, reason=f"the {backend} runtime is not installed")
     from hfexport.auto import AutoHfExporter
     from hfexport.generation.recurrent import recurrent_state_names
     from hfexport.testing import tiny_model
