@@ -242,10 +242,11 @@ DEFAULT_MODELS = ("mamba", "rwkv", "recurrent_gemma")  # one per construct
 EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
 
 #: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only.
-#: Not on ExecuTorch (docs/coverage.md): rwkv (the XNNPACK program fails at run time, error 0x12) and
-#: recurrent_gemma (XNNPACK refuses a partition whose output is also its input), both past capture.
+#: rwkv on ExecuTorch needs its token shift without a negative pad width (portable constant_pad_nd, error
+#: 0x12) and its weights rescaled before capture (register_time_shift_without_crop,
+#: rwkv_rescaled_before_capture).
 EDGE_CASES = [
-    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba")],
+    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv")],
     *[("openvino", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
 ]
 
