@@ -563,9 +563,9 @@ register_dense_experts("executorch.xnnpack", every_implementation=True)
 # per-token loop that capture unrolls (issue 28)
 register_recurrences("executorch", form="chunked")
 # RWKV's token shift crops with a negative padding width, which the portable kernel refuses (0x12)
-register_time_shift_without_crop("executorch")
+register_time_shift_without_crop("executorch", versions={"executorch": ">=1.0"})
 # RecurrentGemma: XNNPACK refuses a delegated lone transpose whose one value it returns twice
-register_sliced_transpose_per_consumer("executorch.xnnpack")
+register_sliced_transpose_per_consumer("executorch.xnnpack", versions={"executorch": ">=1.0"})
 
 
 @register_patch(

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -583,12 +583,16 @@ def _constant_pad_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 _constant_pad_factory.__name__ = _constant_pad_factory.__qualname__ = "constant_pad_crop_as_slice"
 
 
-def register_time_shift_without_crop(backend: str) -> None:
+def register_time_shift_without_crop(backend: str, *, versions: Mapping[str, str]) -> None:
     """Register, under ``backend``, ``nn.ZeroPad2d`` / ``ConstantPad*d`` modules with negative
     widths (RWKV's token shift) as a non-negative pad and a slice (see the module docstring).
 
+    Args:
+        backend: registry key (the runtime whose pad kernel refuses negative widths).
+        versions: distribution -> specifier set of that runtime in which the fix is needed.
+
     Raises:
-        ValueError: an invalid ``backend`` key.
+        ValueError: an invalid ``backend`` key or ``versions``.
     """
     register_patch(
         backend,
@@ -599,7 +603,7 @@ def register_time_shift_without_crop(backend: str) -> None:
             "widths at run time (error 0x12)"
         ),
         issue="https://github.com/pytorch/executorch/pull/18018",
-        versions={"executorch": ">=1.0"},
+        versions=versions,
     )(_constant_pad_factory)
 
 
@@ -685,11 +689,15 @@ def sliced_transpose_per_consumer(gm: torch.fx.GraphModule, node: torch.fx.Node)
     return True
 
 
-def register_sliced_transpose_per_consumer(backend: str) -> None:
+def register_sliced_transpose_per_consumer(backend: str, *, versions: Mapping[str, str]) -> None:
     """Register :func:`sliced_transpose_per_consumer` as an FX node fix under ``backend``.
 
+    Args:
+        backend: registry key (the XNNPACK lowering).
+        versions: distribution -> specifier set in which the fix is needed.
+
     Raises:
-        ValueError: an invalid ``backend`` key.
+        ValueError: an invalid ``backend`` key or ``versions``.
     """
     from hfexport.registry import register_fx_node_fix
 
@@ -700,7 +708,7 @@ def register_sliced_transpose_per_consumer(backend: str) -> None:
             "delegate of a lone transpose returned one value twice, which its preprocessing refuses"
         ),
         issue="https://github.com/pytorch/executorch/issues/19152",
-        versions={"executorch": ">=1.0"},
+        versions=versions,
     )(sliced_transpose_per_consumer)
 
 
