@@ -244,9 +244,10 @@ EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
 #: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only.
 #: rwkv on ExecuTorch needs its token shift without a negative pad width (portable constant_pad_nd, error
 #: 0x12) and its weights rescaled before capture (register_time_shift_without_crop,
-#: rwkv_rescaled_before_capture).
+#: rwkv_rescaled_before_capture); recurrent_gemma on XNNPACK one transpose per consumer of its transposed
+#: convolution slice (register_sliced_transpose_per_consumer).
 EDGE_CASES = [
-    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv")],
+    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
     *[("openvino", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
 ]
 
