@@ -326,10 +326,12 @@ PROMPT_LENGTHS = (5, 13)
 
 GENERATION_CASES = [
     *[pytest.param(b, "mamba", id=f"{b}-mamba") for b in ("dynamo", "onnx")],
+    pytest.param("dynamo", "recurrent_gemma", id="dynamo-recurrent_gemma"),
     *[
         pytest.param(b, mt, id=f"{b}-{mt}", marks=pytest.mark.extended)
-        for mt in ("falcon_mamba", "mamba2", "rwkv")
+        for mt in ("falcon_mamba", "mamba2", "rwkv", "recurrent_gemma")
         for b in ("dynamo", "onnx")
+        if (b, mt) != ("dynamo", "recurrent_gemma")
     ],
     # the chunked form in the edge runtimes (OpenVINO: the core's components, not its stateful decoder)
     *[
@@ -421,26 +423,32 @@ def test_recurrent_generation_refuses_a_multi_token_decode():
     assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("model_type", ["recurrent_gemma"])
-def test_generation_components_of_a_recurrent_model_are_refused_up_front(model_type, tmp_path):
-    """recurrent_gemma's state (module-held conv and RG-LRU states next to a sliding-window KV cache)
-    has no components yet: export_for_generation refuses it before generate() runs (it used to fail
-    in capture), and the CLI says to export the plain forward."""
+def test_the_cli_exports_and_generates_from_a_recurrent_model(tmp_path):
+    """No refusal left: `hfexport export --task text-generation` writes the recurrent components and
+    `hfexport generate` runs them (recurrent_gemma used to be refused up front)."""
     from typer.testing import CliRunner
 
     from hfexport.cli import app
-    from hfexport.errors import UnsupportedModelError
     from hfexport.testing import tiny_model
-    from hfexport_dynamo import DynamoExporter
 
-    model, inputs = tiny_model(model_type, "text-generation")
-    with pytest.raises(UnsupportedModelError, match=rf"{model_type}'s generation state is a recurrence"):
-        DynamoExporter().export_for_generation(model, {"input_ids": inputs["input_ids"]})
     out = tmp_path / "out"
+    env = {"HFEXPORT_ISOLATE": "0", "COLUMNS": "300"}
     result = CliRunner().invoke(
         app,
-        ["export", "dynamo", str(out), "--model", f"tiny:{model_type}", "--task", "text-generation"],
-        env={"HFEXPORT_ISOLATE": "0", "COLUMNS": "300"},
+        ["export", "dynamo", str(out), "--model", "tiny:recurrent_gemma", "--task", "text-generation"],
+        env=env,
     )
-    assert result.exit_code == 1 and "--task auto" in result.output, result.output
-    assert not out.exists()
+    assert result.exit_code == 0, result.output
+    assert (out / "generation_manifest.json").is_file()
+    model, _ = tiny_model("recurrent_gemma", "text-generation")
+    prompt = [5, 17, 42, 7]
+    want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=4)[
+        0, len(prompt) :
+    ].tolist()
+    result = CliRunner().invoke(
+        app,
+        ["generate", str(out), "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", "4"],
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    assert "tokens: " + " ".join(map(str, want)) in result.output, (want, result.output)

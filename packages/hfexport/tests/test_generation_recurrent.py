@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hfexport.errors import UnsupportedModelError
 from hfexport.generation import GenerationRunner
 from hfexport.generation.decompose import decompose_for_generation
 from hfexport.generation.export import check_generation_cache
@@ -38,14 +37,15 @@ def _eager_callers(decomposition):
     return {name: caller(module) for name, (module, _) in decomposition.items()}
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "rwkv"])
+@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "recurrent_gemma"])
 def test_the_wrappers_generate_what_generate_does(model_type):
     model, inputs = tiny_model(model_type, "text-generation", seed=0)
     decomposition = decompose_for_generation(model, inputs)
     assert list(decomposition) == ["prefill", "decode"]
     assert all(isinstance(m, RecurrentStateComponent) for m, _ in decomposition.values())
     names = [f"cache.{n}" for n in recurrent_state_names(model)]
-    assert decomposition.plan.io["decode"].tensor_paths == ["input_ids", *names]
+    extra = ["position_ids"] if model_type == "recurrent_gemma" else []  # its RG-LRU resets at position 0
+    assert decomposition.plan.io["decode"].tensor_paths == ["input_ids", *names, *extra]
     assert decomposition.plan.io["decode"].outputs == ["logits", *names]
     runner = GenerationRunner(decomposition.plan, _eager_callers(decomposition))
     for length in (3, 9):
@@ -112,9 +112,25 @@ def test_bad_arguments_raise_typed_errors_that_say_what_to_do():
         recurrent_state_names(llama)
 
 
-def test_only_the_types_without_components_are_refused():
-    mamba, _ = tiny_model("mamba", "text-generation", seed=0)
-    check_generation_cache(mamba)  # carried now: no refusal
-    gemma, _ = tiny_model("recurrent_gemma", "text-generation", seed=0)
-    with pytest.raises(UnsupportedModelError, match="recurrent_gemma's generation state is a recurrence"):
-        check_generation_cache(gemma)
+def test_every_recurrent_type_is_carried_now():
+    from hfexport.generation.export import RECURRENT_STATE_TYPES
+    from hfexport.generation.recurrent import RECURRENT_GENERATION_TYPES
+
+    assert RECURRENT_STATE_TYPES <= RECURRENT_GENERATION_TYPES
+    for model_type in ("mamba", "recurrent_gemma"):
+        model, _ = tiny_model(model_type, "text-generation", seed=0)
+        check_generation_cache(model)  # no refusal
+
+
+def test_recurrent_gemma_state_names_and_its_module_states_restored():
+    model, inputs = tiny_model("recurrent_gemma", "text-generation", seed=0)
+    names = recurrent_state_names(model)
+    assert names == ["layers.0.conv_states", "layers.0.recurrent_states", "layers.1.keys", "layers.1.values"]
+    block = model.model.layers[0].temporal_block
+    before = (block.conv1d_state, block.rg_lru.recurrent_states)
+    decomposition = decompose_recurrent(model, inputs)
+    # the wrappers put back the module-held states they replaced
+    assert block.conv1d_state is before[0] and block.rg_lru.recurrent_states is before[1]
+    prefill, kwargs = decomposition["prefill"]
+    with pytest.raises(ValueError, match="position_ids"):
+        prefill(input_ids=kwargs["input_ids"])

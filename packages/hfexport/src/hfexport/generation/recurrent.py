@@ -10,10 +10,12 @@ models use does not apply (their cache objects have no sequence length, or live 
 
 This module wraps the model into two components with the state as plain named tensors:
 
-- ``prefill``: ``input_ids`` ``[batch, seq]`` (+ ``attention_mask`` for the models that take it)
-  -> ``logits`` ``[batch, seq, vocab]`` and ``cache.<name>`` for every state tensor;
-- ``decode``: ``input_ids`` ``[batch, 1]`` and ``cache`` (``{name: tensor}``, the previous call's
-  ``cache.<name>`` outputs) -> ``logits`` ``[batch, 1, vocab]`` and the new ``cache.<name>``.
+- ``prefill``: ``input_ids`` ``[batch, seq]`` (+ ``attention_mask`` for the Mamba family,
+  ``position_ids`` for RecurrentGemma) -> ``logits`` ``[batch, seq, vocab]`` and ``cache.<name>``
+  for every state tensor;
+- ``decode``: ``input_ids`` ``[batch, 1]`` (+ ``position_ids`` for RecurrentGemma) and ``cache``
+  (``{name: tensor}``, the previous call's ``cache.<name>`` outputs) -> ``logits``
+  ``[batch, 1, vocab]`` and the new ``cache.<name>``.
 
 The ``cache`` input carries the ``cache`` role of :mod:`hfexport.conventions.roles`, and the names
 (``layers.<i>.conv_states`` ...) follow the leaf names of transformers' own cache layers, so
@@ -59,7 +61,16 @@ RWKV_STATE_NAMES: tuple[str, ...] = (
 )
 
 #: Every model type this module builds prefill/decode components for.
-RECURRENT_GENERATION_TYPES = LINEAR_ATTENTION_CACHE_TYPES | {"rwkv"}
+RECURRENT_GENERATION_TYPES = LINEAR_ATTENTION_CACHE_TYPES | {"rwkv", "recurrent_gemma"}
+
+
+def _gemma_layers(model: Any) -> list[tuple[int, Any]]:
+    """``[(index, temporal_block)]`` of a RecurrentGemma model's decoder layers."""
+    return [(i, layer.temporal_block) for i, layer in enumerate(model.model.layers)]
+
+
+def _is_recurrent_block(block: Any) -> bool:
+    return hasattr(block, "rg_lru")
 
 
 def _model_type(model: Any) -> str | None:
@@ -84,7 +95,9 @@ def recurrent_state_names(model: Any) -> list[str]:
 
     Returns:
         ``["layers.0.conv_states", "layers.0.recurrent_states", "layers.1.conv_states", ...]`` for
-        the linear-attention caches, :data:`RWKV_STATE_NAMES` for RWKV.
+        the linear-attention caches, :data:`RWKV_STATE_NAMES` for RWKV; for RecurrentGemma
+        ``layers.<i>.conv_states`` / ``recurrent_states`` of its recurrent layers and
+        ``layers.<i>.keys`` / ``values`` of its attention layers.
 
     Raises:
         ValueError: ``model`` is of another type.
@@ -98,6 +111,12 @@ def recurrent_state_names(model: Any) -> list[str]:
         ]
     if model_type == "rwkv":
         return list(RWKV_STATE_NAMES)
+    if model_type == "recurrent_gemma":
+        names: list[str] = []
+        for i, block in _gemma_layers(model):
+            kinds = ("conv_states", "recurrent_states") if _is_recurrent_block(block) else ("keys", "values")
+            names.extend(f"layers.{i}.{kind}" for kind in kinds)
+        return names
     raise ValueError(
         f"model type {model_type!r} has no recurrent-state components; supported: "
         f"{sorted(RECURRENT_GENERATION_TYPES)}"
@@ -147,12 +166,14 @@ class RecurrentStateComponent(torch.nn.Module):
 
     Forward:
         ``input_ids`` int64 ``[batch, seq]``; ``attention_mask`` ``[batch, seq]`` (prefill only,
-        optional); ``cache`` ``{name: tensor}`` (decode only, :func:`recurrent_state_names`).
+        optional; ignored by RWKV and RecurrentGemma); ``cache`` ``{name: tensor}`` (decode only,
+        :func:`recurrent_state_names`); ``position_ids`` int64 ``[batch, seq]`` (RecurrentGemma,
+        required: its RG-LRU restarts where they are 0).
         Returns ``{"logits": [batch, seq, vocab] float, "cache": {name: tensor}}``.
 
     Raises:
         ValueError: an unknown ``kind`` or a model of an unsupported type (at construction); a
-            decode call without ``cache`` (at call).
+            decode call without ``cache``, or a RecurrentGemma call without ``position_ids`` (at call).
     """
 
     def __init__(self, model: torch.nn.Module, kind: str) -> None:
@@ -169,6 +190,7 @@ class RecurrentStateComponent(torch.nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Mapping[str, torch.Tensor] | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         if self.kind == "decode" and cache is None:
             raise ValueError("the decode component needs the previous call's cache")
@@ -179,6 +201,8 @@ class RecurrentStateComponent(torch.nn.Module):
             # RWKV's forward takes no padding mask (it ignores attention_mask)
             output = self.model(input_ids=input_ids, state=given, use_cache=True, return_dict=True)
             return {"logits": output.logits, "cache": dict(zip(RWKV_STATE_NAMES, output.state, strict=True))}
+        if self.config.model_type == "recurrent_gemma":
+            return self._recurrent_gemma(input_ids, position_ids, state)
         model_cache = _linear_attention_cache(self.model, state)
         output = self.model(
             input_ids=input_ids,
@@ -188,6 +212,55 @@ class RecurrentStateComponent(torch.nn.Module):
             return_dict=True,
         )
         return {"logits": output.logits, "cache": _linear_attention_state(model_cache)}
+
+    def _recurrent_gemma(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None,
+        state: Mapping[str, torch.Tensor] | None,
+    ) -> dict[str, Any]:
+        """RecurrentGemma: module-held conv / RG-LRU states and a sliding-window KV cache."""
+        from transformers import DynamicCache
+
+        if position_ids is None:
+            raise ValueError(
+                "RecurrentGemma's components need position_ids (the RG-LRU resets where they are 0)"
+            )
+        layers = _gemma_layers(self.model)
+        saved = [(b, b.conv1d_state, b.rg_lru.recurrent_states) for _, b in layers if _is_recurrent_block(b)]
+        cache = DynamicCache(config=self.config)
+        try:
+            if state is None:
+                self.model.model._setup_cache(
+                    self.config, input_ids.shape[0], input_ids.device, self.model.dtype
+                )
+            else:
+                for i, block in layers:
+                    if _is_recurrent_block(block):
+                        # copies: the model replaces them, but a graph must not alias its inputs
+                        block.conv1d_state = state[f"layers.{i}.conv_states"].clone()
+                        block.rg_lru.recurrent_states = state[f"layers.{i}.recurrent_states"].clone()
+                    else:
+                        keys, values = state[f"layers.{i}.keys"], state[f"layers.{i}.values"]
+                        layer = cache.layers[i]
+                        layer.lazy_initialization(keys, values)
+                        layer.keys, layer.values = keys, values
+                        layer.cumulative_length = keys.shape[-2]
+            output = self.model(
+                input_ids=input_ids, position_ids=position_ids, cache=cache, use_cache=True, return_dict=True
+            )
+            out: dict[str, torch.Tensor] = {}
+            for i, block in layers:
+                if _is_recurrent_block(block):
+                    out[f"layers.{i}.conv_states"] = block.conv1d_state
+                    out[f"layers.{i}.recurrent_states"] = block.rg_lru.recurrent_states
+                else:
+                    out[f"layers.{i}.keys"] = cache.layers[i].keys
+                    out[f"layers.{i}.values"] = cache.layers[i].values
+        finally:
+            for block, conv, recurrent in saved:
+                block.conv1d_state, block.rg_lru.recurrent_states = conv, recurrent
+        return {"logits": output.logits, "cache": out}
 
 
 def decompose_recurrent(
@@ -225,12 +298,22 @@ def decompose_recurrent(
     decode = RecurrentStateComponent(model, "decode").eval()
     prefill_kwargs: dict[str, Any] = {"input_ids": input_ids}
     mask = inputs.get("attention_mask")
-    if mask is not None and _model_type(model) != "rwkv":
+    gemma = _model_type(model) == "recurrent_gemma"
+    if mask is not None and _model_type(model) not in ("rwkv", "recurrent_gemma"):
         prefill_kwargs["attention_mask"] = mask
+    if gemma:  # generate() gives RecurrentGemma position ids and no mask
+        prefill_kwargs["position_ids"] = (
+            torch.arange(input_ids.shape[1]).expand(input_ids.shape[0], -1).clone()
+        )
     with torch.no_grad():
         first = prefill(**prefill_kwargs)
     token = first["logits"][:, -1].argmax(-1, keepdim=True).to(torch.int64)
-    decode_kwargs = {"input_ids": token, "cache": {k: v.detach().clone() for k, v in first["cache"].items()}}
+    decode_kwargs: dict[str, Any] = {
+        "input_ids": token,
+        "cache": {k: v.detach().clone() for k, v in first["cache"].items()},
+    }
+    if gemma:
+        decode_kwargs["position_ids"] = torch.full_like(token, input_ids.shape[1])
     plan = GenerationPlan(
         architecture="decoder",
         model_class=type(model).__name__,
