@@ -383,7 +383,8 @@ def test_recurrent_generation_components_carry_the_state_and_generate_like_gener
     names = [f"cache.{n}" for n in recurrent_state_names(model)]
     decode_io = artifacts.plan.io["decode"]
     # the decode step takes one token and every state tensor, and returns the logits and every new state
-    assert decode_io.tensor_paths == ["input_ids", *names]
+    extra = ["position_ids"] if model_type == "recurrent_gemma" else []  # its RG-LRU resets at position 0
+    assert decode_io.tensor_paths == ["input_ids", *names, *extra]
     assert decode_io.outputs == ["logits", *names]
     assert artifacts.plan.io["prefill"].outputs == ["logits", *names]
     # the prefill is validated at a second prompt length, the decode step at its sample (one token)
