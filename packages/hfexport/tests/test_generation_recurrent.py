@@ -134,3 +134,14 @@ def test_recurrent_gemma_state_names_and_its_module_states_restored():
     prefill, kwargs = decomposition["prefill"]
     with pytest.raises(ValueError, match="position_ids"):
         prefill(input_ids=kwargs["input_ids"])
+
+
+def test_a_recurrent_type_without_components_would_be_refused_up_front(monkeypatch):
+    # no such type today; the refusal stays for the next one (its message says what to export instead)
+    import hfexport.generation.export as export_module
+    from hfexport.errors import UnsupportedModelError
+
+    llama, _ = tiny_model("llama")
+    monkeypatch.setattr(export_module, "RECURRENT_STATE_TYPES", frozenset({"llama"}))
+    with pytest.raises(UnsupportedModelError, match=r"llama's generation state is a recurrence.*--task auto"):
+        check_generation_cache(llama)

@@ -185,21 +185,16 @@ def _encoder_shapes(
 
 
 #: Model types whose generation state is a recurrence (conv / SSM / RWKV / RG-LRU state), not a
-#: KV cache. Those in :data:`hfexport.generation.recurrent.RECURRENT_GENERATION_TYPES` get prefill
-#: and decode components carrying the state as named tensors (issue 28); the others are refused up
-#: front (:data:`REFUSED_RECURRENT_TYPES`) instead of failing in ``generate()`` recording, in capture,
-#: or writing components the runner cannot feed.
+#: KV cache. Those in :data:`hfexport.generation.recurrent.RECURRENT_GENERATION_TYPES` (all of them
+#: today) get prefill and decode components carrying the state as named tensors (issue 28); any
+#: other would be refused up front by :func:`check_generation_cache` instead of failing in
+#: ``generate()`` recording, in capture, or writing components the runner cannot feed.
 RECURRENT_STATE_TYPES = frozenset({"mamba", "falcon_mamba", "mamba2", "rwkv", "recurrent_gemma"})
 
 
-#: Why a refused recurrent type has no components yet (the refusal message says it).
-_REFUSAL_REASONS = {
-    "recurrent_gemma": (
-        "its conv and RG-LRU states live inside its modules (conv1d_state, rg_lru.recurrent_states), next to "
-        "a sliding-window KV cache of its attention layers that a decode component would take as a growing "
-        "cache with its mask; components carrying both are not built yet"
-    ),
-}
+#: Why a refused recurrent type has no components yet (the refusal message says it); empty while
+#: every type of :data:`RECURRENT_STATE_TYPES` is carried.
+_REFUSAL_REASONS: dict[str, str] = {}
 
 
 def _refused_recurrent_types() -> frozenset[str]:
