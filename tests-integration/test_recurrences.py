@@ -181,6 +181,59 @@ def test_chunked_form_keeps_the_sequence_axis_and_matches_eager_at_three_lengths
             assert diff <= 1e-5 * max(1.0, w.float().abs().max().item()), (construct, length, diff)
 
 
+class _Mamba2ChunkScan(torch.nn.Module):
+    CHUNK = 4  # a small chunk, so the three lengths end inside, on and across chunk boundaries
+
+    def forward(self, x, dt, B, C):
+        from transformers.models.mamba2 import modeling_mamba2
+
+        heads = x.shape[2]
+        A = -torch.linspace(0.5, 2.0, heads)
+        D = torch.linspace(0.5, 1.5, heads)
+        bias = torch.linspace(-1.0, 1.0, heads)
+        return modeling_mamba2.mamba2_chunk_scan(
+            x, dt, A, B, C, self.CHUNK, D=D, dt_bias=bias, dt_softplus=True, return_final_states=True
+        )
+
+    @staticmethod
+    def inputs(length: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        b, h, p, groups, n = 2, 4, 3, 2, 5
+        x = torch.randn(b, length, h, p, generator=g)
+        dt = torch.randn(b, length, h, generator=g)
+        B, C = (torch.randn(b, length, groups, n, generator=g) for _ in range(2))
+        return x, dt, B, C
+
+    time_axes = (1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("backend", ["dynamo", "chunked-check"])
+def test_mamba2_chunk_scan_keeps_its_sequence_axis_past_one_chunk_at_three_lengths(backend):
+    # Without the whole-chunk padding the program is bounded below one chunk (its modulo and the branch on
+    # it specialise the length), so 8 and 37 tokens (2 and 10 chunks of 4) would fail the length guard.
+    from hfexport.registry import apply_patches, isolated_registry
+    from hfexport.workarounds.recurrences import register_recurrences
+
+    module = _Mamba2ChunkScan().eval()
+    sample = module.inputs(SAMPLE_LENGTH - 1, torch.Generator().manual_seed(0))
+    with isolated_registry():
+        register_recurrences(backend, form="scan" if backend == "dynamo" else "chunked")
+        with apply_patches(backend) as entries:
+            assert any("mamba2" in e.name for e in entries), [e.name for e in entries]
+            program = torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(module))
+    first = program.graph_signature.user_inputs[0]
+    (x,) = (n for n in program.graph.nodes if n.op == "placeholder" and n.name == first)
+    bounds = program.range_constraints[x.meta["val"].shape[1].node.expr]
+    assert (bounds.lower, bounds.upper) == (2, 1024)  # the whole declared range, not one chunk
+    for length in LENGTHS:
+        args = module.inputs(length, torch.Generator().manual_seed(length))
+        with torch.no_grad():
+            want, got = module(*args), program.module()(*args)
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape
+            diff = (g - w).abs().max().item()
+            assert diff <= 1e-5 * max(1.0, w.abs().max().item()), (length, diff)
+
+
 # --------------------------------------------------------------------------------------------
 # The models, through the exporter
 # --------------------------------------------------------------------------------------------
@@ -189,10 +242,12 @@ DEFAULT_MODELS = ("mamba", "rwkv", "recurrent_gemma")  # one per construct
 EXTENDED_MODELS = ("mamba2", "falcon_mamba", "jamba")
 
 #: ExecuTorch and OpenVINO get the chunked form; their runs are long (minutes per type): extended only.
-#: Not on ExecuTorch (docs/coverage.md): rwkv (the XNNPACK program fails at run time, error 0x12) and
-#: recurrent_gemma (XNNPACK refuses a partition whose output is also its input), both past capture.
+#: rwkv on ExecuTorch needs its token shift without a negative pad width (portable constant_pad_nd, error
+#: 0x12) and its weights rescaled before capture (register_time_shift_without_crop,
+#: rwkv_rescaled_before_capture); recurrent_gemma on XNNPACK one transpose per consumer of its transposed
+#: convolution slice (register_sliced_transpose_per_consumer).
 EDGE_CASES = [
-    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba")],
+    *[("executorch", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
     *[("openvino", mt) for mt in ("mamba", "mamba2", "falcon_mamba", "jamba", "rwkv", "recurrent_gemma")],
 ]
 
@@ -260,27 +315,141 @@ def test_recurrent_model_exports_dynamic_on_the_edge_backends(backend, model_typ
     assert all(row["ok"] for row in sample + second), sample + second
 
 
-@pytest.mark.parametrize("model_type", ["mamba", "rwkv", "recurrent_gemma"])
-def test_generation_components_of_a_recurrent_model_are_refused_up_front(model_type, tmp_path):
-    """Their state is a recurrence, not a KV cache: export_for_generation refuses them before
-    generate() runs (it used to fail in recording for mamba, in capture for recurrent_gemma, and
-    to write rwkv components whose state.* inputs no runner could feed), and the CLI says to export
-    the plain forward."""
-    from typer.testing import CliRunner
+# --------------------------------------------------------------------------------------------
+# Generation: prefill/decode components carrying the recurrent state (hfexport.generation.recurrent)
+# --------------------------------------------------------------------------------------------
 
-    from hfexport.cli import app
-    from hfexport.errors import UnsupportedModelError
+#: new tokens of each greedy comparison
+NEW_TOKENS = 8
+#: the two prompt lengths generation is compared at (the capture sample has SAMPLE_LENGTH tokens)
+PROMPT_LENGTHS = (5, 13)
+
+GENERATION_CASES = [
+    *[pytest.param(b, "mamba", id=f"{b}-mamba") for b in ("dynamo", "onnx")],
+    pytest.param("dynamo", "recurrent_gemma", id="dynamo-recurrent_gemma"),
+    *[
+        pytest.param(b, mt, id=f"{b}-{mt}", marks=pytest.mark.extended)
+        for mt in ("falcon_mamba", "mamba2", "rwkv", "recurrent_gemma")
+        for b in ("dynamo", "onnx")
+        if (b, mt) != ("dynamo", "recurrent_gemma")
+    ],
+    # the chunked form in the edge runtimes (OpenVINO: the core's components, not its stateful decoder)
+    *[
+        pytest.param(b, "mamba", id=f"{b}-mamba", marks=pytest.mark.extended)
+        for b in ("executorch", "openvino")
+    ],
+]
+
+
+def _greedy_parity(exporter, artifacts, model) -> None:
+    """The exported prefill/decode components generate the tokens of model.generate(do_sample=False)
+    at two prompt lengths, with every step's logits equal to generate's within tolerance."""
+    from hfexport.generation import GenerationRunner, callers_from_exporter
+
+    runner = GenerationRunner(artifacts.plan, callers_from_exporter(exporter, artifacts))
+    for length in PROMPT_LENGTHS:
+        ids = torch.randint(
+            3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length)
+        )
+        with torch.no_grad():
+            want = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=NEW_TOKENS,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        got = runner.generate(ids, max_new_tokens=NEW_TOKENS)
+        assert got.tolist() == want.sequences.tolist(), (length, got[:, length:], want.sequences[:, length:])
+        assert len(runner.last_logits) == len(want.logits) == got.shape[1] - length
+        for step, (ours, theirs) in enumerate(zip(runner.last_logits, want.logits, strict=True)):
+            diff = (ours - theirs.float()).abs().max().item()
+            assert diff <= 1e-4, (length, step, diff)
+
+
+@pytest.mark.parametrize(("backend", "model_type"), GENERATION_CASES)
+def test_recurrent_generation_components_carry_the_state_and_generate_like_generate(backend, model_type):
+    if backend in ("executorch", "openvino"):
+        pytest.importorskip(backend, reason=f"the {backend} runtime is not installed")
+    from hfexport.auto import AutoHfExporter
+    from hfexport.generation.recurrent import recurrent_state_names
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model(model_type, "text-generation", seed=0)
+    exporter = AutoHfExporter.from_config(_config(backend))
+    artifacts = exporter.export_for_generation(model, inputs)
+    assert list(artifacts) == ["prefill", "decode"]
+    names = [f"cache.{n}" for n in recurrent_state_names(model)]
+    decode_io = artifacts.plan.io["decode"]
+    # the decode step takes one token and every state tensor, and returns the logits and every new state
+    extra = ["position_ids"] if model_type == "recurrent_gemma" else []  # its RG-LRU resets at position 0
+    assert decode_io.tensor_paths == ["input_ids", *names, *extra]
+    assert decode_io.outputs == ["logits", *names]
+    assert artifacts.plan.io["prefill"].outputs == ["logits", *names]
+    # the prefill is validated at a second prompt length, the decode step at its sample (one token)
+    statuses = {s.name: s.status for s in artifacts.reports["prefill"].stages}
+    assert statuses.get("validate_second_shape") == "ok", artifacts.reports["prefill"].summary_lines()
+    second = artifacts.reports["prefill"].validation["second_shape"]
+    assert second[0]["name"] == "logits" and second[0]["shape"][1] != SAMPLE_LENGTH
+    decode_statuses = {s.name: s.status for s in artifacts.reports["decode"].stages}
+    assert decode_statuses.get("validate") == "ok", artifacts.reports["decode"].summary_lines()
+    _greedy_parity(exporter, artifacts, model)
+
+
+def test_recurrent_generation_components_save_load_and_generate_from_the_folder(tmp_path):
+    """The manifest of a mamba export round-trips: a runner loaded from the folder generates as
+    model.generate does, without the eager model."""
+    from hfexport.generation import generate_from_dir, save_components
     from hfexport.testing import tiny_model
     from hfexport_dynamo import DynamoExporter
 
-    model, inputs = tiny_model(model_type, "text-generation")
-    with pytest.raises(UnsupportedModelError, match=rf"{model_type}'s generation state is a recurrence"):
-        DynamoExporter().export_for_generation(model, {"input_ids": inputs["input_ids"]})
+    model, inputs = tiny_model("mamba", "text-generation", seed=0)
+    exporter = DynamoExporter()
+    artifacts = exporter.export_for_generation(model, inputs, _config("dynamo"))
+    save_components(exporter, artifacts, tmp_path / "out", model=model)
+    prompt = [5, 17, 42, 7, 99, 3]
+    want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS)
+    got = generate_from_dir(tmp_path / "out", prompt, max_new_tokens=NEW_TOKENS)
+    assert torch.as_tensor(got).reshape(-1).tolist() == want[0, len(prompt) :].tolist()
+
+
+def test_recurrent_generation_refuses_a_multi_token_decode():
+    from hfexport.testing import tiny_model
+    from hfexport_dynamo import DynamoExporter
+
+    model, inputs = tiny_model("mamba", "text-generation", seed=0)
+    with pytest.raises(Exception, match="one token at a time") as info:
+        DynamoExporter().export_for_generation(model, inputs, multi_token_decode=True)
+    assert isinstance(info.value, ValueError)
+
+
+def test_the_cli_exports_and_generates_from_a_recurrent_model(tmp_path):
+    """No refusal left: `hfexport export --task text-generation` writes the recurrent components and
+    `hfexport generate` runs them (recurrent_gemma used to be refused up front)."""
+    from typer.testing import CliRunner
+
+    from hfexport.cli import app
+    from hfexport.testing import tiny_model
+
     out = tmp_path / "out"
+    env = {"HFEXPORT_ISOLATE": "0", "COLUMNS": "300"}
     result = CliRunner().invoke(
         app,
-        ["export", "dynamo", str(out), "--model", f"tiny:{model_type}", "--task", "text-generation"],
-        env={"HFEXPORT_ISOLATE": "0", "COLUMNS": "300"},
+        ["export", "dynamo", str(out), "--model", "tiny:recurrent_gemma", "--task", "text-generation"],
+        env=env,
     )
-    assert result.exit_code == 1 and "--task auto" in result.output, result.output
-    assert not out.exists()
+    assert result.exit_code == 0, result.output
+    assert (out / "generation_manifest.json").is_file()
+    model, _ = tiny_model("recurrent_gemma", "text-generation")
+    prompt = [5, 17, 42, 7]
+    want = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=4)[
+        0, len(prompt) :
+    ].tolist()
+    result = CliRunner().invoke(
+        app,
+        ["generate", str(out), "--input-ids", ",".join(map(str, prompt)), "--max-new-tokens", "4"],
+        env=env,
+    )
+    assert result.exit_code == 0, result.output
+    assert "tokens: " + " ".join(map(str, want)) in result.output, (want, result.output)

@@ -165,3 +165,97 @@ def test_mamba2_chunk_scan_on_whole_chunks_matches_the_unpadded_call(length):
         R.mamba2_chunk_scan_padded(original, x, dt, A, B, C, chunk, initial_states=state, **kw),
         original(x, dt, A, B, C, chunk, initial_states=state, **kw),
     )
+
+
+@pytest.mark.parametrize(
+    "padding", [(0, 0, 1, -1), (0, 0, -1, 1), (-2, 1), (1, -1, -1, 2), (0, 0, 0, 0), (-1, -1, 0, 0, 1, 0)]
+)
+def test_a_negative_padding_width_as_a_slice_equals_the_pad(padding):
+    x = torch.randn(2, 5, 4, generator=_gen(7))
+    want = torch.nn.functional.pad(x, padding, "constant", 0.5)
+    got = R.constant_pad_without_negative_widths(x, padding, 0.5)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_rwkv_token_shift_captures_without_a_negative_pad_width_under_the_patch():
+    # RWKV's time_shift; ExecuTorch's portable constant_pad_nd refuses a negative width at run time (0x12)
+    from hfexport.registry import apply_patches, isolated_registry
+
+    shift = torch.nn.ZeroPad2d((0, 0, 1, -1))
+    x = torch.randn(2, 6, 3, generator=_gen(8))
+    dims = ({1: torch.export.Dim("length", min=2, max=64)},)
+
+    def pads(program):
+        return [
+            list(n.args[1])
+            for n in program.graph.nodes
+            if n.op == "call_function" and str(n.target).split(".")[1:2] in (["pad"], ["constant_pad_nd"])
+        ]
+
+    assert any(min(p) < 0 for p in pads(torch.export.export(shift, (x,), dynamic_shapes=dims)))
+    with isolated_registry():
+        R.register_time_shift_without_crop("pad-check", versions={"torch": ">=2.0"})
+        with apply_patches("pad-check") as entries:
+            assert [e.name.split(".")[-1] for e in entries] == ["constant_pad_crop_as_slice"]
+            program = torch.export.export(shift, (x,), dynamic_shapes=dims)
+    assert pads(program) and all(min(p) >= 0 for p in pads(program))
+    for length in (2, 6, 40):
+        y = torch.randn(2, length, 3, generator=_gen(length))
+        assert torch.equal(program.module()(y), shift(y))
+
+
+def test_negative_padding_widths_refuse_a_bad_padding():
+    with pytest.raises(ValueError, match="one \\(before, after\\) pair"):
+        R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 2, 3))
+    with pytest.raises(ValueError, match="at most 2 pairs"):
+        R.constant_pad_without_negative_widths(torch.zeros(2, 3), (1, 1, 1, 1, 1, 1))
+
+
+def test_rwkv_is_rescaled_before_capture_as_its_first_eval_forward_would():
+    from hfexport.testing import tiny_model
+    from hfexport.workarounds.input_preparers import apply_export_input_preparers
+
+    model, inputs = tiny_model("rwkv", "text-generation", seed=0)
+    model.config.rescale_every = 1  # every layer's weights divided (the tiny config's 6 divides none)
+    backbone = model.rwkv
+    assert not backbone.layers_are_rescaled and not model.training
+    weight = backbone.blocks[1].attention.output.weight.detach().clone()
+    prepared = apply_export_input_preparers(model, dict(inputs))
+    assert prepared.keys() == inputs.keys()
+    assert backbone.layers_are_rescaled
+    torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)
+    apply_export_input_preparers(model, dict(inputs))  # once only
+    torch.testing.assert_close(backbone.blocks[1].attention.output.weight, weight / 2)
+
+
+class _SlicedTransposeTwice(torch.nn.Module):
+    """RecurrentGemma's pattern: a transposed slice used by two consumers."""
+
+    def forward(self, x):
+        y = x[:, :, : x.shape[2] - 1].transpose(1, 2)
+        return y.sum(dim=1), y * 2
+
+
+def test_a_transposed_slice_gets_one_transpose_per_consumer():
+    x = torch.randn(2, 3, 6, generator=_gen(11))
+    program = torch.export.export(_SlicedTransposeTwice(), (x,))
+    gm = program.graph_module
+
+    def transposes():
+        return [n for n in gm.graph.nodes if str(n.target) == "aten.transpose.int"]
+
+    (only,) = transposes()
+    assert len(only.users) == 2
+    rewritten = [
+        R.sliced_transpose_per_consumer(gm, n) for n in list(gm.graph.nodes) if n.op == "call_function"
+    ]
+    assert rewritten.count(True) == 1
+    gm.recompile()
+    assert [len(n.users) for n in transposes()] == [1, 1]
+    module = _SlicedTransposeTwice()
+    for got, want in zip(program.module()(x), module(x), strict=True):
+        assert torch.equal(got, want)
+    # a transpose of anything but a slice, or with one consumer, is left alone
+    assert not any(
+        R.sliced_transpose_per_consumer(gm, n) for n in list(gm.graph.nodes) if n.op == "call_function"
+    )

@@ -351,7 +351,8 @@ class OpenvinoExporter(HfExporter):
         exported as one stateful decoder (:func:`hfexport_openvino.stateful.export_stateful_decoder`,
         component ``"stateful_decoder"``, saved as ``openvino_model.xml``), validated stateless at
         the sample and then as state against ``model.generate`` (greedy tokens equal). With
-        ``stateful=False``, or a per-component config dict, the core's stateless components.
+        ``stateful=False``, a per-component config dict, or a recurrent-state model (mamba, rwkv ...:
+        :mod:`hfexport.generation.recurrent`), the core's stateless components.
 
         Raises:
             StatefulExportError: ``stateful=True`` for a model with no KV cache, an encoder-decoder
@@ -362,7 +363,11 @@ class OpenvinoExporter(HfExporter):
         if isinstance(config, Mapping) and "export_format" not in config:  # {component: config}
             return super().export_for_generation(model, inputs, config, **kwargs)
         resolved = self._resolve_config(config)
-        if not resolved.stateful:
+        from hfexport.generation.recurrent import is_recurrent_state_model
+
+        # a recurrent state (mamba, rwkv ...) is no KV cache the stateful decoder could hold: the core's
+        # prefill/decode components carry it as named tensors (hfexport.generation.recurrent)
+        if not resolved.stateful or is_recurrent_state_model(model):
             return super().export_for_generation(model, inputs, resolved, **kwargs)
         used = sorted(k for k, v in kwargs.items() if v not in (None, False))
         if used:

@@ -24,7 +24,11 @@ import torch
 
 from hfexport.registry import register_patch
 from hfexport.workarounds.moe import register_dense_experts
-from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.recurrences import (
+    register_recurrences,
+    register_sliced_transpose_per_consumer,
+    register_time_shift_without_crop,
+)
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
@@ -558,6 +562,10 @@ register_dense_experts("executorch.xnnpack", every_implementation=True)
 # Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
 # per-token loop that capture unrolls (issue 28)
 register_recurrences("executorch", form="chunked")
+# RWKV's token shift crops with a negative padding width, which the portable kernel refuses (0x12)
+register_time_shift_without_crop("executorch", versions={"executorch": ">=1.0"})
+# RecurrentGemma: XNNPACK refuses a delegated lone transpose whose one value it returns twice
+register_sliced_transpose_per_consumer("executorch.xnnpack", versions={"executorch": ">=1.0"})
 
 
 @register_patch(

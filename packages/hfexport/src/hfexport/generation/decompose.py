@@ -22,6 +22,7 @@ from hfexport.generation.components import Decomposition, describe_components, t
 from hfexport.generation.multimodal import decompose_multimodal, is_multimodal
 from hfexport.generation.plan import GenerationPlan
 from hfexport.generation.recording import record_generation
+from hfexport.generation.recurrent import decompose_recurrent, is_recurrent_state_model
 
 __all__ = [
     "Decomposition",
@@ -147,12 +148,16 @@ def decompose_for_generation(
         A :class:`Decomposition`: ``prefill`` / ``decode`` for decoder-only models; ``encoder`` /
         ``prefill`` / ``decode`` for encoder-decoder models; for multimodal models
         ``image_encoder`` / ``audio_encoder`` / ``multi_modal_projector`` (those present),
-        ``embed_tokens``, ``language_model``, ``lm_head``, ``decode``.
+        ``embed_tokens``, ``language_model``, ``lm_head``, ``decode``; for recurrent-state models
+        (mamba, ...) ``prefill`` / ``decode`` wrappers with the state as named tensors
+        (:func:`hfexport.generation.recurrent.decompose_recurrent`).
 
     Raises:
         ValueError, RuntimeError: see :func:`decompose_prefill_decode` and
             :func:`hfexport.generation.multimodal.decompose_multimodal`.
     """
+    if is_recurrent_state_model(model):
+        return decompose_recurrent(model, inputs, multi_token_decode=multi_token_decode)
     if is_multimodal(model):
         return decompose_multimodal(
             model,

@@ -185,28 +185,41 @@ def _encoder_shapes(
 
 
 #: Model types whose generation state is a recurrence (conv / SSM / RWKV / RG-LRU state), not a
-#: KV cache: their plain forward exports at any sequence length (hfexport.workarounds.recurrences),
-#: but splitting that state between prefill and decode components is not built yet (issue 28), so
-#: ``export_for_generation`` refuses them up front instead of failing in ``generate()`` recording
-#: (mamba, mamba2: the cache's ``get_seq_length``), in capture (recurrent_gemma), or writing
-#: components the runner cannot feed (rwkv's ``state.*`` inputs).
+#: KV cache. Those in :data:`hfexport.generation.recurrent.RECURRENT_GENERATION_TYPES` (all of them
+#: today) get prefill and decode components carrying the state as named tensors (issue 28); any
+#: other would be refused up front by :func:`check_generation_cache` instead of failing in
+#: ``generate()`` recording, in capture, or writing components the runner cannot feed.
 RECURRENT_STATE_TYPES = frozenset({"mamba", "falcon_mamba", "mamba2", "rwkv", "recurrent_gemma"})
+
+
+#: Why a refused recurrent type has no components yet (the refusal message says it); empty while
+#: every type of :data:`RECURRENT_STATE_TYPES` is carried.
+_REFUSAL_REASONS: dict[str, str] = {}
+
+
+def _refused_recurrent_types() -> frozenset[str]:
+    from hfexport.generation.recurrent import RECURRENT_GENERATION_TYPES
+
+    return RECURRENT_STATE_TYPES - RECURRENT_GENERATION_TYPES
 
 
 def check_generation_cache(model: Any) -> None:
     """Refuse a model whose generation state :func:`export_components` cannot carry.
 
     Raises:
-        UnsupportedModelError: ``model.config.model_type`` is in :data:`RECURRENT_STATE_TYPES`;
-            the message says what to export instead.
+        UnsupportedModelError: ``model.config.model_type`` is a recurrent type without
+            prefill/decode components yet (:data:`RECURRENT_STATE_TYPES` minus
+            :data:`hfexport.generation.recurrent.RECURRENT_GENERATION_TYPES`); the message says
+            what to export instead.
     """
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in RECURRENT_STATE_TYPES:
+    if model_type in _refused_recurrent_types():
         from hfexport.errors import UnsupportedModelError
 
+        why = _REFUSAL_REASONS.get(model_type, "prefill/decode components that carry it are not built yet")
         raise UnsupportedModelError(
             f"{model_type}'s generation state is a recurrence (its conv/SSM state), not a KV cache; "
-            "prefill/decode components that carry it are not built yet (hfexport issue 28). Export the "
+            f"{why} (hfexport issue 28). Export the "
             "plain forward instead (CLI: --task auto; Python: exporter.export(model, {'input_ids': ...})), "
             "which runs at any sequence length"
         )

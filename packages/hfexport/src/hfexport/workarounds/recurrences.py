@@ -44,6 +44,13 @@ zamba2) is loop-free already, but its padding to whole chunks is a modulo with a
 bounds the program below one chunk (256 tokens); :func:`mamba2_chunk_scan_padded` pads in front
 instead, on every backend.
 
+RWKV's token shift is ``nn.ZeroPad2d((0, 0, 1, -1))``: one zero step in front and the last step
+cropped by a *negative* padding. ExecuTorch's portable ``constant_pad_nd`` kernel refuses negative
+widths at run time ("Padding values must be non-negative", error 0x12, since pytorch/executorch#18018;
+XNNPACK leaves such a pad to the portable kernel since pytorch/executorch#12935), so
+:func:`register_time_shift_without_crop` (ExecuTorch only) pads by the non-negative widths and
+crops with a slice instead.
+
 The patches are installed around the capture only: the eager model used for validation runs the
 original loop.
 """
@@ -52,27 +59,34 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.input_preparers import register_export_input_preparer
 
 __all__ = [
     "CHUNK",
+    "CONSTANT_PAD_TARGETS",
     "FORMS",
     "MAMBA2_CHUNK_SCAN_TARGETS",
     "MAMBA_SCAN_TARGETS",
     "RG_LRU_TARGETS",
     "RWKV_TARGETS",
+    "constant_pad_without_negative_widths",
     "linear_recurrence",
     "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
     "register_recurrences",
+    "register_sliced_transpose_per_consumer",
+    "register_time_shift_without_crop",
     "rg_lru_scan_in_form",
+    "rwkv_rescaled_before_capture",
     "rwkv_time_mixing_in_form",
+    "sliced_transpose_per_consumer",
 ]
 
 logger = logging.getLogger(__name__)
@@ -513,6 +527,189 @@ def rg_lru_scan_in_form(
         return ys.transpose(0, 1), last
     states, last = linear_recurrence(torch.log(gate), hidden_states.to(acc_dtype), recurrent_states)
     return states.to(hidden_states.dtype), last.to(acc_dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# Negative padding widths (RWKV's token shift) as a pad and a slice
+# --------------------------------------------------------------------------------------------
+
+#: ``nn.ZeroPad2d`` / ``nn.ConstantPad*d``'s forward (RWKV's ``time_shift`` is a ``ZeroPad2d``).
+CONSTANT_PAD_TARGETS: tuple[str, ...] = ("torch.nn.modules.padding._ConstantPadNd.forward",)
+
+
+def constant_pad_without_negative_widths(
+    x: torch.Tensor, padding: tuple[int, ...] | list[int], value: float = 0.0
+) -> torch.Tensor:
+    """``F.pad(x, padding, "constant", value)`` with every negative width done as a slice.
+
+    Args:
+        x: any tensor with at least ``len(padding) // 2`` dimensions.
+        padding: ``F.pad`` widths, last dimension first (``(left, right, top, bottom, ...)``);
+            a negative width removes that many steps on its side.
+        value: the fill value.
+
+    Returns:
+        The tensor ``F.pad`` returns (same shape and values); the pad it records has only
+        non-negative widths, and the crops are ``narrow`` slices.
+
+    Raises:
+        ValueError: an odd number of widths, or more pairs than ``x`` has dimensions.
+    """
+    widths = [int(w) for w in padding]
+    if len(widths) % 2 or len(widths) // 2 > x.dim():
+        raise ValueError(
+            f"padding needs one (before, after) pair per padded dimension, at most {x.dim()} pairs; got {widths}"
+        )
+    out = F.pad(x, [max(w, 0) for w in widths], "constant", value)
+    for pair in range(len(widths) // 2):
+        dim = out.dim() - 1 - pair
+        before, after = -min(widths[2 * pair], 0), -min(widths[2 * pair + 1], 0)
+        if before or after:
+            # a side is either padded or cropped, so cropping the padded tensor is exact
+            out = out.narrow(dim, before, out.shape[dim] - before - after)
+    return out
+
+
+def _constant_pad_factory(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+        if all(int(w) >= 0 for w in self.padding):
+            return original(self, input)
+        return constant_pad_without_negative_widths(input, tuple(self.padding), self.value)
+
+    return forward
+
+
+_constant_pad_factory.__name__ = _constant_pad_factory.__qualname__ = "constant_pad_crop_as_slice"
+
+
+def register_time_shift_without_crop(backend: str, *, versions: Mapping[str, str]) -> None:
+    """Register, under ``backend``, ``nn.ZeroPad2d`` / ``ConstantPad*d`` modules with negative
+    widths (RWKV's token shift) as a non-negative pad and a slice (see the module docstring).
+
+    Args:
+        backend: registry key (the runtime whose pad kernel refuses negative widths).
+        versions: distribution -> specifier set of that runtime in which the fix is needed.
+
+    Raises:
+        ValueError: an invalid ``backend`` key or ``versions``.
+    """
+    register_patch(
+        backend,
+        *CONSTANT_PAD_TARGETS,
+        description=(
+            "constant padding modules with negative widths (RWKV's token shift ZeroPad2d((0, 0, 1, -1))) as a "
+            "pad by the non-negative widths and a slice: the portable constant_pad_nd kernel refuses negative "
+            "widths at run time (error 0x12)"
+        ),
+        issue="https://github.com/pytorch/executorch/pull/18018",
+        versions=versions,
+    )(_constant_pad_factory)
+
+
+# --------------------------------------------------------------------------------------------
+# RWKV's lazy inference rescaling, done before capture
+# --------------------------------------------------------------------------------------------
+
+
+@register_export_input_preparer(
+    "input_ids",
+    description=(
+        "RWKV: rescale the weights (RwkvModel._rescale_layers) eagerly before capture, as the model's first eval "
+        "forward would, instead of tracing the in-place division into the program (ExecuTorch returned more "
+        "outputs than the program's spec: 'leaves has length 10 but the spec refers to a pytree that holds 6')"
+    ),
+    # no upstream issue found; the PR that added RWKV and its in-place inference rescaling
+    issue="https://github.com/huggingface/transformers/pull/22797",
+    versions=_VERSIONS,
+)
+def rwkv_rescaled_before_capture(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Run RWKV's one-time inference rescaling eagerly, before capture.
+
+    ``RwkvModel.forward`` divides two weight matrices per layer in place by ``2 ** (layer //
+    rescale_every)`` the first time it runs in eval mode (and flags it, ``layers_are_rescaled``).
+    Captured on a model that never ran, the division and its write-back into the parameters are
+    traced; done here, the program holds the rescaled weights as eager inference does.
+
+    Args:
+        model: the model being exported (any module; RWKV models are found among its submodules).
+        inputs: the forward kwargs, returned unchanged.
+
+    Returns:
+        ``inputs``.
+    """
+    modules = model.modules() if isinstance(model, torch.nn.Module) else ()
+    for module in modules:
+        rescale = getattr(module, "_rescale_layers", None)
+        if (
+            type(module).__name__ == "RwkvModel"
+            and callable(rescale)
+            and module.training == getattr(module, "layers_are_rescaled", None)
+        ):
+            rescale()
+    return inputs
+
+
+# --------------------------------------------------------------------------------------------
+# A transpose of a slice with several consumers (RecurrentGemma on XNNPACK)
+# --------------------------------------------------------------------------------------------
+
+_TRANSPOSES = ("aten.transpose.int", "aten.permute.default", "aten.permute_copy.default")
+
+
+def sliced_transpose_per_consumer(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give each consumer of a transposed slice its own transpose.
+
+    RecurrentGemma's recurrent block transposes a slice of its convolution output
+    (``self.conv_1d(x)[..., :seq_len]`` then ``.transpose(1, 2)``) and uses the result twice. The
+    XNNPACK partitioner leaves the dynamic slice out and delegates the transpose alone, and the
+    delegate then returns that one value twice, which its preprocessing refuses ("Output node
+    'aten_permute_copy_default' is already in the inputs ... pass through arguments, which are not
+    supported in XNNPACK Delegate", pytorch/executorch#19152, executorch 1.4.1). One transpose per
+    consumer gives each delegate output one value; the values are unchanged.
+
+    Args:
+        gm: the graph module holding ``node``.
+        node: any ``call_function`` node; rewritten when it is a transpose/permute of an
+            ``aten.slice`` with more than one consumer.
+
+    Returns:
+        True when ``node`` was rewritten.
+    """
+    if str(node.target) not in _TRANSPOSES or len(node.users) < 2:
+        return False
+    source = node.args[0] if node.args else None
+    if not isinstance(source, torch.fx.Node) or str(source.target) != "aten.slice.Tensor":
+        return False
+    for user in list(node.users)[1:]:
+        with gm.graph.inserting_after(node):
+            copy = gm.graph.call_function(node.target, node.args, dict(node.kwargs))
+        copy.meta.update(node.meta)
+        user.replace_input_with(node, copy)
+    return True
+
+
+def register_sliced_transpose_per_consumer(backend: str, *, versions: Mapping[str, str]) -> None:
+    """Register :func:`sliced_transpose_per_consumer` as an FX node fix under ``backend``.
+
+    Args:
+        backend: registry key (the XNNPACK lowering).
+        versions: distribution -> specifier set in which the fix is needed.
+
+    Raises:
+        ValueError: an invalid ``backend`` key or ``versions``.
+    """
+    from hfexport.registry import register_fx_node_fix
+
+    register_fx_node_fix(
+        backend,
+        description=(
+            "one transpose per consumer of a transposed slice (RecurrentGemma's recurrent block): the XNNPACK "
+            "delegate of a lone transpose returned one value twice, which its preprocessing refuses"
+        ),
+        issue="https://github.com/pytorch/executorch/issues/19152",
+        versions=versions,
+    )(sliced_transpose_per_consumer)
 
 
 # --------------------------------------------------------------------------------------------
