@@ -46,10 +46,14 @@ loader = importlib.machinery.ExtensionFileLoader("_llm_runner", os.path.join(bas
 module = importlib.util.module_from_spec(importlib.util.spec_from_loader("_llm_runner", loader))
 loader.exec_module(module)
 TextLLMRunner, GenerationConfig = module.TextLLMRunner, module.GenerationConfig
+folder, prompt, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if b"llama::" in open(os.path.join(folder, "model.pte"), "rb").read():
+    # ExecuTorch's LLM custom ops: their kernels come with libcustom_ops_aot_lib (what a user loads)
+    ops = os.path.join(list(spec.submodule_search_locations)[0], "extension", "llm", "custom_ops")
+    torch.ops.load_library(os.path.join(ops, next(f for f in os.listdir(ops) if "custom_ops_aot_lib" in f)))
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("hfexport", "hfexport_executorch", "transformers"))
 assert not leaked, leaked
 
-folder, prompt, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 stats = []
 runner = TextLLMRunner(os.path.join(folder, "model.pte"), os.path.join(folder, "tokenizer.json"))
 runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0), None, stats.append)
@@ -106,8 +110,16 @@ def _expected(folder: Path, prompt: str, new_tokens: int) -> tuple[list[int], li
     return prompt_ids, out[0, len(prompt_ids) :].tolist()
 
 
-def _check_parity(folder: Path, out: Path, prompt: str = PROMPT, new_tokens: int = NEW_TOKENS) -> dict:
-    result = export_layout("executorch", folder, out, layout="llm-runner", task="text-generation")
+def _check_parity(
+    folder: Path,
+    out: Path,
+    prompt: str = PROMPT,
+    new_tokens: int = NEW_TOKENS,
+    extra: tuple[str, ...] = (),
+) -> dict:
+    result = export_layout(
+        "executorch", folder, out, layout="llm-runner", task="text-generation", extra=extra
+    )
     assert result.exit_code == 0, result.output
     assert (out / "model.pte").is_file() and (out / "tokenizer.json").is_file()
     report = json.loads((out / "export_report.json").read_text())
@@ -135,6 +147,24 @@ def test_tiny_llama_runner_generates_like_generate(tmp_path: Path) -> None:
     assert metadata["get_max_seq_len"] == metadata["get_max_context_len"] == report["max_context_len"]
     assert metadata["get_eos_ids"] == [2] and metadata["use_kv_cache"] is True
     assert metadata["enable_dynamic_shape"] is True and metadata["get_vocab_size"] == 428
+    # ExecuTorch's LLM custom ops by default (issue 27): in the saved program and in the metadata
+    assert metadata["use_sdpa_with_kv_cache"] is True
+    assert report["custom_ops"] == ["llama::custom_sdpa", "llama::update_cache"]
+    assert report["custom_ops_note"] is None
+    from hfexport_executorch.runtime import program_operators
+
+    assert {"llama::custom_sdpa", "llama::update_cache"} <= program_operators(tmp_path / "out" / "model.pte")
+
+
+@pytest.mark.extended
+def test_tiny_llama_runner_without_custom_ops_generates_like_generate(tmp_path: Path) -> None:
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    report = _check_parity(folder, tmp_path / "out", extra=("--no-custom-ops",))
+    assert report["metadata"]["use_sdpa_with_kv_cache"] is False
+    assert report["custom_ops"] == [] and report["custom_ops_note"] == "custom_ops=False (--no-custom-ops)"
+    from hfexport_executorch.runtime import program_operators
+
+    assert not any(op.startswith("llama::") for op in program_operators(tmp_path / "out" / "model.pte"))
 
 
 @pytest.mark.extended

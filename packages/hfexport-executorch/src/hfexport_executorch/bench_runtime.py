@@ -57,6 +57,30 @@ def _llm_runner_module() -> Any:
     return module
 
 
+def _register_custom_op_kernels(pte: Path) -> None:
+    """Register ExecuTorch's LLM custom-op kernels (``llama::*``) when the program calls them: the
+    wheel's runtime starts without them (ours with the custom ops and ``export_llm``'s programs
+    both call them).
+
+    Raises:
+        RuntimeError: the program calls a ``llama::`` kernel this executorch install does not have.
+    """
+    from hfexport_executorch.runtime import program_operators
+
+    needed = sorted(op for op in program_operators(pte) if op.startswith("llama::"))
+    if not needed:
+        return
+    from hfexport_executorch.llm_ops import load_runtime_kernels, missing_runtime_kernels
+
+    load_runtime_kernels()
+    missing = missing_runtime_kernels(tuple(f"{op}.out" for op in needed))
+    if missing:
+        raise RuntimeError(
+            f"{pte} calls {', '.join(missing)}, which this executorch install does not register even after "
+            "loading libcustom_ops_aot_lib; re-export with --no-custom-ops"
+        )
+
+
 class LlmRunnerFolder:
     """One ``model.pte`` + ``tokenizer.json`` folder opened with ``TextLLMRunner``."""
 
@@ -77,6 +101,7 @@ class LlmRunnerFolder:
         ids_of = dict(data["model"]["vocab"])
         ids_of.update({t["content"]: t["id"] for t in data.get("added_tokens") or ()})
         self._ids_of = ids_of
+        _register_custom_op_kernels(folder / "model.pte")
         self.runner = self._module.TextLLMRunner(str(folder / "model.pte"), str(plain))
 
     def timed_generate(self, ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], float, float]:

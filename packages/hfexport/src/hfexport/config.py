@@ -1351,6 +1351,10 @@ class ExecutorchConfig(CaptureConfig):
         max_dynamic_bytes: memory budget used to bound ``Dim.AUTO`` axes for memory planning
             (bytes; ``None`` takes the backend's default).
         output_path: when set, the program is also saved there (``.pte``).
+        custom_ops: the ``llm-runner`` layout writes the KV cache with ExecuTorch's
+            ``llama::update_cache`` and attention with ``llama::custom_sdpa`` (default True; left
+            out, with the reason in the report, where they do not apply); False keeps transformers'
+            cache and attention.
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.EXECUTORCH.value
@@ -1370,6 +1374,18 @@ class ExecutorchConfig(CaptureConfig):
     alloc_mutable_buffers: bool = True
     max_dynamic_bytes: int | None = None
     output_path: str | None = None
+    custom_ops: bool = field(
+        default=True,
+        metadata={
+            CLI: CliFlag(
+                "--no-custom-ops",
+                "llm-runner layout: keep transformers' KV cache and attention instead of ExecuTorch's "
+                "llama::update_cache / llama::custom_sdpa ops.",
+                switch=True,
+                set_to=False,
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         super().validate_fields()
@@ -1377,7 +1393,7 @@ class ExecutorchConfig(CaptureConfig):
             raise ValueError(
                 f"backend={self.backend!r} is invalid; allowed: {', '.join(map(repr, EXECUTORCH_BACKENDS))}"
             )
-        for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"):
+        for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers", "custom_ops"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
         if self.max_dynamic_bytes is not None:
             _check_type("max_dynamic_bytes", self.max_dynamic_bytes, (int,), "a positive int or None")

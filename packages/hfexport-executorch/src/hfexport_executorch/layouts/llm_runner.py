@@ -256,6 +256,11 @@ class RunnerProgram(torch.nn.Module):
         max_context_len: cache positions (prompt + generated tokens of one conversation).
         logits_size: width of the returned logits; columns past the model's vocabulary are
             ``-inf`` (the runner samples among as many logits as its tokenizer has ids).
+        custom_ops: write the cache with ExecuTorch's ``llama::update_cache`` (buffers in the
+            op's ``[1, max_context_len, kv heads, head dim]`` layout) and pass the start position to
+            the attention as ``hfexport_start_pos``; trace the program inside
+            :func:`hfexport_executorch.llm_ops.custom_op_attention` so attention runs
+            ``llama::custom_sdpa`` (see :mod:`hfexport_executorch.llm_ops`).
 
     Call:
         ``tokens``: int64 ``[1, seq]``, ``1 <= seq <= max_context_len``;
@@ -265,11 +270,17 @@ class RunnerProgram(torch.nn.Module):
         float logits ``[1, logits_size]`` of the last position (the model's dtype).
 
     The cache tensors are the buffers ``k_cache_{i}`` / ``v_cache_{i}`` (``[1, kv heads,
-    max_context_len, head dim]``, one per layer), written in place at ``input_pos``.
+    max_context_len, head dim]``, one per layer; ``[1, max_context_len, kv heads, head dim]`` with
+    ``custom_ops``), written in place at ``input_pos``.
     """
 
     def __init__(
-        self, model: torch.nn.Module, max_context_len: int, *, logits_size: int | None = None
+        self,
+        model: torch.nn.Module,
+        max_context_len: int,
+        *,
+        logits_size: int | None = None,
+        custom_ops: bool = False,
     ) -> None:
         super().__init__()
         from transformers.cache_utils import StaticCache
@@ -293,6 +304,12 @@ class RunnerProgram(torch.nn.Module):
                 **{self._cache_kwarg: cache},
             )
         self.cache = cache
+        self.custom_ops = bool(custom_ops)
+        if self.custom_ops:
+            from hfexport_executorch.llm_ops import load_export_ops, update_cache_transform
+
+            load_export_ops()
+            update_cache_transform(self)
         for i, layer in enumerate(cache.layers):
             layer.keys.zero_()
             layer.values.zero_()
@@ -307,6 +324,14 @@ class RunnerProgram(torch.nn.Module):
             layer.values = self.get_buffer(f"v_cache_{i}")
             layer.cumulative_length = input_pos[0].clone()
         kwargs: dict[str, Any] = {self._cache_kwarg: self.cache, "use_cache": True}
+        if self.custom_ops:
+            # the ops take the start position as a scalar (SymInt), bounded for the export
+            start = input_pos[0].item()
+            torch._check_is_size(start)
+            torch._check(start + tokens.shape[1] <= self.max_context_len)
+            for layer in self.cache.layers:
+                layer.start_pos = start
+            kwargs["hfexport_start_pos"] = start
         if self._keep_last:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=tokens, position_ids=input_pos.unsqueeze(0), **kwargs)
@@ -325,9 +350,13 @@ def _token_id_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def runner_metadata(model: Any, max_context_len: int, *, vocab_size: int) -> dict[str, Any]:
+def runner_metadata(
+    model: Any, max_context_len: int, *, vocab_size: int, sdpa_with_kv_cache: bool = False
+) -> dict[str, Any]:
     """The constant methods the runner reads (see the module docstring), plus the conventional
     ``get_bos_id`` / ``get_vocab_size`` / ``get_n_layers`` other ExecuTorch tools read.
+    ``sdpa_with_kv_cache``: the program runs ExecuTorch's custom SDPA / cache-update ops
+    (``use_sdpa_with_kv_cache``, as ``export_llm`` writes it for those ops).
 
     Returns:
         ``{method name: int | bool | list[int]}``.
@@ -345,7 +374,7 @@ def runner_metadata(model: Any, max_context_len: int, *, vocab_size: int) -> dic
         "get_max_context_len": int(max_context_len),
         "enable_dynamic_shape": True,
         "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
+        "use_sdpa_with_kv_cache": bool(sdpa_with_kv_cache),
         "get_vocab_size": int(vocab_size),
         "get_n_layers": int(getattr(config, "num_hidden_layers", 0) or len(_layer_types(model))),
     }
@@ -571,8 +600,13 @@ def export_llm_runner(
             model_vocab,
             tok_vocab,
         )
-    program = RunnerProgram(model, context, logits_size=max(tok_vocab, model_vocab)).eval()
-    metadata = runner_metadata(model, context, vocab_size=max(tok_vocab, model_vocab))
+    custom_ops, custom_ops_note = _use_custom_ops(model, config)
+    program = RunnerProgram(
+        model, context, logits_size=max(tok_vocab, model_vocab), custom_ops=custom_ops
+    ).eval()
+    metadata = runner_metadata(
+        model, context, vocab_size=max(tok_vocab, model_vocab), sdpa_with_kv_cache=custom_ops
+    )
     setattr(program, CONSTANT_METHODS_ATTR, metadata)
     prompt = _prompt_ids(model, inputs)
     sample_len = max(2, min(8, context - 1))
@@ -584,7 +618,13 @@ def export_llm_runner(
         validate_second_shape=False,
         output_path=None,
     )
-    manager = exporter.export(program, sample, export_config)
+    if custom_ops:
+        from hfexport_executorch.llm_ops import custom_op_attention
+
+        with custom_op_attention(model):
+            manager = exporter.export(program, sample, export_config)
+    else:
+        manager = exporter.export(program, sample, export_config)
     report = exporter.last_report
     bound = _token_bound(report)
     if bound is not None and bound < context:
@@ -625,9 +665,51 @@ def export_llm_runner(
         "runner_vocab_size": tok_vocab,
         "tokenizer_conversion": tokenizer_note,
         "model_vocab_size": model_vocab,
+        "custom_ops": _custom_ops_facts(manager) if custom_ops else [],
+        "custom_ops_note": custom_ops_note,
         "sequence_validation": sequence,
         "files": written,
     }
+
+
+def _use_custom_ops(model: Any, config: Any) -> tuple[bool, str | None]:
+    """Whether the program uses ExecuTorch's LLM custom ops, and why not when it does not.
+
+    ``ExecutorchConfig.custom_ops`` (default True) asks for them; they are left out, with the reason
+    logged and returned, for the ``cuda`` backend (the ops are CPU kernels), a model whose attention
+    they cannot replace (:func:`hfexport_executorch.llm_ops.custom_op_refusal`), and an executorch
+    install whose custom-op library or runtime kernels are missing (the program then keeps the
+    plain cache and attention, which every runtime runs).
+    """
+    from hfexport_executorch import llm_ops
+
+    if not getattr(config, "custom_ops", True):
+        return False, "custom_ops=False (--no-custom-ops)"
+    backend = getattr(config, "backend", "xnnpack")
+    reason = None
+    if backend != "xnnpack":
+        reason = f"the {backend} backend: ExecuTorch's LLM custom ops are CPU kernels"
+    else:
+        reason = llm_ops.custom_op_refusal(model)
+    if reason is None:
+        try:
+            llm_ops.load_export_ops()
+            missing = llm_ops.missing_runtime_kernels()
+        except llm_ops.CustomOpsUnavailableError as exc:
+            reason, missing = str(exc), []
+        if missing:
+            reason = f"the ExecuTorch runtime of this install registers no {', '.join(missing)}"
+    if reason is not None:
+        logger.warning("llm-runner: plain KV cache and attention, not ExecuTorch's custom ops: %s", reason)
+        return False, reason
+    return True, None
+
+
+def _custom_ops_facts(manager: Any) -> list[str]:
+    """The ``llama::`` operators the saved program calls (sorted)."""
+    from hfexport_executorch.runtime import program_operators
+
+    return sorted(name for name in program_operators(manager.buffer) if name.startswith("llama::"))
 
 
 def _token_bound(report: Any) -> int | None:
