@@ -9,11 +9,13 @@ transforms (:mod:`hfexport_executorch.llm_ops`) with :mod:`hfexport.registry`, a
 
 from __future__ import annotations
 
-from hfexport_executorch import bench_runtime  # noqa: F401  (registers the executorch-llm-runner bench runtime)
+from hfexport_executorch import (
+    bench_runtime,  # noqa: F401  (registers the executorch-llm-runner bench runtime)
+    llm_ops,  # noqa: F401  (register the LLM custom-op source transforms)
+)
 from hfexport_executorch.__about__ import __version__
 from hfexport_executorch.exporter import ExecutorchExporter
 from hfexport_executorch.layouts import LLM_RUNNER as _LLM_RUNNER  # noqa: F401  (register the layouts)
-from hfexport_executorch import llm_ops  # noqa: F401  (register the LLM custom-op source transforms)
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
 from hfexport_executorch.workarounds import fx_fixes, patches  # noqa: F401  (register the workarounds)
 
