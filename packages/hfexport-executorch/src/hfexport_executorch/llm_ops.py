@@ -51,17 +51,22 @@ from hfexport import registry
 
 __all__ = [
     "ATTENTION_NAME",
+    "INT8_CACHE_KERNELS",
     "KIND",
+    "KV_CACHE_LAYERS",
     "RUNTIME_KERNELS",
     "CustomOpsUnavailableError",
+    "Int8UpdateCacheLayer",
     "UpdateCacheLayer",
     "custom_op_attention",
     "custom_op_refusal",
     "custom_sdpa_attention",
+    "custom_sdpa_transform",
     "load_export_ops",
     "load_runtime_kernels",
     "missing_runtime_kernels",
     "source_transform_entries",
+    "update_cache_transform",
 ]
 
 #: transformers ``AttentionInterface`` / ``AttentionMaskInterface`` name of :func:`custom_sdpa_attention`.
@@ -100,20 +105,28 @@ class CustomOpsUnavailableError(RuntimeError):
     issue=_REFERENCE,
     versions=_VERSIONS,
 )
-def update_cache_transform(program: Any) -> int:
-    """Swap every cache layer of a ``RunnerProgram`` for an :class:`UpdateCacheLayer` (in place).
+def update_cache_transform(program: Any, kv_cache_dtype: str | None = None) -> int:
+    """Swap every cache layer of a ``RunnerProgram`` for an :class:`UpdateCacheLayer` (in place), or an
+    :class:`Int8UpdateCacheLayer` for ``kv_cache_dtype="int8"``.
 
     Args:
         program: a :class:`hfexport_executorch.layouts.llm_runner.RunnerProgram` built with
             ``custom_ops=True`` (it calls this itself).
+        kv_cache_dtype: ``None`` (the model's dtype) or ``"int8"`` (:data:`KV_CACHE_LAYERS`).
 
     Returns:
         The number of layers swapped.
+
+    Raises:
+        ValueError: an unknown ``kv_cache_dtype``.
     """
+    if kv_cache_dtype not in KV_CACHE_LAYERS:
+        raise ValueError(f"kv_cache_dtype={kv_cache_dtype!r} is invalid; allowed: None, 'int8'")
+    kind = KV_CACHE_LAYERS[kv_cache_dtype]
     swapped = 0
     for i, layer in enumerate(program.cache.layers):
         batch, heads, positions, head_dim = layer.keys.shape
-        new = UpdateCacheLayer(positions, batch, heads, head_dim, layer.keys.dtype, layer.keys.device)
+        new = kind(positions, batch, heads, head_dim, layer.keys.dtype, layer.keys.device)
         program.cache.layers[i] = new
         swapped += 1
     return swapped
@@ -266,18 +279,23 @@ def custom_sdpa_attention(
         attention_mask: ignored (``None``: the op is causal from ``start_pos`` and transformers builds
             no mask for an attention name without a mask function).
         scaling: the softmax scale (``None``: ``1/sqrt(D)``).
-        kwargs: must hold ``hfexport_start_pos``, the position of the first query (an int or SymInt).
+        kwargs: must hold ``hfexport_start_pos``, the position of the first query (an int or SymInt),
+            and, for an :class:`Int8UpdateCacheLayer` cache, ``hfexport_cache`` (the ``Cache``; the
+            layer is ``module.layer_idx``'s, whose ``attend`` runs ``llama::custom_quantized_sdpa``).
 
     Returns:
         ``(output [B, S, Hq, D], None)``, the layout transformers' attention functions return.
 
     Raises:
-        KeyError: ``hfexport_start_pos`` was not passed (the model was not called by a
+        KeyError: ``hfexport_start_pos`` (or ``hfexport_cache``) was not passed (the model was not called by a
             ``RunnerProgram`` built with the custom ops).
     """
     start = kwargs["hfexport_start_pos"]
     q = query.transpose(1, 2)
     dtype = q.dtype
+    if key.dtype == torch.int8:
+        layer = kwargs["hfexport_cache"].layers[module.layer_idx]
+        return layer.attend(q, start, scaling).to(dtype), None
     if key.dtype != dtype:
         q = q.to(key.dtype)
     out = torch.ops.llama.custom_sdpa(q, key, value, start, None, 0.0, True, scaling)
@@ -303,6 +321,8 @@ class UpdateCacheLayer(CacheLayerMixin):
 
     is_compileable = True
     is_sliding = False
+    #: tensors the RunnerProgram registers as buffers per layer (attribute -> buffer name prefix)
+    BUFFERS = {"keys": "k_cache", "values": "v_cache"}
 
     def __init__(
         self, positions: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: Any
@@ -332,6 +352,99 @@ class UpdateCacheLayer(CacheLayerMixin):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Nothing to do: the tensors are allocated in ``__init__``."""
+
+
+def _quantize_per_token(value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``value [B, S, H, D]`` float -> ``(int8 values, fp32 scales [B, S, H, 1], int8 zero points)``,
+    asymmetric over ``D`` per (token, head): ExecuTorch's ``quantized_decomposed`` per-token ops."""
+    ops = torch.ops.quantized_decomposed
+    scales, zeros = ops.choose_qparams_per_token_asymmetric.default(value, torch.int8)
+    quantized = ops.quantize_per_token(value, scales, zeros, -128, 127, torch.int8)
+    return quantized, scales.to(torch.float32), zeros.to(torch.int8)
+
+
+class Int8UpdateCacheLayer(UpdateCacheLayer):
+    """:class:`UpdateCacheLayer` holding int8 keys/values (``--kv-cache-dtype int8``).
+
+    Keys and values are quantized per (token, head) over the head dim, asymmetric (ExecuTorch's
+    ``quantized_decomposed.choose_qparams_per_token_asymmetric`` / ``quantize_per_token``); the int8
+    tensors, their fp32 scales and int8 zero points (``[B, T, Hkv, 1]``) are written by
+    ``llama::update_cache``, and :meth:`attend` quantizes the queries the same way and runs
+    ``llama::custom_quantized_sdpa`` (integer dot products, float softmax). The layout of ExecuTorch's
+    ``QuantizedKVCache`` + ``QuantizedSDPA`` (``examples/models/llama/source_transformation/
+    custom_kv_cache.py`` / ``sdpa.py``, executorch 1.4.1): a quarter of the fp32 cache memory.
+
+    Attributes:
+        keys / values: int8 ``[B, T, Hkv, D]``; ``k_scales`` / ``v_scales`` fp32 and ``k_zeros`` /
+            ``v_zeros`` int8, ``[B, T, Hkv, 1]``.
+    """
+
+    BUFFERS = {
+        "keys": "k_cache",
+        "values": "v_cache",
+        "k_scales": "k_cache_scales",
+        "v_scales": "v_cache_scales",
+        "k_zeros": "k_cache_zeros",
+        "v_zeros": "v_cache_zeros",
+    }
+
+    def __init__(
+        self, positions: int, batch: int, heads: int, head_dim: int, dtype: torch.dtype, device: Any
+    ) -> None:
+        super().__init__(positions, batch, heads, head_dim, torch.int8, device)
+        side = (batch, positions, heads, 1)
+        self.k_scales = torch.ones(side, dtype=torch.float32, device=device)
+        self.v_scales = torch.ones(side, dtype=torch.float32, device=device)
+        self.k_zeros = torch.zeros(side, dtype=torch.int8, device=device)
+        self.v_zeros = torch.zeros(side, dtype=torch.int8, device=device)
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        for states, cache, scales, zeros in (
+            (key_states, self.keys, self.k_scales, self.k_zeros),
+            (value_states, self.values, self.v_scales, self.v_zeros),
+        ):
+            quantized, new_scales, new_zeros = _quantize_per_token(states.transpose(1, 2).float())
+            torch.ops.llama.update_cache(quantized, cache, self.start_pos)
+            torch.ops.llama.update_cache(new_scales, scales, self.start_pos)
+            torch.ops.llama.update_cache(new_zeros, zeros, self.start_pos)
+        return self.keys, self.values
+
+    def attend(self, query: torch.Tensor, start_pos: Any, scaling: float | None) -> torch.Tensor:
+        """``llama::custom_quantized_sdpa`` of ``query [B, S, Hq, D]`` (float) over this cache, causal
+        from ``start_pos``; returns float32 ``[B, S, Hq, D]``."""
+        q, q_scales, q_zeros = _quantize_per_token(query.float())
+        return torch.ops.llama.custom_quantized_sdpa(
+            q,
+            self.keys,
+            self.values,
+            start_pos,
+            None,
+            0.0,
+            True,
+            scaling,
+            q_zeros,
+            q_scales,
+            self.k_zeros,
+            self.k_scales,
+            self.v_zeros,
+            self.v_scales,
+        )
+
+
+#: ``ExecutorchConfig.kv_cache_dtype`` values -> cache layer class (``None``: the model's dtype).
+KV_CACHE_LAYERS: dict[str | None, type[UpdateCacheLayer]] = {
+    None: UpdateCacheLayer,
+    "int8": Int8UpdateCacheLayer,
+}
+
+#: Runtime kernels an int8-cache program calls besides :data:`RUNTIME_KERNELS`.
+INT8_CACHE_KERNELS = (
+    "llama::custom_quantized_sdpa.out",
+    "quantized_decomposed::choose_qparams_per_token_asymmetric.out",
+    "quantized_decomposed::quantize_per_token.out",
+)
 
 
 @contextlib.contextmanager

@@ -1337,6 +1337,8 @@ def check_opset_version(opset_version: Any, *, highest: int | None = None, sourc
 
 
 EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
+#: ``ExecutorchConfig.kv_cache_dtype`` values besides ``None`` (the ``llm-runner`` layout's int8 cache).
+EXECUTORCH_KV_CACHE_DTYPES = ("int8",)
 
 
 @dataclass
@@ -1355,6 +1357,9 @@ class ExecutorchConfig(CaptureConfig):
             ``llama::update_cache`` and attention with ``llama::custom_sdpa`` (default True; left
             out, with the reason in the report, where they do not apply); False keeps transformers'
             cache and attention.
+        kv_cache_dtype: ``None`` (the cache in the model's dtype) or ``"int8"``: the ``llm-runner``
+            layout keeps keys/values in int8 with per-token scales, attended by
+            ``llama::custom_quantized_sdpa`` (needs ``custom_ops``; other exports refuse it).
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.EXECUTORCH.value
@@ -1386,9 +1391,30 @@ class ExecutorchConfig(CaptureConfig):
             )
         },
     )
+    kv_cache_dtype: str | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--kv-cache-dtype",
+                "llm-runner layout: keep the KV cache in int8 (per-token scales, ExecuTorch's "
+                "llama::custom_quantized_sdpa); default: the model's dtype.",
+                choices=EXECUTORCH_KV_CACHE_DTYPES,
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         super().validate_fields()
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in EXECUTORCH_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: None, "
+                + ", ".join(map(repr, EXECUTORCH_KV_CACHE_DTYPES))
+            )
+        if self.kv_cache_dtype is not None and not self.custom_ops:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} needs custom_ops=True (the quantized cache is read by "
+                "ExecuTorch's llama::custom_quantized_sdpa); drop --no-custom-ops or --kv-cache-dtype"
+            )
         if self.backend not in EXECUTORCH_BACKENDS:
             raise ValueError(
                 f"backend={self.backend!r} is invalid; allowed: {', '.join(map(repr, EXECUTORCH_BACKENDS))}"
