@@ -69,7 +69,7 @@ __all__ = [
     "update_cache_transform",
 ]
 
-#: transformers ``AttentionInterface`` / ``AttentionMaskInterface`` name of :func:`custom_sdpa_attention`.
+#: transformers ``AttentionInterface`` name of :func:`custom_sdpa_attention` (no mask function: none is built).
 ATTENTION_NAME = "hfexport_executorch_custom_sdpa"
 
 #: Registry kind of our ExecuTorch source transforms (listed by ``hfexport patches``).
