@@ -57,28 +57,40 @@ def _llm_runner_module() -> Any:
     return module
 
 
-def _register_custom_op_kernels(pte: Path) -> None:
-    """Register ExecuTorch's LLM custom-op kernels (``llama::*``) when the program calls them: the
-    wheel's runtime starts without them (ours with the custom ops and ``export_llm``'s programs
-    both call them).
+def _register_custom_op_kernels(pte: Path) -> list[str]:
+    """Register ExecuTorch's LLM custom-op kernels (``llama::*``) in this process when the program
+    calls them: the wheel's runtime starts without them (ours with the custom ops and ``export_llm``'s
+    programs both call them). Loads ``libcustom_ops_aot_lib`` from the executorch install with
+    ``torch.ops.load_library`` (it registers the kernels in the ``_portable_lib`` that
+    ``TextLLMRunner`` links); self-contained, as this module is loaded from its file in the
+    measuring child (:func:`hfexport.bench.runtimes.load_opener`).
+
+    Returns:
+        The ``llama::`` operators the program names (``[]``: nothing loaded).
 
     Raises:
-        RuntimeError: the program calls a ``llama::`` kernel this executorch install does not have.
+        RuntimeError: the program calls ``llama::`` kernels and the library is not in the install.
     """
-    from hfexport_executorch.runtime import program_operators
+    import mmap
+    import re
 
-    needed = sorted(op for op in program_operators(pte) if op.startswith("llama::"))
+    import torch
+
+    with open(pte, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        needed = sorted({m.group(0).decode() for m in re.finditer(rb"llama::[A-Za-z0-9_]+", data)})
     if not needed:
-        return
-    from hfexport_executorch.llm_ops import load_runtime_kernels, missing_runtime_kernels
-
-    load_runtime_kernels()
-    missing = missing_runtime_kernels(tuple(f"{op}.out" for op in needed))
-    if missing:
+        return []
+    spec = importlib.util.find_spec("executorch")
+    base = Path(next(iter(spec.submodule_search_locations or ()))) if spec else None
+    ops = base / "extension" / "llm" / "custom_ops" if base else None
+    libs = sorted(ops.glob("*custom_ops_aot_lib.*")) if ops and ops.is_dir() else []
+    if not libs:
         raise RuntimeError(
-            f"{pte} calls {', '.join(missing)}, which this executorch install does not register even after "
-            "loading libcustom_ops_aot_lib; re-export with --no-custom-ops"
+            f"{pte} calls {', '.join(needed)}, and this executorch install has no "
+            "extension/llm/custom_ops/libcustom_ops_aot_lib to register them; re-export with --no-custom-ops"
         )
+    torch.ops.load_library(str(libs[0]))
+    return needed
 
 
 class LlmRunnerFolder:
