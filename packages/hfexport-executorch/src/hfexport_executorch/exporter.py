@@ -132,8 +132,9 @@ class ExecutorchExporter(HfExporter):
     def check_precision(self, config: Any) -> None:
         """The base checks, then: quantization needs ``backend="xnnpack"`` (the methods lower to its
         quantized kernels, or for ``4w`` / ``8w`` to the quantized kernel library next to it), and
-        ``4w`` / ``8w`` need float32 or float16 (``mixed_linear`` has no bfloat16 kernel). ``ValueError``
-        naming what is allowed, before capture."""
+        ``4w`` / ``8w`` need float32 or float16 (``mixed_linear`` has no bfloat16 kernel), and
+        ``kv_cache_dtype`` is refused (the ``llm-runner`` layout reads it and passes ``None``).
+        ``ValueError`` naming what is allowed, before capture."""
         quantization = getattr(config, "quantization", None)
         super().check_precision(config)
         backend = getattr(config, "backend", "xnnpack")
@@ -143,6 +144,11 @@ class ExecutorchExporter(HfExporter):
                 f"quantization method {quantization.method!r} runs on quantized_decomposed::mixed_linear, "
                 "which has float32 and float16 kernels only; allowed: dtype='float32' or 'float16' with it, "
                 "or method '8da4w' / 'int8-dynamic' for bfloat16"
+            )
+        if getattr(config, "kv_cache_dtype", None) is not None:
+            raise ValueError(
+                f"kv_cache_dtype={config.kv_cache_dtype!r} (--kv-cache-dtype) applies to the llm-runner layout's KV "
+                "cache only; allowed here: None (export with --layout llm-runner --task text-generation for it)"
             )
         if quantization is not None and backend != "xnnpack":
             raise ValueError(

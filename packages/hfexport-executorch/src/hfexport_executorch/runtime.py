@@ -11,7 +11,10 @@ program with quantized embeddings calls) are registered by importing ``executorc
 (it loads ``libquantized_ops_aot_lib``, which registers their ExecuTorch out-variants in the same
 runtime). :func:`load_program` reads the operator namespaces a program names and imports the library
 it needs first; a deploying C++ runtime must link the same kernels (``quantized_ops_lib``, CMake
-``EXECUTORCH_BUILD_KERNELS_QUANTIZED=ON``).
+``EXECUTORCH_BUILD_KERNELS_QUANTIZED=ON``). Likewise the LLM custom ops (``llama::update_cache`` /
+``llama::custom_sdpa`` of the ``llm-runner`` layout) are registered by importing
+``executorch.extension.llm.custom_ops.custom_ops`` (``libcustom_ops_aot_lib``; CMake
+``EXECUTORCH_BUILD_KERNELS_LLM=ON``).
 """
 
 from __future__ import annotations
@@ -57,7 +60,11 @@ def _program_bytes(program: Any) -> bytes | str:
 
 #: Operator namespace -> the module whose import registers its kernels in the ExecuTorch Python
 #: runtime (they are not among the portable kernels the runtime starts with).
-KERNEL_LIBRARIES: dict[str, str] = {"quantized_decomposed": "executorch.kernels.quantized"}
+KERNEL_LIBRARIES: dict[str, str] = {
+    "quantized_decomposed": "executorch.kernels.quantized",
+    # ExecuTorch's LLM custom ops (llama::update_cache, llama::custom_sdpa; hfexport_executorch.llm_ops)
+    "llama": "executorch.extension.llm.custom_ops.custom_ops",
+}
 
 # Operator names as the program's flatbuffer stores them (UTF-8 strings; the overload is a separate string).
 _OPERATOR_NAME = re.compile(
@@ -113,8 +120,9 @@ def ensure_kernel_libraries(source: bytes | str | os.PathLike[str]) -> list[str]
         raise RuntimeError(
             f"the ExecuTorch program calls {', '.join(missing)}, which the runtime in this process does not "
             f"register even after importing {', '.join(imported)}; install an executorch build that ships the "
-            "quantized kernels (executorch/kernels/quantized/libquantized_ops_aot_lib), or export without "
-            "quantization.embedding_bits"
+            "kernels (executorch/kernels/quantized/libquantized_ops_aot_lib for quantized_decomposed, "
+            "executorch/extension/llm/custom_ops/libcustom_ops_aot_lib for llama), or export without "
+            "quantization.embedding_bits / with --no-custom-ops"
         )
     return imported
 

@@ -1347,6 +1347,8 @@ def check_opset_version(opset_version: Any, *, highest: int | None = None, sourc
 
 
 EXECUTORCH_BACKENDS = ("xnnpack", "cuda")
+#: ``ExecutorchConfig.kv_cache_dtype`` values besides ``None`` (the ``llm-runner`` layout's int8 cache).
+EXECUTORCH_KV_CACHE_DTYPES = ("int8",)
 
 
 @dataclass
@@ -1361,6 +1363,13 @@ class ExecutorchConfig(CaptureConfig):
         max_dynamic_bytes: memory budget used to bound ``Dim.AUTO`` axes for memory planning
             (bytes; ``None`` takes the backend's default).
         output_path: when set, the program is also saved there (``.pte``).
+        custom_ops: the ``llm-runner`` layout writes the KV cache with ExecuTorch's
+            ``llama::update_cache`` and attention with ``llama::custom_sdpa`` (default True; left
+            out, with the reason in the report, where they do not apply); False keeps transformers'
+            cache and attention.
+        kv_cache_dtype: ``None`` (the cache in the model's dtype) or ``"int8"``: the ``llm-runner``
+            layout keeps keys/values in int8 with per-token scales, attended by
+            ``llama::custom_quantized_sdpa`` (needs ``custom_ops``; other exports refuse it).
     """
 
     FORMAT: ClassVar[str | None] = ExportFormat.EXECUTORCH.value
@@ -1380,14 +1389,47 @@ class ExecutorchConfig(CaptureConfig):
     alloc_mutable_buffers: bool = True
     max_dynamic_bytes: int | None = None
     output_path: str | None = None
+    custom_ops: bool = field(
+        default=True,
+        metadata={
+            CLI: CliFlag(
+                "--no-custom-ops",
+                "llm-runner layout: keep transformers' KV cache and attention instead of ExecuTorch's "
+                "llama::update_cache / llama::custom_sdpa ops.",
+                switch=True,
+                set_to=False,
+            )
+        },
+    )
+    kv_cache_dtype: str | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--kv-cache-dtype",
+                "llm-runner layout: keep the KV cache in int8 (per-token scales, ExecuTorch's "
+                "llama::custom_quantized_sdpa); default: the model's dtype.",
+                choices=EXECUTORCH_KV_CACHE_DTYPES,
+            )
+        },
+    )
 
     def validate_fields(self) -> None:
         super().validate_fields()
+        if self.kv_cache_dtype is not None and self.kv_cache_dtype not in EXECUTORCH_KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} is invalid; allowed: None, "
+                + ", ".join(map(repr, EXECUTORCH_KV_CACHE_DTYPES))
+            )
+        if self.kv_cache_dtype is not None and not self.custom_ops:
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} needs custom_ops=True (the quantized cache is read by "
+                "ExecuTorch's llama::custom_quantized_sdpa); drop --no-custom-ops or --kv-cache-dtype"
+            )
         if self.backend not in EXECUTORCH_BACKENDS:
             raise ValueError(
                 f"backend={self.backend!r} is invalid; allowed: {', '.join(map(repr, EXECUTORCH_BACKENDS))}"
             )
-        for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers"):
+        for name in ("alloc_graph_input", "alloc_graph_output", "alloc_mutable_buffers", "custom_ops"):
             _check_type(name, getattr(self, name), (bool,), "True or False")
         if self.max_dynamic_bytes is not None:
             _check_type("max_dynamic_bytes", self.max_dynamic_bytes, (int,), "a positive int or None")

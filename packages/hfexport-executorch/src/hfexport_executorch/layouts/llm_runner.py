@@ -36,6 +36,7 @@ against the eager model.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import logging
@@ -256,6 +257,14 @@ class RunnerProgram(torch.nn.Module):
         max_context_len: cache positions (prompt + generated tokens of one conversation).
         logits_size: width of the returned logits; columns past the model's vocabulary are
             ``-inf`` (the runner samples among as many logits as its tokenizer has ids).
+        custom_ops: write the cache with ExecuTorch's ``llama::update_cache`` (buffers in the
+            op's ``[1, max_context_len, kv heads, head dim]`` layout) and pass the start position to
+            the attention as ``hfexport_start_pos``; trace the program inside
+            :func:`hfexport_executorch.llm_ops.custom_op_attention` so attention runs
+            ``llama::custom_sdpa`` (see :mod:`hfexport_executorch.llm_ops`).
+        kv_cache_dtype: with ``custom_ops``, ``"int8"`` keeps the cache in int8 with per-token scales
+            (:class:`hfexport_executorch.llm_ops.Int8UpdateCacheLayer`, more buffers per layer);
+            ``None`` in the model's dtype.
 
     Call:
         ``tokens``: int64 ``[1, seq]``, ``1 <= seq <= max_context_len``;
@@ -265,11 +274,18 @@ class RunnerProgram(torch.nn.Module):
         float logits ``[1, logits_size]`` of the last position (the model's dtype).
 
     The cache tensors are the buffers ``k_cache_{i}`` / ``v_cache_{i}`` (``[1, kv heads,
-    max_context_len, head dim]``, one per layer), written in place at ``input_pos``.
+    max_context_len, head dim]``, one per layer; ``[1, max_context_len, kv heads, head dim]`` with
+    ``custom_ops``), written in place at ``input_pos``.
     """
 
     def __init__(
-        self, model: torch.nn.Module, max_context_len: int, *, logits_size: int | None = None
+        self,
+        model: torch.nn.Module,
+        max_context_len: int,
+        *,
+        logits_size: int | None = None,
+        custom_ops: bool = False,
+        kv_cache_dtype: str | None = None,
     ) -> None:
         super().__init__()
         from transformers.cache_utils import StaticCache
@@ -293,20 +309,41 @@ class RunnerProgram(torch.nn.Module):
                 **{self._cache_kwarg: cache},
             )
         self.cache = cache
+        self.custom_ops = bool(custom_ops)
+        if self.custom_ops:
+            from hfexport_executorch.llm_ops import load_export_ops, update_cache_transform
+
+            load_export_ops()
+            update_cache_transform(self, kv_cache_dtype)
+        elif kv_cache_dtype is not None:
+            raise ValueError(
+                f"kv_cache_dtype={kv_cache_dtype!r} needs custom_ops=True (the quantized cache is ExecuTorch's "
+                "llama::custom_quantized_sdpa); allowed without them: None"
+            )
+        self._buffers_of = getattr(cache.layers[0], "BUFFERS", {"keys": "k_cache", "values": "v_cache"})
         for i, layer in enumerate(cache.layers):
             layer.keys.zero_()
             layer.values.zero_()
-            self.register_buffer(f"k_cache_{i}", layer.keys, persistent=False)
-            self.register_buffer(f"v_cache_{i}", layer.values, persistent=False)
+            for attr, prefix in self._buffers_of.items():
+                self.register_buffer(f"{prefix}_{i}", getattr(layer, attr), persistent=False)
 
     def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
         for i, layer in enumerate(self.cache.layers):
             # the buffers as this call sees them (torch.export swaps in its own tensors), and the
             # write position from input_pos instead of the layer's running counter
-            layer.keys = self.get_buffer(f"k_cache_{i}")
-            layer.values = self.get_buffer(f"v_cache_{i}")
+            for attr, prefix in self._buffers_of.items():
+                setattr(layer, attr, self.get_buffer(f"{prefix}_{i}"))
             layer.cumulative_length = input_pos[0].clone()
         kwargs: dict[str, Any] = {self._cache_kwarg: self.cache, "use_cache": True}
+        if self.custom_ops:
+            # the ops take the start position as a scalar (SymInt), bounded for the export
+            start = input_pos[0].item()
+            torch._check(start >= 0)
+            torch._check(start + tokens.shape[1] <= self.max_context_len)
+            for layer in self.cache.layers:
+                layer.start_pos = start
+            kwargs["hfexport_start_pos"] = start
+            kwargs["hfexport_cache"] = self.cache
         if self._keep_last:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=tokens, position_ids=input_pos.unsqueeze(0), **kwargs)
@@ -325,9 +362,13 @@ def _token_id_list(value: Any) -> list[int]:
     return [int(value)]
 
 
-def runner_metadata(model: Any, max_context_len: int, *, vocab_size: int) -> dict[str, Any]:
+def runner_metadata(
+    model: Any, max_context_len: int, *, vocab_size: int, sdpa_with_kv_cache: bool = False
+) -> dict[str, Any]:
     """The constant methods the runner reads (see the module docstring), plus the conventional
     ``get_bos_id`` / ``get_vocab_size`` / ``get_n_layers`` other ExecuTorch tools read.
+    ``sdpa_with_kv_cache``: the program runs ExecuTorch's custom SDPA / cache-update ops
+    (``use_sdpa_with_kv_cache``, as ``export_llm`` writes it for those ops).
 
     Returns:
         ``{method name: int | bool | list[int]}``.
@@ -345,7 +386,7 @@ def runner_metadata(model: Any, max_context_len: int, *, vocab_size: int) -> dic
         "get_max_context_len": int(max_context_len),
         "enable_dynamic_shape": True,
         "use_kv_cache": True,
-        "use_sdpa_with_kv_cache": False,
+        "use_sdpa_with_kv_cache": bool(sdpa_with_kv_cache),
         "get_vocab_size": int(vocab_size),
         "get_n_layers": int(getattr(config, "num_hidden_layers", 0) or len(_layer_types(model))),
     }
@@ -571,8 +612,18 @@ def export_llm_runner(
             model_vocab,
             tok_vocab,
         )
-    program = RunnerProgram(model, context, logits_size=max(tok_vocab, model_vocab)).eval()
-    metadata = runner_metadata(model, context, vocab_size=max(tok_vocab, model_vocab))
+    custom_ops, custom_ops_note = _use_custom_ops(model, config)
+    kv_cache_dtype = getattr(config, "kv_cache_dtype", None)
+    program = RunnerProgram(
+        model,
+        context,
+        logits_size=max(tok_vocab, model_vocab),
+        custom_ops=custom_ops,
+        kv_cache_dtype=kv_cache_dtype,
+    ).eval()
+    metadata = runner_metadata(
+        model, context, vocab_size=max(tok_vocab, model_vocab), sdpa_with_kv_cache=custom_ops
+    )
     setattr(program, CONSTANT_METHODS_ATTR, metadata)
     prompt = _prompt_ids(model, inputs)
     sample_len = max(2, min(8, context - 1))
@@ -583,8 +634,15 @@ def export_llm_runner(
         dynamic_shapes={"tokens": {1: seq}, "input_pos": {0: seq}},
         validate_second_shape=False,
         output_path=None,
+        kv_cache_dtype=None,  # read here; the plain exporter refuses it
     )
-    manager = exporter.export(program, sample, export_config)
+    if custom_ops:
+        from hfexport_executorch.llm_ops import custom_op_attention
+
+        with custom_op_attention(model):
+            manager = exporter.export(program, sample, export_config)
+    else:
+        manager = exporter.export(program, sample, export_config)
     report = exporter.last_report
     bound = _token_bound(report)
     if bound is not None and bound < context:
@@ -594,8 +652,6 @@ def export_llm_runner(
         )
     sequence = None
     if getattr(export_config, "validate", True):
-        from hfexport.quality import quality_gates_for
-
         sequence = validate_runner_sequence(
             manager,
             model,
@@ -604,7 +660,7 @@ def export_llm_runner(
             atol=float(getattr(export_config, "atol", 1e-4) or 1e-4),
             rtol=float(getattr(export_config, "rtol", 0.0) or 0.0),
             required_backend=runtime_backend(manager),
-            gates=quality_gates_for(export_config),
+            gates=_gates(export_config, kv_cache_dtype),
         )
     exporter.save(manager, output_dir / _PTE_NAME)
     written = [_PTE_NAME]
@@ -625,9 +681,79 @@ def export_llm_runner(
         "runner_vocab_size": tok_vocab,
         "tokenizer_conversion": tokenizer_note,
         "model_vocab_size": model_vocab,
+        "custom_ops": _custom_ops_facts(manager) if custom_ops else [],
+        "custom_ops_note": custom_ops_note,
+        "kv_cache_dtype": kv_cache_dtype,
         "sequence_validation": sequence,
         "files": written,
     }
+
+
+#: Validation gates of an ``--kv-cache-dtype int8`` program whose weights are float (a quantized
+#: one keeps its method's gates): each step's logits cosine against fp32 eager, and next-token
+#: agreement over the three steps (measured on the tiny llama: cosine 1.0000, every step equal).
+INT8_CACHE_GATES = {"cosine": 0.99, "top1_agreement": 2 / 3}
+
+
+def _gates(config: Any, kv_cache_dtype: str | None) -> dict[str, float] | None:
+    from hfexport.quality import quality_gates_for
+
+    gates = quality_gates_for(config)
+    if gates is None and kv_cache_dtype is not None:
+        overrides = dict(getattr(config, "quality_gates", None) or {})
+        gates = {**INT8_CACHE_GATES, **{k: float(v) for k, v in overrides.items() if k in INT8_CACHE_GATES}}
+    return gates
+
+
+def _use_custom_ops(model: Any, config: Any) -> tuple[bool, str | None]:
+    """Whether the program uses ExecuTorch's LLM custom ops, and why not when it does not.
+
+    ``ExecutorchConfig.custom_ops`` (default True) asks for them; they are left out, with the reason
+    logged and returned, for the ``cuda`` backend (the ops are CPU kernels), a model whose attention
+    they cannot replace (:func:`hfexport_executorch.llm_ops.custom_op_refusal`), and an executorch
+    install whose custom-op library or runtime kernels are missing (the program then keeps the
+    plain cache and attention, which every runtime runs).
+    """
+    from hfexport_executorch import llm_ops
+
+    if not getattr(config, "custom_ops", True):  # ExecutorchConfig refuses kv_cache_dtype without them
+        return False, "custom_ops=False (--no-custom-ops)"
+    backend = getattr(config, "backend", "xnnpack")
+    reason = None
+    if backend != "xnnpack":
+        reason = f"the {backend} backend: ExecuTorch's LLM custom ops are CPU kernels"
+    else:
+        reason = llm_ops.custom_op_refusal(model)
+    if reason is None:
+        try:
+            llm_ops.load_export_ops()
+            missing = llm_ops.missing_runtime_kernels()
+        except llm_ops.CustomOpsUnavailableError as exc:
+            reason, missing = str(exc), []
+        if missing:
+            reason = f"the ExecuTorch runtime of this install registers no {', '.join(missing)}"
+    kv_cache_dtype = getattr(config, "kv_cache_dtype", None)
+    if reason is None and kv_cache_dtype is not None:
+        importlib.import_module("executorch.kernels.quantized")  # the per-token quantize kernels
+        missing = llm_ops.missing_runtime_kernels(llm_ops.INT8_CACHE_KERNELS)
+        if missing:
+            reason = f"the ExecuTorch runtime of this install registers no {', '.join(missing)}"
+    if reason is not None and kv_cache_dtype is not None:
+        raise ValueError(
+            f"kv_cache_dtype={kv_cache_dtype!r} (--kv-cache-dtype) needs ExecuTorch's LLM custom ops, which this "
+            f"export cannot use: {reason}; export without --kv-cache-dtype"
+        )
+    if reason is not None:
+        logger.warning("llm-runner: plain KV cache and attention, not ExecuTorch's custom ops: %s", reason)
+        return False, reason
+    return True, None
+
+
+def _custom_ops_facts(manager: Any) -> list[str]:
+    """The ``llama::`` operators the saved program calls (sorted)."""
+    from hfexport_executorch.runtime import program_operators
+
+    return sorted(name for name in program_operators(manager.buffer) if name.startswith("llama::"))
 
 
 def _token_bound(report: Any) -> int | None:
