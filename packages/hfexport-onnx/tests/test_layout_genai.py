@@ -254,6 +254,22 @@ def test_decoder_graph_refuses_encoder_decoders_and_sliding_window_caches():
         export_decoder_with_past(t5, inputs, None, None)
 
 
+def _graph_inputs_under(name: str, producers: dict) -> set[str]:
+    """The graph inputs ``name`` is computed from (names with no producer and not initializers)."""
+    seen, stack, found = set(), [name], set()
+    while stack:
+        current = stack.pop()
+        if current in seen or not current:
+            continue
+        seen.add(current)
+        node = producers.get(current)
+        if node is None:
+            found.add(current)
+        else:
+            stack.extend(node.input)
+    return found - {i.name for i in producers["__initializers__"]}
+
+
 def test_genai_fused_llama_shares_the_past_present_buffer(tmp_path):
     """``--ort-fusions cpu``: GroupQueryAttention with the rotary inside (do_rotary, cos/sin caches,
     position_ids) and its lengths from attention_mask, run by the runtime with one shared
@@ -273,7 +289,8 @@ def test_genai_fused_llama_shares_the_past_present_buffer(tmp_path):
     validated = report["report"]["validation"]
     assert {"sample", "prefill_empty_past", "decode_step"} <= set(validated)  # parity at two shapes
     graph = onnx.load(out / "model.onnx").graph
-    producers = {o: n for n in graph.node for o in n.output}
+    producers: dict = {o: n for n in graph.node for o in n.output}
+    producers["__initializers__"] = list(graph.initializer)
     nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
     config = json.loads((folder / "config.json").read_text())
     assert len(nodes) == config["num_hidden_layers"]
@@ -291,5 +308,7 @@ def test_genai_fused_llama_shares_the_past_present_buffer(tmp_path):
         reduce = producers[sub.input[0]]
         assert (cast.op_type, sub.op_type, reduce.op_type) == ("Cast", "Sub", "ReduceSum")
         assert reduce.input[0] == "attention_mask"
+        # the cos/sin tables come from constants only (ONNX Runtime folds them once per session)
+        assert not _graph_inputs_under(inputs[7], producers) and not _graph_inputs_under(inputs[8], producers)
     assert not any(n.op_type in ("Softmax", "Concat") and "present" in "".join(n.output) for n in graph.node)
     _assert_same_tokens(folder, out, ["Hello world! The quick brown fox", "Numbers 0 1 2"])

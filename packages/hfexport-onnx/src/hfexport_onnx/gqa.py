@@ -80,10 +80,13 @@ LENGTH_SOURCES = ("past", "attention_mask")
 #: name of the graph input the ``attention_mask`` lengths are read from
 ATTENTION_MASK = "attention_mask"
 _LENGTHS: contextvars.ContextVar[str] = contextvars.ContextVar("hfexport_gqa_lengths", default="past")
+_TABLE_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hfexport_gqa_table_rows", default=None
+)
 
 
 @contextlib.contextmanager
-def attention_mask_lengths() -> Iterator[None]:
+def attention_mask_lengths(max_positions: int | None = None) -> Iterator[None]:
     """Within the block, :func:`fuse_cached_gqa` (run by ``ort_fusions``) reads the lengths from
     ``attention_mask`` (``lengths="attention_mask"``), as a shared past/present buffer needs.
 
@@ -96,11 +99,26 @@ def attention_mask_lengths() -> Iterator[None]:
     The op masks causally itself; padding follows ORT's convention (valid tokens first in each
     row), which is what ONNX Runtime GenAI feeds. The ``genai`` layout exports under this block;
     graphs for other runtimes (a left-padded batch, a concatenating loop) keep ``"past"``.
+
+    Args:
+        max_positions: the positions the runtime can reach (``context_length``, which caps its
+            ``max_length``): the cos/sin tables then have this many rows, computed from constants
+            only, so ONNX Runtime folds them once when the session is created instead of every
+            step computing ``max(position_ids) + 1`` rows (the file stores at most the
+            ``[max_positions, head_dim / 2]`` angles, folded by the onnxscript optimizer when
+            within its size limit). ``None``: the per-step tables.
+
+    Raises:
+        ValueError: ``max_positions`` is not a positive int.
     """
+    if max_positions is not None and (not isinstance(max_positions, int) or max_positions <= 0):
+        raise ValueError(f"max_positions={max_positions!r} is invalid; give a positive int or None")
     token = _LENGTHS.set("attention_mask")
+    rows = _TABLE_ROWS.set(max_positions)
     try:
         yield
     finally:
+        _TABLE_ROWS.reset(rows)
         _LENGTHS.reset(token)
 
 
@@ -354,7 +372,10 @@ def _match(sdpa: Any) -> _Layer:
     if num_heads % kv_num_heads:
         raise _NoMatch(f"{num_heads} query heads are not a multiple of {kv_num_heads} key/value heads")
     for past in (past_key, past_value):
-        if _dim(past, 1) not in (kv_num_heads, None) or _dim(past, 3) not in (head_size, None):
+        if _dim(past, 1) not in (kv_num_heads, None) or _dim(past, 3) not in (
+            head_size,
+            None,
+        ):
             raise _NoMatch(f"past cache shape {past.shape} is not [B, {kv_num_heads}, P, {head_size}]")
     for rep in (k_rep, v_rep):
         if _dim(rep, 1) not in (num_heads, None):
@@ -385,7 +406,7 @@ def _match(sdpa: Any) -> _Layer:
 class _Shared:
     """Inputs every GroupQueryAttention of the graph shares, built once on first use."""
 
-    def __init__(self, tape: Any, layer: _Layer, mask: Any = None) -> None:
+    def __init__(self, tape: Any, layer: _Layer, mask: Any = None, table_rows: int | None = None) -> None:
         import onnx_ir as ir
 
         self.tape = tape
@@ -404,6 +425,7 @@ class _Shared:
         batch = op("Shape", [source], {"start": 0, "end": 1})
         sequence = op("Shape", [source], {"start": 1, "end": 2})
         self.from_mask = mask is not None
+        self.table_rows = table_rows
         if mask is None:
             past = op("Shape", [layer.past_key], {"start": 2, "end": 3})
             total = op("Add", [past, sequence])  # int64 [1]
@@ -422,7 +444,8 @@ class _Shared:
         self._tables: dict[int, tuple[Any, Any, Any]] = {}
 
     def rotary(self, layer: _Layer) -> tuple[Any, Any, Any]:
-        """``(position_ids [B, S] int64, cos_cache, sin_cache [max_position + 1, Dh / 2])`` for ``layer``'s rotary."""
+        """``(position_ids [B, S] int64, cos_cache, sin_cache [rows, Dh / 2])`` for ``layer``'s rotary
+        (``rows``: ``max(position_ids) + 1`` and at least the total length, or ``table_rows``)."""
         import onnx_ir as ir
 
         key = id(layer.cos4)
@@ -431,17 +454,28 @@ class _Shared:
         op, rope = self.tape.op, layer.rope
         positions = rope.position_ids
         if positions.shape is not None and len(positions.shape) == 1:  # [S] shared by every row
-            positions = op("Expand", [op("Unsqueeze", [positions, self._ints([0])]), self.batch_sequence])
-        # rows 0 .. max(position_ids), at least total_sequence_length of them
-        rows = op(
-            "Max",
-            [
-                op(
-                    "Add",
-                    [op("ReduceMax", [positions], {"keepdims": 0}), op("Constant", [], {"value_int": 1})],
-                ),
-                op("Cast", [self.total_sequence_length], {"to": ir.DataType.INT64}),
-            ],
+            positions = op(
+                "Expand",
+                [op("Unsqueeze", [positions, self._ints([0])]), self.batch_sequence],
+            )
+        # rows 0 .. max(position_ids), at least total_sequence_length of them; or a constant count
+        # (the runtime's whole context): the tables are then constant, folded once by ONNX Runtime
+        rows = (
+            op("Constant", [], {"value_int": self.table_rows})
+            if self.table_rows
+            else op(
+                "Max",
+                [
+                    op(
+                        "Add",
+                        [
+                            op("ReduceMax", [positions], {"keepdims": 0}),
+                            op("Constant", [], {"value_int": 1}),
+                        ],
+                    ),
+                    op("Cast", [self.total_sequence_length], {"to": ir.DataType.INT64}),
+                ],
+            )
         )
         start = op("Constant", [], {"value_int": 0})
         step = op("Constant", [], {"value_int": 1})
@@ -455,7 +489,10 @@ class _Shared:
             cos, sin = op("Mul", [cos, factor]), op("Mul", [sin, factor])
         dtype = layer.query.dtype
         if dtype is not None and dtype != ir.DataType.FLOAT:
-            cos, sin = op("Cast", [cos], {"to": dtype}), op("Cast", [sin], {"to": dtype})
+            cos, sin = (
+                op("Cast", [cos], {"to": dtype}),
+                op("Cast", [sin], {"to": dtype}),
+            )
         self._tables[key] = (positions, cos, sin)
         return self._tables[key]
 
@@ -478,7 +515,9 @@ def _packed_projection(tape: Any, layer: _Layer) -> Any:
     packed = np.concatenate(weights, axis=1)
     name = f"{nodes[0].inputs[1].name}_qkv"
     weight = ir.Value(
-        name=name, shape=ir.Shape(packed.shape), type=ir.TensorType(ir.DataType.from_numpy(packed.dtype))
+        name=name,
+        shape=ir.Shape(packed.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(packed.dtype)),
     )
     weight.const_value = ir.tensor(packed, name=name)
     tape.graph_like.register_initializer(weight)
@@ -547,23 +586,35 @@ def fuse_cached_gqa(model: Any, *, rotary: str = "gqa", lengths: str | None = No
     if lengths == "attention_mask":
         mask = next((v for v in graph.inputs if v.name == ATTENTION_MASK), None)
         if mask is None:
-            logger.info("no %s input: GroupQueryAttention lengths from the past's shape", ATTENTION_MASK)
+            logger.info(
+                "no %s input: GroupQueryAttention lengths from the past's shape",
+                ATTENTION_MASK,
+            )
     tape = ir.tape.Tape(graph)
-    shared = _Shared(tape, layers[0], mask)
+    shared = _Shared(tape, layers[0], mask, _TABLE_ROWS.get() if mask is not None else None)
     outputs = {id(v): i for i, v in enumerate(graph.outputs)}
     for layer in layers:
         positions, cos, sin = shared.rotary(layer)
         query, key = layer.query, layer.key
-        attrs: dict[str, Any] = {"num_heads": layer.num_heads, "kv_num_heads": layer.kv_num_heads}
+        attrs: dict[str, Any] = {
+            "num_heads": layer.num_heads,
+            "kv_num_heads": layer.kv_num_heads,
+        }
         if layer.scale is not None:
             attrs["scale"] = layer.scale
         value = layer.value
         if rotary == "separate":
             query = tape.op(
-                "RotaryEmbedding", [query, positions, cos, sin], {"num_heads": layer.num_heads}, domain=_MS
+                "RotaryEmbedding",
+                [query, positions, cos, sin],
+                {"num_heads": layer.num_heads},
+                domain=_MS,
             )
             key = tape.op(
-                "RotaryEmbedding", [key, positions, cos, sin], {"num_heads": layer.kv_num_heads}, domain=_MS
+                "RotaryEmbedding",
+                [key, positions, cos, sin],
+                {"num_heads": layer.kv_num_heads},
+                domain=_MS,
             )
             rotary_inputs = [None, None, None]
         else:

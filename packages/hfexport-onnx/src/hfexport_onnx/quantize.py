@@ -58,8 +58,8 @@ __all__ = [
     "quantized_op_counts",
     "sensitive_ffn_nodes",
     "share_tied_embedding",
-    "split_packed_nbits",
     "smooth_activations",
+    "split_packed_nbits",
     "tied_embedding",
 ]
 

@@ -230,9 +230,13 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
     from hfexport_onnx.gqa import attention_mask_lengths, shares_past_present_buffer
 
     out = Path(request.output_dir)
+    text = request.model.config
+    text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
+    context_length, context_source = _context_length(text)
     # with ort_fusions, GroupQueryAttention reads its lengths from attention_mask, so the runtime
-    # can share one past/present buffer (no copy of the whole cache per step)
-    with attention_mask_lengths():
+    # can share one past/present buffer (no copy of the whole cache per step), and its cos/sin
+    # tables cover the context length from constants (folded once when the session is created)
+    with attention_mask_lengths(context_length):
         graph = export_decoder_with_past(
             request.model, request.inputs, request.config, out, exporter=request.exporter
         )
@@ -248,9 +252,6 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
     if "config.json" not in copied and hasattr(request.model, "config"):
         request.model.config.to_json_file(out / "config.json")
         copied.append("config.json")
-    text = request.model.config
-    text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
-    _, context_source = _context_length(text)
     extra: dict[str, Any] = {}
     warning = tokenizer_warning(out / "tokenizer.json")
     if warning is not None:
