@@ -252,3 +252,63 @@ def test_decoder_graph_refuses_encoder_decoders_and_sliding_window_caches():
         UnsupportedModelError, match=r"T5ForConditionalGeneration is an encoder-decoder model"
     ):
         export_decoder_with_past(t5, inputs, None, None)
+
+
+def _graph_inputs_under(name: str, producers: dict) -> set[str]:
+    """The graph inputs ``name`` is computed from (names with no producer and not initializers)."""
+    seen, stack, found = set(), [name], set()
+    while stack:
+        current = stack.pop()
+        if current in seen or not current:
+            continue
+        seen.add(current)
+        node = producers.get(current)
+        if node is None:
+            found.add(current)
+        else:
+            stack.extend(node.input)
+    return found - {i.name for i in producers["__initializers__"]}
+
+
+def test_genai_fused_llama_shares_the_past_present_buffer(tmp_path):
+    """``--ort-fusions cpu``: GroupQueryAttention with the rotary inside (do_rotary, cos/sin caches,
+    position_ids) and its lengths from attention_mask, run by the runtime with one shared
+    past/present buffer; greedy tokens still equal ``model.generate``'s."""
+    import onnx
+
+    folder = tiny_model_folder("llama", tmp_path / "model")
+    out = tmp_path / "out"
+    result = export_layout(
+        "onnx", folder, out, layout="genai", task="text-generation", extra=["--ort-fusions", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "export_report.json").read_text())
+    genai = json.loads((out / "genai_config.json").read_text())
+    assert genai["search"]["past_present_share_buffer"] is True
+    assert report["genai"]["past_present_share_buffer"] is True
+    validated = report["report"]["validation"]
+    assert {"sample", "prefill_empty_past", "decode_step"} <= set(validated)  # parity at two shapes
+    graph = onnx.load(out / "model.onnx").graph
+    producers: dict = {o: n for n in graph.node for o in n.output}
+    producers["__initializers__"] = list(graph.initializer)
+    nodes = [n for n in graph.node if n.op_type == "GroupQueryAttention"]
+    config = json.loads((folder / "config.json").read_text())
+    assert len(nodes) == config["num_hidden_layers"]
+    for node in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        assert attrs["do_rotary"] == 1 and attrs["rotary_interleaved"] == 0
+        inputs = list(node.input) + [""] * 17
+        assert inputs[7] and inputs[8] and inputs[9] == "position_ids"  # cos_cache, sin_cache, positions
+        assert (
+            inputs[10] == "" and inputs[16]
+        )  # no attention_bias; query_seqlens (multi-token steps on a past)
+        # seqlens_k = attention_mask.sum(-1) - 1 (int32)
+        cast = producers[inputs[5]]
+        sub = producers[cast.input[0]]
+        reduce = producers[sub.input[0]]
+        assert (cast.op_type, sub.op_type, reduce.op_type) == ("Cast", "Sub", "ReduceSum")
+        assert reduce.input[0] == "attention_mask"
+        # the cos/sin tables come from constants only (ONNX Runtime folds them once per session)
+        assert not _graph_inputs_under(inputs[7], producers) and not _graph_inputs_under(inputs[8], producers)
+    assert not any(n.op_type in ("Softmax", "Concat") and "present" in "".join(n.output) for n in graph.node)
+    _assert_same_tokens(folder, out, ["Hello world! The quick brown fox", "Numbers 0 1 2"])

@@ -30,7 +30,8 @@ The fused graph computes what the unfused one does, also for padded batches:
 * ``seqlens_k`` is ``past + sequence - 1`` for every row and ``total_sequence_length`` ``past +
   sequence`` (from the shapes), so the op appends the new keys/values after the whole past, as the
   ``Concat`` did (ORT's convention of ``attention_mask.sum() - 1`` would move them for left-padded
-  rows);
+  rows); under :func:`attention_mask_lengths` (``lengths="attention_mask"``, the ``genai`` layout)
+  they come from the ``attention_mask`` input instead (see there);
 * ``query_seqlens`` is ``sequence`` for every row (without it ORT refuses a batch of multi-token
   steps on a non-empty past: "batch_size must be 1 when sequence_length > 1");
 * the model's own mask (causal, padding, sliding window) goes in as ``attention_bias``, with
@@ -49,13 +50,22 @@ The fused graph computes what the unfused one does, also for padded batches:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ROTARY_MODES", "fuse_cached_gqa"]
+__all__ = [
+    "LENGTH_SOURCES",
+    "ROTARY_MODES",
+    "attention_mask_lengths",
+    "fuse_cached_gqa",
+    "shares_past_present_buffer",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +75,80 @@ _MS = "com.microsoft"
 ROTARY_MODES = ("separate", "gqa")
 #: pass ``query_seqlens`` (see the module docstring)
 QUERY_SEQLENS = True
+#: where ``seqlens_k`` / ``total_sequence_length`` come from (see :func:`fuse_cached_gqa`)
+LENGTH_SOURCES = ("past", "attention_mask")
+#: name of the graph input the ``attention_mask`` lengths are read from
+ATTENTION_MASK = "attention_mask"
+_LENGTHS: contextvars.ContextVar[str] = contextvars.ContextVar("hfexport_gqa_lengths", default="past")
+_TABLE_ROWS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hfexport_gqa_table_rows", default=None
+)
+
+
+@contextlib.contextmanager
+def attention_mask_lengths(max_positions: int | None = None) -> Iterator[None]:
+    """Within the block, :func:`fuse_cached_gqa` (run by ``ort_fusions``) reads the lengths from
+    ``attention_mask`` (``lengths="attention_mask"``), as a shared past/present buffer needs.
+
+    With ``past_present_share_buffer`` ONNX Runtime GenAI feeds every layer's past as one buffer of
+    ``max_length`` positions and binds the present output to the same memory, so the new keys and
+    values are written in place instead of the whole cache being copied into a new present tensor
+    at every step. The past's shape then says nothing about how much of it is filled: the op needs
+    ``seqlens_k = attention_mask.sum(-1) - 1`` and ``total_sequence_length =
+    attention_mask.shape[1]``, and no ``attention_bias`` (whose key axis would be the buffer's).
+    The op masks causally itself; padding follows ORT's convention (valid tokens first in each
+    row), which is what ONNX Runtime GenAI feeds. The ``genai`` layout exports under this block;
+    graphs for other runtimes (a left-padded batch, a concatenating loop) keep ``"past"``.
+
+    Args:
+        max_positions: the positions the runtime can reach (``context_length``, which caps its
+            ``max_length``): the cos/sin tables then have this many rows, computed from constants
+            only, so ONNX Runtime folds them once when the session is created instead of every
+            step computing ``max(position_ids) + 1`` rows (the file stores at most the
+            ``[max_positions, head_dim / 2]`` angles, folded by the onnxscript optimizer when
+            within its size limit). ``None``: the per-step tables.
+
+    Raises:
+        ValueError: ``max_positions`` is not a positive int.
+    """
+    if max_positions is not None and (not isinstance(max_positions, int) or max_positions <= 0):
+        raise ValueError(f"max_positions={max_positions!r} is invalid; give a positive int or None")
+    token = _LENGTHS.set("attention_mask")
+    rows = _TABLE_ROWS.set(max_positions)
+    try:
+        yield
+    finally:
+        _TABLE_ROWS.reset(rows)
+        _LENGTHS.reset(token)
+
+
+def shares_past_present_buffer(model: Any) -> bool:
+    """True when every attention of ``model`` (an ``onnx_ir.Model``) is a ``GroupQueryAttention``
+    whose lengths come from the ``attention_mask`` input with no ``attention_bias``: the graph then
+    runs with ONNX Runtime GenAI's ``past_present_share_buffer``; False otherwise (no such op, an
+    unfused attention left, or lengths from the past's shape)."""
+    nodes = [n for n in model.graph.all_nodes() if n.op_type == "GroupQueryAttention" and n.domain == _MS]
+    if not nodes or any(
+        n.op_type in ("Softmax", "MultiHeadAttention", "Attention") for n in model.graph.all_nodes()
+    ):
+        return False
+    for node in nodes:
+        bias = node.inputs[10] if len(node.inputs) > 10 else None
+        if bias is not None or not _reads_attention_mask(node.inputs[5]):
+            return False
+    return True
+
+
+def _reads_attention_mask(value: Any, depth: int = 6) -> bool:
+    """Whether ``value`` is computed from the ``attention_mask`` graph input within ``depth`` nodes."""
+    if value is None:
+        return False
+    if value.name == ATTENTION_MASK and value.producer() is None:
+        return True
+    node = value.producer()
+    if node is None or depth == 0:
+        return False
+    return any(_reads_attention_mask(v, depth - 1) for v in node.inputs)
 
 
 class _NoMatch(Exception):
@@ -288,7 +372,10 @@ def _match(sdpa: Any) -> _Layer:
     if num_heads % kv_num_heads:
         raise _NoMatch(f"{num_heads} query heads are not a multiple of {kv_num_heads} key/value heads")
     for past in (past_key, past_value):
-        if _dim(past, 1) not in (kv_num_heads, None) or _dim(past, 3) not in (head_size, None):
+        if _dim(past, 1) not in (kv_num_heads, None) or _dim(past, 3) not in (
+            head_size,
+            None,
+        ):
             raise _NoMatch(f"past cache shape {past.shape} is not [B, {kv_num_heads}, P, {head_size}]")
     for rep in (k_rep, v_rep):
         if _dim(rep, 1) not in (num_heads, None):
@@ -319,7 +406,7 @@ def _match(sdpa: Any) -> _Layer:
 class _Shared:
     """Inputs every GroupQueryAttention of the graph shares, built once on first use."""
 
-    def __init__(self, tape: Any, layer: _Layer) -> None:
+    def __init__(self, tape: Any, layer: _Layer, mask: Any = None, table_rows: int | None = None) -> None:
         import onnx_ir as ir
 
         self.tape = tape
@@ -337,11 +424,18 @@ class _Shared:
             source = hidden
         batch = op("Shape", [source], {"start": 0, "end": 1})
         sequence = op("Shape", [source], {"start": 1, "end": 2})
-        past = op("Shape", [layer.past_key], {"start": 2, "end": 3})
-        total = op("Add", [past, sequence])  # int64 [1]
+        self.from_mask = mask is not None
+        self.table_rows = table_rows
+        if mask is None:
+            past = op("Shape", [layer.past_key], {"start": 2, "end": 3})
+            total = op("Add", [past, sequence])  # int64 [1]
+            last = op("Cast", [op("Sub", [total, ints([1])])], {"to": ir.DataType.INT32})
+            self.seqlens_k = op("Expand", [last, batch])  # int32 [B]: past + sequence - 1 for every row
+        else:  # a shared past/present buffer: the filled length of each row is the mask's sum
+            total = op("Shape", [mask], {"start": 1, "end": 2})  # int64 [1]
+            filled = op("ReduceSum", [mask, ints([1])], {"keepdims": 0})  # int64 [B]
+            self.seqlens_k = op("Cast", [op("Sub", [filled, ints([1])])], {"to": ir.DataType.INT32})
         self.total_sequence_length = op("Cast", [op("Squeeze", [total])], {"to": ir.DataType.INT32})
-        last = op("Cast", [op("Sub", [total, ints([1])])], {"to": ir.DataType.INT32})
-        self.seqlens_k = op("Expand", [last, batch])  # int32 [B]: past + sequence - 1 for every row
         # every row's new tokens are all valid: without this input ORT refuses a batch of
         # multi-token steps on a non-empty past ("batch_size must be 1 when sequence_length > 1")
         self.query_seqlens = op("Expand", [op("Cast", [sequence], {"to": ir.DataType.INT32}), batch])
@@ -350,7 +444,8 @@ class _Shared:
         self._tables: dict[int, tuple[Any, Any, Any]] = {}
 
     def rotary(self, layer: _Layer) -> tuple[Any, Any, Any]:
-        """``(position_ids [B, S] int64, cos_cache, sin_cache [max_position + 1, Dh / 2])`` for ``layer``'s rotary."""
+        """``(position_ids [B, S] int64, cos_cache, sin_cache [rows, Dh / 2])`` for ``layer``'s rotary
+        (``rows``: ``max(position_ids) + 1`` and at least the total length, or ``table_rows``)."""
         import onnx_ir as ir
 
         key = id(layer.cos4)
@@ -359,17 +454,28 @@ class _Shared:
         op, rope = self.tape.op, layer.rope
         positions = rope.position_ids
         if positions.shape is not None and len(positions.shape) == 1:  # [S] shared by every row
-            positions = op("Expand", [op("Unsqueeze", [positions, self._ints([0])]), self.batch_sequence])
-        # rows 0 .. max(position_ids), at least total_sequence_length of them
-        rows = op(
-            "Max",
-            [
-                op(
-                    "Add",
-                    [op("ReduceMax", [positions], {"keepdims": 0}), op("Constant", [], {"value_int": 1})],
-                ),
-                op("Cast", [self.total_sequence_length], {"to": ir.DataType.INT64}),
-            ],
+            positions = op(
+                "Expand",
+                [op("Unsqueeze", [positions, self._ints([0])]), self.batch_sequence],
+            )
+        # rows 0 .. max(position_ids), at least total_sequence_length of them; or a constant count
+        # (the runtime's whole context): the tables are then constant, folded once by ONNX Runtime
+        rows = (
+            op("Constant", [], {"value_int": self.table_rows})
+            if self.table_rows
+            else op(
+                "Max",
+                [
+                    op(
+                        "Add",
+                        [
+                            op("ReduceMax", [positions], {"keepdims": 0}),
+                            op("Constant", [], {"value_int": 1}),
+                        ],
+                    ),
+                    op("Cast", [self.total_sequence_length], {"to": ir.DataType.INT64}),
+                ],
+            )
         )
         start = op("Constant", [], {"value_int": 0})
         step = op("Constant", [], {"value_int": 1})
@@ -383,7 +489,10 @@ class _Shared:
             cos, sin = op("Mul", [cos, factor]), op("Mul", [sin, factor])
         dtype = layer.query.dtype
         if dtype is not None and dtype != ir.DataType.FLOAT:
-            cos, sin = op("Cast", [cos], {"to": dtype}), op("Cast", [sin], {"to": dtype})
+            cos, sin = (
+                op("Cast", [cos], {"to": dtype}),
+                op("Cast", [sin], {"to": dtype}),
+            )
         self._tables[key] = (positions, cos, sin)
         return self._tables[key]
 
@@ -406,7 +515,9 @@ def _packed_projection(tape: Any, layer: _Layer) -> Any:
     packed = np.concatenate(weights, axis=1)
     name = f"{nodes[0].inputs[1].name}_qkv"
     weight = ir.Value(
-        name=name, shape=ir.Shape(packed.shape), type=ir.TensorType(ir.DataType.from_numpy(packed.dtype))
+        name=name,
+        shape=ir.Shape(packed.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(packed.dtype)),
     )
     weight.const_value = ir.tensor(packed, name=name)
     tape.graph_like.register_initializer(weight)
@@ -428,7 +539,7 @@ def _finite_bias(tape: Any, mask: Any) -> Any:
     return tape.op("Max", [mask, tape.op("Constant", [], {"value": ir.tensor(lowest)})])
 
 
-def fuse_cached_gqa(model: Any, *, rotary: str = "gqa") -> int:
+def fuse_cached_gqa(model: Any, *, rotary: str = "gqa", lengths: str | None = None) -> int:
     """Rewrite attention over a concatenated KV cache into ``com.microsoft.GroupQueryAttention``, in place.
 
     Args:
@@ -437,13 +548,19 @@ def fuse_cached_gqa(model: Any, *, rotary: str = "gqa") -> int:
         rotary: ``"gqa"`` (``do_rotary=1`` inside the op, with ``position_ids``; the query, key
             and value projections packed into one MatMul when they can be) or ``"separate"``
             (``com.microsoft.RotaryEmbedding`` on query and key, then the op on unpacked inputs).
+        lengths: where ``seqlens_k`` and ``total_sequence_length`` come from: ``"past"`` (the past
+            cache's shape; the model's mask as ``attention_bias``) or ``"attention_mask"`` (the
+            ``attention_mask`` input, no ``attention_bias``: see :func:`attention_mask_lengths`);
+            ``None``: ``"attention_mask"`` inside :func:`attention_mask_lengths`, else ``"past"``.
+            ``"attention_mask"`` falls back to ``"past"`` (logged) when the graph has no
+            ``attention_mask`` input.
 
     Returns:
         The number of attention layers rewritten (0 when none has the form in the module docstring;
         why each SDPA did not match is logged at debug level).
 
     Raises:
-        ValueError: an unknown ``rotary`` mode.
+        ValueError: an unknown ``rotary`` or ``lengths`` mode.
 
     The replaced nodes are left for dead-code elimination (the ``present`` graph outputs now come
     from the GroupQueryAttention nodes, under their old names).
@@ -452,6 +569,9 @@ def fuse_cached_gqa(model: Any, *, rotary: str = "gqa") -> int:
 
     if rotary not in ROTARY_MODES:
         raise ValueError(f"rotary={rotary!r} is invalid; allowed: {', '.join(ROTARY_MODES)}")
+    lengths = _LENGTHS.get() if lengths is None else lengths
+    if lengths not in LENGTH_SOURCES:
+        raise ValueError(f"lengths={lengths!r} is invalid; allowed: {', '.join(LENGTH_SOURCES)}")
     graph = model.graph
     layers: list[_Layer] = []
     for node in graph:
@@ -462,22 +582,39 @@ def fuse_cached_gqa(model: Any, *, rotary: str = "gqa") -> int:
                 logger.debug("no GroupQueryAttention for %s: %s", node.name, exc)
     if not layers:
         return 0
+    mask = None
+    if lengths == "attention_mask":
+        mask = next((v for v in graph.inputs if v.name == ATTENTION_MASK), None)
+        if mask is None:
+            logger.info(
+                "no %s input: GroupQueryAttention lengths from the past's shape",
+                ATTENTION_MASK,
+            )
     tape = ir.tape.Tape(graph)
-    shared = _Shared(tape, layers[0])
+    shared = _Shared(tape, layers[0], mask, _TABLE_ROWS.get() if mask is not None else None)
     outputs = {id(v): i for i, v in enumerate(graph.outputs)}
     for layer in layers:
         positions, cos, sin = shared.rotary(layer)
         query, key = layer.query, layer.key
-        attrs: dict[str, Any] = {"num_heads": layer.num_heads, "kv_num_heads": layer.kv_num_heads}
+        attrs: dict[str, Any] = {
+            "num_heads": layer.num_heads,
+            "kv_num_heads": layer.kv_num_heads,
+        }
         if layer.scale is not None:
             attrs["scale"] = layer.scale
         value = layer.value
         if rotary == "separate":
             query = tape.op(
-                "RotaryEmbedding", [query, positions, cos, sin], {"num_heads": layer.num_heads}, domain=_MS
+                "RotaryEmbedding",
+                [query, positions, cos, sin],
+                {"num_heads": layer.num_heads},
+                domain=_MS,
             )
             key = tape.op(
-                "RotaryEmbedding", [key, positions, cos, sin], {"num_heads": layer.kv_num_heads}, domain=_MS
+                "RotaryEmbedding",
+                [key, positions, cos, sin],
+                {"num_heads": layer.kv_num_heads},
+                domain=_MS,
             )
             rotary_inputs = [None, None, None]
         else:
@@ -486,7 +623,9 @@ def fuse_cached_gqa(model: Any, *, rotary: str = "gqa") -> int:
             packed = _packed_projection(tape, layer)
             if packed is not None:  # one MatMul for query, key and value
                 query, key, value = packed, None, None
-        bias = _finite_bias(tape, layer.mask) if layer.mask is not None else None
+        bias = None
+        if layer.mask is not None and not shared.from_mask:
+            bias = _finite_bias(tape, layer.mask)
         inputs = [query, key, value, layer.past_key, layer.past_value, shared.seqlens_k]
         inputs += [shared.total_sequence_length, *rotary_inputs, bias]
         if QUERY_SEQLENS:

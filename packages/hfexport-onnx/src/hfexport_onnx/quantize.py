@@ -59,6 +59,7 @@ __all__ = [
     "sensitive_ffn_nodes",
     "share_tied_embedding",
     "smooth_activations",
+    "split_packed_nbits",
     "tied_embedding",
 ]
 
@@ -760,6 +761,7 @@ def _nbits_weight(
         quantizer = MatMulNBitsQuantizer(proto, bits=8, nodes_to_exclude=[*exclude, *four_bit], **common)
         quantizer.process()
         proto = quantizer.model.model
+    facts["split_packed_nbits"] = split_packed_nbits(proto)
     tied = facts.get("tied_embedding")
     if tied:
         shared = share_tied_embedding(proto, tied["gather"], tied["head"], block=block)
@@ -767,6 +769,84 @@ def _nbits_weight(
         if not shared:  # asymmetric head blocks: the embedding stays the float table
             facts["tied_embedding"] = None
     onnx.save_model(proto, str(dst), save_as_external_data=True, location="quantized.onnx.data")
+
+
+def split_packed_nbits(proto: Any) -> int:
+    """Undo the sibling-MatMul packing (:mod:`hfexport_onnx.matmul_packing`) on quantized weights:
+    each ``Split(MatMulNBits(x, B, scales[, zero_points]), sizes, axis=-1)`` of ``proto``
+    (``onnx.ModelProto``, changed in place) becomes one ``MatMulNBits`` per part, over that part's
+    rows of ``B`` / ``scales`` / ``zero_points`` (``MatMulNBits`` stores its weight transposed,
+    ``[N, n_blocks, blob]``, so an output column range is a row range: the same bytes, bit-identical
+    outputs).
+
+    Packing saves a kernel launch for a float ``MatMul``; for ``MatMulNBits`` it measured the other
+    way on SmolLM2-135M int4 decode (the ``Split`` copy costs more than the second launch; ONNX
+    Runtime GenAI's builder keeps gate and up separate too).
+
+    Returns:
+        The number of ``Split`` nodes removed (0 when none has constant sizes on the last axis).
+    """
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    producers = {o: n for n in graph.node for o in n.output}
+    uses = collections.Counter(i for n in graph.node for i in n.input)
+    removed = 0
+    for split in list(graph.node):
+        if split.op_type != "Split" or len(split.input) < 2 or split.input[1] not in inits:
+            continue
+        node = producers.get(split.input[0])
+        axis = next((helper.get_attribute_value(a) for a in split.attribute if a.name == "axis"), 0)
+        if node is None or node.op_type != "MatMulNBits" or axis != -1 or uses[split.input[0]] != 1:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        sizes = [int(v) for v in numpy_helper.to_array(inits[split.input[1]]).reshape(-1)]
+        n = int(attrs["N"])
+        if sum(sizes) != n or any(name not in inits for name in node.input[1:] if name):
+            continue
+        arrays = [numpy_helper.to_array(inits[name]) if name else None for name in node.input[1:]]
+        if len(node.input) > 4 and any(node.input[4:]):
+            continue  # g_idx / bias: not written by our quantizer
+        parts, start = [], 0
+        for i, (size, output) in enumerate(zip(sizes, split.output)):
+            inputs = [node.input[0]]
+            for name, array in zip(node.input[1:], arrays):
+                if array is None:
+                    inputs.append("")
+                    continue
+                rows = array.reshape(n, -1)[start : start + size]
+                part = f"{name}_part{i}"
+                graph.initializer.append(
+                    numpy_helper.from_array(
+                        rows.reshape((size, *array.shape[1:]))
+                        if array.ndim > 1 and array.shape[0] == n
+                        else rows.reshape(-1),
+                        name=part,
+                    )
+                )
+                inputs.append(part)
+            parts.append(
+                helper.make_node(
+                    "MatMulNBits",
+                    inputs,
+                    [output],
+                    name=f"{node.name}_part{i}",
+                    domain=node.domain,
+                    **{**attrs, "N": size},
+                )
+            )
+            start += size
+        index = list(graph.node).index(node)
+        graph.node.remove(split)
+        graph.node.remove(node)
+        for offset, part in enumerate(parts):
+            graph.node.insert(index + offset, part)
+        for name in node.input[1:]:
+            if name and not any(name in other.input for other in graph.node):
+                graph.initializer.remove(inits.pop(name))
+        removed += 1
+    return removed
 
 
 def _load(path: Path) -> Any:

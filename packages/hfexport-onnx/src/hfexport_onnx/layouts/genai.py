@@ -99,7 +99,9 @@ def _context_length(text_config: Any) -> tuple[int, str]:
     return _DEFAULT_CONTEXT_LENGTH, "default"
 
 
-def genai_config(model: Any, graph: Any, *, generation_config: Any = None) -> dict[str, Any]:
+def genai_config(
+    model: Any, graph: Any, *, generation_config: Any = None, share_buffer: bool = False
+) -> dict[str, Any]:
     """The ``genai_config.json`` content for a decoder graph of ``model``.
 
     Args:
@@ -108,6 +110,9 @@ def genai_config(model: Any, graph: Any, *, generation_config: Any = None) -> di
         graph: the :class:`hfexport_onnx.decoder_graph.DecoderGraph` written next to it (file
             name, layers, KV heads, head size, whether it takes ``position_ids``).
         generation_config: a ``transformers.GenerationConfig``; default ``model.generation_config``.
+        share_buffer: ``search.past_present_share_buffer``: True only for a graph whose attentions
+            read their lengths from ``attention_mask`` (:func:`hfexport_onnx.gqa.shares_past_present_buffer`);
+            a graph that concatenates past and new keys needs False.
 
     Returns:
         A JSON-safe dict: ``{"model": {...}, "search": {...}}``. ``search.max_length`` (prompt +
@@ -178,7 +183,9 @@ def genai_config(model: Any, graph: Any, *, generation_config: Any = None) -> di
         "temperature": float(_first(gen_value("temperature"), 1.0)),
         "top_k": int(top_k) if top_k is not None else 50,
         "top_p": float(_first(gen_value("top_p"), 1.0)),
-        "past_present_share_buffer": False,  # the graph concatenates: present is past + sequence
+        # True: the runtime feeds one max_length buffer as past and present and the GroupQueryAttention
+        # nodes write the new keys/values in place; False: present is past + sequence (a Concat)
+        "past_present_share_buffer": bool(share_buffer),
     }
     return {"model": model_section, "search": search}
 
@@ -220,12 +227,21 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
         leaves OUTPUT_DIR as it was).
     """
     from hfexport_onnx.decoder_graph import export_decoder_with_past
+    from hfexport_onnx.gqa import attention_mask_lengths, shares_past_present_buffer
 
     out = Path(request.output_dir)
-    graph = export_decoder_with_past(
-        request.model, request.inputs, request.config, out, exporter=request.exporter
-    )
-    content = genai_config(request.model, graph)
+    text = request.model.config
+    text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
+    context_length, context_source = _context_length(text)
+    # with ort_fusions, GroupQueryAttention reads its lengths from attention_mask, so the runtime
+    # can share one past/present buffer (no copy of the whole cache per step), and its cos/sin
+    # tables cover the context length from constants (folded once when the session is created)
+    with attention_mask_lengths(context_length):
+        graph = export_decoder_with_past(
+            request.model, request.inputs, request.config, out, exporter=request.exporter
+        )
+    share_buffer = graph.artifact is not None and shares_past_present_buffer(graph.artifact.model)
+    content = genai_config(request.model, graph, share_buffer=share_buffer)
     (out / CONFIG_NAME).write_text(json.dumps(content, indent=2) + "\n")
     copied = []
     wanted = {f.name for f in tokenizer_files(request.files)} | set(_MODEL_FILES)
@@ -236,9 +252,6 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
     if "config.json" not in copied and hasattr(request.model, "config"):
         request.model.config.to_json_file(out / "config.json")
         copied.append("config.json")
-    text = request.model.config
-    text = text.get_text_config(decoder=True) if hasattr(text, "get_text_config") else text
-    _, context_source = _context_length(text)
     extra: dict[str, Any] = {}
     warning = tokenizer_warning(out / "tokenizer.json")
     if warning is not None:
@@ -250,6 +263,7 @@ def write_genai(request: LayoutRequest) -> dict[str, Any]:
             "transformers_model_type": getattr(text, "model_type", None),
             "context_length": content["model"]["context_length"],
             "context_length_from": context_source,
+            "past_present_share_buffer": share_buffer,
             "num_layers": graph.num_layers,
             "num_key_value_heads": graph.num_kv_heads,
             "head_size": graph.head_dim,
