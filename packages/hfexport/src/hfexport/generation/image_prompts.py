@@ -86,15 +86,23 @@ def other_image_prompt(
     from hfexport.sample_inputs import make_inputs
 
     if "input_ids" not in inputs:
-        raise ValueError(f"inputs {sorted(inputs)} hold no input_ids; pass the generate-style inputs of a prompt")
-    if "image_grid_thw" in inputs and getattr(getattr(model.config, "vision_config", None), "spatial_merge_size", None):
+        raise ValueError(
+            f"inputs {sorted(inputs)} hold no input_ids; pass the generate-style inputs of a prompt"
+        )
+    if "image_grid_thw" in inputs and getattr(
+        getattr(model.config, "vision_config", None), "spatial_merge_size", None
+    ):
         return _grid_prompt(model, inputs, seed)
     batch, seq = (int(v) for v in inputs["input_ids"].shape)
     images = inputs.get("pixel_values")
     text_len = seq
     if isinstance(images, torch.Tensor) and images.dim() >= 1 and images.shape[0] == batch:
-        image_token = getattr(model.config, "image_token_id", None) or getattr(model.config, "image_token_index", None)
+        image_token = getattr(model.config, "image_token_id", None) or getattr(
+            model.config, "image_token_index", None
+        )
         if image_token is not None:
             text_len = seq - int((inputs["input_ids"][0] == int(image_token)).sum())
-    other = make_inputs(model, "image-text-to-text", batch_size=batch + 1, seq_len=max(text_len, 1) + 5, seed=seed)
+    other = make_inputs(
+        model, "image-text-to-text", batch_size=batch + 1, seq_len=max(text_len, 1) + 5, seed=seed
+    )
     return {k: v for k, v in other.items() if k in inputs} if set(inputs) <= set(other) else other

@@ -82,7 +82,9 @@ def _output(produced: Mapping[str, Mapping[str, torch.Tensor]], component: str, 
         return outputs[path]
     if path == "":
         return _only(outputs, component)
-    raise KeyError(f"component {component!r} returned {sorted(outputs)}, not the output {path!r} the plan links")
+    raise KeyError(
+        f"component {component!r} returned {sorted(outputs)}, not the output {path!r} the plan links"
+    )
 
 
 def _text_positions(mask: torch.Tensor) -> torch.Tensor:
