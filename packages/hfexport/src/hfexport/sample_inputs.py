@@ -75,6 +75,13 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
+def _forward_params_of(function: Any) -> set[str]:
+    try:
+        return set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def _forward_params(model: torch.nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
@@ -139,8 +146,11 @@ def _image_shape(config: PretrainedConfig) -> tuple[int, int]:
     return int(channels), int(size)
 
 
-def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> int | None:
-    """Image tokens per image the model's vision tower produces, by running it once."""
+def _count_image_tokens(
+    model: PreTrainedModel, pixel_values: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None
+) -> int | None:
+    """Image tokens per image the model's vision tower produces, by running it once (with the
+    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes)."""
     getter = getattr(model, "get_image_features", None)
     if getter is None and hasattr(model, "model"):
         getter = getattr(model.model, "get_image_features", None)
@@ -148,7 +158,9 @@ def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> i
         return None
     with torch.no_grad():
         try:
-            out = getter(pixel_values=pixel_values)
+            params = _forward_params_of(getter)
+            taken = {k: v for k, v in (extra or {}).items() if k != "pixel_values" and k in params}
+            out = getter(pixel_values=pixel_values, **taken)
         except Exception:
             return None
     if hasattr(out, "pooler_output") and out.pooler_output is not None:
@@ -204,6 +216,13 @@ def _generic_inputs(
         input_ids = _random_ids(gen, (b, s), low, high)
         if kind == "image+text":
             n = _count_image_tokens(model, inputs["pixel_values"])
+            if not n and "image_sizes" in params:
+                # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
+                channels, size = _image_shape(config)
+                sizes = {"image_sizes": torch.tensor([[size, size]] * b, dtype=torch.int64)}
+                n = _count_image_tokens(model, inputs["pixel_values"], sizes)
+                if n:
+                    inputs.update(sizes)
             image_token = _image_token_id(config)
             if n:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
