@@ -75,6 +75,18 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
+def _has_patch_grid(config: PretrainedConfig) -> bool:
+    """A Qwen-style vision config: flattened patches described by ``image_grid_thw``."""
+    vision = getattr(config, "vision_config", None)
+    needed = ("spatial_merge_size", "temporal_patch_size", "patch_size", "in_channels")
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return (
+        vision is not None
+        and all(getattr(vision, a, None) is not None for a in needed)
+        and all(getattr(config, t, None) is not None for t in tokens)
+    )
+
+
 def _forward_params_of(function: Any) -> set[str]:
     try:
         return set(inspect.signature(function).parameters)
@@ -315,6 +327,12 @@ def make_inputs(
     b, s = batch_size, seq_len
 
     if model_type not in SUPPORTED_MODEL_TYPES:
+        if _has_patch_grid(config) and modality(model, task) == "image+text":
+            # Qwen2.5-VL, Qwen3-VL ...: flattened patches and image_grid_thw, as qwen2_vl (issue 28)
+            grid_inputs = _qwen2_vl_inputs(config, gen)
+            if "mm_token_type_ids" not in _forward_params(model):
+                grid_inputs.pop("mm_token_type_ids")
+            return grid_inputs
         return _generic_inputs(model, task, b, s, gen)
     if model_type == "qwen2_vl":
         return _qwen2_vl_inputs(config, gen)

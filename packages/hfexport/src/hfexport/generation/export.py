@@ -175,7 +175,7 @@ def _encoder_shapes(
     varies along the image axis only: the image size is the model's (its position embeddings)."""
     from hfexport.generation.multimodal import ImageFeatures
 
-    features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "module", None), ImageFeatures)
+    features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
     if (
         (name not in plan.vision_grid and not features)
         or not getattr(config, "dynamic", False)
