@@ -235,6 +235,12 @@ def _generic_inputs(
                 n = _count_image_tokens(model, inputs["pixel_values"], sizes)
                 if n:
                     inputs.update(sizes)
+            if not n and "pixel_attention_mask" in params:
+                # Idefics2/3, SmolVLM: images grouped per prompt, [batch, images, channels, h, w] (issue 28)
+                grouped = inputs["pixel_values"][:, None]
+                n = _count_image_tokens(model, grouped)
+                if n:
+                    inputs["pixel_values"] = grouped
             image_token = _image_token_id(config)
             if n:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
