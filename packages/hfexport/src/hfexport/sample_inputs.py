@@ -297,7 +297,11 @@ def make_inputs(
       from the config or its ``vision_config``; ``s`` is ignored);
     * ``"image+text"``: ``pixel_values`` as for images and ``input_ids`` ``[b, s + n]`` whose
       positions ``1 .. n`` hold the image token, ``n`` being the number of image features the
-      vision tower produces per image (found by running ``get_image_features`` once);
+      vision tower produces per image (found by running ``get_image_features`` once); when that
+      fails without them, ``image_sizes`` ``[b, 2]`` (Mistral3 / Pixtral) or images grouped per
+      prompt, ``pixel_values`` ``[b, 1, channels, size, size]`` (Idefics2/3, SmolVLM: forwards
+      taking ``pixel_attention_mask``); a Qwen-style vision config (``spatial_merge_size``,
+      ``temporal_patch_size`` and the vision start/end token ids) gets qwen2_vl's inputs;
     * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
       frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
       ``[b, n]`` when taken;
