@@ -142,6 +142,28 @@ def prepare_component(name: str, module: Any, kwargs: Mapping[str, Any], plan: A
 _TOKEN_KEYS = names_with(sequence=TEXT, kind=("ids", "embeds", "type_ids", "modality_types"))
 
 
+#: patches (rows of a Qwen-style vision encoder's inputs) a program is memory-planned for
+MAX_VISION_PATCHES = 4096
+
+
+def _bounded_patch_axis(module: Any, kwargs: Mapping[str, Any], config: Any) -> Any:
+    """A Qwen-style vision encoder varies along axis 0 only (the core's rule for it), bounded here
+    by :data:`MAX_VISION_PATCHES`: without a bound the patch axis had no role and was planned at the
+    sample's patch count, so a larger image failed at run time (issue 28)."""
+    from torch.export import Dim
+
+    from hfexport.generation.shapes import dynamic_shapes_by_rule
+    from hfexport.inputs import prepare_for_export
+
+    patches = Dim.AUTO(min=1, max=MAX_VISION_PATCHES)
+
+    def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
+        return {0: patches} if tensor.dim() >= 1 and tensor.shape[0] > 1 else None
+
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
+
+
 #: components of a multimodal plan that take the whole prompt (image tokens included) at prefill
 _MULTIMODAL_PROMPT_COMPONENTS = ("embed_tokens", "language_model")
 
@@ -176,6 +198,8 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     # ``input`` and the language model's ``inputs_embeds`` have no role the backend bounds, and
     # would be planned at the sample's prompt length (issue 28)
     prompt_component = plan.architecture == "multimodal" and name in _MULTIMODAL_PROMPT_COMPONENTS
+    if name in getattr(plan, "vision_grid", {}) and getattr(config, "dynamic", False):
+        return _bounded_patch_axis(module, kwargs, config)
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
         return config
     if not prompt_component and (
