@@ -66,6 +66,9 @@ FAMILIES: dict[str, str] = {
     "seq2seq": "text2text-generation",
     "image-classification": "image-classification",
     "speech": "automatic-speech-recognition",
+    # issue 28: generation components (encoders, projector, language model, decode) exported with
+    # export_for_generation and greedy generation compared with model.generate (zoo_sweep_child.generation_cell)
+    "vision-language": "image-text-to-text",
 }
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
@@ -162,6 +165,28 @@ FAILURE_ACTIONS: tuple[tuple[str, Callable[[str, str], bool], str], ...] = (
         "signal): no artifact, no Python error. Use another backend for this type and report the crash "
         "upstream with `hfexport export ... -v`.",
     ),
+    # vision-language generation cells (issue 28; zoo_sweep_child.generation_cell)
+    (
+        "decompose",
+        lambda stage, reason: stage == "decompose",
+        "The model could not be split into generation components (encoders, projector, language model, "
+        "decode) from one `generate` call: the reason names the part or the input whose source is unknown. "
+        "Export the whole forward instead (`hfexport export <backend> --model tiny:<type> --task "
+        "image-text-to-text`), which does not generate.",
+    ),
+    (
+        "generation-mismatch",
+        lambda stage, reason: stage == "generate" and "differ from model.generate" in reason,
+        "Every component validated, but greedy generation over them gives other tokens than `model.generate` "
+        "(the runner's merge of image features, positions or cache differs from the model's): do not generate "
+        "from this export; report the cell.",
+    ),
+    (
+        "generation-runner",
+        lambda stage, reason: stage == "generate",
+        "The components exported but the greedy runner could not drive them at this image + prompt (an input "
+        "it cannot supply, or a component refusing the second image shape): the reason names it.",
+    ),
     (
         "capture",
         lambda stage, reason: stage.startswith("capture"),
@@ -196,6 +221,11 @@ TARGETS: dict[tuple[str, str], int] = {
     ("causal-lm", ExportFormat.DYNAMO.value): 95,
     ("causal-lm", ExportFormat.ONNX.value): 95,
     ("causal-lm", ExportFormat.EXECUTORCH.value): 90,
+    # vision-language (issue 28)
+    ("vision-language", ExportFormat.DYNAMO.value): 90,
+    ("vision-language", ExportFormat.ONNX.value): 90,
+    ("vision-language", ExportFormat.EXECUTORCH.value): 85,
+    ("vision-language", ExportFormat.OPENVINO.value): 85,
 }
 _VERSIONED = ("hfexport", "torch", "transformers")
 

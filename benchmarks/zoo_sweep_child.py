@@ -18,7 +18,7 @@ from typing import Any
 
 from hfexport.validation import NOTHING_VARIED
 
-__all__ = ["build", "export_cell", "main"]
+__all__ = ["build", "export_cell", "generation_cell", "main"]
 
 
 def build(model_type: str, task: str) -> dict[str, Any]:
@@ -96,6 +96,115 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
     return result
 
 
+# --- vision-language family (issue 28): generation from exported components -----------------------
+
+#: greedy tokens compared with ``model.generate`` per image + prompt
+VLM_NEW_TOKENS = 8
+
+
+def _backend_generation_config(backend: str) -> dict[str, Any]:
+    """Config fields of a generation export on ``backend``: ``dynamic=True``; OpenVINO's stateful
+    decoder covers decoder-only language models only, so its stateless components here."""
+    return {
+        "export_format": backend,
+        "dynamic": True,
+        **({"stateful": False} if backend == "openvino" else {}),
+    }
+
+
+def generation_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
+    """Export a fresh tiny vision-language model's generation components on ``backend`` and
+    generate from them.
+
+    ``export_for_generation`` with ``dynamic=True`` (each component validated against eager
+    PyTorch at its sample and second shape), then greedy generation over the exported components
+    for the sample image + prompt and for :func:`hfexport.generation.image_prompts.other_image_prompt`
+    (more images and a longer prompt, or another image size), each compared token for token with
+    ``model.generate(do_sample=False)``.
+
+    Returns:
+        ``{"status": "pass", "seconds", "stages", "components"}``; otherwise ``{"status": "fail",
+        "stage", "reason", ...}`` with stage ``decompose`` (the model could not be split into
+        components), the failed component's export stage (``"<component>: <stage>"``), or
+        ``generate`` (the exported components ran but their tokens differ from ``model.generate``,
+        or the runner failed; the reason names the shape and the first differing position).
+    """
+    from hfexport.auto import AutoExportConfig, AutoHfExporter
+    from hfexport.generation import GenerationRunner, callers_from_exporter, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model(model_type, task)
+    config = AutoExportConfig.from_dict(_backend_generation_config(backend))
+    exporter = AutoHfExporter.from_config(config)
+    start = time.perf_counter()
+    stages: dict[str, str] = {}
+
+    def failed(stage: str, exc: BaseException | str) -> dict[str, Any]:
+        text = (
+            exc
+            if isinstance(exc, str)
+            else f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}"
+        )
+        return {
+            "status": "fail",
+            "stage": stage,
+            "reason": text[:300],
+            "seconds": round(time.perf_counter() - start, 1),
+            "stages": stages,
+        }
+
+    try:
+        parts = exporter.export_for_generation(model, inputs, config)
+    except Exception as exc:  # every failure becomes a cell of the coverage page
+        component = getattr(exc, "component", None)
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        if component is None:
+            return failed("decompose", exc)
+        stage = getattr(cause, "stage", None) or "export"
+        return failed(
+            stage, f"{component}: {type(cause).__name__}: {(str(cause).strip().splitlines() or [''])[0]}"
+        )
+    for name, report in parts.reports.items():
+        second = next((s.status for s in report.stages if s.name == "validate_second_shape"), "not run")
+        stages[name] = f"second shape {second}"
+    stages["export_for_generation"] = "ok"
+    runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
+    shapes = {"sample": inputs}
+    try:
+        shapes["second"] = other_image_prompt(model, inputs)
+    except Exception as exc:
+        return failed("generate", f"no second image prompt: {type(exc).__name__}: {exc}")
+    for label, prompt in shapes.items():
+        try:
+            parity = compare_with_generate(runner, model, prompt, max_new_tokens=VLM_NEW_TOKENS)
+        except Exception as exc:
+            return failed(
+                "generate",
+                f"at the {label} shape: {type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0]}",
+            )
+        if not parity.tokens_equal:
+            where = parity.first_mismatch
+            return failed(
+                "generate",
+                f"greedy tokens differ from model.generate at the {label} shape "
+                f"({ {k: list(v.shape) for k, v in prompt.items() if hasattr(v, 'shape')} }): first at (row, position) "
+                f"{where}, shapes {list(parity.sequences.shape)} vs {list(parity.reference.shape)}, "
+                f"max logit diff {parity.max_logit_diff:.2e}",
+            )
+        stages[f"generate_{label}"] = "ok"
+    return {
+        "status": "pass",
+        "seconds": round(time.perf_counter() - start, 1),
+        "stages": stages,
+        "components": list(parts),
+    }
+
+
+#: task -> the cell function of a family that checks more than a plain export
+TASK_CELLS = {"image-text-to-text": generation_cell}
+
+
 def _emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
@@ -115,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
         if built["status"] != "ok":
             return
     for backend in backends:
-        _emit({"kind": "cell", "backend": backend, **export_cell(backend, model_type, task)})
+        cell = TASK_CELLS.get(task, export_cell)
+        _emit({"kind": "cell", "backend": backend, **cell(backend, model_type, task)})
 
 
 if __name__ == "__main__":

@@ -121,3 +121,85 @@ def test_vision_grid_preparer_gives_the_encoder_the_values_it_would_compute(qwen
         got = visual(**prepared).pooler_output
     assert torch.equal(got, want)
     assert prepare_vision_grid_inputs(torch.nn.Linear(2, 2), dict(kwargs)).keys() == kwargs.keys()
+
+
+# --- issue 28: LLaVA-style and get_image_features components, second image prompts -------------------
+
+
+def test_recorder_stores_a_strided_view_input_contiguous() -> None:
+    from hfexport.generation.recording import CallRecorder
+
+    linear = torch.nn.Linear(4, 3)
+    hidden = torch.arange(2 * 5 * 4, dtype=torch.float32).reshape(2, 5, 4)
+    view = hidden[:, 1:]  # LLaVA drops the CLS row before its projector: a strided view
+    assert not view.is_contiguous()
+    with CallRecorder({"projector": linear}) as recorder:
+        linear(view)
+    recorded = recorder.calls["projector"][0]["input"]
+    assert recorded.is_contiguous() and torch.equal(recorded, view)
+
+
+def test_a_config_carrying_plain_module_returns_a_named_output() -> None:
+    from transformers import PretrainedConfig
+
+    from hfexport.generation.parts import OUTPUT_NAME, ComponentModule, exportable_module
+
+    projector = torch.nn.Linear(4, 3)
+    projector.config = PretrainedConfig()
+    wrapped = exportable_module(projector, PretrainedConfig())
+    assert isinstance(wrapped, ComponentModule) and wrapped.config is projector.config
+    out = wrapped(input=torch.ones(2, 4))
+    assert list(out) == [OUTPUT_NAME] and tuple(out[OUTPUT_NAME].shape) == (2, 3)
+
+
+def test_image_feature_rows_concatenates_per_image_features() -> None:
+    from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+    from hfexport.generation.multimodal import image_feature_rows
+
+    per_image = (torch.ones(4, 8), 2 * torch.ones(1, 4, 8))
+    rows = image_feature_rows(BaseModelOutputWithPooling(pooler_output=per_image))
+    assert tuple(rows.shape) == (8, 8) and rows[:4].eq(1).all() and rows[4:].eq(2).all()
+    assert tuple(image_feature_rows(torch.zeros(2, 3, 8)).shape) == (6, 8)
+    with pytest.raises(TypeError, match="holds no feature tensor"):
+        image_feature_rows({"a": 1})
+
+
+def test_internvl_image_features_become_one_component() -> None:
+    # InternVL pixel-shuffles the vision tower's output before its projector: the projector's input
+    # equals no recorded output, so the model's own get_image_features is the image component
+    from hfexport.generation.multimodal import ImageFeatures
+
+    model, inputs = tiny_model("internvl", "image-text-to-text")
+    parts = decompose_multimodal(model, inputs)
+    assert list(parts)[:1] == ["image_encoder"] and "multi_modal_projector" not in parts
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, ImageFeatures) and list(kwargs) == ["pixel_values"]
+    assert parts.plan.links["image_encoder"] == {"pixel_values": {"from": "prompt", "key": "pixel_values"}}
+    token = str(model.config.image_token_id)
+    assert parts.plan.features == {token: {"component": "image_encoder", "output": ""}}
+    rows = module(**kwargs)
+    assert tuple(rows.shape) == (
+        int((inputs["input_ids"] == int(token)).sum()),
+        model.config.text_config.hidden_size,
+    )
+
+
+def test_other_image_prompt_changes_image_count_or_size_with_matching_tokens(qwen2_vl) -> None:
+    from hfexport.generation.image_prompts import other_image_prompt
+
+    model, inputs = tiny_model("llava")
+    other = other_image_prompt(model, inputs)
+    token = model.config.image_token_id
+    assert tuple(other["pixel_values"].shape) == (3, 3, 32, 32) and tuple(other["input_ids"].shape) == (3, 29)
+    assert (other["input_ids"] == token).sum(-1).tolist() == [16, 16, 16]
+    qwen, qwen_inputs = qwen2_vl
+    other = other_image_prompt(qwen, qwen_inputs)
+    assert other["image_grid_thw"].tolist() == [[1, 8, 6]] and tuple(other["pixel_values"].shape) == (
+        48,
+        1176,
+    )
+    assert int((other["input_ids"] == qwen.config.image_token_id).sum()) == 12
+    assert torch.equal(other["mm_token_type_ids"], (other["input_ids"] == qwen.config.image_token_id).long())
+    with pytest.raises(ValueError, match="hold no input_ids"):
+        other_image_prompt(model, {"pixel_values": inputs["pixel_values"]})

@@ -15,7 +15,7 @@ core's defaults:
   file and specs;
 - ``prepare_component`` (:func:`prepare_component`): static-cache components get paired cache
   inputs/outputs;
-- ``component_config`` (:func:`component_config`): decode-step components get bounded dynamic axes;
+- ``component_config`` (:func:`component_config`): decode-step components, and a multimodal model's prompt components, get bounded dynamic axes;
 - ``generation_source``: the quantized copy every component is captured from.
 
 :func:`patchify_conv3d_as_matmul` (re-exported; registered in
@@ -142,23 +142,51 @@ def prepare_component(name: str, module: Any, kwargs: Mapping[str, Any], plan: A
 _TOKEN_KEYS = names_with(sequence=TEXT, kind=("ids", "embeds", "type_ids", "modality_types"))
 
 
+#: patches (rows of a Qwen-style vision encoder's inputs) a program is memory-planned for
+MAX_VISION_PATCHES = 4096
+
+
+def _bounded_patch_axis(module: Any, kwargs: Mapping[str, Any], config: Any) -> Any:
+    """A Qwen-style vision encoder varies along axis 0 only (the core's rule for it), bounded here
+    by :data:`MAX_VISION_PATCHES`: without a bound the patch axis had no role and was planned at the
+    sample's patch count, so a larger image failed at run time (issue 28)."""
+    from torch.export import Dim
+
+    from hfexport.generation.shapes import dynamic_shapes_by_rule
+    from hfexport.inputs import prepare_for_export
+
+    patches = Dim.AUTO(min=1, max=MAX_VISION_PATCHES)
+
+    def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
+        return {0: patches} if tensor.dim() >= 1 and tensor.shape[0] > 1 else None
+
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
+
+
+#: components of a multimodal plan that take the whole prompt (image tokens included) at prefill
+_MULTIMODAL_PROMPT_COMPONENTS = ("embed_tokens", "language_model")
+
+
 def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any, config: Any) -> Any:
     """Bounded dynamic axes for the decode-step components exported with ``dynamic=True``.
 
-    The backend bounds ``Dim.AUTO`` axes by role (batch, the sequence axis of ``input_ids`` /
-    ``attention_mask``, the cache's sequence axis) and plans any other axis at its sample size.
-    A decode step breaks those roles: the mask (``past + q`` positions, or the static cache's
-    length) is not the new-token axis, M-RoPE ``position_ids`` carry the new tokens on axis 2, and
-    with a static cache the mask is an axis of its own. So every dynamic axis of a component that
-    takes a filled or preallocated cache gets a bounded hint ``Dim.AUTO(min=1, max=N)`` (the
-    backend keeps hints that carry a bound; ``torch.export`` still works out which axes are equal):
-    the batch up to the backend's batch bound; the new tokens, the mask and a growing cache's
-    positions up to the model's maximum positions, or, with a static cache, up to
-    ``max_cache_len - 1`` (transformers pads a shorter mask to the cache length and the trace keeps
-    that branch; the runner never feeds the last generated token back). A static cache's tensors
-    vary along the batch only. Axes of size 1 in the sample stay static. Explicit
-    ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
-    are left to the backend's roles, which fit them.
+        The backend bounds ``Dim.AUTO`` axes by role (batch, the sequence axis of ``input_ids`` /
+        ``attention_mask``, the cache's sequence axis) and plans any other axis at its sample size.
+        A decode step breaks those roles: the mask (``past + q`` positions, or the static cache's
+        length) is not the new-token axis, M-RoPE ``position_ids`` carry the new tokens on axis 2, and
+        with a static cache the mask is an axis of its own. So every dynamic axis of a component that
+        takes a filled or preallocated cache gets a bounded hint ``Dim.AUTO(min=1, max=N)`` (the
+        backend keeps hints that carry a bound; ``torch.export`` still works out which axes are equal):
+        the batch up to the backend's batch bound; the new tokens, the mask and a growing cache's
+        positions up to the model's maximum positions, or, with a static cache, up to
+        ``max_cache_len - 1`` (transformers pads a shorter mask to the cache length and the trace keeps
+        that branch; the runner never feeds the last generated token back). A static cache's tensors
+        vary along the batch only. A multimodal model's ``embed_tokens`` and ``language_model`` get the
+    same batch and length bounds on their prompt inputs (``input``, ``inputs_embeds``, the mask and
+    positions). Axes of size 1 in the sample stay static. Explicit
+        ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
+        are left to the backend's roles, which fit them.
     """
     from transformers.cache_utils import Cache
 
@@ -166,11 +194,17 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
 
     caches = [v for v in kwargs.values() if isinstance(v, Cache)]
     static = plan.cache_kind == "static" and bool(plan.max_cache_len)
-    if (
+    # a multimodal model's text components take the prompt with its image tokens: the embedding's
+    # ``input`` and the language model's ``inputs_embeds`` have no role the backend bounds, and
+    # would be planned at the sample's prompt length (issue 28)
+    prompt_component = plan.architecture == "multimodal" and name in _MULTIMODAL_PROMPT_COMPONENTS
+    if name in getattr(plan, "vision_grid", {}) and getattr(config, "dynamic", False):
+        return _bounded_patch_axis(module, kwargs, config)
+    if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
+        return config
+    if not prompt_component and (
         plan.architecture == "encoder_decoder"
         or not caches
-        or not getattr(config, "dynamic", False)
-        or getattr(config, "dynamic_shapes", None)
         or (not static and not any(get_leaf_tensors(cache) for cache in caches))
     ):
         return config
@@ -194,7 +228,7 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
 
     def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
         key = path.split(".", 1)[0]
-        if key in _TOKEN_KEYS:
+        if key in _TOKEN_KEYS or (prompt_component and key in ("input", "inputs_embeds")):
             return axes({0: batch, 1: length}, tensor)
         if key == "position_ids":
             return axes({0: batch, 1: length} if tensor.dim() == 2 else {1: batch, 2: length}, tensor)

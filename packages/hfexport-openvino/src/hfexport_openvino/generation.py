@@ -10,6 +10,8 @@ A generation folder holds either the core's stateless components or one stateful
 - ``component_metadata``: whether the model is stateful, and its inference precision hint;
 - ``load_component``: an :class:`~hfexport_openvino.runtime.OpenvinoRunner`, or a
   :class:`~hfexport_openvino.stateful.StatefulDecoder`;
+- ``prepare_component``: a Qwen-style vision encoder reads its ``cu_seqlens`` as int64
+  (:class:`WideSeqlensEncoder`, a workaround of OpenVINO 2026.4.1's frontend);
 - ``generation_runner``: a :class:`~hfexport_openvino.stateful.StatefulGenerationRunner` over a
   stateful decoder folder, the core's runner otherwise.
 """
@@ -20,14 +22,53 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from hfexport.generation.support import GenerationSupport
 from hfexport_openvino.runtime import OpenvinoRunner, recorded_precision_hint
 
-__all__ = ["OpenvinoGenerationSupport"]
+__all__ = ["OpenvinoGenerationSupport", "WideSeqlensEncoder"]
+
+
+#: int32 inputs of a Qwen-style vision encoder whose values become sizes inside the graph
+_SEQLENS_INPUTS = ("cu_seqlens", "cu_window_seqlens")
+
+
+class WideSeqlensEncoder(torch.nn.Module):
+    """A Qwen-style vision encoder that reads its ``cu_seqlens`` as int64.
+
+    Workaround (issue 28): OpenVINO 2026.4.1's PyTorch frontend builds the shape of a ``view``
+    from sizes read out of the int32 ``cu_seqlens`` as an i32 element next to i64 constants, and
+    its ``Concat`` refuses the mix ("Argument element types are inconsistent", conversion of
+    ``aten.view`` after the vision attention fails; no upstream issue found). Casting the
+    boundaries to int64 first gives i64 sizes; the graph still takes the int32 input the runner
+    computes, and the values are the same.
+
+    Args:
+        encoder: the vision encoder (its parameters are shared); ``forward(**kwargs)`` takes its kwargs.
+    """
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+        self.config = getattr(encoder, "config", None)
+
+    def forward(self, **kwargs: Any) -> Any:
+        wide = {
+            k: v.long() if k in _SEQLENS_INPUTS and isinstance(v, torch.Tensor) else v
+            for k, v in kwargs.items()
+        }
+        return self.encoder(**wide)
 
 
 class OpenvinoGenerationSupport(GenerationSupport):
     """Generation hooks of the OpenVINO backend (see the module docstring)."""
+
+    def prepare_component(self, name: str, module: Any, kwargs: Mapping[str, Any], plan: Any) -> Any:
+        """A Qwen-style vision encoder taking ``cu_seqlens`` is wrapped in :class:`WideSeqlensEncoder`."""
+        if name in getattr(plan, "vision_grid", {}) and any(k in kwargs for k in _SEQLENS_INPUTS):
+            return WideSeqlensEncoder(module)
+        return module
 
     def component_filename(self, name: str) -> str:
         """``openvino_model.xml`` for the stateful decoder (the file OpenVINO GenAI reads), else ``<name>.xml``."""

@@ -75,6 +75,25 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
+def _has_patch_grid(config: PretrainedConfig) -> bool:
+    """A Qwen-style vision config: flattened patches described by ``image_grid_thw``."""
+    vision = getattr(config, "vision_config", None)
+    needed = ("spatial_merge_size", "temporal_patch_size", "patch_size", "in_channels")
+    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    return (
+        vision is not None
+        and all(getattr(vision, a, None) is not None for a in needed)
+        and all(getattr(config, t, None) is not None for t in tokens)
+    )
+
+
+def _forward_params_of(function: Any) -> set[str]:
+    try:
+        return set(inspect.signature(function).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
 def _forward_params(model: torch.nn.Module) -> set[str]:
     try:
         return set(inspect.signature(model.forward).parameters)
@@ -139,8 +158,11 @@ def _image_shape(config: PretrainedConfig) -> tuple[int, int]:
     return int(channels), int(size)
 
 
-def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> int | None:
-    """Image tokens per image the model's vision tower produces, by running it once."""
+def _count_image_tokens(
+    model: PreTrainedModel, pixel_values: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None
+) -> int | None:
+    """Image tokens per image the model's vision tower produces, by running it once (with the
+    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes)."""
     getter = getattr(model, "get_image_features", None)
     if getter is None and hasattr(model, "model"):
         getter = getattr(model.model, "get_image_features", None)
@@ -148,7 +170,9 @@ def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> i
         return None
     with torch.no_grad():
         try:
-            out = getter(pixel_values=pixel_values)
+            params = _forward_params_of(getter)
+            taken = {k: v for k, v in (extra or {}).items() if k != "pixel_values" and k in params}
+            out = getter(pixel_values=pixel_values, **taken)
         except Exception:
             return None
     if hasattr(out, "pooler_output") and out.pooler_output is not None:
@@ -204,6 +228,19 @@ def _generic_inputs(
         input_ids = _random_ids(gen, (b, s), low, high)
         if kind == "image+text":
             n = _count_image_tokens(model, inputs["pixel_values"])
+            if not n and "image_sizes" in params:
+                # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
+                channels, size = _image_shape(config)
+                sizes = {"image_sizes": torch.tensor([[size, size]] * b, dtype=torch.int64)}
+                n = _count_image_tokens(model, inputs["pixel_values"], sizes)
+                if n:
+                    inputs.update(sizes)
+            if not n and "pixel_attention_mask" in params:
+                # Idefics2/3, SmolVLM: images grouped per prompt, [batch, images, channels, h, w] (issue 28)
+                grouped = inputs["pixel_values"][:, None]
+                n = _count_image_tokens(model, grouped)
+                if n:
+                    inputs["pixel_values"] = grouped
             image_token = _image_token_id(config)
             if n:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
@@ -260,7 +297,11 @@ def make_inputs(
       from the config or its ``vision_config``; ``s`` is ignored);
     * ``"image+text"``: ``pixel_values`` as for images and ``input_ids`` ``[b, s + n]`` whose
       positions ``1 .. n`` hold the image token, ``n`` being the number of image features the
-      vision tower produces per image (found by running ``get_image_features`` once);
+      vision tower produces per image (found by running ``get_image_features`` once); when that
+      fails without them, ``image_sizes`` ``[b, 2]`` (Mistral3 / Pixtral) or images grouped per
+      prompt, ``pixel_values`` ``[b, 1, channels, size, size]`` (Idefics2/3, SmolVLM: forwards
+      taking ``pixel_attention_mask``); a Qwen-style vision config (``spatial_merge_size``,
+      ``temporal_patch_size`` and the vision start/end token ids) gets qwen2_vl's inputs;
     * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
       frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
       ``[b, n]`` when taken;
@@ -296,6 +337,12 @@ def make_inputs(
     b, s = batch_size, seq_len
 
     if model_type not in SUPPORTED_MODEL_TYPES:
+        if _has_patch_grid(config) and modality(model, task) == "image+text":
+            # Qwen2.5-VL, Qwen3-VL ...: flattened patches and image_grid_thw, as qwen2_vl (issue 28)
+            grid_inputs = _qwen2_vl_inputs(config, gen)
+            if "mm_token_type_ids" not in _forward_params(model):
+                grid_inputs.pop("mm_token_type_ids")
+            return grid_inputs
         return _generic_inputs(model, task, b, s, gen)
     if model_type == "qwen2_vl":
         return _qwen2_vl_inputs(config, gen)

@@ -170,9 +170,14 @@ def _encoder_shapes(
 ) -> Any:
     """A Qwen-style vision encoder exported with ``dynamic=True`` varies along the patch axis only:
     the other axes (``pixel_values``' patch size ``C * T * P * P``, the 2 rotary coordinates) are
-    fixed by the model, so they are kept static instead of ``Dim.AUTO``."""
+    fixed by the model, so they are kept static instead of ``Dim.AUTO``. Likewise the model's own
+    ``get_image_features`` as one component (:class:`hfexport.generation.multimodal.ImageFeatures`)
+    varies along the image axis only: the image size is the model's (its position embeddings)."""
+    from hfexport.generation.multimodal import ImageFeatures
+
+    features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
     if (
-        name not in plan.vision_grid
+        (name not in plan.vision_grid and not features)
         or not getattr(config, "dynamic", False)
         or getattr(config, "dynamic_shapes", None)
     ):

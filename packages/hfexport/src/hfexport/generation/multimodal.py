@@ -27,9 +27,11 @@ from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
     "PROJECTOR_NAMES",
+    "ImageFeatures",
     "MultimodalLayout",
     "decompose_multimodal",
     "find_multimodal_layout",
+    "image_feature_rows",
     "is_multimodal",
     "link_inputs",
 ]
@@ -272,6 +274,83 @@ def _without_unread_token_types(model: torch.nn.Module, kwargs: dict[str, Any]) 
     return kwargs
 
 
+class ImageFeatures(torch.nn.Module):
+    """The model's own ``get_image_features`` as one component: encoder, in-between steps and projector.
+
+    Used when the encoder's and projector's inputs cannot be told apart from the recorded values
+    (InternVL's pixel shuffle, or another reshaping step, sits between them). The encoders and
+    projectors are registered as children, so their weights are the component's parameters; the
+    owner of ``get_image_features`` is held outside the module tree (the language model is not
+    part of this component).
+
+    Args:
+        owner: the module defining ``get_image_features`` (the model or its inner ``.model``).
+        parts: ``{name: module}`` of the encoders and projectors it calls.
+        inputs: the keyword names it is called with (``pixel_values``, ``image_sizes`` ...).
+
+    ``forward(**inputs)`` returns the features ``[rows, hidden]``: a list of per-image tensors (as
+    transformers 5 returns them) is concatenated, so the number of images stays a dynamic axis.
+    """
+
+    def __init__(
+        self, owner: torch.nn.Module, parts: Mapping[str, torch.nn.Module], inputs: list[str]
+    ) -> None:
+        super().__init__()
+        object.__setattr__(self, "_owner", owner)
+        self.parts = torch.nn.ModuleDict(dict(parts))
+        self.input_names = list(inputs)
+        self.config = getattr(owner, "config", None)
+
+    def forward(self, **kwargs: Any) -> torch.Tensor:
+        out = self._owner.get_image_features(**kwargs)
+        return image_feature_rows(out)
+
+
+def image_feature_rows(out: Any) -> torch.Tensor:
+    """The features of a ``get_image_features`` result as one ``[rows, hidden]`` tensor.
+
+    Args:
+        out: a tensor, a list/tuple of per-image tensors, or a model output whose
+            ``pooler_output`` (transformers 5) or ``last_hidden_state`` holds them.
+
+    Raises:
+        TypeError: none of these holds a tensor.
+    """
+    for attr in ("pooler_output", "last_hidden_state", "image_embeds"):
+        value = getattr(out, attr, None)
+        if value is not None and not isinstance(out, torch.Tensor):
+            out = value
+            break
+    if isinstance(out, torch.Tensor):
+        return out.reshape(-1, out.shape[-1])
+    if isinstance(out, list | tuple) and out and all(isinstance(t, torch.Tensor) for t in out):
+        return torch.cat([t.reshape(-1, t.shape[-1]) for t in out], dim=0)
+    raise TypeError(f"get_image_features returned {type(out).__name__}, which holds no feature tensor")
+
+
+def _image_features_component(
+    model: torch.nn.Module, layout: MultimodalLayout, inputs: Mapping[str, Any]
+) -> tuple[ImageFeatures, dict[str, Any]] | None:
+    """``(ImageFeatures, kwargs)`` over the model's ``get_image_features``, or ``None`` when it has none."""
+    import inspect
+
+    for owner in (model, getattr(model, "model", None)):
+        getter = getattr(owner, "get_image_features", None) if owner is not None else None
+        if callable(getter):
+            break
+    else:
+        return None
+    try:
+        params = inspect.signature(getter).parameters
+    except (TypeError, ValueError):
+        return None
+    kwargs = {k: v for k, v in inputs.items() if k in params and isinstance(v, torch.Tensor)}
+    if "pixel_values" not in kwargs:
+        return None
+    parts = {**layout.encoders, **layout.projectors}
+    return ImageFeatures(owner, parts, list(kwargs)), kwargs
+
+
 def decompose_multimodal(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -339,28 +418,50 @@ def decompose_multimodal(
         token_ids=token_ids_of(model),
     )
     produced: dict[str, dict[str, torch.Tensor]] = {}
-    for name in [*layout.encoders, *layout.projectors]:
-        module = parts[name]
-        kwargs = calls[name][0]
-        derived: dict[str, str] = {}
-        settings = vision_grid_settings(module) if "grid_thw" in kwargs else None
-        if settings is not None:
-            plan.vision_grid[name] = settings
-            extra = vision_grid_inputs(kwargs["grid_thw"], settings)
-            kwargs = {**kwargs, **{k: v for k, v in extra.items() if k not in kwargs}}
-            derived = {k: "grid_thw" for k in extra}
-        plan.links[name] = link_inputs(name, kwargs, inputs, produced, derived)
-        produced[name] = _flat(outputs[name][0])
-        components[name] = (module, kwargs)
+    lm_kwargs = calls["language_model"][0]
+    embeds_in = lm_kwargs.get("inputs_embeds")
+    text: torch.Tensor | None = None
+    if isinstance(embeds_in, torch.Tensor) and "embed_tokens" in parts and "input_ids" in inputs:
+        text = next(iter(_flat(outputs["embed_tokens"][0]).values()))
+    try:
+        for name in [*layout.encoders, *layout.projectors]:
+            module = parts[name]
+            kwargs = calls[name][0]
+            derived: dict[str, str] = {}
+            settings = vision_grid_settings(module) if "grid_thw" in kwargs else None
+            if settings is not None:
+                plan.vision_grid[name] = settings
+                extra = vision_grid_inputs(kwargs["grid_thw"], settings)
+                kwargs = {**kwargs, **{k: v for k, v in extra.items() if k not in kwargs}}
+                derived = {k: "grid_thw" for k in extra}
+            plan.links[name] = link_inputs(name, kwargs, inputs, produced, derived)
+            produced[name] = _flat(outputs[name][0])
+            components[name] = (module, kwargs)
+        if text is not None:
+            plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
+    except ValueError as exc:
+        # a step between the recorded parts (InternVL's pixel shuffle ...): one component running
+        # the model's own get_image_features instead (issue 28)
+        fallback = _image_features_component(model, layout, inputs)
+        if fallback is None or text is None:
+            raise
+        module, kwargs = fallback
+        with torch.no_grad():
+            rows = module(**kwargs)
+        components.clear()
+        plan.links.clear()
+        plan.vision_grid.clear()
+        produced = {"image_encoder": {"": rows}}
+        try:
+            plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {})
+            plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
+        except ValueError as again:
+            raise ValueError(f"{exc}; nor do the model's get_image_features outputs: {again}") from exc
+        components["image_encoder"] = (module, kwargs)
+        logger.info("%s: image features exported as one component (%s)", type(model).__name__, exc)
     if "embed_tokens" in parts:
         components["embed_tokens"] = (parts["embed_tokens"], calls["embed_tokens"][0])
-    lm_kwargs = calls["language_model"][0]
     components["language_model"] = (layout.language_model, lm_kwargs)
-    embeds_in = lm_kwargs.get("inputs_embeds")
-    if isinstance(embeds_in, torch.Tensor) and "embed_tokens" in components and "input_ids" in inputs:
-        text_embeds = _flat(outputs["embed_tokens"][0])
-        text = next(iter(text_embeds.values()))
-        plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
     position_ids = lm_kwargs.get("position_ids")
     if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 3:
         merge = next((s["spatial_merge_size"] for s in plan.vision_grid.values()), None)

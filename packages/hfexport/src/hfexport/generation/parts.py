@@ -55,10 +55,22 @@ class ComponentModule(torch.nn.Module):
 
 
 def exportable_module(module: torch.nn.Module, parent_config: Any) -> torch.nn.Module:
-    """``module`` itself when it has a transformers config, else a :class:`ComponentModule`."""
-    if isinstance(getattr(module, "config", None), PreTrainedConfig) or not isinstance(
-        parent_config, PreTrainedConfig
-    ):
+    """``module`` itself when it is a ``PreTrainedModel`` (its outputs are named), else a
+    :class:`ComponentModule` with the module's own config or, without one, its model's.
+
+    A plain ``nn.Module`` that keeps a config (a projector such as Aya Vision's, or
+    :class:`hfexport.generation.multimodal.ImageFeatures`) may still return a bare tensor, whose
+    empty leaf path no backend can use as a graph output name (issue 28), so it is wrapped too.
+    Without any transformers config the module is returned as it is.
+    """
+    from transformers import PreTrainedModel
+
+    own = getattr(module, "config", None)
+    if isinstance(module, PreTrainedModel):
+        return module
+    if isinstance(own, PreTrainedConfig):
+        return ComponentModule(module, own)
+    if not isinstance(parent_config, PreTrainedConfig):
         return module
     return ComponentModule(module, parent_config)
 

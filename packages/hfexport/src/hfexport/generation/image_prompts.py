@@ -1,0 +1,108 @@
+"""Image + prompt inputs of another shape, for checking generation from exported components.
+
+A component graph exported with ``dynamic=True`` must serve other prompts than its sample: more
+images, other prompt lengths and, for models with a patch grid (Qwen2-VL), other image sizes and
+so another number of image tokens. :func:`other_image_prompt` builds such generate-style inputs
+for a tiny vision-language model, with the image placeholder tokens kept consistent with the
+images, so that a test or the zoo sweep can run greedy generation at a second shape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["other_image_prompt"]
+
+
+def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
+    """One image of another patch grid inside a longer prompt (Qwen-style ``image_grid_thw`` models)."""
+    config = model.config
+    vision = config.vision_config
+    merge = int(vision.spatial_merge_size)
+    grid = inputs["image_grid_thw"]
+    old_h, old_w = (int(v) for v in grid[0, 1:])
+    thw = (1, old_h + 2 * merge, old_w + merge)  # a taller and wider image: another image token count
+    patches = thw[0] * thw[1] * thw[2]
+    tokens = patches // (merge * merge)
+    gen = torch.Generator().manual_seed(seed)
+    pixel_values = torch.randn(patches, int(inputs["pixel_values"].shape[-1]), generator=gen)
+    special = {
+        int(getattr(config, name))
+        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        if getattr(config, name, None) is not None
+    }
+    vocab = int(config.get_text_config().vocab_size)
+    high = min([t for t in special if t >= 3] + [vocab])
+    before, after = 5, 4
+    text = torch.randint(3, high, (1, before + after), generator=gen)
+    ids = torch.cat(
+        [
+            text[:, :before],
+            torch.tensor([[int(config.vision_start_token_id)]]),
+            torch.full((1, tokens), int(config.image_token_id)),
+            torch.tensor([[int(config.vision_end_token_id)]]),
+            text[:, before:],
+        ],
+        dim=1,
+    )
+    out = {
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "pixel_values": pixel_values,
+        "image_grid_thw": torch.tensor([thw], dtype=torch.int64),
+    }
+    if "mm_token_type_ids" in inputs:
+        out["mm_token_type_ids"] = (ids == int(config.image_token_id)).to(torch.int64)
+    return out
+
+
+def other_image_prompt(
+    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1
+) -> dict[str, torch.Tensor]:
+    """Generate-style inputs of another shape than ``inputs`` for the same vision-language model.
+
+    - a model with ``image_grid_thw`` (Qwen2-VL and alike): one image with a patch grid
+      ``2 * merge`` patches taller and ``merge`` wider than the sample's first image (so another
+      number of image tokens), inside a prompt of other length (batch 1);
+    - any other model: :func:`hfexport.sample_inputs.make_inputs` with one more row (one more
+      image) and a prompt 5 text tokens longer, i.e. the same image size, more images, a longer
+      prompt.
+
+    Args:
+        model: the tiny ``PreTrainedModel`` the sample ``inputs`` were made for.
+        inputs: its sample generate-style inputs (``input_ids`` ``[batch, seq]``, ``pixel_values``
+            ``[images, channels, height, width]`` or ``[patches, patch_dim]``, ...).
+        seed: seed of the random ids and pixel values.
+
+    Returns:
+        A dict of CPU tensors with the same keys as ``inputs`` that ``model.generate`` accepts.
+
+    Raises:
+        ValueError: ``inputs`` has no ``input_ids`` (not a text prompt).
+    """
+    from hfexport.sample_inputs import make_inputs
+
+    if "input_ids" not in inputs:
+        raise ValueError(
+            f"inputs {sorted(inputs)} hold no input_ids; pass the generate-style inputs of a prompt"
+        )
+    if "image_grid_thw" in inputs and getattr(
+        getattr(model.config, "vision_config", None), "spatial_merge_size", None
+    ):
+        return _grid_prompt(model, inputs, seed)
+    batch, seq = (int(v) for v in inputs["input_ids"].shape)
+    images = inputs.get("pixel_values")
+    text_len = seq
+    if isinstance(images, torch.Tensor) and images.dim() >= 1 and images.shape[0] == batch:
+        image_token = getattr(model.config, "image_token_id", None) or getattr(
+            model.config, "image_token_index", None
+        )
+        if image_token is not None:
+            text_len = seq - int((inputs["input_ids"][0] == int(image_token)).sum())
+    other = make_inputs(
+        model, "image-text-to-text", batch_size=batch + 1, seq_len=max(text_len, 1) + 5, seed=seed
+    )
+    return {k: v for k, v in other.items() if k in inputs} if set(inputs) <= set(other) else other
