@@ -18,6 +18,7 @@ from hfexport_onnx import OnnxExporter
 from hfexport_onnx.workarounds.sdpa_nan_guard import drop_finite_mask_nan_guard
 
 FIX = "hfexport_onnx.workarounds.sdpa_nan_guard.drop_finite_mask_nan_guard"
+KEY_FIX = "hfexport_onnx.workarounds.sdpa_key_transpose.static_key_transpose"
 LOWEST = float(np.finfo(np.float32).min)
 
 
@@ -50,15 +51,26 @@ def test_bert_graph_has_no_softmax_nan_guard_and_keeps_parity(bert_export):
     assert transposed == []
     weights = [n for n in graph.all_nodes() if n.op_type == "MatMul" and n.inputs[1].const_value is not None]
     assert len(weights) == 6 * layers  # Q, K, V, attention output, FFN up and down per layer
+    # the key reaches the score MatMul through one static transpose per layer (torchlib's
+    # Reshape -> Transpose([0, 2, 1]) -> Reshape chain replaced)
+    assert KEY_FIX in report.applied["ir_fixes"]
+    perms = collections.Counter(
+        tuple(n.attributes["perm"].value) for n in graph.all_nodes() if n.op_type == "Transpose"
+    )
+    # (the optimizer merges the key's head transpose and the static one into [0, 2, 3, 1])
+    assert perms == {(0, 2, 1, 3): 3 * layers, (0, 2, 3, 1): layers}, perms
+    assert ops["Reshape"] == 4 * layers, ops  # Q, K, V to heads and the context back, nothing around the key
     for label in ("sample", "second_shape"):  # parity with eager at two shapes
         rows = {r["name"]: r for r in report.validation[label]}
         assert rows["last_hidden_state"]["ok"] and rows["last_hidden_state"]["max_abs_diff"] < 1e-4
 
 
-def test_the_fix_is_registered_with_its_upstream_change():
-    (entry,) = [e for e in registry.entries("onnx") if e.name == FIX]
-    assert entry.kind == "onnx_ir_fix" and "onnxscript/pull/2654" in entry.issue
-    assert entry.is_active()
+def test_the_fixes_are_registered_with_their_upstream_references():
+    entries = {e.name: e for e in registry.entries("onnx") if e.name in (FIX, KEY_FIX)}
+    assert "onnxscript/pull/2654" in entries[FIX].issue
+    assert entries[KEY_FIX].issue.endswith("onnxscript/function_libs/torch_lib/ops/nn.py")
+    for entry in entries.values():
+        assert entry.kind == "onnx_ir_fix" and entry.is_active() and entry.versions
 
 
 def _guarded_softmax_model(fill: float) -> onnx.ModelProto:
