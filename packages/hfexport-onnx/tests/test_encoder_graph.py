@@ -127,3 +127,24 @@ def test_a_minus_infinity_mask_keeps_its_guard():
     model = ir.from_proto(_guarded_softmax_model(float("-inf")))
     assert drop_finite_mask_nan_guard(model) is False
     assert [n.op_type for n in model.graph] == ["Where", "Add", "Softmax", "IsNaN", "Where"]
+
+
+def test_bert_int8_dynamic_graph_quantizes_the_rewritten_attention_graph():
+    """int8-dynamic runs on the fixed graph: no NaN guard, one static key transpose per layer,
+    ``MatMulInteger`` for every constant-weight projection but the kept-float FFN down-projections."""
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("bert")
+    exporter = OnnxExporter()
+    program = exporter.export(
+        model, inputs, OnnxConfig(dynamic=True, quantization="int8-dynamic", validate=False)
+    )
+    quant = exporter.last_report.quantization
+    ops = collections.Counter(n.op_type for n in program.model.graph.all_nodes())
+    layers = model.config.num_hidden_layers
+    assert ops["IsNaN"] == 0 and ops["Softmax"] == layers
+    kept = len(quant["kept_float"])
+    assert kept == min(2, layers)
+    # Q, K, V, attention output, FFN up (+ the down-projections not kept float) per layer, + pooler
+    assert ops["MatMulInteger"] == 6 * layers - kept + 1, ops
+    assert ops["MatMul"] == 2 * layers + kept, ops  # scores, context and the kept-float projections
