@@ -16,6 +16,13 @@ from hfexport_onnx.io_names import IoNames
 from hfexport_onnx.layouts import genai as _genai_layout  # noqa: F401  (registers the "genai" layout)
 from hfexport_onnx.layouts import transformers_js  # noqa: F401  (registers the transformers.js layout)
 from hfexport_onnx.runtime import OnnxRuntimeRunner
-from hfexport_onnx.workarounds import fx_fixes, ir_fixes, patches, translations  # noqa: F401  (registration)
+from hfexport_onnx.workarounds import (  # noqa: F401  (registration)
+    fx_fixes,
+    ir_fixes,
+    patches,
+    sdpa_key_transpose,
+    sdpa_nan_guard,
+    translations,
+)
 
 __all__ = ["IoNames", "OnnxExporter", "OnnxRuntimeRunner", "SaveOptions", "__version__"]
