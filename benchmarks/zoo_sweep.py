@@ -67,6 +67,17 @@ FAMILIES: dict[str, str] = {
     "image-classification": "image-classification",
     "speech": "automatic-speech-recognition",
 }
+# issue 28, families not swept (vision heads, time series, text-to-audio): own block
+FAMILIES.update(
+    {
+        "object-detection": "object-detection",
+        "zero-shot-object-detection": "zero-shot-object-detection",
+        "image-segmentation": "image-segmentation",
+        "depth-estimation": "depth-estimation",
+        "time-series": "time-series-forecasting",
+        "text-to-audio": "text-to-audio",
+    }
+)
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
@@ -197,6 +208,21 @@ TARGETS: dict[tuple[str, str], int] = {
     ("causal-lm", ExportFormat.ONNX.value): 95,
     ("causal-lm", ExportFormat.EXECUTORCH.value): 90,
 }
+# issue 28 targets of the vision-head, time-series and text-to-audio families: own block
+TARGETS.update(
+    {
+        (family, backend.value): 90 if backend in (ExportFormat.DYNAMO, ExportFormat.ONNX) else 85
+        for family in (
+            "object-detection",
+            "zero-shot-object-detection",
+            "image-segmentation",
+            "depth-estimation",
+            "time-series",
+            "text-to-audio",
+        )
+        for backend in ExportFormat
+    }
+)
 _VERSIONED = ("hfexport", "torch", "transformers")
 
 #: stderr lines that are a runtime's log chatter, never the reason a child died: native source-location

@@ -394,5 +394,37 @@ PRESETS.update(
             config={"initializer_range": 0.2},
             reason="at initializer_range 0.02 the logits vanish to 6e-23 (max |logit| 34 at 0.2)",
         ),
+        # --- issue 28: time series (forecasting heads) ---
+        # transformers leaves prediction/context lengths unset (None): the model refuses to build
+        **{
+            mt: Preset(
+                config={
+                    "prediction_length": 4,
+                    "context_length": 8,
+                    "lags_sequence": [1, 2, 3],
+                    "num_time_features": 1,
+                    **({"label_length": 4, "moving_average": 3} if mt == "autoformer" else {}),
+                },
+                reason="the default config has no prediction_length (the model refuses to build); a short "
+                "horizon, context and lag list keep the tiny model small",
+            )
+            for mt in ("informer", "autoformer", "time_series_transformer")
+        },
+        "patchtst": Preset(
+            config={"patch_length": 8, "patch_stride": 8, "prediction_length": 8},
+            reason="the default 1-step patches make 32 patches of the 32-step context; 8-step patches make 4",
+        ),
+        "patchtsmixer": Preset(
+            config={"prediction_length": 8},
+            reason="a short horizon (the default 16) keeps the tiny head small",
+        ),
+        "timesfm": Preset(
+            config={"context_length": 64, "horizon_length": 32, "patch_length": 32},
+            reason="the default 512-step context makes a 16-patch input; 64 steps make 2",
+        ),
+        "timesfm2_5": Preset(
+            config={"context_length": 64},
+            reason="the default 16384-step context makes a 512-patch input; 64 steps make 2",
+        ),
     }
 )
