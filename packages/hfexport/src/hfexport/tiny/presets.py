@@ -394,6 +394,12 @@ PRESETS.update(
             config={"initializer_range": 0.2},
             reason="at initializer_range 0.02 the logits vanish to 6e-23 (max |logit| 34 at 0.2)",
         ),
+        # --- issue 28: dense prediction (segmentation, depth) ---
+        "dpt": Preset(
+            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3]},
+            reason="the neck reassembles 4 taps of the ViT (backbone_out_indices [2, 5, 8, 11] of 12 "
+            "layers by default); 4 layers tapped at each keep the neck whole",
+        ),
         # --- issue 28: time series (forecasting heads) ---
         # transformers leaves prediction/context lengths unset (None): the model refuses to build
         **{
@@ -410,6 +416,18 @@ PRESETS.update(
             )
             for mt in ("informer", "autoformer", "time_series_transformer")
         },
+        "informer": Preset(
+            config={
+                "prediction_length": 4,
+                "context_length": 8,
+                "lags_sequence": [1, 2, 3],
+                "num_time_features": 1,
+                "attention_type": "full",
+            },
+            reason="no default prediction_length (see above); and ProbSparse attention (the default "
+            "attention_type 'prob') samples keys with torch.randint on every forward, so two eager runs "
+            "differ and no export can match one: the tiny model uses the full attention",
+        ),
         "patchtst": Preset(
             config={"patch_length": 8, "patch_stride": 8, "prediction_length": 8},
             reason="the default 1-step patches make 32 patches of the 32-step context; 8-step patches make 4",

@@ -244,6 +244,8 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out["head_dim"] = _MLA["qk_rope_head_dim"]
         if "qk_head_dim" in values:
             out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
+    if _is_int(layers) and layer_key is not None:
+        _fit_backbone_outputs(values, out, layer_key, layers)
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
         types = values.get(key)
         if isinstance(types, list) and _is_int(layers):
@@ -292,6 +294,28 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
 
 
 _KEEP = object()
+
+
+def _fit_backbone_outputs(values: Mapping[str, Any], out: dict[str, Any], layer_key: str, layers: int) -> None:
+    """Keep a transformer backbone's feature taps inside the tiny layer stack (issue 28).
+
+    A backbone of a dense-prediction head (dinov2 under depth_anything, vit under zoedepth) taps
+    ``out_features`` ``["stage9", ..., "stage12"]`` of 12 layers; the shrunk 2-layer stack has only
+    ``stage1``/``stage2``, and transformers refuses the config. The neck expects as many taps as the
+    default has, so the stack gets that many layers (at least the tiny count) and taps its last
+    ones. A convolutional backbone (``depths`` per stage) keeps its stages and is left alone.
+    """
+    outs = values.get("out_features")
+    if not isinstance(outs, list) or not outs or isinstance(values.get("depths"), list):
+        return
+    stages = {"stem", *(f"stage{i}" for i in range(1, layers + 1))}
+    if set(outs) <= stages:
+        return
+    wanted = len(outs)
+    n = max(layers, wanted)
+    out[layer_key] = n
+    out["out_features"] = [f"stage{i}" for i in range(n - wanted + 1, n + 1)]
+    out["out_indices"] = list(range(n - wanted + 1, n + 1))
 
 
 def _shrink_per_layer(
