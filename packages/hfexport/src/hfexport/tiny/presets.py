@@ -400,6 +400,11 @@ PRESETS.update(
             reason="the neck reassembles 4 taps of the ViT (backbone_out_indices [2, 5, 8, 11] of 12 "
             "layers by default); 4 layers tapped at each keep the neck whole",
         ),
+        "yolos": Preset(
+            config={"image_size": [32, 32], "num_detection_tokens": 10},
+            reason="the default image_size [512, 864] (a list, which the generic shrink keeps) makes "
+            "11765 patches; 32x32 images and 10 detection tokens keep the tiny detector small",
+        ),
         # --- issue 28: time series (forecasting heads) ---
         # transformers leaves prediction/context lengths unset (None): the model refuses to build
         **{
