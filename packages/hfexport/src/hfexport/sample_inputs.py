@@ -164,6 +164,16 @@ def _count_image_tokens(model: PreTrainedModel, pixel_values: torch.Tensor) -> i
     return rows // pixel_values.shape[0]
 
 
+def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The (sub-)configuration whose vocabulary ``input_ids`` index: ``get_text_config()``, or the
+    text encoder's where transformers finds two text configs (musicgen: ``text_encoder`` and
+    ``decoder``, issue 28)."""
+    try:
+        return config.get_text_config()
+    except ValueError:
+        return getattr(config, "text_encoder", None) or config
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -198,7 +208,7 @@ def _generic_inputs(
         if "attention_mask" in params and shape[1] == frames:
             inputs["attention_mask"] = torch.ones(b, frames, dtype=torch.int64)
     if kind in ("text", "image+text"):
-        text = config.get_text_config()
+        text = _ids_config(config)
         vocab = int(getattr(text, "vocab_size", None) or 256)
         low, high = _id_range(config, vocab)
         input_ids = _random_ids(gen, (b, s), low, high)
@@ -299,6 +309,9 @@ def _zero_shot_detection_extras(
     Changes ``inputs`` in place."""
     config = model.config
     params = _forward_params(model)
+    if "pixel_values" in params and "pixel_values" not in inputs:  # main input is input_ids (owl-vit)
+        channels, size = _image_shape(config)
+        inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
     if "input_ids" not in params:
         return
     text = getattr(config, "text_config", None) or config

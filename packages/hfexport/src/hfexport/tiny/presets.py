@@ -405,6 +405,33 @@ PRESETS.update(
             reason="the default image_size [512, 864] (a list, which the generic shrink keeps) makes "
             "11765 patches; 32x32 images and 10 detection tokens keep the tiny detector small",
         ),
+        # --- issue 28: text-to-audio ---
+        "vits": Preset(
+            config={
+                "noise_scale": 0.0,
+                "noise_scale_duration": 0.0,
+                "flow_size": 32,
+                "spectrogram_bins": 33,
+                "upsample_initial_channel": 32,
+                "upsample_rates": [4, 4],
+                "upsample_kernel_sizes": [8, 8],
+                "resblock_kernel_sizes": [3],
+                "resblock_dilation_sizes": [[1, 3]],
+                "duration_predictor_filter_channels": 32,
+                "duration_predictor_num_flows": 2,
+                "prior_encoder_num_flows": 2,
+                "prior_encoder_num_wavenet_layers": 2,
+                "posterior_encoder_num_wavenet_layers": 2,
+            },
+            reason="VITS draws its durations and latents with torch.randn scaled by noise_scale and "
+            "noise_scale_duration, so two eager runs differ: 0 makes the forward deterministic (the "
+            "mean durations and latents); the vocoder and flows shrink from 16M parameters",
+        ),
+        "speecht5": Preset(
+            config={"speech_decoder_prenet_dropout": 0.0},
+            reason="the speech decoder prenet applies its dropout (torch.bernoulli, p=0.5) in eval mode "
+            "too, so two eager runs differ; 0 makes the teacher-forced forward deterministic",
+        ),
         # --- issue 28: time series (forecasting heads) ---
         # transformers leaves prediction/context lengths unset (None): the model refuses to build
         **{
