@@ -344,10 +344,14 @@ def _tiny_backbone(sub: PretrainedConfig, shrunk: dict[str, Any]) -> dict[str, A
         stages = len(depths)
         shrunk["num_layers"] = stages
         for key, value in values.items():
-            if isinstance(value, list) and len(value) == stages and isinstance(shrunk.get(key), list):
-                if len(shrunk[key]) < stages:
-                    new = _shrink_value(key, value, None)
-                    shrunk[key] = list(value) if new is _KEEP else new
+            if (
+                isinstance(value, list)
+                and len(value) == stages
+                and isinstance(shrunk.get(key), list)
+                and len(shrunk[key]) < stages
+            ):
+                new = _shrink_value(key, value, None)
+                shrunk[key] = list(value) if new is _KEEP else new
     outs = values.get("stage_out_channels")
     if isinstance(outs, list) and outs and all(_is_int(v) for v in outs):
         n = len(outs)
@@ -374,11 +378,15 @@ def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone:
     indices = backbone.get("out_indices")
     if indices is None and isinstance(backbone.get("out_features"), list):
         indices = [int(str(f).removeprefix("stage")) for f in backbone["out_features"] if str(f) != "stem"]
-    if isinstance(values.get("encoder_in_channels"), list) and isinstance(channels, list) and indices:
-        if all(1 <= int(i) <= len(channels) for i in indices):
-            picked = [channels[int(i) - 1] for i in indices]
-            if len(picked) == len(values["encoder_in_channels"]):
-                out["encoder_in_channels"] = picked
+    if (
+        isinstance(values.get("encoder_in_channels"), list)
+        and isinstance(channels, list)
+        and indices
+        and all(1 <= int(i) <= len(channels) for i in indices)
+    ):
+        picked = [channels[int(i) - 1] for i in indices]
+        if len(picked) == len(values["encoder_in_channels"]):
+            out["encoder_in_channels"] = picked
     for key in _QUERY_KEYS:
         if _is_int(values.get(key)) and values[key] > 10:
             out[key] = 10
