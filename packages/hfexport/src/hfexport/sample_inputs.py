@@ -304,9 +304,11 @@ def _text_to_audio_extras(
 def _zero_shot_detection_extras(
     model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
 ) -> None:
-    """Text queries of a zero-shot detector (owlvit, owlv2, grounding-dino): ``input_ids`` and
-    ``attention_mask`` ``[b * 2, 4]`` for owl-vit (two queries per image), ``[b, 4]`` otherwise.
-    Changes ``inputs`` in place."""
+    """Images and text queries of a zero-shot detector (owlvit, owlv2, grounding-dino):
+    ``pixel_values`` as for images when the main input is ``input_ids`` (owl-vit), and
+    ``input_ids``/``attention_mask`` ``[b, 4]``: one 4-token query per image, so that the image
+    and text batches grow together at the second shape (owl-vit reads ``len(input_ids) /
+    len(pixel_values)`` queries per image). Changes ``inputs`` in place."""
     config = model.config
     params = _forward_params(model)
     if "pixel_values" in params and "pixel_values" not in inputs:  # main input is input_ids (owl-vit)
@@ -317,8 +319,7 @@ def _zero_shot_detection_extras(
     text = getattr(config, "text_config", None) or config
     vocab = int(getattr(text, "vocab_size", None) or 256)
     low, high = _id_range(config, vocab)
-    rows = 2 * b if config.model_type in ("owlvit", "owlv2") else b
-    ids = _random_ids(gen, (rows, 4), low, high)
+    ids = _random_ids(gen, (b, 4), low, high)
     inputs["input_ids"] = ids
     if "attention_mask" in params:
         inputs["attention_mask"] = torch.ones_like(ids)
@@ -373,7 +374,7 @@ def make_inputs(
     * ``text-to-audio``: ``input_ids`` as for text, plus speecht5's ``decoder_input_values`` ``[b,
       s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b * num_codebooks, s]``;
     * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
-      ``input_ids``/``attention_mask`` (``[2b, 4]`` for owl-vit's two queries per image).
+      ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image).
 
     Args:
         model: a model of any type transformers knows (a :func:`hfexport.tiny.tiny_model` or a

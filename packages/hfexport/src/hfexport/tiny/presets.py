@@ -396,9 +396,15 @@ PRESETS.update(
         ),
         # --- issue 28: dense prediction (segmentation, depth) ---
         "dpt": Preset(
-            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3]},
+            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "initializer_range": 0.2},
             reason="the neck reassembles 4 taps of the ViT (backbone_out_indices [2, 5, 8, 11] of 12 "
-            "layers by default); 4 layers tapped at each keep the neck whole",
+            "layers by default); 4 layers tapped at each keep the neck whole; at initializer_range "
+            "0.02 the depth head's output vanishes (max 3e-7) through the tiny neck",
+        ),
+        "zoedepth": Preset(
+            config={"fusion_hidden_size": 256},
+            reason="the metric-bins head builds 256-wide layers whatever the neck's fusion width "
+            "(the generic shrink makes it 64), so the fusion width stays at the default 256",
         ),
         "yolos": Preset(
             config={"image_size": [32, 32], "num_detection_tokens": 10},
@@ -432,6 +438,27 @@ PRESETS.update(
             reason="the speech decoder prenet applies its dropout (torch.bernoulli, p=0.5) in eval mode "
             "too, so two eager runs differ; 0 makes the teacher-forced forward deterministic",
         ),
+        "vibevoice": Preset(
+            config={"audio_config": {"num_filters": 2}, "semantic_model_config": {"num_filters": 2}},
+            reason="the acoustic tokenizers double 32 filters over six downsampling stages (2048 "
+            "channels, 258M parameters at the generic shrink); 2 filters end at 128",
+        ),
+        **{
+            mt: Preset(
+                config={
+                    "t2u_vocab_size": 256,
+                    "unit_hifi_gan_vocab_size": 256,
+                    "unit_embed_dim": 64,
+                    "upsample_initial_channel": 32,
+                    "t2u_encoder_ffn_dim": 128,
+                    "t2u_decoder_ffn_dim": 128,
+                    "speech_encoder_intermediate_size": 128,
+                },
+                reason="the text-to-unit model and the unit vocoder keep 10k-token vocabularies and "
+                "8192-wide feed-forwards the generic shrink does not name (55M parameters)",
+            )
+            for mt in ("seamless_m4t", "seamless_m4t_v2")
+        },
         # --- issue 28: time series (forecasting heads) ---
         # transformers leaves prediction/context lengths unset (None): the model refuses to build
         **{

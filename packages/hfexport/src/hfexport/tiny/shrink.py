@@ -463,6 +463,8 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
             return [1] * len(value)
         if key in _HEAD_KEYS or key == "num_attention_heads":
             return [min(v, 2) for v in value]
+        if key == "neck_hidden_sizes":  # dpt-like necks (issue 28)
+            return [min(v, 16 * 2**i) for i, v in enumerate(value)]
         if key in ("hidden_sizes", "embed_dims", "embed_dim", "hidden_size", "dims"):
             return [min(v, 16 * 2**i) for i, v in enumerate(value)]
         if key == "conv_dim":
@@ -516,6 +518,8 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
         return min(value, 16)
     if key in ("num_conv_pos_embedding_groups",):
         return min(value, 4)
+    if key in ("reassemble_hidden_size", "fusion_hidden_size"):  # dense-prediction necks (issue 28)
+        return min(value, HIDDEN)
     if key in ("classifier_proj_size", "conv_channels", "proj_codevector_dim", "codevector_dim"):
         return min(value, 32)
     return _KEEP
