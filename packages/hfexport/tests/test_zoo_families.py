@@ -96,4 +96,4 @@ def test_text_to_audio_and_zero_shot_inputs():
     assert model.config.speech_decoder_prenet_dropout == 0.0  # the prenet drops out in eval too
     model, inputs = tiny_model("owlvit", "zero-shot-object-detection")
     assert tuple(inputs["input_ids"].shape) == (2, 4)  # one query per image
-    assert tuple(inputs["pixel_values"].shape)[0] == 2
+    assert inputs["pixel_values"].shape[0] == 2
