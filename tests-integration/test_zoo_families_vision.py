@@ -68,13 +68,24 @@ def _installed(backend: str) -> bool:
     return importlib.util.find_spec(f"hfexport_{backend}") is not None
 
 
+#: (backend, task) -> a known failure of the slice's type there, named with its cause
+KNOWN_FAILURES = {
+    ("openvino", "time-series-forecasting"): (
+        "openvino 2026.4 convert_model has no conversion rule for aten.unfold, which patchtst's (and "
+        "patchtsmixer's) patch extraction captures as; the sweep lists it as a lowering failure"
+    ),
+}
+
+
+def _marks(backend: str, task: str) -> list:
+    marks = [pytest.mark.skipif(not _installed(backend), reason=f"hfexport-{backend} is not installed")]
+    if (backend, task) in KNOWN_FAILURES:
+        marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_FAILURES[(backend, task)]))
+    return marks
+
+
 CASES = [
-    pytest.param(
-        backend,
-        task,
-        id=f"{backend}-{task}",
-        marks=pytest.mark.skipif(not _installed(backend), reason=f"hfexport-{backend} is not installed"),
-    )
+    pytest.param(backend, task, id=f"{backend}-{task}", marks=_marks(backend, task))
     for task in SLICE
     for backend in BACKENDS
 ]
