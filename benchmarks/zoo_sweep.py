@@ -70,6 +70,37 @@ FAMILIES: dict[str, str] = {
     # export_for_generation and greedy generation compared with model.generate (zoo_sweep_child.generation_cell)
     "vision-language": "image-text-to-text",
 }
+# issue 28, families not swept (vision heads, time series, text-to-audio): own block
+FAMILIES.update(
+    {
+        "object-detection": "object-detection",
+        "zero-shot-object-detection": "zero-shot-object-detection",
+        "image-segmentation": "image-segmentation",
+        "depth-estimation": "depth-estimation",
+        "time-series": "time-series-forecasting",
+        "text-to-audio": "text-to-audio",
+    }
+)
+#: family -> what its exports compute, shown under the family's heading (issue 28 families)
+FAMILY_NOTES: dict[str, str] = {
+    "object-detection": "The plain forward on `pixel_values`: `logits` and `pred_boxes` per query (DETR-like "
+    "heads build timm-free: a tiny transformers resnet stands in for timm's resnet50; 10 queries).",
+    "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
+    "(`input_ids`): per-patch query logits and boxes.",
+    "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
+    "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
+    "OneFormer).",
+    "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`.",
+    "time-series": "The forecasting head's deterministic output: patchtst/patchtsmixer's `prediction_outputs`; "
+    "informer, autoformer and time_series_transformer teacher-force the horizon (`future_values`, "
+    "`future_time_features`) and output its distribution parameters (`generate` samples from them); timesfm's "
+    "mean and quantile forecasts.",
+    "text-to-audio": "One forward per type, no generation loop: vits the whole waveform (noise scales 0, so "
+    "deterministic); speecht5 the teacher-forced spectrogram decoder (`decoder_input_values`); musicgen the "
+    "decoder logits per codebook (`decoder_input_ids` `[batch * codebooks, seq]`); seamless_m4t the text "
+    "decoder's logits; fastspeech2_conformer the spectrogram with durations; types without a forward (bark, "
+    "qwen2_5_omni: generate only) are 'eager fails'.",
+}
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
 BACKENDS: tuple[str, ...] = tuple(member.value for member in ExportFormat)
@@ -227,6 +258,21 @@ TARGETS: dict[tuple[str, str], int] = {
     ("vision-language", ExportFormat.EXECUTORCH.value): 85,
     ("vision-language", ExportFormat.OPENVINO.value): 85,
 }
+# issue 28 targets of the vision-head, time-series and text-to-audio families: own block
+TARGETS.update(
+    {
+        (family, backend.value): 90 if backend in (ExportFormat.DYNAMO, ExportFormat.ONNX) else 85
+        for family in (
+            "object-detection",
+            "zero-shot-object-detection",
+            "image-segmentation",
+            "depth-estimation",
+            "time-series",
+            "text-to-audio",
+        )
+        for backend in ExportFormat
+    }
+)
 _VERSIONED = ("hfexport", "torch", "transformers")
 
 #: stderr lines that are a runtime's log chatter, never the reason a child died: native source-location
@@ -735,6 +781,8 @@ def render(
     for family in families:
         fam = sorted((r for r in rows if r["family"] == family), key=lambda r: r["model_type"])
         lines += ["", f"## {family} (`{FAMILIES[family]}`)", ""]
+        if family in FAMILY_NOTES:  # issue 28 families: what the export computes
+            lines += [FAMILY_NOTES[family], ""]
         lines.append("| model type | tiny model | " + " | ".join(backends) + " |")
         lines.append("|---|---|" + "---|" * len(backends))
         notes: dict[str, int] = {}

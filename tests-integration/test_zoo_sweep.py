@@ -449,3 +449,31 @@ def test_a_pass_whose_program_came_out_static_is_a_failure_of_the_second_shape(m
         cell["reason"]
         == "the program came out static: every axis asked dynamic was specialised, nothing varied"
     )
+
+
+# --- issue 28 families (object detection, segmentation, depth, time series, text-to-audio) ---
+
+
+def test_issue_28_families_have_tasks_targets_and_notes(tmp_path):
+    from hfexport.tasks import TASK_AUTO_CLASSES
+
+    new = (
+        "object-detection",
+        "zero-shot-object-detection",
+        "image-segmentation",
+        "depth-estimation",
+        "time-series",
+        "text-to-audio",
+    )
+    for family in new:
+        assert sweep.FAMILIES[family] in TASK_AUTO_CLASSES
+        assert sweep.TARGETS[(family, "dynamo")] == sweep.TARGETS[(family, "onnx")] == 90
+        assert sweep.TARGETS[(family, "executorch")] == sweep.TARGETS[(family, "openvino")] == 85
+    assert "patchtst" in sweep.sweep_types("time-series")
+    ok = {"status": "ok", "params": 1000}
+    _write(
+        tmp_path, "time-series", "patchtst", ok, {"dynamo": {"status": "pass"}, "onnx": {"status": "pass"}}
+    )
+    text = sweep.render(tmp_path, tmp_path / "c.md", known={"time-series": ["patchtst"]})
+    assert "| time-series | 1 | 1 | 1 pass / 0 fail / 0 skip (100%, target 90%: met) |" in text
+    assert "## time-series (`time-series-forecasting`)\n\n" + sweep.FAMILY_NOTES["time-series"] in text

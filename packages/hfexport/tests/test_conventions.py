@@ -115,6 +115,16 @@ def test_old_call_sites_agree_with_the_table():
         # new in the table, batch on axis 0 as well
         "moe_mm_token_type_ids",
         "pixel_values_videos",
+        # issue 28: time-series forecasters and speecht5's teacher-forced frames
+        "past_values",
+        "past_time_features",
+        "past_observed_mask",
+        "future_values",
+        "future_time_features",
+        "future_observed_mask",
+        "static_categorical_features",
+        "static_real_features",
+        "decoder_input_values",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

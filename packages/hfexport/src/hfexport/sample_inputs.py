@@ -188,6 +188,16 @@ def _count_image_tokens(
     return rows // pixel_values.shape[0]
 
 
+def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
+    """The (sub-)configuration whose vocabulary ``input_ids`` index: ``get_text_config()``, or the
+    text encoder's where transformers finds two text configs (musicgen: ``text_encoder`` and
+    ``decoder``, issue 28)."""
+    try:
+        return config.get_text_config()
+    except ValueError:
+        return getattr(config, "text_encoder", None) or config
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -222,7 +232,7 @@ def _generic_inputs(
         if "attention_mask" in params and shape[1] == frames:
             inputs["attention_mask"] = torch.ones(b, frames, dtype=torch.int64)
     if kind in ("text", "image+text"):
-        text = config.get_text_config()
+        text = _ids_config(config)
         vocab = int(getattr(text, "vocab_size", None) or 256)
         low, high = _id_range(config, vocab)
         input_ids = _random_ids(gen, (b, s), low, high)
@@ -259,6 +269,97 @@ def _generic_inputs(
         decoder_input_ids[:, 0] = int(start)
         inputs["decoder_input_ids"] = decoder_input_ids
     return inputs
+
+
+# --- issue 28: time series, detection/segmentation/depth, text-to-audio --------------------------
+
+
+def _time_series_inputs(model: PreTrainedModel, b: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Inputs of a forecasting head (``main_input_name == "past_values"``), per its forward.
+
+    * patchtst / patchtsmixer: ``past_values`` ``[b, context_length, num_input_channels]``;
+    * informer / autoformer / time_series_transformer: ``past_values`` ``[b, context_length +
+      max(lags_sequence)]``, ``past_time_features`` ``[b, same, num_time_features]``,
+      ``past_observed_mask`` ``[b, same]`` (ones), and the horizon teacher-forced:
+      ``future_values`` ``[b, prediction_length]`` and ``future_time_features`` ``[b,
+      prediction_length, num_time_features]``; without ``future_values`` their forward decodes
+      nothing (the forecast itself is drawn by sampling in ``generate``), so the deterministic
+      prediction output is the distribution parameters ``params`` of the horizon;
+    * timesfm-like (``past_values`` a batch of series): ``past_values`` ``[b, context_length]``.
+
+    Values are positive (``1 + |N(0, 1)|``): the mean scalers divide by the mean absolute value.
+    """
+    config = model.config
+    params = _forward_params(model)
+
+    def values(*shape: int) -> torch.Tensor:
+        return 1.0 + torch.randn(*shape, generator=gen, dtype=torch.float32).abs()
+
+    context = int(getattr(config, "context_length", None) or 32)
+    if "past_time_features" in params:
+        past = context + max(getattr(config, "lags_sequence", None) or [0])
+        horizon = int(config.prediction_length)
+        feats = int(getattr(config, "num_time_features", 0) or 0) + int(
+            getattr(config, "num_dynamic_real_features", 0) or 0
+        )
+        inputs = {
+            "past_values": values(b, past),
+            "past_time_features": torch.randn(b, past, feats, generator=gen, dtype=torch.float32),
+            "past_observed_mask": torch.ones(b, past, dtype=torch.float32),
+            "future_values": values(b, horizon),
+            "future_time_features": torch.randn(b, horizon, feats, generator=gen, dtype=torch.float32),
+        }
+        return inputs
+    channels = getattr(config, "num_input_channels", None)
+    if channels is None:
+        return {"past_values": values(b, context)}
+    return {"past_values": values(b, context, int(channels))}
+
+
+def _text_to_audio_extras(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, s: int, gen: torch.Generator
+) -> None:
+    """Decoder inputs of the text-to-audio models whose forward teacher-forces a decoder: speecht5's
+    ``decoder_input_values`` ``[b, s, num_mel_bins]`` (float32) and musicgen's ``decoder_input_ids``
+    ``[b * num_codebooks, s]`` (audio codes in ``[0, decoder vocab)``). Changes ``inputs`` in place."""
+    config = model.config
+    params = _forward_params(model)
+    if "decoder_input_values" in params and getattr(config, "num_mel_bins", None):
+        inputs["decoder_input_values"] = torch.randn(
+            b, s, int(config.num_mel_bins), generator=gen, dtype=torch.float32
+        )
+    decoder = getattr(config, "decoder", None)
+    if "decoder_input_ids" in params and getattr(decoder, "num_codebooks", None):
+        codes = int(decoder.vocab_size)
+        ids = _random_ids(gen, (b * int(decoder.num_codebooks), s), 0, codes)
+        ids[:, 0] = int(
+            getattr(decoder, "pad_token_id", None) or getattr(config, "decoder_start_token_id", 0) or 0
+        )
+        inputs["decoder_input_ids"] = ids
+
+
+def _zero_shot_detection_extras(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> None:
+    """Images and text queries of a zero-shot detector (owlvit, owlv2, grounding-dino):
+    ``pixel_values`` as for images when the main input is ``input_ids`` (owl-vit), and
+    ``input_ids``/``attention_mask`` ``[b, 4]``: one 4-token query per image, so that the image
+    and text batches grow together at the second shape (owl-vit reads ``len(input_ids) /
+    len(pixel_values)`` queries per image). Changes ``inputs`` in place."""
+    config = model.config
+    params = _forward_params(model)
+    if "pixel_values" in params and "pixel_values" not in inputs:  # main input is input_ids (owl-vit)
+        channels, size = _image_shape(config)
+        inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    if "input_ids" not in params:
+        return
+    text = getattr(config, "text_config", None) or config
+    vocab = int(getattr(text, "vocab_size", None) or 256)
+    low, high = _id_range(config, vocab)
+    ids = _random_ids(gen, (b, 4), low, high)
+    inputs["input_ids"] = ids
+    if "attention_mask" in params:
+        inputs["attention_mask"] = torch.ones_like(ids)
 
 
 def make_inputs(
@@ -308,7 +409,13 @@ def make_inputs(
     * ``"audio-features"``: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]``
       (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like);
     * encoder-decoders also get ``decoder_input_ids`` ``[b, s]`` starting with the decoder start
-      token (``pad_token_id`` or 0 when the config has none).
+      token (``pad_token_id`` or 0 when the config has none);
+    * forecasting heads (``main_input_name == "past_values"``): see :func:`_time_series_inputs`
+      (``s`` is ignored: the context length is the config's);
+    * ``text-to-audio``: ``input_ids`` as for text, plus speecht5's ``decoder_input_values`` ``[b,
+      s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b * num_codebooks, s]``;
+    * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
+      ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image).
 
     Args:
         model: a model of any type transformers knows (a :func:`hfexport.tiny.tiny_model` or a
@@ -343,7 +450,14 @@ def make_inputs(
             if "mm_token_type_ids" not in _forward_params(model):
                 grid_inputs.pop("mm_token_type_ids")
             return grid_inputs
-        return _generic_inputs(model, task, b, s, gen)
+        if getattr(model, "main_input_name", None) == "past_values":  # forecasting heads (issue 28)
+            return _time_series_inputs(model, b, gen)
+        inputs = _generic_inputs(model, task, b, s, gen)
+        if task == "text-to-audio":
+            _text_to_audio_extras(model, inputs, b, s, gen)
+        if task == "zero-shot-object-detection":
+            _zero_shot_detection_extras(model, inputs, b, gen)
+        return inputs
     if model_type == "qwen2_vl":
         return _qwen2_vl_inputs(config, gen)
     if model_type == "vit":

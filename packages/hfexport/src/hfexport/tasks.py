@@ -26,6 +26,14 @@ TASK_AUTO_CLASSES: dict[str, str] = {
     "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
     "image-text-to-text": "AutoModelForImageTextToText",
     "ctc": "AutoModelForCTC",
+    # vision heads, time series and text-to-audio (issue 28); a model type whose class is not in the
+    # Auto class's mapping (patchtst's, informer's forecasting heads) is resolved per type by the zoo
+    "object-detection": "AutoModelForObjectDetection",
+    "zero-shot-object-detection": "AutoModelForZeroShotObjectDetection",
+    "image-segmentation": "AutoModelForSemanticSegmentation",
+    "depth-estimation": "AutoModelForDepthEstimation",
+    "time-series-forecasting": "AutoModelForTimeSeriesPrediction",
+    "text-to-audio": "AutoModelForTextToWaveform",
 }
 
 #: Tasks whose explicit ``--task`` exports generation components (prefill/decode, or encoders,
@@ -47,6 +55,9 @@ ARCHITECTURE_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
     ("ForCTC", "ctc"),
     ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
     ("ForImageTextToText", "image-text-to-text"),
+    ("ForObjectDetection", "object-detection"),
+    ("ForSemanticSegmentation", "image-segmentation"),
+    ("ForDepthEstimation", "depth-estimation"),
     ("ForConditionalGeneration", "text2text-generation"),
     ("Model", "feature-extraction"),
 )

@@ -30,6 +30,11 @@ decoder_attention_mask     text      mask             2      0      1 (decoder)
 decoder_position_ids       text      positions        2      0      1 (decoder)
 encoder_outputs            state     encoder_outputs  -      0
 cache, past_key_values     state     cache            -      -
+past_values, future_values series    values           2      0      -
+past/future_time_features  series    features         3      0      -
+past/future_observed_mask  series    mask             2      0      -
+static_*_features          series    features         2      0      -
+decoder_input_values       audio     features         3      0      1 (decoder)
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
@@ -64,6 +69,7 @@ __all__ = [
     "AUDIO",
     "DECODER",
     "IMAGE",
+    "SERIES",
     "SIGNAL",
     "STATE",
     "TEXT",
@@ -88,6 +94,7 @@ IMAGE = "image"
 VIDEO = "video"
 AUDIO = "audio"
 STATE = "state"  # caches and encoder outputs: nested, their own layout
+SERIES = "series"  # time-series forecasting inputs (issue 28)
 # sequence groups (TEXT doubles as the encoder token group)
 DECODER = "decoder"
 SIGNAL = "signal"
@@ -99,7 +106,8 @@ class InputRole:
 
     Attributes:
         name: the forward kwarg name (``input_ids``).
-        modality: ``text``, ``image``, ``video``, ``audio`` or ``state`` (caches, encoder outputs).
+        modality: ``text``, ``image``, ``video``, ``audio``, ``series`` (time-series forecasting)
+            or ``state`` (caches, encoder outputs).
         kind: what the values are: ``ids``, ``embeds``, ``mask``, ``type_ids``, ``positions``,
             ``modality_types``, ``cache_positions``, ``pixels``, ``grid``, ``features``,
             ``signal``, ``encoder_outputs``, ``cache``.
@@ -194,6 +202,18 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),
         InputRole("cache", STATE, "cache", None, None, None, (), None),
         InputRole("past_key_values", STATE, "cache", None, None, None, (), None),
+        # time-series forecasters (issue 28): the batch varies; the time axis is the config's
+        # context (plus lags) or horizon length, fixed by the model, so it claims no sequence axis
+        InputRole("past_values", SERIES, "values", 0, None, None, (), 2, primary=True),
+        InputRole("past_time_features", SERIES, "features", 0, None, None, (), 3),
+        InputRole("past_observed_mask", SERIES, "mask", 0, None, None, (), 2),
+        InputRole("future_values", SERIES, "values", 0, None, None, (), 2),
+        InputRole("future_time_features", SERIES, "features", 0, None, None, (), 3),
+        InputRole("future_observed_mask", SERIES, "mask", 0, None, None, (), 2),
+        InputRole("static_categorical_features", SERIES, "features", 0, None, None, (), 2),
+        InputRole("static_real_features", SERIES, "features", 0, None, None, (), 2),
+        # speecht5's teacher-forced spectrogram frames [batch, frames, mel bins] (issue 28)
+        InputRole("decoder_input_values", AUDIO, "features", 0, 1, DECODER, (), 3, primary=True),
     ]
 
 

@@ -77,6 +77,19 @@ def _model_dtype_and_device(model: Any) -> tuple[torch.dtype | None, torch.devic
     return dtype, device
 
 
+def _teacher_forces_future_values(model: Any) -> bool:
+    """Whether ``model``'s forward decodes the forecast horizon from ``future_values`` (informer,
+    autoformer, time_series_transformer: their forward also takes ``future_time_features`` and
+    returns the horizon's distribution parameters only when ``future_values`` is given), so that
+    ``future_values`` is a teacher-forced decoder input there, not only the loss's target."""
+    import inspect
+
+    try:
+        return "future_time_features" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Check and convert sample forward kwargs for export.
 
@@ -102,7 +115,8 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
         TypeError: ``inputs`` is not a mapping with string keys; ``model`` is not an ``nn.Module``
             or its forward takes no keyword arguments.
         UnsupportedInputError: ``inputs`` carries a loss input (``labels``, ``future_values``,
-            ``start_positions``, ... with a non-None value) or ``return_loss=True``; a kwarg the
+            ``start_positions``, ... with a non-None value; ``future_values`` is accepted by a
+            forecaster whose forward also takes ``future_time_features``, which decodes from it) or ``return_loss=True``; a kwarg the
             forward does not take; inputs whose batch or sequence sizes disagree, or an empty
             batch/sequence axis; token ids that are not an integer tensor, or ``input_ids``
             outside the model's vocabulary (:func:`hfexport.input_checks.check_token_ids`). The
@@ -116,6 +130,8 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
     prepared = dict(inputs)
 
     for key in LOSS_INPUT_KEYS:
+        if key == "future_values" and _teacher_forces_future_values(model):
+            continue  # informer-like forecasters decode the horizon from it (issue 28)
         if prepared.get(key) is not None:
             raise UnsupportedInputError(
                 f"the sample inputs contain {key!r}, which only feeds the loss: the loss/training path is not "

@@ -51,6 +51,13 @@ TASK_TO_AUTO_CLASS: dict[str, str] = {
         "image-classification",
         "automatic-speech-recognition",
         "image-text-to-text",
+        # issue 28: detection, segmentation, depth, time series, text-to-audio
+        "object-detection",
+        "zero-shot-object-detection",
+        "image-segmentation",
+        "depth-estimation",
+        "time-series-forecasting",
+        "text-to-audio",
     )
 }
 
@@ -71,6 +78,37 @@ _TASK_MAPPINGS: dict[str, tuple[tuple[str, str], ...]] = {
         ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
     ),
     "image-text-to-text": (("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),),
+    # issue 28: vision heads, time series, text-to-audio
+    "object-detection": (("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection"),),
+    "zero-shot-object-detection": (
+        ("MODEL_FOR_ZERO_SHOT_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForZeroShotObjectDetection"),
+    ),
+    "image-segmentation": (
+        ("MODEL_FOR_SEMANTIC_SEGMENTATION_MAPPING_NAMES", "AutoModelForSemanticSegmentation"),
+        ("MODEL_FOR_UNIVERSAL_SEGMENTATION_MAPPING_NAMES", "AutoModelForUniversalSegmentation"),
+        ("MODEL_FOR_INSTANCE_SEGMENTATION_MAPPING_NAMES", "AutoModelForInstanceSegmentation"),
+    ),
+    "depth-estimation": (("MODEL_FOR_DEPTH_ESTIMATION_MAPPING_NAMES", "AutoModelForDepthEstimation"),),
+    "time-series-forecasting": (
+        ("MODEL_FOR_TIME_SERIES_PREDICTION_MAPPING_NAMES", "AutoModelForTimeSeriesPrediction"),
+    ),
+    "text-to-audio": (
+        ("MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES", "AutoModelForTextToWaveform"),
+        ("MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES", "AutoModelForTextToSpectrogram"),
+    ),
+}
+
+#: task -> {model type: model class name} for heads no Auto class maps in transformers 5.24 (the
+#: forecasting heads of patchtst, patchtsmixer, informer, autoformer and time_series_transformer);
+#: the zoo builds them with the class itself (issue 28)
+_EXTRA_TASK_CLASSES: dict[str, dict[str, str]] = {
+    "time-series-forecasting": {
+        "patchtst": "PatchTSTForPrediction",
+        "patchtsmixer": "PatchTSMixerForPrediction",
+        "informer": "InformerForPrediction",
+        "autoformer": "AutoformerForPrediction",
+        "time_series_transformer": "TimeSeriesTransformerForPrediction",
+    },
 }
 
 # default task of a type without a preset: the first of these it has a class for
@@ -83,6 +121,13 @@ _DEFAULT_TASK_ORDER = (
     "text-generation",
     "feature-extraction",
     "text-classification",
+    # issue 28: after the existing tasks, so no type's default task changes
+    "object-detection",
+    "zero-shot-object-detection",
+    "image-segmentation",
+    "depth-estimation",
+    "time-series-forecasting",
+    "text-to-audio",
 )
 
 _AUTO_CLASS_OVERRIDES: dict[tuple[str, str], str] = {
@@ -156,6 +201,7 @@ def known_model_types(task: str | None = None) -> list[str]:
     types: set[str] = set()
     for mapping_name, _ in _TASK_MAPPINGS[task]:
         types |= set(getattr(auto, mapping_name, {}))
+    types |= {t for t, cls in _EXTRA_TASK_CLASSES.get(task, {}).items() if hasattr(transformers, cls)}
     return sorted(t for t in types if t in set(_known_types()))
 
 
@@ -193,6 +239,9 @@ def _generic_tasks(model_type: str) -> dict[str, str]:
             if model_type in getattr(auto, mapping_name, {}):
                 found[task] = auto_cls
                 break
+        extra = _EXTRA_TASK_CLASSES.get(task, {}).get(model_type)
+        if task not in found and extra is not None and hasattr(transformers, extra):
+            found[task] = extra
     return found
 
 
@@ -248,7 +297,8 @@ def auto_class_name(model_type: str, task: str | None = None) -> str:
         task: a key of :data:`TASK_TO_AUTO_CLASS`; ``None`` means :func:`default_task`.
 
     Returns:
-        An attribute name of the ``transformers`` module, e.g. ``"AutoModelForCausalLM"``.
+        An attribute name of the ``transformers`` module, e.g. ``"AutoModelForCausalLM"``; for a
+        head no Auto class maps, the model class itself (``"PatchTSTForPrediction"``).
 
     Raises:
         ValueError: unknown ``model_type`` (:class:`UnknownModelTypeError`, with close matches);

@@ -35,6 +35,8 @@ def _build(
     overrides: Mapping[str, Any],
 ) -> PreTrainedModel:
     auto_cls = getattr(transformers, auto_class_name(model_type, task))
+    if not hasattr(auto_cls, "from_config"):  # a model class no Auto class maps (patchtst's head)
+        auto_cls = _ClassBuilder(auto_cls)
     config = shrunk_config(model_type, **overrides)
     preset = PRESETS.get(model_type)
     if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always
@@ -61,6 +63,18 @@ def _build(
         raise TinyModelUnavailable(model_type, task, "build", one_line(exc)) from exc
     _redraw_zero_matrices(model, seed)
     return model.eval()
+
+
+class _ClassBuilder:
+    """``from_config`` of a concrete model class (its ``_from_config``), for the heads the zoo builds
+    without an Auto class (:data:`hfexport.tiny.catalog._EXTRA_TASK_CLASSES`)."""
+
+    def __init__(self, cls: type[PreTrainedModel]) -> None:
+        self.cls = cls
+
+    def from_config(self, config: Any, **kwargs: Any) -> PreTrainedModel:
+        """The model of ``config`` (``kwargs`` as for ``PreTrainedModel._from_config``)."""
+        return self.cls._from_config(config, **kwargs)
 
 
 def _redraw_zero_matrices(model: torch.nn.Module, seed: int) -> list[str]:

@@ -394,5 +394,114 @@ PRESETS.update(
             config={"initializer_range": 0.2},
             reason="at initializer_range 0.02 the logits vanish to 6e-23 (max |logit| 34 at 0.2)",
         ),
+        # --- issue 28: dense prediction (segmentation, depth) ---
+        "dpt": Preset(
+            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "initializer_range": 0.2},
+            reason="the neck reassembles 4 taps of the ViT (backbone_out_indices [2, 5, 8, 11] of 12 "
+            "layers by default); 4 layers tapped at each keep the neck whole; at initializer_range "
+            "0.02 the depth head's output vanishes (max 3e-7) through the tiny neck",
+        ),
+        "zoedepth": Preset(
+            config={"fusion_hidden_size": 256},
+            reason="the metric-bins head builds 256-wide layers whatever the neck's fusion width "
+            "(the generic shrink makes it 64), so the fusion width stays at the default 256",
+        ),
+        "yolos": Preset(
+            config={"image_size": [32, 32], "num_detection_tokens": 10},
+            reason="the default image_size [512, 864] (a list, which the generic shrink keeps) makes "
+            "11765 patches; 32x32 images and 10 detection tokens keep the tiny detector small",
+        ),
+        # --- issue 28: text-to-audio ---
+        "vits": Preset(
+            config={
+                "noise_scale": 0.0,
+                "noise_scale_duration": 0.0,
+                "flow_size": 32,
+                "spectrogram_bins": 33,
+                "upsample_initial_channel": 32,
+                "upsample_rates": [4, 4],
+                "upsample_kernel_sizes": [8, 8],
+                "resblock_kernel_sizes": [3],
+                "resblock_dilation_sizes": [[1, 3]],
+                "duration_predictor_filter_channels": 32,
+                "duration_predictor_num_flows": 2,
+                "prior_encoder_num_flows": 2,
+                "prior_encoder_num_wavenet_layers": 2,
+                "posterior_encoder_num_wavenet_layers": 2,
+            },
+            reason="VITS draws its durations and latents with torch.randn scaled by noise_scale and "
+            "noise_scale_duration, so two eager runs differ: 0 makes the forward deterministic (the "
+            "mean durations and latents); the vocoder and flows shrink from 16M parameters",
+        ),
+        "speecht5": Preset(
+            config={"speech_decoder_prenet_dropout": 0.0},
+            reason="the speech decoder prenet applies its dropout (torch.bernoulli, p=0.5) in eval mode "
+            "too, so two eager runs differ; 0 makes the teacher-forced forward deterministic",
+        ),
+        "vibevoice": Preset(
+            config={"audio_config": {"num_filters": 2}, "semantic_model_config": {"num_filters": 2}},
+            reason="the acoustic tokenizers double 32 filters over six downsampling stages (2048 "
+            "channels, 258M parameters at the generic shrink); 2 filters end at 128",
+        ),
+        **{
+            mt: Preset(
+                config={
+                    "t2u_vocab_size": 256,
+                    "unit_hifi_gan_vocab_size": 256,
+                    "unit_embed_dim": 64,
+                    "upsample_initial_channel": 32,
+                    "t2u_encoder_ffn_dim": 128,
+                    "t2u_decoder_ffn_dim": 128,
+                    "speech_encoder_intermediate_size": 128,
+                },
+                reason="the text-to-unit model and the unit vocoder keep 10k-token vocabularies and "
+                "8192-wide feed-forwards the generic shrink does not name (55M parameters)",
+            )
+            for mt in ("seamless_m4t", "seamless_m4t_v2")
+        },
+        # --- issue 28: time series (forecasting heads) ---
+        # transformers leaves prediction/context lengths unset (None): the model refuses to build
+        **{
+            mt: Preset(
+                config={
+                    "prediction_length": 4,
+                    "context_length": 8,
+                    "lags_sequence": [1, 2, 3],
+                    "num_time_features": 1,
+                    **({"label_length": 4, "moving_average": 3} if mt == "autoformer" else {}),
+                },
+                reason="the default config has no prediction_length (the model refuses to build); a short "
+                "horizon, context and lag list keep the tiny model small",
+            )
+            for mt in ("informer", "autoformer", "time_series_transformer")
+        },
+        "informer": Preset(
+            config={
+                "prediction_length": 4,
+                "context_length": 8,
+                "lags_sequence": [1, 2, 3],
+                "num_time_features": 1,
+                "attention_type": "full",
+            },
+            reason="no default prediction_length (see above); and ProbSparse attention (the default "
+            "attention_type 'prob') samples keys with torch.randint on every forward, so two eager runs "
+            "differ and no export can match one: the tiny model uses the full attention",
+        ),
+        "patchtst": Preset(
+            config={"patch_length": 8, "patch_stride": 8, "prediction_length": 8},
+            reason="the default 1-step patches make 32 patches of the 32-step context; 8-step patches make 4",
+        ),
+        "patchtsmixer": Preset(
+            config={"prediction_length": 8},
+            reason="a short horizon (the default 16) keeps the tiny head small",
+        ),
+        "timesfm": Preset(
+            config={"context_length": 64, "horizon_length": 32, "patch_length": 32},
+            reason="the default 512-step context makes a 16-patch input; 64 steps make 2",
+        ),
+        "timesfm2_5": Preset(
+            config={"context_length": 64},
+            reason="the default 16384-step context makes a 512-patch input; 64 steps make 2",
+        ),
     }
 )

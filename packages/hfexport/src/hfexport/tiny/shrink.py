@@ -215,6 +215,8 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
         sub = getattr(config, key, None) if isinstance(value, Mapping) else None
         if isinstance(sub, PretrainedConfig):
             out[key] = {**sub.to_dict(), **shrink_overrides(sub, remap)}
+            if key == "backbone_config":
+                out[key] = _tiny_backbone(sub, out[key])
             continue
         if key.endswith(_TOKEN_SUFFIXES):
             if _is_int(value) and value in remap:
@@ -244,6 +246,8 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out["head_dim"] = _MLA["qk_rope_head_dim"]
         if "qk_head_dim" in values:
             out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
+    if _is_int(layers) and layer_key is not None:
+        _fit_backbone_outputs(values, out, layer_key, layers)
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
         types = values.get(key)
         if isinstance(types, list) and _is_int(layers):
@@ -286,12 +290,130 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out["embed_dim"] = 16
             if _is_int(values.get("hidden_size")):
                 out["hidden_size"] = 16 * 2 ** (stages - 1)
+    backbone = out.get("backbone_config")
+    if isinstance(backbone, Mapping):
+        _fit_neck_channels(values, out, backbone)
+    for key in ("use_timm_backbone", "use_pretrained_backbone"):
+        if values.get(key):
+            out[key] = False
     if values.get("num_labels", 0) != 3 and "id2label" in values:
         out["num_labels"] = 3
     return out
 
 
 _KEEP = object()
+
+
+#: stands in for a ``timm`` backbone (detr and friends default to timm's resnet50): a transformers
+#: resnet of four one-block stages, so the zoo needs no ``timm`` and downloads no weights
+_RESNET_BACKBONE: dict[str, Any] = {
+    "model_type": "resnet",
+    "embedding_size": 16,
+    "hidden_sizes": [16, 32, 64, 128],
+    "depths": [1, 1, 1, 1],
+    "layer_type": "basic",
+}
+_QUERY_KEYS = frozenset({"num_queries", "num_top_queries", "num_denoising", "two_stage_num_proposals"})
+
+
+def _tiny_backbone(sub: PretrainedConfig, shrunk: dict[str, Any]) -> dict[str, Any]:
+    """The tiny ``backbone_config`` of a detection/segmentation head (issue 28).
+
+    * a ``timm_backbone`` becomes a transformers resnet (:data:`_RESNET_BACKBONE`) tapping the same
+      stages (``out_indices``), so the model builds without ``timm`` and without pretrained weights;
+    * a stage backbone (``depths`` per stage: swin, resnet) keeps every stage: the generic layer
+      shrink would cut ``num_layers`` (its stage count) and its per-stage lists to two, while the
+      head taps stages three and four;
+    * hgnet_v2 gets narrow stages whose ``hidden_sizes`` equal its ``stage_out_channels`` (the heads
+      read one, the backbone builds from the other).
+    """
+    values = sub.to_dict()
+    if values.get("model_type") == "timm_backbone":
+        indices = [int(i) for i in (values.get("out_indices") or [1, 2, 3, 4]) if int(i) >= 1]
+        return {
+            **_RESNET_BACKBONE,
+            "num_channels": values.get("num_channels", 3),
+            "out_features": [f"stage{i}" for i in indices],
+        }
+    depths = values.get("depths")
+    if (
+        isinstance(depths, list)
+        and _is_int(values.get("num_layers"))
+        and shrunk.get("num_layers") != len(depths)
+    ):
+        stages = len(depths)
+        shrunk["num_layers"] = stages
+        for key, value in values.items():
+            if (
+                isinstance(value, list)
+                and len(value) == stages
+                and isinstance(shrunk.get(key), list)
+                and len(shrunk[key]) < stages
+            ):
+                new = _shrink_value(key, value, None)
+                shrunk[key] = list(value) if new is _KEEP else new
+    outs = values.get("stage_out_channels")
+    if isinstance(outs, list) and outs and all(_is_int(v) for v in outs):
+        n = len(outs)
+        tiny = [16 * 2**i for i in range(n)]
+        shrunk.update(
+            {
+                "stem_channels": [values.get("num_channels", 3), 16, 16],
+                "stage_in_channels": [16, *tiny[:-1]],
+                "stage_mid_channels": [max(8, c // 2) for c in tiny],
+                "stage_out_channels": tiny,
+                "hidden_sizes": tiny,
+                "stage_num_blocks": [1] * n,
+                "stage_numb_of_layers": [2] * n,
+            }
+        )
+    return shrunk
+
+
+def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone: Mapping[str, Any]) -> None:
+    """A detection head's ``encoder_in_channels`` follow its tiny backbone's tapped stages (rt_detr:
+    ``[512, 1024, 2048]`` for resnet50's stages 2-4), and its query counts shrink (``num_queries``
+    300 top-k picks over the 21 anchors of a 32x32 image fail). Changes ``out`` in place."""
+    channels = backbone.get("hidden_sizes")
+    indices = backbone.get("out_indices")
+    if indices is None and isinstance(backbone.get("out_features"), list):
+        indices = [int(str(f).removeprefix("stage")) for f in backbone["out_features"] if str(f) != "stem"]
+    if (
+        isinstance(values.get("encoder_in_channels"), list)
+        and isinstance(channels, list)
+        and indices
+        and all(1 <= int(i) <= len(channels) for i in indices)
+    ):
+        picked = [channels[int(i) - 1] for i in indices]
+        if len(picked) == len(values["encoder_in_channels"]):
+            out["encoder_in_channels"] = picked
+    for key in _QUERY_KEYS:
+        if _is_int(values.get(key)) and values[key] > 10:
+            out[key] = 10
+
+
+def _fit_backbone_outputs(
+    values: Mapping[str, Any], out: dict[str, Any], layer_key: str, layers: int
+) -> None:
+    """Keep a transformer backbone's feature taps inside the tiny layer stack (issue 28).
+
+    A backbone of a dense-prediction head (dinov2 under depth_anything, vit under zoedepth) taps
+    ``out_features`` ``["stage9", ..., "stage12"]`` of 12 layers; the shrunk 2-layer stack has only
+    ``stage1``/``stage2``, and transformers refuses the config. The neck expects as many taps as the
+    default has, so the stack gets that many layers (at least the tiny count) and taps its last
+    ones. A convolutional backbone (``depths`` per stage) keeps its stages and is left alone.
+    """
+    outs = values.get("out_features")
+    if not isinstance(outs, list) or not outs or isinstance(values.get("depths"), list):
+        return
+    stages = {"stem", *(f"stage{i}" for i in range(1, layers + 1))}
+    if set(outs) <= stages:
+        return
+    wanted = len(outs)
+    n = max(layers, wanted)
+    out[layer_key] = n
+    out["out_features"] = [f"stage{i}" for i in range(n - wanted + 1, n + 1)]
+    out["out_indices"] = list(range(n - wanted + 1, n + 1))
 
 
 def _shrink_per_layer(
@@ -341,6 +463,8 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
             return [1] * len(value)
         if key in _HEAD_KEYS or key == "num_attention_heads":
             return [min(v, 2) for v in value]
+        if key == "neck_hidden_sizes":  # dpt-like necks (issue 28)
+            return [min(v, 16 * 2**i) for i, v in enumerate(value)]
         if key in ("hidden_sizes", "embed_dims", "embed_dim", "hidden_size", "dims"):
             return [min(v, 16 * 2**i) for i, v in enumerate(value)]
         if key == "conv_dim":
@@ -394,6 +518,8 @@ def _shrink_value(key: str, value: Any, heads: Any) -> Any:
         return min(value, 16)
     if key in ("num_conv_pos_embedding_groups",):
         return min(value, 4)
+    if key in ("reassemble_hidden_size", "fusion_hidden_size"):  # dense-prediction necks (issue 28)
+        return min(value, HIDDEN)
     if key in ("classifier_proj_size", "conv_channels", "proj_codevector_dim", "codevector_dim"):
         return min(value, 32)
     return _KEEP
