@@ -262,7 +262,7 @@ def openvino_targets(rows: dict[str, dict]) -> list[str]:
     if a is None or b is None:
         missed.append("openvino decode tok/s: not measured")
     elif a / b < 1.0:
-        missed.append(f"openvino decode tok/s: ours {a} vs NNCF {b} ({a / b:.2f}x, target >= 1.0x)")
+        missed.append(f"openvino decode tok/s: ours {a} vs NNCF {b} ({a / b:.3f}x, target >= 1.0x)")
     a = (ours.get("text") or {}).get("perplexity_ratio")
     b = (theirs.get("text") or {}).get("perplexity_ratio")
     if a is not None and b is not None and a > b:
