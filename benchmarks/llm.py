@@ -18,7 +18,13 @@ the quality text). Writes ``.bench/llm.json`` and prints the table and the targe
 LLM-speed issue (ours int4 vs the builder's int4: decode >= 1.0x, prefill <= 1.0x, size <= 1.0x,
 perplexity ratio no worse, export wall and peak RSS <= 1.0x; ours ExecuTorch 8da4w vs export_llm's:
 decode >= 1.0x at a perplexity ratio no worse); a missed target is printed and the exit code is 1.
-NNCF's own IR is not built here: see docs/performance.md for why.
+
+OpenVINO section (:func:`openvino_variants`, :func:`openvino_targets`): ours ``--layout genai``
+with ``--quantize int4-weight`` and ``int8-weight`` next to the fp32 row, and "NNCF's default int4
+IR" (:func:`nncf_default_int4`): our fp32 stateful IR (the same ``openvino.convert_model`` output a
+user would compress) through ``nncf.compress_weights(model, mode=INT4_ASYM)`` with NNCF's defaults,
+saved with ``openvino.save_model``'s defaults. The target: our int4 ``LLMPipeline`` decode tok/s
+>= 1.0x NNCF's, perplexity ratio no worse.
 """
 
 from __future__ import annotations
@@ -136,6 +142,7 @@ def variants(folder: Path, out: Path, skip_executorch: bool) -> dict[str, list[s
             "genai",
         ],
     }
+    rows.update(openvino_variants(folder, out))
     if not skip_executorch:
         rows["ours executorch llm-runner fp32"] = [
             *hf,
@@ -364,9 +371,124 @@ def _ratios(rows: dict[str, dict], mine: str, builder: str, keys: tuple[str, ...
     return missed
 
 
+# -- OpenVINO ----------------------------------------------------------------------------------------
+#: NNCF 3.4's own default (``group_size_fallback_mode=ERROR``) refuses SmolLM2: group 128 does not
+#: divide its hidden size 576. The default IR is built with NNCF's documented fallback instead:
+#: ``adjust`` (each such MatMul gets the largest group size >= 32 that divides it: 64 here).
+NNCF_GROUP_SIZE_FALLBACK = "adjust"
+
+
+def openvino_variants(folder: Path, out: Path) -> dict[str, list[str]]:
+    """``{label: argv}`` of the OpenVINO rows besides ``ours openvino genai fp32`` (listed by
+    :func:`variants`, built before these): ours int4 / int8 and NNCF's default int4 IR made from
+    that fp32 folder (with ``--only``, keep the fp32 folder with ``--keep``)."""
+    hf = [sys.executable, "-m", "hfexport.cli", "export", "openvino"]
+    common = ["--model", str(folder), "--task", "text-generation", "--layout", "genai"]
+    return {
+        # the 4-bit logits cosine on the sample positions is 0.95 on SmolLM2 (docs/backends/openvino.md):
+        # the per-output gate is lowered, the text gates stay in force
+        "ours openvino genai int4": [
+            *hf,
+            str(out / "ours-openvino-int4"),
+            *common,
+            "--quantize",
+            "int4-weight",
+            "--gate",
+            "cosine=0.9",
+        ],
+        "ours openvino genai int8": [
+            *hf,
+            str(out / "ours-openvino-int8"),
+            *common,
+            "--quantize",
+            "int8-weight",
+        ],
+        "nncf default openvino int4": [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--nncf-int4-from",
+            str(out / "ours-openvino-fp32"),
+            "-o",
+            str(out / "nncf-openvino-int4"),
+        ],
+    }
+
+
+def nncf_default_int4(source: Path, target: Path, fallback: str = NNCF_GROUP_SIZE_FALLBACK) -> dict:
+    """NNCF's default int4 IR of the OpenVINO GenAI folder ``source`` (ours fp32, stateful), as
+    ``target``: every file but the model copied, ``openvino_model.xml`` compressed by
+    ``nncf.compress_weights(model, mode=INT4_ASYM)`` with NNCF's defaults (group 128, ratio 1.0,
+    embedding and last MatMul in the INT8_ASYM backup mode, data-free) plus
+    ``group_size_fallback_mode=fallback``, saved by ``openvino.save_model`` (its default
+    ``compress_to_fp16=True``).
+
+    Returns:
+        ``{"quantized_ops": {...}, "group_sizes": {size: count}}`` (also written to
+        ``target/nncf_int4.json``).
+
+    Raises:
+        FileNotFoundError: no ``openvino_model.xml`` in ``source``.
+    """
+    import collections
+
+    import nncf
+    import openvino as ov
+    from nncf.quantization.advanced_parameters import AdvancedCompressionParameters, GroupSizeFallbackMode
+
+    from hfexport_openvino.quantize import compressed_op_counts
+
+    xml = source / "openvino_model.xml"
+    if not xml.is_file():
+        raise FileNotFoundError(f"no {xml}: export ours openvino genai fp32 first (or pass --keep)")
+    shutil.rmtree(target, ignore_errors=True)
+    skip = shutil.ignore_patterns("openvino_model.*", "export_report.json", "checksums.sha256")
+    shutil.copytree(source, target, ignore=skip)
+    model = ov.Core().read_model(str(xml))
+    advanced = AdvancedCompressionParameters(group_size_fallback_mode=GroupSizeFallbackMode(fallback))
+    compressed = nncf.compress_weights(
+        model, mode=nncf.CompressWeightsMode.INT4_ASYM, advanced_parameters=advanced
+    )
+    ov.save_model(compressed, str(target / "openvino_model.xml"))
+    sizes: collections.Counter[int] = collections.Counter()
+    for op in compressed.get_ops():  # 4-bit weights [out, groups, group size]; zero points [out, groups, 1]
+        if op.get_type_name() == "Constant" and op.get_output_element_type(0).get_type_name() in ("u4", "i4"):
+            shape = list(op.get_output_partial_shape(0).to_shape())
+            if len(shape) == 3 and shape[2] > 1:
+                sizes[int(shape[2])] += 1
+    facts = {
+        "nncf": nncf.__version__,
+        "group_size_fallback": fallback,
+        "quantized_ops": compressed_op_counts(compressed),
+        "group_sizes": dict(sorted(sizes.items())),
+    }
+    (target / "nncf_int4.json").write_text(json.dumps(facts, indent=2) + "\n")
+    return facts
+
+
+def openvino_targets(rows: dict[str, dict]) -> list[str]:
+    """The OpenVINO target, ours int4 vs NNCF's default int4 IR in ``LLMPipeline``: decode tok/s
+    >= 1.0x, perplexity ratio no worse; a line per miss (prefill and size are printed, not gated)."""
+    ours, theirs = rows.get("ours openvino genai int4", {}), rows.get("nncf default openvino int4", {})
+    if not ours or not theirs:
+        return []  # not selected (--only)
+    if ours.get("error") or theirs.get("error"):
+        return ["ours or NNCF's default OpenVINO int4 did not run: no ratios"]
+    missed = []
+    a, b = ours.get("decode_tokens_per_s"), theirs.get("decode_tokens_per_s")
+    if a is None or b is None:
+        missed.append("openvino decode tok/s: not measured")
+    elif a / b < 1.0:
+        missed.append(f"openvino decode tok/s: ours {a} vs NNCF {b} ({a / b:.3f}x, target >= 1.0x)")
+    a = (ours.get("text") or {}).get("perplexity_ratio")
+    b = (theirs.get("text") or {}).get("perplexity_ratio")
+    if a is not None and b is not None and a > b:
+        missed.append(f"openvino perplexity ratio: ours {a} vs NNCF {b} (target: no worse)")
+    return missed
+
+
 def targets(rows: dict[str, dict]) -> list[str]:
     """The issue's ratios, section by section; a line per missed target."""
-    return onnx_targets(rows) + executorch_targets(rows)
+    return onnx_targets(rows) + openvino_targets(rows)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -458,4 +580,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--nncf-int4-from"]:  # one row's builder, run under /usr/bin/time by main()
+        print(json.dumps(nncf_default_int4(Path(sys.argv[2]), Path(sys.argv[sys.argv.index("-o") + 1]))))
+        raise SystemExit(0)
     raise SystemExit(main())

@@ -56,6 +56,93 @@ def test_methods_are_the_backends_table():
     assert "calibration" in QUANTIZATION_METHODS["int4-weight"].options
 
 
+def test_methods_are_declared_in_the_artifact_phase():
+    from hfexport_openvino.quantize import apply_int4_weight, apply_int8_weight
+
+    for name, function in (("int8-weight", apply_int8_weight), ("int4-weight", apply_int4_weight)):
+        method = QUANTIZATION_METHODS[name]
+        assert (method.phase, method.stage, method.prepare) == ("artifact", "quantize", None)
+        assert method.resolve_apply() is function
+
+
+def test_apply_function_compresses_a_bare_ir():
+    """The apply function called as the core calls it, on a bare ``openvino.Model`` (no module paths)."""
+    import numpy as np
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from hfexport.quantization import QuantizationRequest
+    from hfexport_openvino.quantize import IrTarget, apply_int4_weight
+
+    x = ops.parameter([1, 128], ov.Type.f32)
+    rng = np.random.default_rng(0)
+    hidden = ops.matmul(x, ops.constant(rng.standard_normal((256, 128)).astype(np.float32)), False, True)
+    out = ops.matmul(hidden, ops.constant(rng.standard_normal((64, 256)).astype(np.float32)), False, True)
+    model = ov.Model([out], [x])
+    before = weight_bytes(model)
+    quantization = QuantizationConfig("int4-weight", group_size=32)
+    result = apply_int4_weight(QuantizationRequest(model, quantization, "artifact"))
+    assert isinstance(result.target, IrTarget) and result.target.module_paths == {}
+    facts = result.facts
+    assert (facts["mode"], facts["group_size"], facts["excluded"]) == ("int4_asym", 32, [])
+    # the first MatMul in 4 bits, the last one (NNCF: the LM head) in the 8-bit backup precision
+    assert facts["quantized_ops"] == {"MatMul int4": 1, "MatMul int8": 1}
+    assert facts["weights_bytes_before"] == before == (256 * 128 + 64 * 256) * 4
+    assert facts["weights_bytes_after"] < 0.3 * before
+    assert result.detail.startswith("0.2 -> 0.0 MiB; MatMul int4 x1, MatMul int8 x1")
+
+
+def test_a_registered_method_runs_through_quantize_artifact(tiny_llama):
+    """A third-party-style method on ``openvino``: it gets the IR with module paths (``exclude``
+    mapped onto IR ops), the prompts' IR feeds, and its facts become ``report.quantization``."""
+    import openvino as ov
+
+    from hfexport.config import QuantizationMethod
+    from hfexport.quantization import (
+        QuantizationResult,
+        isolated_quantization_methods,
+        register_quantization_method,
+    )
+    from hfexport_openvino.quantize import IrTarget
+
+    seen = []
+
+    def apply(request):
+        seen.append(request)
+        assert request.phase == "artifact" and isinstance(request.target, IrTarget)
+        model = request.target.model
+        model.set_rt_info("yes", ["my_method", "applied"])
+        excluded = request.target.excluded_ops(request.quantization.exclude)
+        return QuantizationResult(model, {"excluded": excluded}, "marked")  # a bare openvino.Model
+
+    _, model, inputs = tiny_llama
+    exporter = OpenvinoExporter()
+    with isolated_quantization_methods():
+        register_quantization_method(
+            "openvino",
+            "mark-only",
+            QuantizationMethod("marks the IR", options={"exclude"}, phase="artifact", apply=apply),
+        )
+        assert "mark-only" in OpenvinoExporter.quantization_methods
+        ir = exporter.export(
+            model,
+            inputs,
+            OpenvinoConfig(dynamic=True, quantization=QuantizationConfig("mark-only", exclude=("lm_head",))),
+        )
+    assert "mark-only" not in OpenvinoExporter.quantization_methods
+    assert isinstance(ir, ov.Model) and ir.get_rt_info(["my_method", "applied"]).astype(str) == "yes"
+    (request,) = seen
+    assert request.calibration is None and "input_ids" in request.inputs
+    report = exporter.last_report
+    # the LM head's MatMul, found through the FX node it was converted from
+    (head,) = report.quantization["excluded"]
+    assert head.endswith("/MatMul") and request.target.module_paths[head.split("/", 1)[0]][-1] == "lm_head"
+    assert report.quantization == {"method": "mark-only", "excluded": [head]}
+    assert report.applied["quantize"] == ["mark-only"]
+    stage = next(s for s in report.stages if s.name == "quantize")
+    assert stage.detail == "marked"
+
+
 @pytest.mark.extended
 def test_int8_weight_shrinks_the_weights_and_stays_within_the_gates(tiny_llama, fp32_ir):
     ir, report = _export(tiny_llama, QuantizationConfig("int8-weight"))

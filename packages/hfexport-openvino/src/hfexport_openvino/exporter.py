@@ -17,8 +17,12 @@ Stages 1-3 are the core's shared capture step
 4. ``lower`` (``openvino.convert_model``), enclosing ``convert`` (a rejected op raises
    :class:`~hfexport_openvino.errors.OpenvinoConversionError` naming the FX node and op) and
    ``io_names`` (leaf-path names, :mod:`hfexport_openvino.naming`);
-5. ``quantize`` (only with ``config.quantization``): NNCF weight compression of the converted IR
-   (:mod:`hfexport_openvino.quantize`).
+5. ``quantize`` (only with ``config.quantization``): the artifact phase
+   (:meth:`hfexport.exporter.HfExporter.quantize_artifact`) on the converted IR: the method's
+   ``apply`` function (NNCF weight compression for the built-in methods,
+   :mod:`hfexport_openvino.quantize`) gets an :class:`~hfexport_openvino.quantize.IrTarget`
+   (:meth:`OpenvinoExporter.quantization_target`) and, for a method reading ``calibration``, the
+   prompts' IR feeds.
 
 The base class then validates the model compiled on ``config.device`` against eager PyTorch at
 the sample shape and, for dynamic exports, a second shape.
@@ -49,7 +53,13 @@ from hfexport_openvino.decompositions import decompose_like_openvino, frontend_i
 from hfexport_openvino.errors import DeviceUnavailableError, OpenvinoConversionError
 from hfexport_openvino.generation import OpenvinoGenerationSupport
 from hfexport_openvino.naming import name_model_io
-from hfexport_openvino.quantize import QUANTIZATION_METHODS, check_quantization, compress_ir
+from hfexport_openvino.quantize import (
+    QUANTIZATION_METHODS,
+    IrTarget,
+    calibration_feeds,
+    check_quantization,
+    module_paths,
+)
 from hfexport_openvino.runtime import PRECISION_KEY, OpenvinoRunner
 from hfexport_openvino.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_openvino.workarounds.fx_fixes import BACKEND
@@ -207,13 +217,53 @@ class OpenvinoExporter(HfExporter):
         Stages 1-3 are the base class's shared capture step
         (:meth:`hfexport.exporter.HfExporter.captured_program`) with this backend's ``decompose``
         between the program and node fixes (:meth:`between_fixes`); the conversion runs once the
-        patches are restored, then NNCF's weight compression on the converted IR
-        (:func:`hfexport_openvino.quantize.compress_ir`; nothing without quantization).
+        patches are restored, then the artifact phase of the quantization method on the converted
+        IR (:meth:`~hfexport.exporter.HfExporter.quantize_artifact`; nothing without quantization).
         """
         with self.captured_program(model, inputs, config, report) as session:
             program = session.program
         ov_model = self.convert(program, config, report)
-        return compress_ir(ov_model, program, config, report, model=model, inputs=inputs)
+        if getattr(config, "quantization", None) is None:
+            return ov_model
+        target = self.quantization_target(ov_model, program)
+        calibration = self.calibration_feeds(ov_model, model, inputs, config)
+        result = self.quantize_artifact(target, config, report, inputs=inputs, calibration=calibration)
+        return result.model if isinstance(result, IrTarget) else result
+
+    @staticmethod
+    def quantization_target(ov_model: Any, program: torch.export.ExportedProgram) -> IrTarget:
+        """What an artifact-phase quantization function gets as ``request.target``: ``ov_model``
+        with the module paths of the FX nodes of ``program`` it was converted from (so
+        ``quantization.exclude`` maps onto IR ops, :meth:`~hfexport_openvino.quantize.IrTarget.excluded_ops`).
+
+        Args:
+            ov_model: the converted, named ``openvino.Model``.
+            program: the captured ``ExportedProgram`` it was converted from.
+
+        Returns:
+            An :class:`~hfexport_openvino.quantize.IrTarget`.
+        """
+        return IrTarget(ov_model, module_paths(program))
+
+    def calibration_feeds(
+        self, ov_model: Any, model: torch.nn.Module, inputs: Mapping[str, Any], config: OpenvinoConfig
+    ) -> list[dict[str, Any]] | None:
+        """``request.calibration`` of the artifact phase: the IR feeds of the prompts in
+        ``quantization.calibration`` (:func:`hfexport_openvino.quantize.calibration_feeds`) for a
+        method that reads ``calibration``; ``None`` when no prompt file is given or the method does
+        not read it.
+
+        Raises:
+            ValueError: no tokenizer next to the model, prompts that tokenize to nothing, or an IR
+                input the prompts cannot feed.
+        """
+        quantization = config.quantization
+        method = self.quantization_spec(config)
+        if quantization is None or quantization.calibration is None:
+            return None
+        if method is None or "calibration" not in method.options:
+            return None
+        return calibration_feeds(ov_model, quantization, model, inputs)
 
     def between_fixes(self, session: CaptureSession) -> None:
         """Stage ``decompose``: OpenVINO's own decomposition table on the captured program

@@ -1,10 +1,12 @@
 """Weight compression of a converted OpenVINO IR with NNCF (``OpenvinoConfig.quantization``).
 
-The methods (:data:`QUANTIZATION_METHODS`, ``OpenvinoExporter.quantization_methods``) run
-``nncf.compress_weights`` on the ``openvino.Model`` right after ``openvino.convert_model``, so no
-second float copy of the model is made (the torch weights are not quantized, the IR's constants
-are replaced by low-precision ones plus a decompression subgraph that the CPU plugin fuses into its
-MatMul / Gather kernels):
+The methods (:data:`QUANTIZATION_METHODS`, ``OpenvinoExporter.quantization_methods``) are declared
+in phase ``artifact``: the exporter calls them through
+:meth:`hfexport.exporter.HfExporter.quantize_artifact` right after ``openvino.convert_model``, and
+their functions (:func:`apply_int8_weight`, :func:`apply_int4_weight`) run ``nncf.compress_weights``
+on the ``openvino.Model``, so no second float copy of the model is made (the torch weights are not
+quantized, the IR's constants are replaced by low-precision ones plus a decompression subgraph that
+the CPU plugin fuses into its MatMul / Gather kernels):
 
 - ``int8-weight``: every MatMul and embedding ``Gather`` weight to 8 bits, one scale (and zero
   point unless ``symmetric=True``) per output channel; data-free.
@@ -20,9 +22,15 @@ MatMul / Gather kernels):
 or ``model.layers.*.mlp.down_proj``): the MatMuls / Gathers converted from the FX nodes recorded
 under those modules (``nn_module_stack``) stay in float.
 
-:func:`compress_ir` is the one call the exporter makes (the artifact point of
-:meth:`~hfexport_openvino.exporter.OpenvinoExporter._export`); :func:`check_quantization` is run
-before capture.
+What an artifact-phase function gets as ``request.target`` is an :class:`IrTarget`: the converted
+``openvino.Model`` plus the module paths of the FX nodes it was converted from (the IR names an op
+``<fx node>/<aten op>/<ov op>``; :meth:`IrTarget.excluded_ops` maps ``exclude`` patterns onto IR
+ops with them), built by :meth:`~hfexport_openvino.exporter.OpenvinoExporter.quantization_target`.
+``request.calibration`` holds the IR feeds of the calibration prompts (:func:`calibration_feeds`)
+for a method that reads ``calibration`` when ``quantization.calibration`` is set, else ``None``.
+A method registered from outside (:func:`hfexport.quantization.register_quantization_method` on
+``"openvino"``, phase ``artifact``) gets the same request and returns the compressed model as an
+:class:`IrTarget` or a bare ``openvino.Model``. :func:`check_quantization` is run before capture.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import collections
 import fnmatch
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +47,23 @@ import numpy as np
 import torch
 
 from hfexport.config import QuantizationConfig, QuantizationMethod
-from hfexport.report import ExportReport
+from hfexport.quantization import QuantizationRequest, QuantizationResult
 
 __all__ = [
     "INT4_GROUP_SIZE",
     "INT4_GROUP_SIZES",
     "QUANTIZATION_METHODS",
-    "calibration_dataset",
+    "IrTarget",
+    "apply_int4_weight",
+    "apply_int8_weight",
+    "calibration_feeds",
     "check_group_size",
     "check_quantization",
     "compress_int4",
     "compress_int8",
-    "compress_ir",
     "compressed_op_counts",
     "excluded_node_names",
+    "module_paths",
     "weight_bytes",
 ]
 
@@ -69,6 +81,8 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
         "NNCF compress_weights: 8-bit per-channel MatMul and embedding weights (asymmetric unless "
         "symmetric=True), data-free; activations stay float",
         options=frozenset({"symmetric", "exclude"}),
+        phase="artifact",
+        apply="hfexport_openvino.quantize:apply_int8_weight",
     ),
     "int4-weight": QuantizationMethod(
         "NNCF compress_weights: 4-bit grouped MatMul weights (group_size, default 128 or the largest "
@@ -76,6 +90,8 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
         "symmetric=True), embedding and LM head 8-bit; AWQ + scale estimation when calibration names a "
         "prompt file",
         options=frozenset({"group_size", "symmetric", "exclude", "calibration", "num_calibration_samples"}),
+        phase="artifact",
+        apply="hfexport_openvino.quantize:apply_int4_weight",
     ),
 }
 
@@ -180,10 +196,18 @@ def compressed_op_counts(ov_model: Any) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-# -- exclude -----------------------------------------------------------------------------------------
-def _module_paths(program: torch.export.ExportedProgram) -> dict[str, list[str]]:
-    """FX node name -> the module paths it was recorded under (``nn_module_stack``, outermost first)."""
-    paths: dict[str, list[str]] = {}
+# -- exclude ---------------------------------------------------------------------------------------
+def module_paths(program: torch.export.ExportedProgram) -> dict[str, tuple[str, ...]]:
+    """FX node name -> the module paths it was recorded under (``nn_module_stack``, outermost
+    first; ``()`` for a node outside any submodule).
+
+    Args:
+        program: the captured ``ExportedProgram`` the IR is converted from.
+
+    Returns:
+        ``{"linear_3": ("model", "model.layers", "model.layers.0", ..., "model.layers.0.mlp.down_proj")}``.
+    """
+    paths: dict[str, tuple[str, ...]] = {}
     for node in program.graph.nodes:
         stack = node.meta.get("nn_module_stack") or {}
         names = []
@@ -193,30 +217,30 @@ def _module_paths(program: torch.export.ExportedProgram) -> dict[str, list[str]]
             path = str(path).split("L['self'].", 1)[-1].removeprefix("L['self']")
             if path:
                 names.append(path)
-        paths[node.name] = names
+        paths[node.name] = tuple(names)
     return paths
 
 
 def excluded_node_names(
-    ov_model: Any, program: torch.export.ExportedProgram, patterns: Sequence[str]
+    ov_model: Any, paths: Mapping[str, Sequence[str]], patterns: Sequence[str]
 ) -> list[str]:
     """Friendly names of the weighted ops of ``ov_model`` converted from FX nodes recorded under a
     module matching ``patterns`` (the IR names an op ``<fx node>/<aten op>/<ov op>``).
 
     Args:
         ov_model: the converted ``openvino.Model``.
-        program: the ``ExportedProgram`` it was converted from.
+        paths: FX node name -> module paths (:func:`module_paths` of the program it came from).
         patterns: module paths or ``fnmatch`` patterns over them (``lm_head``, ``model.layers.*.mlp.*``).
 
     Returns:
-        The op names, sorted.
+        The op names, sorted (``[]`` for no pattern).
 
     Raises:
-        ValueError: a pattern matches no weighted op (a typo would otherwise compress everything).
+        ValueError: a pattern matches no weighted op (a typo would otherwise compress everything);
+            the message lists module paths that exist.
     """
     if not patterns:
         return []
-    modules = _module_paths(program)
     names: set[str] = set()
     for pattern in patterns:
         matched = set()
@@ -224,12 +248,10 @@ def excluded_node_names(
             if op.get_type_name() not in _WEIGHTED_OPS:
                 continue
             fx_node = op.get_friendly_name().split("/", 1)[0]
-            if any(fnmatch.fnmatchcase(path, pattern) for path in modules.get(fx_node, ())):
+            if any(fnmatch.fnmatchcase(path, pattern) for path in paths.get(fx_node, ())):
                 matched.add(op.get_friendly_name())
         if not matched:
-            known = sorted({p for ps in modules.values() for p in ps if p.count(".") <= 3 and p[0] != "_"})[
-                :12
-            ]
+            known = sorted({p for ps in paths.values() for p in ps if p.count(".") <= 3 and p[0] != "_"})[:12]
             raise ValueError(
                 f"quantization.exclude pattern {pattern!r} matches no MatMul / Gather of the model; allowed: "
                 f"module paths or fnmatch patterns over them, e.g. {', '.join(known) or 'lm_head'}"
@@ -238,16 +260,40 @@ def excluded_node_names(
     return sorted(names)
 
 
+@dataclass
+class IrTarget:
+    """``request.target`` of an OpenVINO ``artifact``-phase quantization method.
+
+    Attributes:
+        model: the converted, named ``openvino.Model`` (a method may compress it in place).
+        module_paths: FX node name -> the module paths it was recorded under
+            (:func:`module_paths` of the captured program; empty when unknown: then no ``exclude``
+            pattern can match).
+    """
+
+    model: Any
+    module_paths: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def excluded_ops(self, patterns: Sequence[str]) -> list[str]:
+        """The IR op names ``patterns`` (``quantization.exclude``) keep in float
+        (:func:`excluded_node_names`).
+
+        Raises:
+            ValueError: a pattern matches no MatMul / Gather.
+        """
+        return excluded_node_names(self.model, self.module_paths, patterns)
+
+
 # -- calibration -------------------------------------------------------------------------------------
-def calibration_dataset(
+def calibration_feeds(
     ov_model: Any,
     quantization: QuantizationConfig,
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
     *,
     max_length: int = 256,
-) -> tuple[Any, int]:
-    """An ``nncf.Dataset`` of prefills of the prompts in ``quantization.calibration``.
+) -> list[dict[str, np.ndarray]]:
+    """The IR feeds of the prompts in ``quantization.calibration`` (one prefill per prompt).
 
     Each prompt (one line, at most ``max_length`` tokens) becomes one feed of ``ov_model``'s inputs:
     ``input_ids`` ``[1, n]``, ``attention_mask`` of ones, ``position_ids`` ``0..n-1``,
@@ -262,14 +308,12 @@ def calibration_dataset(
         max_length: prompts are cut to this many tokens.
 
     Returns:
-        ``(dataset, number of prompts)``.
+        At most ``num_calibration_samples`` dicts ``{IR input name: numpy array}``.
 
     Raises:
         ValueError: no tokenizer next to the model, every prompt tokenizes to nothing, or the IR takes
             an input that is neither token ids, a mask, positions nor a cache tensor.
     """
-    import nncf
-
     from hfexport.quality import model_tokenizer
     from hfexport.tensors import get_leaf_tensors
     from hfexport_openvino.naming import io_names_from_model
@@ -314,7 +358,7 @@ def calibration_dataset(
                     "quantization.calibration (data-free compression)"
                 )
         feeds.append(feed)
-    return nncf.Dataset(feeds), len(feeds)
+    return feeds
 
 
 def check_group_size(ov_model: Any, group_size: int | None, excluded: Sequence[str] = ()) -> int:
@@ -406,7 +450,7 @@ def compress_int4(
         quantization: the config (``group_size``, ``symmetric``).
         excluded: op names left in float (:func:`excluded_node_names`).
         calibration: ``None`` (data-free) or a callable returning ``(nncf.Dataset, samples)``
-            (:func:`calibration_dataset`).
+            (built from the IR feeds of :func:`calibration_feeds`).
 
     Returns:
         ``(compressed model, facts)``: mode, group size, ratio, backup mode, awq, scale estimation,
@@ -440,69 +484,33 @@ def compress_int4(
     }
 
 
-#: method name -> the function compressing an IR with it
-COMPRESSORS: dict[str, Callable[..., tuple[Any, dict[str, Any]]]] = {
-    "int8-weight": compress_int8,
-    "int4-weight": compress_int4,
-}
-
-
-def compress_ir(
-    ov_model: Any,
-    program: torch.export.ExportedProgram,
-    config: Any,
-    report: ExportReport,
-    *,
-    model: torch.nn.Module,
-    inputs: Mapping[str, Any],
-) -> Any:
-    """Stage ``quantize``: compress ``ov_model``'s weights as ``config.quantization`` says, in place.
-
-    A no-op (returns ``ov_model``) when ``config.quantization`` is ``None``. Fills
-    ``report.quantization`` with the method, its options, the NNCF mode, group size, ratio and
-    backup mode, ``weights_bytes_before`` / ``weights_bytes_after`` (:func:`weight_bytes`) and
-    ``quantized_ops`` (:func:`compressed_op_counts`).
-
-    Args:
-        ov_model: the converted, named ``openvino.Model``.
-        program: the ``ExportedProgram`` it came from (module paths for ``exclude``).
-        config: the resolved ``OpenvinoConfig``.
-        report: the export's report.
-        model: the eager model (its tokenizer, for calibration prompts).
-        inputs: the sample forward kwargs (the cache shapes, for calibration feeds).
-
-    Returns:
-        The compressed ``openvino.Model``.
-
-    Raises:
-        ValueError: an ``exclude`` pattern matching no op, unusable calibration prompts
-            (:func:`calibration_dataset`), or a method that is not one of :data:`QUANTIZATION_METHODS`.
-    """
-    quantization = getattr(config, "quantization", None)
-    if quantization is None:
-        return ov_model
-    compress = COMPRESSORS.get(quantization.method)
-    if compress is None:
-        raise ValueError(
-            f"quantization method {quantization.method!r} is not an OpenVINO method; allowed: "
-            + ", ".join(QUANTIZATION_METHODS)
-        )
+def _apply(
+    request: QuantizationRequest, compress: Callable[..., tuple[Any, dict[str, Any]]]
+) -> QuantizationResult:
+    """Run ``compress`` on ``request.target`` (an :class:`IrTarget` or a bare ``openvino.Model``)
+    and collect the facts of ``report.quantization``."""
     import nncf
 
-    with report.stage("quantize", detail=quantization.method) as record:
-        before = weight_bytes(ov_model)
-        excluded = excluded_node_names(ov_model, program, quantization.exclude)
-        calibration = None
-        if quantization.calibration is not None:
+    quantization = request.quantization
+    target = request.target if isinstance(request.target, IrTarget) else IrTarget(request.target)
+    before = weight_bytes(target.model)
+    excluded = target.excluded_ops(quantization.exclude)
+    calibration = None
+    if request.calibration:
+        feeds = list(request.calibration)
 
-            def calibration() -> tuple[Any, int]:
-                return calibration_dataset(ov_model, quantization, model, inputs)
+        def calibration() -> tuple[Any, int]:
+            return nncf.Dataset(feeds), len(feeds)
 
-        compressed, facts = compress(ov_model, quantization, excluded=excluded, calibration=calibration)
-        after = weight_bytes(compressed)
-        ops = compressed_op_counts(compressed)
-        report.quantization = {
-            "method": quantization.method,
+    compressed, facts = compress(target.model, quantization, excluded=excluded, calibration=calibration)
+    after = weight_bytes(compressed)
+    ops = compressed_op_counts(compressed)
+    detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + (
+        ", ".join(f"{op} x{n}" for op, n in ops.items()) or "no op compressed"
+    )
+    return QuantizationResult(
+        IrTarget(compressed, target.module_paths),
+        {
             "options": {name: quantization.to_dict()[name] for name in quantization.given_options()},
             "tool": f"nncf {nncf.__version__}",
             **facts,
@@ -510,9 +518,43 @@ def compress_ir(
             "weights_bytes_before": before,
             "weights_bytes_after": after,
             "quantized_ops": ops,
-        }
-        report.record_applied("quantize", [quantization.method])
-        record.detail = f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB; " + (
-            ", ".join(f"{op} x{n}" for op, n in ops.items()) or "no op compressed"
-        )
-    return compressed
+        },
+        detail,
+    )
+
+
+def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
+    """``int8-weight`` (phase ``artifact``): :func:`compress_int8` on ``request.target``.
+
+    Args:
+        request: ``target`` an :class:`IrTarget` (or an ``openvino.Model``: no module paths, so no
+            ``exclude``); ``quantization`` the config.
+
+    Returns:
+        ``target`` the compressed :class:`IrTarget`; ``facts`` the options, NNCF version and mode,
+        excluded op names, ``weights_bytes_before`` / ``weights_bytes_after`` (:func:`weight_bytes`)
+        and ``quantized_ops`` (:func:`compressed_op_counts`).
+
+    Raises:
+        ValueError: an ``exclude`` pattern matching no MatMul / Gather.
+    """
+    return _apply(request, compress_int8)
+
+
+def apply_int4_weight(request: QuantizationRequest) -> QuantizationResult:
+    """``int4-weight`` (phase ``artifact``): :func:`compress_int4` on ``request.target``, with AWQ and
+    scale estimation on ``request.calibration`` (IR feeds, :func:`calibration_feeds`) when given.
+
+    Args:
+        request: as :func:`apply_int8_weight`, plus ``calibration``: ``None`` (data-free) or a list of
+            feeds ``{IR input name: numpy array}``.
+
+    Returns:
+        As :func:`apply_int8_weight`, the facts also holding group size, ratio, backup mode, ``awq``,
+        ``scale_estimation`` and ``calibration_samples``.
+
+    Raises:
+        ValueError: an ``exclude`` pattern matching no op; a group size that does not divide the
+            MatMul input channels (:func:`check_group_size`).
+    """
+    return _apply(request, compress_int4)
