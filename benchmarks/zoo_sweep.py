@@ -50,6 +50,7 @@ __all__ = [
     "BACKENDS",
     "FAILURE_ACTIONS",
     "FAMILIES",
+    "FAMILY_TYPES",
     "KNOWN_SKIPS",
     "failure_action",
     "main",
@@ -66,6 +67,33 @@ FAMILIES: dict[str, str] = {
     "seq2seq": "text2text-generation",
     "image-classification": "image-classification",
     "speech": "automatic-speech-recognition",
+}
+# issue 28, first half of the families not swept: task heads, sentence embeddings, dual encoders, audio
+FAMILIES.update(
+    {
+        "text-classification": "text-classification",
+        "token-classification": "token-classification",
+        "question-answering": "question-answering",
+        "sentence-embeddings": "feature-extraction",
+        "zero-shot-image-classification": "zero-shot-image-classification",
+        "audio-classification": "audio-classification",
+    }
+)
+
+
+def _sentence_embedding_backbones(listed: list[str]) -> list[str]:
+    """The feature-extraction types that are sentence-embedding backbones: encoders with a masked-LM
+    head in transformers (BERT-likes), encoder-decoders (a seq2seq LM class) left out."""
+    from transformers.models.auto import modeling_auto
+
+    masked = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    seq2seq = set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    return [t for t in listed if t in masked and t not in seq2seq]
+
+
+#: family -> which of its task's model types it sweeps (default: every type of the task)
+FAMILY_TYPES: dict[str, Callable[[list[str]], list[str]]] = {
+    "sentence-embeddings": _sentence_embedding_backbones,
 }
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
@@ -197,6 +225,21 @@ TARGETS: dict[tuple[str, str], int] = {
     ("causal-lm", ExportFormat.ONNX.value): 95,
     ("causal-lm", ExportFormat.EXECUTORCH.value): 90,
 }
+# issue 28: the families of task heads, sentence embeddings, dual encoders and audio classification
+TARGETS.update(
+    {
+        (family, backend.value): 90 if backend in (ExportFormat.DYNAMO, ExportFormat.ONNX) else 85
+        for family in (
+            "text-classification",
+            "token-classification",
+            "question-answering",
+            "sentence-embeddings",
+            "zero-shot-image-classification",
+            "audio-classification",
+        )
+        for backend in ExportFormat
+    }
+)
 _VERSIONED = ("hfexport", "torch", "transformers")
 
 #: stderr lines that are a runtime's log chatter, never the reason a child died: native source-location
@@ -414,11 +457,13 @@ def versions() -> dict[str, str]:
 
 
 def sweep_types(family: str, types: Iterable[str] | None = None, limit: int | None = None) -> list[str]:
-    """The model types of ``family`` transformers has a class for, sorted (filtered by ``types``,
-    cut to the first ``limit``)."""
+    """The model types of ``family`` transformers has a class for, sorted (narrowed by
+    :data:`FAMILY_TYPES`, filtered by ``types``, cut to the first ``limit``)."""
     from hfexport.testing import known_model_types
 
     listed = known_model_types(FAMILIES[family])
+    if family in FAMILY_TYPES:
+        listed = FAMILY_TYPES[family](listed)
     if types is not None:
         wanted = set(types)
         listed = [t for t in listed if t in wanted]

@@ -26,6 +26,8 @@ TASK_AUTO_CLASSES: dict[str, str] = {
     "automatic-speech-recognition": "AutoModelForSpeechSeq2Seq",
     "image-text-to-text": "AutoModelForImageTextToText",
     "ctc": "AutoModelForCTC",
+    "zero-shot-image-classification": "AutoModelForZeroShotImageClassification",
+    "audio-classification": "AutoModelForAudioClassification",
 }
 
 #: Tasks whose explicit ``--task`` exports generation components (prefill/decode, or encoders,
@@ -44,6 +46,7 @@ ARCHITECTURE_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
     ("ForTokenClassification", "token-classification"),
     ("ForQuestionAnswering", "question-answering"),
     ("ForImageClassification", "image-classification"),
+    ("ForAudioClassification", "audio-classification"),
     ("ForCTC", "ctc"),
     ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
     ("ForImageTextToText", "image-text-to-text"),

@@ -396,3 +396,31 @@ PRESETS.update(
         ),
     }
 )
+
+# Dual encoders of zero-shot image classification (issue 28): the text and image embeddings are
+# compared by a matrix product, so both projections must end at the same width.
+PRESETS.update(
+    {
+        "align": Preset(
+            config={"projection_dim": 640},
+            reason="the text projection must end at the image embedding's width, which the shrunk "
+            "EfficientNet tower gives as 640 (the generic shrink sets projection_dim 64)",
+        ),
+        "siglip": Preset(
+            config={"text_config": {"projection_size": 64}},
+            reason="the text head projects to projection_size (768 by default), which must equal the "
+            "shrunk vision hidden size (64) for the image-text logits",
+        ),
+        "siglip2": Preset(
+            config={"text_config": {"projection_size": 64}},
+            reason="the text head projects to projection_size (768 by default), which must equal the "
+            "shrunk vision hidden size (64) for the image-text logits",
+        ),
+    }
+)
+
+# Audio classification (issue 28)
+PRESETS["audio-spectrogram-transformer"] = Preset(
+    config={"max_length": 64, "num_mel_bins": 32},
+    reason="the default 1024 x 128 spectrogram makes 1212 patches; 64 frames x 32 bins make 10",
+)
