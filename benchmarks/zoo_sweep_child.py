@@ -66,10 +66,9 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
     exporter = AutoHfExporter.from_config(config)
     start = time.perf_counter()
     result: dict[str, Any] = {"status": "pass"}
+    artifact = None
     try:
         artifact = exporter.export(model, inputs, config)
-        if task in POOLED_TASKS:
-            result["pooled_max_abs_diff"] = pooled_parity(exporter, artifact, model, inputs, config)
     except Exception as exc:  # every failure becomes a cell of the coverage page
         report = getattr(exporter, "last_report", None)
         failed = [s.name for s in getattr(report, "stages", []) if s.status not in ("ok", "skipped")]
@@ -96,6 +95,18 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
             "stage": "validate_second_shape",
             "reason": "the program came out static: every axis asked dynamic was specialised, nothing varied",
         }
+    if result["status"] == "pass" and task in POOLED_TASKS:
+        try:
+            result["pooled_max_abs_diff"] = pooled_parity(exporter, artifact, model, inputs, config)
+        except Exception as exc:  # the pooled embedding's verdict is the cell's
+            first = (str(exc).strip().splitlines() or [""])[0]
+            stage = getattr(exc, "stage", None) or PooledMismatch.stage
+            result = {
+                **result,
+                "status": "fail",
+                "stage": stage,
+                "reason": f"{type(exc).__name__}: {first}"[:300],
+            }
     return result
 
 

@@ -151,3 +151,34 @@ def test_cli_exports_the_new_tasks(tmp_path, task, model_type, outputs):
     assert second and second != sample  # validated at a second, different shape
     assert all(row["ok"] for row in validation["sample"] + validation["second_shape"])
     assert (out / "model.onnx").exists()
+
+
+def _load_sweep():
+    """``benchmarks/zoo_sweep.py``, loaded by path as ``zoo_sweep`` (as test_zoo_sweep.py does)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "zoo_sweep.py"
+    if "zoo_sweep" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("zoo_sweep", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["zoo_sweep"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["zoo_sweep"]
+
+
+def test_new_families_are_swept_with_their_tasks_types_and_targets():
+    sweep = _load_sweep()
+    for family, (task, model_type) in SLICE.items():
+        assert sweep.FAMILIES[family] == task
+        assert model_type in sweep.sweep_types(family)
+        assert sweep.TARGETS[(family, "dynamo")] == 90 and sweep.TARGETS[(family, "openvino")] == 85
+    backbones = sweep.sweep_types("sentence-embeddings")
+    # encoders with a masked-LM head; decoders, encoder-decoders and vision models are left out
+    assert {"bert", "roberta", "xlm-roberta", "mpnet", "modernbert"} <= set(backbones)
+    assert not {"llama", "t5", "bart", "vit", "clip"} & set(backbones)
+    assert {"clip", "siglip", "align"} <= set(sweep.sweep_types("zero-shot-image-classification"))
+    # a pooled-embedding mismatch is a numbers failure, with its remedy
+    reason = (
+        "PooledMismatch: mean-pooled embedding at [2, 8] (last row padded) does not match eager PyTorch: "
+        "max abs diff 3.1e-02 > 1.0e-04"
+    )
+    kind, _ = sweep.failure_action("validate_pooled", reason)
+    assert kind == "numbers"
