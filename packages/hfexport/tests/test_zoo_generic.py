@@ -319,6 +319,13 @@ def test_deep_conv_overlays_give_outputs_worth_comparing(model_type, least):
             {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 32, 32)},
             {"logits_per_image": (2, 2), "text_embeds": (2, 64), "image_embeds": (2, 64)},
         ),
+        # EfficientNet tower at width/depth 0.25 and initializer_range 0.4: finite logits, 80-wide embeddings
+        (
+            "align",
+            "zero-shot-image-classification",
+            {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 32, 32)},
+            {"logits_per_image": (2, 2), "text_embeds": (2, 80), "image_embeds": (2, 80)},
+        ),
         # NaFlex: a 4x4 grid of flattened 8x8 RGB patches, as siglip2's processor gives them
         (
             "siglip2",
@@ -367,6 +374,7 @@ def test_new_family_tasks_build_with_their_inputs_and_outputs(model_type, task, 
         out = model(**inputs)
     for name, shape in outputs.items():
         assert tuple(out[name].shape) == shape, name
+        assert torch.isfinite(out[name]).all(), name
     assert float(out[next(iter(outputs))].abs().max()) > 0
 
 

@@ -402,9 +402,19 @@ PRESETS.update(
 PRESETS.update(
     {
         "align": Preset(
-            config={"projection_dim": 640},
-            reason="the text projection must end at the image embedding's width, which the shrunk "
-            "EfficientNet tower gives as 640 (the generic shrink sets projection_dim 64)",
+            config={
+                "projection_dim": 80,
+                "initializer_range": 0.4,
+                "vision_config": {
+                    "width_coefficient": 0.25,
+                    "depth_coefficient": 0.25,
+                    "initializer_range": 0.4,
+                },
+            },
+            reason="the default EfficientNet-B7 tower (width 2.0, depth 3.1) makes a 62M-parameter model whose "
+            "image features vanish to 1e-28 at initializer_range 0.02 (NaN logits); width and depth 0.25 "
+            "give 0.2M parameters, 0.4 gives features of 0.6, and the text projection must end at the "
+            "tower's 80-wide output",
         ),
         "siglip": Preset(
             config={"text_config": {"projection_size": 64}},
