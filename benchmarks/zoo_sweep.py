@@ -50,6 +50,7 @@ __all__ = [
     "BACKENDS",
     "FAILURE_ACTIONS",
     "FAMILIES",
+    "FAMILY_TYPES",
     "KNOWN_SKIPS",
     "failure_action",
     "main",
@@ -100,6 +101,33 @@ FAMILY_NOTES: dict[str, str] = {
     "decoder logits per codebook (`decoder_input_ids` `[batch * codebooks, seq]`); seamless_m4t the text "
     "decoder's logits; fastspeech2_conformer the spectrogram with durations; types without a forward (bark, "
     "qwen2_5_omni: generate only) are 'eager fails'.",
+}
+# issue 28, first half of the families not swept: task heads, sentence embeddings, dual encoders, audio
+FAMILIES.update(
+    {
+        "text-classification": "text-classification",
+        "token-classification": "token-classification",
+        "question-answering": "question-answering",
+        "sentence-embeddings": "feature-extraction",
+        "zero-shot-image-classification": "zero-shot-image-classification",
+        "audio-classification": "audio-classification",
+    }
+)
+
+
+def _sentence_embedding_backbones(listed: list[str]) -> list[str]:
+    """The feature-extraction types that are sentence-embedding backbones: encoders with a masked-LM
+    head in transformers (BERT-likes), encoder-decoders (a seq2seq LM class) left out."""
+    from transformers.models.auto import modeling_auto
+
+    masked = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
+    seq2seq = set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
+    return [t for t in listed if t in masked and t not in seq2seq]
+
+
+#: family -> which of its task's model types it sweeps (default: every type of the task)
+FAMILY_TYPES: dict[str, Callable[[list[str]], list[str]]] = {
+    "sentence-embeddings": _sentence_embedding_backbones,
 }
 
 #: the built-in formats, from the core's format table (plugins join with ``--backends``)
@@ -258,7 +286,8 @@ TARGETS: dict[tuple[str, str], int] = {
     ("vision-language", ExportFormat.EXECUTORCH.value): 85,
     ("vision-language", ExportFormat.OPENVINO.value): 85,
 }
-# issue 28 targets of the vision-head, time-series and text-to-audio families: own block
+# issue 28 targets of the new families (vision heads, time series, text-to-audio; task heads, sentence
+# embeddings, dual encoders, audio classification): own block
 TARGETS.update(
     {
         (family, backend.value): 90 if backend in (ExportFormat.DYNAMO, ExportFormat.ONNX) else 85
@@ -269,6 +298,12 @@ TARGETS.update(
             "depth-estimation",
             "time-series",
             "text-to-audio",
+            "text-classification",
+            "token-classification",
+            "question-answering",
+            "sentence-embeddings",
+            "zero-shot-image-classification",
+            "audio-classification",
         )
         for backend in ExportFormat
     }
@@ -490,11 +525,13 @@ def versions() -> dict[str, str]:
 
 
 def sweep_types(family: str, types: Iterable[str] | None = None, limit: int | None = None) -> list[str]:
-    """The model types of ``family`` transformers has a class for, sorted (filtered by ``types``,
-    cut to the first ``limit``)."""
+    """The model types of ``family`` transformers has a class for, sorted (narrowed by
+    :data:`FAMILY_TYPES`, filtered by ``types``, cut to the first ``limit``)."""
     from hfexport.testing import known_model_types
 
     listed = known_model_types(FAMILIES[family])
+    if family in FAMILY_TYPES:
+        listed = FAMILY_TYPES[family](listed)
     if types is not None:
         wanted = set(types)
         listed = [t for t in listed if t in wanted]

@@ -18,7 +18,15 @@ from typing import Any
 
 from hfexport.validation import NOTHING_VARIED
 
-__all__ = ["build", "export_cell", "generation_cell", "main"]
+__all__ = [
+    "POOLED_TASKS",
+    "PooledMismatch",
+    "build",
+    "export_cell",
+    "generation_cell",
+    "main",
+    "pooled_parity",
+]
 
 
 def build(model_type: str, task: str) -> dict[str, Any]:
@@ -52,7 +60,8 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
 
     Returns:
         ``{"status": "pass", "seconds", "stages"}`` when the export validated at the sample shape
-        and at the second shape; otherwise ``{"status": "fail", "stage", "reason", ...}`` with the
+        and at the second shape (for :data:`POOLED_TASKS`, the mean-pooled embedding with a padded
+        row too, :func:`pooled_parity`); otherwise ``{"status": "fail", "stage", "reason", ...}`` with the
         failed stage and the first line of the error (a pass whose second-shape validation did not
         run, or found no axis to vary because the program came out static, counts as a failure of
         ``validate_second_shape``).
@@ -65,8 +74,9 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
     exporter = AutoHfExporter.from_config(config)
     start = time.perf_counter()
     result: dict[str, Any] = {"status": "pass"}
+    artifact = None
     try:
-        exporter.export(model, inputs, config)
+        artifact = exporter.export(model, inputs, config)
     except Exception as exc:  # every failure becomes a cell of the coverage page
         report = getattr(exporter, "last_report", None)
         failed = [s.name for s in getattr(report, "stages", []) if s.status not in ("ok", "skipped")]
@@ -93,6 +103,18 @@ def export_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
             "stage": "validate_second_shape",
             "reason": "the program came out static: every axis asked dynamic was specialised, nothing varied",
         }
+    if result["status"] == "pass" and task in POOLED_TASKS:
+        try:
+            result["pooled_max_abs_diff"] = pooled_parity(exporter, artifact, model, inputs, config)
+        except Exception as exc:  # the pooled embedding's verdict is the cell's
+            first = (str(exc).strip().splitlines() or [""])[0]
+            stage = getattr(exc, "stage", None) or PooledMismatch.stage
+            result = {
+                **result,
+                "status": "fail",
+                "stage": stage,
+                "reason": f"{type(exc).__name__}: {first}"[:300],
+            }
     return result
 
 
@@ -203,6 +225,76 @@ def generation_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
 
 #: task -> the cell function of a family that checks more than a plain export
 TASK_CELLS = {"image-text-to-text": generation_cell}
+
+
+# issue 28, sentence embeddings: the mean-pooled embedding users compute from last_hidden_state
+#: tasks whose cell also checks the mean-pooled embedding (:func:`pooled_parity`)
+POOLED_TASKS = frozenset({"feature-extraction"})
+#: largest difference allowed between the artifact's and eager's pooled embeddings, relative to the
+#: largest eager value (at least 1)
+POOLED_TOLERANCE = 1e-4
+
+
+class PooledMismatch(AssertionError):
+    """The artifact's mean-pooled embedding differs from eager PyTorch's (``stage`` names the check)."""
+
+    stage = "validate_pooled"
+
+
+def _mean_pool(hidden: Any, mask: Any) -> Any:
+    weights = mask.to(hidden.dtype).unsqueeze(-1)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def pooled_parity(
+    exporter: Any, artifact: Any, model: Any, inputs: dict[str, Any], config: Any
+) -> list[float]:
+    """Check the mean-pooled sentence embedding of ``artifact`` against eager PyTorch's.
+
+    At the sample shape and at the exporter's second shape (when it derives one), the last row of
+    ``attention_mask`` is padded (its second half zeroed, as a shorter sentence in a batch is), both
+    the artifact and eager ``model`` run, and ``last_hidden_state`` is averaged over the unpadded
+    positions, the pooling sentence-transformers models use.
+
+    Returns:
+        The largest absolute difference per shape checked.
+
+    Raises:
+        PooledMismatch: a pooled embedding differs beyond :data:`POOLED_TOLERANCE` (relative to the
+            largest eager value), or the artifact gives no ``last_hidden_state``.
+    """
+    import torch
+
+    run = exporter.runner(artifact)
+    shapes = [dict(inputs)]
+    second, _ = exporter.second_shape_inputs(model, inputs, config, exporter.last_report)
+    if second is not None:
+        shapes.append(dict(second))
+    diffs = []
+    for kwargs in shapes:
+        ids = kwargs.get("input_ids")
+        if ids is not None and "attention_mask" in kwargs:
+            mask = torch.ones_like(kwargs["attention_mask"])
+            mask[-1, (mask.shape[1] + 1) // 2 :] = 0
+            kwargs["attention_mask"] = mask
+        mask = kwargs.get("attention_mask")
+        with torch.no_grad():
+            eager = model(**kwargs).last_hidden_state
+        got = run(kwargs).get("last_hidden_state")
+        if got is None:
+            raise PooledMismatch("the artifact gives no last_hidden_state to pool")
+        if mask is None:
+            mask = torch.ones(eager.shape[:2], dtype=torch.int64)
+        want, have = _mean_pool(eager, mask), _mean_pool(torch.as_tensor(got).to(eager.dtype), mask)
+        diff = float((want - have).abs().max())
+        limit = POOLED_TOLERANCE * max(1.0, float(want.abs().max()))
+        if not diff <= limit:
+            raise PooledMismatch(
+                f"mean-pooled embedding at {list(eager.shape[:2])} (last row padded) does not match eager "
+                f"PyTorch: max abs diff {diff:.2e} > {limit:.2e}"
+            )
+        diffs.append(diff)
+    return diffs
 
 
 def _emit(record: dict[str, Any]) -> None:

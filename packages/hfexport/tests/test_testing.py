@@ -195,7 +195,19 @@ def test_task_tables():
     assert auto_class_name("wav2vec2") == "AutoModelForCTC"
     assert auto_class_name("bert", "fill-mask") == "AutoModelForMaskedLM"
     assert TASK_TO_AUTO_CLASS["text-generation"] == "AutoModelForCausalLM"
-    assert supported_tasks("roberta") == ("feature-extraction", "fill-mask", "text-classification")
+    # a hand-written preset's own tasks first, then the head tasks transformers has classes for
+    assert supported_tasks("roberta") == (
+        "feature-extraction",
+        "fill-mask",
+        "text-classification",
+        "token-classification",
+        "question-answering",
+    )
+    assert supported_tasks("whisper")[-1] == "audio-classification"
+    assert auto_class_name("wav2vec2", "audio-classification") == "AutoModelForAudioClassification"
+    assert (
+        auto_class_name("clip", "zero-shot-image-classification") == "AutoModelForZeroShotImageClassification"
+    )
 
 
 def test_attention_implementation_defaults():

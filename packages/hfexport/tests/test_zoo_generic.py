@@ -300,3 +300,86 @@ def test_deep_conv_overlays_give_outputs_worth_comparing(model_type, least):
     with torch.no_grad():
         peak = float(model(**inputs)[0].abs().max())
     assert least <= peak < 1e3, peak
+
+
+# issue 28: the task heads, dual encoders and audio classifiers of the new sweep families
+@pytest.mark.parametrize(
+    ("model_type", "task", "shapes", "outputs"),
+    [
+        (
+            "clip",
+            "zero-shot-image-classification",
+            {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 32, 32)},
+            {"logits_per_image": (2, 2), "text_embeds": (2, 64), "image_embeds": (2, 64)},
+        ),
+        # the text head's projection_size overlay (768 by default) meets the vision width
+        (
+            "siglip",
+            "zero-shot-image-classification",
+            {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 32, 32)},
+            {"logits_per_image": (2, 2), "text_embeds": (2, 64), "image_embeds": (2, 64)},
+        ),
+        # EfficientNet tower at width/depth 0.25 and initializer_range 0.4: finite logits, 80-wide embeddings
+        (
+            "align",
+            "zero-shot-image-classification",
+            {"input_ids": (2, 8), "attention_mask": (2, 8), "pixel_values": (2, 3, 32, 32)},
+            {"logits_per_image": (2, 2), "text_embeds": (2, 80), "image_embeds": (2, 80)},
+        ),
+        # NaFlex: a 4x4 grid of flattened 8x8 RGB patches, as siglip2's processor gives them
+        (
+            "siglip2",
+            "zero-shot-image-classification",
+            {
+                "input_ids": (2, 8),
+                "attention_mask": (2, 8),
+                "pixel_values": (2, 16, 192),
+                "pixel_attention_mask": (2, 16),
+                "spatial_shapes": (2, 2),
+            },
+            {"logits_per_image": (2, 2)},
+        ),
+        (
+            "audio-spectrogram-transformer",
+            "audio-classification",
+            {"input_values": (2, 64, 32)},
+            {"logits": (2, 3)},
+        ),
+        # stacked frames: feature_projection_input_dim 160 = 2 x 80 mel bins
+        (
+            "wav2vec2-bert",
+            "audio-classification",
+            {"input_features": (2, 32, 160), "attention_mask": (2, 32)},
+            {"logits": (2, 3)},
+        ),
+        ("whisper", "audio-classification", {"input_features": (2, 16, 64)}, {"logits": (2, 3)}),
+        (
+            "bert",
+            "question-answering",
+            {"input_ids": (2, 8), "attention_mask": (2, 8)},
+            {"start_logits": (2, 8)},
+        ),
+        (
+            "electra",
+            "token-classification",
+            {"input_ids": (2, 8), "attention_mask": (2, 8)},
+            {"logits": (2, 8, 3)},
+        ),
+    ],
+)
+def test_new_family_tasks_build_with_their_inputs_and_outputs(model_type, task, shapes, outputs):
+    model, inputs = tiny_model(model_type, task, check_eager=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == shapes
+    with torch.no_grad():
+        out = model(**inputs)
+    for name, shape in outputs.items():
+        assert tuple(out[name].shape) == shape, name
+        assert torch.isfinite(out[name]).all(), name
+    assert float(out[next(iter(outputs))].abs().max()) > 0
+
+
+def test_question_answering_heads_have_two_labels_unless_overridden():
+    model, _ = tiny_model("roberta", "question-answering")
+    assert model.config.num_labels == 2 and model.qa_outputs.out_features == 2
+    with pytest.raises(ValueError, match="num_labels should be 2"):
+        tiny_model("distilbert", "question-answering", num_labels=3)

@@ -198,18 +198,60 @@ def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
         return getattr(config, "text_encoder", None) or config
 
 
+#: the task whose models take images and texts side by side (CLIP-like dual encoders)
+ZERO_SHOT_IMAGE_TASK = "zero-shot-image-classification"
+
+
+def _image_text_pair_inputs(
+    model: PreTrainedModel, b: int, s: int, gen: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """A dual encoder's inputs: ``b`` images and ``b`` texts of ``s`` tokens, scored each against each.
+
+    The image sides come from ``vision_config``; the token ids from ``text_config`` (below its
+    special ids). ``attention_mask`` is given when the forward takes one.
+    """
+    config = model.config
+    channels, size = _image_shape(config)
+    text = config.get_text_config()
+    vocab = int(getattr(text, "vocab_size", None) or 256)
+    low, high = _id_range(text, vocab)
+    input_ids = _random_ids(gen, (b, s), low, high)
+    inputs = {"input_ids": input_ids}
+    if "attention_mask" in _forward_params(model):
+        inputs["attention_mask"] = torch.ones_like(input_ids)
+    vision = _sub(config, "vision_config")
+    if "spatial_shapes" in _forward_params(model) and getattr(vision, "patch_size", None):
+        # NaFlex (siglip2): the processor's output, images cut into a grid of flattened patches
+        side = int(vision.patch_size)
+        grid = (4, 4)
+        patches = grid[0] * grid[1]
+        shape = (b, patches, channels * side * side)
+        inputs["pixel_values"] = torch.randn(*shape, generator=gen, dtype=torch.float32)
+        inputs["pixel_attention_mask"] = torch.ones(b, patches, dtype=torch.int64)
+        inputs["spatial_shapes"] = torch.tensor([grid] * b, dtype=torch.int64)
+        return inputs
+    inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    return inputs
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
     """Inputs of a type without a hand-written preset, from its modality and forward signature."""
     config = model.config
     params = _forward_params(model)
+    if task == ZERO_SHOT_IMAGE_TASK:
+        return _image_text_pair_inputs(model, b, s, gen)
     kind = modality(model, task)
     inputs: dict[str, torch.Tensor] = {}
     if kind == "image" or kind == "image+text":
         channels, size = _image_shape(config)
         inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
-    if kind == "audio":
+    if kind == "audio" and getattr(config, "num_mel_bins", None) and getattr(config, "max_length", None):
+        # a spectrogram transformer (AST): input_values are [b, frames, mel bins], fixed frames
+        shape = (b, int(config.max_length), int(config.num_mel_bins))
+        inputs["input_values"] = torch.randn(*shape, generator=gen, dtype=torch.float32)
+    elif kind == "audio":
         if getattr(config, "conv_kernel", None) and getattr(config, "conv_stride", None):
             n = _wav2vec2_samples(config, s)
         else:
@@ -226,6 +268,8 @@ def _generic_inputs(
                 getattr(config, "input_feat_per_channel", None) or getattr(config, "feature_size", None) or 80
             )
             feat *= getattr(config, "input_channels", 1) or 1
+            # wav2vec2-bert stacks frames in its feature extractor: the model takes the stacked width
+            feat = getattr(config, "feature_projection_input_dim", None) or feat
             frames = 4 * s
             shape = (b, frames, int(feat))
         inputs["input_features"] = torch.randn(*shape, generator=gen, dtype=torch.float32)
@@ -382,7 +426,8 @@ def make_inputs(
     * t5, bart: also ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token;
     * vit: ``pixel_values`` ``[b, num_channels, image_size, image_size]`` (``s`` is ignored);
     * whisper: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]`` and
-      ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token;
+      ``decoder_input_ids`` ``[b, s]`` starting with the decoder start token (``input_features``
+      only for task ``"audio-classification"``);
     * wav2vec2: ``input_values`` ``[b, n]`` float32 and ``attention_mask`` ``[b, n]``, with ``n``
       the shortest audio length giving ``s`` output frames (logits ``[b, s, vocab]``);
     * qwen2_vl: always one image, whatever ``b`` and ``s``: ``input_ids``, ``attention_mask``,
@@ -405,9 +450,11 @@ def make_inputs(
       ``temporal_patch_size`` and the vision start/end token ids) gets qwen2_vl's inputs;
     * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
       frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
-      ``[b, n]`` when taken;
+      ``[b, n]`` when taken; a spectrogram transformer (``num_mel_bins`` and ``max_length`` in its
+      config, AST) gets ``input_values`` ``[b, max_length, num_mel_bins]``;
     * ``"audio-features"``: ``input_features`` ``[b, num_mel_bins, 2 * max_source_positions]``
-      (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like);
+      (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like; ``features`` is
+      ``feature_projection_input_dim`` where the config has one, wav2vec2-bert);
     * encoder-decoders also get ``decoder_input_ids`` ``[b, s]`` starting with the decoder start
       token (``pad_token_id`` or 0 when the config has none);
     * forecasting heads (``main_input_name == "past_values"``): see :func:`_time_series_inputs`
@@ -416,11 +463,18 @@ def make_inputs(
       s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b * num_codebooks, s]``;
     * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
       ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image).
+    * task ``"zero-shot-image-classification"`` (CLIP-like dual encoders): ``input_ids`` ``[b, s]``
+      (and ``attention_mask`` ``[b, s]`` when taken) and ``pixel_values``
+      ``[b, num_channels, image_size, image_size]``: ``b`` texts and ``b`` images (a NaFlex model,
+      siglip2, gets its processor's form: ``pixel_values`` ``[b, 16, num_channels * patch_size**2]``,
+      a 4x4 patch grid, ``pixel_attention_mask`` ``[b, 16]`` ones and ``spatial_shapes`` ``[b, 2]``);
+    * whisper with task ``"audio-classification"``: ``input_features`` only.
 
     Args:
         model: a model of any type transformers knows (a :func:`hfexport.tiny.tiny_model` or a
             loaded checkpoint).
-        task: checked against the model type's tasks when given; the inputs do not depend on it.
+        task: checked against the model type's tasks when given; it changes the inputs of
+            zero-shot image classification and whisper's audio classification (see above).
         batch_size: rows in the batch, >= 1.
         seq_len: sequence length (see above), >= 1.
         seed: seed of the generator producing the random values.
@@ -476,6 +530,8 @@ def make_inputs(
     if model_type == "whisper":
         frames = 2 * int(config.max_source_positions)
         features = torch.randn(b, int(config.num_mel_bins), frames, generator=gen, dtype=torch.float32)
+        if task == "audio-classification":  # the encoder and a classifier: no decoder inputs
+            return {"input_features": features}
         decoder_input_ids = _random_ids(gen, (b, s), 3, int(config.vocab_size))
         decoder_input_ids[:, 0] = int(config.decoder_start_token_id)
         return {"input_features": features, "decoder_input_ids": decoder_input_ids}

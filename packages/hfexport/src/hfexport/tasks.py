@@ -34,6 +34,8 @@ TASK_AUTO_CLASSES: dict[str, str] = {
     "depth-estimation": "AutoModelForDepthEstimation",
     "time-series-forecasting": "AutoModelForTimeSeriesPrediction",
     "text-to-audio": "AutoModelForTextToWaveform",
+    "zero-shot-image-classification": "AutoModelForZeroShotImageClassification",
+    "audio-classification": "AutoModelForAudioClassification",
 }
 
 #: Tasks whose explicit ``--task`` exports generation components (prefill/decode, or encoders,
@@ -52,6 +54,7 @@ ARCHITECTURE_SUFFIX_TASKS: tuple[tuple[str, str], ...] = (
     ("ForTokenClassification", "token-classification"),
     ("ForQuestionAnswering", "question-answering"),
     ("ForImageClassification", "image-classification"),
+    ("ForAudioClassification", "audio-classification"),
     ("ForCTC", "ctc"),
     ("ForSpeechSeq2Seq", "automatic-speech-recognition"),
     ("ForImageTextToText", "image-text-to-text"),

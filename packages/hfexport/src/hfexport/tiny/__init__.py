@@ -31,7 +31,8 @@ Shape limits that matter to callers:
 * vit takes 32x32 RGB images cut into 8x8 patches (16 patches plus the class token);
 * wav2vec2's raw audio length is derived from the requested number of output frames;
 * qwen2_vl always gets one image of 4x4 patches (four merged image tokens) in a 12-token prompt;
-* classification heads have 3 labels (so their output never looks like a batch of 2);
+* classification heads have 3 labels (so their output never looks like a batch of 2); question
+  answering heads have the 2 their start and end logits need;
 * mixtral keeps transformers' default experts implementation (``grouped_mm`` in 5.24).
 
 Special token ids are kept inside the vocabulary (pad 0, bos 1, eos 2 for most models; the

@@ -58,6 +58,10 @@ TASK_TO_AUTO_CLASS: dict[str, str] = {
         "depth-estimation",
         "time-series-forecasting",
         "text-to-audio",
+        "token-classification",
+        "question-answering",
+        "zero-shot-image-classification",
+        "audio-classification",
     )
 }
 
@@ -78,6 +82,19 @@ _TASK_MAPPINGS: dict[str, tuple[tuple[str, str], ...]] = {
         ("MODEL_FOR_CTC_MAPPING_NAMES", "AutoModelForCTC"),
     ),
     "image-text-to-text": (("MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", "AutoModelForImageTextToText"),),
+    "token-classification": (
+        ("MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES", "AutoModelForTokenClassification"),
+    ),
+    "question-answering": (("MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES", "AutoModelForQuestionAnswering"),),
+    "zero-shot-image-classification": (
+        (
+            "MODEL_FOR_ZERO_SHOT_IMAGE_CLASSIFICATION_MAPPING_NAMES",
+            "AutoModelForZeroShotImageClassification",
+        ),
+    ),
+    "audio-classification": (
+        ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "AutoModelForAudioClassification"),
+    ),
     # issue 28: vision heads, time series, text-to-audio
     "object-detection": (("MODEL_FOR_OBJECT_DETECTION_MAPPING_NAMES", "AutoModelForObjectDetection"),),
     "zero-shot-object-detection": (
@@ -111,7 +128,18 @@ _EXTRA_TASK_CLASSES: dict[str, dict[str, str]] = {
     },
 }
 
-# default task of a type without a preset: the first of these it has a class for
+#: tasks added after the hand-written presets fixed theirs (issue 28): a preset is offered these too
+#: wherever transformers has a class for them (bert's token classification, whisper's audio
+#: classification), after its own tasks
+_HEAD_TASKS = (
+    "token-classification",
+    "question-answering",
+    "zero-shot-image-classification",
+    "audio-classification",
+)
+
+# default task of a type without a preset: the first of these it has a class for (the head tasks
+# come last, so adding them changed no type's default)
 _DEFAULT_TASK_ORDER = (
     "text2text-generation",
     "image-text-to-text",
@@ -128,6 +156,7 @@ _DEFAULT_TASK_ORDER = (
     "depth-estimation",
     "time-series-forecasting",
     "text-to-audio",
+    *_HEAD_TASKS,
 )
 
 _AUTO_CLASS_OVERRIDES: dict[tuple[str, str], str] = {
@@ -248,10 +277,13 @@ def _generic_tasks(model_type: str) -> dict[str, str]:
 def supported_tasks(model_type: str) -> tuple[str, ...]:
     """Return the tasks a tiny model of ``model_type`` can be built for, default first.
 
-    A hand-written preset fixes its tasks; any other type has the tasks transformers has an auto
-    class for (among :data:`TASK_TO_AUTO_CLASS`), in the order text2text-generation,
-    image-text-to-text, automatic-speech-recognition, image-classification, fill-mask,
-    text-generation, feature-extraction, text-classification.
+    A hand-written preset fixes its tasks (followed by those of token-classification,
+    question-answering, zero-shot-image-classification and audio-classification transformers has a
+    class for); any other type has the tasks transformers has an auto class for (among
+    :data:`TASK_TO_AUTO_CLASS`), in the order text2text-generation, image-text-to-text,
+    automatic-speech-recognition, image-classification, fill-mask, text-generation,
+    feature-extraction, text-classification, token-classification, question-answering,
+    zero-shot-image-classification, audio-classification.
 
     Raises:
         UnknownModelTypeError: (a ``ValueError``) transformers knows no ``model_type``; the message
@@ -260,7 +292,9 @@ def supported_tasks(model_type: str) -> tuple[str, ...]:
     _check_model_type(model_type)
     preset = PRESETS.get(model_type)
     if preset is not None and preset.tasks is not None:
-        return preset.tasks
+        generic = _generic_tasks(model_type)
+        later = tuple(t for t in _HEAD_TASKS if t in generic and t not in preset.tasks)
+        return preset.tasks + later
     return tuple(_generic_tasks(model_type))
 
 

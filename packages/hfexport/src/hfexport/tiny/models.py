@@ -27,6 +27,11 @@ from hfexport.tiny.presets import PRESETS
 __all__ = ["DEGENERATE_MAX_ABS", "check_runs_eagerly", "tiny_model"]
 
 
+#: tasks whose heads need a fixed number of labels (the zoo's other heads have 3): a
+#: question-answering head splits its 2 outputs into start and end logits
+_TASK_NUM_LABELS = {"question-answering": 2}
+
+
 def _build(
     model_type: str,
     task: str | None,
@@ -37,6 +42,8 @@ def _build(
     auto_cls = getattr(transformers, auto_class_name(model_type, task))
     if not hasattr(auto_cls, "from_config"):  # a model class no Auto class maps (patchtst's head)
         auto_cls = _ClassBuilder(auto_cls)
+    if task in _TASK_NUM_LABELS and "num_labels" not in overrides:
+        overrides = {**overrides, "num_labels": _TASK_NUM_LABELS[task]}
     config = shrunk_config(model_type, **overrides)
     preset = PRESETS.get(model_type)
     if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always

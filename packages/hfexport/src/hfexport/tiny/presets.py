@@ -505,3 +505,41 @@ PRESETS.update(
         ),
     }
 )
+
+# Dual encoders of zero-shot image classification (issue 28): the text and image embeddings are
+# compared by a matrix product, so both projections must end at the same width.
+PRESETS.update(
+    {
+        "align": Preset(
+            config={
+                "projection_dim": 80,
+                "initializer_range": 0.4,
+                "vision_config": {
+                    "width_coefficient": 0.25,
+                    "depth_coefficient": 0.25,
+                    "initializer_range": 0.4,
+                },
+            },
+            reason="the default EfficientNet-B7 tower (width 2.0, depth 3.1) makes a 62M-parameter model whose "
+            "image features vanish to 1e-28 at initializer_range 0.02 (NaN logits); width and depth 0.25 "
+            "give 0.2M parameters, 0.4 gives features of 0.6, and the text projection must end at the "
+            "tower's 80-wide output",
+        ),
+        "siglip": Preset(
+            config={"text_config": {"projection_size": 64}},
+            reason="the text head projects to projection_size (768 by default), which must equal the "
+            "shrunk vision hidden size (64) for the image-text logits",
+        ),
+        "siglip2": Preset(
+            config={"text_config": {"projection_size": 64}},
+            reason="the text head projects to projection_size (768 by default), which must equal the "
+            "shrunk vision hidden size (64) for the image-text logits",
+        ),
+    }
+)
+
+# Audio classification (issue 28)
+PRESETS["audio-spectrogram-transformer"] = Preset(
+    config={"max_length": 64, "num_mel_bins": 32},
+    reason="the default 1024 x 128 spectrogram makes 1212 patches; 64 frames x 32 bins make 10",
+)
