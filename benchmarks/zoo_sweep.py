@@ -796,7 +796,11 @@ def render(
             ran = passed + failed
             goal = TARGETS.get((family, backend))
             verdict = ""
-            if ran + skipped < len(runnable):  # the backend has not seen every runnable type yet
+            if len(fam) < len(known.get(family, ())):  # the family itself is only partly swept
+                verdict = f"; {len(fam)} of {len(known[family])} types swept"
+                if goal is not None:
+                    verdict += f", target {goal}% not judged yet"
+            elif ran + skipped < len(runnable):  # the backend has not seen every runnable type yet
                 verdict = f"; {ran + skipped} of {len(runnable)} types run"
                 if goal is not None:
                     verdict += f", target {goal}% not judged yet"

@@ -446,8 +446,8 @@ ROWS: list[Row] = [
         "export_atol_without_validation",
         _export("dynamo", "{tmp}/out", "--no-validate", "--atol", "1e-3"),
         2,
-        r"Invalid value.*: atol cannot apply: validate=False skips the parity check that reads it; allowed: "
-        r"drop atol, or validate=True",
+        r"Invalid value for --atol: --atol cannot apply: --no-validate skips the parity check that reads it; "
+        r"allowed: drop --atol, or drop --no-validate",
     ),
     Row(
         "export_ort_fusions_not_a_target",
@@ -533,7 +533,8 @@ ROWS: list[Row] = [
         _export("dynamo", "{tmp}/out", "--task", "text-generation"),
         2,
         r"Invalid value for --task: the tiny bert model is not available for task 'text-generation'; its "
-        r"tasks: feature-extraction, fill-mask, text-classification \(or --task auto\)",
+        r"tasks: feature-extraction, fill-mask, text-classification, token-classification, "
+        r"question-answering \(or --task auto\)",
     ),
     # -- generate: usage errors, before anything is loaded ----------------------------------------
     Row(

@@ -285,19 +285,3 @@ def test_one_task_table_feeds_checkpoints_the_zoo_and_the_cli():
     assert tasks.auto_class_name("token-classification") == "AutoModelForTokenClassification"
     with pytest.raises(ValueError, match=r"unknown task 'translate'; allowed: auto, feature-extraction, "):
         tasks.auto_class_name("translate")
-
-
-@pytest.mark.parametrize(
-    ("changes", "unread"),
-    [
-        ({"atol": 1e-3}, "atol"),
-        ({"rtol": 1e-3}, "rtol"),
-        ({"atol": 1e-3, "rtol": 0.0}, "atol, rtol"),
-    ],
-)
-def test_a_tolerance_with_validation_off_is_refused_as_unread(changes, unread):
-    with pytest.raises(ValueError, match=rf"^{unread} cannot apply: validate=False skips the parity check"):
-        OnnxConfig(validate=False, **changes)
-    # the same tolerances with validation on, and validation off without them, are accepted
-    assert OnnxConfig(validate=True, **changes).atol == changes.get("atol")
-    assert OnnxConfig(validate=False).validate is False

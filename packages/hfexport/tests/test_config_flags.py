@@ -163,7 +163,11 @@ def test_declared_flags_follow_field_order_with_the_quantization_group():
     assert flag_for_field(flags, "quantization.method") == "--quantize"
     assert flag_for_field(flags, "quantization.per_channel") == "--per-tensor"
     assert flag_for_field(flags, "external_data") is None
-    assert [d.cli.flag for d in declared_flags(ExecutorchConfig)][-1] == "--backend"
+    assert [d.cli.flag for d in declared_flags(ExecutorchConfig)][-3:] == [
+        "--backend",
+        "--no-custom-ops",
+        "--kv-cache-dtype",
+    ]
 
 
 def test_config_from_flags_maps_switches_groups_and_parsers(tmp_path):

@@ -716,6 +716,14 @@ def export_command(
             raise typer.BadParameter(f"FORMAT must be one of {', '.join(formats)}, got {export_format!r}")
         _check_model_and_task(model, task)  # usage errors, before the backend is imported
         flags: _ExportFlags = ctx.meta[_FLAGS_KEY]
+        given = ctx.meta[_GIVEN_KEY]
+        unread = [f for f in ("--atol", "--rtol", "--gate") if given.get(f) not in (None, [], ())]
+        if given.get("--no-validate") and unread:  # nothing would read them: refused, not ignored
+            raise typer.BadParameter(
+                f"{', '.join(unread)} cannot apply: --no-validate skips the parity check that reads "
+                f"{'them' if len(unread) > 1 else 'it'}; allowed: drop {', '.join(unread)}, or drop --no-validate",
+                param_hint=unread[0],
+            )
         config = _config_for(export_format, ctx.meta[_GIVEN_KEY], flags.known)
         from hfexport.auto import AutoHfExporter
 

@@ -1105,16 +1105,6 @@ class CaptureConfig(ExportConfigMixin):
                 # every comparison pass: both would turn validation into a no-op or a late failure
                 if not math.isfinite(value) or value < 0:
                     raise ValueError(f"{name}={value!r} is invalid; allowed: {allowed}")
-        if not self.validate:
-            # a tolerance or a gate with validation off would be accepted and never read
-            unread = [
-                name for name in ("atol", "rtol", "quality_gates") if getattr(self, name) not in (None, {})
-            ]
-            if unread:
-                raise ValueError(
-                    f"{', '.join(unread)} cannot apply: validate=False skips the parity check that reads "
-                    f"{'them' if len(unread) > 1 else 'it'}; allowed: drop {', '.join(unread)}, or validate=True"
-                )
         if self.dynamic_shapes is not None:
             if not isinstance(self.dynamic_shapes, (dict, list, tuple)):
                 raise ValueError(
