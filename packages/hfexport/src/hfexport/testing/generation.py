@@ -35,6 +35,7 @@ __all__ = [
     "check_reduced_precision_generation",
     "check_second_shape",
     "check_smollm2_generation",
+    "check_vision_language_case",
     "generation_config_for",
     "load_smollm2",
     "worst_validation",
@@ -394,3 +395,60 @@ def check_image_text_generation(
         diffs[label] = parity.max_logit_diff
     shapes = {label: {k: tuple(v.shape) for k, v in p.items()} for label, p in prompts.items()}
     return {"parts": parts, "shapes": shapes, "max_logit_diff": diffs}
+
+
+#: The shared vision-language generation cases of every backend's test_image_text.py (issue 28):
+#: model type -> (task, component names, {"sample" | "second": {input: shape}}, extra plan facts).
+#: LLaVA is exported once with ``dynamic=True`` at 2 images + 24 tokens and generates at 3 images +
+#: 29 tokens; Qwen2-VL at a 4x4 patch grid (4 image tokens) and an 8x6 grid (12 image tokens) in a
+#: longer prompt, its M-RoPE position ids ``[4, batch, seq]`` computed by the runner.
+VISION_LANGUAGE_CASES: dict[
+    str, tuple[str | None, list[str], dict[str, dict[str, tuple[int, ...]]], dict]
+] = {
+    "llava": (
+        None,
+        ["image_encoder", "multi_modal_projector", "embed_tokens", "language_model", "lm_head", "decode"],
+        {
+            "sample": {"pixel_values": (2, 3, 32, 32), "input_ids": (2, 24)},
+            "second": {"pixel_values": (3, 3, 32, 32), "input_ids": (3, 29)},
+        },
+        {},
+    ),
+    "qwen2_vl": (
+        "image-text-to-text",
+        ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"],
+        {
+            "sample": {"pixel_values": (16, 1176), "input_ids": (1, 12)},
+            "second": {"pixel_values": (48, 1176), "input_ids": (1, 23)},
+        },
+        {"mrope": {"spatial_merge_size": 2, "channels": 4}},
+    ),
+}
+
+
+def check_vision_language_case(exporter: Any, config: Any, model_type: str) -> dict[str, Any]:
+    """Run one of :data:`VISION_LANGUAGE_CASES` on a backend: build the tiny model, export its
+    generation components with ``config`` (``dynamic=True``), generate at both shapes
+    (:func:`check_image_text_generation`) and check the components and shapes the case names.
+
+    Returns:
+        :func:`check_image_text_generation`'s result.
+
+    Raises:
+        KeyError: ``model_type`` is not a case.
+        AssertionError: generation differs from ``model.generate``, or other components or shapes.
+    """
+    from hfexport.testing import tiny_model
+
+    task, names, shapes, plan_facts = VISION_LANGUAGE_CASES[model_type]
+    model, inputs = tiny_model(model_type, task) if task else tiny_model(model_type)
+    result = check_image_text_generation(exporter, config, model, inputs)
+    parts = result["parts"]
+    assert list(parts) == names, list(parts)
+    for label, expected in shapes.items():
+        got = {k: result["shapes"][label][k] for k in expected}
+        assert got == expected, (label, got, expected)
+    for name, value in plan_facts.items():
+        assert getattr(parts.plan, name) == value, (name, getattr(parts.plan, name))
+    assert set(result["max_logit_diff"]) == {"sample", "second"}
+    return result
