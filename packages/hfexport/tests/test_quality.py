@@ -196,3 +196,14 @@ def test_scores_are_the_same_in_chunks_as_in_one_pass(monkeypatch):
     broken[2, 6, 3] = float("nan")  # NaN in the artifact only: no similarity, infinite difference
     row = q.score_outputs({"logits": expected}, {"logits": broken}, gates=gates)[0]
     assert row.cosine == 0.0 and row.max_abs_diff == math.inf and not row.ok
+
+
+def test_gate_failure_names_an_unnamed_single_output():
+    """A module returning one bare tensor has the output name ''; the message says "output", not ": "."""
+    model = torch.nn.Linear(8, 8)
+    inputs = {"input": torch.randn(4, 8)}
+    with pytest.raises(ExportValidationError) as info:
+        validate_quality(model, lambda kw: {"": -model(**kw)}, inputs, gates={"cosine": 0.99})
+    message = str(info.value)
+    assert "on the sample inputs: output: cosine = -1.0000 (gate >= 0.99)" in message
+    assert ": :" not in message

@@ -285,6 +285,21 @@ def test_a_tiny_model_whose_outputs_vanish_is_reported_degenerate():
     assert info.value.stage == "eager" and "initializer_range" in info.value.reason
 
 
+def test_a_tiny_model_whose_outputs_hold_nan_is_refused():
+    """A NaN in any eager output makes parity meaningless: check_runs_eagerly names the output."""
+    from hfexport.tiny.models import check_runs_eagerly
+
+    model, inputs = tiny_model("bert", "fill-mask")
+    with torch.no_grad():
+        model.get_output_embeddings().bias[3] = float("nan")
+    with pytest.raises(TinyModelUnavailable, match=r"NaN in the eager outputs \(#0 \[") as info:
+        check_runs_eagerly(model, inputs, "fill-mask")
+    assert info.value.stage == "eager" and "initializer_range" in info.value.reason
+    with torch.no_grad():
+        model.get_output_embeddings().bias[3] = float("-inf")  # infinities stay allowed
+    assert check_runs_eagerly(model, inputs, "fill-mask").logits.isinf().any()
+
+
 @pytest.mark.parametrize(
     ("model_type", "least"),
     [

@@ -121,7 +121,9 @@ def check_runs_eagerly(
             exception's type and first line), or every floating-point output value is below
             :data:`DEGENERATE_MAX_ABS` in magnitude: activations vanished through the random layers,
             and a parity check against such a model compares zeros, so it proves nothing (the fix is
-            a per-type overlay in :mod:`hfexport.tiny.presets`, e.g. a larger ``initializer_range``).
+            a per-type overlay in :mod:`hfexport.tiny.presets`, e.g. a larger ``initializer_range``);
+            or a floating-point output holds a NaN (a parity check against NaN proves nothing
+            either). Infinities are allowed: masked scores are ``-inf`` by design.
     """
     try:
         with torch.no_grad():
@@ -129,6 +131,17 @@ def check_runs_eagerly(
     except Exception as exc:  # any eager failure makes the type unavailable, not an export failure
         raise TinyModelUnavailable(model.config.model_type, task, "eager", one_line(exc)) from exc
     floats = [t for t in _output_tensors(output) if t.is_floating_point() and t.numel()]
+    with_nan = [i for i, t in enumerate(floats) if bool(torch.isnan(t).any())]
+    if with_nan:
+        shapes = ", ".join(f"#{i} {list(floats[i].shape)}" for i in with_nan)
+        raise TinyModelUnavailable(
+            model.config.model_type,
+            task,
+            "eager",
+            f"NaN in the eager outputs ({shapes}): the random weights or the config overflow, so parity "
+            "with eager would compare NaN (add an overlay in hfexport.tiny.presets, e.g. a smaller "
+            "initializer_range or fewer layers)",
+        )
     if floats and max(float(t.abs().max()) for t in floats) < DEGENERATE_MAX_ABS:
         peak = max(float(t.abs().max()) for t in floats)
         raise TinyModelUnavailable(

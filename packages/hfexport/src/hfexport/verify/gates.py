@@ -555,7 +555,7 @@ def validate_quality(
     )
     logger.info("%s", table)
     if raise_on_failure and not all(r.ok for r in rows):
-        missed = "; ".join(f"{r.name}: {', '.join(r.failures)}" for r in rows if not r.ok)
+        missed = "; ".join(f"{r.name or 'output'}: {', '.join(r.failures)}" for r in rows if not r.ok)
         metrics = sorted({f.split(" = ")[0] for r in rows for f in r.failures})
         # the suggested gate is the lowest measured value, rounded down: one that this artifact passes
         example = {
