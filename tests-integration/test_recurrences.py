@@ -345,27 +345,10 @@ def _greedy_parity(exporter, artifacts, model) -> None:
     """The exported prefill/decode components generate the tokens of model.generate(do_sample=False)
     at two prompt lengths, with every step's logits equal to generate's within tolerance."""
     from hfexport.generation import GenerationRunner, callers_from_exporter
+    from hfexport.testing.generation import check_greedy_parity
 
     runner = GenerationRunner(artifacts.plan, callers_from_exporter(exporter, artifacts))
-    for length in PROMPT_LENGTHS:
-        ids = torch.randint(
-            3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length)
-        )
-        with torch.no_grad():
-            want = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        got = runner.generate(ids, max_new_tokens=NEW_TOKENS)
-        assert got.tolist() == want.sequences.tolist(), (length, got[:, length:], want.sequences[:, length:])
-        assert len(runner.last_logits) == len(want.logits) == got.shape[1] - length
-        for step, (ours, theirs) in enumerate(zip(runner.last_logits, want.logits, strict=True)):
-            diff = (ours - theirs.float()).abs().max().item()
-            assert diff <= 1e-4, (length, step, diff)
+    check_greedy_parity(runner, model, PROMPT_LENGTHS, new_tokens=NEW_TOKENS, atol=1e-4)
 
 
 @pytest.mark.parametrize(("backend", "model_type"), GENERATION_CASES)

