@@ -292,3 +292,44 @@ def test_dynamic_image_sides_are_not_pinned_by_a_size_one_feature_map():
         got = program.module()(pixel_values=image).logits
         expected = model(pixel_values=image).logits
     assert (got - expected).abs().max().item() < 1e-4
+
+
+class WholeMapPooler(torch.nn.Module):
+    """EfficientNet / ALIGN's pooler shape: a ceil_mode window far larger than the feature map."""
+
+    def __init__(self, kind: str = "avg", kernel: int = 64) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        pool = torch.nn.AvgPool2d if kind == "avg" else torch.nn.MaxPool2d
+        self.pool = pool(kernel, ceil_mode=True)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.conv(pixel_values)).flatten(1)
+
+
+@pytest.mark.parametrize("kind", ["avg", "max"])
+def test_a_pooling_window_over_the_whole_map_is_captured_as_a_reduction(kind):
+    found = {e.name: e for e in registry.entries("capture", kind="patch")}
+    name = "avg_pool_over_the_whole_map_as_mean" if kind == "avg" else "max_pool_over_the_whole_map_as_amax"
+    assert found[f"{workarounds.__name__}.{name}"].issue == "https://github.com/pytorch/pytorch/issues/183528"
+    model = WholeMapPooler(kind).eval()
+    original = torch.nn.functional.avg_pool2d, torch.nn.functional.max_pool2d
+    program = capture(model, {"pixel_values": torch.randn(2, 3, 10, 14)}, DynamoConfig(dynamic=True))
+    assert (torch.nn.functional.avg_pool2d, torch.nn.functional.max_pool2d) == original  # restored
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not any("pool2d" in t for t in targets), targets
+    assert ("aten.mean.dim" if kind == "avg" else "aten.amax.default") in targets
+    for shape in ((2, 3, 10, 14), (3, 3, 30, 22)):  # two image sizes, both within the window
+        image = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[2]))
+        with torch.no_grad():
+            assert (program.module()(pixel_values=image) - model(pixel_values=image)).abs().max().item() < 1e-6
+    # the window bounds the sides the program accepts: a map larger than the kernel is refused
+    with pytest.raises(Exception, match="<= 128|<=128|Guard|constraint|range"):
+        program.module()(pixel_values=torch.randn(1, 3, 260, 20))
+
+
+def test_a_pooling_with_several_windows_keeps_its_pool_op():
+    model = WholeMapPooler("avg", kernel=2).eval()  # 2x2 windows: more than one, not a whole-map mean
+    program = capture(model, {"pixel_values": torch.randn(2, 3, 10, 14)}, DynamoConfig(dynamic=True))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "aten.avg_pool2d.default" in targets and "aten.mean.dim" not in targets

@@ -12,7 +12,11 @@ the original code.
   makes ``torch.export`` bound the sequence axis below the window;
 - :func:`keep_size_one_batch_dynamic`: ``torch.export.export`` traces with size-oblivious
   reasoning when a dynamic batch axis has size 1 in the sample, instead of specialising the
-  batch to 1.
+  batch to 1;
+- :func:`avg_pool_over_the_whole_map_as_mean` / :func:`max_pool_over_the_whole_map_as_amax`: a
+  ``ceil_mode`` 2-d pooling whose one window covers the whole feature map (EfficientNet's and
+  ALIGN's pooler: kernel ``hidden_dim``) is captured as the mean / max over the spatial axes, which
+  every runtime computes as eager does.
 
 Workarounds that depend on what a runtime can execute are registered by their backend under its
 own key (for example the mixture-of-experts rewrites: the shared dense every-expert forward of
@@ -35,10 +39,12 @@ from hfexport.registry import register_patch
 
 __all__ = [
     "BACKEND",
+    "avg_pool_over_the_whole_map_as_mean",
     "dynamic_image_side_axes",
     "dynamic_size_one_batch_axes",
     "keep_last",
     "keep_size_one_batch_dynamic",
+    "max_pool_over_the_whole_map_as_amax",
     "sliding_window_update_keeps_dynamic_length",
 ]
 
@@ -296,3 +302,123 @@ def keep_size_one_batch_dynamic(original: Callable[..., Any]) -> Callable[..., A
             return original(*args, **kwargs)
 
     return export
+
+
+# --------------------------------------------------------------------------------------------
+# Pooling windows that cover the whole feature map
+# --------------------------------------------------------------------------------------------
+
+
+def _pair(value: Any) -> tuple[int, int] | None:
+    if isinstance(value, int):
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]))
+    return None
+
+
+def _one_window(
+    input: Any, kernel_size: Any, stride: Any, padding: Any, ceil_mode: bool, dilation: Any = 1
+) -> bool:
+    """Whether a 2-d pooling call has exactly one window covering the whole (sample) feature map:
+    ``ceil_mode`` on, no padding, no dilation, stride absent or equal to the kernel, and the
+    sample's height and width at most the kernel's (then the output is 1 x 1)."""
+    kernel = _pair(kernel_size)
+    if not ceil_mode or kernel is None or not isinstance(input, torch.Tensor) or input.dim() not in (3, 4):
+        return False
+    if _pair(padding) != (0, 0) or _pair(dilation) != (1, 1):
+        return False
+    if stride is not None and stride != [] and _pair(stride) != kernel:
+        return False
+    height, width = input.shape[-2], input.shape[-1]
+    # the sample's (hinted) sizes decide; a dynamic side gets a range check below
+    return bool(height <= kernel[0]) and bool(width <= kernel[1])
+
+
+def _check_within(input: torch.Tensor, kernel: tuple[int, int]) -> None:
+    """Keep the rewrite exact at every size the program accepts: the sides stay within the kernel
+    (``torch.export`` records the bound as the axis' upper limit)."""
+    torch._check(input.shape[-2] <= kernel[0])
+    torch._check(input.shape[-1] <= kernel[1])
+
+
+@register_patch(
+    BACKEND,
+    "torch.nn.functional.avg_pool2d",
+    description=(
+        "a ceil_mode avg_pool2d whose one window covers the whole feature map is captured as the spatial mean "
+        "(ONNX AveragePool divides by the kernel area, OpenVINO refuses a kernel larger than the map)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/183528",
+    versions={"torch": ">=2.12"},
+)
+def avg_pool_over_the_whole_map_as_mean(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.avg_pool2d`` while capturing.
+
+    EfficientNet's and ALIGN's image pooler is ``nn.AvgPool2d(hidden_dim, ceil_mode=True)``: one
+    window of ``hidden_dim`` (1280-2560) pixels over a feature map of a few pixels, i.e. the mean of
+    the map (eager PyTorch divides a ``ceil_mode`` border window by the pixels it covers). Captured
+    as ``avg_pool2d``, the runtimes disagree: ONNX Runtime's ``AveragePool`` with
+    ``count_include_pad`` divides that window by the kernel area (pytorch/pytorch#183528), OpenVINO's
+    CPU plugin refuses a kernel larger than the padded map ("Kernel after dilation has size ... larger
+    than the data shape"), ExecuTorch's numbers differ at a second image size. When the call has
+    exactly one window (``ceil_mode``, no padding, stride absent or the kernel, the sample's sides
+    within the kernel), the replacement returns ``input.mean((-2, -1), keepdim=True)``, the same
+    values as eager up to summation order, and bounds the dynamic sides by the kernel
+    (``torch._check``) so the program refuses a map the window would not cover. Every other call
+    runs the original.
+    """
+
+    @functools.wraps(original)
+    def avg_pool2d(
+        input: torch.Tensor,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: Any = None,
+    ) -> torch.Tensor:
+        if divisor_override is None and _one_window(input, kernel_size, stride, padding, ceil_mode):
+            _check_within(input, _pair(kernel_size))  # type: ignore[arg-type]
+            return input.mean(dim=(-2, -1), keepdim=True)
+        return original(input, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+    return avg_pool2d
+
+
+@register_patch(
+    BACKEND,
+    "torch.nn.functional.max_pool2d",
+    description=(
+        "a ceil_mode max_pool2d whose one window covers the whole feature map is captured as the spatial amax "
+        "(OpenVINO refuses a kernel larger than the map)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/183528",
+    versions={"torch": ">=2.12"},
+)
+def max_pool_over_the_whole_map_as_amax(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.max_pool2d`` while capturing: the max-pooling twin of
+    :func:`avg_pool_over_the_whole_map_as_mean` (EfficientNet / ALIGN with ``pooling_type="max"``):
+    one window over the whole map, without indices, becomes ``input.amax((-2, -1), keepdim=True)``
+    (identical values); every other call runs the original."""
+
+    @functools.wraps(original)
+    def max_pool2d(input: torch.Tensor, kernel_size: Any, *args: Any, **kwargs: Any) -> Any:
+        names = ("stride", "padding", "dilation", "ceil_mode", "return_indices")
+        options = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False}
+        options.update(dict(zip(names, args)))
+        options.update({k: v for k, v in kwargs.items() if k in options})
+        if not options["return_indices"] and _one_window(
+            input,
+            kernel_size,
+            options["stride"],
+            options["padding"],
+            bool(options["ceil_mode"]),
+            options["dilation"],
+        ):
+            _check_within(input, _pair(kernel_size))  # type: ignore[arg-type]
+            return input.amax(dim=(-2, -1), keepdim=True)
+        return original(input, kernel_size, *args, **kwargs)
+
+    return max_pool2d
