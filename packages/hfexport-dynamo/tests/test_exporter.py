@@ -96,6 +96,8 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
     assert report.applied["capture_patches"] == [
         "hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic_length",
         "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic",
+        "hfexport.workarounds.torch_export.avg_pool_over_the_whole_map_as_mean",
+        "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
     ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]

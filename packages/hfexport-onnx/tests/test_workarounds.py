@@ -18,6 +18,10 @@ from hfexport_onnx.workarounds import fx_fixes, translations
 
 ATOL = 1e-5
 SLIDING = "hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic_length"
+POOLING = [
+    "hfexport.workarounds.torch_export.avg_pool_over_the_whole_map_as_mean",
+    "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
+]
 SIZE_ONE = "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic"
 
 
@@ -49,7 +53,7 @@ def test_batch_of_one_sample_exports_a_dynamic_batch(tiny_encoder):
     one = {k: v[:1] for k, v in inputs.items()}
     exporter = OnnxExporter()
     program = exporter.export(model, one, OnnxConfig(dynamic=True, external_data=False))
-    assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE]
+    assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING]
     assert SIZE_ONE not in exporter.last_report.applied["patches"]
     assert str(program.model.graph.inputs[0].shape[0]) != "1"
     three = {

@@ -21,6 +21,10 @@ from hfexport.testing import tiny_model
 
 ATOL = 1e-4
 SLIDING = f"{workarounds.__name__}.sliding_window_update_keeps_dynamic_length"
+POOLING = [
+    f"{workarounds.__name__}.avg_pool_over_the_whole_map_as_mean",
+    f"{workarounds.__name__}.max_pool_over_the_whole_map_as_amax",
+]
 SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
 
 
@@ -82,7 +86,7 @@ def test_sliding_window_capture_accepts_sequences_longer_than_the_window():
     original = DynamicSlidingWindowLayer.__dict__["update"]
     report = ExportReport(export_format="test")
     program = capture(SlidingCacheStep(), _sliding_sample(), DynamoConfig(dynamic=True), report)
-    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE]
+    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING]
     assert DynamicSlidingWindowLayer.__dict__["update"] is original  # restored after the capture
     keys, values = torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
     full, kept_keys, kept_values = program.module()(keys=keys, values=values)
