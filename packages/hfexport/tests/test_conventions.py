@@ -62,6 +62,29 @@ def test_audio_mask_follows_the_signal():
     assert input_role("attention_mask", 2, present={"input_values": None}).sequence == TEXT
 
 
+def test_audio_features_mask_follows_the_frames_not_the_text():
+    """Wav2Vec2-BERT's [batch, frames] mask next to input_features: no text group, so a second shape
+    does not grow it to 65 tokens while the features keep their frames (eager then fails 31 vs 32)."""
+    mask = input_role("attention_mask", 2, present=["input_features", "attention_mask"])
+    assert (mask.sequence, mask.sequence_axis, mask.modality, mask.batch_axis) == (None, None, AUDIO, 0)
+    # with text ids beside the features the mask is the text's
+    both = input_role("attention_mask", 2, present=["input_features", "input_ids", "attention_mask"])
+    assert (both.sequence, both.sequence_axis) == (TEXT, 1)
+
+
+def test_audio_features_and_their_mask_keep_one_frame_count_in_the_second_shape():
+    from hfexport.testing import tiny_model
+    from hfexport.verify.second_shape import derive_second_inputs
+
+    model, inputs = tiny_model("wav2vec2-bert", "audio-classification")
+    second, why = derive_second_inputs(model, inputs)
+    assert why == "" and second is not None
+    assert tuple(second["input_features"].shape[:2]) == (3, inputs["input_features"].shape[1])
+    assert tuple(second["attention_mask"].shape) == tuple(second["input_features"].shape[:2])
+    with torch.no_grad():
+        model(**second)  # the eager reference runs on it
+
+
 def test_input_features_claim_no_sequence_axis_and_grids_no_batch():
     assert input_role("input_features", 3).sequence_axis is None
     assert batch_axis("image_grid_thw") is None and batch_axis("cache_position") is None

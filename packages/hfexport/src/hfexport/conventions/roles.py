@@ -49,7 +49,9 @@ no axis: the backends bound it by their own rules.
 The *sequence group* names the axes that share one length: ``text`` (encoder tokens),
 ``decoder`` (decoder tokens), ``signal`` (raw audio samples). One context rule: a text
 ``attention_mask`` next to a raw audio input (``input_values``) masks the audio samples, so it
-takes the ``signal`` group and the ``audio`` modality (:func:`input_role` with ``present``).
+takes the ``signal`` group and the ``audio`` modality (:func:`input_role` with ``present``); one
+next to audio features (``input_features``) with no text ids masks their frames: the ``audio``
+modality and, as the features, no sequence axis.
 
 Where the old copies disagreed: ``mm_token_type_ids`` is a ``[batch, seq]`` sequence input (the
 ExecuTorch bounds and the decode merge had it; validation and batching only half did);
@@ -272,8 +274,9 @@ def input_role(
         name: the kwarg name.
         ndim: the tensor's rank; a rank the role does not list gives ``None``.
         present: the other kwargs of the call (names, or the kwargs dict: ``None`` values count as
-            absent), for the context rule: a text mask next to a raw audio input takes the
-            ``signal`` group and the ``audio`` modality.
+            absent), for the context rules: a text mask next to a raw audio input takes the
+            ``signal`` group and the ``audio`` modality; next to ``input_features`` (and no
+            ``input_ids`` / ``inputs_embeds``) the ``audio`` modality and no sequence axis.
 
     Returns:
         The :class:`InputRole`, or ``None`` for a name not in the table (or a rank it lacks).
@@ -288,6 +291,10 @@ def input_role(
         names = _present_names(present)
         if any(_ROLES[k].sequence == SIGNAL for k in names if k in _ROLES and k != name):
             role = dataclasses.replace(role, modality=AUDIO, sequence=SIGNAL)
+        elif "input_features" in names and not names & {"input_ids", "inputs_embeds"}:
+            # the mask of audio features (Wav2Vec2-BERT: [batch, frames]) follows their frames,
+            # which have no sequence group: it changes with the batch only, as they do
+            role = dataclasses.replace(role, modality=AUDIO, sequence=None, sequence_axis=None)
     return role
 
 
