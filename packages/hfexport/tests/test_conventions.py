@@ -100,7 +100,14 @@ def test_names_with_filters_in_table_order():
         "pixel_values",
     )
     assert names_with(kind="cache") == ("cache", "past_key_values")
-    assert set(names_with(modality="image")) == {"pixel_values", "pixel_mask", "image_grid_thw"}
+    assert set(names_with(modality="image")) == {
+        "pixel_values",
+        "pixel_mask",
+        "image_grid_thw",
+        # SigLIP2's patch mask and grid, Idefics3's per-image mask
+        "pixel_attention_mask",
+        "spatial_shapes",
+    }
 
 
 def test_max_positions_lookup_order_and_text_config():
@@ -148,6 +155,9 @@ def test_old_call_sites_agree_with_the_table():
         "static_categorical_features",
         "static_real_features",
         "decoder_input_values",
+        # SigLIP2 / Idefics3 patch masks, SigLIP2's patch grid per image
+        "pixel_attention_mask",
+        "spatial_shapes",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {
@@ -185,3 +195,21 @@ def test_a_new_modality_is_one_entry(monkeypatch):
         {"depth_values": torch.zeros(1, 1, 4, 4)}, DynamoConfig(dynamic=True)
     )
     assert widened["depth_values"].shape == (2, 1, 4, 4) and "depth_values" in reason
+
+
+def test_patchified_images_grow_their_batch_with_their_mask_and_grid():
+    """SigLIP2's [batch, patches, dim] pixel_values, [batch, patches] mask and [batch, 2] grid: a
+    second shape adds a batch row to all three (the grid's rows repeated exactly) and eager runs it."""
+    from hfexport.testing import tiny_model
+    from hfexport.verify.second_shape import derive_second_inputs
+
+    assert input_role("pixel_values", 3).spatial_axes == () and input_role("pixel_values", 3).batch_axis == 0
+    assert input_role("pixel_attention_mask", 4).spatial_axes == (2, 3)
+    model, inputs = tiny_model("siglip2", "zero-shot-image-classification")
+    second, why = derive_second_inputs(model, inputs)
+    assert why == "" and second is not None
+    assert tuple(second["pixel_values"].shape) == (3, *inputs["pixel_values"].shape[1:])
+    assert tuple(second["pixel_attention_mask"].shape) == (3, inputs["pixel_attention_mask"].shape[1])
+    assert second["spatial_shapes"].tolist() == [inputs["spatial_shapes"][0].tolist()] * 3
+    with torch.no_grad():
+        model(**second)

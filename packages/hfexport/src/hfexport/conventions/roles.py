@@ -17,8 +17,10 @@ position_ids               text      positions        2 (3)  0 (1)  1 (2) text
 mm_token_type_ids          text      modality_types   2      0      1 (text)
 moe_mm_token_type_ids      text      modality_types   2      0      1 (text)
 cache_position             text      cache_positions  1      -      -
-pixel_values               image     pixels           4 (5)  0      -           2, 3 (3, 4)
+pixel_values               image     pixels           4 (5, 3) 0     -           2, 3 (3, 4; -)
 pixel_mask                 image     mask             3      0      -           1, 2
+pixel_attention_mask       image     mask             2 (4)  0      -           - (2, 3)
+spatial_shapes             image     patch_grid       2      0      -
 image_grid_thw             image     grid             2      -      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
 video_grid_thw             video     grid             2      -      -
@@ -39,7 +41,9 @@ decoder_input_values       audio     features         3      0      1 (decoder)
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
 seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single sequence axis),
-LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``. A tensor of a higher
+LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, SigLIP2's patchified
+``pixel_values`` ``[batch, patches, patch_dim]`` (no image sides), Idefics3's ``pixel_attention_mask``
+``[batch, images, height, width]``. A tensor of a higher
 rank without a variant keeps the base axes (extra trailing axes); one of a lower rank has no role
 (Qwen2-VL's ``pixel_values`` ``[patches, dim]`` counts patches on axis 0, not batch rows). ``input_features`` has no sequence axis: its frame axis is 2 for whisper
 ``[batch, mel, frames]`` and 1 for speech2text ``[batch, frames, mel]``, and whisper takes exactly
@@ -178,7 +182,17 @@ def _builtin_roles() -> list[InputRole]:
     )
     pixel_values = InputRole("pixel_values", IMAGE, "pixels", 0, None, None, (2, 3), 4, primary=True)
     pixel_values = dataclasses.replace(
-        pixel_values, variants=(_variant(pixel_values, ndim=5, spatial_axes=(3, 4)),)
+        pixel_values,
+        variants=(
+            _variant(pixel_values, ndim=5, spatial_axes=(3, 4)),
+            # NaViT-style patches (SigLIP2): [batch, patches, channels * patch * patch], no sides
+            _variant(pixel_values, ndim=3, spatial_axes=()),
+        ),
+    )
+    # the patches' mask: SigLIP2 [batch, patches]; Idefics3 / SmolVLM [batch, images, height, width]
+    pixel_attention_mask = InputRole("pixel_attention_mask", IMAGE, "mask", 0, None, None, (), 2)
+    pixel_attention_mask = dataclasses.replace(
+        pixel_attention_mask, variants=(_variant(pixel_attention_mask, ndim=4, spatial_axes=(2, 3)),)
     )
     # Order matters: primary inputs come first, in the order that picks the batch size.
     return [
@@ -198,6 +212,9 @@ def _builtin_roles() -> list[InputRole]:
         _text("decoder_attention_mask", "mask", sequence=DECODER),
         _text("decoder_position_ids", "positions", sequence=DECODER),
         InputRole("pixel_mask", IMAGE, "mask", 0, None, None, (1, 2), 3),
+        pixel_attention_mask,
+        # SigLIP2's patch grid per image [batch, (rows, columns)]: values, repeated with the batch
+        InputRole("spatial_shapes", IMAGE, "patch_grid", 0, None, None, (), 2),
         InputRole("image_grid_thw", IMAGE, "grid", None, None, None, (), 2),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
