@@ -270,8 +270,8 @@ class OnnxExporter(HfExporter):
             and not (dtype == "float16" and quantization.method in FLOAT16_QUANTIZATION_METHODS)
         ):
             raise ValueError(
-                f"quantization {config.quantization.method!r} rewrites float32 graphs; dtype={dtype!r} with it "
-                f"is not allowed: use dtype='float32', or dtype='float16' with "
+                f"quantization {config.quantization.method!r} quantizes float32 graphs only; dtype={dtype!r} with "
+                f"it is not allowed: use dtype='float32', or dtype='float16' with "
                 f"{' / '.join(FLOAT16_QUANTIZATION_METHODS)} (MatMulNBits with float16 activations and scales: "
                 "transformers.js's q4f16)"
             )
