@@ -17,6 +17,12 @@ Methods (:data:`QUANTIZATION_METHODS`):
   GELU models get 8-bit blocks (:func:`ffn_up_nodes`); the word embedding is int8.
 - ``int8-weight``: the same with 8-bit blocks everywhere (weight-only int8 for LLM decode).
 
+``int4-weight`` and ``int8-weight`` also quantize a float16 graph (``config.dtype="float16"``,
+:data:`FLOAT16_QUANTIZATION_METHODS`): ``MatMulNBits`` then takes float16 activations and scales,
+a tied embedding is gathered with float16 scales and an untied one is int8 with a float16 scale
+(transformers.js's ``q4f16``, :mod:`hfexport_onnx.layouts.transformers_js`). The int8 methods
+quantize float32 graphs only.
+
 ``quantization.exclude`` names modules (``fnmatch`` patterns over module paths such as
 ``encoder.layer.*.output.dense`` or ``lm_head``): the nodes the torch exporter recorded under those
 modules (``pkg.torch.onnx.name_scopes`` metadata) stay in float.
