@@ -13,6 +13,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -351,3 +352,124 @@ def test_missing_tokenizer_names_the_files_to_add(tmp_path):
     assert "layout 'transformers.js' needs the tokenizer next to the model" in shown
     assert "add tokenizer.json (and tokenizer_config.json) to the model folder" in shown
     assert not out.exists()
+
+
+Q4F16_JS = """
+import { writeFileSync } from "node:fs";
+import { env, pipeline } from "@huggingface/transformers";
+
+const [out, modelDir, prompt, maxNewTokens] = process.argv.slice(2);
+env.allowRemoteModels = false;
+const generator = await pipeline("text-generation", modelDir, { local_files_only: true });
+const inputs = generator.tokenizer(prompt);
+const { logits } = await generator.model(inputs);            // one prefill over the prompt, empty past
+const ids = await generator.model.generate({ ...inputs, max_new_tokens: Number(maxNewTokens), do_sample: false });
+const session = generator.model.sessions.model;
+writeFileSync(out, JSON.stringify({
+  logitsType: logits.type,
+  dims: logits.dims,
+  logits: Array.from(logits.to("float32").data),
+  ids: Array.from(ids.data, Number),
+  inputTypes: Object.fromEntries(session.inputMetadata.map((m) => [m.name, m.type])),
+}));
+"""
+
+
+def _ort_greedy(path: Path, prompt_ids: list[int], new_tokens: int) -> tuple[list[int], np.ndarray]:
+    """Greedy decoding with the decoder graph at ``path`` in ONNX Runtime (Python): the prompt in one
+    prefill with an empty past, then one token per step, as transformers.js feeds it. Returns the
+    ids (prompt included) and the prefill logits (float32)."""
+    import numpy as np
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    pasts = [i for i in session.get_inputs() if i.name.startswith("past_key_values.")]
+    types = {"tensor(float16)": np.float16, "tensor(float)": np.float32}
+    feed_past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), dtype=types[i.type]) for i in pasts}
+    ids, step, prefill = list(prompt_ids), list(prompt_ids), None
+    for _ in range(new_tokens):
+        start = len(ids) - len(step)
+        outputs = session.run(
+            None,
+            {
+                "input_ids": np.asarray([step], dtype=np.int64),
+                "attention_mask": np.ones((1, len(ids)), dtype=np.int64),
+                "position_ids": np.arange(start, len(ids), dtype=np.int64)[None],
+                **feed_past,
+            },
+        )
+        names = [o.name for o in session.get_outputs()]
+        logits = outputs[names.index("logits")].astype(np.float32)
+        prefill = logits if prefill is None else prefill
+        feed_past = {
+            p.name: outputs[names.index(p.name.replace("past_key_values", "present"))] for p in pasts
+        }
+        step = [int(logits[0, -1].argmax())]
+        ids += step
+    return ids, prefill
+
+
+def test_tiny_llama_q4f16_runs_in_transformers_js(tmp_path, transformers_js):
+    """``--dtype float16 --quantize int4-weight``: transformers.js's q4f16 file (float16 graph,
+    4-bit MatMulNBits weights with float16 scales), picked from config.json and run by
+    onnxruntime-node: its prefill logits equal ONNX Runtime's (Python) on the same file and stay
+    within the 4-bit gate of fp32 eager; its greedy ids equal ONNX Runtime's greedy loop."""
+    import onnx
+
+    folder = _tiny_folder("llama")(tmp_path / "llama")
+    out = tmp_path / "llama-q4f16"
+    result = export_layout(
+        "onnx",
+        folder,
+        out,
+        layout="transformers.js",
+        task="text-generation",
+        extra=["--dtype", "float16", "--quantize", "int4-weight"],
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == ["model_q4f16.onnx", "model_q4f16.onnx_data"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["transformers.js_config"] == {"dtype": "q4f16", "use_external_data_format": True}
+    report = json.loads((out / "export_report.json").read_text())
+    assert report["transformers_js_dtype"] == "q4f16" and report["onnx_file"] == "onnx/model_q4f16.onnx"
+
+    graph = onnx.load(str(out / "onnx" / "model_q4f16.onnx"), load_external_data=False).graph
+    nbits = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    layers = config["num_hidden_layers"]
+    assert len(nbits) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer + the LM head
+    attrs = [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nbits]
+    assert [a["bits"] for a in attrs] == [4] * (7 * layers) + [8]  # the head 8-bit (int4-weight default)
+    assert {a["block_size"] for a in attrs} == {32}
+    scales = {i.name: i.data_type for i in graph.initializer}
+    assert {scales[n.input[2]] for n in nbits} == {onnx.TensorProto.FLOAT16}
+    float16 = onnx.TensorProto.FLOAT16
+    io = {v.name: v.type.tensor_type.elem_type for v in [*graph.input, *graph.output]}
+    assert all(
+        t == float16 for n, t in io.items() if n.startswith(("past_key_values.", "present.", "logits"))
+    )
+    assert io["input_ids"] == onnx.TensorProto.INT64
+
+    prompt = "The quick brown fox"
+    got = _run_js(Q4F16_JS, transformers_js, tmp_path / "node", str(out), prompt, str(NEW_TOKENS))
+    assert got["logitsType"] == "float16"
+    assert {t for n, t in got["inputTypes"].items() if n.startswith("past_key_values.")} == {"float16"}
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    ids, ort_logits = _ort_greedy(out / "onnx" / "model_q4f16.onnx", prompt_ids, NEW_TOKENS)
+    js_logits = np.asarray(got["logits"], dtype=np.float32).reshape(got["dims"])
+    assert js_logits.shape == (1, len(prompt_ids), config["vocab_size"])
+    # the same file in onnxruntime-node (1.30) and ONNX Runtime 1.32: float16 rounding apart
+    assert float(np.abs(js_logits - ort_logits).max()) <= 2e-2
+    assert got["ids"] == ids
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        eager = model(torch.tensor([prompt_ids])).logits.numpy()
+    cosine = (js_logits * eager).sum(-1) / (
+        np.linalg.norm(js_logits, axis=-1) * np.linalg.norm(eager, axis=-1)
+    )
+    # the 4-bit quality gate of the export's own validation (hfexport.quality: mean cosine >= 0.98)
+    assert float(cosine.mean()) >= 0.98, cosine

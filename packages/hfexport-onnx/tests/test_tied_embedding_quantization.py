@@ -28,14 +28,20 @@ def _tied_llama() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     return model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def _export(embedding_bits: int | None, ort_fusions: str | None = "cpu"):
+def _export(
+    embedding_bits: int | None,
+    ort_fusions: str | None = "cpu",
+    dtype: str | None = None,
+    dynamic: bool = True,
+):
     model, inputs = _tied_llama()
     # a random-weight model: its arg-max is noise under 4-bit rounding, so top-1 is not gated
     config = OnnxConfig(
-        dynamic=True,
+        dynamic=dynamic,
         ort_fusions=ort_fusions,
         quantization=QuantizationConfig("int4-weight", embedding_bits=embedding_bits),
         quality_gates={"top1_agreement": 0.0},
+        dtype=dtype,
     )
     exporter = AutoHfExporter.from_config(config)
     program = exporter.export(model, inputs)
@@ -89,3 +95,47 @@ def test_without_ort_fusions_the_folded_transpose_is_found_tied_too():
     model, report = _export(None, ort_fusions=None)
     assert report.quantization["tied_embedding"]["bits"] == 8
     assert Counter(n.op_type for n in model.graph)["GatherBlockQuantized"] == 1
+
+
+def test_float16_q4f16_graph_shares_the_tied_embedding_with_float16_scales():
+    """``dtype="float16"`` + ``int4-weight`` (transformers.js's q4f16): the float16 table is gathered
+    from the 8-bit head's blocks too, all scales float16, float16 in and out; validated in ONNX
+    Runtime against fp32 eager with the 4-bit gates."""
+    import onnx_ir as ir
+
+    model, report = _export(None, ort_fusions=None, dtype="float16", dynamic=False)  # static: seconds
+    ops = Counter(n.op_type for n in model.graph)
+    assert ops["GatherBlockQuantized"] == 1 and ops["Gather"] == 0
+    assert report.quantization["tied_embedding"]["bits"] == 8
+    nbits = [n for n in model.graph if n.op_type == "MatMulNBits"]
+    assert len(nbits) == 2 * 7 + 1  # 7 projections per layer + the head
+    assert {n.inputs[2].dtype for n in nbits} == {ir.DataType.FLOAT16}
+    assert model.graph.outputs[0].dtype == ir.DataType.FLOAT16
+    # no float table left: [2048, 64] float16 would be 256 KiB; the 4/8-bit weights are uint8
+    assert not [
+        v.name
+        for v in model.graph.initializers.values()
+        if v.dtype == ir.DataType.FLOAT16 and VOCAB in tuple(v.shape or ())
+    ][1:]
+    logits = report.validation["sample"][0]
+    assert logits["name"] == "logits" and logits["dtype"] == "torch.float16" and logits["cosine"] >= 0.98
+
+
+def test_an_untied_float16_embedding_becomes_int8_with_a_float16_scale():
+    import onnx_ir as ir
+
+    model, inputs = _tied_llama()
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() + 0.01)
+    exporter = AutoHfExporter.from_config(
+        OnnxConfig(
+            dynamic=True, dtype="float16", quantization="int4-weight", quality_gates={"top1_agreement": 0.0}
+        )
+    )
+    program = exporter.export(model, inputs)
+    assert exporter.last_report.quantization["int8_embeddings"]
+    dq = next(n for n in program.model.graph if n.op_type == "DequantizeLinear")
+    table = dq.inputs[0].producer().inputs[0]  # Gather(int8 table, ids) -> DequantizeLinear
+    assert table.dtype == ir.DataType.INT8 and tuple(table.shape) == (VOCAB, HIDDEN)
+    assert dq.inputs[1].dtype == ir.DataType.FLOAT16
+    assert dq.outputs[0].dtype == ir.DataType.FLOAT16

@@ -63,7 +63,7 @@ from hfexport.linear_forms import eager_float32_bytes
 from hfexport.report import ExportReport, Stage
 from hfexport_onnx.generation import OnnxGenerationSupport
 from hfexport_onnx.io_names import IoNames, assign_io_names
-from hfexport_onnx.quantize import QUANTIZATION_METHODS
+from hfexport_onnx.quantize import FLOAT16_QUANTIZATION_METHODS, QUANTIZATION_METHODS
 from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_onnx.workarounds.ir_fixes import apply_ir_fixes
@@ -214,7 +214,7 @@ class OnnxExporter(HfExporter):
         refused (an ExecuTorch option; every ONNX method stores the word embedding in int8 itself);
         an ``int4-weight`` / ``int8-weight`` ``group_size`` that is not a MatMulNBits block size; ``calibration_data``
         given to a method that calibrates nothing (only ``int8-static`` does); quantization only of
-        float32 graphs; the ``ort_fusions`` provider shipped by the installed onnxruntime
+        float32 graphs, or of float16 ones by :data:`FLOAT16_QUANTIZATION_METHODS`; the ``ort_fusions`` provider shipped by the installed onnxruntime
         (:func:`hfexport_onnx.fusions.check_fusion_target`).
 
         Raises:
@@ -264,10 +264,16 @@ class OnnxExporter(HfExporter):
                     f"quantization.group_size={quantization.group_size} is not a MatMulNBits block size "
                     f"(ONNX Runtime's blockwise quantizer); allowed: {', '.join(map(str, INT4_BLOCK_SIZES))}"
                 )
-        if quantization is not None and dtype not in (None, "float32"):
+        if (
+            quantization is not None
+            and dtype not in (None, "float32")
+            and not (dtype == "float16" and quantization.method in FLOAT16_QUANTIZATION_METHODS)
+        ):
             raise ValueError(
-                f"ONNX Runtime quantizes float32 graphs; dtype={dtype!r} with quantization "
-                f"{config.quantization.method!r} is not allowed: use dtype='float32' (allowed: float32)"
+                f"quantization {config.quantization.method!r} quantizes float32 graphs only; dtype={dtype!r} with "
+                f"it is not allowed: use dtype='float32', or dtype='float16' with "
+                f"{' / '.join(FLOAT16_QUANTIZATION_METHODS)} (MatMulNBits with float16 activations and scales: "
+                "transformers.js's q4f16)"
             )
         from hfexport_onnx.fusions import check_fusion_target
 

@@ -17,6 +17,12 @@ Methods (:data:`QUANTIZATION_METHODS`):
   GELU models get 8-bit blocks (:func:`ffn_up_nodes`); the word embedding is int8.
 - ``int8-weight``: the same with 8-bit blocks everywhere (weight-only int8 for LLM decode).
 
+``int4-weight`` and ``int8-weight`` also quantize a float16 graph (``config.dtype="float16"``,
+:data:`FLOAT16_QUANTIZATION_METHODS`): ``MatMulNBits`` then takes float16 activations and scales,
+a tied embedding is gathered with float16 scales and an untied one is int8 with a float16 scale
+(transformers.js's ``q4f16``, :mod:`hfexport_onnx.layouts.transformers_js`). The int8 methods
+quantize float32 graphs only.
+
 ``quantization.exclude`` names modules (``fnmatch`` patterns over module paths such as
 ``encoder.layer.*.output.dense`` or ``lm_head``): the nodes the torch exporter recorded under those
 modules (``pkg.torch.onnx.name_scopes`` metadata) stay in float.
@@ -40,6 +46,7 @@ from hfexport.quantization import QuantizationRequest, QuantizationResult
 
 __all__ = [
     "ACCURACY_LEVEL",
+    "FLOAT16_QUANTIZATION_METHODS",
     "INT4_BLOCK_SIZE",
     "INT4_BLOCK_SIZES",
     "QUANTIZATION_METHODS",
@@ -100,6 +107,13 @@ QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
         apply="hfexport_onnx.quantize:apply_int8_weight",
     ),
 }
+
+#: the methods that also quantize a float16 graph (``config.dtype="float16"``): ``MatMulNBits`` has
+#: float16 activations and scales (``T``), the 4-bit case being transformers.js's ``q4f16``; ONNX
+#: Runtime 1.32's CPU provider registers a float16 ``MatMulNBits`` kernel that converts the
+#: activations and scales to float32 around its float32 kernel on x86-64. The int8 methods emit
+#: float32-only ops (``DynamicQuantizeLinear``, float32 scales) and need a float32 graph.
+FLOAT16_QUANTIZATION_METHODS = ("int4-weight", "int8-weight")
 
 #: op types that show a quantized graph, counted in the report
 QUANTIZED_OP_TYPES = (
@@ -223,9 +237,11 @@ MIN_EMBEDDING_ROWS = 1024
 def quantize_embeddings(model: Any, exclude: Sequence[str] = ()) -> list[str]:
     """Store each token-embedding table of ``model`` (``onnx_ir.Model``, changed in place) in int8.
 
-    A token embedding is a ``Gather`` on axis 0 of a constant float32 ``[rows, dim]`` table with at
-    least :data:`MIN_EMBEDDING_ROWS` rows (position and token-type tables stay float). The table
-    becomes int8 with one symmetric per-tensor scale (``max |w| / 127``); the graph gathers the int8
+    A token embedding is a ``Gather`` on axis 0 of a constant float32 or float16 ``[rows, dim]``
+    table with at least :data:`MIN_EMBEDDING_ROWS` rows (position and token-type tables stay
+    float; a float16 table only in a graph of default-domain opset >= 19, where
+    ``DequantizeLinear`` takes a float16 scale). The table becomes int8 with one symmetric
+    per-tensor scale (``max |w| / 127``, in the table's dtype); the graph gathers the int8
     rows and dequantizes only those (``Gather -> DequantizeLinear``), so the whole table is never
     dequantized at run time. On all-MiniLM-L6-v2 the 46.9 MB word table becomes 11.7 MB at a mean
     per-token cosine of 0.9997 (min 0.9993) on its own.
@@ -242,11 +258,14 @@ def quantize_embeddings(model: Any, exclude: Sequence[str] = ()) -> list[str]:
     done: list[str] = []
     skip = set(exclude)
     graph = model.graph
+    float_types = {ir.DataType.FLOAT}
+    if model.opset_imports.get("", 0) >= 19:  # DequantizeLinear-19: float16 scales
+        float_types.add(ir.DataType.FLOAT16)
     for node in list(graph):
         if node.op_type != "Gather" or node.domain not in ("", "ai.onnx") or node.name in skip:
             continue
         table = node.inputs[0]
-        if table is None or table.const_value is None or table.dtype != ir.DataType.FLOAT:
+        if table is None or table.const_value is None or table.dtype not in float_types:
             continue
         axis = node.attributes.get("axis")
         if (axis.value if axis is not None else 0) != 0:
@@ -254,10 +273,10 @@ def quantize_embeddings(model: Any, exclude: Sequence[str] = ()) -> list[str]:
         weights = table.const_value.numpy()
         if weights.ndim != 2 or weights.shape[0] < MIN_EMBEDDING_ROWS:
             continue
-        scale = np.float32(max(float(np.abs(weights).max()), 1e-12) / 127.0)
-        quantized = np.clip(np.rint(weights / scale), -127, 127).astype(np.int8)
+        scale = np.float32(max(float(np.abs(weights.astype(np.float32)).max()), 1e-12) / 127.0)
+        quantized = np.clip(np.rint(weights.astype(np.float32) / scale), -127, 127).astype(np.int8)
         q_table = _initializer(graph, f"{table.name}_int8", quantized)
-        q_scale = _initializer(graph, f"{table.name}_scale", np.asarray(scale, dtype=np.float32))
+        q_scale = _initializer(graph, f"{table.name}_scale", np.asarray(scale, dtype=weights.dtype))
         gather = ir.Node(
             "",
             "Gather",
@@ -611,8 +630,8 @@ SYMMETRIC = True
 def tied_embedding(model: Any) -> tuple[str, str] | None:
     """The word embedding a language model's head shares its weights with (tied weights).
 
-    A tied pair is a token-embedding ``Gather`` (axis 0 of a constant float32 ``[vocab, hidden]``
-    table with at least :data:`MIN_EMBEDDING_ROWS` rows) and a head ``MatMul``
+    A tied pair is a token-embedding ``Gather`` (axis 0 of a constant float32 or float16
+    ``[vocab, hidden]`` table with at least :data:`MIN_EMBEDDING_ROWS` rows) and a head ``MatMul``
     (:func:`lm_head_nodes`) whose constant ``[hidden, vocab]`` weight is exactly the table's
     transpose (after :func:`_gemm_to_matmul`, which transposes a tied head's ``FusedMatMul``).
 
@@ -632,7 +651,9 @@ def tied_embedding(model: Any) -> tuple[str, str] | None:
             continue
         table = node.inputs[0]
         axis = node.attributes.get("axis")
-        if table is None or table.const_value is None or table.dtype != ir.DataType.FLOAT:
+        if table is None or table.const_value is None:
+            continue
+        if table.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             continue
         if (axis.value if axis is not None else 0) != 0 or len(table.const_value.shape) != 2:
             continue

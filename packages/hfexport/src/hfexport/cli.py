@@ -742,7 +742,7 @@ def export_command(
             from hfexport.layouts import check_layout
 
             try:  # the name, and an explicit --task, before the model is loaded
-                check_layout(export_format, layout, task=None if task == "auto" else task)
+                check_layout(export_format, layout, task=None if task == "auto" else task, config=config)
             except ValueError as exc:
                 raise typer.BadParameter(str(exc), param_hint="--layout") from None
         _check_model_source(model, task)

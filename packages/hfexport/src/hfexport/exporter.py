@@ -1431,6 +1431,7 @@ class HfExporter:
             gates=gates,
             tokenizer=tokenizer,
             default_gates=text_default_gates(config, gates),
+            artifact_dtype=str(getattr(config, "dtype", None) or "float32"),
         )
         named = set(getattr(config, "quality_gates", None) or {})
         if "top1_agreement" not in named and "top1_agreement_text" in text_gates_in_force(reference):

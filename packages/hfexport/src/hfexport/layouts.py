@@ -92,6 +92,9 @@ class Layout:
             is refused before capture with the list of files to add.
         check: optional callable or ``"module:function"`` ``(model, task) -> str | None`` returning
             why this model cannot be served (e.g. "the cache is not causal"), or ``None``.
+        check_config: optional callable or ``"module:function"`` ``(config) -> str | None``
+            returning why the export config cannot be served (a dtype / quantization combination
+            the runtime has no file for ...), or ``None``; checked before the model is loaded.
     """
 
     name: str
@@ -103,6 +106,7 @@ class Layout:
     needs_tokenizer: bool = False
     check: Callable[[Any, str], str | None] | str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    check_config: Callable[[Any], str | None] | str | None = None
 
     def resolve_writer(self) -> Callable[[LayoutRequest], dict[str, Any]]:
         """The writer callable (imports a lazy ``"module:function"`` target)."""
@@ -116,6 +120,13 @@ class Layout:
         if self.check is None or model is None:
             return None
         return _resolve(self.check)(model, task)
+
+    def config_refusal(self, config: Any) -> str | None:
+        """Why the export ``config`` (dtype, quantization ...) cannot be written in this layout, or
+        ``None`` (also when the layout declares no ``check_config``)."""
+        if self.check_config is None or config is None:
+            return None
+        return _resolve(self.check_config)(config)
 
 
 _LAYOUTS: dict[tuple[str, str], Layout] = {}
@@ -175,7 +186,13 @@ def tokenizer_files(files: Sequence[Path]) -> list[Path]:
 
 
 def check_layout(
-    export_format: str, name: str, *, model: Any = None, task: str | None = None, files: Sequence[Path] = ()
+    export_format: str,
+    name: str,
+    *,
+    model: Any = None,
+    task: str | None = None,
+    files: Sequence[Path] = (),
+    config: Any = None,
 ) -> Layout:
     """Check that ``name`` can be written for this format, task and model, before any capture.
 
@@ -186,6 +203,8 @@ def check_layout(
         task: the task name (``None`` to skip the task, model and tokenizer checks).
         files: the model folder's files; layouts with ``needs_tokenizer`` need a tokenizer among them
             (checked with a model).
+        config: the export config (``None``: not checked); the layout's ``check_config`` says
+            whether it can write an export of that dtype / quantization.
 
     Returns:
         The :class:`Layout`.
@@ -193,9 +212,13 @@ def check_layout(
     Raises:
         ValueError: unknown layout; a task the layout does not serve or a model it cannot (the
             message names the layouts of this format that serve the task); a missing tokenizer
-            (the message says which files to add).
+            (the message says which files to add); a config the layout cannot serve (the message
+            names what it allows).
     """
     layout = get_layout(export_format, name)
+    reason = layout.config_refusal(config)
+    if reason is not None:
+        raise ValueError(f"layout {name!r}: {reason}")
     if task is None:
         return layout
     reason = layout.refusal(model, task)

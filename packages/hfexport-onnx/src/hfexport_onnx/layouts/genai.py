@@ -39,6 +39,7 @@ __all__ = [
     "LAYOUT",
     "PASS_THROUGH_TYPES",
     "check_genai",
+    "check_genai_config",
     "genai_config",
     "genai_model_type",
     "tokenizer_warning",
@@ -84,6 +85,23 @@ def check_genai(model: Any, task: str) -> str | None:
     return (
         f"layout 'genai' runs decoder-only causal LMs with a plain attention KV cache (llama, qwen2, qwen3, "
         f"mistral, gpt2 ...): {reason}"
+    )
+
+
+def check_genai_config(config: Any) -> str | None:
+    """:attr:`Layout.check_config` of ``genai``: a float16 graph with quantized weights (the
+    transformers.js q4f16 recipe, ``--dtype float16 --quantize int4-weight``) is refused; the
+    ``genai`` layout writes quantized graphs in float32, as ONNX Runtime GenAI's builder does for
+    its CPU ``int4`` models, and no float16 quantized folder has been run in ONNX Runtime GenAI here.
+    """
+    dtype = getattr(config, "dtype", None)
+    quantization = getattr(config, "quantization", None)
+    if quantization is None or dtype != "float16":
+        return None
+    return (
+        f"--dtype float16 with --quantize {quantization.method} is not written for ONNX Runtime GenAI; "
+        f"allowed: --dtype float32 (the default) with --quantize {quantization.method}, or "
+        "--layout transformers.js for a float16 int4-weight graph (transformers.js's q4f16)"
     )
 
 
@@ -285,5 +303,6 @@ LAYOUT = register_layout(
         writer="hfexport_onnx.layouts.genai:write_genai",
         needs_tokenizer=True,
         check="hfexport_onnx.layouts.genai:check_genai",
+        check_config="hfexport_onnx.layouts.genai:check_genai_config",
     )
 )

@@ -15,10 +15,18 @@ in a browser (onnxruntime-web). What the loader expects (transformers.js 4.x sou
 ``src/models/modeling_utils.js``):
 
 * the graph is ``<subfolder>/<name><dtype suffix>.onnx`` with subfolder ``onnx``, name ``model``
-  and suffix ``""`` for ``dtype: "fp32"``; the dtype comes from the ``dtype`` option or
-  ``config["transformers.js_config"]["dtype"]``, else the device's default (fp32 in Node, q8, i.e.
-  ``model_quantized.onnx``, in the browser's wasm backend): we write ``"dtype": "fp32"`` so every
-  device picks our file;
+  and suffix ``""`` for ``dtype: "fp32"`` (``src/utils/dtypes.js``, ``DEFAULT_DTYPE_SUFFIX_MAPPING``:
+  ``_fp16`` for fp16, ``_q4`` for q4, ``_q4f16`` for q4f16 ...); the dtype comes from the ``dtype``
+  option or ``config["transformers.js_config"]["dtype"]``, else the device's default (fp32 in Node,
+  q8, i.e. ``model_quantized.onnx``, in the browser's wasm backend): we write the dtype of the file
+  we wrote (:data:`DTYPES`, :data:`QUANTIZED_DTYPES`) so every device picks it;
+* ``q4`` / ``q4f16`` are transformers.js's names for 4-bit block-quantized ``MatMulNBits`` weights
+  with float32 / float16 activations: ``--quantize int4-weight`` writes ``onnx/model_q4.onnx``, and
+  with ``--dtype float16`` ``onnx/model_q4f16.onnx`` (float16 inputs, outputs, KV cache and
+  remaining weights; ``MatMulNBits`` with float16 scales, which ONNX Runtime's CPU provider runs
+  by converting the activations to float32 around its float32 kernel). Other quantization methods
+  have no transformers.js dtype this layout writes and are refused before loading
+  (:func:`check_transformers_js_config`);
 * external data is read only when ``transformers.js_config.use_external_data_format`` is set;
   chunk ``k`` of ``model.onnx`` is ``model.onnx_data`` (``k = 0``), ``model.onnx_data_k`` after;
 * the model class comes from ``config.json``'s ``model_type`` (``bert``, ``llama`` ...), the
@@ -52,8 +60,11 @@ from hfexport.layouts import Layout, LayoutRequest, register_layout, tokenizer_f
 __all__ = [
     "LAYOUT",
     "ONNX_SUBFOLDER",
+    "QUANTIZED_DTYPES",
     "TASK_OUTPUTS",
     "check_transformers_js",
+    "check_transformers_js_config",
+    "transformers_js_dtype",
     "write_transformers_js",
 ]
 
@@ -66,6 +77,12 @@ MODEL_NAME = "model"
 #: torch dtype name -> (transformers.js dtype, file suffix); transformers.js's
 #: ``DEFAULT_DTYPE_SUFFIX_MAPPING`` for the float types we can write.
 DTYPES: Mapping[str, tuple[str, str]] = {"float32": ("fp32", ""), "float16": ("fp16", "_fp16")}
+#: quantization method -> {graph float type (torch name) -> (transformers.js dtype, file suffix)}:
+#: ``int4-weight`` (``MatMulNBits``, 4-bit blocks) is transformers.js's q4 in a float32 graph and
+#: q4f16 in a float16 one.
+QUANTIZED_DTYPES: Mapping[str, Mapping[str, tuple[str, str]]] = {
+    "int4-weight": {"float32": ("q4", "_q4"), "float16": ("q4f16", "_q4f16")},
+}
 #: Task -> the graph outputs its transformers.js pipeline reads (any one of each tuple).
 TASK_OUTPUTS: Mapping[str, tuple[tuple[str, ...], ...]] = {
     "feature-extraction": (("last_hidden_state", "logits", "token_embeddings"),),
@@ -86,6 +103,47 @@ REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def _model_dtype(model: Any) -> str:
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     return str(param.dtype).removeprefix("torch.") if param is not None else "float32"
+
+
+def check_transformers_js_config(config: Any) -> str | None:
+    """Why an export with ``config`` cannot be written in the transformers.js layout, or ``None``.
+
+    Refused: a ``config.quantization`` method with no transformers.js dtype (anything but
+    ``int4-weight``, see :data:`QUANTIZED_DTYPES`). The dtype / method pairs themselves are the
+    backend's to check (:meth:`hfexport_onnx.exporter.OnnxExporter.check_precision`).
+    """
+    quantization = getattr(config, "quantization", None)
+    if quantization is None or quantization.method in QUANTIZED_DTYPES:
+        return None
+    return (
+        f"--quantize {quantization.method} has no transformers.js dtype; this layout writes fp32 and fp16 "
+        "(no --quantize; --dtype float16), q4 (--quantize int4-weight) and q4f16 (--dtype float16 "
+        "--quantize int4-weight)"
+    )
+
+
+def transformers_js_dtype(graph_dtype: str, method: str | None) -> tuple[str, str]:
+    """The transformers.js dtype and graph file suffix of a graph computing in ``graph_dtype``
+    (``"float32"`` / ``"float16"``) quantized with ``method`` (``None``: not quantized).
+
+    Returns:
+        ``(dtype, suffix)``, e.g. ``("q4f16", "_q4f16")`` for ``("float16", "int4-weight")``.
+
+    Raises:
+        hfexport.errors.UnsupportedModelError: a pair transformers.js has no file name for.
+    """
+    table = DTYPES if method is None else QUANTIZED_DTYPES.get(method, {})
+    found = table.get(graph_dtype)
+    if found is None:
+        pairs = [(d, None, js) for d, (js, _) in DTYPES.items()]
+        pairs += [(d, m, js) for m, table in QUANTIZED_DTYPES.items() for d, (js, _) in table.items()]
+        allowed = ", ".join(f"{js} ({d}{' + ' + m if m else ''})" for d, m, js in pairs)
+        raise UnsupportedModelError(
+            f"transformers.js has no file for a {graph_dtype} graph"
+            + (f" quantized with {method}" if method else "")
+            + f"; the transformers.js layout writes: {allowed}"
+        )
+    return found
 
 
 def check_transformers_js(model: Any, task: str) -> str | None:
@@ -236,13 +294,15 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
 
     Raises:
         ValueError: the tokenizer files are missing and cannot be converted (says which to add).
-        hfexport.errors.UnsupportedModelError: a dtype transformers.js has no file name for, a model
-            without config, a graph lacking the outputs the task's pipeline reads.
+        hfexport.errors.UnsupportedModelError: a dtype or quantization transformers.js has no file
+            name for, a model without config, a graph lacking the outputs the task's pipeline reads.
         hfexport.errors.ExportStageError / ExportValidationError: the ONNX export failed or differs
             from eager PyTorch.
     """
     out = Path(request.output_dir)
-    reason = check_transformers_js(request.model, request.task)
+    reason = check_transformers_js_config(request.config) or check_transformers_js(
+        request.model, request.task
+    )
     if reason is not None:
         raise UnsupportedModelError(reason)
     tokenizer = _copy_tokenizer(request.files, out)  # before the export: a missing tokenizer fails fast
@@ -270,7 +330,8 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
     outputs = [v.name for v in onnx_model.graph.outputs]
     _check_outputs(request.task, outputs)
     # the file name and "dtype" follow the graph's float type (config.dtype casts at capture,
-    # the eager model stays float32): transformers.js picks model.onnx for fp32, model_fp16.onnx for fp16
+    # the eager model stays float32) and the quantization: transformers.js picks model.onnx for
+    # fp32, model_fp16.onnx for fp16, model_q4.onnx for q4, model_q4f16.onnx for q4f16
     graph_dtype = str(getattr(onnx_model.graph.outputs[0].dtype, "name", "")).lower()
     torch_dtype = {"float": "float32", "float16": "float16"}.get(graph_dtype)
     if torch_dtype is None:
@@ -278,7 +339,8 @@ def write_transformers_js(request: LayoutRequest) -> dict[str, Any]:
             f"the graph's {outputs[0]} is {graph_dtype or 'untyped'}; the transformers.js layout writes float32 or "
             "float16 graphs (onnx/model.onnx, onnx/model_fp16.onnx)"
         )
-    js_dtype, suffix = DTYPES[torch_dtype]
+    quantization = getattr(request.config, "quantization", None)
+    js_dtype, suffix = transformers_js_dtype(torch_dtype, quantization.method if quantization else None)
 
     external = bool(getattr(request.config, "external_data", True)) or (
         initializer_bytes(onnx_model) >= PROTOBUF_LIMIT_BYTES
@@ -322,5 +384,6 @@ LAYOUT = register_layout(
         writer="hfexport_onnx.layouts.transformers_js:write_transformers_js",
         needs_tokenizer=True,
         check="hfexport_onnx.layouts.transformers_js:check_transformers_js",
+        check_config="hfexport_onnx.layouts.transformers_js:check_transformers_js_config",
     )
 )

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from hfexport.errors import ExportValidationError
-from hfexport.tensors import duplicate_leaf_tensors
+from hfexport.tensors import cast_leaf_tensors, duplicate_leaf_tensors
 from hfexport.verify.compare import Runner, eager_outputs
 from hfexport.verify.gates import TEXT_METRICS, UPPER_BOUND_METRICS
 
@@ -460,6 +460,10 @@ class TextReference:
         logits_key: the output name of the logits (``"logits"``).
         default_gates: the metrics of ``gates`` that are defaults, not named in ``quality_gates``
             (applied only when the eager model is not at chance, see :func:`text_quality`).
+        artifact_dtype: the artifact's compute dtype (``"float16"`` ...): the floating point tensors
+            of ``inputs`` (an empty KV cache of a decoder graph) are cast to it before the artifact
+            runs, as :func:`hfexport.verify.gates.validate_quality` does; ``None``/``"float32"``:
+            unchanged.
     """
 
     chunks: list[torch.Tensor]
@@ -469,6 +473,7 @@ class TextReference:
     tokenizer: str = "tokenizer"
     logits_key: str = "logits"
     default_gates: tuple[str, ...] = ()
+    artifact_dtype: str | None = None
 
 
 def text_reference(
@@ -480,6 +485,7 @@ def text_reference(
     tokenizer: str = "tokenizer",
     logits_key: str = "logits",
     default_gates: Collection[str] = (),
+    artifact_dtype: str | None = None,
 ) -> TextReference:
     """Run the eager ``model`` on every text chunk (teacher-forced, one prefill per chunk).
 
@@ -491,6 +497,7 @@ def text_reference(
         tokenizer: how the text was tokenized.
         logits_key: the output leaf path of the logits.
         default_gates: the metrics of ``gates`` that are defaults (:func:`text_default_gates`).
+        artifact_dtype: the artifact's compute dtype (``config.dtype``; see :class:`TextReference`).
 
     Returns:
         A :class:`TextReference`.
@@ -509,7 +516,14 @@ def text_reference(
         expected.append(out[logits_key].detach().float())
         del out
     return TextReference(
-        list(chunks), inputs, expected, dict(gates), tokenizer, logits_key, tuple(sorted(default_gates))
+        list(chunks),
+        inputs,
+        expected,
+        dict(gates),
+        tokenizer,
+        logits_key,
+        tuple(sorted(default_gates)),
+        artifact_dtype,
     )
 
 
@@ -532,8 +546,12 @@ def validate_text(
             gate, the margin and how to override it), or the artifact returns no logits.
     """
     actual = []
+    cast = getattr(torch, reference.artifact_dtype) if reference.artifact_dtype else None
     for kwargs in reference.inputs:
-        out = run(duplicate_leaf_tensors(dict(kwargs)))
+        feed = duplicate_leaf_tensors(dict(kwargs))
+        if cast is not None and cast != torch.float32:  # the artifact's float inputs (empty caches)
+            feed = cast_leaf_tensors(feed, cast)
+        out = run(feed)
         if reference.logits_key not in out:
             raise ExportValidationError(
                 f"the artifact returned no {reference.logits_key!r} output on the quality text; outputs: {sorted(out)}"
