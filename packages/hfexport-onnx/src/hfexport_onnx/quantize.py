@@ -369,7 +369,8 @@ def split_outlier_channels(
         nodes += [side_down, total]
         for new in nodes:
             new.metadata_props.update(down.metadata_props)
-            new.outputs[0].dtype = y.dtype
+            if y.dtype is not None:
+                new.outputs[0].dtype = y.dtype
         total.outputs[0].shape = y.shape
         graph.insert_after(down, nodes)
         for user, index in uses:

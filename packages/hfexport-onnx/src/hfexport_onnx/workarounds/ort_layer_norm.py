@@ -90,13 +90,16 @@ def keep_layer_norm_unfused(model: Any) -> int:
             graph.register_initializer(axes)
         x, y = node.inputs[0], node.outputs[0]
         unsqueeze = ir.Node("", "Unsqueeze", inputs=[x, axes], name=f"{node.name}_unfused_in")
-        unsqueeze.outputs[0].dtype = x.dtype
+        if x.dtype is not None:
+            unsqueeze.outputs[0].dtype = x.dtype
         graph.insert_before(node, [unsqueeze])
         node.replace_input_with(0, unsqueeze.outputs[0])
         uses, is_output = list(y.uses()), y in graph.outputs
         squeeze = ir.Node("", "Squeeze", inputs=[y, axes], name=f"{node.name}_unfused_out")
         result = squeeze.outputs[0]
-        result.dtype, result.shape = y.dtype, y.shape
+        if y.dtype is not None:
+            result.dtype = y.dtype
+        result.shape = y.shape
         y.shape = None
         for new in (unsqueeze, squeeze):
             new.metadata_props.update(node.metadata_props)
