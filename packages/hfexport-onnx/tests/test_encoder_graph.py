@@ -201,7 +201,11 @@ def _int8_dynamic(model: ir.Model, exclude: list[str], tmp_path) -> ir.Model:
     src, dst = tmp_path / "float.onnx", tmp_path / "int8.onnx"
     ir.save(model, src)
     q.quantize_dynamic(
-        src, dst, weight_type=q.QuantType.QInt8, per_channel=True, nodes_to_exclude=exclude,
+        src,
+        dst,
+        weight_type=q.QuantType.QInt8,
+        per_channel=True,
+        nodes_to_exclude=exclude,
         extra_options={"MatMulConstBOnly": True},
     )
     return ir.load(dst)
@@ -275,7 +279,9 @@ def test_keep_layer_norm_unfused_stops_the_skip_layer_norm_fusion(tmp_path):
         helper.make_graph(
             [
                 helper.make_node("Add", ["x", "skip"], ["sum"]),
-                helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12),
+                helper.make_node(
+                    "LayerNormalization", ["sum", "gamma", "beta"], ["y"], axis=-1, epsilon=1e-12
+                ),
             ],
             "residual",
             [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "skip")],
