@@ -246,6 +246,7 @@ def test_outlier_channel_split_is_exact_in_float_and_narrows_the_int8_error(bert
     assert error(_int8_dynamic(planted, side, tmp_path)) < 0.6 * error(whole)
 
 
+@pytest.mark.extended  # one more export; the default run checks the same wiring on MiniLM's real weights
 def test_int8_dynamic_computes_a_gelu_outlier_channel_in_float():
     """A planted GELU outlier channel (40 above the rest) is found on the sample inputs and runs in a
     float side path: two small float MatMuls, every projection still int8, the default gates met."""
