@@ -1225,7 +1225,9 @@ def apply_int8_dynamic(request: QuantizationRequest) -> QuantizationResult:
     feeds: list[dict[str, np.ndarray]] = []
     if request.inputs:
         names = [v.name for v in request.target.graph.inputs]
-        feeds = [feed for feed in _feeds([request.inputs], names) if feed]
+        # only a feed for every graph input can run the float graph (a KV-cache component's
+        # nested past may flatten to other names): otherwise the fallback recipe
+        feeds = [feed for feed in _feeds([request.inputs], names) if set(feed) == set(names)]
     return _quantize_graph(
         request,
         functools.partial(_write_int8_dynamic, feeds=feeds),
