@@ -4,6 +4,11 @@ On a shared machine a graph timed after another sees different load; alternating
 round and taking the median of each graph's per-round medians makes ratios comparable.
 
     python benchmarks/ort_interleaved.py --threads 1 --rounds 15 --mode decode a.onnx b.onnx ...
+    python benchmarks/ort_interleaved.py --threads 2 --feed minilm_8x64.npz ours.onnx reference.onnx
+
+``--feed FILE.npz`` runs every graph on the arrays saved under its input names (an encoder's
+``input_ids`` / ``attention_mask`` / ``token_type_ids``, e.g. the MiniLM deploy table's 8 x 64
+sentences) instead of the decoder feeds below.
 
 Feeds by conventional name (``input_ids``, ``attention_mask``, ``position_ids``, ``cache_position``;
 every float input is a KV-cache tensor ``[1, kv_heads, past, head_dim]``): ``decode`` is one token
@@ -56,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", type=int, default=128)
     parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--feed", help="an .npz of arrays named like the graphs' inputs (encoder graphs)")
     args = parser.parse_args(argv)
+    saved = np.load(args.feed) if args.feed else None
 
     import onnxruntime as ort
 
@@ -67,7 +74,13 @@ def main(argv: list[str] | None = None) -> int:
         options.inter_op_num_threads = 1
         session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
         sequence, past = (1, args.past) if args.mode == "decode" else (args.prompt, 0)
-        feed = _feed(session, sequence, past, args.kv_heads, args.head_dim)
+        if saved is not None:
+            missing = [i.name for i in session.get_inputs() if i.name not in saved]
+            if missing:
+                raise SystemExit(f"{path}: inputs {missing} are not in {args.feed} (it has {sorted(saved)})")
+            feed = {i.name: saved[i.name] for i in session.get_inputs()}
+        else:
+            feed = _feed(session, sequence, past, args.kv_heads, args.head_dim)
         for _ in range(3):  # warm-up, excluded
             session.run(None, feed)
         sessions.append((session, feed))

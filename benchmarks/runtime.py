@@ -70,6 +70,8 @@ LATENCY_TARGETS = [
     ("minilm/fused/ours", "minilm/plain/ours", 0.8),
     ("minilm/fused/ours", "minilm/fused/reference", 1.0),
     ("minilm/int8-dynamic/ours", "minilm/plain/ours", 0.6),
+    # issue 27: "int8 <= 1.0x the reference's int8 latency at cosine >= 0.99" (QUALITY_TARGETS)
+    ("minilm/int8-dynamic/ours", "minilm/int8-dynamic/reference", 1.0),
 ]
 SIZE_TARGETS = [("minilm/int8-dynamic/ours", "minilm/plain/ours", 0.3)]
 QUALITY_TARGETS = [("minilm/int8-dynamic/ours", 0.99)]

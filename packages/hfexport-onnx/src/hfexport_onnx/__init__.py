@@ -19,6 +19,7 @@ from hfexport_onnx.runtime import OnnxRuntimeRunner
 from hfexport_onnx.workarounds import (  # noqa: F401  (registration)
     fx_fixes,
     ir_fixes,
+    ort_layer_norm,
     patches,
     sdpa_key_transpose,
     sdpa_nan_guard,

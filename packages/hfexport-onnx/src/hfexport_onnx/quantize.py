@@ -4,9 +4,13 @@ Methods (:data:`QUANTIZATION_METHODS`):
 
 - ``int8-dynamic``: ``onnxruntime.quantization.quantize_dynamic``: int8 weights (per output channel
   unless ``per_channel=False``), activations quantized at run time (``DynamicQuantizeLinear`` +
-  ``MatMulInteger``); the word embedding ``Gather`` is quantized too. Without
-  ``quantization.exclude``, the FFN down-projections of the first two blocks stay float
-  (:func:`sensitive_ffn_nodes`); with it, exactly the named modules do.
+  ``MatMulInteger``); the word embedding ``Gather`` is quantized too. Every constant-weight MatMul
+  is quantized; the few outlier channels of each GELU feed-forward block (found on the sample
+  inputs) run in a float side path (:func:`split_outlier_channels`), and ``Add -> LayerNormalization``
+  is kept out of ONNX Runtime's slow ``SkipLayerNormalization`` fusion
+  (:mod:`hfexport_onnx.workarounds.ort_layer_norm`). With ``quantization.exclude``, exactly the named
+  modules stay float; without sample inputs the first two FFN down-projections do
+  (:func:`sensitive_ffn_nodes`).
 - ``int8-static``: ``quantize_static`` in QDQ format, MatMuls with constant weights only, activation
   ranges calibrated (MinMax) on :func:`hfexport.calibration.calibration_inputs`; without
   ``quantization.exclude`` every FFN down-projection stays float.
@@ -33,6 +37,7 @@ from __future__ import annotations
 import ast
 import collections
 import fnmatch
+import functools
 import logging
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -66,6 +71,7 @@ __all__ = [
     "sensitive_ffn_nodes",
     "share_tied_embedding",
     "smooth_activations",
+    "split_outlier_channels",
     "split_packed_nbits",
     "tied_embedding",
 ]
@@ -77,7 +83,7 @@ logger = logging.getLogger(__name__)
 QUANTIZATION_METHODS: dict[str, QuantizationMethod] = {
     "int8-dynamic": QuantizationMethod(
         "ONNX Runtime quantize_dynamic: int8 per-channel weights, dynamic int8 activations "
-        "(MatMulInteger), int8 word embeddings",
+        "(MatMulInteger), GELU outlier channels in a float side path, int8 word embeddings",
         options=frozenset({"per_channel", "exclude"}),
         phase="artifact",
         apply="hfexport_onnx.quantize:apply_int8_dynamic",
@@ -212,6 +218,188 @@ def sensitive_ffn_nodes(model: Any, count: int = SENSITIVE_FFN_LAYERS) -> list[s
             if len(found) >= count:
                 break
     return found
+
+
+#: a GELU output channel is an outlier when its max |x| over the sample exceeds this many times the
+#: 99th percentile of the layer's per-channel maxima (all-MiniLM-L6-v2: 24.5 / 20.4 / 17.5 and
+#: 14.6 / 13.7 against 99th percentiles of 2.5-3.2 in blocks 0-3; blocks 4-5 have none)
+OUTLIER_RATIO = 4.0
+#: at most this many outlier channels per FFN down-projection are split off
+OUTLIER_MAX_CHANNELS = 8
+
+
+def _gelu_ffn(down: Any) -> tuple[Any, Any, Any, Any] | None:
+    """``(gelu, bias_add, up, bias)`` when the activation of the ``MatMul`` ``down`` is
+    ``Gelu(Add(MatMul(a, W1), b1))`` (``bias_add`` the ``Add``) or ``BiasGelu``/``FastGelu(MatMul(a, W1), b1)``
+    (``bias_add`` None) with constant ``W1`` (2-D) and ``b1`` (1-D), else None."""
+    x = down.inputs[0]
+    gelu = x.producer() if x is not None else None
+    if gelu is None or len(x.uses()) != 1:
+        return None
+    if gelu.op_type == "Gelu" and gelu.domain in ("", "ai.onnx"):
+        add = gelu.inputs[0].producer() if gelu.inputs[0] is not None else None
+        if add is None or add.op_type != "Add" or len(gelu.inputs[0].uses()) != 1:
+            return None
+        for value, bias in (add.inputs, add.inputs[::-1]):
+            up = value.producer() if value is not None else None
+            if (
+                up is not None
+                and up.op_type == "MatMul"
+                and bias is not None
+                and bias.const_value is not None
+            ):
+                break
+        else:
+            return None
+    elif gelu.op_type in ("BiasGelu", "FastGelu") and gelu.domain == "com.microsoft" and len(gelu.inputs) > 1:
+        add, bias = None, gelu.inputs[1]
+        up = gelu.inputs[0].producer() if gelu.inputs[0] is not None else None
+        if up is None or up.op_type != "MatMul" or bias is None or bias.const_value is None:
+            return None
+    else:
+        return None
+    weight = up.inputs[1]
+    if weight is None or weight.const_value is None or len(weight.shape) != 2 or len(bias.shape) != 1:
+        return None
+    if len(up.outputs[0].uses()) != 1:
+        return None
+    return gelu, add, up, bias
+
+
+def split_outlier_channels(
+    model: Any,
+    feeds: list[dict[str, np.ndarray]],
+    *,
+    exclude: Sequence[str] = (),
+    ratio: float = OUTLIER_RATIO,
+    max_channels: int = OUTLIER_MAX_CHANNELS,
+) -> tuple[dict[str, list[int]], list[str]]:
+    """Compute the few outlier channels of each GELU feed-forward block in float, beside the block,
+    so dynamic int8 quantization of the rest sees a narrow activation range.
+
+    Dynamic ``int8-dynamic`` gives the whole GELU output ``x = GELU(a @ W1 + b1)`` (``[..., k]``) one
+    uint8 scale per run. In all-MiniLM-L6-v2's first four blocks one or two of the 1536 channels reach
+    14-24 while the 99th percentile of the per-channel maxima is 2.5-3.2, so those channels alone set
+    the scale and the rest of ``x`` keeps 2-3 significant bits; the down-projection then costs more
+    accuracy than every other MatMul together. The outlier channels are the same on real and random
+    tokens, so the sample inputs find them.
+
+    For every ``MatMul(x, W2)`` whose ``x`` is such a GELU output (:func:`_gelu_ffn`) and not in
+    ``exclude``, channels ``C`` with ``max|x_c| > ratio * percentile99`` over ``feeds`` (at most
+    ``max_channels``, largest first) are moved out: ``W1[:, C]``, ``b1[C]`` and ``W2[C, :]`` become 0
+    in the main path (``GELU(0) = 0``, so ``x_C`` is exactly 0 there: no extra pass over ``x``), and a
+    float side path ``GELU(a @ W1[:, C] + b1[C]) @ W2[C, :]`` (``[..., |C|]`` wide) is added to the
+    down-projection's output. The result equals the original graph in exact arithmetic.
+
+    Args:
+        model: the float graph (``onnx_ir.Model``), changed in place.
+        feeds: ORT feeds ``{graph input name: ndarray}`` to measure the channel maxima on.
+        exclude: node names left alone (``quantization.exclude`` matches).
+        ratio: outlier threshold, in multiples of the 99th percentile of the per-channel maxima.
+        max_channels: at most this many channels per down-projection.
+
+    Returns:
+        ``({down-projection name: outlier channels}, names of the side-path MatMuls)``; the side
+        MatMuls must stay float (pass them to the quantizer's ``nodes_to_exclude``).
+    """
+    import onnx_ir as ir
+
+    skip = set(exclude)
+    downs = []
+    for node in model.graph.all_nodes():
+        if node.op_type != "MatMul" or not node.name or node.name in skip:
+            continue
+        weight = node.inputs[1]
+        if weight is None or weight.const_value is None or len(weight.shape) != 2:
+            continue
+        chain = _gelu_ffn(node)
+        if chain is not None and chain[2].name not in skip:
+            downs.append((node, chain))
+    if not downs or not feeds:
+        return {}, []
+    absmax = _channel_absmax(model, [down.inputs[0].name for down, _ in downs], feeds)
+    graph = model.graph
+    split: dict[str, list[int]] = {}
+    side: list[str] = []
+    for down, (gelu, add, up, bias) in downs:
+        maxima = absmax[down.inputs[0].name]
+        threshold = ratio * float(np.percentile(maxima, 99))
+        channels = sorted(int(c) for c in np.argsort(maxima)[::-1][:max_channels] if maxima[c] > threshold)
+        if not channels:
+            continue
+        w1, b1 = up.inputs[1].const_value.numpy(), bias.const_value.numpy()
+        w2 = down.inputs[1].const_value.numpy()
+        inliers = [w1.copy(), b1.copy(), w2.copy()]
+        inliers[0][:, channels], inliers[1][channels], inliers[2][channels, :] = 0, 0, 0
+        base = down.name
+        old = [up.inputs[1], bias, down.inputs[1]]
+        up.replace_input_with(1, _initializer(graph, f"{base}_up_weight_inliers", inliers[0]))
+        bias_user = gelu if add is None else add
+        bias_user.replace_input_with(
+            list(bias_user.inputs).index(bias), _initializer(graph, f"{base}_up_bias_inliers", inliers[1])
+        )
+        down.replace_input_with(1, _initializer(graph, f"{base}_down_weight_inliers", inliers[2]))
+        side_up = ir.Node(
+            "",
+            "MatMul",
+            inputs=[up.inputs[0], _initializer(graph, f"{base}_up_weight_outliers", w1[:, channels].copy())],
+            name=f"{base}_outliers_up",
+        )
+        side_bias = _initializer(graph, f"{base}_up_bias_outliers", b1[channels].copy())
+        attributes = list(gelu.attributes.values())
+        if add is None:
+            side_gelu = ir.Node(
+                gelu.domain,
+                gelu.op_type,
+                inputs=[side_up.outputs[0], side_bias],
+                attributes=attributes,
+                name=f"{base}_outliers_gelu",
+            )
+            nodes = [side_up, side_gelu]
+        else:
+            side_add = ir.Node(
+                "", "Add", inputs=[side_up.outputs[0], side_bias], name=f"{base}_outliers_bias"
+            )
+            side_gelu = ir.Node(
+                gelu.domain,
+                gelu.op_type,
+                inputs=[side_add.outputs[0]],
+                attributes=attributes,
+                name=f"{base}_outliers_gelu",
+            )
+            nodes = [side_up, side_add, side_gelu]
+        side_down = ir.Node(
+            "",
+            "MatMul",
+            inputs=[
+                side_gelu.outputs[0],
+                _initializer(graph, f"{base}_down_weight_outliers", w2[channels, :].copy()),
+            ],
+            name=f"{base}_outliers_down",
+        )
+        y = down.outputs[0]
+        uses, is_output = list(y.uses()), y in graph.outputs
+        total = ir.Node("", "Add", inputs=[y, side_down.outputs[0]], name=f"{base}_outliers_add")
+        nodes += [side_down, total]
+        for new in nodes:
+            new.metadata_props.update(down.metadata_props)
+            if y.dtype is not None:
+                new.outputs[0].dtype = y.dtype
+        total.outputs[0].shape = y.shape
+        graph.insert_after(down, nodes)
+        for user, index in uses:
+            user.replace_input_with(index, total.outputs[0])
+        if is_output:
+            graph.outputs[graph.outputs.index(y)] = total.outputs[0]
+            name = y.name
+            y.name = f"{name}_inliers"
+            total.outputs[0].name = name
+        for value in old:
+            if not value.uses() and value.name in graph.initializers:
+                graph.initializers.pop(value.name)
+        split[base] = channels
+        side += [side_up.name, side_down.name]
+    return split, side
 
 
 def activation_matmuls(model: Any) -> list[str]:
@@ -355,6 +543,36 @@ def int8_weight_only(model: Any, nodes: Sequence[str]) -> list[str]:
     return done
 
 
+def _channel_absmax(
+    model: Any, names: Sequence[str], feeds: list[dict[str, np.ndarray]]
+) -> dict[str, np.ndarray]:
+    """``{value name: max |x| per last-axis channel}`` of the float values ``names`` of ``model``
+    (``onnx_ir.Model``, not changed) over ``feeds``, run in ONNX Runtime without graph optimizations."""
+    import onnx
+    import onnx_ir as ir
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="hfexport-stats-") as tmp:
+        path = Path(tmp) / "model.onnx"
+        ir.save(model, path, external_data="model.onnx.data")
+        proto = onnx.load(str(path), load_external_data=False)
+        known = {o.name for o in proto.graph.output}
+        for name in (n for n in names if n not in known):
+            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        stats_path = Path(tmp) / "stats.onnx"
+        onnx.save(proto, str(stats_path))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(str(stats_path), options, providers=["CPUExecutionProvider"])
+        absmax: dict[str, np.ndarray] = {}
+        for feed in feeds:
+            for name, value in zip(names, session.run(list(names), feed), strict=True):
+                channel = np.abs(value.reshape(-1, value.shape[-1])).max(axis=0)
+                absmax[name] = channel if name not in absmax else np.maximum(absmax[name], channel)
+        del session
+    return absmax
+
+
 #: SmoothQuant migration strength: ``s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)``
 SMOOTHING_ALPHA = 0.5
 
@@ -386,9 +604,7 @@ def smooth_activations(
     Returns:
         The number of activations smoothed (one ``Mul`` each).
     """
-    import onnx
     import onnx_ir as ir
-    import onnxruntime as ort
 
     wanted = set(nodes)
     groups: dict[str, list[Any]] = {}
@@ -399,25 +615,7 @@ def smooth_activations(
                 groups.setdefault(node.inputs[0].name, []).append(node)
     if not groups or not feeds:
         return 0
-    with tempfile.TemporaryDirectory(prefix="hfexport-smooth-") as tmp:
-        path = Path(tmp) / "model.onnx"
-        ir.save(model, path, external_data="model.onnx.data")
-        proto = onnx.load(str(path), load_external_data=False)
-        known = {o.name for o in proto.graph.output}
-        for name in (n for n in groups if n not in known):
-            proto.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-        stats_path = Path(tmp) / "stats.onnx"
-        onnx.save(proto, str(stats_path))
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(str(stats_path), options, providers=["CPUExecutionProvider"])
-        absmax: dict[str, np.ndarray] = {}
-        for feed in feeds:
-            values = dict(zip(list(groups), session.run(list(groups), feed), strict=True))
-            for name, value in values.items():
-                channel = np.abs(value.reshape(-1, value.shape[-1])).max(axis=0)
-                absmax[name] = channel if name not in absmax else np.maximum(absmax[name], channel)
-        del session
+    absmax = _channel_absmax(model, list(groups), feeds)
     graph = model.graph
     for name, consumers in groups.items():
         x = consumers[0].inputs[0]
@@ -943,17 +1141,29 @@ def _write_int8_dynamic(
     exclude: list[str],
     facts: dict[str, Any],
     calibration: Any,
+    *,
+    feeds: list[dict[str, np.ndarray]] | None = None,
 ) -> None:
     from onnxruntime import quantization as q
 
-    _save(model, src)
+    from hfexport.registry import active_entries
+    from hfexport_onnx.workarounds.ort_layer_norm import KIND as ORT_KERNEL_FIX
+
     facts["per_channel"] = quantization.per_channel
+    side: list[str] = []
+    if feeds:
+        split, side = split_outlier_channels(model, feeds, exclude=exclude)
+        facts["outlier_channels"] = split
+        facts["float_outlier_matmuls"] = len(side)
+    for entry in active_entries(ORT_KERNEL_FIX, "onnx"):
+        facts.setdefault("ort_kernel_fixes", {})[entry.name.rsplit(".", 1)[-1]] = entry.func(model)
+    _save(model, src)
     q.quantize_dynamic(
         src,
         dst,
         weight_type=q.QuantType.QInt8,
         per_channel=quantization.per_channel,
-        nodes_to_exclude=exclude,
+        nodes_to_exclude=[*exclude, *side],
         use_external_data_format=True,
         extra_options={"MatMulConstBOnly": True},
     )
@@ -1017,14 +1227,34 @@ def apply_int8_dynamic(request: QuantizationRequest) -> QuantizationResult:
     """``int8-dynamic`` (phase ``artifact``): ``quantize_dynamic`` on ``request.target`` (the
     ``onnx_ir.Model``, rewritten in place on the way; the result is a new model).
 
+    With sample inputs (``request.inputs``, as in an export) every constant-weight MatMul is
+    quantized and the outlier channels of the GELU feed-forward blocks, found on those inputs, run
+    in a narrow float side path (:func:`split_outlier_channels`); without them (a bare
+    :func:`quantize_ir_model` call) the first two FFN down-projections stay float instead
+    (:func:`sensitive_ffn_nodes`). Either way the active ``ort_kernel_fix`` entries run on the
+    graph (:func:`hfexport_onnx.workarounds.ort_layer_norm.keep_layer_norm_unfused`).
+
     Returns:
-        The quantized model; facts ``method``, ``per_channel``, ``kept_float``, ``excluded_nodes``,
-        ``quantized_ops``, ``weights_bytes_before`` / ``_after`` ...
+        The quantized model; facts ``method``, ``per_channel``, ``outlier_channels``
+        (``{down-projection: [channels]}``), ``float_outlier_matmuls``, ``kept_float`` (without
+        sample inputs), ``ort_kernel_fixes``, ``excluded_nodes``, ``quantized_ops``,
+        ``weights_bytes_before`` / ``_after`` ...
 
     Raises:
         ValueError: an ``exclude`` pattern matching no module.
     """
-    return _quantize_graph(request, _write_int8_dynamic, keep_sensitive_float=True, int8_embeddings=False)
+    feeds: list[dict[str, np.ndarray]] = []
+    if request.inputs:
+        names = [v.name for v in request.target.graph.inputs]
+        # only a feed for every graph input can run the float graph (a KV-cache component's
+        # nested past may flatten to other names): otherwise the fallback recipe
+        feeds = [feed for feed in _feeds([request.inputs], names) if set(feed) == set(names)]
+    return _quantize_graph(
+        request,
+        functools.partial(_write_int8_dynamic, feeds=feeds),
+        keep_sensitive_float=not feeds,
+        int8_embeddings=False,
+    )
 
 
 def apply_int8_static(request: QuantizationRequest) -> QuantizationResult:

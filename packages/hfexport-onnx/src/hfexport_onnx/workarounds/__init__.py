@@ -6,5 +6,8 @@
 - :mod:`~hfexport_onnx.workarounds.translations`: custom aten -> ONNX translations (kind
   ``"onnx_translation"``, registered by this package);
 - :mod:`~hfexport_onnx.workarounds.ir_fixes`: fixes of the translated ``onnx_ir`` model (kind
-  ``"onnx_ir_fix"``, registered by this package).
+  ``"onnx_ir_fix"``, registered by this package);
+- :mod:`~hfexport_onnx.workarounds.ort_layer_norm`: graph rewrites around slow ONNX Runtime kernels
+  (kind ``"ort_kernel_fix"``, registered by this package, run by the quantization methods that name
+  them: ``int8-dynamic``).
 """
