@@ -405,3 +405,43 @@ def test_fully_masked_sdpa_rows_stay_finite():
     assert np.isfinite(out).all()
     expected = Attention()(q, k, v, mask).numpy()
     np.testing.assert_allclose(out[0, 0, 1:], expected[0, 0, 1:], atol=1e-6)
+
+
+@pytest.mark.parametrize(("dim", "size", "step"), [(-2, 4, 4), (1, 3, 2), (2, 2, 1)])
+def test_unfold_fix_lets_openvino_convert_patch_extraction(dim, size, step):
+    """patchtst / patchtsmixer extract patches with Tensor.unfold, which OpenVINO's frontend cannot
+    convert; the fix gathers the window positions (index_select, view, permute), same values, and
+    the batch stays dynamic."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("unfold_as_gather")]
+    assert entry.versions == {"openvino": ">=2026.0"} and entry.issue.startswith("https://github.com/")
+
+    class Patches(torch.nn.Module):
+        def forward(self, x):
+            return x.unfold(dim, size, step) * 2
+
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(Patches(), (torch.rand(2, 10, 3),), dynamic_shapes=({0: batch},))
+    nodes = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.unfold.default]
+    assert len(nodes) == 1
+    assert entry.func(program.graph_module, nodes[0]) is True
+    program.graph_module.recompile()
+    assert not [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.unfold.default]
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    for b in (2, 5):
+        x = torch.rand(b, 10, 3)
+        np.testing.assert_allclose(compiled(x.numpy())[0], (x.unfold(dim, size, step) * 2).numpy(), rtol=1e-6)
+
+
+def test_unfold_fix_leaves_a_symbolic_unfolded_axis_alone():
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("unfold_as_gather")]
+
+    class Patches(torch.nn.Module):
+        def forward(self, x):
+            return x.unfold(1, 2, 2)
+
+    length = torch.export.Dim("length", min=4, max=64)
+    program = torch.export.export(Patches(), (torch.rand(2, 10, 3),), dynamic_shapes=({1: 2 * length},))
+    (node,) = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.unfold.default]
+    assert entry.func(program.graph_module, node) is False  # the window count would be symbolic

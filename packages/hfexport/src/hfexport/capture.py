@@ -12,8 +12,10 @@ Stages (each a function, called in order by :func:`capture`):
    :func:`hfexport.side_probe.model_fixed_image_sides`: ``Dim.AUTO`` image sides the model
    cannot grow (SigLIP's fixed position table) are traced static (``report.extra["model_fixed_sides"]``);
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
-5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.capture`
-   (faults of ``torch.export`` every backend meets), installed around the next step only;
+5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.torch_export`
+   (faults of ``torch.export`` every backend meets), installed around the next step only; for a
+   time-series forecaster ``apply_patches("capture.time_series")``, which adds those of
+   :mod:`hfexport.workarounds.time_series` (:func:`~hfexport.workarounds.time_series.capture_key`);
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -35,7 +37,7 @@ from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
-from hfexport.workarounds import torch_export as capture_workarounds
+from hfexport.workarounds import time_series as _time_series_workarounds
 
 __all__ = [
     "KwargsModule",
@@ -500,7 +502,8 @@ def capture(
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
         with stage("capture.patches"):
-            in_effect = stack.enter_context(apply_patches(capture_workarounds.BACKEND))
+            # the forecasters' patches (capture.time_series) only for a forecaster (issue 28)
+            in_effect = stack.enter_context(apply_patches(_time_series_workarounds.capture_key(module)))
             if report is not None:
                 recorded = report.applied.get("capture_patches", [])
                 report.record_applied(

@@ -29,6 +29,7 @@ from hfexport.workarounds.recurrences import (
     register_sliced_transpose_per_consumer,
     register_time_shift_without_crop,
 )
+from hfexport.workarounds.time_series import register_lgamma_elementary
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
@@ -566,6 +567,9 @@ register_recurrences("executorch", form="chunked")
 register_time_shift_without_crop("executorch", versions={"executorch": ">=1.0"})
 # RecurrentGemma: XNNPACK refuses a delegated lone transpose whose one value it returns twice
 register_sliced_transpose_per_consumer("executorch.xnnpack", versions={"executorch": ">=1.0"})
+# torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
+# aten.lgamma is outside the core ATen opset (SpecViolationError at to_edge)
+register_lgamma_elementary("executorch")
 
 
 @register_patch(

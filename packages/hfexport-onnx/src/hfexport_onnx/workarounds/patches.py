@@ -18,6 +18,7 @@ from typing import Any
 
 from hfexport.registry import register_patch
 from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.time_series import register_lgamma_elementary
 
 __all__ = [
     "custom_translations_may_take_complex_inputs",
@@ -30,6 +31,10 @@ logger = logging.getLogger(__name__)
 # Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): torch's scan higher-order op, which
 # torch.onnx translates to an ONNX Scan, instead of a per-token loop that capture unrolls (issue 28)
 register_recurrences("onnx", form="scan")
+
+# torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
+# ONNX has no Lgamma operator
+register_lgamma_elementary("onnx")
 
 
 @register_patch(

@@ -21,6 +21,8 @@
   (``torch.polar`` / ``view_as_complex``: deepseek_v2, llama4) become real (real, imaginary) pairs with
   the core's :func:`hfexport.workarounds.complex_pairs.complex_as_real_pairs`: the frontend has no
   conversion rule for ``aten.polar``.
+- :func:`unfold_as_gather`: ``aten.unfold`` (patchtst / patchtsmixer patch extraction) becomes an
+  ``index_select`` of the window positions, a view and a permute: the frontend has no rule for unfold.
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
   implementation: OpenVINO has no conversion for ``torch._grouped_mm``, and the ``"eager"`` loop
   depends on the routing of the sample (``nonzero()``).
@@ -28,6 +30,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import operator
 from typing import Any
 
@@ -36,6 +39,7 @@ import torch
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.time_series import register_lgamma_elementary
 
 __all__ = [
     "BACKEND",
@@ -45,6 +49,7 @@ __all__ = [
     "sym_min_max_as_tensor_ops",
     "sym_mod_as_floordiv",
     "sym_pow_as_products",
+    "unfold_as_gather",
 ]
 
 #: Registry key of this backend's workarounds.
@@ -97,6 +102,10 @@ register_dense_experts(BACKEND, every_implementation=True)
 # Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
 # per-token loop that capture unrolls (issue 28)
 register_recurrences(BACKEND, form="chunked")
+
+# torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
+# the frontend has no conversion rule for aten.lgamma
+register_lgamma_elementary(BACKEND)
 
 
 _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
@@ -304,3 +313,82 @@ def complex_rotary_as_real_pairs(exported_program: torch.export.ExportedProgram)
     from hfexport.workarounds.complex_pairs import complex_as_real_pairs
 
     complex_as_real_pairs(exported_program)
+
+
+_UNFOLD = (torch.ops.aten.unfold.default,)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "compute aten.unfold (patchtst / patchtsmixer patch extraction, sliding windows) as an index_select of "
+        "the window positions, a view and a permute: OpenVINO's FX frontend has no conversion rule for unfold"
+    ),
+    # no upstream issue filed yet; aten.unfold is missing from the frontend's op table
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0"},
+)
+def unfold_as_gather(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.unfold(x, dim, size, step)`` as a gather of the windows.
+
+    ``unfold`` returns every window of ``size`` steps taken every ``step`` along ``dim`` as a new
+    last axis: ``[..., n, ..., size]`` with ``n = (length - size) // step + 1``. The rewrite picks
+    the ``n * size`` positions ``window * step + offset`` with ``aten.index_select`` along ``dim``
+    (no ``as_strided``), views them as ``[..., n, size, ...]`` and moves the ``size`` axis last
+    with ``aten.permute``: the same values, which OpenVINO converts. Needs a static length
+    along ``dim`` (a patch axis fixed by the model's context length); other axes may be
+    symbolic (their sizes are read with ``aten.sym_size.int``). Returns True when the node was
+    rewritten.
+    """
+    if node.op != "call_function" or node.target not in _UNFOLD or len(node.args) != 4:
+        return False
+    source, dim, size, step = node.args
+    source_val = getattr(source, "meta", {}).get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(source_val, torch.Tensor) or not all(isinstance(v, int) for v in (dim, size, step)):
+        return False
+    rank = source_val.dim()
+    dim = dim % rank if rank else 0
+    length = source_val.shape[dim] if rank else 1
+    if not isinstance(length, int) or size < 1 or step < 1 or size > length:
+        return False
+    windows = (length - size) // step + 1
+    count = windows * size
+    graph = node.graph
+    with graph.inserting_before(node):
+        index = graph.call_function(torch.ops.aten.arange.start_step, (0, count), {"dtype": torch.int64})
+        # positions as an arithmetic of arange: window * step + offset for a flat i = window * size + offset
+        window = graph.call_function(torch.ops.aten.floor_divide.default, (index, size))
+        offset = graph.call_function(torch.ops.aten.remainder.Scalar, (index, size))
+        start = graph.call_function(torch.ops.aten.mul.Scalar, (window, step))
+        flat = graph.call_function(torch.ops.aten.add.Tensor, (start, offset))
+        picked = graph.call_function(torch.ops.aten.index_select.default, (source, dim, flat))
+        shape: list[Any] = []
+        for axis in range(rank):
+            if axis == dim:
+                shape.extend([windows, size])
+                continue
+            extent = source_val.shape[axis]
+            if isinstance(extent, int):
+                shape.append(extent)
+            else:
+                sym = graph.call_function(torch.ops.aten.sym_size.int, (source, axis))
+                sym.meta["val"] = extent
+                shape.append(sym)
+        viewed = graph.call_function(torch.ops.aten.view.default, (picked, shape))
+        order = [axis for axis in range(rank + 1) if axis != dim + 1] + [dim + 1]
+        moved = graph.call_function(torch.ops.aten.permute.default, (viewed, order))
+    fake_mode = getattr(source_val, "fake_mode", None)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext():
+        index.meta["val"] = torch.arange(0, count, dtype=torch.int64, device=source_val.device)
+        window.meta["val"] = torch.floor_divide(index.meta["val"], size)
+        offset.meta["val"] = torch.remainder(index.meta["val"], size)
+        start.meta["val"] = window.meta["val"] * step
+        flat.meta["val"] = start.meta["val"] + offset.meta["val"]
+        picked.meta["val"] = torch.index_select(source_val, dim, flat.meta["val"])
+        viewed.meta["val"] = picked.meta["val"].view(
+            [s.meta["val"] if isinstance(s, torch.fx.Node) else s for s in shape]
+        )
+        moved.meta["val"] = viewed.meta["val"].permute(order)
+    node.replace_all_uses_with(moved)
+    graph.erase_node(node)
+    return True

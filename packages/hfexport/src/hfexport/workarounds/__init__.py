@@ -2,6 +2,8 @@
 
 - :mod:`hfexport.workarounds.torch_export`: patches installed around every ``torch.export`` capture
   (key ``"capture"``), whichever backend asked for it;
+- :mod:`hfexport.workarounds.time_series`: the time-series forecasters' capture patches (autoformer /
+  informer masks, ``torch.distributions`` checks, TimesFM's batch of series), key ``"capture"`` too;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
@@ -23,11 +25,12 @@ __all__ = ["CORE_KEYS", "CORE_MODULES", "load"]
 
 #: Registry keys the core itself applies; ``hfexport patches --stale`` judges their entries
 #: against the version ranges the ``hfexport`` distribution declares.
-CORE_KEYS: tuple[str, ...] = ("capture", "generation", "inputs")
+CORE_KEYS: tuple[str, ...] = ("capture", "capture.time_series", "generation", "inputs")
 
 #: Modules whose import registers the core's built-in entries.
 CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.torch_export",
+    "hfexport.workarounds.time_series",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
     "hfexport.generation.vision_inputs",

@@ -1,0 +1,226 @@
+"""The time-series forecasters' capture workarounds (hfexport.workarounds.time_series, issue 28).
+
+Each patch is checked for its registry metadata, for being in place only inside
+``apply_patches`` (and restored after, also when the block raises), and for giving the eager
+numbers; the TimesFM patch also for a program that takes another batch size, and lgamma for its
+accuracy against ``torch.lgamma``. Tiny models only (each case a few seconds).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from hfexport import registry
+from hfexport.registry import apply_patches, isolated_registry
+from hfexport.testing import tiny_model
+from hfexport.workarounds import time_series
+
+TASK = "time-series-forecasting"
+MASKS = f"{time_series.__name__}.unpadded_series_attend_everywhere"
+CHECKS = f"{time_series.__name__}.distributions_skip_argument_checks"
+TIMESFM = f"{time_series.__name__}.timesfm_batched_series"
+TIMESFM_PRE = f"{time_series.__name__}.timesfm_batched_preprocess"
+
+
+def _attribute(path: str):
+    module_name, _, attr = path.rpartition(".")
+    owner_path = module_name
+    try:
+        owner = importlib.import_module(owner_path)
+    except ImportError:  # a class attribute: pkg.mod.Class.attr
+        module_name, _, cls = owner_path.rpartition(".")
+        owner = getattr(importlib.import_module(module_name), cls)
+    return owner.__dict__.get(attr, getattr(owner, attr))
+
+
+def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ranges():
+    assert time_series.KEY == "capture.time_series"
+    found = {e.name: e for e in registry.entries(time_series.KEY, kind="patch")}
+    assert {MASKS, CHECKS, TIMESFM, TIMESFM_PRE} <= set(found)
+    assert found[MASKS].paths == time_series.BIDIRECTIONAL_MASK_TARGETS
+    assert found[CHECKS].paths == ("torch.distributions.Distribution._validate_args",)
+    assert found[CHECKS].issue == "https://github.com/pytorch/pytorch/issues/135061"
+    assert found[TIMESFM].paths == time_series.TIMESFM_FORWARD_TARGETS
+    assert found[TIMESFM].issue == "https://github.com/huggingface/transformers/pull/45233"
+    for name in (MASKS, CHECKS, TIMESFM, TIMESFM_PRE):
+        entry = found[name]
+        assert entry.description and entry.issue.startswith("https://github.com/")
+        assert entry.is_active(), entry.inactive_reason()
+        assert not entry.unresolved, entry.unresolved
+
+
+def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_error():
+    paths = (
+        *time_series.BIDIRECTIONAL_MASK_TARGETS,
+        *time_series.TIMESFM_FORWARD_TARGETS,
+        *time_series.TIMESFM_PREPROCESS_TARGETS,
+    )
+    before = {path: _attribute(path) for path in paths}
+    assert torch.distributions.Distribution._validate_args is True
+    with apply_patches("capture"):  # the parent key alone: none of them
+        assert all(_attribute(path) is before[path] for path in paths)
+    with pytest.raises(RuntimeError, match="boom"), apply_patches(time_series.KEY):
+        for path in paths:
+            assert _attribute(path) is not before[path], path
+        assert torch.distributions.Distribution._validate_args is False
+        raise RuntimeError("boom")
+    for path in paths:
+        assert _attribute(path) is before[path], path
+    assert torch.distributions.Distribution._validate_args is True
+
+
+def test_capture_key_picks_the_scope_for_forecasters_only():
+    forecaster, _ = tiny_model("informer", TASK)
+    assert time_series.capture_key(forecaster) == time_series.KEY
+    wrapper = torch.nn.Sequential(forecaster)  # a wrapper holding one: still a forecaster
+    assert time_series.capture_key(wrapper) == time_series.KEY
+    patchtst, _ = tiny_model("patchtst", TASK)  # needs none of these patches
+    assert time_series.capture_key(patchtst) == "capture"
+    assert time_series.capture_key(torch.nn.Linear(2, 2)) == "capture"
+
+
+def test_mask_patch_returns_no_mask_only_when_none_is_given():
+    calls = []
+
+    def original(*args, **kwargs):
+        calls.append((args, kwargs))
+        return "built"
+
+    patched = time_series.unpadded_series_attend_everywhere(original)
+    assert patched(config=None, inputs_embeds=None, attention_mask=None) is None
+    assert calls == []
+    mask = torch.ones(2, 8)
+    assert patched(config=None, inputs_embeds=None, attention_mask=mask) == "built"
+    assert patched(None, None, mask) == "built"
+    assert patched(config=None, inputs_embeds=None, attention_mask=None, and_mask_function=len) == "built"
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    [
+        "informer",  # both patches (mask, distribution checks); the others behind extended: ~10 s each
+        pytest.param("autoformer", marks=pytest.mark.extended),
+        pytest.param("time_series_transformer", marks=pytest.mark.extended),
+    ],
+)
+def test_teacher_forced_forecasters_capture_and_match_eager_at_another_batch(model_type):
+    model, inputs = tiny_model(model_type, TASK)
+    dynamic = {key: {0: torch.export.Dim.AUTO} for key in inputs}
+    with torch.no_grad():
+        expected = model(**{k: torch.cat([v, v[:1]]) for k, v in inputs.items()})
+        with apply_patches(time_series.KEY):
+            program = torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+        got = program.module()(**{k: torch.cat([v, v[:1]]) for k, v in inputs.items()})
+    assert got.params[0].shape == (3, model.config.prediction_length)
+    for mine, theirs in zip(got.params, expected.params, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_teacher_forced_forecaster_fails_to_capture_without_the_patches():
+    model, inputs = tiny_model("informer", TASK)
+    dynamic = {key: {0: torch.export.Dim.AUTO} for key in inputs}
+    with pytest.raises(RuntimeError, match="must match the size of tensor b"):
+        torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+
+
+@pytest.mark.parametrize("model_type", ["timesfm", pytest.param("timesfm2_5", marks=pytest.mark.extended)])
+def test_timesfm_captures_the_batch_as_one_tensor(model_type):
+    model, inputs = tiny_model(model_type, TASK)
+    series = inputs["past_values"]
+    assert series.shape[0] == 2
+    with torch.no_grad(), apply_patches(time_series.KEY):
+        program = torch.export.export(
+            model,
+            (),
+            {"past_values": series},
+            dynamic_shapes={"past_values": {0: torch.export.Dim.AUTO}},
+            strict=False,
+        )
+    wider = torch.cat([series, series[:1] * 2.0, series[1:] + 1.0])
+    with torch.no_grad():
+        expected = model(past_values=wider)
+        got = program.module()(past_values=wider)
+    assert got.mean_predictions.shape == (4, expected.mean_predictions.shape[1])
+    torch.testing.assert_close(got.mean_predictions, expected.mean_predictions, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.full_predictions, expected.full_predictions, atol=1e-5, rtol=1e-5)
+
+
+def test_timesfm_patch_keeps_a_list_of_series_on_the_original_path():
+    model, inputs = tiny_model("timesfm", TASK)
+    series = [inputs["past_values"][0], inputs["past_values"][1, 16:]]  # two lengths: padded
+    with torch.no_grad():
+        expected = model(past_values=series)
+        with apply_patches(time_series.KEY):
+            got = model(past_values=series)
+            batched = model(past_values=inputs["past_values"])
+        plain = model(past_values=inputs["past_values"])
+    torch.testing.assert_close(got.mean_predictions, expected.mean_predictions, atol=0, rtol=0)
+    torch.testing.assert_close(batched.mean_predictions, plain.mean_predictions, atol=1e-6, rtol=1e-6)
+
+
+def test_batched_context_pads_and_cuts_like_the_per_series_preprocess():
+    series = torch.arange(1.0, 7.0).reshape(2, 3)
+    values, padding = time_series.batched_context(series, 5, 2)
+    assert values.tolist() == [[0, 0, 1, 2, 3], [0, 0, 4, 5, 6]]
+    assert padding.tolist() == [[1, 1, 0, 0, 0, 0, 0]] * 2
+    values, padding = time_series.batched_context(series, 2, 1)
+    assert values.tolist() == [[2, 3], [5, 6]] and padding.shape == (2, 3) and not padding.any()
+    with pytest.raises(ValueError, match=r"\[batch, steps\]"):
+        time_series.batched_context(series[0], 2, 1)
+
+
+def test_lgamma_elementary_matches_torch_lgamma():
+    x = torch.linspace(-9.9, 40.0, 4001)
+    reference = torch.lgamma(x.double())
+    finite = torch.isfinite(reference)
+    got32 = time_series.lgamma_elementary(x).double()
+    error = (got32 - reference).abs() / reference.abs().clamp_min(1.0)
+    assert error[finite & (x > 0)].max() < 2e-6
+    assert error[finite].max() < 2e-5
+    got64 = time_series.lgamma_elementary(x.double())
+    assert ((got64 - reference).abs() / reference.abs().clamp_min(1.0))[finite].max() < 1e-12
+    poles = time_series.lgamma_elementary(torch.tensor([0.0, -1.0, -2.0, -7.0]))
+    assert torch.isinf(poles).all() and (poles > 0).all()
+    assert time_series.lgamma_elementary(torch.tensor([1.0, 2.0], dtype=torch.float16)).dtype == torch.float16
+    with pytest.raises(TypeError, match="floating point"):
+        time_series.lgamma_elementary(torch.tensor([1, 2]))
+
+
+def test_register_lgamma_elementary_serves_torch_lgamma_under_its_key_only():
+    original = torch.lgamma
+    with isolated_registry():
+        time_series.register_lgamma_elementary("demo")
+        (entry,) = registry.entries("demo")
+        assert entry.paths == ("torch.lgamma",)
+        assert entry.issue == "https://github.com/pytorch/pytorch/issues/109369"
+        x = torch.tensor([0.3, 2.5, 7.0])
+        with apply_patches("demo"):
+            assert torch.lgamma is not original
+            torch.testing.assert_close(torch.lgamma(x), original(x), atol=2e-6, rtol=2e-6)
+            program = torch.export.export(_LgammaRatio(), (x,), strict=False)
+        assert torch.lgamma is original
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("lgamma" in target for target in targets), targets
+
+
+class _LgammaRatio(torch.nn.Module):
+    def forward(self, x):
+        return torch.lgamma(0.5 * (x + 2.0)) - torch.lgamma(x)
+
+
+def test_backends_register_lgamma_where_their_lowering_lacks_it():
+    installed = []
+    for backend in ("onnx", "executorch", "openvino"):
+        try:
+            importlib.import_module(f"hfexport_{backend}")
+        except ImportError:
+            continue
+        installed.append(backend)
+    keys = {e.backend for e in registry.entries(kind="patch") if e.paths == ("torch.lgamma",)}
+    assert set(installed) <= keys
+    assert "dynamo" not in keys and "capture" not in keys
