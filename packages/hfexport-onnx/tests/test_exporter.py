@@ -113,6 +113,38 @@ def test_collision_rule():
     assert graph_output_names(["a", "state.out"], ["state.out"]) == ["a", "state.out.out"]
     with pytest.raises(ValueError, match="share the leaf path"):
         graph_output_names(["a", "a"], [])
+    # a bare tensor output (leaf path "") is named "output", suffixed if an input already is
+    assert graph_output_names([""], ["x"]) == ["output"]
+    assert graph_output_names([""], ["output"]) == ["output.out"]
+
+
+class BareProjector(torch.nn.Module):
+    """A multimodal projector's shape: a plain module whose forward returns a bare tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(8)
+        self.linear = torch.nn.Linear(8, 4)
+
+    def forward(self, image_features: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(self.linear(self.norm(image_features)))
+
+
+def test_a_bare_tensor_output_survives_the_optimizer():
+    """issue 28: the empty leaf path of a bare tensor output was used as the graph output name;
+    onnxscript's optimizer renamed that unnamed value and the export failed in stage 'optimize'."""
+    torch.manual_seed(0)
+    model = BareProjector().eval()
+    exporter = OnnxExporter()
+    program = exporter.export(model, {"image_features": torch.randn(2, 5, 8)}, OnnxConfig(dynamic=True))
+    stages = {s.name: s.status for s in exporter.last_report.stages}
+    assert stages["optimize"] == "ok" and stages["validate"] == "ok"
+    assert [v.name for v in program.model.graph.outputs] == ["output"]
+    features = torch.randn(3, 7, 8)
+    got = OnnxRuntimeRunner(program)({"image_features": features})
+    assert list(got) == [""]  # the runner returns the eager leaf path
+    with torch.no_grad():
+        torch.testing.assert_close(got[""], model(features), atol=ATOL, rtol=0)
 
 
 class StateNet(torch.nn.Module):

@@ -445,3 +445,31 @@ def test_unfold_fix_leaves_a_symbolic_unfolded_axis_alone():
     program = torch.export.export(Patches(), (torch.rand(2, 10, 3),), dynamic_shapes=({1: 2 * length},))
     (node,) = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.unfold.default]
     assert entry.func(program.graph_module, node) is False  # the window count would be symbolic
+
+
+class _ScaledEmbedding(torch.nn.Embedding):
+    """Gemma 3's scaled word embedding in small: a lookup times a constant (non-persistent) buffer."""
+
+    def __init__(self) -> None:
+        super().__init__(32, 8)
+        self.embed_scale = torch.nn.Buffer(torch.tensor(8.0**0.5), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"output": super().forward(input_ids) * self.embed_scale.to(self.weight.dtype)}
+
+
+def test_an_output_folded_into_its_producer_keeps_its_recorded_name():
+    """issue 28: compiling folds the scale into the lookup table and the output port carries the
+    producer's tensor name as well; the runner must return it under the recorded name ("output"),
+    not get_any_name()'s internal one (gemma3's embed_tokens failed validation as missing)."""
+    torch.manual_seed(0)
+    model = _ScaledEmbedding().eval()
+    exporter = OpenvinoExporter()
+    ids = torch.randint(0, 32, (2, 5))
+    ov_model = exporter.export(model, {"input_ids": ids}, OpenvinoConfig(dynamic=True))
+    assert {s.name: s.status for s in exporter.last_report.stages}["validate"] == "ok"
+    other = torch.randint(0, 32, (3, 9))
+    got = exporter.runner(ov_model)({"input_ids": other})
+    assert list(got) == ["output"]
+    with torch.no_grad():
+        torch.testing.assert_close(got["output"], model(other)["output"], atol=1e-6, rtol=0)

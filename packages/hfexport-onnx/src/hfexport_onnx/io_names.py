@@ -9,7 +9,10 @@ Rule (documented in ``docs/backends/onnx.md``):
   ``last_hidden_state``, ``cache.layers.0.keys``;
 * an output whose path is also the name of an input (a cache passed in and returned updated)
   gets the suffix ``.out`` (``past_key_values.layers.0.keys.out``); the suffix is repeated in the
-  unlikely case that the suffixed name is taken as well.
+  unlikely case that the suffixed name is taken as well;
+* a forward that returns a bare tensor has one output whose leaf path is the empty string; its
+  graph output is named :data:`BARE_OUTPUT_NAME` (``output``): ONNX treats an empty value name as
+  "no value", and onnxscript's optimizer gives such an output a generated name (issue 28).
 
 The mapping graph name -> leaf path is stored in the model's ``metadata_props`` (keys
 :data:`INPUTS_KEY` and :data:`OUTPUTS_KEY`, JSON objects), so a saved ``model.onnx`` can be run
@@ -31,6 +34,7 @@ from torch.export.graph_signature import InputKind, OutputKind, TensorArgument
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
+    "BARE_OUTPUT_NAME",
     "COLLISION_SUFFIX",
     "INPUTS_KEY",
     "OUTPUTS_KEY",
@@ -45,6 +49,8 @@ logger = logging.getLogger(__name__)
 
 #: Suffix appended to an output name that is already the name of a graph input.
 COLLISION_SUFFIX = ".out"
+#: Graph name of the output of a forward that returns a bare tensor (leaf path ``""``).
+BARE_OUTPUT_NAME = "output"
 #: ``metadata_props`` key holding ``{graph input name: leaf path}`` (JSON).
 INPUTS_KEY = "hfexport.inputs"
 #: ``metadata_props`` key holding ``{graph output name: leaf path}`` (JSON).
@@ -141,10 +147,15 @@ def program_io_paths(program: torch.export.ExportedProgram) -> tuple[dict[str, s
 
 
 def graph_output_names(output_paths: Sequence[str], input_names: Sequence[str]) -> list[str]:
-    """Apply the collision rule: outputs named like an input get :data:`COLLISION_SUFFIX`.
+    """Graph output names for the output leaf paths ``output_paths``.
+
+    The empty leaf path (a bare tensor output) becomes :data:`BARE_OUTPUT_NAME`; then the collision
+    rule: outputs named like an input get :data:`COLLISION_SUFFIX`.
 
     >>> graph_output_names(["logits", "cache.layers.0.keys"], ["input_ids", "cache.layers.0.keys"])
     ['logits', 'cache.layers.0.keys.out']
+    >>> graph_output_names([""], ["x"])
+    ['output']
 
     Raises:
         ValueError: two outputs share a leaf path.
@@ -155,7 +166,7 @@ def graph_output_names(output_paths: Sequence[str], input_names: Sequence[str]) 
     taken = set(input_names) | set(output_paths)
     names = []
     for path in output_paths:
-        name = path
+        name = path or BARE_OUTPUT_NAME
         if name in input_names:
             name += COLLISION_SUFFIX
             while name in taken:

@@ -20,7 +20,13 @@ from hfexport.errors import UnsupportedInputError
 from hfexport.tensors import get_leaf_tensors
 from hfexport_openvino.naming import io_names_from_model
 
-__all__ = ["PRECISION_KEY", "OpenvinoRunner", "compile_properties", "recorded_precision_hint"]
+__all__ = [
+    "PRECISION_KEY",
+    "OpenvinoRunner",
+    "compile_properties",
+    "output_port_name",
+    "recorded_precision_hint",
+]
 
 #: ``rt_info`` path where the export records ``OpenvinoConfig.inference_precision_hint``.
 PRECISION_KEY = ["hfexport", "inference_precision_hint"]
@@ -110,6 +116,23 @@ class OpenvinoRunner:
             results = request.infer(feed)
             out: dict[str, torch.Tensor] = {}
             for port, value in results.items():
-                name = port.get_any_name()
+                name = output_port_name(port, self.names.outputs)
                 out[self.names.outputs.get(name, name)] = torch.from_numpy(np.array(value, copy=True))
         return out
+
+
+def output_port_name(port: Any, recorded: Mapping[str, str]) -> str:
+    """The name of a compiled model's output ``port`` under which the export recorded it.
+
+    Compilation may merge an output's tensor with the tensor it was computed from (a multiply by
+    a constant folded into a ``Gather``'s table, as in Gemma 3's scaled embedding), so the port
+    carries several names, and ``get_any_name()`` may return the internal one (``"4"``) rather
+    than the recorded ``"output"`` (issue 28). The recorded name wins; without one among the
+    port's names, ``get_any_name()``.
+
+    Args:
+        port: an output port of a ``CompiledModel`` or ``Model``.
+        recorded: ``{output name: leaf path}`` of the export (:attr:`IoNames.outputs`).
+    """
+    names = port.get_names()
+    return next((name for name in sorted(names) if name in recorded), None) or port.get_any_name()

@@ -43,7 +43,9 @@ def token_ids_of(model: Any) -> dict[str, Any]:
 
     Returns:
         ``{"eos_token_id": list[int], "pad_token_id": int | None, "bos_token_id": int | None,
-        "decoder_start_token_id": int | None}``.
+        "decoder_start_token_id": int | None}``, plus ``"forced_eos_token_id"`` (``list[int]``)
+        when the generation config forces an end-of-sequence token at the last position (BART,
+        Florence-2), as ``generate`` does.
     """
     sources = [getattr(model, "generation_config", None), getattr(model, "config", None)]
     get_text = getattr(getattr(model, "config", None), "get_text_config", None)
@@ -61,6 +63,13 @@ def token_ids_of(model: Any) -> dict[str, Any]:
     out["eos_token_id"] = (
         [] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
     )
+    forced = getattr(getattr(model, "generation_config", None), "forced_eos_token_id", None)
+    if isinstance(forced, torch.Tensor):
+        forced = forced.tolist()
+    if forced is not None:
+        out["forced_eos_token_id"] = [
+            int(e) for e in (forced if isinstance(forced, (list, tuple)) else [forced])
+        ]
     return out
 
 

@@ -27,6 +27,7 @@ from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
     "PROJECTOR_NAMES",
+    "TEXT_ENCODER",
     "ImageFeatures",
     "MultimodalLayout",
     "decompose_multimodal",
@@ -40,8 +41,16 @@ logger = logging.getLogger(__name__)
 
 #: Modalities with a dedicated encoder, and the component name each gets.
 MODALITIES: dict[str, str] = {"image": "image_encoder", "audio": "audio_encoder"}
+#: Component name of the text encoder of an encoder-decoder language model (Florence-2).
+TEXT_ENCODER = "encoder"
 #: Conventional attribute names of projectors between an encoder and the language model.
-PROJECTOR_NAMES: tuple[str, ...] = ("multi_modal_projector", "connector", "embed_vision", "embed_audio")
+PROJECTOR_NAMES: tuple[str, ...] = (
+    "multi_modal_projector",
+    "connector",
+    "embed_vision",
+    "embed_audio",
+    "aligner",  # DeepSeek-VL
+)
 
 
 @dataclass
@@ -351,6 +360,18 @@ def _image_features_component(
     return ImageFeatures(owner, parts, list(kwargs)), kwargs
 
 
+def _text_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The text encoder of an encoder-decoder multimodal model (``get_encoder()`` without a
+    modality), or ``None`` for a decoder-only language model."""
+    if not getattr(getattr(model, "config", None), "is_encoder_decoder", False):
+        return None
+    try:
+        encoder = model.get_encoder()
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return encoder if _is_submodule(model, encoder) else None
+
+
 def decompose_multimodal(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -372,7 +393,10 @@ def decompose_multimodal(
     Returns:
         A :class:`hfexport.generation.decompose.Decomposition`:
         ``{"image_encoder" | "audio_encoder" | "multi_modal_projector" | "embed_tokens" |
-        "language_model" | "lm_head" [| "decode"]: (module, kwargs)}`` with its plan.
+        "language_model" | "lm_head" [| "decode"]: (module, kwargs)}`` with its plan. For an
+        encoder-decoder language model (Florence-2): ``... "embed_tokens" | "encoder" (the text
+        encoder, taking the merged ``inputs_embeds``) | "prefill" | "decode"`` (the whole model's
+        first and later decoder steps, taking ``encoder_outputs``); ``include_decode`` is implied.
 
     Raises:
         ValueError: no modality encoder or no language model found (nothing to split), a part
@@ -392,6 +416,13 @@ def decompose_multimodal(
             "use decompose_prefill_decode for text-only models"
         )
     parts = layout.modules()
+    text_encoder = _text_encoder(model)
+    if text_encoder is not None:
+        # an encoder-decoder language model (Florence-2's BART): the merged embeddings go through
+        # its text encoder, and generate() calls the encoder and the whole model's decoder steps,
+        # never the language model's own forward (issue 28)
+        parts = {k: v for k, v in parts.items() if k != "language_model"}
+        parts[TEXT_ENCODER] = text_encoder
     recording = record_generation(
         model,
         inputs,
@@ -399,7 +430,7 @@ def decompose_multimodal(
         multi_token_decode=multi_token_decode,
         submodules=parts,
         record_outputs=True,
-        decoder_masks={"language_model": layout.language_model},
+        decoder_masks={"language_model": layout.language_model} if text_encoder is None else None,
     )
     calls, outputs = recording.capture.calls, recording.capture.outputs
     missing = [name for name in parts if not calls[name]]
@@ -418,7 +449,7 @@ def decompose_multimodal(
         token_ids=token_ids_of(model),
     )
     produced: dict[str, dict[str, torch.Tensor]] = {}
-    lm_kwargs = calls["language_model"][0]
+    lm_kwargs = calls[TEXT_ENCODER if text_encoder is not None else "language_model"][0]
     embeds_in = lm_kwargs.get("inputs_embeds")
     text: torch.Tensor | None = None
     if isinstance(embeds_in, torch.Tensor) and "embed_tokens" in parts and "input_ids" in inputs:
@@ -461,6 +492,14 @@ def decompose_multimodal(
         logger.info("%s: image features exported as one component (%s)", type(model).__name__, exc)
     if "embed_tokens" in parts:
         components["embed_tokens"] = (parts["embed_tokens"], calls["embed_tokens"][0])
+    if text_encoder is not None:
+        components[TEXT_ENCODER] = (text_encoder, lm_kwargs)
+        components["prefill"] = (model, recording.prefill)
+        components["decode"] = (model, recording.decode)
+        plan.components = list(components)
+        decomposition = Decomposition(components, plan, model)
+        describe_components(decomposition)
+        return decomposition
     components["language_model"] = (layout.language_model, lm_kwargs)
     position_ids = lm_kwargs.get("position_ids")
     if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 3:

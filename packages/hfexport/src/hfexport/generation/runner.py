@@ -10,8 +10,9 @@ row emits an end-of-sequence token it receives the pad token; generation stops w
 finished or ``max_new_tokens`` tokens were produced. Between steps the cache travels as the
 tensors the previous call returned (a growing cache) or as the same preallocated tensors updated in
 place (a static cache); the 2-D padding mask grows by one column of ones per token and position ids
-continue from the last one (``generate``'s own bookkeeping). Logits processors configured in the
-model's generation config (repetition penalty, suppressed tokens ...) are not applied.
+continue from the last one (``generate``'s own bookkeeping). A forced end-of-sequence token at the
+last position (``forced_eos_token_id``, BART's) is applied; other logits processors configured in
+the model's generation config (repetition penalty, suppressed tokens ...) are not.
 """
 
 from __future__ import annotations
@@ -231,6 +232,12 @@ class GenerationRunner:
                 )
         if arch == "encoder_decoder":
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
+        if arch == "multimodal" and "encoder" in self.plan.components:
+            # encoder-decoder language model (Florence-2): the merged embeddings feed the text encoder
+            embeds = self._multimodal_embeddings(ids, inputs, mask)
+            encoded = self._call("encoder", {"inputs_embeds": embeds, "attention_mask": mask}, {})
+            decoder_prompt = {k: v for k, v in inputs.items() if k == "decoder_input_ids"}
+            return self._generate_encoder_decoder(ids, mask, max_new_tokens, decoder_prompt, encoded=encoded)
         logits, cache, positions, state = self._prefill(ids, mask, inputs)
         return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
 
@@ -290,13 +297,19 @@ class GenerationRunner:
             out = self._call("prefill", values, {})
         return out, positions, values
 
-    def _prefill_multimodal(
-        self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
-    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
-        from hfexport.generation.vision_inputs import mrope_position_ids, vision_grid_inputs
+    def _multimodal_embeddings(
+        self, ids: torch.Tensor, inputs: Mapping[str, Any], mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Run the encoders and projectors of the plan's links, embed ``ids`` and put each
+        component output in place of its placeholder tokens' embeddings: ``[batch, seq, hidden]``."""
+        from hfexport.generation.vision_inputs import vision_grid_inputs
 
         plan = self.plan
-        prompt = {"input_ids": ids, "attention_mask": mask, **inputs}
+        prompt = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids) if mask is None else mask,
+            **inputs,
+        }
         produced: dict[str, dict[str, torch.Tensor]] = {}
         for component, links in plan.links.items():
             values: dict[str, Any] = {}
@@ -328,6 +341,15 @@ class GenerationRunner:
                     f"{flat.shape[0]} feature rows"
                 )
             embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
+        return embeds
+
+    def _prefill_multimodal(
+        self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
+        from hfexport.generation.vision_inputs import mrope_position_ids
+
+        plan = self.plan
+        embeds = self._multimodal_embeddings(ids, inputs, mask)
         if plan.mrope is not None:
             token_types = inputs.get("mm_token_type_ids")
             if token_types is None:
@@ -379,9 +401,14 @@ class GenerationRunner:
         token_types = state.get("token_type_ids")
         new_tokens: list[torch.Tensor] = []
         self.last_logits = []
+        forced_eos = self.plan.token_ids.get("forced_eos_token_id") or []
         for step in range(max_new_tokens):
             self.last_logits.append(logits.float())
             token = logits.argmax(dim=-1).to(torch.int64)
+            if forced_eos and step == max_new_tokens - 1:
+                # generate()'s forced end-of-sequence at the last position (the lowest of the ids:
+                # they all get the same score and argmax takes the first)
+                token = torch.full_like(token, min(int(e) for e in forced_eos))
             if eos.numel():
                 token = torch.where(finished, torch.full_like(token, int(pad)), token)
                 finished |= torch.isin(token, eos)
@@ -406,9 +433,18 @@ class GenerationRunner:
         return torch.cat([ids, torch.stack(new_tokens, dim=1)], dim=1)
 
     def _generate_encoder_decoder(
-        self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, inputs: Mapping[str, Any]
+        self,
+        ids: torch.Tensor,
+        mask: torch.Tensor,
+        max_new_tokens: int,
+        inputs: Mapping[str, Any],
+        *,
+        encoded: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        encoded = self._call("encoder", {"input_ids": ids, "attention_mask": mask, **inputs}, {})
+        inputs = dict(inputs)
+        given = inputs.pop("decoder_input_ids", None)
+        if encoded is None:
+            encoded = self._call("encoder", {"input_ids": ids, "attention_mask": mask, **inputs}, {})
         start = self.plan.token_ids.get("decoder_start_token_id")
         if start is None:
             start = self.plan.token_ids.get("bos_token_id")
@@ -417,6 +453,25 @@ class GenerationRunner:
                 "the model has no decoder_start_token_id (nor bos_token_id) to start decoding with"
             )
         decoder_ids = torch.full((ids.shape[0], 1), int(start), dtype=torch.int64)
+        if given is not None:
+            # a decoder prompt is continued as generate() continues it: after the start token,
+            # which is put first unless some row already begins with it
+            prompt = torch.as_tensor(given, dtype=torch.int64)
+            prompt = prompt[None] if prompt.dim() == 1 else prompt
+            prompt = prompt.expand(ids.shape[0], -1) if prompt.shape[0] == 1 else prompt
+            starts = bool((prompt[:, :1] == int(start)).any()) if prompt.shape[1] else False
+            decoder_ids = prompt if starts else torch.cat([decoder_ids, prompt], dim=1)
+        return self._run_decoder(decoder_ids, mask, max_new_tokens, encoded)
+
+    def _run_decoder(
+        self,
+        decoder_ids: torch.Tensor,
+        mask: torch.Tensor,
+        max_new_tokens: int,
+        encoded: Mapping[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """The decoder steps of an encoder-decoder: ``prefill`` on ``decoder_ids`` (the start token,
+        or a given decoder prompt), then ``decode`` per token; ``[batch, len(decoder_ids) + n]``."""
         values = {"decoder_input_ids": decoder_ids, "attention_mask": mask}
         out = self._call("prefill", values, {}, encoded)
         positions = torch.zeros_like(decoder_ids)
