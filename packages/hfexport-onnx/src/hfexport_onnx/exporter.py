@@ -514,8 +514,16 @@ class OnnxExporter(HfExporter):
 
         Returns:
             A callable: forward kwargs -> ``{leaf_path: tensor}``.
+
+        The session runs without ONNX Runtime's CPU memory arena: validation runs a few large
+        inputs once (the quality text's prefill: logits of ``[tokens, vocab]``), whose buffers an
+        arena would keep for the rest of the export instead of freeing them after each run.
         """
-        return OnnxRuntimeRunner(artifact)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = False
+        return OnnxRuntimeRunner(artifact, session_options=options)
 
     def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
         """Read a saved ``.onnx`` file (with its external data, if any) as an ``onnx.ModelProto``.
