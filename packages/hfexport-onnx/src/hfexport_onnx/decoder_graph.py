@@ -482,6 +482,10 @@ def export_decoder_with_past(
                     report.validation[label] = exporter.check_outputs(
                         wrapper, run, inputs, resolved, report=report, label=label.replace("_", " ")
                     )
+        del run  # the session and its weights go before the save serializes the graph
+        from hfexport.memory import release_freed_memory
+
+        release_freed_memory()
 
     graph = artifact.model.graph
     input_names = tuple(v.name for v in graph.inputs if v.name not in graph.initializers)

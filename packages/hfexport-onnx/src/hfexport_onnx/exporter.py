@@ -64,7 +64,13 @@ from hfexport.report import ExportReport, Stage
 from hfexport_onnx.generation import OnnxGenerationSupport
 from hfexport_onnx.io_names import IoNames, assign_io_names
 from hfexport_onnx.quantize import FLOAT16_QUANTIZATION_METHODS, QUANTIZATION_METHODS
-from hfexport_onnx.runtime import PROTOBUF_LIMIT_BYTES, OnnxRuntimeRunner, initializer_bytes
+from hfexport_onnx.runtime import (
+    EXTERNAL_DATA_MIN_BYTES,
+    PROTOBUF_LIMIT_BYTES,
+    OnnxRuntimeRunner,
+    append_initializers,
+    initializer_bytes,
+)
 from hfexport_onnx.versions import MIN_VERSIONS, REQUIRED_PACKAGES, SUPPORTED, TESTED_VERSIONS
 from hfexport_onnx.workarounds.ir_fixes import apply_ir_fixes
 from hfexport_onnx.workarounds.translations import custom_translation_table
@@ -514,8 +520,16 @@ class OnnxExporter(HfExporter):
 
         Returns:
             A callable: forward kwargs -> ``{leaf_path: tensor}``.
+
+        The session runs without ONNX Runtime's CPU memory arena: validation runs a few large
+        inputs once (the quality text's prefill: logits of ``[tokens, vocab]``), whose buffers an
+        arena would keep for the rest of the export instead of freeing them after each run.
         """
-        return OnnxRuntimeRunner(artifact)
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.enable_cpu_mem_arena = False
+        return OnnxRuntimeRunner(artifact, session_options=options)
 
     def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
         """Read a saved ``.onnx`` file (with its external data, if any) as an ``onnx.ModelProto``.
@@ -556,7 +570,10 @@ class OnnxExporter(HfExporter):
             IsADirectoryError: ``path`` is an existing directory (give a file path).
 
         Nothing is left half-written: the files are written in a hidden staging folder next to
-        ``path`` and moved into place (weights first, model last) only once complete.
+        ``path`` and moved into place (weights first, model last) only once complete. Weights
+        inside the model file (at least :data:`hfexport_onnx.runtime.EXTERNAL_DATA_MIN_BYTES` of
+        them) are appended one tensor at a time (:func:`hfexport_onnx.runtime.append_initializers`),
+        never serialized as one message.
         """
         if not hasattr(artifact, "save") or not hasattr(artifact, "model"):
             raise TypeError(
@@ -583,7 +600,15 @@ class OnnxExporter(HfExporter):
         }
         if not use_external:
             with atomic_path(target) as tmp:
-                artifact.save(tmp, external_data=False, **kwargs)
+                if (
+                    options.include_initializers
+                    and initializer_bytes(artifact.model) >= EXTERNAL_DATA_MIN_BYTES
+                ):
+                    # the graph, then its weights tensor by tensor: no whole ModelProto of them
+                    artifact.save(tmp, external_data=False, **{**kwargs, "include_initializers": False})
+                    append_initializers(tmp, artifact.model.graph)
+                else:
+                    artifact.save(tmp, external_data=False, **kwargs)
             return
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=target.parent))

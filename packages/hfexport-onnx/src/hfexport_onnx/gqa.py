@@ -501,7 +501,6 @@ def _packed_projection(tape: Any, layer: _Layer) -> Any:
     """``MatMul(x, [Wq | Wk | Wv])`` when query, key and value are ``MatMul(x, W)`` of one ``x`` with
     constant 2-D weights used nowhere else, else ``None``: GroupQueryAttention takes the packed
     ``[B, S, (H + 2 Hkv) Dh]`` projection as its query (key and value omitted)."""
-    import onnx_ir as ir
 
     nodes = [v.producer() for v in (layer.query, layer.key, layer.value)]
     if any(n is None or n.op_type != "MatMul" for n in nodes):
@@ -512,14 +511,12 @@ def _packed_projection(tape: Any, layer: _Layer) -> Any:
         return None
     if any(len(n.inputs[1].uses()) != 1 for n in nodes) or len({w.shape[0] for w in weights}) != 1:
         return None
-    packed = np.concatenate(weights, axis=1)
-    name = f"{nodes[0].inputs[1].name}_qkv"
-    weight = ir.Value(
-        name=name,
-        shape=ir.Shape(packed.shape),
-        type=ir.TensorType(ir.DataType.from_numpy(packed.dtype)),
-    )
-    weight.const_value = ir.tensor(packed, name=name)
+    if len({w.dtype for w in weights}) != 1:
+        return None
+    from hfexport_onnx.matmul_packing import concatenated_weight
+
+    # computed when read: no stored copy of the q/k/v weights next to the model's own
+    weight = concatenated_weight([n.inputs[1] for n in nodes], f"{nodes[0].inputs[1].name}_qkv")
     tape.graph_like.register_initializer(weight)
     return tape.op("MatMul", [x, weight])
 

@@ -65,6 +65,7 @@ __all__ = [
     "ffn_up_nodes",
     "int8_weight_only",
     "lm_head_nodes",
+    "matmul_nbits_in_place",
     "quantize_embeddings",
     "quantize_ir_model",
     "quantized_op_counts",
@@ -870,14 +871,14 @@ def tied_embedding(model: Any) -> tuple[str, str] | None:
 def share_tied_embedding(proto: Any, gather: str, head: str, *, block: int) -> int:
     """Gather the tied word embedding from its head's quantized blocks (as ONNX Runtime GenAI's
     builder does for tied weights): the embedding ``Gather`` node ``gather`` of ``proto``
-    (``onnx.ModelProto``, changed in place) becomes ``com.microsoft.GatherBlockQuantized`` over the
+    (changed in place) becomes ``com.microsoft.GatherBlockQuantized`` over the
     ``MatMulNBits`` head's ``B`` blocks (reshaped ``[vocab, n_blocks, blob] -> [vocab, blob *
     n_blocks]``) and scales (``[vocab, n_blocks]``, shared with the head), so the table is stored
     once, quantized, and only the gathered rows are dequantized at run time. The float table is
     dropped.
 
     Args:
-        proto: the quantized model.
+        proto: the quantized model: an ``onnx_ir.Model`` or an ``onnx.ModelProto``.
         gather: the embedding ``Gather`` node's name (:func:`tied_embedding`).
         head: the head ``MatMul`` node's name before quantization (the quantizer names its
             ``MatMulNBits`` ``<head>_Q<bits>``).
@@ -887,6 +888,8 @@ def share_tied_embedding(proto: Any, gather: str, head: str, *, block: int) -> i
         The head's bit width (4 or 8), or 0 when the head is not a zero-point-free
         ``MatMulNBits`` (nothing is changed then).
     """
+    if not hasattr(proto, "SerializeToString"):
+        return _share_tied_embedding_ir(proto, gather, head, block=block)
     import onnx
     from onnx import helper, numpy_helper
 
@@ -936,32 +939,75 @@ def share_tied_embedding(proto: Any, gather: str, head: str, *, block: int) -> i
     return bits
 
 
+def _share_tied_embedding_ir(model: Any, gather: str, head: str, *, block: int) -> int:
+    """:func:`share_tied_embedding` on an ``onnx_ir.Model`` (the same nodes and names)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    nodes = {n.name: n for n in graph if n.name}
+    head_node = next(
+        (n for name, n in nodes.items() if n.op_type == "MatMulNBits" and name.startswith(f"{head}_Q")), None
+    )
+    old = nodes.get(gather)
+    if head_node is None or old is None or (len(head_node.inputs) > 3 and head_node.inputs[3] is not None):
+        return 0  # a head with zero points (asymmetric) or not quantized: keep the int8 / float table
+    bits, vocab = int(head_node.attributes["bits"].value), int(head_node.attributes["N"].value)
+    blocks, scales = head_node.inputs[1], head_node.inputs[2]
+    if scales.const_value is not None and len(scales.const_value.shape) == 1:
+        array = scales.const_value.numpy().reshape(vocab, -1)  # MatMulNBits reads either
+        scales.const_value = ir.tensor(array, name=scales.name)
+        scales.shape = ir.Shape(array.shape)
+    shape = _initializer(graph, f"{gather}_blocks_shape", np.asarray([vocab, -1], dtype=np.int64))
+    reshape = ir.Node("", "Reshape", inputs=[blocks, shape], name=f"{gather}_reshape")
+    reshape.outputs[0].name = f"{gather}_blocks"
+    gathered = ir.Node(
+        "com.microsoft",
+        "GatherBlockQuantized",
+        inputs=[reshape.outputs[0], old.inputs[1], scales],
+        attributes=[
+            ir.AttrInt64("bits", bits),
+            ir.AttrInt64("block_size", block),
+            ir.AttrInt64("gather_axis", 0),
+            ir.AttrInt64("quantize_axis", 1),
+        ],
+        name=f"{gather}_block_quantized",
+    )
+    gathered.metadata_props.update(old.metadata_props)
+    table = old.inputs[0]
+    graph.insert_before(old, [reshape])
+    ir.convenience.replace_nodes_and_values(
+        graph, reshape, [old], [gathered], list(old.outputs), list(gathered.outputs)
+    )
+    if table is not None and not table.uses() and not table.is_graph_output():
+        graph.initializers.pop(table.name, None)
+    model.opset_imports.setdefault("com.microsoft", 1)
+    return bits
+
+
 def _nbits_weight(
-    src: Path,
-    dst: Path,
     model: Any,
     quantization: Any,
     exclude: list[str],
     facts: dict[str, Any],
     *,
     bits: int,
-) -> None:
-    """``int4-weight`` / ``int8-weight``: every constant-weight ``MatMul`` (``lm_head`` included)
-    becomes a ``com.microsoft.MatMulNBits`` with ``bits``-bit blocks of ``group_size`` elements
-    along the input axis (default :data:`INT4_BLOCK_SIZE`), symmetric unless
-    ``quantization.symmetric`` is False (default :data:`SYMMETRIC`), ``accuracy_level``
-    :data:`ACCURACY_LEVEL` (int8 compute) unless set. ``int4-weight`` without
-    ``quantization.exclude`` keeps the FFN up-projections of GELU models (:func:`ffn_up_nodes`;
-    none in SiLU LLMs) and a language model's head (:func:`lm_head_nodes`, a tied head's
-    ``FusedMatMul`` rewritten by :func:`_gemm_to_matmul` first) at 8 bits: on SmolLM2-135M the 8-bit
-    head costs nothing measurable on the text metrics (docs/backends/onnx.md). Writes
-    ``dst`` (external data ``quantized.onnx.data``).
+) -> Any:
+    """``int4-weight`` / ``int8-weight`` on ``model`` (``onnx_ir.Model``, rewritten in place and
+    returned): every constant-weight ``MatMul`` (``lm_head`` included) becomes a
+    ``com.microsoft.MatMulNBits`` with ``bits``-bit blocks of ``group_size`` elements along the
+    input axis (default :data:`INT4_BLOCK_SIZE`), symmetric unless ``quantization.symmetric`` is
+    False (default :data:`SYMMETRIC`), ``accuracy_level`` :data:`ACCURACY_LEVEL` (int8 compute)
+    unless set. ``int4-weight`` without ``quantization.exclude`` keeps the FFN up-projections of
+    GELU models (:func:`ffn_up_nodes`; none in SiLU LLMs) and a language model's head
+    (:func:`lm_head_nodes`, a tied head's ``FusedMatMul`` rewritten by :func:`_gemm_to_matmul`
+    first) at 8 bits: on SmolLM2-135M the 8-bit head costs nothing measurable on the text metrics
+    (docs/backends/onnx.md). Then a packed projection's ``Split`` is undone
+    (:func:`split_packed_nbits`) and a tied embedding gathered from the head's blocks
+    (:func:`share_tied_embedding`).
 
-    Uses ONNX Runtime's ``MatMulNBitsQuantizer`` with its default (RTN, MLAS) algorithm, as ONNX
-    Runtime GenAI's model builder does for ``-p int4``."""
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
+    The blocks are what ONNX Runtime's ``MatMulNBitsQuantizer`` writes with its default (RTN)
+    algorithm, as ONNX Runtime GenAI's model builder uses for ``-p int4``: the same MLAS kernel
+    (:func:`matmul_nbits_in_place`), bit-identical, without the quantizer's copies of the graph."""
     block = int(quantization.group_size or INT4_BLOCK_SIZE)
     symmetric = SYMMETRIC if quantization.symmetric is None else bool(quantization.symmetric)
     level = ACCURACY_LEVEL if quantization.accuracy_level is None else int(quantization.accuracy_level)
@@ -969,31 +1015,158 @@ def _nbits_weight(
     heads = lm_head_nodes(model) if head_bits == 8 else []
     eight = [] if quantization.exclude or bits == 8 else [*ffn_up_nodes(model), *heads]
     facts.update(bits=bits, group_size=block, symmetric=symmetric, accuracy_level=level, eight_bit=eight)
-    proto = onnx.load(str(src), load_external_data=True)
-    common = {"block_size": block, "is_symmetric": symmetric, "accuracy_level": level}
-    # nodes_to_include is not honoured by ORT 1.32's default (RTN) algorithm: select by exclusion
-    quantizer = MatMulNBitsQuantizer(proto, bits=bits, nodes_to_exclude=[*exclude, *eight], **common)
-    quantizer.process()
-    proto = quantizer.model.model
-    if eight:
-        four_bit = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n.name not in eight]
-        quantizer = MatMulNBitsQuantizer(proto, bits=8, nodes_to_exclude=[*exclude, *four_bit], **common)
-        quantizer.process()
-        proto = quantizer.model.model
-    facts["split_packed_nbits"] = split_packed_nbits(proto)
+    matmul_nbits_in_place(
+        model,
+        bits=bits,
+        block_size=block,
+        symmetric=symmetric,
+        accuracy_level=level,
+        exclude=exclude,
+        eight_bit=eight,
+    )
+    facts["split_packed_nbits"] = split_packed_nbits(model)
     tied = facts.get("tied_embedding")
     if tied:
-        shared = share_tied_embedding(proto, tied["gather"], tied["head"], block=block)
+        shared = share_tied_embedding(model, tied["gather"], tied["head"], block=block)
         tied["bits"] = shared
         if not shared:  # asymmetric head blocks: the embedding stays the float table
             facts["tied_embedding"] = None
-    onnx.save_model(proto, str(dst), save_as_external_data=True, location="quantized.onnx.data")
+    return model
+
+
+def _block_quantize(array: np.ndarray, bits: int, block: int, symmetric: bool) -> tuple[np.ndarray, ...]:
+    """``[K, N]`` float32 -> ``(blocks [N, k_blocks, block * bits / 8] uint8, scales [N, k_blocks]
+    float32, zero points [N, ceil(k_blocks * bits / 8)] uint8)``: MLAS's blockwise quantization
+    (``MlasQuantizeBlockwise``, through the binding ONNX Runtime's ``MatMulNBitsQuantizer`` calls),
+    rows zero-padded to a whole block as that quantizer pads them."""
+    from onnxruntime.capi import _pybind_state as kernels
+
+    rows, cols = array.shape
+    pack = 8 // bits
+    k_blocks = (rows + block - 1) // block
+    if k_blocks * block != rows:
+        array = np.pad(array, ((0, k_blocks * block - rows), (0, 0)), "constant")
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    blocks = np.zeros((cols, k_blocks, (block + pack - 1) // pack), dtype=np.uint8)
+    zero_points = np.zeros((cols, (k_blocks + pack - 1) // pack), dtype=np.uint8)
+    scales = np.zeros((cols, k_blocks), dtype=np.float32)
+    quantize = kernels.quantize_matmul_8bits if bits == 8 else kernels.quantize_matmul_4bits
+    quantize(blocks, array, scales, zero_points, block, cols, rows, symmetric)
+    return blocks, scales, zero_points
+
+
+def matmul_nbits_in_place(
+    model: Any,
+    *,
+    bits: int,
+    block_size: int,
+    symmetric: bool,
+    accuracy_level: int,
+    exclude: Sequence[str] = (),
+    eight_bit: Sequence[str] = (),
+) -> dict[int, int]:
+    """Rewrite each ``MatMul`` of ``model`` (``onnx_ir.Model``, changed in place) whose second input
+    is a float32 initializer of shape ``[K, N]`` into ``com.microsoft.MatMulNBits`` (``K``, ``N``,
+    ``bits``, ``block_size``, ``accuracy_level`` when not 0; inputs ``A``, ``<B>_Q<bits>`` uint8
+    ``[N, ceil(K / block_size), block_size * bits / 8]``, ``<B>_scales`` float32
+    ``[N, ceil(K / block_size)]`` and, asymmetric, ``<B>_zero_points`` uint8), node named
+    ``<MatMul>_Q<bits>``: the tensors, names and attributes ONNX Runtime's ``MatMulNBitsQuantizer``
+    (default algorithm, QOperator format) writes, from the same MLAS kernel, so the blocks are
+    bit-identical to that quantizer's.
+
+    Weight by weight, without a copy of the graph: the float32 initializer is dropped as soon as
+    its last ``MatMul`` is rewritten, so the graph never holds a weight in both forms for more than
+    one tensor (the quantizer copies the whole model into a ``ModelProto`` and builds a second one).
+
+    Args:
+        model: the float graph.
+        bits: 4 or 8 for every MatMul not in ``eight_bit``.
+        block_size: elements per block along ``K`` (:data:`INT4_BLOCK_SIZES`).
+        symmetric: no zero points (``True``) or per-block zero points.
+        accuracy_level: ``MatMulNBits`` ``accuracy_level`` (0: not written).
+        exclude: ``MatMul`` node names left in float.
+        eight_bit: ``MatMul`` node names quantized with 8-bit blocks whatever ``bits`` is.
+
+    Returns:
+        ``{bits: number of MatMuls rewritten}``.
+
+    Raises:
+        ValueError: ``bits`` is not 4 or 8, or ``block_size`` not one of :data:`INT4_BLOCK_SIZES`.
+
+    A weight of rank above 2 (leading axes of size 1) is quantized only when ``A``'s rank is known
+    and at least the weight's (then ``MatMulNBits`` gives the same shape); otherwise it stays float.
+    """
+    import onnx_ir as ir
+
+    if bits not in (4, 8):
+        raise ValueError(f"MatMulNBits bits={bits} is not supported here; allowed: 4, 8")
+    if block_size not in INT4_BLOCK_SIZES:
+        raise ValueError(
+            f"block_size={block_size} is not a MatMulNBits block size; allowed: {', '.join(map(str, INT4_BLOCK_SIZES))}"
+        )
+    skip, eight = set(exclude), set(eight_bit)
+    counts = {4: 0, 8: 0}
+    for graph in model.graphs():
+        done: dict[tuple[str, int], tuple[Any, ...]] = {}
+        for node in list(graph):
+            if node.op_type != "MatMul" or node.domain not in ("", "ai.onnx") or node.name in skip:
+                continue
+            weight = node.inputs[1] if len(node.inputs) > 1 else None
+            if weight is None or weight.const_value is None or not weight.is_initializer():
+                continue
+            if weight.dtype != ir.DataType.FLOAT:
+                continue
+            shape = tuple(weight.const_value.shape)
+            if len(shape) < 2 or any(d != 1 for d in shape[:-2]):
+                continue
+            if len(shape) > 2:
+                a = node.inputs[0]
+                if a is None or a.shape is None or len(a.shape) < len(shape):
+                    continue
+            n_bits = 8 if node.name in eight else bits
+            key = (weight.name, n_bits)
+            if key not in done:
+                array = weight.const_value.numpy().reshape(shape[-2], shape[-1])
+                blocks, scales, zero_points = _block_quantize(array, n_bits, block_size, symmetric)
+                del array
+                inits = [
+                    _initializer(graph, f"{weight.name}_Q{n_bits}", blocks),
+                    _initializer(graph, f"{weight.name}_scales", scales),
+                ]
+                if not symmetric:
+                    inits.append(_initializer(graph, f"{weight.name}_zero_points", zero_points))
+                done[key] = tuple(inits)
+            attributes = [
+                ir.AttrInt64("K", shape[-2]),
+                ir.AttrInt64("N", shape[-1]),
+                ir.AttrInt64("bits", n_bits),
+                ir.AttrInt64("block_size", block_size),
+            ]
+            if accuracy_level:
+                attributes.append(ir.AttrInt64("accuracy_level", accuracy_level))
+            nbits = ir.Node(
+                "com.microsoft",
+                "MatMulNBits",
+                inputs=[node.inputs[0], *done[key]],
+                attributes=attributes,
+                name=f"{node.name}_Q{n_bits}" if node.name else None,
+            )
+            nbits.metadata_props.update(node.metadata_props)
+            ir.convenience.replace_nodes_and_values(
+                graph, node, [node], [nbits], list(node.outputs), list(nbits.outputs)
+            )
+            if not weight.uses() and not weight.is_graph_output():
+                graph.initializers.pop(weight.name, None)  # the float weight goes now
+            counts[n_bits] += 1
+    if any(counts.values()):
+        model.opset_imports.setdefault("com.microsoft", 1)
+    return counts
 
 
 def split_packed_nbits(proto: Any) -> int:
     """Undo the sibling-MatMul packing (:mod:`hfexport_onnx.matmul_packing`) on quantized weights:
     each ``Split(MatMulNBits(x, B, scales[, zero_points]), sizes, axis=-1)`` of ``proto``
-    (``onnx.ModelProto``, changed in place) becomes one ``MatMulNBits`` per part, over that part's
+    becomes one ``MatMulNBits`` per part, over that part's
     rows of ``B`` / ``scales`` / ``zero_points`` (``MatMulNBits`` stores its weight transposed,
     ``[N, n_blocks, blob]``, so an output column range is a row range: the same bytes, bit-identical
     outputs).
@@ -1002,9 +1175,14 @@ def split_packed_nbits(proto: Any) -> int:
     way on SmolLM2-135M int4 decode (the ``Split`` copy costs more than the second launch; ONNX
     Runtime GenAI's builder keeps gate and up separate too).
 
+    Args:
+        proto: an ``onnx_ir.Model`` or an ``onnx.ModelProto``, changed in place.
+
     Returns:
         The number of ``Split`` nodes removed (0 when none has constant sizes on the last axis).
     """
+    if not hasattr(proto, "SerializeToString"):
+        return _split_packed_nbits_ir(proto)
     from onnx import helper, numpy_helper
 
     graph = proto.graph
@@ -1068,6 +1246,67 @@ def split_packed_nbits(proto: Any) -> int:
     return removed
 
 
+def _split_packed_nbits_ir(model: Any) -> int:
+    """:func:`split_packed_nbits` on an ``onnx_ir.Model`` (same names: ``<node>_part<i>`` nodes,
+    ``<tensor>_part<i>`` initializers)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    removed = 0
+    for split in list(graph):
+        if split.op_type != "Split" or split.domain not in ("", "ai.onnx") or len(split.inputs) < 2:
+            continue
+        packed, sizes_value = split.inputs[0], split.inputs[1]
+        node = packed.producer() if packed is not None else None
+        axis = split.attributes.get("axis")
+        if node is None or node.op_type != "MatMulNBits" or (axis.value if axis is not None else 0) != -1:
+            continue
+        if sizes_value is None or sizes_value.const_value is None or len(packed.uses()) != 1:
+            continue
+        if packed.is_graph_output() or (len(node.inputs) > 4 and any(v is not None for v in node.inputs[4:])):
+            continue  # g_idx / bias: not written by our quantizer
+        attrs = {name: attr.value for name, attr in node.attributes.items()}
+        sizes = [int(v) for v in sizes_value.const_value.numpy().reshape(-1)]
+        n = int(attrs["N"])
+        tensors = list(node.inputs[1:4])
+        if sum(sizes) != n or any(v is not None and v.const_value is None for v in tensors):
+            continue
+        arrays = [v.const_value.numpy() if v is not None else None for v in tensors]
+        parts, start = [], 0
+        for i, (size, output) in enumerate(zip(sizes, split.outputs)):
+            inputs = [node.inputs[0]]
+            for value, array in zip(tensors, arrays):
+                if value is None:
+                    inputs.append(None)
+                    continue
+                rows = array.reshape(n, -1)[start : start + size]
+                rows = (
+                    rows.reshape((size, *array.shape[1:]))
+                    if array.ndim > 1 and array.shape[0] == n
+                    else rows.reshape(-1)
+                )
+                inputs.append(_initializer(graph, f"{value.name}_part{i}", np.ascontiguousarray(rows)))
+            part = ir.Node(
+                node.domain,
+                "MatMulNBits",
+                inputs=inputs,
+                attributes=[ir.AttrInt64(k, int(v)) for k, v in {**attrs, "N": size}.items()],
+                name=f"{node.name}_part{i}",
+            )
+            part.metadata_props.update(node.metadata_props)
+            parts.append((part, output))
+            start += size
+        graph.insert_before(node, [p for p, _ in parts])
+        for part, output in parts:
+            ir.convenience.replace_nodes_and_values(graph, part, [], [], [output], [part.outputs[0]])
+        graph.remove([split, node], safe=True)
+        for value in [*tensors, sizes_value]:
+            if value is not None and not value.uses() and value.is_initializer():
+                graph.initializers.pop(value.name, None)
+        removed += 1
+    return removed
+
+
 def _load(path: Path) -> Any:
     import onnx
     import onnx_ir as ir
@@ -1077,8 +1316,9 @@ def _load(path: Path) -> Any:
 
 def _quantize_graph(
     request: QuantizationRequest,
-    write: Callable[..., None],
+    write: Callable[..., None] | None,
     *,
+    in_place: Callable[..., Any] | None = None,
     keep_sensitive_float: bool,
     int8_embeddings: bool,
     share_tied: bool = False,
@@ -1089,7 +1329,11 @@ def _quantize_graph(
     (``int8_embeddings``), then ``write(src, dst, model, quantization, exclude, facts, calibration)``
     in a temporary folder (``src`` not yet written: the writer saves the model when its own
     rewrites are done), the quantized graph read back with the exporter's metadata, its op counts
-    and the weight bytes before/after."""
+    and the weight bytes before/after. A method that rewrites the graph itself gives
+    ``in_place(model, quantization, exclude, facts)`` instead of ``write`` (no temporary files, no
+    second copy of the graph). The freed memory is handed back to the OS before the next stage
+    (:func:`hfexport.memory.release_freed_memory`)."""
+    from hfexport.memory import release_freed_memory
     from hfexport_onnx.runtime import initializer_bytes
 
     model, quantization = request.target, request.quantization
@@ -1111,10 +1355,14 @@ def _quantize_graph(
         skip = [*exclude, facts["tied_embedding"]["gather"]] if facts.get("tied_embedding") else exclude
         facts["int8_embeddings"] = quantize_embeddings(model, skip)
     facts["excluded_nodes"] = len(exclude)
-    with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
-        src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
-        write(src, dst, model, quantization, exclude, facts, request.calibration)
-        quantized = _load(dst)
+    if in_place is not None:  # rewritten in place: no copy of the graph
+        quantized = in_place(model, quantization, exclude, facts)
+    else:
+        with tempfile.TemporaryDirectory(prefix="hfexport-quantize-") as tmp:
+            src, dst = Path(tmp) / "model.onnx", Path(tmp) / "quantized.onnx"
+            write(src, dst, model, quantization, exclude, facts, request.calibration)
+            quantized = _load(dst)
+    release_freed_memory()  # the float weights just dropped, and the copies a quantizer made
     # keep the exporter's metadata (graph input/output leaf-path mapping) on the new model
     for key, value in model.metadata_props.items():
         quantized.metadata_props.setdefault(key, value)
@@ -1267,20 +1515,11 @@ def apply_int8_static(request: QuantizationRequest) -> QuantizationResult:
     return _quantize_graph(request, _write_int8_static, keep_sensitive_float=True, int8_embeddings=True)
 
 
-def _write_nbits(bits: int) -> Callable[..., None]:
-    def write(
-        src: Path,
-        dst: Path,
-        model: Any,
-        quantization: Any,
-        exclude: list[str],
-        facts: dict[str, Any],
-        calibration: Any,
-    ) -> None:
-        _save(model, src)
-        _nbits_weight(src, dst, model, quantization, exclude, facts, bits=bits)
+def _nbits_in_place(bits: int) -> Callable[..., Any]:
+    def quantize(model: Any, quantization: Any, exclude: list[str], facts: dict[str, Any]) -> Any:
+        return _nbits_weight(model, quantization, exclude, facts, bits=bits)
 
-    return write
+    return quantize
 
 
 def apply_int4_weight(request: QuantizationRequest) -> QuantizationResult:
@@ -1290,7 +1529,12 @@ def apply_int4_weight(request: QuantizationRequest) -> QuantizationResult:
         ValueError: an ``exclude`` pattern matching no module.
     """
     return _quantize_graph(
-        request, _write_nbits(4), keep_sensitive_float=False, int8_embeddings=True, share_tied=True
+        request,
+        None,
+        in_place=_nbits_in_place(4),
+        keep_sensitive_float=False,
+        int8_embeddings=True,
+        share_tied=True,
     )
 
 
@@ -1301,7 +1545,12 @@ def apply_int8_weight(request: QuantizationRequest) -> QuantizationResult:
         ValueError: an ``exclude`` pattern matching no module.
     """
     return _quantize_graph(
-        request, _write_nbits(8), keep_sensitive_float=False, int8_embeddings=True, share_tied=True
+        request,
+        None,
+        in_place=_nbits_in_place(8),
+        keep_sensitive_float=False,
+        int8_embeddings=True,
+        share_tied=True,
     )
 
 

@@ -27,7 +27,14 @@ from hfexport.native_output import native_logger, register_native_router
 from hfexport.tensors import get_leaf_tensors
 from hfexport_onnx.io_names import COLLISION_SUFFIX, IoNames, io_names_from_metadata
 
-__all__ = ["PROTOBUF_LIMIT_BYTES", "OnnxRuntimeRunner", "initializer_bytes", "route_ort_logs"]
+__all__ = [
+    "EXTERNAL_DATA_MIN_BYTES",
+    "PROTOBUF_LIMIT_BYTES",
+    "OnnxRuntimeRunner",
+    "append_initializers",
+    "initializer_bytes",
+    "route_ort_logs",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +78,13 @@ register_native_router("onnxruntime", route_ort_logs)
 
 #: Serialized protobuf messages cannot exceed 2 GiB; bigger models keep weights as external data.
 PROTOBUF_LIMIT_BYTES = 2**31 - 1
+#: An in-memory model with at least this many bytes of weights reaches ONNX Runtime as a file with
+#: external data, written tensor by tensor, instead of serialized bytes (which hold the weights
+#: twice more, as a ``ModelProto`` and as its serialization, next to ONNX Runtime's own copy).
+EXTERNAL_DATA_MIN_BYTES = 64 * 2**20
+#: Offset alignment of large external tensors in that file: ONNX Runtime can then map them from
+#: the file instead of reading them into its own buffers.
+_EXTERNAL_ALIGNMENT = 65536
 # Headroom left for the graph itself when deciding whether weights fit in one protobuf.
 _GRAPH_HEADROOM_BYTES = 64 * 2**20
 
@@ -127,9 +141,11 @@ class OnnxRuntimeRunner:
         session_options: an ``onnxruntime.SessionOptions``; ``None`` uses ONNX Runtime's
             defaults with graph optimizations enabled.
 
-    In-memory models are serialized once, at construction; one whose weights exceed the 2 GiB
-    protobuf limit is written with external data into a temporary folder (deleted when the
-    runner is garbage collected) and loaded from there.
+    In-memory models are serialized once, at construction: as bytes when their weights are small,
+    else (at least :data:`EXTERNAL_DATA_MIN_BYTES`, and always above the 2 GiB protobuf limit)
+    written with external data into a temporary folder (deleted when the runner is garbage
+    collected) and loaded from there, so the weights are never held as a ``ModelProto`` and its
+    serialization on top of the model and the session.
 
     Raises:
         TypeError: ``model`` is of an unsupported type.
@@ -167,11 +183,15 @@ class OnnxRuntimeRunner:
     def _serialize(self, ir_model: Any) -> str | bytes:
         import onnx_ir as ir
 
-        if initializer_bytes(ir_model) + _GRAPH_HEADROOM_BYTES < PROTOBUF_LIMIT_BYTES:
+        size = initializer_bytes(ir_model)
+        if size < EXTERNAL_DATA_MIN_BYTES and size + _GRAPH_HEADROOM_BYTES < PROTOBUF_LIMIT_BYTES:
             return ir.to_proto(ir_model).SerializeToString()
         self._tmpdir = tempfile.TemporaryDirectory(prefix="hfexport-onnx-")
         path = Path(self._tmpdir.name) / "model.onnx"
-        ir.save(ir_model, path, external_data="model.onnx.data")
+        try:
+            ir.save(ir_model, path, external_data="model.onnx.data", alignment=_EXTERNAL_ALIGNMENT)
+        except TypeError:  # onnx_ir < 1.1 has no alignment option (it aligned large tensors itself)
+            ir.save(ir_model, path, external_data="model.onnx.data")
         return str(path)
 
     def _input_path(self, graph_name: str) -> str:
@@ -238,3 +258,74 @@ class OnnxRuntimeRunner:
             self._output_path(name): torch.from_numpy(np.asarray(value))
             for name, value in zip(self.output_names, results)
         }
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+# protobuf field keys (field number << 3 | wire type 2, length-delimited) of onnx.proto3:
+# ModelProto.graph = 7, GraphProto.initializer = 5, GraphProto.value_info = 13
+_MODEL_GRAPH_KEY = _varint(7 << 3 | 2)
+_GRAPH_INITIALIZER_KEY = _varint(5 << 3 | 2)
+_GRAPH_VALUE_INFO_KEY = _varint(13 << 3 | 2)
+
+
+def _graph_record(key: bytes, message: bytes) -> tuple[bytes, bytes]:
+    """The two headers of ``ModelProto { graph { <key>: message } }`` (``message`` follows them)."""
+    inner = key + _varint(len(message))
+    return _MODEL_GRAPH_KEY + _varint(len(inner) + len(message)), inner
+
+
+def append_initializers(path: str | os.PathLike[str], graph: Any) -> int:
+    """Append the initializers of ``graph`` (an ``onnx_ir.Graph``, the main graph of the model saved
+    without them at ``path``) to that ``.onnx`` file, one tensor at a time.
+
+    Protobuf merges repeated occurrences of a message field: a ``ModelProto`` followed by
+    ``graph { initializer { ... } }`` records parses (in ``onnx.load``, ONNX Runtime, any protobuf
+    reader) as the same model with those initializers added, in order. Written this way, the
+    weights are never held as one ``ModelProto`` and its serialization (two copies of every weight
+    while ``onnx_ir.save`` serializes a model inside its file); only one tensor's bytes at a time.
+
+    Args:
+        path: a model file written without its main graph's initializers (e.g.
+            ``ONNXProgram.save(path, include_initializers=False)``).
+        graph: the graph whose initializers to append (their ``const_value`` tensors).
+
+    Returns:
+        The number of bytes appended.
+
+    Raises:
+        ValueError: an initializer has no constant value.
+    """
+    from onnx_ir import serde
+
+    # the value_info onnx_ir writes for an initializer (its type and shape, metadata), when its
+    # serializer says so; without that (private) rule, none: the tensor carries type and shape
+    wants_info = getattr(serde, "_should_create_value_info_for_value", lambda value: False)
+    inputs = {v.name for v in graph.inputs}
+    written = 0
+    with open(path, "ab") as fh:
+        for value in graph.initializers.values():
+            if value.const_value is None:
+                raise ValueError(f"initializer {value.name!r} has no constant value to write")
+            records = []
+            if value.name not in inputs and wants_info(value):
+                records.append((_GRAPH_VALUE_INFO_KEY, serde.serialize_value(value).SerializeToString()))
+            value.const_value.name = value.name  # as onnx_ir's serializer names it
+            records.append(
+                (_GRAPH_INITIALIZER_KEY, serde.serialize_tensor(value.const_value).SerializeToString())
+            )
+            for key, message in records:
+                outer, inner = _graph_record(key, message)
+                fh.write(outer)
+                fh.write(inner)
+                fh.write(message)
+                written += len(outer) + len(inner) + len(message)
+            del records
+    return written

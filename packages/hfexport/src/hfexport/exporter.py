@@ -1299,7 +1299,9 @@ class HfExporter:
         """Stage ``reference``: the input sets validation runs and the eager model's outputs on each.
 
         Computed once, before the runtime loads the artifact, so the eager model's activations and
-        the runtime's never coexist (and a caller may free the model's weights afterwards). The sets
+        the runtime's never coexist (and a caller may free the model's weights afterwards); the
+        memory the eager runs freed is handed back to the OS
+        (:func:`hfexport.memory.release_freed_memory`). The sets
         are the sample inputs and, for a dynamic export with ``config.validate_second_shape``, the
         second shape (``second_inputs`` or :meth:`second_shape_inputs`); a second shape that cannot
         be derived records stage ``validate_second_shape`` as skipped with the reason.
@@ -1332,6 +1334,9 @@ class HfExporter:
             for item in sets:
                 item.expected = eager_outputs(model, item.inputs)
             sets[0].text = self.text_reference(model, inputs, config, report)
+            from hfexport.memory import release_freed_memory
+
+            release_freed_memory()  # the eager activations, before the runtime loads the artifact
         return sets
 
     def text_reference(
