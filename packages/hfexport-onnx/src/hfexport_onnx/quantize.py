@@ -1066,10 +1066,10 @@ def matmul_nbits_in_place(
     eight_bit: Sequence[str] = (),
 ) -> dict[int, int]:
     """Rewrite each ``MatMul`` of ``model`` (``onnx_ir.Model``, changed in place) whose second input
-    is a float32 initializer of shape ``[K, N]`` into ``com.microsoft.MatMulNBits`` (``K``, ``N``,
-    ``bits``, ``block_size``, ``accuracy_level`` when not 0; inputs ``A``, ``<B>_Q<bits>`` uint8
-    ``[N, ceil(K / block_size), block_size * bits / 8]``, ``<B>_scales`` float32
-    ``[N, ceil(K / block_size)]`` and, asymmetric, ``<B>_zero_points`` uint8), node named
+    is a float32 (or float16: q4f16) initializer of shape ``[K, N]`` into ``com.microsoft.MatMulNBits``
+    (``K``, ``N``, ``bits``, ``block_size``, ``accuracy_level`` when not 0; inputs ``A``,
+    ``<B>_Q<bits>`` uint8 ``[N, ceil(K / block_size), block_size * bits / 8]``, ``<B>_scales`` of the
+    weight's dtype ``[N, ceil(K / block_size)]`` (a float16 weight is blocked in float32) and, asymmetric, ``<B>_zero_points`` uint8), node named
     ``<MatMul>_Q<bits>``: the tensors, names and attributes ONNX Runtime's ``MatMulNBitsQuantizer``
     (default algorithm, QOperator format) writes, from the same MLAS kernel, so the blocks are
     bit-identical to that quantizer's.
@@ -1114,8 +1114,9 @@ def matmul_nbits_in_place(
             weight = node.inputs[1] if len(node.inputs) > 1 else None
             if weight is None or weight.const_value is None or not weight.is_initializer():
                 continue
-            if weight.dtype != ir.DataType.FLOAT:
+            if weight.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
                 continue
+            half = weight.dtype == ir.DataType.FLOAT16  # q4f16: float16 activations and scales
             shape = tuple(weight.const_value.shape)
             if len(shape) < 2 or any(d != 1 for d in shape[:-2]):
                 continue
@@ -1127,7 +1128,11 @@ def matmul_nbits_in_place(
             key = (weight.name, n_bits)
             if key not in done:
                 array = weight.const_value.numpy().reshape(shape[-2], shape[-1])
+                if half:  # the blocks are chosen in float32, the scales stored as MatMulNBits' T
+                    array = array.astype(np.float32)
                 blocks, scales, zero_points = _block_quantize(array, n_bits, block_size, symmetric)
+                if half:
+                    scales = scales.astype(np.float16)
                 del array
                 inits = [
                     _initializer(graph, f"{weight.name}_Q{n_bits}", blocks),
