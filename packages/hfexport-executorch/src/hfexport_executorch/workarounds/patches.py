@@ -29,7 +29,7 @@ from hfexport.workarounds.recurrences import (
     register_sliced_transpose_per_consumer,
     register_time_shift_without_crop,
 )
-from hfexport.workarounds.time_series import register_lgamma_elementary
+from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
@@ -570,6 +570,11 @@ register_sliced_transpose_per_consumer("executorch.xnnpack", versions={"executor
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # aten.lgamma is outside the core ATen opset (SpecViolationError at to_edge)
 register_lgamma_elementary("executorch")
+# autoformer's FFT auto-correlation (issue 28) as real DFT matrix products: the edge dialect refuses
+# complex64 tensors (SpecViolationError on the complex aten.mul of the spectra)
+register_real_autocorrelation(
+    "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
+)
 
 
 @register_patch(
