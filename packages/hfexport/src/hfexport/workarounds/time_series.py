@@ -547,25 +547,58 @@ def _fit_length(signal: torch.Tensor, n: int) -> torch.Tensor:
     return signal
 
 
-class _DeferredSpectrum:
+class _Deferred:
+    """A complex spectrum not computed yet: any use but the ones a subclass defers computes it.
+
+    Torch functions (``__torch_function__``), tensor methods and attributes (``__getattr__``) and
+    the arithmetic operators get the complex tensor :meth:`materialize` returns, so code that does
+    something else with it computes what it computed before (in complex arithmetic).
+    """
+
+    def materialize(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        values = _materialized((*args, *kwargs.values()))
+        return func(*values[: len(args)], **dict(zip(kwargs, values[len(args) :], strict=True)))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+
+def _forward_operator(name: str) -> None:
+    def left(self: _Deferred, other: Any) -> Any:
+        return getattr(self.materialize(), f"__{name}__")(*_materialized((other,)))
+
+    def right(self: _Deferred, other: Any) -> Any:
+        return getattr(self.materialize(), f"__r{name}__")(*_materialized((other,)))
+
+    setattr(_Deferred, f"__{name}__", left)
+    setattr(_Deferred, f"__r{name}__", right)
+
+
+for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+    _forward_operator(_name)
+
+
+class _DeferredSpectrum(_Deferred):
     """``rfft(signal, n, dim)`` (conjugated or not) kept as its real signal.
 
     Made by the ``torch.fft.rfft`` replacement inside autoformer's attention. ``torch.conj``
-    flips the flag; the product of a spectrum and a conjugated one (same ``n`` and axis) is a
-    :class:`_DeferredCrossSpectrum`. Any other use gets the complex spectrum itself (computed by
-    the original ``rfft``), so code that does something else with it still computes the same values.
+    flips the flag; the product of a spectrum and a conjugated one (same ``n``, axis and shape)
+    is a :class:`_DeferredCrossSpectrum`. Any other use computes the spectrum with the original
+    ``rfft`` (:class:`_Deferred`).
     """
 
     def __init__(
         self, signal: torch.Tensor, n: int, dim: int, rfft: Callable[..., Any], conjugate: bool = False
-    ):
-        self.signal, self.n, self.dim, self.rfft, self.conjugate = (
-            signal,
-            n,
-            dim % signal.dim(),
-            rfft,
-            conjugate,
-        )
+    ) -> None:
+        self.signal, self.n, self.dim = signal, n, dim % signal.dim()
+        self.rfft, self.conjugate = rfft, conjugate
 
     def materialize(self) -> torch.Tensor:
         spectrum = self.rfft(self.signal, n=self.n, dim=self.dim)
@@ -573,16 +606,13 @@ class _DeferredSpectrum:
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
         if func in (torch.conj, torch.Tensor.conj) and len(args) == 1 and not kwargs:
             (spectrum,) = args
             if type(spectrum) is _DeferredSpectrum:
                 return _DeferredSpectrum(
                     spectrum.signal, spectrum.n, spectrum.dim, spectrum.rfft, not spectrum.conjugate
                 )
-        return func(
-            *_materialized(args), **dict(zip(kwargs, _materialized(tuple(kwargs.values())), strict=True))
-        )
+        return super().__torch_function__(func, types, args, kwargs)
 
     def __mul__(self, other: Any) -> Any:
         if (
@@ -592,35 +622,21 @@ class _DeferredSpectrum:
         ):
             query, key = (other, self) if self.conjugate else (self, other)
             return _DeferredCrossSpectrum(query, key)
-        (left, right) = _materialized((self, other))
-        return left * right
-
-    def __rmul__(self, other: Any) -> Any:
-        (left, right) = _materialized((other, self))
-        return left * right
+        return super().__mul__(other)
 
 
-class _DeferredCrossSpectrum:
+class _DeferredCrossSpectrum(_Deferred):
     """``rfft(query) * conj(rfft(key))``, kept as the two real signals until ``irfft`` takes it."""
 
-    def __init__(self, query: _DeferredSpectrum, key: _DeferredSpectrum):
+    def __init__(self, query: _DeferredSpectrum, key: _DeferredSpectrum) -> None:
         self.query, self.key, self.n, self.dim = query, key, query.n, query.dim
 
     def materialize(self) -> torch.Tensor:
         return self.query.materialize() * self.key.materialize()
 
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        return func(
-            *_materialized(args), **dict(zip(kwargs, _materialized(tuple(kwargs.values())), strict=True))
-        )
-
 
 def _materialized(values: tuple[Any, ...]) -> tuple[Any, ...]:
-    return tuple(
-        v.materialize() if isinstance(v, (_DeferredSpectrum, _DeferredCrossSpectrum)) else v for v in values
-    )
+    return tuple(v.materialize() if isinstance(v, _Deferred) else v for v in values)
 
 
 def register_real_autocorrelation(backend: str, *, issue: str, versions: Mapping[str, str]) -> None:
