@@ -137,7 +137,8 @@ TIME_SERIES = {
     # checks; torch.lgamma from elementary operations on onnx / executorch / openvino (the loss)
     "informer": ("params", ("dynamo", "onnx", "openvino")),
     "time_series_transformer": ("params", ("dynamo", "onnx", "executorch", "openvino")),
-    "autoformer": ("params", ("dynamo", "onnx")),
+    # plus, on executorch / openvino, the FFT auto-correlation as real DFT matrix products
+    "autoformer": ("params", ("dynamo", "onnx", "executorch", "openvino")),
     # the batch of series as one tensor instead of a Python loop over the batch
     "timesfm": ("mean_predictions", ("dynamo", "onnx", "executorch", "openvino")),
     "timesfm2_5": ("mean_predictions", ("dynamo", "onnx", "executorch", "openvino")),
