@@ -636,8 +636,10 @@ def circular_pad_as_concat(input: torch.Tensor, pad: tuple[int, ...] | list[int]
     versions={"executorch": ">=1.3"},
 )
 def circular_pad_without_empty(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace ``torch.nn.functional.pad`` while exporting: ``mode="circular"`` with
-    non-negative widths runs :func:`circular_pad_as_concat`; every other call runs the original."""
+    """Replace ``torch.nn.functional.pad`` while exporting: ``mode="circular"`` with non-negative
+    widths for every axis after batch and channel (what ``F.pad`` accepts in that mode), each at
+    most its axis size, runs :func:`circular_pad_as_concat`; every other call runs the original
+    (which computes, or refuses, as before)."""
 
     @functools.wraps(original)
     def pad(input: Any, pad: Any, mode: str = "constant", value: Any = None) -> Any:
@@ -645,8 +647,8 @@ def circular_pad_without_empty(original: Callable[..., Any]) -> Callable[..., An
             mode == "circular"
             and isinstance(input, torch.Tensor)
             and all(isinstance(w, int) and w >= 0 for w in pad)
-            and len(pad) % 2 == 0
-            and len(pad) // 2 <= input.dim()
+            and len(pad)
+            == 2 * (input.dim() - 2)  # F.pad's circular mode pads every axis after batch, channel
             and all(
                 pad[2 * i] <= input.shape[-1 - i] and pad[2 * i + 1] <= input.shape[-1 - i]
                 for i in range(len(pad) // 2)
