@@ -134,10 +134,13 @@ def test_slice_types_are_offered_for_their_tasks():
 #: and the second shape's batch 3 (the context and horizon lengths are the model's)
 TIME_SERIES = {
     # the capture workarounds of hfexport.workarounds.time_series: no tensor mask, no distribution
-    # checks; torch.lgamma from elementary operations on onnx / executorch / openvino (the loss)
-    "informer": ("params", ("dynamo", "onnx", "openvino")),
+    # checks; torch.lgamma from elementary operations on onnx / executorch / openvino (the loss);
+    # on executorch, circular padding (informer's distilling and autoformer's trend convolutions)
+    # as slices + cat, which keeps the batch dynamic through to_edge
+    "informer": ("params", ("dynamo", "onnx", "executorch", "openvino")),
     "time_series_transformer": ("params", ("dynamo", "onnx", "executorch", "openvino")),
-    "autoformer": ("params", ("dynamo", "onnx")),
+    # plus, on executorch / openvino, the FFT auto-correlation as real DFT matrix products
+    "autoformer": ("params", ("dynamo", "onnx", "executorch", "openvino")),
     # the batch of series as one tensor instead of a Python loop over the batch
     "timesfm": ("mean_predictions", ("dynamo", "onnx", "executorch", "openvino")),
     "timesfm2_5": ("mean_predictions", ("dynamo", "onnx", "executorch", "openvino")),

@@ -524,3 +524,68 @@ def test_partition_copies_share_weights_and_copy_graphs():
         assert duplicate_constant_node_pass.copy.deepcopy(weight) is weight
     assert backend_api.copy is copy and duplicate_constant_node_pass.copy is copy
     assert copy.deepcopy(ep).state_dict["linear.weight"] is not weight
+
+
+# --- circular padding without aten.empty (autoformer's trend projection, issue 28) ---------------
+
+
+@pytest.mark.parametrize("pad", [(1, 1), (2, 0), (0, 3), (1, 2, 2, 1)])
+def test_circular_pad_as_concat_matches_f_pad(pad):
+    from hfexport_executorch.workarounds.patches import circular_pad_as_concat
+
+    x = torch.randn(2, 3, 5) if len(pad) == 2 else torch.randn(2, 3, 4, 5)  # F.pad: the axes after channel
+    expected = torch.nn.functional.pad(x, pad, mode="circular")
+    got = circular_pad_as_concat(x, pad)
+    assert got.shape == expected.shape
+    assert torch.equal(got, expected)  # the same values, moved: exact
+
+
+def test_circular_pad_as_concat_rejects_bad_widths():
+    from hfexport_executorch.workarounds.patches import circular_pad_as_concat
+
+    x = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="non-negative"):
+        circular_pad_as_concat(x, (1, -1))
+    with pytest.raises(ValueError, match="non-negative"):
+        circular_pad_as_concat(x, (1,))
+    with pytest.raises(ValueError, match="larger than axis 2 of size 4"):
+        circular_pad_as_concat(x, (5, 0))
+
+
+class ToyCircularConv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv1d(4, 3, kernel_size=3, padding=1, padding_mode="circular", bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x)
+
+
+def _circular_conv_edge(patched: bool):
+    from executorch.exir import to_edge
+
+    model, x = ToyCircularConv().eval(), torch.randn(2, 4, 10)
+    with torch.no_grad(), apply_patches("executorch") if patched else contextlib.nullcontext():
+        program = torch.export.export(
+            model, (x,), dynamic_shapes=({0: Dim("batch", min=1, max=8)},), strict=False
+        )
+        edge = to_edge(program)
+    node = next(n for n in edge.exported_program().graph.nodes if n.op == "placeholder" and n.name == "x")
+    return model, program, node.meta["val"].shape[0]
+
+
+@pytest.mark.extended  # a second to_edge of the toy (~5 s); the patched case runs by default
+def test_circular_conv_batch_is_fixed_at_to_edge_without_the_patch():
+    # Documents the ExecuTorch fault worked around by circular_pad_without_empty: when the batch
+    # stays symbolic unpatched, the patch can be retired.
+    _, _, batch = _circular_conv_edge(patched=False)
+    assert batch == 2
+
+
+def test_circular_conv_keeps_a_dynamic_batch_and_eager_values_with_the_patch():
+    model, program, batch = _circular_conv_edge(patched=True)
+    assert isinstance(batch, torch.SymInt)
+    wider = torch.randn(5, 4, 10)
+    with torch.no_grad():
+        assert torch.allclose(program.module()(wider), model(wider), atol=1e-6, rtol=1e-6)

@@ -224,3 +224,123 @@ def test_backends_register_lgamma_where_their_lowering_lacks_it():
     keys = {e.backend for e in registry.entries(kind="patch") if e.paths == ("torch.lgamma",)}
     assert set(installed) <= keys
     assert "dynamo" not in keys and "capture" not in keys
+
+
+# --- autoformer's auto-correlation in real arithmetic (executorch / openvino) -------------------
+
+
+def _fft_correlation(query, key, n, dim):
+    spectrum = torch.fft.rfft(query, n=n, dim=dim) * torch.conj(torch.fft.rfft(key, n=n, dim=dim))
+    return torch.fft.irfft(spectrum, n=n, dim=dim)
+
+
+@pytest.mark.parametrize(
+    ("steps", "n", "dim"), [(24, 24, 1), (25, 25, 1), (48, 48, -1), (20, 24, 1), (30, 24, 1)]
+)
+def test_circular_cross_correlation_matches_the_fft_path(steps, n, dim):
+    # even and odd lengths (the Nyquist bin), the time axis inside or last, rfft's zero padding and cut
+    generator = torch.Generator().manual_seed(steps + n)
+    shape = (6, steps, 5) if dim == 1 else (6, 5, steps)
+    query = torch.randn(shape, generator=generator)
+    key = torch.randn(shape, generator=generator)
+    expected = _fft_correlation(query, key, n, dim)
+    got = time_series.circular_cross_correlation(query, key, n, dim)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    # float32: within 1e-6 of the largest |value| (the FFT path itself is ~2e-7 off the float64 sum)
+    assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
+    # in float64, the definition r[tau] = sum_t q[(t + tau) mod n] k[t] to rounding
+    q64, k64 = (time_series._fit_length(x.double().movedim(dim, -1), n) for x in (query, key))
+    direct = torch.stack([(torch.roll(q64, -tau, -1) * k64).sum(-1) for tau in range(n)], -1).movedim(-1, dim)
+    got64 = time_series.circular_cross_correlation(query.double(), key.double(), n, dim)
+    torch.testing.assert_close(got64, direct, atol=1e-10, rtol=0)
+
+
+def test_circular_cross_correlation_rejects_bad_input():
+    x = torch.randn(2, 8, 3)
+    with pytest.raises(TypeError, match="real floating point"):
+        time_series.circular_cross_correlation(x.to(torch.complex64), x, 8, 1)
+    with pytest.raises(TypeError, match=r"key of torch\.int64"):
+        time_series.circular_cross_correlation(x, x.long(), 8, 1)
+    with pytest.raises(ValueError, match="of one shape"):
+        time_series.circular_cross_correlation(x, x[:, :4], 8, 1)
+    with pytest.raises(ValueError, match="positive int length"):
+        time_series.circular_cross_correlation(x, x, 0, 1)
+
+
+def _autoformer_attention():
+    from transformers.models.autoformer.modeling_autoformer import AutoformerAttention
+
+    torch.manual_seed(0)
+    return AutoformerAttention(embed_dim=16, num_heads=2, autocorrelation_factor=2).eval()
+
+
+def test_register_real_autocorrelation_patches_under_its_key_only_and_restores():
+    from transformers.models.autoformer.modeling_autoformer import AutoformerAttention
+
+    rfft, irfft, forward = torch.fft.rfft, torch.fft.irfft, AutoformerAttention.forward
+    with isolated_registry():
+        time_series.register_real_autocorrelation(
+            "demo", issue="https://github.com/o/r/issues/1", versions={"torch": ">=2.12"}
+        )
+        found = {e.paths: e for e in registry.entries("demo", kind="patch")}
+        assert set(found) == {time_series.AUTOCORRELATION_TARGETS, time_series.FFT_TARGETS}
+        assert all(e.issue == "https://github.com/o/r/issues/1" and e.is_active() for e in found.values())
+        x = torch.randn(2, 8, 3)
+        with pytest.raises(RuntimeError, match="boom"), apply_patches("demo"):
+            assert torch.fft.rfft is not rfft and AutoformerAttention.forward is not forward
+            # outside autoformer's attention the FFT is the original one (a complex tensor)
+            spectrum = torch.fft.rfft(x, n=8, dim=1)
+            assert isinstance(spectrum, torch.Tensor) and spectrum.dtype == torch.complex64
+            torch.testing.assert_close(torch.fft.irfft(spectrum, n=8, dim=1), x)
+            raise RuntimeError("boom")
+    assert (torch.fft.rfft, torch.fft.irfft, AutoformerAttention.forward) == (rfft, irfft, forward)
+
+
+def test_deferred_spectrum_gives_the_complex_spectrum_to_any_other_use():
+    x = torch.randn(2, 8, 3)
+    spectrum = torch.fft.rfft(x, n=8, dim=1)
+    deferred = time_series._DeferredSpectrum(x, 8, 1, torch.fft.rfft)
+    torch.testing.assert_close(torch.abs(deferred), spectrum.abs())  # a torch function
+    torch.testing.assert_close(deferred.real, spectrum.real)  # an attribute
+    torch.testing.assert_close(deferred + 1.0, spectrum + 1.0)  # an operator
+    torch.testing.assert_close(torch.conj(deferred) * 2.0, spectrum.conj() * 2.0)
+    cross = deferred * torch.conj(time_series._DeferredSpectrum(x.flip(1), 8, 1, torch.fft.rfft))
+    assert isinstance(cross, time_series._DeferredCrossSpectrum)
+    torch.testing.assert_close(torch.fft.irfft(cross, n=8, dim=1), _fft_correlation(x, x.flip(1), 8, 1))
+
+
+def test_autoformer_attention_captures_without_complex_tensors_and_matches_eager():
+    attention = _autoformer_attention()
+    hidden = torch.randn(2, 12, 16, generator=torch.Generator().manual_seed(1))
+    wider = torch.randn(3, 12, 16, generator=torch.Generator().manual_seed(2))
+    with isolated_registry(), torch.no_grad():
+        time_series.register_real_autocorrelation(
+            "demo", issue="https://github.com/o/r/issues/1", versions={"torch": ">=2.12"}
+        )
+        expected = [attention(hidden)[0], attention(wider)[0]]
+        with apply_patches("demo"):
+            eager_patched = attention(hidden)[0]
+            program = torch.export.export(
+                attention, (hidden,), dynamic_shapes=({0: torch.export.Dim.AUTO},), strict=False
+            )
+        got = [program.module()(hidden)[0], program.module()(wider)[0]]
+    torch.testing.assert_close(eager_patched, expected[0], atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(got, expected, strict=True):
+        torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("fft" in target or "conj" in target for target in targets), targets
+    dtypes = {getattr(node.meta.get("val"), "dtype", None) for node in program.graph.nodes}
+    assert not any(dtype is not None and dtype.is_complex for dtype in dtypes), dtypes
+
+
+def test_backends_register_the_real_autocorrelation_where_their_lowering_lacks_complex_tensors():
+    installed = []
+    for backend in ("executorch", "openvino"):
+        try:
+            importlib.import_module(f"hfexport_{backend}")
+        except ImportError:
+            continue
+        installed.append(backend)
+    keys = {e.backend for e in registry.entries(kind="patch") if e.paths == time_series.FFT_TARGETS}
+    assert set(installed) <= keys
+    assert not keys & {"dynamo", "onnx", "capture", time_series.KEY}  # they keep the exact FFT

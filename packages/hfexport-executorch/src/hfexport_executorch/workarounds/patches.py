@@ -29,10 +29,12 @@ from hfexport.workarounds.recurrences import (
     register_sliced_transpose_per_consumer,
     register_time_shift_without_crop,
 )
-from hfexport.workarounds.time_series import register_lgamma_elementary
+from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
+    "circular_pad_as_concat",
+    "circular_pad_without_empty",
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
@@ -570,6 +572,92 @@ register_sliced_transpose_per_consumer("executorch.xnnpack", versions={"executor
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # aten.lgamma is outside the core ATen opset (SpecViolationError at to_edge)
 register_lgamma_elementary("executorch")
+# autoformer's FFT auto-correlation (issue 28) as real DFT matrix products: the edge dialect refuses
+# complex64 tensors (SpecViolationError on the complex aten.mul of the spectra)
+register_real_autocorrelation(
+    "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
+)
+
+
+def circular_pad_as_concat(input: torch.Tensor, pad: tuple[int, ...] | list[int]) -> torch.Tensor:
+    """``torch.nn.functional.pad(input, pad, mode="circular")`` as slices and ``torch.cat``.
+
+    ``pad`` lists ``(before, after)`` pairs from the last axis backwards, as ``F.pad`` takes
+    them; each axis gets its last ``before`` steps in front and its first ``after`` steps behind
+    (the periodic extension), the same values as ``F.pad``.
+
+    Args:
+        input: a tensor of any dtype with at least ``len(pad) // 2`` axes.
+        pad: an even number of non-negative ints, each at most the size of its axis.
+
+    Returns:
+        ``input`` padded: each padded axis ``before + size + after`` long.
+
+    Raises:
+        ValueError: ``pad`` has an odd length, a negative width, more pairs than ``input`` has
+            axes, or a width larger than its axis (``F.pad`` refuses those as well).
+    """
+    widths = [int(w) for w in pad]
+    if len(widths) % 2 or any(w < 0 for w in widths) or len(widths) // 2 > input.dim():
+        raise ValueError(
+            f"circular_pad_as_concat takes non-negative (before, after) pairs for at most {input.dim()} axes, "
+            f"got {tuple(pad)}"
+        )
+    out = input
+    for pair in range(len(widths) // 2):
+        axis = input.dim() - 1 - pair
+        before, after = widths[2 * pair], widths[2 * pair + 1]
+        size = out.shape[axis]
+        if before > size or after > size:
+            raise ValueError(
+                f"circular padding of ({before}, {after}) is larger than axis {axis} of size {size}; "
+                "pad at most the axis size"
+            )
+        parts = []
+        if before:
+            parts.append(out.narrow(axis, size - before, before))
+        parts.append(out)
+        if after:
+            parts.append(out.narrow(axis, 0, after))
+        out = torch.cat(parts, dim=axis) if len(parts) > 1 else out
+    return out
+
+
+@register_patch(
+    "executorch",
+    "torch.nn.functional.pad",
+    description=(
+        "circular padding (autoformer's trend projection, Conv1d(padding_mode='circular')) as slices and "
+        "torch.cat: its decomposition allocates with aten.empty, which to_edge's dim-order pass turns into "
+        "_empty_dim_order with int sizes, fixing the dynamic batch at the sample's (the program then refuses "
+        "batch 3)"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11704",
+    versions={"executorch": ">=1.3"},
+)
+def circular_pad_without_empty(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.pad`` while exporting: ``mode="circular"`` with non-negative
+    widths for every axis after batch and channel (what ``F.pad`` accepts in that mode), each at
+    most its axis size, runs :func:`circular_pad_as_concat`; every other call runs the original
+    (which computes, or refuses, as before)."""
+
+    @functools.wraps(original)
+    def pad(input: Any, pad: Any, mode: str = "constant", value: Any = None) -> Any:
+        if (
+            mode == "circular"
+            and isinstance(input, torch.Tensor)
+            and all(isinstance(w, int) and w >= 0 for w in pad)
+            and len(pad)
+            == 2 * (input.dim() - 2)  # F.pad's circular mode pads every axis after batch, channel
+            and all(
+                pad[2 * i] <= input.shape[-1 - i] and pad[2 * i + 1] <= input.shape[-1 - i]
+                for i in range(len(pad) // 2)
+            )
+        ):
+            return circular_pad_as_concat(input, pad)
+        return original(input, pad, mode, value)
+
+    return pad
 
 
 @register_patch(

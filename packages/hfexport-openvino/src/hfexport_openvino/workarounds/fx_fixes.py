@@ -39,7 +39,7 @@ import torch
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_recurrences
-from hfexport.workarounds.time_series import register_lgamma_elementary
+from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
 __all__ = [
     "BACKEND",
@@ -106,6 +106,14 @@ register_recurrences(BACKEND, form="chunked")
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # the frontend has no conversion rule for aten.lgamma
 register_lgamma_elementary(BACKEND)
+# autoformer's FFT auto-correlation (issue 28) as real DFT matrix products: the torch.export frontend has
+# no rule for aten._fft_r2c / aten._conj / aten._fft_c2r (the TorchScript frontend's fft rules, the issue,
+# were not carried over)
+register_real_autocorrelation(
+    BACKEND,
+    issue="https://github.com/openvinotoolkit/openvino/issues/21665",
+    versions={"openvino": ">=2026.0"},
+)
 
 
 _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -65,8 +65,10 @@ def capture_key(module: torch.nn.Module) -> str:
 
 
 __all__ = [
+    "AUTOCORRELATION_TARGETS",
     "BIDIRECTIONAL_MASK_TARGETS",
     "CAPTURE",
+    "FFT_TARGETS",
     "FORECASTER_MODULES",
     "KEY",
     "LANCZOS_COEFFICIENTS",
@@ -75,9 +77,12 @@ __all__ = [
     "TIMESFM_PREPROCESS_TARGETS",
     "batched_context",
     "capture_key",
+    "circular_cross_correlation",
     "distributions_skip_argument_checks",
     "lgamma_elementary",
+    "real_dft_matrices",
     "register_lgamma_elementary",
+    "register_real_autocorrelation",
     "timesfm_batched_preprocess",
     "timesfm_batched_series",
     "unpadded_series_attend_everywhere",
@@ -410,3 +415,321 @@ def register_lgamma_elementary(backend: str) -> None:
         issue="https://github.com/pytorch/pytorch/issues/109369",
         versions={"torch": ">=2.12"},
     )(lgamma_from_elementary_ops)
+
+
+# --------------------------------------------------------------------------------------------
+# Autoformer's auto-correlation in real arithmetic
+# --------------------------------------------------------------------------------------------
+
+#: the method that computes autoformer's FFT auto-correlation (inside a longer forward)
+AUTOCORRELATION_TARGETS: tuple[str, ...] = (
+    "transformers.models.autoformer.modeling_autoformer.AutoformerAttention.forward",
+)
+#: the FFT functions that, inside one of :data:`AUTOCORRELATION_TARGETS`, defer to real arithmetic
+FFT_TARGETS: tuple[str, ...] = ("torch.fft.rfft", "torch.fft.irfft")
+
+#: True while a forward of :data:`AUTOCORRELATION_TARGETS` runs under :func:`register_real_autocorrelation`
+_IN_AUTOCORRELATION: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "hfexport_autoformer_autocorrelation", default=False
+)
+
+
+def real_dft_matrices(
+    n: int, dtype: torch.dtype, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, ...]:
+    """The real DFT matrices of a length-``n`` real signal and of the inverse of its half spectrum.
+
+    With ``bins = n // 2 + 1`` (the one-sided spectrum ``torch.fft.rfft`` returns) and the angle
+    ``2 pi ((f * t) mod n) / n`` (reduced modulo ``n`` in integers, then computed in float64):
+
+    - ``cos [bins, n]`` and ``sin [bins, n]``: ``rfft(x)[f] = sum_t x[t] (cos - i sin)[f, t]``;
+    - ``inverse_cos [bins, n]`` and ``inverse_sin [bins, n]``: the same angles times ``w_f / n``,
+      with ``w_f = 1`` for the DC bin (and the Nyquist bin of an even ``n``) and 2 for the others,
+      so ``irfft(X, n)[t] = sum_f Re(X)[f] inverse_cos[f, t] - Im(X)[f] inverse_sin[f, t]``
+      (the imaginary parts of the DC and Nyquist bins drop out, as in ``irfft``).
+
+    Args:
+        n: the signal length (> 0).
+        dtype: floating point dtype of the matrices.
+        device: their device (default: torch's default device).
+
+    Returns:
+        ``(cos, sin, inverse_cos, inverse_sin)``, each ``[n // 2 + 1, n]`` of ``dtype``.
+
+    Raises:
+        ValueError: ``n`` is not a positive int.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+        raise ValueError(f"real_dft_matrices takes a positive int length, got {n!r}")
+    # from numpy arrays already of the dtype: constants of the captured program, not arange/cos
+    # nodes or float64 constants and a cast in it (bfloat16, which numpy lacks, goes through float32)
+    numpy_dtype = {torch.float64: "float64", torch.float32: "float32", torch.float16: "float16"}.get(
+        dtype, "float32"
+    )
+    return tuple(
+        torch.tensor(matrix.astype(numpy_dtype), device=device).to(dtype) for matrix in _real_dft_arrays(n)
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _real_dft_arrays(n: int) -> tuple[Any, ...]:
+    import numpy as np
+
+    bins = n // 2 + 1
+    angle = (np.arange(bins).reshape(-1, 1) * np.arange(n).reshape(1, -1) % n) * (2.0 * math.pi / n)
+    weight = np.full((bins, 1), 2.0 / n)
+    weight[0] = 1.0 / n
+    if n % 2 == 0:
+        weight[-1] = 1.0 / n
+    cos, sin = np.cos(angle), np.sin(angle)
+    matrices = (cos, sin, weight * cos, weight * sin)
+    for matrix in matrices:
+        matrix.setflags(write=False)
+    return matrices
+
+
+def circular_cross_correlation(query: torch.Tensor, key: torch.Tensor, n: int, dim: int = -1) -> torch.Tensor:
+    """``irfft(rfft(query, n, dim) * conj(rfft(key, n, dim)), n, dim)`` in real arithmetic.
+
+    The circular cross-correlation ``r[tau] = sum_t q[(t + tau) mod n] k[t]`` along ``dim`` of
+    the two signals cut or zero-padded to ``n`` steps (as ``rfft``'s ``n`` does), for every
+    position of the other axes: the one-sided spectra as matrix products with
+    :func:`real_dft_matrices` (``Re Q = q cos^T``, ``Im Q = -q sin^T``), the product with the
+    conjugate spectrum from their real and imaginary parts, and the inverse as two more matrix
+    products. No complex tensor and no FFT operator: ``matmul``, ``mul``, ``add``/``sub`` and the
+    constant ``[n // 2 + 1, n]`` matrices only, so a lowering without complex dtypes takes it.
+    ``O(n^2)`` per signal instead of ``O(n log n)``; autoformer's ``n`` is its context or horizon
+    length, fixed by the config. In float32 within 1e-5 (relative to the largest value) of the
+    FFT path for ``n`` up to a few hundred.
+
+    Args:
+        query: real floating point tensor; ``dim`` is its time axis (a static length).
+        key: real floating point tensor of ``query``'s shape, dtype and device.
+        n: the FFT length (> 0, a plain int).
+        dim: the time axis.
+
+    Returns:
+        The correlation, ``query``'s shape with ``n`` steps along ``dim``, of ``query``'s dtype.
+
+    Raises:
+        TypeError: ``query`` or ``key`` is not a real floating point tensor.
+        ValueError: their shapes differ, or ``n`` is not a positive int.
+    """
+    for name, value in (("query", query), ("key", key)):
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(
+                f"circular_cross_correlation takes real floating point tensors, got {name} of "
+                f"{getattr(value, 'dtype', type(value))}"
+            )
+    if query.shape != key.shape:
+        raise ValueError(
+            f"circular_cross_correlation takes query and key of one shape, got {tuple(query.shape)} "
+            f"and {tuple(key.shape)}"
+        )
+    cos, sin, inverse_cos, inverse_sin = real_dft_matrices(n, query.dtype, query.device)
+    q = _fit_length(torch.movedim(query, dim, -1), n)
+    k = _fit_length(torch.movedim(key, dim, -1), n)
+    q_cos, q_sin = torch.matmul(q, cos.t()), torch.matmul(q, sin.t())
+    k_cos, k_sin = torch.matmul(k, cos.t()), torch.matmul(k, sin.t())
+    real = q_cos * k_cos + q_sin * k_sin  # Re(Q conj(K))
+    imaginary = q_cos * k_sin - q_sin * k_cos  # Im(Q conj(K))
+    correlation = torch.matmul(real, inverse_cos) - torch.matmul(imaginary, inverse_sin)
+    return torch.movedim(correlation, -1, dim)
+
+
+def _fit_length(signal: torch.Tensor, n: int) -> torch.Tensor:
+    """``signal`` (time last) cut or zero-padded to ``n`` steps, as ``torch.fft.rfft(n=n)`` does."""
+    steps = signal.shape[-1]
+    if steps > n:
+        return signal[..., :n]
+    if steps < n:
+        return torch.nn.functional.pad(signal, (0, n - steps))
+    return signal
+
+
+class _Deferred:
+    """A complex spectrum not computed yet: any use but the ones a subclass defers computes it.
+
+    Torch functions (``__torch_function__``), tensor methods and attributes (``__getattr__``) and
+    the arithmetic operators get the complex tensor :meth:`materialize` returns, so code that does
+    something else with it computes what it computed before (in complex arithmetic).
+    """
+
+    def materialize(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        values = _materialized((*args, *kwargs.values()))
+        return func(*values[: len(args)], **dict(zip(kwargs, values[len(args) :], strict=True)))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.materialize(), name)
+
+
+def _forward_operator(name: str) -> None:
+    def left(self: _Deferred, other: Any) -> Any:
+        return getattr(self.materialize(), f"__{name}__")(*_materialized((other,)))
+
+    def right(self: _Deferred, other: Any) -> Any:
+        return getattr(self.materialize(), f"__r{name}__")(*_materialized((other,)))
+
+    setattr(_Deferred, f"__{name}__", left)
+    setattr(_Deferred, f"__r{name}__", right)
+
+
+for _name in ("add", "sub", "mul", "truediv", "matmul", "pow"):
+    _forward_operator(_name)
+
+
+class _DeferredSpectrum(_Deferred):
+    """``rfft(signal, n, dim)`` (conjugated or not) kept as its real signal.
+
+    Made by the ``torch.fft.rfft`` replacement inside autoformer's attention. ``torch.conj``
+    flips the flag; the product of a spectrum and a conjugated one (same ``n``, axis and shape)
+    is a :class:`_DeferredCrossSpectrum`. Any other use computes the spectrum with the original
+    ``rfft`` (:class:`_Deferred`).
+    """
+
+    def __init__(
+        self, signal: torch.Tensor, n: int, dim: int, rfft: Callable[..., Any], conjugate: bool = False
+    ) -> None:
+        self.signal, self.n, self.dim = signal, n, dim % signal.dim()
+        self.rfft, self.conjugate = rfft, conjugate
+
+    def materialize(self) -> torch.Tensor:
+        spectrum = self.rfft(self.signal, n=self.n, dim=self.dim)
+        return torch.conj(spectrum) if self.conjugate else spectrum
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func in (torch.conj, torch.Tensor.conj) and len(args) == 1 and not kwargs:
+            (spectrum,) = args
+            if type(spectrum) is _DeferredSpectrum:
+                return _DeferredSpectrum(
+                    spectrum.signal, spectrum.n, spectrum.dim, spectrum.rfft, not spectrum.conjugate
+                )
+        return super().__torch_function__(func, types, args, kwargs)
+
+    def __mul__(self, other: Any) -> Any:
+        if (
+            isinstance(other, _DeferredSpectrum)
+            and other.conjugate != self.conjugate
+            and (other.n, other.dim, other.signal.shape) == (self.n, self.dim, self.signal.shape)
+        ):
+            query, key = (other, self) if self.conjugate else (self, other)
+            return _DeferredCrossSpectrum(query, key)
+        return super().__mul__(other)
+
+
+class _DeferredCrossSpectrum(_Deferred):
+    """``rfft(query) * conj(rfft(key))``, kept as the two real signals until ``irfft`` takes it."""
+
+    def __init__(self, query: _DeferredSpectrum, key: _DeferredSpectrum) -> None:
+        self.query, self.key, self.n, self.dim = query, key, query.n, query.dim
+
+    def materialize(self) -> torch.Tensor:
+        return self.query.materialize() * self.key.materialize()
+
+
+def _materialized(values: tuple[Any, ...]) -> tuple[Any, ...]:
+    return tuple(v.materialize() if isinstance(v, _Deferred) else v for v in values)
+
+
+def register_real_autocorrelation(backend: str, *, issue: str, versions: Mapping[str, str]) -> None:
+    """Register, under ``backend``, autoformer's auto-correlation without complex tensors.
+
+    ``AutoformerAttention.forward`` computes the auto-correlation of queries and keys as
+    ``irfft(rfft(q) * conj(rfft(k)))`` along the time axis: complex64 tensors and the
+    ``aten._fft_r2c`` / ``aten._conj`` / ``aten._fft_c2r`` operators, which ExecuTorch's edge
+    dialect refuses (``SpecViolationError`` on a complex64 ``aten.mul``) and OpenVINO's
+    ``torch.export`` frontend has no rule for. Two patches, both installed by
+    ``apply_patches(backend)``:
+
+    - on :data:`AUTOCORRELATION_TARGETS`: the forward runs the original with a flag set;
+    - on :data:`FFT_TARGETS`: with the flag set, ``torch.fft.rfft`` returns the signal deferred
+      (``torch.conj`` of it and the product of a spectrum with a conjugated one stay deferred)
+      and ``torch.fft.irfft`` of that product (same ``n``, default norm) is
+      :func:`circular_cross_correlation`. Anything else, or without the flag, runs the original.
+
+    The forward itself (top-k delays, aggregation) is transformers' code, unchanged.
+
+    Args:
+        backend: the registry key (``"executorch"``, ``"openvino"``).
+        issue: the upstream issue of that backend's missing complex/FFT support.
+        versions: the backend's version range the patches are needed in.
+
+    Raises:
+        ValueError: ``backend`` is not a valid registry key.
+    """
+
+    def autocorrelation_scope(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            token = _IN_AUTOCORRELATION.set(True)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                _IN_AUTOCORRELATION.reset(token)
+
+        return forward
+
+    def fft_in_real_arithmetic(original: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(original, "__name__", "").endswith("irfft"):  # torch.fft.irfft is named fft_irfft
+
+            @functools.wraps(original)
+            def irfft(input: Any, n: Any = None, dim: int = -1, norm: Any = None, **kwargs: Any) -> Any:
+                if (
+                    isinstance(input, _DeferredCrossSpectrum)
+                    and n == input.n
+                    and dim % input.query.signal.dim() == input.dim
+                    and norm in (None, "backward")
+                    and not kwargs
+                ):
+                    return circular_cross_correlation(
+                        input.query.signal, input.key.signal, input.n, input.dim
+                    )
+                return original(*_materialized((input,)), n, dim, norm, **kwargs)
+
+            return irfft
+
+        @functools.wraps(original)
+        def rfft(input: Any, n: Any = None, dim: int = -1, norm: Any = None, **kwargs: Any) -> Any:
+            if (
+                _IN_AUTOCORRELATION.get()
+                and isinstance(input, torch.Tensor)
+                and input.is_floating_point()
+                and isinstance(n, int)
+                and norm in (None, "backward")
+                and not kwargs
+            ):
+                return _DeferredSpectrum(input, n, dim, original)
+            return original(input, n, dim, norm, **kwargs)
+
+        return rfft
+
+    autocorrelation_scope.__qualname__ = f"autocorrelation_scope[{backend}]"
+    fft_in_real_arithmetic.__qualname__ = f"fft_in_real_arithmetic[{backend}]"
+    register_patch(
+        backend,
+        *AUTOCORRELATION_TARGETS,
+        description=(
+            "autoformer: the attention forward marks where torch.fft.rfft/irfft compute the auto-correlation, "
+            "which fft_in_real_arithmetic then computes without complex tensors"
+        ),
+        issue=issue,
+        versions={**_TRANSFORMERS, **versions},
+    )(autocorrelation_scope)
+    register_patch(
+        backend,
+        *FFT_TARGETS,
+        description=(
+            "autoformer: the FFT auto-correlation irfft(rfft(q) * conj(rfft(k))) as real DFT matrix products "
+            "(the lowering takes no complex64 tensors / FFT operators)"
+        ),
+        issue=issue,
+        versions=dict(versions),
+    )(fft_in_real_arithmetic)
