@@ -16,7 +16,10 @@ normalizations and rotary embeddings first, then the attention chain (``sdpa`` m
 scaled-dot-product-attention subgraphs, which ``gqa`` / ``mha*`` / ``attention`` consume; ``sdpa``
 functions nothing consumed are inlined back at the end), then the activations, then the MatMul
 rules (``FusedMatMul``), then the provider-specific rows (the registry runs the ``onnx`` entries
-before the ``onnx.<provider>`` ones).
+before the ``onnx.<provider>`` ones). ``skip_layer_normalization`` is a CUDA row: ONNX Runtime's
+CPU ``SkipLayerNormalization`` kernel is slower than the ``Add`` + ``LayerNormalization`` it
+replaces, and the export's ``ort_kernel_fixes`` stage keeps CPU graphs free of it
+(:mod:`hfexport_onnx.workarounds.ort_layer_norm`).
 
 Two rewrites are ours, not onnxscript's: ``cached_gqa`` (:mod:`hfexport_onnx.gqa`, right after
 ``sdpa``: attention over a ``Concat(past, new)`` KV cache as transformers 5 graphs have it ->
