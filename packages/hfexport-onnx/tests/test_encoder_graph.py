@@ -412,3 +412,31 @@ def test_keep_layer_norm_unfused_leaves_a_residual_sum_read_elsewhere(tmp_path):
     model = ir.from_proto(proto)
     assert apply_ort_kernel_fixes(model) == {"keep_layer_norm_unfused": 0}
     assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization", "Add"]
+
+
+def test_keep_layer_norm_unfused_leaves_a_normalization_whose_mean_is_read():
+    """A ``LayerNormalization`` whose mean output is read would hand its reader the extra leading
+    axis of the wrapped input: the fix leaves it alone."""
+    from hfexport_onnx.workarounds.ort_layer_norm import keep_layer_norm_unfused
+
+    hidden = 8
+    shape = ["batch", "seq", hidden]
+    proto = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Add", ["x", "skip"], ["sum"]),
+                helper.make_node("LayerNormalization", ["sum", "gamma"], ["y", "mean"], axis=-1),
+            ],
+            "mean_read",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "skip")],
+            [
+                helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
+                helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["batch", "seq", 1]),
+            ],
+            [onnx.numpy_helper.from_array(np.ones(hidden, np.float32), "gamma")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = ir.from_proto(proto)
+    assert keep_layer_norm_unfused(model) == 0
+    assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization"]

@@ -99,7 +99,8 @@ def keep_layer_norm_unfused(model: Any) -> int:
     matched again, so a second call returns 0.
 
     The normalization axis must be the last one (``axis=-1``, the default; a positive axis would
-    shift by one and is left alone). Outputs are bit-identical to the unfused ``Add`` +
+    shift by one and is left alone), and its optional mean / inverse standard deviation outputs
+    unread. Outputs are bit-identical to the unfused ``Add`` +
     ``LayerNormalization`` pair; a graph output keeps its name.
 
     Returns:
@@ -116,6 +117,8 @@ def keep_layer_norm_unfused(model: Any) -> int:
         axis = node.attributes.get("axis")
         if axis is not None and axis.value != -1:
             continue
+        if any(o is not None and (o.uses() or o in graph.outputs) for o in node.outputs[1:]):
+            continue  # its mean / inverse std outputs are read: they would keep the extra axis
         if axes is None:
             name = "ort_layer_norm_unfused_axes"
             axes = ir.Value(name=name, const_value=ir.tensor(np.array([0], dtype=np.int64), name=name))
