@@ -65,6 +65,76 @@ def test_bert_graph_has_no_softmax_nan_guard_and_keeps_parity(bert_export):
         assert rows["last_hidden_state"]["ok"] and rows["last_hidden_state"]["max_abs_diff"] < 1e-4
 
 
+def test_bert_plain_graph_keeps_layer_norm_out_of_ort_skip_fusion(bert_export, tmp_path):
+    """The plain float32 graph gets the ``ort_kernel_fixes`` stage: every residual
+    ``Add -> LayerNormalization`` (embeddings + two per layer) is wrapped, so the CPU session runs
+    ``LayerNormalization`` (vectorized) and no ``SkipLayerNormalization`` (scalar loop, 7x slower
+    at 8 x 64 x 384); parity with eager is unchanged."""
+    model, program, report = bert_export
+    layers = model.config.num_hidden_layers
+    assert report.extra["ort_kernel_fixes"] == {"keep_layer_norm_unfused": 2 * layers + 1}
+    assert report.applied["ort_kernel_fixes"] == [f"keep_layer_norm_unfused x{2 * layers + 1}"]
+    stage = next(s for s in report.stages if s.name == "ort_kernel_fixes")
+    assert stage.status == "ok" and stage.detail == f"keep_layer_norm_unfused x{2 * layers + 1}"
+    run_ops = _ort_optimized_ops(ir.serde.serialize_model(program.model), tmp_path)
+    assert run_ops["SkipLayerNormalization"] == 0 and run_ops["LayerNormalization"] == 2 * layers + 1
+    for label in ("sample", "second_shape"):
+        rows = {r["name"]: r for r in report.validation[label]}
+        assert rows["last_hidden_state"]["ok"] and rows["last_hidden_state"]["max_abs_diff"] < 1e-5
+
+
+def test_bert_cpu_fused_graph_has_no_skip_layer_normalization(bert_export, tmp_path):
+    """``ort_fusions="cpu"``: the attention and GELU fusions stay, no ``SkipLayerNormalization`` is
+    written (the rewrite runs for CUDA only) and the session does not fuse one either (the
+    ``ort_kernel_fixes`` stage runs after the fusions); outputs equal the plain graph's within 1e-5."""
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("bert")
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=True, ort_fusions="cpu"))
+    report = exporter.last_report
+    layers = model.config.num_hidden_layers
+    fused = report.extra["ort_fusions"]
+    assert "skip_layer_normalization" not in fused["fused"]
+    assert "com.microsoft.SkipLayerNormalization" not in fused["contrib_ops"]
+    assert fused["contrib_ops"]["com.microsoft.Attention"] == layers
+    assert report.extra["ort_kernel_fixes"] == {"keep_layer_norm_unfused": 2 * layers + 1}
+    proto = ir.serde.serialize_model(program.model)
+    run_ops = _ort_optimized_ops(proto, tmp_path)
+    assert run_ops["SkipLayerNormalization"] == 0 and run_ops["LayerNormalization"] == 2 * layers + 1
+    assert run_ops["Attention"] == layers
+    feed = {k: v.numpy() for k, v in inputs.items() if k in {i.name for i in proto.graph.input}}
+    plain = _ort_outputs(bert_export[1].model, feed)
+    for got, expected in zip(_ort_outputs(program.model, feed), plain, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5)
+
+
+def test_skip_layer_normalization_fusion_runs_for_cuda_only(monkeypatch):
+    """On the same optimized BERT graph (no kernel fixes), the CUDA fusions still write one
+    ``SkipLayerNormalization`` per residual (the CUDA kernel is not the slow one) next to the
+    ``Attention`` fusion; the CPU fusions write none."""
+    from hfexport.testing import tiny_model
+    from hfexport_onnx import fusions
+    from hfexport_onnx.workarounds import ort_layer_norm
+
+    entries = {p: [e.name for e in fusions.fusion_entries(p)] for p in fusions.PROVIDERS}
+    name = "hfexport_onnx.fusions.fuse_skip_layer_normalization"
+    assert name in entries["cuda"] and name not in entries["cpu"]
+    monkeypatch.setattr(ort_layer_norm, "apply_ort_kernel_fixes", lambda model: {})
+    model, inputs = tiny_model("bert")
+    program = OnnxExporter().export(model, inputs, OnnxConfig(dynamic=True))
+    layers = model.config.num_hidden_layers
+    proto = ir.serde.serialize_model(program.model)
+    counts = {}
+    for provider in fusions.PROVIDERS:
+        graph = ir.serde.deserialize_model(proto)
+        fusions.apply_ort_fusions(graph, provider)
+        counts[provider] = fusions.contrib_op_counts(graph)
+    assert counts["cuda"]["com.microsoft.SkipLayerNormalization"] == 2 * layers
+    assert "com.microsoft.SkipLayerNormalization" not in counts["cpu"]
+    assert counts["cuda"]["com.microsoft.Attention"] == counts["cpu"]["com.microsoft.Attention"] == layers
+
+
 def test_the_fixes_are_registered_with_their_upstream_references():
     entries = {e.name: e for e in registry.entries("onnx") if e.name in (FIX, KEY_FIX)}
     assert "onnxscript/pull/2654" in entries[FIX].issue
@@ -309,3 +379,64 @@ def test_keep_layer_norm_unfused_stops_the_skip_layer_norm_fusion(tmp_path):
     np.testing.assert_array_equal(got.run(None, feed)[0], expected.run(None, feed)[0])
     entry = registry.entries("onnx", kind=KIND)[0]
     assert entry.func is keep_layer_norm_unfused and entry.versions == {"onnxruntime": ">=1.22"}
+
+
+def test_keep_layer_norm_unfused_leaves_a_residual_sum_read_elsewhere(tmp_path):
+    """A pre-LN residual stream (GPT-2): the ``Add``'s sum feeds the ``LayerNormalization`` and the
+    next residual ``Add``. ORT does not fuse that pair, so the fix leaves it unwrapped; a second
+    call on a wrapped graph finds nothing either."""
+    from hfexport_onnx.workarounds.ort_layer_norm import apply_ort_kernel_fixes
+
+    hidden = 16
+    rng = np.random.default_rng(1)
+    shape = ["batch", "seq", hidden]
+    proto = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Add", ["x", "skip"], ["sum"]),
+                helper.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["normed"], axis=-1),
+                helper.make_node("Add", ["sum", "normed"], ["y"]),
+            ],
+            "pre_ln",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "skip")],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+            [
+                onnx.numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), "gamma"),
+                onnx.numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32), "beta"),
+            ],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    run_ops = _ort_optimized_ops(proto, tmp_path)
+    assert run_ops["SkipLayerNormalization"] == 0 and run_ops["LayerNormalization"] == 1  # ORT: no fusion
+    model = ir.from_proto(proto)
+    assert apply_ort_kernel_fixes(model) == {"keep_layer_norm_unfused": 0}
+    assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization", "Add"]
+
+
+def test_keep_layer_norm_unfused_leaves_a_normalization_whose_mean_is_read():
+    """A ``LayerNormalization`` whose mean output is read would hand its reader the extra leading
+    axis of the wrapped input: the fix leaves it alone."""
+    from hfexport_onnx.workarounds.ort_layer_norm import keep_layer_norm_unfused
+
+    hidden = 8
+    shape = ["batch", "seq", hidden]
+    proto = helper.make_model(
+        helper.make_graph(
+            [
+                helper.make_node("Add", ["x", "skip"], ["sum"]),
+                helper.make_node("LayerNormalization", ["sum", "gamma"], ["y", "mean"], axis=-1),
+            ],
+            "mean_read",
+            [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n in ("x", "skip")],
+            [
+                helper.make_tensor_value_info("y", TensorProto.FLOAT, shape),
+                helper.make_tensor_value_info("mean", TensorProto.FLOAT, ["batch", "seq", 1]),
+            ],
+            [onnx.numpy_helper.from_array(np.ones(hidden, np.float32), "gamma")],
+        ),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    model = ir.from_proto(proto)
+    assert keep_layer_norm_unfused(model) == 0
+    assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization"]

@@ -34,6 +34,7 @@ EXPECTED_STAGES = [
     "io_names",
     "ir_fixes",
     "optimize",
+    "ort_kernel_fixes",
     "external_data",
     "reference",
     "save",  # saved into a staging folder, loaded from there, moved into place once validated

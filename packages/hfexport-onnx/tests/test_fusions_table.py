@@ -11,7 +11,6 @@ from hfexport_onnx import fusions
 CPU_ORDER = [
     "erf_gelu",
     "rms_normalization",
-    "skip_layer_normalization",
     "skip_rms_normalization",
     "rotary_embedding",
     "cos_sin_cache",

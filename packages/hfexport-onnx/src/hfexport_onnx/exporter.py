@@ -25,8 +25,9 @@ The shared ``lower`` stage encloses stages 4-8 (recorded after it):
    explicit ``Dim`` names given to the symbolic axes;
 6. ``ir_fixes``: active :mod:`hfexport_onnx.workarounds.ir_fixes` on the ``onnx_ir`` model;
 7. ``optimize``: the onnxscript optimizer (``ONNXProgram.optimize``) when ``config.optimize``;
-   then ``ort_fusions`` (``config.ort_fusions``: ORT contrib-op rewrites, :mod:`hfexport_onnx.fusions`)
-   and ``quantize`` (``config.quantization``: the method's ``artifact`` phase,
+   then ``ort_fusions`` (``config.ort_fusions``: ORT contrib-op rewrites, :mod:`hfexport_onnx.fusions`),
+   ``ort_kernel_fixes`` (float32 graphs without quantization for the CPU: graph rewrites around slow
+   ORT CPU kernels, :mod:`hfexport_onnx.workarounds.ort_layer_norm`) and ``quantize`` (``config.quantization``: the method's ``artifact`` phase,
    :meth:`hfexport.exporter.HfExporter.quantize_artifact` with :mod:`hfexport_onnx.quantize`) when
    asked for;
 8. ``external_data``: decides how weights are saved (external data when
@@ -191,6 +192,7 @@ class OnnxExporter(HfExporter):
         "ir_fixes",
         "optimize",
         "ort_fusions",
+        "ort_kernel_fixes",
         "quantize",
         "external_data",
     )
@@ -316,6 +318,7 @@ class OnnxExporter(HfExporter):
             self.fix_ir(onnx_program, report)
             self.optimize(onnx_program, config, report)
             self.fuse_for_ort(onnx_program, config, report)
+            self.fix_for_ort_kernels(onnx_program, config, report)
             # the artifact phase: after the ORT fusions, before the external-data plan
             onnx_program.model = self.quantize_artifact(
                 onnx_program.model, config, report, inputs=inputs, calibration=calibration
@@ -362,6 +365,29 @@ class OnnxExporter(HfExporter):
                 f"{config.ort_fusions}: {before} -> {onnx_program.model.graph.num_nodes()} nodes; "
                 + (", ".join(f"{op.rsplit('.', 1)[-1]} x{n}" for op, n in ops.items()) or "nothing fused")
             )
+
+    def fix_for_ort_kernels(self, onnx_program: Any, config: OnnxConfig, report: ExportReport) -> None:
+        """Stage ``ort_kernel_fixes``: the active ``ort_kernel_fix`` entries
+        (:func:`hfexport_onnx.workarounds.ort_layer_norm.apply_ort_kernel_fixes`) on a float32 graph
+        without quantization whose target is ONNX Runtime's CPU provider (``config.ort_fusions``
+        ``None`` or ``"cpu"``). ``report.applied["ort_kernel_fixes"]`` lists ``"<fix> x<count>"``
+        for each that rewrote something, ``report.extra["ort_kernel_fixes"]`` every count.
+
+        Not run for ``ort_fusions="cuda"`` (the CUDA kernels are not the slow ones), for float16
+        graphs, or with quantization (the ``int8-dynamic`` method runs the fixes itself, after its
+        own rewrites; the other methods were not measured with them).
+        """
+        if config.quantization is not None or config.ort_fusions == "cuda":
+            return
+        if (config.dtype or "float32") != "float32":
+            return
+        from hfexport_onnx.workarounds.ort_layer_norm import apply_ort_kernel_fixes
+
+        with report.stage("ort_kernel_fixes") as record:
+            counts = apply_ort_kernel_fixes(onnx_program.model)
+            report.record_applied("ort_kernel_fixes", [f"{name} x{n}" for name, n in counts.items() if n])
+            report.extra["ort_kernel_fixes"] = counts
+            record.detail = ", ".join(f"{name} x{n}" for name, n in counts.items()) or "none active"
 
     def record_patches(self, session: CaptureSession, record: Any) -> None:
         """Stages ``patches`` (torch/transformers side) and ``onnx_patches`` (recorded right after

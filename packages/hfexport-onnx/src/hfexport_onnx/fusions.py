@@ -16,7 +16,10 @@ normalizations and rotary embeddings first, then the attention chain (``sdpa`` m
 scaled-dot-product-attention subgraphs, which ``gqa`` / ``mha*`` / ``attention`` consume; ``sdpa``
 functions nothing consumed are inlined back at the end), then the activations, then the MatMul
 rules (``FusedMatMul``), then the provider-specific rows (the registry runs the ``onnx`` entries
-before the ``onnx.<provider>`` ones).
+before the ``onnx.<provider>`` ones). ``skip_layer_normalization`` is a CUDA row: ONNX Runtime's
+CPU ``SkipLayerNormalization`` kernel is slower than the ``Add`` + ``LayerNormalization`` it
+replaces, and the export's ``ort_kernel_fixes`` stage keeps CPU graphs free of it
+(:mod:`hfexport_onnx.workarounds.ort_layer_norm`).
 
 Two rewrites are ours, not onnxscript's: ``cached_gqa`` (:mod:`hfexport_onnx.gqa`, right after
 ``sdpa``: attention over a ``Concat(past, new)`` KV cache as transformers 5 graphs have it ->
@@ -283,12 +286,6 @@ ORT_FUSIONS: tuple[OrtFusion, ...] = (
         (f"{_UP}.rms_normalization.fuse_rms_normalization",),
     ),
     OrtFusion(
-        "skip_layer_normalization",
-        ("com.microsoft.SkipLayerNormalization",),
-        "residual Add + LayerNormalization -> com.microsoft.SkipLayerNormalization",
-        (f"{_UP}.skip_normalization.fuse_skip_layer_normalization",),
-    ),
-    OrtFusion(
         "skip_rms_normalization",
         ("com.microsoft.SkipSimplifiedLayerNormalization",),
         "residual Add + SimplifiedLayerNormalization -> com.microsoft.SkipSimplifiedLayerNormalization",
@@ -407,6 +404,17 @@ ORT_FUSIONS: tuple[OrtFusion, ...] = (
         (f"{_UP}.attention.fuse_attention",),
         provider="cuda",
         requires_op=_MHA,
+    ),
+    # CUDA only: ORT's CPU SkipLayerNormalization kernel is a scalar loop, 7x slower than Add +
+    # LayerNormalization (hfexport_onnx.workarounds.ort_layer_norm); on the CPU the export's
+    # ort_kernel_fixes stage keeps the pair out of the session's own fusion instead
+    OrtFusion(
+        "skip_layer_normalization",
+        ("com.microsoft.SkipLayerNormalization",),
+        "residual Add + LayerNormalization -> com.microsoft.SkipLayerNormalization (CUDA only: the CPU "
+        "kernel is a scalar loop, see hfexport_onnx.workarounds.ort_layer_norm)",
+        (f"{_UP}.skip_normalization.fuse_skip_layer_normalization",),
+        provider="cuda",
     ),
     # MatMul packing runs after the Attention fusions, which pack Q/K/V their own way; not
     # workarounds (issue=None): ONNX Runtime's own graph optimizers do not pack MatMuls

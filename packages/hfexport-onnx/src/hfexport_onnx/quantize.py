@@ -1399,8 +1399,7 @@ def _write_int8_dynamic(
 ) -> None:
     from onnxruntime import quantization as q
 
-    from hfexport.registry import active_entries
-    from hfexport_onnx.workarounds.ort_layer_norm import KIND as ORT_KERNEL_FIX
+    from hfexport_onnx.workarounds.ort_layer_norm import apply_ort_kernel_fixes
 
     facts["per_channel"] = quantization.per_channel
     side: list[str] = []
@@ -1408,8 +1407,9 @@ def _write_int8_dynamic(
         split, side = split_outlier_channels(model, feeds, exclude=exclude)
         facts["outlier_channels"] = split
         facts["float_outlier_matmuls"] = len(side)
-    for entry in active_entries(ORT_KERNEL_FIX, "onnx"):
-        facts.setdefault("ort_kernel_fixes", {})[entry.name.rsplit(".", 1)[-1]] = entry.func(model)
+    fixes = apply_ort_kernel_fixes(model)
+    if fixes:
+        facts["ort_kernel_fixes"] = fixes
     _save(model, src)
     q.quantize_dynamic(
         src,

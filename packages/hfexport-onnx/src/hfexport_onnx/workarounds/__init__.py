@@ -8,6 +8,6 @@
 - :mod:`~hfexport_onnx.workarounds.ir_fixes`: fixes of the translated ``onnx_ir`` model (kind
   ``"onnx_ir_fix"``, registered by this package);
 - :mod:`~hfexport_onnx.workarounds.ort_layer_norm`: graph rewrites around slow ONNX Runtime kernels
-  (kind ``"ort_kernel_fix"``, registered by this package, run by the quantization methods that name
-  them: ``int8-dynamic``).
+  (kind ``"ort_kernel_fix"``, registered by this package, run by the export's ``ort_kernel_fixes``
+  stage on float32 CPU graphs without quantization and by the ``int8-dynamic`` method).
 """
