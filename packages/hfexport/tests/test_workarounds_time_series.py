@@ -59,7 +59,8 @@ def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_er
         *time_series.TIMESFM_PREPROCESS_TARGETS,
     )
     before = {path: _attribute(path) for path in paths}
-    assert torch.distributions.Distribution._validate_args is True
+XX
+    validate_before = torch.distributions.Distribution._validate_args
     with apply_patches("capture"):  # the parent key alone: none of them
         assert all(_attribute(path) is before[path] for path in paths)
     with pytest.raises(RuntimeError, match="boom"), apply_patches(time_series.KEY):
@@ -69,7 +70,7 @@ def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_er
         raise RuntimeError("boom")
     for path in paths:
         assert _attribute(path) is before[path], path
-    assert torch.distributions.Distribution._validate_args is True
+    assert torch.distributions.Distribution._validate_args is validate_before
 
 
 def test_capture_key_picks_the_scope_for_forecasters_only():
