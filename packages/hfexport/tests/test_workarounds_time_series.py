@@ -59,7 +59,8 @@ def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_er
         *time_series.TIMESFM_PREPROCESS_TARGETS,
     )
     before = {path: _attribute(path) for path in paths}
-XX
+    # torch's default is __debug__ (True), but torch._dynamo's first use sets it False for the
+    # process (eval_frame: Distribution.set_default_validate_args(False)): restored, not assumed
     validate_before = torch.distributions.Distribution._validate_args
     with apply_patches("capture"):  # the parent key alone: none of them
         assert all(_attribute(path) is before[path] for path in paths)
