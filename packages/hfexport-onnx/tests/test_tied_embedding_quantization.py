@@ -121,6 +121,7 @@ def test_float16_q4f16_graph_shares_the_tied_embedding_with_float16_scales():
     assert logits["name"] == "logits" and logits["dtype"] == "torch.float16" and logits["cosine"] >= 0.98
 
 
+@pytest.mark.extended  # 16-100 s: the long tail (nox -s integration)
 def test_an_untied_float16_embedding_becomes_int8_with_a_float16_scale():
     import onnx_ir as ir
 

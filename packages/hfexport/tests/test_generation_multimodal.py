@@ -222,6 +222,7 @@ def _eager_callers(model, parts) -> dict:
     return {name: caller(module) for name, (module, _kwargs) in parts.items()}
 
 
+@pytest.mark.extended  # 16-100 s: the long tail (nox -s integration)
 def test_florence2_splits_around_its_text_encoder_and_generates_like_generate() -> None:
     # issue 28: Florence-2's language model is an encoder-decoder (BART): generate() merges the
     # image features into the text encoder's inputs_embeds and never calls the BartModel forward
