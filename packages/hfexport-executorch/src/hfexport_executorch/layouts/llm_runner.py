@@ -732,10 +732,12 @@ def export_llm_runner(
     if text_gated:
         # a 4-bit LM's logits at one position are far from fp32 eager's where the model is unsure (SmolLM2
         # 8da4w: cosine 0.73 on the sample's last position while the text metrics pass): the sample and
-        # sequence rows are recorded and gated only by the metrics quality_gates names; the text gates decide
+        # sequence rows are recorded and gated only by the metrics quality_gates names; the text gates decide.
+        # Each unnamed one gets its metric's floor (cosine -1, share 0), so it cannot fail: a 4-bit row can
+        # point away from fp32's (SmolLM2 8da4w, MSE scales: prefill_again cosine -0.33, text metrics 1.231)
         named = dict(getattr(config, "quality_gates", None) or {})
         config = config.replace(
-            quality_gates={**named, **{k: named.get(k, 0.0) for k in _SAMPLE_GATES}},
+            quality_gates={**named, **{k: named.get(k, _GATE_FLOORS[k]) for k in _SAMPLE_GATES}},
         )
     prompt = _prompt_ids(model, inputs)
     sample_len = max(2, min(8, context - 1))
@@ -813,6 +815,8 @@ INT8_CACHE_GATES = {"cosine": 0.99, "top1_agreement": 2 / 3}
 #: The per-step gates of the sample and sequence checks that the text gates replace (see
 #: :func:`export_llm_runner`): still measured and recorded, gated only when ``quality_gates`` names them.
 _SAMPLE_GATES = ("cosine", "top1_agreement", "cache_cosine")
+# the lowest value each sample/sequence metric can take: its gate when the text metrics decide
+_GATE_FLOORS = {"cosine": -1.0, "top1_agreement": 0.0, "cache_cosine": -1.0}
 
 
 def _text_gated(reference: Any) -> bool:
