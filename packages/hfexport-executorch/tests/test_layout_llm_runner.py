@@ -470,7 +470,7 @@ def test_8da4w_runner_is_gated_on_the_text_metrics(tmp_path: Path) -> None:
     assert 0.99 < text["perplexity_ratio"] < 1.2 and text["kl_divergence"] < 0.1
     assert exporter.last_report.validation["text"][0]["perplexity_ratio"] == text["perplexity_ratio"]
     # the sample row is recorded, gated by the text metrics instead
-    assert exporter.last_report.quality_gates["cosine"] == -1.0  # the floor: recorded, not gated
+    assert exporter.last_report.quality_gates["cosine"] == 0.0
     with pytest.raises(ExportValidationError, match=r"perplexity_ratio"):
         export_llm_runner(
             model,
