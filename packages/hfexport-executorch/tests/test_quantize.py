@@ -537,3 +537,19 @@ def test_8da4w_scale_choice_and_group_checks_refuse_bad_input():
         mse_group_scales(torch.ones(4, 32, dtype=torch.int8), 32)
     # an all-zero group quantizes to zero with a positive scale
     assert bool((mse_group_scales(torch.zeros(2, 32), 32) > 0).all())
+
+
+@pytest.mark.parametrize("method", ["8da4w", "4w"])
+def test_a_group_size_that_divides_no_linear_is_refused_naming_the_sizes_that_fit(method):
+    # widths 576 and 1536 (SmolLM2's): 5 divides neither, so every linear would stay float
+    model = torch.nn.Sequential(torch.nn.Linear(576, 1536), torch.nn.Linear(1536, 576))
+    with pytest.raises(
+        ValueError,
+        match=r"group_size=5 divides none of the model's linear input widths \(576, 1536\).*allowed here: 16, 32, 64",
+    ):
+        quantize_copy(model, QuantizationConfig(method=method, group_size=5))
+    # one linear that takes the groups is enough: the other is recorded as skipped, not refused
+    mixed = torch.nn.Sequential(torch.nn.Linear(64, 48), torch.nn.Linear(48, 8))
+    _, summary = quantize_copy(mixed, QuantizationConfig(method=method, group_size=32))
+    assert list(summary["skipped"]) == ["1"]
+    assert "input width 48 is not a multiple of group_size 32" in summary["skipped"]["1"]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import copy
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -397,7 +398,37 @@ def quantize_copy(
             quantize_(
                 quantized, _linear_config(linear_method, group_size), filter_fn=wants(torch.nn.Linear, True)
             )
+    if linear_method in ("8da4w", "4w"):
+        _refuse_a_group_size_no_linear_takes(quantized, summary, group_size, method)
     return quantized, summary
+
+
+#: Group sizes offered when the asked one divides no linear's input width: the sizes torchao's 4-bit
+#: groups and XNNPACK's blockwise kernels are used with (ExecuTorch's LLM recipes use 32 to 256)
+SUGGESTED_GROUP_SIZES = (16, 32, 64, 128, 256)
+
+
+def _refuse_a_group_size_no_linear_takes(
+    copy_: torch.nn.Module, summary: dict[str, Any], group_size: int, method: str
+) -> None:
+    """Raise when ``group_size`` left every grouped linear of the copy float (each input width is not a
+    multiple of it): the artifact would be a float program labelled ``method``.
+
+    Raises:
+        ValueError: no linear was quantized in groups and at least one was skipped for its width; the
+            message names the widths and the group sizes of :data:`SUGGESTED_GROUP_SIZES` that divide all.
+    """
+    skipped = summary["skipped"]
+    grouped = summary["linear"] - len(summary.get("head") or [])
+    if grouped > 0 or not skipped:
+        return
+    widths = sorted({int(copy_.get_submodule(fqn).weight.shape[-1]) for fqn in skipped})
+    fits = [g for g in SUGGESTED_GROUP_SIZES if all(w % g == 0 for w in widths)]
+    allowed = ", ".join(map(str, fits)) if fits else f"a divisor of {math.gcd(*widths)}"
+    raise ValueError(
+        f"quantization.group_size={group_size} divides none of the model's linear input widths "
+        f"({', '.join(map(str, widths))}): {method} would leave every linear float; allowed here: {allowed}"
+    )
 
 
 def _replace_weight_only(model: torch.nn.Module, method: str, group_size: int, wanted: Any) -> None:
