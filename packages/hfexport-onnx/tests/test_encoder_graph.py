@@ -440,3 +440,28 @@ def test_keep_layer_norm_unfused_leaves_a_normalization_whose_mean_is_read():
     model = ir.from_proto(proto)
     assert keep_layer_norm_unfused(model) == 0
     assert [n.op_type for n in model.graph] == ["Add", "LayerNormalization"]
+
+
+def test_gpt2_cpu_fused_graph_gives_its_gemms_rank_2_inputs():
+    """Tiny GPT-2 (``Conv1D``: flatten to 2-D + ``Gemm``) with ``ort_fusions="cpu"``: the
+    MultiHeadAttention fusion hands the output projection's ``Gemm`` its 3-D output, which ONNX
+    Runtime refused to load; each such ``Gemm`` gets a ``Reshape`` to rank 2 and the fused graph
+    matches eager at both validation shapes."""
+    from hfexport.testing import tiny_model
+    from hfexport_onnx.fusions import gemm_inputs_to_rank_2
+
+    model, inputs = tiny_model("gpt2", "feature-extraction")
+    exporter = OnnxExporter()
+    program = exporter.export(model, inputs, OnnxConfig(dynamic=True, ort_fusions="cpu"))
+    report = exporter.last_report
+    layers = model.config.n_layer
+    assert report.extra["ort_fusions"]["contrib_ops"]["com.microsoft.MultiHeadAttention"] == layers
+    gemms = [n for n in program.model.graph if n.op_type == "Gemm"]
+    fed = [
+        n for n in gemms if n.inputs[0].producer() is not None and n.inputs[0].producer().op_type == "Reshape"
+    ]
+    assert len(fed) == len(gemms) and any(n.name.endswith("_rank2") for n in program.model.graph)
+    assert gemm_inputs_to_rank_2(program.model) == 0  # nothing left to repair
+    for label in ("sample", "second_shape"):
+        rows = {r["name"]: r for r in report.validation[label]}
+        assert rows["last_hidden_state"]["ok"] and rows["last_hidden_state"]["max_abs_diff"] < 1e-5, rows

@@ -192,8 +192,65 @@ def apply_ort_fusions(model: Any, provider: str, *, dtype: str = "float32") -> d
         except Exception as exc:
             exc.add_note(f"while applying the ORT fusion {entry.name} ({provider})")
             raise
+    reshaped = gemm_inputs_to_rank_2(model)
+    if reshaped:
+        logger.debug("%d Gemm input(s) from fused attention ops reshaped to rank 2", reshaped)
     _post_optimize(model)
     return counts
+
+
+#: contrib ops whose output 0 is ``[batch, sequence, hidden]`` (ONNX Runtime's contrib op schemas)
+_RANK_3_OUTPUT_OPS = frozenset({"MultiHeadAttention", "Attention", "GroupQueryAttention"})
+
+
+def gemm_inputs_to_rank_2(model: Any) -> int:
+    """Put a ``Reshape(x, [-1, K])`` in front of every ``Gemm`` whose ``A`` input is output 0 of a
+    fused attention op (:data:`_RANK_3_OUTPUT_OPS`), in place.
+
+    A model that flattens the attention output to 2-D before a ``Gemm`` (GPT-2's ``Conv1D``: ``view(-1,
+    n)`` + ``addmm`` with no bias left after the optimizer folds it into an ``Add``) keeps that
+    ``Reshape`` only until onnxscript's ``MultiHeadAttention`` fusion (checked with onnxscript 0.7.2)
+    takes it as the attention's own output reshape and hands the ``Gemm`` the op's 3-D
+    ``[batch, sequence, hidden]`` output: ONNX Runtime then refuses the model ("Gemm: Input 0 expected
+    to have rank 2 but has rank 3"). onnxscript's own ``gemm_to_matmul_add`` rule, which would remove
+    that ``Gemm``, needs a bias input and a constant target shape, so it does not match there. No
+    upstream issue found. A reshape of an already 2-D input is a no-op, so every such ``Gemm`` gets one.
+
+    Args:
+        model: an ``onnx_ir.Model`` after the fusions.
+
+    Returns:
+        The number of reshapes inserted.
+    """
+    import numpy as np
+    import onnx_ir as ir
+
+    count = 0
+    for node in list(model.graph):
+        if node.op_type != "Gemm" or node.domain not in ("", "ai.onnx") or not node.inputs:
+            continue
+        a, b = node.inputs[0], node.inputs[1]
+        producer = a.producer() if a is not None else None
+        if producer is None or producer.op_type not in _RANK_3_OUTPUT_OPS or producer.outputs[0] is not a:
+            continue
+        trans_a = node.attributes.get("transA")
+        if trans_a is not None and trans_a.as_int():
+            continue
+        trans_b = node.attributes.get("transB")
+        if b is None or b.shape is None or not isinstance(b.shape[0], int) or not isinstance(b.shape[1], int):
+            continue
+        k = b.shape[1] if trans_b is not None and trans_b.as_int() else b.shape[0]
+        target = ir.Value(
+            name=f"{node.name or 'gemm'}_rank2_shape",
+            const_value=ir.tensor(np.array([-1, k], dtype=np.int64)),
+        )
+        model.graph.register_initializer(target)
+        flat = ir.node("Reshape", inputs=[a, target], name=f"{node.name or 'gemm'}_rank2")
+        flat.outputs[0].name = f"{a.name}_rank2"
+        model.graph.insert_before(node, flat)
+        node.replace_input_with(0, flat.outputs[0])
+        count += 1
+    return count
 
 
 _UP = "onnxscript.rewriter.ort_fusions"
