@@ -474,9 +474,10 @@ def xnnpack_preprocess_skips_inapplicable_passes(original: Callable[..., Any]) -
     byte-identical with and without the wrapper. Unlisted passes and calls with several passes
     go to ``original``. ``ConvertToLinearPass`` and ``DimOrderOpsRevertPass`` re-trace every
     partition they see too, and rewrite only [add]mm / bmm (or a linear with a view_copy) and
-    dim_order ops: skipping them elsewhere took 9% of the ``lower`` stage's CPU time off tiny BERT
-    and ViT exports (8.4 -> 7.7 s, 5.9 -> 5.4 s), with the same ``.pte`` bytes (tiny BERT, ViT,
-    and llama's prefill and decode).
+    dim_order ops: skipping them elsewhere took 6% / 10% of the ``lower`` stage's CPU time off
+    tiny BERT / ViT exports (mean of two interleaved runs: 8.6 -> 8.0 s, 6.2 -> 5.5 s; tiny llama
+    unchanged at 11.5 s, its partitions hold the matmuls), with the same ``.pte`` bytes (tiny BERT,
+    ViT, and llama's prefill and decode).
     """
 
     @functools.wraps(original)
