@@ -407,9 +407,24 @@ def _run_lines(
 _FORK = {"enabled": False}
 
 
+#: Modules a backend's first export imports lazily (inside its stages, not with the exporter), and
+#: that a forked type child would otherwise import again every time: for ExecuTorch,
+#: ``executorch.exir`` (with the torch compiler stack it pulls in: 6-30 s depending on the load,
+#: counted in every ExecuTorch cell's seconds), the XNNPACK partitioner and the runtime bindings.
+#: Importing them creates no thread, so the fork stays safe.
+PRELOAD_MODULES: dict[str, tuple[str, ...]] = {
+    "executorch": (
+        "hfexport_executorch.lowering",
+        "executorch.backends.xnnpack.partition.xnnpack_partitioner",
+        "executorch.runtime",
+    ),
+}
+
+
 def _preload(backends: Sequence[str]) -> None:
-    """Import what every type child needs (torch, transformers, the backends' exporters) once in
-    the sweeping process, so forked children start with it."""
+    """Import what every type child needs (torch, transformers, the backends' exporters and the
+    modules of :data:`PRELOAD_MODULES`) once in the sweeping process, so forked children start
+    with it."""
     from hfexport.auto import get_hf_exporter
 
     _child_module()  # with hfexport.testing: transformers
@@ -417,6 +432,8 @@ def _preload(backends: Sequence[str]) -> None:
     for backend in backends:
         try:
             get_hf_exporter(backend)
+            for module in PRELOAD_MODULES.get(backend, ()):
+                importlib.import_module(module)
         except ImportError:
             continue
 

@@ -483,3 +483,25 @@ def test_issue_28_families_have_tasks_targets_and_notes(tmp_path):
     text = sweep.render(tmp_path, tmp_path / "c.md", known={"time-series": ["patchtst"]})
     assert "| time-series | 1 | 1 | 1 pass / 0 fail / 0 skip (100%, target 90%: met) |" in text
     assert "## time-series (`time-series-forecasting`)\n\n" + sweep.FAMILY_NOTES["time-series"] in text
+
+
+def test_forking_parent_preloads_the_modules_a_first_executorch_export_imports_lazily(monkeypatch):
+    import importlib
+
+    import hfexport.auto
+
+    exporters: list[str] = []
+    imported: list[str] = []
+
+    def get_hf_exporter(backend):
+        if backend == "missing":
+            raise ImportError("hfexport-missing is not installed")
+        exporters.append(backend)
+
+    monkeypatch.setattr(hfexport.auto, "get_hf_exporter", get_hf_exporter)
+    monkeypatch.setattr(importlib, "import_module", imported.append)
+    sweep._preload(["onnx", "missing", "executorch"])
+    assert exporters == ["onnx", "executorch"]
+    # executorch.exir comes with the lowering module: the import every ExecuTorch cell paid again
+    assert imported == list(sweep.PRELOAD_MODULES["executorch"])
+    assert imported[0] == "hfexport_executorch.lowering"

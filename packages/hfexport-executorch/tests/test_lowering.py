@@ -92,3 +92,50 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
         "hfexport_executorch.workarounds.patches.keep_dynamic_dims_in_list_returning_ops"
         in installed["executorch"]
     )
+
+
+def test_an_export_validated_at_two_shapes_lowers_serializes_and_loads_once(
+    toy_projection, toy_inputs, monkeypatch, tmp_path
+):
+    """The fixed cost of an export is paid once: one edge lowering (XNNPACK preprocess once per
+    partition), one memory planning, one ``.pte`` serialization, and one runtime load of the saved
+    file that serves both validation shapes."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir.program import _program
+
+    from hfexport_executorch import runtime
+
+    calls: dict[str, int] = {}
+
+    def spy(owner, name, key=None):
+        original = getattr(owner, name)
+
+        def counted(*args, **kwargs):
+            calls[key or name] = calls.get(key or name, 0) + 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, counted)
+
+    spy(lowering, "_to_edge_transform_and_lower", "lower")
+    spy(lowering, "plan_memory")
+    spy(_program, "serialize_for_executorch", "serialize")
+    spy(runtime, "load_program")
+    spy(XnnpackBackend, "preprocess")  # a staticmethod: the plain function counted stays one
+
+    exporter = ExecutorchExporter()
+    report = exporter.export_to_path(
+        toy_projection, toy_inputs(batch=2, seq=6), tmp_path / "model.pte", ExecutorchConfig(dynamic=True)
+    )
+    # both shapes validated against eager, on the one loaded program
+    assert [tuple(r["shape"]) for r in report.validation["sample"]] == [(2, 6, 8)]
+    assert report.validation["second_shape"][0]["shape"][0] == 3
+    assert all(r["ok"] for key in ("sample", "second_shape") for r in report.validation[key])
+    partitions = report.extra["delegation"]["partitions"]
+    assert partitions >= 1
+    assert calls == {
+        "lower": 1,
+        "preprocess": partitions,
+        "plan_memory": 1,
+        "serialize": 1,
+        "load_program": 1,
+    }

@@ -442,6 +442,38 @@ def test_xnnpack_pass_skip_table_names_default_passes():
     assert set(_XNNPACK_PASS_NEEDS) <= default, set(_XNNPACK_PASS_NEEDS) - default
 
 
+@pytest.mark.parametrize(
+    ("name", "ops", "runs"),
+    [
+        ("ConvertToLinearPass", {"aten.linear.default", "aten.relu.default"}, False),
+        ("ConvertToLinearPass", {"aten.mm.default"}, True),
+        ("ConvertToLinearPass", {"aten.addmm.default", "aten.permute_copy.default"}, True),
+        ("ConvertToLinearPass", {"aten.bmm.default"}, True),
+        # addmm_mm_to_linear drops the view_copy around a linear
+        ("ConvertToLinearPass", {"aten.linear.default", "aten.view_copy.default"}, True),
+        ("DimOrderOpsRevertPass", {"aten.linear.default", "aten.add.Tensor"}, False),
+        ("DimOrderOpsRevertPass", {"aten.add.Tensor", "dim_order_ops._to_dim_order_copy.default"}, True),
+        ("DimOrderOpsRevertPass", {"dim_order_ops._clone_dim_order.default"}, True),
+    ],
+)
+def test_xnnpack_pass_skip_table_runs_the_re_tracing_passes_only_where_they_rewrite(name, ops, runs):
+    from hfexport_executorch.workarounds.patches import _XNNPACK_PASS_NEEDS
+
+    assert _XNNPACK_PASS_NEEDS[name](frozenset(ops)) is runs
+
+
+def test_xnnpack_pass_skip_table_reads_edge_op_names_as_the_partition_graph_holds_them():
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from hfexport_executorch.workarounds.patches import _edge_op_names
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    y = graph.call_function(exir_ops.edge.dim_order_ops._to_dim_order_copy.default, (x,))
+    graph.output(graph.call_function(exir_ops.edge.aten.mm.default, (y, y)))
+    assert _edge_op_names(graph) == {"dim_order_ops._to_dim_order_copy.default", "aten.mm.default"}
+
+
 @pytest.mark.extended
 def test_xnnpack_pattern_graphs_hold_the_ops_the_skip_table_requires():
     # ConvertToSDPAPass / ConvertToUpsampleBilinear2d are skipped on partitions lacking these ops: valid only
