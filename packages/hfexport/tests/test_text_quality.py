@@ -289,3 +289,72 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     named = DynamoConfig(quantization="int8-weight", quality_gates={"kl_divergence": 0.2})
     reference = exporter.text_reference(model, sample, named, ExportReport(export_format="dynamo"))
     assert reference is not None and reference.gates == {"kl_divergence": 0.2}
+
+
+def test_text_is_scored_one_chunk_at_a_time_with_eager_logits_computed_on_demand():
+    """validate_text drops each chunk's artifact and eager logits before the next chunk runs, and a
+    reference built with keep_logits=False holds no logits (the eager model runs each chunk again):
+    the same numbers as a reference that stores them."""
+    import weakref
+
+    model = _tiny_llama()
+    ids, source = text_token_ids(None, 300)
+    ids = ids[:300]  # three chunks of 100 (the tiny model is not fast at 512 positions)
+    chunks = text_chunks(ids, max_length=100)
+    assert len(chunks) == 3
+    make_inputs = lambda chunk: {"input_ids": chunk}  # noqa: E731
+    stored = text_reference(model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source)
+    lazy = text_reference(
+        model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source, keep_logits=False
+    )
+    assert all(e is not None for e in stored.expected) and stored.eager is None
+    assert lazy.expected == [None] * len(chunks) and lazy.eager is not None
+    # the eager perplexity is measured at reference time either way (text_gates_in_force reads it)
+    assert lazy.perplexity_eager == stored.perplexity_eager and lazy.vocab_size == 300
+    assert 100 < lazy.perplexity_eager < 1000  # random weights: about the vocabulary size
+
+    alive: list[weakref.ref] = []
+    seen: list[int] = []
+
+    def artifact(kwargs):  # reference counting frees a dropped tensor at once (no gc needed)
+        assert all(r() is None for r in alive), "a previous chunk's logits are still held"
+        seen.append(int(kwargs["input_ids"].shape[1]))
+        with torch.no_grad():
+            logits = model(**kwargs).logits * 1.01  # not eager: KL > 0
+        alive.append(weakref.ref(logits))
+        return {"logits": logits}
+
+    streamed = validate_text(lazy, artifact, raise_on_failure=False)
+    assert seen == [100, 100, 100]
+    assert lazy.expected == [None] * len(chunks)  # nothing stored while scoring
+    alive.clear()
+    whole = validate_text(stored, artifact, raise_on_failure=False)
+    for name in ("perplexity_ratio", "kl_divergence", "kl_divergence_max", "top1_agreement_text"):
+        assert getattr(streamed, name) == getattr(whole, name)
+    assert streamed.kl_divergence > 0 and streamed.chunks == len(chunks) and streamed.tokens == ids.numel()
+    # materialize: every chunk's eager logits stored, the model no longer needed
+    lazy.materialize()
+    assert lazy.eager is None and all(
+        torch.equal(a, b) for a, b in zip(lazy.expected, stored.expected, strict=True)
+    )
+    bare = text_reference(model, make_inputs, chunks[:1], gates={}, keep_logits=False)
+    bare.eager = None
+    with pytest.raises(RuntimeError, match=r"text chunk 0 has no eager logits .*materialize\(\)"):
+        bare.expected_logits(0)
+
+
+def test_exports_and_bench_cut_the_text_alike():
+    """The exports' text metrics use hfexport bench's chunk length, so both report the same numbers."""
+    import inspect
+
+    from hfexport.bench.run import bench_folders
+    from hfexport.quality import TEXT_CHUNK_TOKENS
+
+    assert TEXT_CHUNK_TOKENS == 512
+    assert inspect.signature(bench_folders).parameters["max_chunk"].default == TEXT_CHUNK_TOKENS
+    model = _tiny_llama()
+    model.config.max_position_embeddings = 8192
+    sample = {"input_ids": torch.zeros(1, 8, dtype=torch.long)}
+    axes = [{"input": "input_ids", "axis": 1, "status": "dynamic", "min": 2, "max": None}]
+    _, chunking = plain_text_inputs(model, sample, axes)
+    assert chunking["max_length"] == TEXT_CHUNK_TOKENS

@@ -33,6 +33,7 @@ from hfexport.verify.gates import (
 from hfexport.verify.text import (
     CHANCE_PERPLEXITY_FRACTION,
     QUALITY_TEXT_FILE,
+    TEXT_CHUNK_TOKENS,
     UNKNOWN_TOKEN_FRACTION,
     TextQuality,
     TextReference,
@@ -59,6 +60,7 @@ __all__ = [
     "GATED_METRICS",
     "QUALITY_METRICS",
     "QUALITY_TEXT_FILE",
+    "TEXT_CHUNK_TOKENS",
     "TEXT_GATES_4BIT",
     "TEXT_GATES_8BIT",
     "TEXT_METRICS",
