@@ -291,11 +291,16 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     assert reference is not None and reference.gates == {"kl_divergence": 0.2}
 
 
-def test_text_is_scored_one_chunk_at_a_time_with_eager_logits_computed_on_demand():
-    """validate_text drops each chunk's artifact and eager logits before the next chunk runs, and a
-    reference built with keep_logits=False holds no logits (the eager model runs each chunk again):
-    the same numbers as a reference that stores them."""
+def test_text_is_scored_one_chunk_at_a_time_against_spilled_eager_logits():
+    """validate_text drops each chunk's artifact logits before the next chunk runs, and a reference
+    built with spill=True holds its eager logits in a temporary file (read back block by block,
+    deleted with the reference): the same numbers as a reference that holds them in memory."""
+    import gc
+    import os
     import weakref
+
+    import hfexport.verify.text as q
+    from hfexport.quality import SpilledLogits
 
     model = _tiny_llama()
     ids, source = text_token_ids(None, 300)
@@ -304,14 +309,17 @@ def test_text_is_scored_one_chunk_at_a_time_with_eager_logits_computed_on_demand
     assert len(chunks) == 3
     make_inputs = lambda chunk: {"input_ids": chunk}  # noqa: E731
     stored = text_reference(model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source)
-    lazy = text_reference(
-        model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source, keep_logits=False
-    )
-    assert all(e is not None for e in stored.expected) and stored.eager is None
-    assert lazy.expected == [None] * len(chunks) and lazy.eager is not None
+    spilled = text_reference(model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source, spill=True)
+    assert all(isinstance(e, torch.Tensor) for e in stored.expected) and stored.spill_folder is None
+    assert all(isinstance(e, SpilledLogits) for e in spilled.expected)
+    files = [e.path for e in spilled.expected]
+    assert all(os.path.getsize(f) == 100 * 300 * 4 for f in files)
+    for index, held in enumerate(stored.expected):
+        assert torch.equal(spilled.expected_logits(index), held)
+    assert torch.equal(spilled.expected[1].flat().rows(98, 105), stored.expected[1][0, 98:])
     # the eager perplexity is measured at reference time either way (text_gates_in_force reads it)
-    assert lazy.perplexity_eager == stored.perplexity_eager and lazy.vocab_size == 300
-    assert 100 < lazy.perplexity_eager < 1000  # random weights: about the vocabulary size
+    assert spilled.perplexity_eager == stored.perplexity_eager and spilled.vocab_size == 300
+    assert 100 < spilled.perplexity_eager < 1000  # random weights: about the vocabulary size
 
     alive: list[weakref.ref] = []
     seen: list[int] = []
@@ -324,23 +332,32 @@ def test_text_is_scored_one_chunk_at_a_time_with_eager_logits_computed_on_demand
         alive.append(weakref.ref(logits))
         return {"logits": logits}
 
-    streamed = validate_text(lazy, artifact, raise_on_failure=False)
+    blocks: list[int] = []
+    rows = SpilledLogits.rows
+
+    def counted(self, start, stop):
+        block = rows(self, start, stop)
+        blocks.append(block.shape[0])
+        return block
+
+    q._CHUNK, chunk = 300 * 16, q._CHUNK  # 16 rows per block
+    try:
+        SpilledLogits.rows = counted
+        streamed = validate_text(spilled, artifact, raise_on_failure=False)
+    finally:
+        SpilledLogits.rows = rows
+        q._CHUNK = chunk
     assert seen == [100, 100, 100]
-    assert lazy.expected == [None] * len(chunks)  # nothing stored while scoring
+    assert blocks == ([16] * 6 + [4]) * 3  # the eager side read in row blocks, never a whole chunk
     alive.clear()
     whole = validate_text(stored, artifact, raise_on_failure=False)
     for name in ("perplexity_ratio", "kl_divergence", "kl_divergence_max", "top1_agreement_text"):
-        assert getattr(streamed, name) == getattr(whole, name)
-    assert streamed.kl_divergence > 0 and streamed.chunks == len(chunks) and streamed.tokens == ids.numel()
-    # materialize: every chunk's eager logits stored, the model no longer needed
-    lazy.materialize()
-    assert lazy.eager is None and all(
-        torch.equal(a, b) for a, b in zip(lazy.expected, stored.expected, strict=True)
-    )
-    bare = text_reference(model, make_inputs, chunks[:1], gates={}, keep_logits=False)
-    bare.eager = None
-    with pytest.raises(RuntimeError, match=r"text chunk 0 has no eager logits .*materialize\(\)"):
-        bare.expected_logits(0)
+        assert getattr(streamed, name) == pytest.approx(getattr(whole, name), rel=1e-12)
+    assert streamed.kl_divergence > 0 and streamed.chunks == 3 and streamed.tokens == 300
+    folder = spilled.spill_folder.name
+    del spilled
+    gc.collect()
+    assert not os.path.exists(folder)
 
 
 def test_exports_and_bench_cut_the_text_alike():

@@ -720,9 +720,6 @@ class HfExporter:
                         if not keep_artifact:
                             artifact = None
                             if release_model:
-                                for item in sets:  # the text's eager logits, while the model can run
-                                    if item.text is not None:
-                                        item.text.materialize()
                                 _release_weights(owner)
                             release_shape_env_caches()  # they pin the freed program's graphs
                             gc.collect()
@@ -1440,7 +1437,7 @@ class HfExporter:
             tokenizer=tokenizer,
             default_gates=text_default_gates(config, gates),
             artifact_dtype=str(getattr(config, "dtype", None) or "float32"),
-            keep_logits=False,  # each chunk's eager logits are computed again when it is scored
+            spill=True,  # the eager logits wait in a temporary file, read back block by block
         )
         named = set(getattr(config, "quality_gates", None) or {})
         if "top1_agreement" not in named and "top1_agreement_text" in text_gates_in_force(reference):

@@ -41,10 +41,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from hfexport.errors import ExportValidationError
@@ -57,6 +59,7 @@ __all__ = [
     "QUALITY_TEXT_FILE",
     "TEXT_CHUNK_TOKENS",
     "UNKNOWN_TOKEN_FRACTION",
+    "SpilledLogits",
     "TextQuality",
     "TextReference",
     "format_text_quality",
@@ -312,8 +315,16 @@ class TextQuality:
         return out
 
 
-def _chunk_scores(expected: torch.Tensor, actual: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
-    """Sums over the rows of ``[rows, vocab]`` logits: eager NLL and artifact NLL of ``targets``
+def _rows(logits: Any, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``[rows, vocab]`` logits: a tensor's slice, or read from a :class:`SpilledLogits`."""
+    if isinstance(logits, SpilledLogits):
+        return logits.rows(start, stop)
+    return logits[start:stop]
+
+
+def _chunk_scores(expected: Any, actual: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
+    """Sums over the rows of ``[rows, vocab]`` logits (``expected`` may be a :class:`SpilledLogits`
+    of that shape, read block by block): eager NLL and artifact NLL of ``targets``
     (rows with target -1 skipped), KL(eager || artifact), its max, arg-max agreements; float64 in
     blocks of about :data:`_CHUNK` elements, computed in place (a block's scoring holds its two
     float64 log-probability blocks and one float64 cast at a time)."""
@@ -322,7 +333,7 @@ def _chunk_scores(expected: torch.Tensor, actual: torch.Tensor, targets: torch.T
     nll_e = nll_a = kl_sum = agree = 0.0
     kl_max = 0.0
     for start in range(0, expected.shape[0], step):
-        e = torch.log_softmax(expected[start : start + step].double(), dim=-1)
+        e = torch.log_softmax(_rows(expected, start, start + step).double(), dim=-1)
         a = torch.log_softmax(actual[start : start + step].double(), dim=-1)
         a.nan_to_num_(nan=-math.inf)
         t = targets[start : start + step]
@@ -359,17 +370,17 @@ class _TextScores:
         Raises:
             ValueError: the two logits' shapes differ, or do not match ``ids``.
         """
-        exp_t, got_t = torch.as_tensor(exp).detach(), torch.as_tensor(got).detach()
-        if tuple(exp_t.shape) != tuple(got_t.shape) or exp_t.shape[:2] != ids.shape:
+        exp_t = exp if isinstance(exp, SpilledLogits) else torch.as_tensor(exp).detach()
+        got_t = torch.as_tensor(got).detach()
+        if tuple(exp_t.shape) != tuple(got_t.shape) or tuple(exp_t.shape[:2]) != tuple(ids.shape):
             raise ValueError(
                 f"text chunk {index}: artifact logits {tuple(got_t.shape)} vs eager {tuple(exp_t.shape)} "
                 f"for tokens {tuple(ids.shape)}; allowed: [batch, length, vocab] logits of every position"
             )
         targets = torch.full_like(ids, -1)
         targets[:, :-1] = ids[:, 1:]
-        scores = _chunk_scores(
-            exp_t.reshape(-1, exp_t.shape[-1]), got_t.reshape(-1, got_t.shape[-1]), targets.reshape(-1)
-        )
+        flat_e = exp_t.flat() if isinstance(exp_t, SpilledLogits) else exp_t.reshape(-1, exp_t.shape[-1])
+        scores = _chunk_scores(flat_e, got_t.reshape(-1, got_t.shape[-1]), targets.reshape(-1))
         self.nll_e += scores[0]
         self.nll_a += scores[1]
         self.kl_sum += scores[2]
@@ -513,6 +524,49 @@ def model_tokenizer(model: Any) -> Any:
         return None
 
 
+class SpilledLogits:
+    """Float32 logits ``[batch, length, vocab]`` kept in a file instead of memory, read back in
+    row blocks (:func:`validate_text` scores a chunk block by block, so only one block of the
+    eager logits is in memory at a time).
+
+    Args:
+        logits: the float32 logits to write (any shape with the vocabulary last).
+        path: the file to write them to (raw little-endian float32, C order).
+
+    Attributes:
+        shape: the logits' shape (``torch.Size``); ``flat()`` views them as ``[rows, vocab]``.
+    """
+
+    def __init__(self, logits: torch.Tensor, path: str | os.PathLike[str]) -> None:
+        array = logits.detach().to(torch.float32).contiguous().numpy()
+        self.path = os.fspath(path)
+        array.tofile(self.path)
+        self.shape = torch.Size(logits.shape)
+
+    def flat(self) -> SpilledLogits:
+        """The same file viewed as ``[rows, vocab]``."""
+        view = object.__new__(SpilledLogits)
+        view.path = self.path
+        view.shape = torch.Size([math.prod(self.shape[:-1]), self.shape[-1]])
+        return view
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the ``[rows, vocab]`` view, float32 (a new tensor)."""
+        vocab = int(self.shape[-1])
+        total = math.prod(self.shape[:-1])
+        start, stop = max(0, start), min(stop, total)
+        if stop <= start:
+            return torch.empty(0, vocab)
+        data = np.fromfile(
+            self.path, dtype=np.float32, count=(stop - start) * vocab, offset=start * vocab * 4
+        )
+        return torch.from_numpy(data.reshape(stop - start, vocab))
+
+    def load(self) -> torch.Tensor:
+        """All of the logits as one float32 tensor of :attr:`shape`."""
+        return torch.from_numpy(np.fromfile(self.path, dtype=np.float32).reshape(tuple(self.shape)))
+
+
 @dataclass
 class TextReference:
     """The eager side of the text metrics: the chunk inputs and the fp32 eager logits on them.
@@ -520,9 +574,9 @@ class TextReference:
     Attributes:
         chunks: int64 ``[batch, length]`` token chunks (:func:`text_chunks`).
         inputs: the forward kwargs of each chunk (what the artifact is run on).
-        expected: the eager logits per chunk, float32 ``[batch, length, vocab]``; ``None`` for a
-            chunk whose logits :attr:`eager` computes when the artifact's are scored
-            (:meth:`expected_logits`).
+        expected: the eager logits per chunk, float32 ``[batch, length, vocab]``: tensors, or
+            :class:`SpilledLogits` in a temporary folder (``text_reference(spill=True)``; the
+            folder is deleted with the reference). :meth:`expected_logits` loads either.
         gates: the text gates (:func:`text_gates_for`).
         tokenizer: ``"tokenizer"`` or ``"utf-8 bytes"``.
         logits_key: the output name of the logits (``"logits"``).
@@ -532,9 +586,6 @@ class TextReference:
             of ``inputs`` (an empty KV cache of a decoder graph) are cast to it before the artifact
             runs, as :func:`hfexport.verify.gates.validate_quality` does; ``None``/``"float32"``:
             unchanged.
-        eager: forward kwargs -> float32 eager logits ``[batch, length, vocab]``: the eager model,
-            kept to compute a chunk's logits again when they are scored instead of holding every
-            chunk's from the reference stage on; ``None`` when all of :attr:`expected` is stored.
         perplexity_eager: the eager model's perplexity on the text, measured by
             :func:`text_reference` (decides :func:`text_gates_in_force`); ``None``: not measured.
         vocab_size: the eager logits' last axis (0: not recorded).
@@ -542,61 +593,21 @@ class TextReference:
 
     chunks: list[torch.Tensor]
     inputs: list[dict[str, Any]]
-    expected: list[torch.Tensor | None]
+    expected: list[Any]
     gates: dict[str, float]
     tokenizer: str = "tokenizer"
     logits_key: str = "logits"
     default_gates: tuple[str, ...] = ()
     artifact_dtype: str | None = None
-    eager: Callable[[dict[str, Any]], torch.Tensor] | None = None
     perplexity_eager: float | None = None
     vocab_size: int = 0
+    #: the temporary folder of spilled logits (removed when the reference is garbage collected)
+    spill_folder: Any = field(default=None, repr=False)
 
     def expected_logits(self, index: int) -> torch.Tensor:
-        """The eager logits of chunk ``index``: the stored ones, or computed now by :attr:`eager`
-        (not stored: the caller drops them once scored).
-
-        Raises:
-            RuntimeError: chunk ``index`` has no stored logits and no :attr:`eager` to compute them.
-        """
+        """The eager logits of chunk ``index`` as one float32 tensor (a spilled chunk is read whole)."""
         stored = self.expected[index]
-        if stored is not None:
-            return stored
-        if self.eager is None:
-            raise RuntimeError(
-                f"text chunk {index} has no eager logits and no eager model to compute them; call "
-                "TextReference.materialize() before the eager model's weights are released"
-            )
-        return self.eager(self.inputs[index])
-
-    def materialize(self) -> None:
-        """Compute and store the eager logits of every chunk that has none, then drop :attr:`eager`:
-        called before the eager model's weights are released (the reference then holds
-        ``chunks x [batch, length, vocab]`` float32 logits)."""
-        if self.eager is None:
-            return
-        for index, stored in enumerate(self.expected):
-            if stored is None:
-                self.expected[index] = self.eager(self.inputs[index])
-        self.eager = None
-
-
-def _eager_logits(model: torch.nn.Module, logits_key: str) -> Callable[[dict[str, Any]], torch.Tensor]:
-    """forward kwargs -> ``model``'s float32 logits (:func:`hfexport.verify.compare.eager_outputs`).
-
-    Raises:
-        ValueError: the model's outputs have no ``logits_key``.
-    """
-
-    def logits(kwargs: dict[str, Any]) -> torch.Tensor:
-        out = eager_outputs(model, kwargs)
-        if logits_key not in out:
-            raise ValueError(
-                f"text metrics need the model's {logits_key!r} output; it returned {sorted(out)}"
-            )
-        return out[logits_key].detach().float()
-
-    return logits
+        return stored.load() if isinstance(stored, SpilledLogits) else stored
 
 
 def text_reference(
@@ -609,7 +620,7 @@ def text_reference(
     logits_key: str = "logits",
     default_gates: Collection[str] = (),
     artifact_dtype: str | None = None,
-    keep_logits: bool = True,
+    spill: bool = False,
 ) -> TextReference:
     """Run the eager ``model`` on every text chunk (teacher-forced, one prefill per chunk).
 
@@ -622,31 +633,41 @@ def text_reference(
         logits_key: the output leaf path of the logits.
         default_gates: the metrics of ``gates`` that are defaults (:func:`text_default_gates`).
         artifact_dtype: the artifact's compute dtype (``config.dtype``; see :class:`TextReference`).
-        keep_logits: store every chunk's eager logits (``chunks x [batch, length, vocab]``
-            float32); ``False`` keeps only the eager perplexity measured here and ``model`` (as
-            :attr:`TextReference.eager`), which runs each chunk again when the artifact's logits
-            of it are scored (:func:`validate_text`): one chunk's logits in memory at a time, for
-            one more eager run of the text. The model must then stay usable until then, or
-            :meth:`TextReference.materialize` must run first.
+        spill: write each chunk's eager logits to a temporary folder (:class:`SpilledLogits`) as
+            soon as they are computed instead of holding them (``chunks x [batch, length, vocab]``
+            float32: 269 MB for SmolLM2's 1370 positions); :func:`validate_text` reads them back
+            one row block at a time.
 
     Returns:
         A :class:`TextReference` (``perplexity_eager`` and ``vocab_size`` recorded).
 
     Raises:
         ValueError: the model's outputs have no ``logits_key``.
+        OSError: the temporary folder cannot be written (``spill``).
     """
+    import tempfile
+
     inputs = [make_inputs(c) for c in chunks]
-    eager = _eager_logits(model, logits_key)
-    expected: list[torch.Tensor | None] = []
+    folder = tempfile.TemporaryDirectory(prefix="hfexport-text-") if spill else None
+    expected: list[Any] = []
     nll = count = 0.0
     vocab = 0
-    for ids, kwargs in zip(chunks, inputs, strict=True):
-        logits = eager(kwargs)
+    for index, (ids, kwargs) in enumerate(zip(chunks, inputs, strict=True)):
+        out = eager_outputs(model, kwargs)
+        if logits_key not in out:
+            raise ValueError(
+                f"text metrics need the model's {logits_key!r} output; it returned {sorted(out)}"
+            )
+        logits = out[logits_key].detach().float()
+        del out
         vocab = int(logits.shape[-1])
         chunk_nll, chunk_count = _eager_nll(ids, logits)
         nll += chunk_nll
         count += chunk_count
-        expected.append(logits if keep_logits else None)
+        if folder is not None:
+            expected.append(SpilledLogits(logits, os.path.join(folder.name, f"chunk{index}.f32")))
+        else:
+            expected.append(logits)
         del logits
     return TextReference(
         list(chunks),
@@ -657,9 +678,9 @@ def text_reference(
         logits_key,
         tuple(sorted(default_gates)),
         artifact_dtype,
-        eager=None if keep_logits else eager,
         perplexity_eager=math.exp(nll / max(count, 1)),
         vocab_size=vocab,
+        spill_folder=folder,
     )
 
 
@@ -668,10 +689,10 @@ def validate_text(
 ) -> TextQuality:
     """Run the artifact on the text chunks of ``reference`` and score it (:func:`text_quality`).
 
-    One chunk at a time: the artifact's logits of a chunk (and the eager ones, when
-    ``reference`` computes them on demand: :meth:`TextReference.expected_logits`) are scored as
-    soon as they are returned and dropped before the next chunk runs, so memory holds one chunk's
-    ``[batch, length, vocab]`` logits of each side, not the whole text's.
+    One chunk at a time: the artifact's logits of a chunk are scored as soon as they are returned
+    and dropped before the next chunk runs, against the eager logits held or, spilled
+    (:class:`SpilledLogits`), read back one row block at a time: memory holds one chunk's
+    ``[batch, length, vocab]`` artifact logits, not the whole text's.
 
     Args:
         reference: from :func:`text_reference`.
@@ -701,9 +722,8 @@ def validate_text(
             )
         actual = torch.as_tensor(out[reference.logits_key]).detach().float()
         del out  # the artifact's other outputs (a decoder graph's present keys/values)
-        expected = reference.expected_logits(index)
-        scores.add(index, ids, expected, actual)
-        del actual, expected
+        scores.add(index, ids, reference.expected[index], actual)  # spilled: read block by block
+        del actual
     if not scores.chunks:
         raise ValueError("text quality needs at least one chunk; the reference has none")
     result = scores.result(
