@@ -239,3 +239,39 @@ def test_large_models_reach_onnxruntime_and_disk_without_a_whole_proto(fused_lla
     assert sorted(v.name for v in streamed.graph.value_info) == sorted(v.name for v in whole.graph.value_info)
     for a, b in zip(_session(streamed).run(None, feeds), _session(whole).run(None, feeds)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_validation_sessions_read_the_models_own_weights(fused_llama, monkeypatch):
+    """OnnxExporter.runner shares a large in-memory model's weights with ONNX Runtime
+    (add_initializer: no session copy) and, for a float graph, turns prepacking off (it would copy
+    every MatMul weight): the outputs are bit-identical to a session that holds its own weights."""
+    import hfexport_onnx.runtime as runtime
+    from hfexport_onnx.runtime import OnnxRuntimeRunner
+
+    base, feeds = fused_llama
+    model = ir.from_proto(base)
+    for value in model.graph.initializers.values():  # in memory as numpy, as translation leaves them
+        value.const_value = ir.Tensor(np.ascontiguousarray(value.const_value.numpy()), name=value.name)
+    monkeypatch.setattr(runtime, "EXTERNAL_DATA_MIN_BYTES", 0)
+    monkeypatch.setattr(runtime, "_SHARE_MIN_BYTES", 1024)
+    own = OnnxRuntimeRunner(model)
+    shared = OnnxRuntimeRunner(model, share_weights=True)
+    big = {n for n, v in model.graph.initializers.items() if v.const_value.nbytes >= 1024}
+    assert len(shared._shared) == len(big) > 4
+    for array, _ in shared._shared:  # the model's own buffers, not copies
+        assert any(np.shares_memory(array, model.graph.initializers[n].const_value.raw) for n in big)
+    options = shared.session.get_session_options()
+    assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):
+        own.session.get_session_options().get_session_config_entry("session.disable_prepacking")
+    ids = torch.from_numpy(feeds["input_ids"])
+    kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    expected, got = own(kwargs), shared(kwargs)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], rtol=0, atol=0)
+    # a quantized kernel's prepacking picks its compute path (MatMulNBits accuracy_level): kept on
+    next(iter(model.graph)).op_type = "MatMulNBits"
+    kept = shared._share_weights(model, None)
+    with pytest.raises(RuntimeError, match="does not have configuration with key"):
+        kept.get_session_config_entry("session.disable_prepacking")

@@ -289,3 +289,89 @@ def test_text_outside_the_tokenizers_domain_is_not_gated_by_default(monkeypatch)
     named = DynamoConfig(quantization="int8-weight", quality_gates={"kl_divergence": 0.2})
     reference = exporter.text_reference(model, sample, named, ExportReport(export_format="dynamo"))
     assert reference is not None and reference.gates == {"kl_divergence": 0.2}
+
+
+def test_text_is_scored_one_chunk_at_a_time_against_spilled_eager_logits():
+    """validate_text drops each chunk's artifact logits before the next chunk runs, and a reference
+    built with spill=True holds its eager logits in a temporary file (read back block by block,
+    deleted with the reference): the same numbers as a reference that holds them in memory."""
+    import gc
+    import os
+    import weakref
+
+    import hfexport.verify.text as q
+    from hfexport.quality import SpilledLogits
+
+    model = _tiny_llama()
+    ids, source = text_token_ids(None, 300)
+    ids = ids[:300]  # three chunks of 100 (the tiny model is not fast at 512 positions)
+    chunks = text_chunks(ids, max_length=100)
+    assert len(chunks) == 3
+    make_inputs = lambda chunk: {"input_ids": chunk}  # noqa: E731
+    stored = text_reference(model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source)
+    spilled = text_reference(model, make_inputs, chunks, gates=TEXT_GATES_8BIT, tokenizer=source, spill=True)
+    assert all(isinstance(e, torch.Tensor) for e in stored.expected) and stored.spill_folder is None
+    assert all(isinstance(e, SpilledLogits) for e in spilled.expected)
+    files = [e.path for e in spilled.expected]
+    assert all(os.path.getsize(f) == 100 * 300 * 4 for f in files)
+    for index, held in enumerate(stored.expected):
+        assert torch.equal(spilled.expected_logits(index), held)
+    assert torch.equal(spilled.expected[1].flat().rows(98, 105), stored.expected[1][0, 98:])
+    # the eager perplexity is measured at reference time either way (text_gates_in_force reads it)
+    assert spilled.perplexity_eager == stored.perplexity_eager and spilled.vocab_size == 300
+    assert 100 < spilled.perplexity_eager < 1000  # random weights: about the vocabulary size
+
+    alive: list[weakref.ref] = []
+    seen: list[int] = []
+
+    def artifact(kwargs):  # reference counting frees a dropped tensor at once (no gc needed)
+        assert all(r() is None for r in alive), "a previous chunk's logits are still held"
+        seen.append(int(kwargs["input_ids"].shape[1]))
+        with torch.no_grad():
+            logits = model(**kwargs).logits * 1.01  # not eager: KL > 0
+        alive.append(weakref.ref(logits))
+        return {"logits": logits}
+
+    blocks: list[int] = []
+    rows = SpilledLogits.rows
+
+    def counted(self, start, stop):
+        block = rows(self, start, stop)
+        blocks.append(block.shape[0])
+        return block
+
+    q._CHUNK, chunk = 300 * 16, q._CHUNK  # 16 rows per block
+    try:
+        SpilledLogits.rows = counted
+        streamed = validate_text(spilled, artifact, raise_on_failure=False)
+    finally:
+        SpilledLogits.rows = rows
+        q._CHUNK = chunk
+    assert seen == [100, 100, 100]
+    assert blocks == ([16] * 6 + [4]) * 3  # the eager side read in row blocks, never a whole chunk
+    alive.clear()
+    whole = validate_text(stored, artifact, raise_on_failure=False)
+    for name in ("perplexity_ratio", "kl_divergence", "kl_divergence_max", "top1_agreement_text"):
+        assert getattr(streamed, name) == pytest.approx(getattr(whole, name), rel=1e-12)
+    assert streamed.kl_divergence > 0 and streamed.chunks == 3 and streamed.tokens == 300
+    folder = spilled.spill_folder.name
+    del spilled
+    gc.collect()
+    assert not os.path.exists(folder)
+
+
+def test_exports_and_bench_cut_the_text_alike():
+    """The exports' text metrics use hfexport bench's chunk length, so both report the same numbers."""
+    import inspect
+
+    from hfexport.bench.run import bench_folders
+    from hfexport.quality import TEXT_CHUNK_TOKENS
+
+    assert TEXT_CHUNK_TOKENS == 512
+    assert inspect.signature(bench_folders).parameters["max_chunk"].default == TEXT_CHUNK_TOKENS
+    model = _tiny_llama()
+    model.config.max_position_embeddings = 8192
+    sample = {"input_ids": torch.zeros(1, 8, dtype=torch.long)}
+    axes = [{"input": "input_ids", "axis": 1, "status": "dynamic", "min": 2, "max": None}]
+    _, chunking = plain_text_inputs(model, sample, axes)
+    assert chunking["max_length"] == TEXT_CHUNK_TOKENS

@@ -268,8 +268,9 @@ def _text_plan(
     model: torch.nn.Module, past_cache: list[tuple[torch.Tensor, torch.Tensor]], takes_position_ids: bool
 ) -> tuple[Any, dict[str, Any]]:
     """How the quality text is fed to the decoder graph (:meth:`HfExporter.text_reference`):
-    prefills of up to the model's position limit (at most 1024 tokens) on an empty past, batch 1."""
-    from hfexport.quality import position_limit
+    prefills of up to :data:`hfexport.quality.TEXT_CHUNK_TOKENS` (512, as ``hfexport bench``
+    cuts the text) or the model's position limit on an empty past, batch 1."""
+    from hfexport.quality import TEXT_CHUNK_TOKENS, position_limit
 
     def make_inputs(chunk: torch.Tensor) -> dict[str, Any]:
         length = int(chunk.shape[1])
@@ -284,7 +285,7 @@ def _text_plan(
         ]
         return inputs
 
-    limit = min(position_limit(model) or 1024, 1024)
+    limit = min(position_limit(model) or TEXT_CHUNK_TOKENS, TEXT_CHUNK_TOKENS)
     return make_inputs, {"max_length": limit, "exact": False, "batch": 1}
 
 

@@ -548,14 +548,16 @@ class OnnxExporter(HfExporter):
             A callable: forward kwargs -> ``{leaf_path: tensor}``.
 
         The session runs without ONNX Runtime's CPU memory arena: validation runs a few large
-        inputs once (the quality text's prefill: logits of ``[tokens, vocab]``), whose buffers an
-        arena would keep for the rest of the export instead of freeing them after each run.
+        inputs once (the quality text's prefills: logits of ``[tokens, vocab]``), whose buffers an
+        arena would keep for the rest of the export instead of freeing them after each run. An
+        in-memory artifact's weights are shared with the session (``share_weights``: ONNX Runtime
+        reads the model's own buffers instead of holding a copy of them).
         """
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.enable_cpu_mem_arena = False
-        return OnnxRuntimeRunner(artifact, session_options=options)
+        return OnnxRuntimeRunner(artifact, session_options=options, share_weights=True)
 
     def load(self, path: str | os.PathLike[str], *, trust_remote_code: bool = False) -> Any:
         """Read a saved ``.onnx`` file (with its external data, if any) as an ``onnx.ModelProto``.

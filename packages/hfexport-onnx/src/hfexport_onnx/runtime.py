@@ -29,6 +29,7 @@ from hfexport_onnx.io_names import COLLISION_SUFFIX, IoNames, io_names_from_meta
 
 __all__ = [
     "EXTERNAL_DATA_MIN_BYTES",
+    "PREPACKED_QUANTIZED_OPS",
     "PROTOBUF_LIMIT_BYTES",
     "OnnxRuntimeRunner",
     "append_initializers",
@@ -87,6 +88,27 @@ EXTERNAL_DATA_MIN_BYTES = 64 * 2**20
 _EXTERNAL_ALIGNMENT = 65536
 # Headroom left for the graph itself when deciding whether weights fit in one protobuf.
 _GRAPH_HEADROOM_BYTES = 64 * 2**20
+# Weights shared with ONNX Runtime (``share_weights``) from this size on; smaller ones are read from
+# the file (a few hundred norms and constants are not worth an initializer override each).
+_SHARE_MIN_BYTES = 1 << 16
+#: Operators whose ONNX Runtime CPU kernels prepack their quantized weights into the layout (and
+#: the compute path: ``MatMulNBits``' ``accuracy_level``) they run with: a graph holding one keeps
+#: prepacking on when its weights are shared (:class:`OnnxRuntimeRunner` ``share_weights``).
+PREPACKED_QUANTIZED_OPS = frozenset(
+    {
+        "MatMulNBits",
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "MatMulInteger",
+        "QLinearMatMul",
+        "QLinearConv",
+        "ConvInteger",
+        "QGemm",
+        "QAttention",
+        "DynamicQuantizeLSTM",
+        "GatherBlockQuantized",
+    }
+)
 
 
 def initializer_bytes(model: Any) -> int:
@@ -147,6 +169,17 @@ class OnnxRuntimeRunner:
     collected) and loaded from there, so the weights are never held as a ``ModelProto`` and its
     serialization on top of the model and the session.
 
+    With ``share_weights`` (validation: ``OnnxExporter.runner``), such a large in-memory model's
+    weights that are held in memory as C-contiguous numpy or torch tensors are handed to ONNX
+    Runtime as they are (``SessionOptions.add_initializer``: the session reads the model's own
+    buffers, which the runner keeps alive) instead of ONNX Runtime's copy of them, and for a graph
+    without quantized kernels (:data:`PREPACKED_QUANTIZED_OPS`) weight prepacking is switched off
+    (``session.disable_prepacking``), since prepacking copies every ``MatMul`` weight into a packed
+    buffer: float ``MatMul`` runs the same MLAS GEMM either way, packing ``B`` per call instead of
+    once (bit-identical outputs; quantized kernels keep prepacking, which selects their compute
+    path). Weights computed when read (``onnx_ir.LazyTensor``: packed projections) are read from
+    the file.
+
     Raises:
         TypeError: ``model`` is of an unsupported type.
         FileNotFoundError: a path that does not exist.
@@ -159,10 +192,13 @@ class OnnxRuntimeRunner:
         *,
         providers: Sequence[str] = ("CPUExecutionProvider",),
         session_options: Any | None = None,
+        share_weights: bool = False,
     ) -> None:
         import onnxruntime as ort
 
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
+        #: numpy arrays and their OrtValues ONNX Runtime reads as initializers (``share_weights``)
+        self._shared: list[Any] = []
         if isinstance(model, (str, os.PathLike)):
             path = Path(model)
             if not path.is_file():
@@ -175,6 +211,8 @@ class OnnxRuntimeRunner:
             ir_model = _to_ir_model(model)
             metadata = dict(ir_model.metadata_props)
             source = self._serialize(ir_model)
+            if share_weights and isinstance(source, str):
+                session_options = self._share_weights(ir_model, session_options)
         self.session = ort.InferenceSession(source, sess_options=session_options, providers=list(providers))
         self.io_names: IoNames | None = io_names_from_metadata(metadata)
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -193,6 +231,41 @@ class OnnxRuntimeRunner:
         except TypeError:  # onnx_ir < 1.1 has no alignment option (it aligned large tensors itself)
             ir.save(ir_model, path, external_data="model.onnx.data")
         return str(path)
+
+    def _share_weights(self, ir_model: Any, session_options: Any | None) -> Any:
+        """``session_options`` (a new one when ``None``) with the main graph's in-memory weights
+        added as user initializers and, without quantized kernels, prepacking off; see the class
+        docstring."""
+        import onnx_ir as ir
+        import onnxruntime as ort
+
+        options = session_options if session_options is not None else ort.SessionOptions()
+        graph = ir_model.graph
+        if not any(node.op_type in PREPACKED_QUANTIZED_OPS for node in ir_model.graph.all_nodes()):
+            options.add_session_config_entry("session.disable_prepacking", "1")
+        for name, value in graph.initializers.items():
+            tensor = value.const_value
+            if not isinstance(tensor, ir.Tensor) or tensor.nbytes < _SHARE_MIN_BYTES:  # TorchTensor too
+                continue
+            raw = tensor.raw
+            if isinstance(raw, torch.Tensor):
+                if raw.dtype == torch.bfloat16 or raw.device.type != "cpu" or not raw.is_contiguous():
+                    continue
+                array = raw.detach().numpy()
+            elif isinstance(raw, np.ndarray):
+                array = raw
+            else:
+                continue
+            if not array.flags["C_CONTIGUOUS"] or array.dtype.kind not in "fiub":
+                continue
+            if array.dtype != tensor.dtype.numpy():
+                continue  # stored in another numpy dtype than the graph's (float8 as uint8 ...)
+            if tuple(array.shape) != tuple(tensor.shape.numpy()):
+                continue  # a tensor whose raw buffer is laid out otherwise (packed sub-byte types)
+            ort_value = ort.OrtValue.ortvalue_from_numpy(array)
+            options.add_initializer(name, ort_value)
+            self._shared.append((array, ort_value))
+        return options
 
     def _input_path(self, graph_name: str) -> str:
         if self.io_names is not None:

@@ -337,8 +337,9 @@ class StatefulGenerationRunner:
 
 def text_plan(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
     """How the quality text is fed to the stateless decoder (``hfexport_text_plan``, read by
-    :meth:`hfexport.exporter.HfExporter.text_reference`): prefills of up to 1024 tokens (or the
-    model's position limit) on an empty cache, batch 1.
+    :meth:`hfexport.exporter.HfExporter.text_reference`): prefills of up to
+    :data:`hfexport.quality.TEXT_CHUNK_TOKENS` (512, as ``hfexport bench`` cuts the text) or the
+    model's position limit on an empty cache, batch 1.
 
     Args:
         model: the decoder-only ``PreTrainedModel``.
@@ -352,7 +353,7 @@ def text_plan(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any
     """
     from transformers import DynamicCache
 
-    from hfexport.quality import position_limit
+    from hfexport.quality import TEXT_CHUNK_TOKENS, position_limit
 
     name = cache_kwarg(model) or "past_key_values"
     layers = [(layer.keys, layer.values) for layer in kwargs[name].layers]
@@ -369,7 +370,7 @@ def text_plan(model: Any, kwargs: Mapping[str, Any]) -> tuple[Any, dict[str, Any
             name: cache,
         }
 
-    limit = min(position_limit(model) or 1024, 1024)
+    limit = min(position_limit(model) or TEXT_CHUNK_TOKENS, TEXT_CHUNK_TOKENS)
     return make_inputs, {"max_length": limit, "exact": False, "batch": 1}
 
 

@@ -1437,6 +1437,7 @@ class HfExporter:
             tokenizer=tokenizer,
             default_gates=text_default_gates(config, gates),
             artifact_dtype=str(getattr(config, "dtype", None) or "float32"),
+            spill=True,  # the eager logits wait in a temporary file, read back block by block
         )
         named = set(getattr(config, "quality_gates", None) or {})
         if "top1_agreement" not in named and "top1_agreement_text" in text_gates_in_force(reference):

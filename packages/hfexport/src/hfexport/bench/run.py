@@ -187,7 +187,9 @@ def bench_folders(
         runs: timed runs per measurement (the median is kept).
         threads: intra-op threads each runtime is given.
         runtime: open every folder with this registered runtime instead of the one that claims it.
-        max_chunk: the longest teacher-forced prefill of the quality text (tokens).
+        max_chunk: the longest teacher-forced prefill of the quality text (tokens); the default
+            is the exports' own (:data:`hfexport.quality.TEXT_CHUNK_TOKENS`), so an export's text
+            metrics and the bench's of the same artifact agree.
         quality: compute the text metrics (needs ``reference`` and a tokenizer).
         timeout: seconds per child; ``None`` waits.
 

@@ -2,8 +2,10 @@
 
 A quantized causal LM is also scored teacher-forced on a fixed real text shipped with the package
 (:func:`quality_text`, the first chapter and the start of the second of *Pride and Prejudice*,
-about 1.2k tokens), tokenized with the model's tokenizer and run as one prefill (chunked to the
-model's position limit and the program's sequence bounds; :func:`text_quality`):
+about 1.2k tokens), tokenized with the model's tokenizer and run as prefills of at most
+:data:`TEXT_CHUNK_TOKENS` (512) positions, as ``hfexport bench`` runs it (fewer when the model's
+position limit or the program's sequence bounds say so; :func:`text_quality`), each chunk scored as
+soon as the artifact returns it (:func:`validate_text`):
 
 - ``perplexity_ratio``: the artifact's perplexity on the text over the fp32 eager model's (upper
   bound);
@@ -39,10 +41,12 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import os
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from hfexport.errors import ExportValidationError
@@ -53,7 +57,9 @@ from hfexport.verify.gates import TEXT_METRICS, UPPER_BOUND_METRICS
 __all__ = [
     "CHANCE_PERPLEXITY_FRACTION",
     "QUALITY_TEXT_FILE",
+    "TEXT_CHUNK_TOKENS",
     "UNKNOWN_TOKEN_FRACTION",
+    "SpilledLogits",
     "TextQuality",
     "TextReference",
     "format_text_quality",
@@ -89,31 +95,56 @@ CHANCE_PERPLEXITY_FRACTION = 0.1
 UNKNOWN_TOKEN_FRACTION = 0.1
 
 #: Elements scored at once by :func:`_chunk_scores` and :func:`text_gates_in_force` (float64
-#: blocks of 32 MB).
-_CHUNK = 1 << 22
+#: blocks of 8 MB; a block's scoring holds about three of them at once).
+_CHUNK = 1 << 20
+
+#: The longest teacher-forced prefill of the quality text, in positions: the exports' text metrics
+#: (:meth:`hfexport.exporter.HfExporter.text_reference`) and ``hfexport bench`` cut the text alike
+#: (:func:`text_chunks`), so both report the same numbers for the same artifact; a chunk's logits
+#: are ``[1, 512, vocab]`` (100 MB at SmolLM2's 49152 in float32), scored and dropped one chunk
+#: at a time (:func:`validate_text`).
+TEXT_CHUNK_TOKENS = 512
 
 
 def text_gates_in_force(reference: Any) -> dict[str, float]:
     """The gates of a :class:`TextReference` that :func:`validate_text` will apply: its default
-    gates are dropped when the eager model is at chance on the text (:data:`CHANCE_PERPLEXITY_FRACTION`)."""
-    nll = count = 0.0
-    vocab = 0
-    for ids, logits in zip(reference.chunks, reference.expected, strict=True):
-        logits = torch.as_tensor(logits)
-        vocab = int(logits.shape[-1])
-        targets = torch.full_like(ids, -1)
-        targets[:, :-1] = ids[:, 1:]
-        flat, flat_t = logits.reshape(-1, vocab), targets.reshape(-1)
-        step = max(1, _CHUNK // vocab)
-        for start in range(0, flat.shape[0], step):
-            t = flat_t[start : start + step]
-            has = t >= 0
-            if bool(has.any()):
-                logp = torch.log_softmax(flat[start : start + step][has].double(), dim=-1)
-                nll -= float(logp.gather(-1, t[has].unsqueeze(-1)).sum())
-                count += int(has.sum())
-    at_chance = not math.exp(nll / max(count, 1)) <= CHANCE_PERPLEXITY_FRACTION * vocab
+    gates are dropped when the eager model is at chance on the text (:data:`CHANCE_PERPLEXITY_FRACTION`).
+
+    The eager perplexity is the one :func:`text_reference` recorded
+    (``reference.perplexity_eager``); a reference built without it is scored from its stored
+    eager logits."""
+    ppl, vocab = getattr(reference, "perplexity_eager", None), getattr(reference, "vocab_size", 0)
+    if ppl is None:
+        nll = count = 0.0
+        for ids, logits in zip(reference.chunks, reference.expected, strict=True):
+            logits = torch.as_tensor(logits)
+            vocab = int(logits.shape[-1])
+            chunk_nll, chunk_count = _eager_nll(ids, logits)
+            nll += chunk_nll
+            count += chunk_count
+        ppl = math.exp(nll / max(count, 1))
+    at_chance = not ppl <= CHANCE_PERPLEXITY_FRACTION * vocab
     return {k: v for k, v in reference.gates.items() if not (at_chance and k in reference.default_gates)}
+
+
+def _eager_nll(ids: torch.Tensor, logits: torch.Tensor) -> tuple[float, int]:
+    """``(sum of the next-token NLL, positions predicted)`` of int64 ``[batch, length]`` ``ids``
+    under float ``[batch, length, vocab]`` ``logits`` (each row's last position predicts nothing);
+    float64 in blocks of about :data:`_CHUNK` elements."""
+    vocab = int(logits.shape[-1])
+    targets = torch.full_like(ids, -1)
+    targets[:, :-1] = ids[:, 1:]
+    flat, flat_t = logits.reshape(-1, vocab), targets.reshape(-1)
+    step = max(1, _CHUNK // vocab)
+    nll, count = 0.0, 0
+    for start in range(0, flat.shape[0], step):
+        t = flat_t[start : start + step]
+        has = t >= 0
+        if bool(has.any()):
+            logp = torch.log_softmax(flat[start : start + step][has].double(), dim=-1)
+            nll -= float(logp.gather(-1, t[has].unsqueeze(-1)).sum())
+            count += int(has.sum())
+    return nll, count
 
 
 # -- language-model metrics on a fixed text ------------------------------------------------------
@@ -284,30 +315,131 @@ class TextQuality:
         return out
 
 
-def _chunk_scores(expected: torch.Tensor, actual: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
-    """Sums over the rows of ``[rows, vocab]`` logits: eager NLL and artifact NLL of ``targets``
+def _rows(logits: Any, start: int, stop: int) -> torch.Tensor:
+    """Rows ``start:stop`` of ``[rows, vocab]`` logits: a tensor's slice, or read from a :class:`SpilledLogits`."""
+    if isinstance(logits, SpilledLogits):
+        return logits.rows(start, stop)
+    return logits[start:stop]
+
+
+def _chunk_scores(expected: Any, actual: torch.Tensor, targets: torch.Tensor) -> tuple[float, ...]:
+    """Sums over the rows of ``[rows, vocab]`` logits (``expected`` may be a :class:`SpilledLogits`
+    of that shape, read block by block): eager NLL and artifact NLL of ``targets``
     (rows with target -1 skipped), KL(eager || artifact), its max, arg-max agreements; float64 in
-    blocks of about :data:`_CHUNK` elements."""
+    blocks of about :data:`_CHUNK` elements, computed in place (a block's scoring holds its two
+    float64 log-probability blocks and one float64 cast at a time)."""
     vocab = expected.shape[-1]
     step = max(1, _CHUNK // vocab)
     nll_e = nll_a = kl_sum = agree = 0.0
     kl_max = 0.0
     for start in range(0, expected.shape[0], step):
-        e = torch.log_softmax(expected[start : start + step].double(), dim=-1)
+        e = torch.log_softmax(_rows(expected, start, start + step).double(), dim=-1)
         a = torch.log_softmax(actual[start : start + step].double(), dim=-1)
-        a = torch.nan_to_num(a, nan=-math.inf)
+        a.nan_to_num_(nan=-math.inf)
         t = targets[start : start + step]
         has = t >= 0
         if bool(has.any()):
             idx = t[has].unsqueeze(-1)
             nll_e -= float(e[has].gather(-1, idx).sum())
             nll_a -= float(a[has].gather(-1, idx).sum())
-        p = e.exp()
-        kl = torch.where(p > 0, p * (e - a), torch.zeros_like(p)).sum(-1)
+        agree += float((e.argmax(-1) == a.argmax(-1)).sum())
+        # KL terms p * (log p - log q), 0 where p = 0 (0 * -inf would be nan): in place on a and e
+        terms = a.neg_().add_(e)
+        p = e.exp_()
+        terms.mul_(p).masked_fill_(p == 0, 0.0)
+        kl = terms.sum(-1)
         kl_sum += float(kl.sum())
         kl_max = max(kl_max, float(kl.max()))
-        agree += float((e.argmax(-1) == a.argmax(-1)).sum())
+        del e, a, p, terms
     return nll_e, nll_a, kl_sum, kl_max, agree
+
+
+class _TextScores:
+    """Running sums of the text metrics over the chunks scored so far (:func:`text_quality`,
+    :func:`validate_text`): each chunk is scored when both logits are at hand and then dropped."""
+
+    def __init__(self) -> None:
+        self.nll_e = self.nll_a = self.kl_sum = self.agree = self.kl_max = 0.0
+        self.predicted = self.positions = self.chunks = self.chunk_length = 0
+        self.vocab_size = 0
+
+    def add(self, index: int, ids: torch.Tensor, exp: Any, got: Any) -> None:
+        """Score chunk ``index``: int64 ``ids`` ``[batch, length]``, eager and artifact logits
+        ``[batch, length, vocab]``.
+
+        Raises:
+            ValueError: the two logits' shapes differ, or do not match ``ids``.
+        """
+        exp_t = exp if isinstance(exp, SpilledLogits) else torch.as_tensor(exp).detach()
+        got_t = torch.as_tensor(got).detach()
+        if tuple(exp_t.shape) != tuple(got_t.shape) or tuple(exp_t.shape[:2]) != tuple(ids.shape):
+            raise ValueError(
+                f"text chunk {index}: artifact logits {tuple(got_t.shape)} vs eager {tuple(exp_t.shape)} "
+                f"for tokens {tuple(ids.shape)}; allowed: [batch, length, vocab] logits of every position"
+            )
+        targets = torch.full_like(ids, -1)
+        targets[:, :-1] = ids[:, 1:]
+        flat_e = exp_t.flat() if isinstance(exp_t, SpilledLogits) else exp_t.reshape(-1, exp_t.shape[-1])
+        scores = _chunk_scores(flat_e, got_t.reshape(-1, got_t.shape[-1]), targets.reshape(-1))
+        self.nll_e += scores[0]
+        self.nll_a += scores[1]
+        self.kl_sum += scores[2]
+        self.kl_max = max(self.kl_max, scores[3])
+        self.agree += scores[4]
+        self.predicted += int((targets >= 0).sum())
+        self.positions += int(ids.numel())
+        self.chunks += 1
+        self.chunk_length = max(self.chunk_length, int(ids.shape[-1]))
+        self.vocab_size = int(exp_t.shape[-1])
+
+    def result(
+        self,
+        *,
+        gates: Mapping[str, float] | None,
+        tokenizer: str,
+        default_gates: Collection[str],
+    ) -> TextQuality:
+        """The :class:`TextQuality` of the chunks added, with ``gates`` applied (see :func:`text_quality`)."""
+        nll_e, nll_a, kl_sum = self.nll_e, self.nll_a, self.kl_sum
+        predicted, positions = self.predicted, self.positions
+        ppl_e = math.exp(nll_e / max(predicted, 1))
+        ppl_a = math.exp(nll_a / max(predicted, 1)) if math.isfinite(nll_a) else math.inf
+        result = TextQuality(
+            perplexity_eager=ppl_e,
+            perplexity_artifact=ppl_a,
+            perplexity_ratio=ppl_a / ppl_e if math.isfinite(ppl_a) else math.inf,
+            kl_divergence=kl_sum / positions if math.isfinite(kl_sum) else math.inf,
+            kl_divergence_max=self.kl_max,
+            top1_agreement_text=self.agree / positions,
+            tokens=positions,
+            chunks=self.chunks,
+            chunk_length=self.chunk_length,
+            tokenizer=tokenizer,
+            vocab_size=self.vocab_size,
+        )
+        gates = {k: float(v) for k, v in (gates or {}).items() if k in TEXT_METRICS}
+        skipped = sorted(set(gates) & set(default_gates))
+        chance = CHANCE_PERPLEXITY_FRACTION * result.vocab_size
+        if skipped and not ppl_e <= chance:
+            result.note = (
+                f"default gates of {', '.join(skipped)} not applied: the fp32 eager model is at chance on the "
+                f"text (perplexity {ppl_e:.1f}, above {CHANCE_PERPLEXITY_FRACTION:g} x its vocabulary of "
+                f"{result.vocab_size}; random weights?), so the metrics measure noise; name them in "
+                "quality_gates / --gate to gate them"
+            )
+            gates = {k: v for k, v in gates.items() if k not in skipped}
+        for metric, threshold in gates.items():
+            value = float(getattr(result, metric))
+            result.gates[metric] = float(threshold)
+            upper = metric in _UPPER_BOUND
+            missed = not value <= threshold if upper else not value >= threshold
+            if missed:
+                margin = value - threshold if upper else threshold - value
+                result.failures.append(
+                    f"{metric} = {value:.4f} (gate {'<=' if upper else '>='} {threshold:g}, missed by {margin:.4f})"
+                )
+        result.ok = not result.failures
+        return result
 
 
 def text_quality(
@@ -346,65 +478,10 @@ def text_quality(
             f"text quality needs as many eager and artifact logits as chunks; got {len(chunks)} chunks, "
             f"{len(expected)} eager, {len(actual)} artifact"
         )
-    nll_e = nll_a = kl_sum = agree = kl_max = 0.0
-    predicted = positions = 0
+    scores = _TextScores()
     for index, (ids, exp, got) in enumerate(zip(chunks, expected, actual, strict=True)):
-        exp_t, got_t = torch.as_tensor(exp).detach(), torch.as_tensor(got).detach()
-        if tuple(exp_t.shape) != tuple(got_t.shape) or exp_t.shape[:2] != ids.shape:
-            raise ValueError(
-                f"text chunk {index}: artifact logits {tuple(got_t.shape)} vs eager {tuple(exp_t.shape)} "
-                f"for tokens {tuple(ids.shape)}; allowed: [batch, length, vocab] logits of every position"
-            )
-        targets = torch.full_like(ids, -1)
-        targets[:, :-1] = ids[:, 1:]
-        scores = _chunk_scores(
-            exp_t.reshape(-1, exp_t.shape[-1]), got_t.reshape(-1, got_t.shape[-1]), targets.reshape(-1)
-        )
-        nll_e += scores[0]
-        nll_a += scores[1]
-        kl_sum += scores[2]
-        kl_max = max(kl_max, scores[3])
-        agree += scores[4]
-        predicted += int((targets >= 0).sum())
-        positions += int(ids.numel())
-    ppl_e = math.exp(nll_e / max(predicted, 1))
-    ppl_a = math.exp(nll_a / max(predicted, 1)) if math.isfinite(nll_a) else math.inf
-    result = TextQuality(
-        perplexity_eager=ppl_e,
-        perplexity_artifact=ppl_a,
-        perplexity_ratio=ppl_a / ppl_e if math.isfinite(ppl_a) else math.inf,
-        kl_divergence=kl_sum / positions if math.isfinite(kl_sum) else math.inf,
-        kl_divergence_max=kl_max,
-        top1_agreement_text=agree / positions,
-        tokens=positions,
-        chunks=len(chunks),
-        chunk_length=max(int(c.shape[-1]) for c in chunks),
-        tokenizer=tokenizer,
-        vocab_size=int(torch.as_tensor(expected[0]).shape[-1]),
-    )
-    gates = {k: float(v) for k, v in (gates or {}).items() if k in TEXT_METRICS}
-    skipped = sorted(set(gates) & set(default_gates))
-    chance = CHANCE_PERPLEXITY_FRACTION * result.vocab_size
-    if skipped and not ppl_e <= chance:
-        result.note = (
-            f"default gates of {', '.join(skipped)} not applied: the fp32 eager model is at chance on the "
-            f"text (perplexity {ppl_e:.1f}, above {CHANCE_PERPLEXITY_FRACTION:g} x its vocabulary of "
-            f"{result.vocab_size}; random weights?), so the metrics measure noise; name them in "
-            "quality_gates / --gate to gate them"
-        )
-        gates = {k: v for k, v in gates.items() if k not in skipped}
-    for metric, threshold in gates.items():
-        value = float(getattr(result, metric))
-        result.gates[metric] = float(threshold)
-        upper = metric in _UPPER_BOUND
-        missed = not value <= threshold if upper else not value >= threshold
-        if missed:
-            margin = value - threshold if upper else threshold - value
-            result.failures.append(
-                f"{metric} = {value:.4f} (gate {'<=' if upper else '>='} {threshold:g}, missed by {margin:.4f})"
-            )
-    result.ok = not result.failures
-    return result
+        scores.add(index, ids, exp, got)
+    return scores.result(gates=gates, tokenizer=tokenizer, default_gates=default_gates)
 
 
 def format_text_quality(result: TextQuality, title: str = "") -> str:
@@ -447,6 +524,49 @@ def model_tokenizer(model: Any) -> Any:
         return None
 
 
+class SpilledLogits:
+    """Float32 logits ``[batch, length, vocab]`` kept in a file instead of memory, read back in
+    row blocks (:func:`validate_text` scores a chunk block by block, so only one block of the
+    eager logits is in memory at a time).
+
+    Args:
+        logits: the float32 logits to write (any shape with the vocabulary last).
+        path: the file to write them to (raw little-endian float32, C order).
+
+    Attributes:
+        shape: the logits' shape (``torch.Size``); ``flat()`` views them as ``[rows, vocab]``.
+    """
+
+    def __init__(self, logits: torch.Tensor, path: str | os.PathLike[str]) -> None:
+        array = logits.detach().to(torch.float32).contiguous().numpy()
+        self.path = os.fspath(path)
+        array.tofile(self.path)
+        self.shape = torch.Size(logits.shape)
+
+    def flat(self) -> SpilledLogits:
+        """The same file viewed as ``[rows, vocab]``."""
+        view = object.__new__(SpilledLogits)
+        view.path = self.path
+        view.shape = torch.Size([math.prod(self.shape[:-1]), self.shape[-1]])
+        return view
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the ``[rows, vocab]`` view, float32 (a new tensor)."""
+        vocab = int(self.shape[-1])
+        total = math.prod(self.shape[:-1])
+        start, stop = max(0, start), min(stop, total)
+        if stop <= start:
+            return torch.empty(0, vocab)
+        data = np.fromfile(
+            self.path, dtype=np.float32, count=(stop - start) * vocab, offset=start * vocab * 4
+        )
+        return torch.from_numpy(data.reshape(stop - start, vocab))
+
+    def load(self) -> torch.Tensor:
+        """All of the logits as one float32 tensor of :attr:`shape`."""
+        return torch.from_numpy(np.fromfile(self.path, dtype=np.float32).reshape(tuple(self.shape)))
+
+
 @dataclass
 class TextReference:
     """The eager side of the text metrics: the chunk inputs and the fp32 eager logits on them.
@@ -454,7 +574,9 @@ class TextReference:
     Attributes:
         chunks: int64 ``[batch, length]`` token chunks (:func:`text_chunks`).
         inputs: the forward kwargs of each chunk (what the artifact is run on).
-        expected: the eager logits per chunk, float32 ``[batch, length, vocab]``.
+        expected: the eager logits per chunk, float32 ``[batch, length, vocab]``: tensors, or
+            :class:`SpilledLogits` in a temporary folder (``text_reference(spill=True)``; the
+            folder is deleted with the reference). :meth:`expected_logits` loads either.
         gates: the text gates (:func:`text_gates_for`).
         tokenizer: ``"tokenizer"`` or ``"utf-8 bytes"``.
         logits_key: the output name of the logits (``"logits"``).
@@ -464,16 +586,28 @@ class TextReference:
             of ``inputs`` (an empty KV cache of a decoder graph) are cast to it before the artifact
             runs, as :func:`hfexport.verify.gates.validate_quality` does; ``None``/``"float32"``:
             unchanged.
+        perplexity_eager: the eager model's perplexity on the text, measured by
+            :func:`text_reference` (decides :func:`text_gates_in_force`); ``None``: not measured.
+        vocab_size: the eager logits' last axis (0: not recorded).
     """
 
     chunks: list[torch.Tensor]
     inputs: list[dict[str, Any]]
-    expected: list[torch.Tensor]
+    expected: list[Any]
     gates: dict[str, float]
     tokenizer: str = "tokenizer"
     logits_key: str = "logits"
     default_gates: tuple[str, ...] = ()
     artifact_dtype: str | None = None
+    perplexity_eager: float | None = None
+    vocab_size: int = 0
+    #: the temporary folder of spilled logits (removed when the reference is garbage collected)
+    spill_folder: Any = field(default=None, repr=False)
+
+    def expected_logits(self, index: int) -> torch.Tensor:
+        """The eager logits of chunk ``index`` as one float32 tensor (a spilled chunk is read whole)."""
+        stored = self.expected[index]
+        return stored.load() if isinstance(stored, SpilledLogits) else stored
 
 
 def text_reference(
@@ -486,6 +620,7 @@ def text_reference(
     logits_key: str = "logits",
     default_gates: Collection[str] = (),
     artifact_dtype: str | None = None,
+    spill: bool = False,
 ) -> TextReference:
     """Run the eager ``model`` on every text chunk (teacher-forced, one prefill per chunk).
 
@@ -498,23 +633,42 @@ def text_reference(
         logits_key: the output leaf path of the logits.
         default_gates: the metrics of ``gates`` that are defaults (:func:`text_default_gates`).
         artifact_dtype: the artifact's compute dtype (``config.dtype``; see :class:`TextReference`).
+        spill: write each chunk's eager logits to a temporary folder (:class:`SpilledLogits`) as
+            soon as they are computed instead of holding them (``chunks x [batch, length, vocab]``
+            float32: 269 MB for SmolLM2's 1370 positions); :func:`validate_text` reads them back
+            one row block at a time.
 
     Returns:
-        A :class:`TextReference`.
+        A :class:`TextReference` (``perplexity_eager`` and ``vocab_size`` recorded).
 
     Raises:
         ValueError: the model's outputs have no ``logits_key``.
+        OSError: the temporary folder cannot be written (``spill``).
     """
+    import tempfile
+
     inputs = [make_inputs(c) for c in chunks]
-    expected = []
-    for kwargs in inputs:
+    folder = tempfile.TemporaryDirectory(prefix="hfexport-text-") if spill else None
+    expected: list[Any] = []
+    nll = count = 0.0
+    vocab = 0
+    for index, (ids, kwargs) in enumerate(zip(chunks, inputs, strict=True)):
         out = eager_outputs(model, kwargs)
         if logits_key not in out:
             raise ValueError(
                 f"text metrics need the model's {logits_key!r} output; it returned {sorted(out)}"
             )
-        expected.append(out[logits_key].detach().float())
+        logits = out[logits_key].detach().float()
         del out
+        vocab = int(logits.shape[-1])
+        chunk_nll, chunk_count = _eager_nll(ids, logits)
+        nll += chunk_nll
+        count += chunk_count
+        if folder is not None:
+            expected.append(SpilledLogits(logits, os.path.join(folder.name, f"chunk{index}.f32")))
+        else:
+            expected.append(logits)
+        del logits
     return TextReference(
         list(chunks),
         inputs,
@@ -524,6 +678,9 @@ def text_reference(
         logits_key,
         tuple(sorted(default_gates)),
         artifact_dtype,
+        perplexity_eager=math.exp(nll / max(count, 1)),
+        vocab_size=vocab,
+        spill_folder=folder,
     )
 
 
@@ -531,6 +688,11 @@ def validate_text(
     reference: TextReference, run: Runner, *, label: str = "text", raise_on_failure: bool = True
 ) -> TextQuality:
     """Run the artifact on the text chunks of ``reference`` and score it (:func:`text_quality`).
+
+    One chunk at a time: the artifact's logits of a chunk are scored as soon as they are returned
+    and dropped before the next chunk runs, against the eager logits held or, spilled
+    (:class:`SpilledLogits`), read back one row block at a time: memory holds one chunk's
+    ``[batch, length, vocab]`` artifact logits, not the whole text's.
 
     Args:
         reference: from :func:`text_reference`.
@@ -544,27 +706,28 @@ def validate_text(
     Raises:
         ExportValidationError: a text gate is missed (the message names the metric, its value, the
             gate, the margin and how to override it), or the artifact returns no logits.
+        ValueError: an artifact chunk's logits are not shaped like the eager ones.
     """
-    actual = []
     cast = getattr(torch, reference.artifact_dtype) if reference.artifact_dtype else None
-    for kwargs in reference.inputs:
+    scores = _TextScores()
+    for index, (ids, kwargs) in enumerate(zip(reference.chunks, reference.inputs, strict=True)):
         feed = duplicate_leaf_tensors(dict(kwargs))
         if cast is not None and cast != torch.float32:  # the artifact's float inputs (empty caches)
             feed = cast_leaf_tensors(feed, cast)
         out = run(feed)
+        del feed
         if reference.logits_key not in out:
             raise ExportValidationError(
                 f"the artifact returned no {reference.logits_key!r} output on the quality text; outputs: {sorted(out)}"
             )
-        actual.append(torch.as_tensor(out[reference.logits_key]).detach().float())
-        del out
-    result = text_quality(
-        reference.chunks,
-        reference.expected,
-        actual,
-        gates=reference.gates,
-        tokenizer=reference.tokenizer,
-        default_gates=reference.default_gates,
+        actual = torch.as_tensor(out[reference.logits_key]).detach().float()
+        del out  # the artifact's other outputs (a decoder graph's present keys/values)
+        scores.add(index, ids, reference.expected[index], actual)  # spilled: read block by block
+        del actual
+    if not scores.chunks:
+        raise ValueError("text quality needs at least one chunk; the reference has none")
+    result = scores.result(
+        gates=reference.gates, tokenizer=reference.tokenizer, default_gates=reference.default_gates
     )
     table = format_text_quality(result, title=f"quality on the {label} vs fp32 eager")
     logger.info("%s", table)
@@ -621,7 +784,7 @@ def plain_text_inputs(
     inputs: Mapping[str, Any],
     program_axes: list[Mapping[str, Any]] | None,
     *,
-    max_length: int = 2048,
+    max_length: int = TEXT_CHUNK_TOKENS,
 ) -> tuple[Callable[[torch.Tensor], dict[str, Any]], dict[str, Any]] | str:
     """How to feed the quality text to a plain causal-LM export (no cache inputs).
 
@@ -631,7 +794,7 @@ def plain_text_inputs(
         program_axes: ``report.dynamic_axes`` (:func:`hfexport.program_axes.program_input_axes`):
             a dynamic sequence axis bounds the chunk length by its ``max``; an axis absent or static
             fixes it to the sample size.
-        max_length: the longest chunk ever used.
+        max_length: the longest chunk ever used (:data:`TEXT_CHUNK_TOKENS`).
 
     Returns:
         ``(make_inputs, chunking)``: ``make_inputs`` turns an int64 ``[batch, length]`` chunk into
