@@ -191,11 +191,20 @@ def _count_image_tokens(
 def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
     """The (sub-)configuration whose vocabulary ``input_ids`` index: ``get_text_config()``, or the
     text encoder's where transformers finds two text configs (musicgen: ``text_encoder`` and
-    ``decoder``, issue 28)."""
+    ``decoder``, issue 28), or, when that has no ``vocab_size``, its first sub-configuration that
+    has one (fastspeech2_conformer_with_hifigan's ``model_config``)."""
     try:
-        return config.get_text_config()
+        text = config.get_text_config()
     except ValueError:
         return getattr(config, "text_encoder", None) or config
+    if getattr(text, "vocab_size", None) is None:
+        # a wrapper config around its text model's (fastspeech2_conformer_with_hifigan: model_config
+        # next to vocoder_config; issue 28): the first sub-configuration with a vocabulary
+        for key, value in text.to_dict().items():
+            sub = getattr(text, key, None) if isinstance(value, Mapping) else None
+            if isinstance(sub, PretrainedConfig) and getattr(sub, "vocab_size", None):
+                return sub
+    return text
 
 
 #: the task whose models take images and texts side by side (CLIP-like dual encoders)
