@@ -98,7 +98,8 @@ FAMILY_NOTES: dict[str, str] = {
     "mean and quantile forecasts.",
     "text-to-audio": "One forward per type, no generation loop: vits the whole waveform (noise scales 0, so "
     "deterministic); speecht5 the teacher-forced spectrogram decoder (`decoder_input_values`); musicgen the "
-    "decoder logits per codebook (`decoder_input_ids` `[batch * codebooks, seq]`); seamless_m4t the text "
+    "decoder logits per codebook (`decoder_input_ids` `[batch, codebooks, seq]`, the form the decoder "
+    "reshapes its documented `[batch * codebooks, seq]` ids to); seamless_m4t the text "
     "decoder's logits; fastspeech2_conformer the spectrogram with durations; types without a forward (bark, "
     "qwen2_5_omni: generate only) are 'eager fails'.",
 }
