@@ -14,12 +14,22 @@ against runs the original code.
   computes the same frames at once: each frame gathers the phoneme whose cumulative duration
   first exceeds the frame's index, frames past a row's total are zeros, and the frame count (the
   largest total of the batch) is one data-dependent size bounded to ``[2, 5000]``.
+
+And a helper for the backends, which register it under their own key:
+
+- :func:`register_bernoulli_as_uniform`: ``torch.bernoulli`` (SpeechT5's speech-decoder prenet draws
+  its "consistent dropout" mask with it in eval mode too) as a comparison of uniform draws with the
+  probability, for lowerings with no ``aten.bernoulli.p`` kernel or rule;
+- :func:`register_normal_from_uniform`: ``torch.randn`` / ``torch.randn_like`` (VITS's duration and
+  prior noise, scaled by ``noise_scale``) by the Box-Muller transform of uniform draws, for lowerings
+  with no ``aten.randn`` / ``aten.randn_like`` kernel or rule.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -34,8 +44,12 @@ __all__ = [
     "MAX_FRAMES",
     "MIN_FRAMES",
     "TEXT_TO_AUDIO_MODULES",
+    "bernoulli_from_uniform",
     "capture_key",
     "length_regulator_as_gather",
+    "normal_from_uniform",
+    "register_bernoulli_as_uniform",
+    "register_normal_from_uniform",
     "regulate_lengths",
 ]
 
@@ -151,3 +165,170 @@ def length_regulator_as_gather(original: Callable[..., Any]) -> Callable[..., An
         return regulate_lengths(encoded_embeddings, duration_labels, speaking_speed)
 
     return length_regulator
+
+
+# --------------------------------------------------------------------------------------------
+# Bernoulli draws (SpeechT5's prenet dropout in eval mode)
+# --------------------------------------------------------------------------------------------
+
+
+def bernoulli_from_uniform(input: torch.Tensor, p: float | None = None) -> torch.Tensor:
+    """Bernoulli draws as ``rand(input.shape) < probability``, in ``input``'s dtype.
+
+    The same distribution as ``torch.bernoulli``: 1 with probability ``p`` (a float), or with the
+    probability held by each element of ``input`` when ``p`` is ``None``; 0 otherwise. A uniform
+    draw in ``[0, 1)`` is below 0 never and below 1 always, so ``p`` 0 and 1 (SpeechT5's tiny
+    preset, prenet dropout 0) give exactly ``torch.bernoulli``'s all-zero and all-one masks.
+
+    Args:
+        input: a floating tensor (the shape of the draw; the probabilities when ``p`` is None).
+        p: the probability of a 1, in ``[0, 1]``, or None.
+
+    Returns:
+        A tensor of ``input``'s shape and dtype holding 0 and 1.
+    """
+    probability = input if p is None else p
+    # torch.rand, not rand_like: aten.rand is in ExecuTorch's core ATen opset, aten.rand_like is not
+    uniform = torch.rand(input.shape, dtype=input.dtype, device=input.device)
+    return (uniform < probability).to(input.dtype)
+
+
+def register_bernoulli_as_uniform(backend: str, *, issue: str, versions: Mapping[str, str]) -> None:
+    """Register, under ``backend``, a patch serving ``torch.bernoulli`` with :func:`bernoulli_from_uniform`.
+
+    SpeechT5's speech-decoder prenet applies its dropout in eval mode too, drawing the mask with
+    ``torch.bernoulli(x, p=...)``; ``torch.export`` records ``aten.bernoulli.p``, which ExecuTorch
+    has no kernel for (it is outside the core ATen opset) and OpenVINO's ``torch.export`` frontend
+    no conversion rule. ``aten.rand`` both have. A call with a generator, ``out=`` or a non-floating input runs the original.
+
+    Args:
+        backend: the registry key (``"executorch"``, ``"openvino"``).
+        issue: the upstream issue of that backend's missing operator.
+        versions: the backend's version range the patch is needed in.
+
+    Raises:
+        ValueError: ``backend`` is not a valid registry key.
+    """
+
+    def bernoulli_as_uniform(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def bernoulli(input: Any, *args: Any, **kwargs: Any) -> Any:
+            call = {k: v for k, v in kwargs.items() if not (k == "generator" and v is None)}
+            if len(args) == 1 and "p" not in call:
+                call["p"] = args[0]
+            p = call.pop("p", None)
+            plain = len(args) <= 1 and not call and (p is None or isinstance(p, float | int))
+            if not plain or not isinstance(input, torch.Tensor) or not input.is_floating_point():
+                return original(input, *args, **kwargs)
+            return bernoulli_from_uniform(input, None if p is None else float(p))
+
+        return bernoulli
+
+    bernoulli_as_uniform.__qualname__ = f"bernoulli_as_uniform[{backend}]"
+    register_patch(
+        backend,
+        "torch.bernoulli",
+        description=(
+            "torch.bernoulli (SpeechT5's eval-mode prenet dropout) as rand(x.shape) < p: the lowering has no "
+            "aten.bernoulli.p operator"
+        ),
+        issue=issue,
+        versions=versions,
+    )(bernoulli_as_uniform)
+
+
+# --------------------------------------------------------------------------------------------
+# Normal draws (VITS's noise)
+# --------------------------------------------------------------------------------------------
+
+
+def normal_from_uniform(
+    shape: tuple[int | torch.SymInt, ...], dtype: torch.dtype | None = None, device: Any = None
+) -> torch.Tensor:
+    """Standard normal draws of ``shape`` by the Box-Muller transform of two uniform draws.
+
+    ``sqrt(-2 * log(1 - u1)) * cos(2 * pi * u2)`` with ``u1``, ``u2`` uniform in ``[0, 1)``: the
+    same distribution as ``torch.randn``, always finite (``1 - u1`` lies in ``(0, 1]``), so a draw
+    scaled by 0 (VITS's tiny preset, noise scales 0) is exactly 0.
+
+    Args:
+        shape: the sizes (ints or symbolic sizes).
+        dtype: a floating dtype; ``None`` = the default dtype.
+        device: the device; ``None`` = the default device.
+
+    Returns:
+        A tensor of ``shape``.
+    """
+    first = torch.rand(shape, dtype=dtype, device=device)
+    second = torch.rand(shape, dtype=dtype, device=device)
+    return torch.sqrt(-2.0 * torch.log1p(-first)) * torch.cos((2.0 * math.pi) * second)
+
+
+_PLAIN_FACTORY_KWARGS = frozenset({"dtype", "device"})
+
+
+def register_normal_from_uniform(backend: str, *, issue: str, versions: Mapping[str, str]) -> None:
+    """Register, under ``backend``, patches serving ``torch.randn`` and ``torch.randn_like`` with
+    :func:`normal_from_uniform`.
+
+    VITS draws its stochastic duration predictor's noise (``torch.randn``) and its prior latents
+    (``torch.randn_like``) in the forward, scaled by ``noise_scale_duration`` / ``noise_scale``;
+    ``torch.export`` records ``aten.randn`` / ``aten.randn_like``, which OpenVINO's ``torch.export``
+    frontend has no conversion rule for and ExecuTorch's edge dialect refuses (``randn_like`` is
+    outside the core ATen opset). ``aten.rand`` both have. A call with a generator, ``out=``,
+    ``layout``, ``requires_grad`` or ``names`` runs the original.
+
+    Args:
+        backend: the registry key (``"executorch"``, ``"openvino"``).
+        issue: the upstream issue of that backend's missing operator.
+        versions: the backend's version range the patches are needed in.
+
+    Raises:
+        ValueError: ``backend`` is not a valid registry key.
+    """
+
+    def normal_as_box_muller(original: Callable[..., Any]) -> Callable[..., Any]:
+        if getattr(original, "__name__", "") == "randn_like":
+
+            @functools.wraps(original)
+            def randn_like(input: Any, *args: Any, **kwargs: Any) -> Any:
+                extra = {k: v for k, v in kwargs.items() if v is not None}
+                if args or set(extra) - _PLAIN_FACTORY_KWARGS or not isinstance(input, torch.Tensor):
+                    return original(input, *args, **kwargs)
+                dtype = extra.get("dtype", input.dtype)
+                if not dtype.is_floating_point:
+                    return original(input, *args, **kwargs)
+                return normal_from_uniform(tuple(input.shape), dtype, extra.get("device", input.device))
+
+            return randn_like
+
+        @functools.wraps(original)
+        def randn(*size: Any, **kwargs: Any) -> Any:
+            extra = {k: v for k, v in kwargs.items() if v is not None}
+            shape = (
+                tuple(size[0]) if len(size) == 1 and isinstance(size[0], tuple | list | torch.Size) else size
+            )
+            sizes_ok = bool(shape) and all(isinstance(n, int | torch.SymInt) for n in shape)
+            dtype = extra.get("dtype")
+            if (
+                not sizes_ok
+                or set(extra) - _PLAIN_FACTORY_KWARGS
+                or (dtype is not None and not dtype.is_floating_point)
+            ):
+                return original(*size, **kwargs)
+            return normal_from_uniform(shape, dtype, extra.get("device"))
+
+        return randn
+
+    normal_as_box_muller.__qualname__ = f"normal_as_box_muller[{backend}]"
+    register_patch(
+        backend,
+        "torch.randn",
+        "torch.randn_like",
+        description=(
+            "torch.randn / torch.randn_like (VITS's noise) as the Box-Muller transform of torch.rand draws: the "
+            "lowering has no aten.randn / aten.randn_like operator"
+        ),
+        issue=issue,
+        versions=versions,
+    )(normal_as_box_muller)
