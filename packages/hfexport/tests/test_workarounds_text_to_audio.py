@@ -16,7 +16,7 @@ from transformers.models.fastspeech2_conformer import modeling_fastspeech2_confo
 from hfexport import registry
 from hfexport.conventions.roles import input_role
 from hfexport.input_checks import check_input_sizes
-from hfexport.registry import apply_patches
+from hfexport.registry import apply_patches, isolated_registry
 from hfexport.testing import tiny_model
 from hfexport.workarounds import text_to_audio
 
@@ -104,3 +104,77 @@ def test_musicgen_codes_per_codebook_share_the_batch_with_the_text():
     flat = dict(inputs, decoder_input_ids=inputs["decoder_input_ids"].reshape(2 * codebooks, 8))
     with torch.no_grad():  # the decoder reads both forms alike
         assert torch.equal(model(**inputs).logits, model(**flat).logits)
+
+
+# --- random draws the executorch / openvino lowerings lack (SpeechT5's prenet, VITS's noise) ----
+
+
+def test_bernoulli_from_uniform_is_exact_at_0_and_1_and_draws_p_otherwise():
+    x = torch.randn(4, 6)
+    assert torch.equal(text_to_audio.bernoulli_from_uniform(x, 0.0), torch.zeros_like(x))
+    assert torch.equal(text_to_audio.bernoulli_from_uniform(x, 1.0), torch.ones_like(x))
+    torch.manual_seed(0)
+    draws = text_to_audio.bernoulli_from_uniform(torch.empty(200, 200), 0.3)
+    assert set(draws.unique().tolist()) == {0.0, 1.0}
+    assert abs(float(draws.mean()) - 0.3) < 0.01  # 40000 draws: standard error 0.0023
+    probabilities = torch.tensor([0.0, 1.0]).repeat(50)
+    assert torch.equal(text_to_audio.bernoulli_from_uniform(probabilities), probabilities)
+
+
+def test_normal_from_uniform_is_standard_normal_and_finite():
+    torch.manual_seed(0)
+    draws = text_to_audio.normal_from_uniform((200, 200))
+    assert draws.dtype == torch.float32 and torch.isfinite(draws).all()
+    assert abs(float(draws.mean())) < 0.02 and abs(float(draws.std()) - 1.0) < 0.02
+    assert text_to_audio.normal_from_uniform((3, 2), torch.float64).dtype == torch.float64
+
+
+class _Noisy(torch.nn.Module):
+    def forward(self, x):
+        mask = torch.bernoulli(x[0], p=0.0)  # SpeechT5's prenet: zeros at p 0
+        noise = torch.randn(x.size(0), 2, x.size(1)).to(x.dtype)  # VITS's duration noise
+        return x * mask + torch.randn_like(x) * 0.0 + noise.sum(1) * 0.0
+
+
+def test_registered_translations_leave_no_bernoulli_or_randn_in_the_program():
+    original = (torch.bernoulli, torch.randn, torch.randn_like)
+    x = torch.randn(3, 5)
+    with isolated_registry():
+        text_to_audio.register_bernoulli_as_uniform(
+            "demo", issue="https://github.com/o/r/issues/1", versions={"torch": ">=2"}
+        )
+        text_to_audio.register_normal_from_uniform(
+            "demo", issue="https://github.com/o/r/issues/1", versions={"torch": ">=2"}
+        )
+        assert {e.paths for e in registry.entries("demo")} == {
+            ("torch.bernoulli",),
+            ("torch.randn", "torch.randn_like"),
+        }
+        with apply_patches("demo"):
+            assert torch.bernoulli is not original[0]
+            assert torch.equal(_Noisy()(x), torch.zeros_like(x))
+            program = torch.export.export(
+                _Noisy(), (x,), dynamic_shapes=({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
+            )
+        assert (torch.bernoulli, torch.randn, torch.randn_like) == original
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert not any("bernoulli" in t or "randn" in t for t in targets), targets
+    assert torch.equal(program.module()(torch.randn(4, 7)), torch.zeros(4, 7))
+
+
+def test_backends_register_the_translations_where_their_lowering_lacks_the_ops():
+    import importlib
+
+    installed = []
+    for backend in ("executorch", "openvino"):
+        try:
+            importlib.import_module(f"hfexport_{backend}")
+        except ImportError:
+            continue
+        installed.append(backend)
+    bernoulli = {e.backend for e in registry.entries(kind="patch") if e.paths == ("torch.bernoulli",)}
+    normal = {
+        e.backend for e in registry.entries(kind="patch") if e.paths == ("torch.randn", "torch.randn_like")
+    }
+    assert set(installed) <= bernoulli and set(installed) <= normal
+    assert not {"dynamo", "onnx", "capture"} & (bernoulli | normal)
