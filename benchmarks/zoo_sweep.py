@@ -98,9 +98,13 @@ FAMILY_NOTES: dict[str, str] = {
     "mean and quantile forecasts.",
     "text-to-audio": "One forward per type, no generation loop: vits the whole waveform (noise scales 0, so "
     "deterministic); speecht5 the teacher-forced spectrogram decoder (`decoder_input_values`); musicgen the "
-    "decoder logits per codebook (`decoder_input_ids` `[batch * codebooks, seq]`); seamless_m4t the text "
-    "decoder's logits; fastspeech2_conformer the spectrogram with durations; types without a forward (bark, "
-    "qwen2_5_omni: generate only) are 'eager fails'.",
+    "decoder logits per codebook (`decoder_input_ids` `[batch, codebooks, seq]`, the form the decoder "
+    "reshapes its documented `[batch * codebooks, seq]` ids to); seamless_m4t the text "
+    "decoder's logits; fastspeech2_conformer the spectrogram with durations (the HiFi-GAN variant the "
+    "waveform; one data-dependent frame count, at most 5000); csm, pocket_tts, gradium_phonon_tts, higgs_audio_v2 "
+    "and vibevoice their backbone's teacher-forced forward; types without a forward (bark, qwen2_5_omni: "
+    "generate only) are 'eager fails'; qwen3_omni_moe's default talker config lacks attributes its model reads "
+    "(unbuildable at any size).",
 }
 # issue 28, first half of the families not swept: task heads, sentence embeddings, dual encoders, audio
 FAMILIES.update(

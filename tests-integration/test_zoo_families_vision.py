@@ -17,7 +17,9 @@ run in ``nox -s zoo`` (``benchmarks/zoo_sweep.py --families object-detection,...
   with the scaler's ``loc``/``scale``; the batch varies (the context length is the model's);
   OpenVINO through the ``unfold_as_gather`` node fix (the frontend has no rule for aten.unfold);
 * speecht5 (text-to-audio): the teacher-forced forward (``input_ids`` + ``decoder_input_values``)
-  gives ``spectrogram`` ``[2, frames * reduction_factor, mel bins]``; text and frame lengths vary.
+  gives ``spectrogram`` ``[2, frames * reduction_factor, mel bins]``; text and frame lengths vary;
+  ExecuTorch and OpenVINO draw the prenet's eval-mode dropout mask (``torch.bernoulli``) from
+  ``torch.rand``, and ExecuTorch keeps the postnet's ``BatchNorm1d`` off XNNPACK (two dynamic axes).
 """
 
 from __future__ import annotations
@@ -70,16 +72,9 @@ def _installed(backend: str) -> bool:
 
 
 #: (backend, task) -> a known failure of the slice's type there, named with its cause
-KNOWN_FAILURES = {
-    **{
-        (backend, "text-to-audio"): (
-            f"speecht5's speech decoder prenet calls torch.bernoulli in eval mode too (its 'consistent "
-            f"dropout', p=0 in the tiny preset), captured as aten.bernoulli.p, which the {backend} "
-            "lowering has no rule or kernel for"
-        )
-        for backend in ("executorch", "openvino")
-    },
-}
+# (speecht5's eval-mode prenet torch.bernoulli, aten.bernoulli.p, was one on executorch and openvino until
+# their uniform-draw translation, hfexport.workarounds.text_to_audio.register_bernoulli_as_uniform)
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def _marks(backend: str, task: str) -> list:

@@ -310,3 +310,33 @@ def test_complex_rotary_lowers_and_the_pte_matches_eager_at_two_shapes():
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+class FramesBatchNorm(torch.nn.Module):
+    """SpeechT5's postnet shape: a BatchNorm1d over [batch, channels, frames], batch and frames dynamic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(8)
+        with torch.no_grad():
+            self.norm.running_mean.uniform_(-1.0, 1.0)
+            self.norm.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, inputs_embeds: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.norm(inputs_embeds.transpose(1, 2))).transpose(1, 2)
+
+
+def test_batch_norm_over_two_dynamic_dims_stays_portable_and_matches_at_two_shapes():
+    # speecht5 (text-to-audio, issue 28) failed at XNNPACK preprocess: "XNNPACK reshape only
+    # supports 1 dynamic dimension" (the batch norm became a 1-D convolution between reshapes)
+    from hfexport_executorch import ExecutorchExporter
+
+    model = FramesBatchNorm().eval()
+    inputs = {"inputs_embeds": torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))}
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows

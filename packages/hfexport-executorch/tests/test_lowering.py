@@ -82,6 +82,7 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
     # dense-experts MoE forward
     assert sorted(installed["executorch.xnnpack"]) == [
         "hfexport.workarounds.moe.dense_experts_for_every_implementation",
+        "hfexport_executorch.workarounds.patches.batch_norm_1d_with_one_dynamic_dim_only",
         "hfexport_executorch.workarounds.patches.conv1d_with_one_dynamic_dim_only",
         "hfexport_executorch.workarounds.patches.gelu_tanh_stays_portable",
         "hfexport_executorch.workarounds.patches.max_dim_only_over_spatial_axes",

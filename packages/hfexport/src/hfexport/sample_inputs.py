@@ -191,11 +191,20 @@ def _count_image_tokens(
 def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
     """The (sub-)configuration whose vocabulary ``input_ids`` index: ``get_text_config()``, or the
     text encoder's where transformers finds two text configs (musicgen: ``text_encoder`` and
-    ``decoder``, issue 28)."""
+    ``decoder``, issue 28), or, when that has no ``vocab_size``, its first sub-configuration that
+    has one (fastspeech2_conformer_with_hifigan's ``model_config``)."""
     try:
-        return config.get_text_config()
+        text = config.get_text_config()
     except ValueError:
         return getattr(config, "text_encoder", None) or config
+    if getattr(text, "vocab_size", None) is None:
+        # a wrapper config around its text model's (fastspeech2_conformer_with_hifigan: model_config
+        # next to vocoder_config; issue 28): the first sub-configuration with a vocabulary
+        for key, value in text.to_dict().items():
+            sub = getattr(text, key, None) if isinstance(value, Mapping) else None
+            if isinstance(sub, PretrainedConfig) and getattr(sub, "vocab_size", None):
+                return sub
+    return text
 
 
 #: the task whose models take images and texts side by side (CLIP-like dual encoders)
@@ -365,7 +374,9 @@ def _text_to_audio_extras(
 ) -> None:
     """Decoder inputs of the text-to-audio models whose forward teacher-forces a decoder: speecht5's
     ``decoder_input_values`` ``[b, s, num_mel_bins]`` (float32) and musicgen's ``decoder_input_ids``
-    ``[b * num_codebooks, s]`` (audio codes in ``[0, decoder vocab)``). Changes ``inputs`` in place."""
+    ``[b, num_codebooks, s]`` (audio codes in ``[0, decoder vocab)``; the decoder reshapes the
+    documented ``[b * num_codebooks, s]`` form to this one, the same logits, and this form keeps the
+    batch on axis 0 with the text inputs'). Changes ``inputs`` in place."""
     config = model.config
     params = _forward_params(model)
     if "decoder_input_values" in params and getattr(config, "num_mel_bins", None):
@@ -375,8 +386,8 @@ def _text_to_audio_extras(
     decoder = getattr(config, "decoder", None)
     if "decoder_input_ids" in params and getattr(decoder, "num_codebooks", None):
         codes = int(decoder.vocab_size)
-        ids = _random_ids(gen, (b * int(decoder.num_codebooks), s), 0, codes)
-        ids[:, 0] = int(
+        ids = _random_ids(gen, (b, int(decoder.num_codebooks), s), 0, codes)
+        ids[..., 0] = int(
             getattr(decoder, "pad_token_id", None) or getattr(config, "decoder_start_token_id", 0) or 0
         )
         inputs["decoder_input_ids"] = ids
@@ -460,7 +471,7 @@ def make_inputs(
     * forecasting heads (``main_input_name == "past_values"``): see :func:`_time_series_inputs`
       (``s`` is ignored: the context length is the config's);
     * ``text-to-audio``: ``input_ids`` as for text, plus speecht5's ``decoder_input_values`` ``[b,
-      s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b * num_codebooks, s]``;
+      s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b, num_codebooks, s]``;
     * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
       ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image).
     * task ``"zero-shot-image-classification"`` (CLIP-like dual encoders): ``input_ids`` ``[b, s]``

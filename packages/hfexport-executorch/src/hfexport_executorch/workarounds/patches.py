@@ -29,6 +29,7 @@ from hfexport.workarounds.recurrences import (
     register_sliced_transpose_per_consumer,
     register_time_shift_without_crop,
 )
+from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
 from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
 __all__ = [
@@ -240,6 +241,46 @@ def conv1d_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[.
         source = node.args[0] if node.args else None
         if len(stride) == 1 and source is not None and _dynamic_dims(source) > 1:
             logger.debug("conv1d %s stays on portable kernels: more than one dynamic dimension", node.name)
+            return False
+        return True
+
+    return check_constraints
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.node_configs.BatchNormConfig.check_constraints",
+    description=(
+        "keep 1-D batch norms whose input has more than one dynamic dimension out of XNNPACK: they become 1-D "
+        "convolutions at preprocess, reshaped through static_reshape, which takes one dynamic dimension"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11449",
+    versions={"executorch": ">=1.3"},
+)
+def batch_norm_1d_with_one_dynamic_dim_only(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``BatchNormConfig.check_constraints`` to decline 1-D batch norms XNNPACK cannot build.
+
+    XNNPACK's preprocess turns a claimed batch norm into a 1x1 convolution (``DecomposeBatchNorm``,
+    or folded into the convolution before it by ``FuseBatchNormPass``); over ``[batch, channels,
+    length]`` that is a 1-D convolution, run as a 2-D one between ``unsqueeze_copy`` and
+    ``squeeze_copy`` nodes serialised as ``static_reshape``, which supports a single dynamic
+    dimension (https://github.com/pytorch/executorch/issues/11449). The partitioner does not check
+    this, so SpeechT5's speech-decoder postnet (``BatchNorm1d`` over a dynamic batch *and* a dynamic
+    frame count, issue 28) fails at preprocess with "XNNPACK reshape only supports 1 dynamic
+    dimension". The wrapper declines those nodes (they run on ExecuTorch's portable kernel); every
+    other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        source = node.all_input_nodes[0] if node.all_input_nodes else None
+        value = source.meta.get("val") if source is not None else None
+        if isinstance(value, torch.Tensor) and value.dim() == 3 and _dynamic_dims(source) > 1:
+            logger.debug(
+                "batch norm %s stays on portable kernels: more than one dynamic dimension", node.name
+            )
             return False
         return True
 
@@ -597,6 +638,19 @@ register_lgamma_elementary("executorch")
 # complex64 tensors (SpecViolationError on the complex aten.mul of the spectra)
 register_real_autocorrelation(
     "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
+)
+# SpeechT5's eval-mode prenet dropout (issue 28): aten.bernoulli.p has no ExecuTorch kernel, aten.rand has one;
+# no upstream issue filed; the portable kernel table lists rand.out and no bernoulli
+register_bernoulli_as_uniform(
+    "executorch",
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/kernels/portable/functions.yaml",
+    versions={"executorch": ">=1.3"},
+)
+# VITS's noise (issue 28): aten.randn_like is outside the core ATen opset (SpecViolationError at to_edge)
+register_normal_from_uniform(
+    "executorch",
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/kernels/portable/functions.yaml",
+    versions={"executorch": ">=1.3"},
 )
 
 

@@ -39,6 +39,7 @@ import torch
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
 from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
 __all__ = [
@@ -112,6 +113,19 @@ register_lgamma_elementary(BACKEND)
 register_real_autocorrelation(
     BACKEND,
     issue="https://github.com/openvinotoolkit/openvino/issues/21665",
+    versions={"openvino": ">=2026.0"},
+)
+# SpeechT5's eval-mode prenet dropout and VITS's noise (issue 28): the torch.export frontend has no rule for
+# aten.bernoulli.p, aten.randn or aten.randn_like ("failed FX node(s): bernoulli (aten.bernoulli.p)"), one
+# for aten.rand; no upstream issue filed yet
+register_bernoulli_as_uniform(
+    BACKEND,
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0"},
+)
+register_normal_from_uniform(
+    BACKEND,
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
     versions={"openvino": ">=2026.0"},
 )
 

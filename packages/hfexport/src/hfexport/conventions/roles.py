@@ -26,7 +26,7 @@ pixel_values_videos        video     pixels           5      0      -           
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
 input_values               audio     signal           2      0      1 (signal)
-decoder_input_ids          text      ids              2      0      1 (decoder)
+decoder_input_ids          text      ids              2 (3)  0      1 (2) decoder
 decoder_inputs_embeds      text      embeds           3      0      1 (decoder)
 decoder_attention_mask     text      mask             2      0      1 (decoder)
 decoder_position_ids       text      positions        2      0      1 (decoder)
@@ -41,7 +41,8 @@ decoder_input_values       audio     features         3      0      1 (decoder)
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
 seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single sequence axis),
-LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, SigLIP2's patchified
+LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, MusicGen's ``decoder_input_ids``
+``[batch, codebooks, seq]``, SigLIP2's patchified
 ``pixel_values`` ``[batch, patches, patch_dim]`` (no image sides), Idefics3's ``pixel_attention_mask``
 ``[batch, images, height, width]``. A tensor of a higher
 rank without a variant keeps the base axes (extra trailing axes); one of a lower rank has no role
@@ -194,6 +195,12 @@ def _builtin_roles() -> list[InputRole]:
     pixel_attention_mask = dataclasses.replace(
         pixel_attention_mask, variants=(_variant(pixel_attention_mask, ndim=4, spatial_axes=(2, 3)),)
     )
+    # MusicGen's audio codes per codebook [batch, codebooks, seq] (issue 28): the decoder reshapes
+    # its [batch * codebooks, seq] ids to this form, which keeps the batch on axis 0
+    decoder_input_ids = _text("decoder_input_ids", "ids", sequence=DECODER, primary=True)
+    decoder_input_ids = dataclasses.replace(
+        decoder_input_ids, variants=(_variant(decoder_input_ids, ndim=3, sequence_axis=2),)
+    )
     # Order matters: primary inputs come first, in the order that picks the batch size.
     return [
         _text("input_ids", "ids", primary=True),
@@ -201,7 +208,7 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("input_features", AUDIO, "features", 0, None, None, (), 3, primary=True),
         InputRole("input_values", AUDIO, "signal", 0, 1, SIGNAL, (), 2, primary=True),
         pixel_values,
-        _text("decoder_input_ids", "ids", sequence=DECODER, primary=True),
+        decoder_input_ids,
         _text("decoder_inputs_embeds", "embeds", 3, sequence=DECODER, primary=True),
         attention_mask,
         _text("token_type_ids", "type_ids"),

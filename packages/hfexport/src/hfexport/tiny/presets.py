@@ -47,6 +47,16 @@ _VOCAB = 256
 _NUM_LABELS = 3
 _SPECIAL_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
 
+# fastspeech2_conformer's model widths, alone and under the HiFi-GAN wrapper (issue 28, text-to-audio)
+_FASTSPEECH2_CONFORMER: dict[str, Any] = {
+    "encoder_linear_units": 128,
+    "decoder_linear_units": 128,
+    "speech_decoder_postnet_units": 32,
+    "duration_predictor_channels": 32,
+    "energy_predictor_channels": 32,
+    "pitch_predictor_channels": 32,
+}
+
 # Decoder-only language models share one skeleton; each entry only adds what differs.
 _DECODER_BASE: dict[str, Any] = {
     "vocab_size": _VOCAB,
@@ -437,6 +447,61 @@ PRESETS.update(
             config={"speech_decoder_prenet_dropout": 0.0},
             reason="the speech decoder prenet applies its dropout (torch.bernoulli, p=0.5) in eval mode "
             "too, so two eager runs differ; 0 makes the teacher-forced forward deterministic",
+        ),
+        **{
+            mt: Preset(
+                config={"audio_encoder": {"num_filters": 2, "codebook_size": 256}},
+                reason="the EnCodec audio codec doubles 32 filters over four downsampling stages into "
+                "512-wide LSTMs (14M of the 14.7M parameters at the generic shrink, unused by the "
+                "decoder forward); 2 filters end at 32",
+            )
+            for mt in ("musicgen", "musicgen_melody")
+        },
+        "fastspeech2_conformer": Preset(
+            config=_FASTSPEECH2_CONFORMER,
+            reason="the conformer's feed-forwards (encoder/decoder_linear_units 1536), the variance "
+            "predictors and the postnet keep 256-1536 widths the generic shrink does not name (7.9M "
+            "parameters); these make it 0.3M",
+        ),
+        "fastspeech2_conformer_with_hifigan": Preset(
+            config={
+                "model_config": {
+                    **_FASTSPEECH2_CONFORMER,
+                    # the layer dicts derived from the flat fields at init are passed back as given
+                    "encoder_config": {"layers": 2, "linear_units": 128},
+                    "decoder_config": {"layers": 2, "linear_units": 128},
+                },
+                "vocoder_config": {"upsample_initial_channel": 32},
+            },
+            reason="fastspeech2_conformer's widths (see its entry; its encoder_config/decoder_config "
+            "dicts, derived at init, come back as the default 4-6 layers of 1536 units when the "
+            "sub-configuration is rebuilt from its dict) and the HiFi-GAN vocoder's 512 initial channels "
+            "(26.8M parameters in all) shrink",
+        ),
+        **{
+            mt: Preset(
+                config={"flow_head_config": {"condition_dim": 64}},
+                reason="the flow head is conditioned on the backbone's hidden state, and the config "
+                "refuses a condition_dim other than hidden_size, which the generic shrink makes 64 "
+                "while condition_dim is not a width it names",
+            )
+            for mt in ("pocket_tts", "gradium_phonon_tts")
+        },
+        "csm": Preset(
+            config={
+                "text_vocab_size": 256,
+                "depth_decoder_config": {"backbone_hidden_size": 64},
+                "codec_config": {
+                    "num_filters": 4,
+                    "codebook_size": 256,
+                    "codebook_dim": 32,
+                    "vector_quantization_hidden_dimension": 32,
+                },
+            },
+            reason="the text embedding keeps Llama 3's 128256 tokens, the depth decoder's input "
+            "projection the 2048-wide backbone and the Mimi codec doubles 64 filters over four "
+            "upsampling stages with 2048-entry codebooks (48.8M parameters at the generic shrink); "
+            "these make 1.5M",
         ),
         "vibevoice": Preset(
             config={"audio_config": {"num_filters": 2}, "semantic_model_config": {"num_filters": 2}},

@@ -17,6 +17,7 @@ the rules get wrong have an overlay in :mod:`hfexport.tiny.presets`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -293,6 +294,11 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
     backbone = out.get("backbone_config")
     if isinstance(backbone, Mapping):
         _fit_neck_channels(values, out, backbone)
+    # a codec's depthwise upsampling (Mimi: groups == hidden_size, 512 by default) stays depthwise;
+    # kept at 512 it no longer divides the 64 tiny channels (csm, kyutai_speech_to_text; issue 28)
+    groups, width = values.get("upsample_groups"), out.get("hidden_size")
+    if _is_int(groups) and _is_int(width) and groups > width:
+        out["upsample_groups"] = width if groups == values.get("hidden_size") else math.gcd(groups, width)
     for key in ("use_timm_backbone", "use_pretrained_backbone"):
         if values.get(key):
             out[key] = False
