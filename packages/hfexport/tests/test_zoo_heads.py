@@ -25,6 +25,8 @@ from hfexport.verify.second_shape import derive_second_inputs
         ("xmod", "question-answering", "start_logits", (2, 8)),
         # axial position dims (64, 192) did not sum to the shrunk hidden size
         ("reformer", "question-answering", "start_logits", (2, 8)),
+        # head_dim * partial_rotary_factor (4 channels) did not match qk_rope_head_dim (8)
+        ("mistral4", "token-classification", "logits", (2, 8, 3)),
         # 4 x 128 + 2 x 128 coordinate/shape widths did not add up to the shrunk hidden size
         ("layoutlmv3", "token-classification", "logits", (2, 8, 3)),
         # six hidden // 6 wide coordinate embeddings (60) fed a 64-wide linear layer

@@ -566,6 +566,13 @@ PRESETS.update(
             reason="without lang_ids the forward picks the adapter of config.default_language, which XmodConfig "
             "leaves None (ValueError 'Input language unknown'); the one shrunk adapter is en_XX",
         ),
+        "mistral4": Preset(
+            config={"qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 16},
+            reason="its rotary embedding spans head_dim * partial_rotary_factor (0.5) channels, which must be "
+            "the qk_rope_head_dim (8) channels it rotates; the default head_dim 128 is qk_nope 64 + qk_rope 64, "
+            "so the shrunk head keeps that split: 8 + 8 = 16 (the generic MLA shrink makes head_dim 8, and "
+            "eager failed on 4 rotary channels against 8)",
+        ),
         "layoutlmv3": Preset(
             config={"coordinate_size": 10, "shape_size": 12},
             reason="the text embedding concatenates four coordinate and two shape embeddings (4 x 128 + 2 x 128 "
