@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.fourier import register_real_fourier_mixing
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import (
     register_recurrences,
@@ -575,6 +576,11 @@ register_lgamma_elementary("executorch")
 # autoformer's FFT auto-correlation (issue 28) as real DFT matrix products: the edge dialect refuses
 # complex64 tensors (SpecViolationError on the complex aten.mul of the spectra)
 register_real_autocorrelation(
+    "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
+)
+# fnet's token mixing fftn(x, dim=(1, 2)).real (issue 28) as cosine/sine matrix products: the edge dialect
+# refuses the complex64 copy of the hidden states (SpecViolationError)
+register_real_fourier_mixing(
     "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
 )
 
