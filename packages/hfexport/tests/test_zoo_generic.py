@@ -183,8 +183,9 @@ def test_load_model_tiny_generic_type_uses_its_default_task():
 
 
 def test_unavailable_is_typed_with_stage_and_reason():
+    # EsmConfig's own default (no vocabulary size), which the zoo's esm overlay replaces
     with pytest.raises(TinyModelUnavailable) as info:
-        tiny_model("esm", "fill-mask", check_eager=True)
+        tiny_model("esm", "fill-mask", check_eager=True, vocab_size=None, pad_token_id=None)
     assert info.value.stage == "build" and "must be tuple of ints" in info.value.reason
     assert "unavailable at build" in str(info.value)
 
