@@ -107,6 +107,9 @@ def test_names_with_filters_in_table_order():
         # SigLIP2's patch mask and grid, Idefics3's per-image mask
         "pixel_attention_mask",
         "spatial_shapes",
+        # LXMERT's region features and boxes (issue 28)
+        "visual_feats",
+        "visual_pos",
     }
 
 
@@ -158,6 +161,10 @@ def test_old_call_sites_agree_with_the_table():
         # SigLIP2 / Idefics3 patch masks, SigLIP2's patch grid per image
         "pixel_attention_mask",
         "spatial_shapes",
+        # issue 28: layout boxes (LayoutLM-likes), LXMERT's region features and boxes
+        "bbox",
+        "visual_feats",
+        "visual_pos",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

@@ -311,6 +311,8 @@ def _generic_inputs(
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
+        if kind == "text":
+            _layout_extras(model, inputs, b, s, gen)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         vocab = int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 256))
@@ -322,6 +324,52 @@ def _generic_inputs(
         decoder_input_ids[:, 0] = int(start)
         inputs["decoder_input_ids"] = decoder_input_ids
     return inputs
+
+
+#: the coordinate range of layout models' boxes (LayoutLM's processors scale pages to 0..1000)
+LAYOUT_COORDINATE_MAX = 1000
+#: regions per image of the region-feature models (LXMERT's detector gives 36; any count runs)
+VISUAL_REGIONS = 4
+
+
+def _boxes(gen: torch.Generator, b: int, n: int, high: float, integer: bool) -> torch.Tensor:
+    """``[b, n, 4]`` boxes ``(x0, y0, x1, y1)`` with ``0 <= x0 <= x1 <= high`` (same for y): int64
+    when ``integer``, else float32."""
+    if integer:
+        corners = torch.randint(0, int(high) + 1, (b, n, 2, 2), generator=gen, dtype=torch.int64)
+    else:
+        corners = torch.rand(b, n, 2, 2, generator=gen, dtype=torch.float32) * high
+    low, top = corners.min(dim=2).values, corners.max(dim=2).values  # [b, n, (x, y)] each
+    return torch.cat([low, top], dim=-1).contiguous()
+
+
+def _layout_extras(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, s: int, gen: torch.Generator
+) -> None:
+    """Layout and region inputs some text forwards need next to ``input_ids`` (issue 28), per their
+    signature; changes ``inputs`` in place.
+
+    * ``bbox`` ``[b, s, 4]``, one ``(x0, y0, x1, y1)`` box per token: int64 in ``[0, 1000]`` for
+      models that look coordinates up in embedding tables (``max_2d_position_embeddings`` in the
+      config: LayoutLM, LayoutLMv3, LiLT), float32 in ``[0, 1]`` otherwise (BROS embeds normalised
+      coordinates sinusoidally);
+    * ``visual_feats`` ``[b, 4, visual_feat_dim]`` float32 and ``visual_pos`` ``[b, 4, 4]`` float32
+      boxes in ``[0, 1]`` (LXMERT: the detector's region features and their boxes).
+    """
+    config = model.config
+    params = _forward_params(model)
+    if "bbox" in params:
+        table = getattr(config, "max_2d_position_embeddings", None)
+        if table:
+            inputs["bbox"] = _boxes(gen, b, s, min(LAYOUT_COORDINATE_MAX, int(table) - 1), integer=True)
+        else:
+            inputs["bbox"] = _boxes(gen, b, s, 1.0, integer=False)
+    feat_dim = getattr(config, "visual_feat_dim", None)
+    if "visual_feats" in params and "visual_pos" in params and feat_dim:
+        inputs["visual_feats"] = torch.randn(
+            b, VISUAL_REGIONS, int(feat_dim), generator=gen, dtype=torch.float32
+        )
+        inputs["visual_pos"] = _boxes(gen, b, VISUAL_REGIONS, 1.0, integer=False)
 
 
 # --- issue 28: time series, detection/segmentation/depth, text-to-audio --------------------------
@@ -459,6 +507,10 @@ def make_inputs(
       prompt, ``pixel_values`` ``[b, 1, channels, size, size]`` (Idefics2/3, SmolVLM: forwards
       taking ``pixel_attention_mask``); a Qwen-style vision config (``spatial_merge_size``,
       ``temporal_patch_size`` and the vision start/end token ids) gets qwen2_vl's inputs;
+    * text forwards taking ``bbox`` (document layout models) also get one box per token, ``bbox``
+      ``[b, s, 4]`` (int64 in ``[0, 1000]``, or float32 in ``[0, 1]`` without a 2-D position
+      table: BROS), and those taking ``visual_feats``/``visual_pos`` (LXMERT) 4 regions per row,
+      ``[b, 4, visual_feat_dim]`` and ``[b, 4, 4]`` float32 (:func:`_layout_extras`);
     * ``"audio"``: ``input_values`` ``[b, n]`` float32 with ``n`` the shortest length giving ``s``
       frames after the conv feature encoder (``320 * s + 80`` without one), ``attention_mask``
       ``[b, n]`` when taken; a spectrogram transformer (``num_mel_bins`` and ``max_length`` in its

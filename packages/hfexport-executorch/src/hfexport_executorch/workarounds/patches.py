@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.fourier import register_real_fourier_mixing
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import (
     register_recurrences,
@@ -651,6 +652,11 @@ register_normal_from_uniform(
     "executorch",
     issue="https://github.com/pytorch/executorch/blob/v1.4.1/kernels/portable/functions.yaml",
     versions={"executorch": ">=1.3"},
+)
+# fnet's token mixing fftn(x, dim=(1, 2)).real (issue 28) as cosine/sine matrix products: the edge dialect
+# refuses the complex64 copy of the hidden states (SpecViolationError)
+register_real_fourier_mixing(
+    "executorch", issue="https://github.com/pytorch/executorch/issues/1362", versions={"executorch": ">=1.3"}
 )
 
 

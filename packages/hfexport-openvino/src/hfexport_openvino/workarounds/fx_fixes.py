@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
+from hfexport.workarounds.fourier import register_real_fourier_mixing
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_recurrences
 from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
@@ -129,6 +130,13 @@ register_normal_from_uniform(
     versions={"openvino": ">=2026.0"},
 )
 
+# fnet's token mixing fftn(x, dim=(1, 2)).real (issue 28) as cosine/sine matrix products: same missing
+# aten._fft_c2c / aten.view_as_real rules as above
+register_real_fourier_mixing(
+    BACKEND,
+    issue="https://github.com/openvinotoolkit/openvino/issues/21665",
+    versions={"openvino": ">=2026.0"},
+)
 
 _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
 

@@ -37,6 +37,9 @@ past/future_time_features  series    features         3      0      -
 past/future_observed_mask  series    mask             2      0      -
 static_*_features          series    features         2      0      -
 decoder_input_values       audio     features         3      0      1 (decoder)
+bbox                       text      boxes            3      0      1 (text)
+visual_feats               image     features         3      0      -
+visual_pos                 image     boxes            3      0      -
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
@@ -117,7 +120,8 @@ class InputRole:
             or ``state`` (caches, encoder outputs).
         kind: what the values are: ``ids``, ``embeds``, ``mask``, ``type_ids``, ``positions``,
             ``modality_types``, ``cache_positions``, ``pixels``, ``grid``, ``features``,
-            ``signal``, ``encoder_outputs``, ``cache``.
+            ``signal``, ``encoder_outputs``, ``cache``, ``boxes`` (layout coordinates, repeated
+            as they are at another shape).
         batch_axis: the axis counting batch rows, or ``None``.
         sequence_axis: the axis counting sequence positions, or ``None``.
         sequence: the sequence group of ``sequence_axis`` (``text``, ``decoder``, ``signal``):
@@ -240,6 +244,14 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("static_real_features", SERIES, "features", 0, None, None, (), 2),
         # speecht5's teacher-forced spectrogram frames [batch, frames, mel bins] (issue 28)
         InputRole("decoder_input_values", AUDIO, "features", 0, 1, DECODER, (), 3, primary=True),
+        # document layout models (LayoutLM, LayoutLMv3, LiLT, BROS; issue 28): one box per token
+        # [batch, seq, 4] (BROS also [batch, seq, 8], its quadrilaterals); values are coordinates,
+        # so a second shape repeats the sample's boxes
+        _text("bbox", "boxes", 3),
+        # LXMERT's detected regions [batch, regions, features] and their boxes [batch, regions, 4]
+        # (issue 28): the region count is the detector's, so it claims no sequence axis
+        InputRole("visual_feats", IMAGE, "features", 0, None, None, (), 3),
+        InputRole("visual_pos", IMAGE, "boxes", 0, None, None, (), 3),
     ]
 
 

@@ -608,3 +608,63 @@ PRESETS["audio-spectrogram-transformer"] = Preset(
     config={"max_length": 64, "num_mel_bins": 32},
     reason="the default 1024 x 128 spectrogram makes 1212 patches; 64 frames x 32 bins make 10",
 )
+
+# Token classification and question answering (issue 28): encoders whose default configuration the
+# generic shrink cannot build or run (their masked-LM models share the fix)
+PRESETS.update(
+    {
+        "esm": Preset(
+            config={
+                "vocab_size": 33,
+                "pad_token_id": 1,
+                "mask_token_id": 32,
+                "position_embedding_type": "rotary",
+                "emb_layer_norm_before": False,
+                "token_dropout": True,
+            },
+            reason="EsmConfig leaves vocab_size, pad_token_id and mask_token_id None (the embedding cannot be "
+            "built); the ESM-2 checkpoints' values: 33 amino-acid tokens, pad 1, mask 32, rotary positions, "
+            "token dropout rescaling",
+        ),
+        "xmod": Preset(
+            config={"default_language": "en_XX"},
+            reason="without lang_ids the forward picks the adapter of config.default_language, which XmodConfig "
+            "leaves None (ValueError 'Input language unknown'); the one shrunk adapter is en_XX",
+        ),
+        "mistral4": Preset(
+            config={"qk_nope_head_dim": 8, "qk_head_dim": 16, "head_dim": 16},
+            reason="its rotary embedding spans head_dim * partial_rotary_factor (0.5) channels, which must be "
+            "the qk_rope_head_dim (8) channels it rotates; the default head_dim 128 is qk_nope 64 + qk_rope 64, "
+            "so the shrunk head keeps that split: 8 + 8 = 16 (the generic MLA shrink makes head_dim 8, and "
+            "eager failed on 4 rotary channels against 8)",
+        ),
+        "layoutlmv3": Preset(
+            config={"coordinate_size": 10, "shape_size": 12},
+            reason="the text embedding concatenates four coordinate and two shape embeddings (4 x 128 + 2 x 128 "
+            "= 768, the default hidden size) and adds them to the token embedding: 4 x 10 + 2 x 12 = 64, the "
+            "shrunk hidden size",
+        ),
+        "lilt": Preset(
+            config={"hidden_size": 48},
+            reason="the layout embedding concatenates six hidden_size // 6 wide coordinate embeddings and "
+            "projects them with a hidden_size-wide linear layer, so hidden_size must divide by 6 (64 gives "
+            "60 columns into a 64-wide layer); 48 also divides by the 4 heads of the 48 / 4 = 12-wide "
+            "layout stream (channel_shrink_ratio 4)",
+        ),
+        "reformer": Preset(
+            config={
+                "axial_pos_embds_dim": [32, 32],
+                "axial_pos_shape": [16, 32],
+                "local_attn_chunk_length": 4,
+                "lsh_attn_chunk_length": 4,
+                "num_buckets": 4,
+                "hash_seed": 0,
+                "feed_forward_size": 128,
+            },
+            reason="the default axial position dims (64, 192) must sum to the shrunk hidden size (64); 4-token "
+            "chunks make the 8-token sample two chunks (64 would pad it to one), num_buckets set so the "
+            "forward does not pick (and store) it from the first sequence length, hash_seed so the LSH "
+            "rotations are the same in every forward",
+        ),
+    }
+)
