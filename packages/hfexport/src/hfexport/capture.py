@@ -15,7 +15,9 @@ Stages (each a function, called in order by :func:`capture`):
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.torch_export`
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
    time-series forecaster ``apply_patches("capture.time_series")``, which adds those of
-   :mod:`hfexport.workarounds.time_series` (:func:`~hfexport.workarounds.time_series.capture_key`);
+   :mod:`hfexport.workarounds.time_series` (:func:`~hfexport.workarounds.time_series.capture_key`),
+   and for an object detector ``apply_patches("capture.detection")`` with those of
+   :mod:`hfexport.workarounds.detection`;
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -37,6 +39,7 @@ from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
+from hfexport.workarounds import detection as _detection_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
 
 __all__ = [
@@ -502,8 +505,10 @@ def capture(
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
         with stage("capture.patches"):
-            # the forecasters' patches (capture.time_series) only for a forecaster (issue 28)
-            in_effect = stack.enter_context(apply_patches(_time_series_workarounds.capture_key(module)))
+            # the forecasters' patches (capture.time_series) only for a forecaster, the detectors'
+            # (capture.detection) only for a detector (issue 28)
+            key = _detection_workarounds.capture_key(module) or _time_series_workarounds.capture_key(module)
+            in_effect = stack.enter_context(apply_patches(key))
             if report is not None:
                 recorded = report.applied.get("capture_patches", [])
                 report.record_applied(

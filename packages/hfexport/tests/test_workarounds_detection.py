@@ -1,0 +1,73 @@
+"""The object detectors' capture workarounds (hfexport.workarounds.detection, issue 28).
+
+The OmDet-Turbo patch is checked for its registry metadata, for the key the capture picks (only
+for an OmDet-Turbo model), for giving the eager numbers, and for what it exists for: without it
+``torch.export`` cannot capture the tiny model, with it the program runs another batch size and
+matches eager. Tiny models only (the capture takes a few seconds).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport import registry
+from hfexport.registry import apply_patches
+from hfexport.testing import tiny_model
+from hfexport.workarounds import detection
+
+TASK = "zero-shot-object-detection"
+OMDET = f"{detection.__name__}.omdet_language_embedding_batched"
+OUTPUTS = ("decoder_class_logits", "decoder_coord_logits")
+
+
+def test_entry_is_registered_under_the_capture_scope_with_issue_link_and_range():
+    assert detection.KEY == "capture.detection"
+    found = {e.name: e for e in registry.entries(detection.KEY, kind="patch")}
+    entry = found[OMDET]
+    assert entry.paths == detection.OMDET_LANGUAGE_TARGETS
+    assert entry.issue == "https://github.com/pytorch/pytorch/issues/126685"
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    assert OMDET not in {e.name for e in registry.entries("capture", kind="patch")}
+
+
+def test_capture_key_is_the_detection_scope_only_for_omdet():
+    model, _ = tiny_model("omdet-turbo", TASK)
+    assert detection.capture_key(model) == "capture.detection"
+    owl, _ = tiny_model("owlvit", TASK)
+    assert detection.capture_key(owl) is None
+
+
+def _batch(model, batch: int) -> dict[str, torch.Tensor]:
+    from hfexport.sample_inputs import make_inputs
+
+    return make_inputs(model, TASK, batch_size=batch, seed=batch)
+
+
+def test_patched_embedding_gives_the_eager_outputs():
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    with torch.no_grad():
+        eager = model(**inputs)
+        with apply_patches(detection.KEY):
+            patched = model(**inputs)
+    for name in OUTPUTS:
+        torch.testing.assert_close(patched[name], eager[name], rtol=0, atol=1e-6)
+
+
+def test_omdet_exports_only_with_the_patch_and_runs_another_batch():
+    from hfexport.capture import auto_dynamic_shapes
+
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    shapes = auto_dynamic_shapes(inputs)
+    with pytest.raises(Exception, match=r"data-dependent"):  # the token-keyed cache: .tolist()
+        torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    other = _batch(model, 3)
+    with torch.no_grad():
+        got = program.module()(**other)
+        want = model(**other)
+    for name in OUTPUTS:
+        assert got[name].shape[0] == 3
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
