@@ -158,6 +158,12 @@ def test_old_call_sites_agree_with_the_table():
         # SigLIP2 / Idefics3 patch masks, SigLIP2's patch grid per image
         "pixel_attention_mask",
         "spatial_shapes",
+        # issue 28: OmDet-Turbo's class names, task prompts and classes per image
+        "classes_input_ids",
+        "classes_attention_mask",
+        "tasks_input_ids",
+        "tasks_attention_mask",
+        "classes_structure",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

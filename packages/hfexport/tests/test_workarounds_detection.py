@@ -39,10 +39,22 @@ def test_capture_key_is_the_detection_scope_only_for_omdet():
     assert detection.capture_key(owl) is None
 
 
-def _batch(model, batch: int) -> dict[str, torch.Tensor]:
-    from hfexport.sample_inputs import make_inputs
+def _second(model, inputs) -> dict[str, torch.Tensor]:
+    from hfexport.verify.second_shape import derive_second_inputs
 
-    return make_inputs(model, TASK, batch_size=batch, seed=batch)
+    second, reason = derive_second_inputs(model, inputs)
+    assert second is not None, reason
+    return second
+
+
+def test_omdet_queries_have_input_roles_for_a_second_shape():
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    second = _second(model, inputs)
+    shapes = {k: tuple(v.shape) for k, v in second.items()}
+    assert shapes["pixel_values"] == (3, 3, 64, 64)  # one image more, sides doubled
+    assert shapes["classes_input_ids"] == shapes["tasks_input_ids"] == (3, 4)  # queries keep their length
+    assert shapes["tasks_attention_mask"] == shapes["classes_attention_mask"] == (3, 4)
+    assert second["classes_structure"].tolist() == [1, 1, 1]  # repeated, never generated
 
 
 def test_patched_embedding_gives_the_eager_outputs():
@@ -64,7 +76,10 @@ def test_omdet_exports_only_with_the_patch_and_runs_another_batch():
         torch.export.export(model, (), inputs, dynamic_shapes=shapes)
     with apply_patches(detection.KEY):
         program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
-    other = _batch(model, 3)
+    other = _second(model, inputs)
+    # the hybrid encoder's positional grid holds the image sides static (the exporter keeps the
+    # sides a program took static at its second shape): another batch only
+    other["pixel_values"] = other["pixel_values"][:, :, :32, :32].contiguous()
     with torch.no_grad():
         got = program.module()(**other)
         want = model(**other)

@@ -44,16 +44,16 @@ def test_omdet_turbo_gets_its_class_and_task_queries():
     shapes = {k: tuple(v.shape) for k, v in inputs.items()}
     assert shapes == {
         "pixel_values": (2, 3, 32, 32),
-        "classes_input_ids": (4, 4),  # two class names per image
-        "classes_attention_mask": (4, 4),
+        "classes_input_ids": (2, 4),  # one class name per image
+        "classes_attention_mask": (2, 4),
         "tasks_input_ids": (2, 4),  # one task prompt per image
         "tasks_attention_mask": (2, 4),
         "classes_structure": (2,),
     }
-    assert inputs["classes_structure"].tolist() == [2, 2]
+    assert inputs["classes_structure"].tolist() == [1, 1]
     with torch.no_grad():
         out = model(**inputs)
-    assert tuple(out.decoder_class_logits.shape) == (2, 10, 2)  # [batch, queries, classes per image]
+    assert tuple(out.decoder_class_logits.shape) == (2, 10, 1)  # [batch, queries, classes per image]
     assert tuple(out.decoder_coord_logits.shape) == (2, 10, 4)
 
 

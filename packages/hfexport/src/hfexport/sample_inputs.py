@@ -382,18 +382,19 @@ def _text_to_audio_extras(
         inputs["decoder_input_ids"] = ids
 
 
-#: class names per image in the zero-shot detectors' sample inputs that take a list of classes
-DETECTION_CLASSES_PER_IMAGE = 2
+#: class names per image in the zero-shot detectors' sample inputs that take a list of classes: one,
+#: so that every input's leading axis counts images (what the second-shape validation varies)
+DETECTION_CLASSES_PER_IMAGE = 1
 
 
 def _omdet_queries(
     config: PretrainedConfig, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
 ) -> None:
     """OmDet-Turbo's text inputs, as its processor lays them out: ``classes_input_ids`` /
-    ``classes_attention_mask`` ``[b * 2, 4]`` (two 4-token class names per image, images' classes
-    one after the other), ``classes_structure`` ``[b]`` (2: the classes of each image) and
-    ``tasks_input_ids`` / ``tasks_attention_mask`` ``[b, 4]`` (one task prompt per image).
-    Changes ``inputs`` in place."""
+    ``classes_attention_mask`` ``[b * c, 4]`` (``c`` 4-token class names per image, images' classes
+    one after the other; ``c`` is :data:`DETECTION_CLASSES_PER_IMAGE`), ``classes_structure``
+    ``[b]`` (``c``: the classes of each image) and ``tasks_input_ids`` / ``tasks_attention_mask``
+    ``[b, 4]`` (one task prompt per image). Changes ``inputs`` in place."""
     text = getattr(config, "text_config", None) or config
     vocab = int(getattr(text, "vocab_size", None) or 256)
     low, high = _id_range(config, vocab)
@@ -491,8 +492,8 @@ def make_inputs(
       s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b * num_codebooks, s]``;
     * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
       ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image); omdet-turbo (a forward
-      taking ``classes_input_ids``) instead two class names per image ``classes_input_ids`` /
-      ``classes_attention_mask`` ``[2 * b, 4]``, ``classes_structure`` ``[b]`` (2s) and one task
+      taking ``classes_input_ids``) instead one class name per image ``classes_input_ids`` /
+      ``classes_attention_mask`` ``[b, 4]``, ``classes_structure`` ``[b]`` (1s) and one task
       prompt per image ``tasks_input_ids`` / ``tasks_attention_mask`` ``[b, 4]``.
     * task ``"zero-shot-image-classification"`` (CLIP-like dual encoders): ``input_ids`` ``[b, s]``
       (and ``attention_mask`` ``[b, s]`` when taken) and ``pixel_values``

@@ -37,6 +37,9 @@ past/future_time_features  series    features         3      0      -
 past/future_observed_mask  series    mask             2      0      -
 static_*_features          series    features         2      0      -
 decoder_input_values       audio     features         3      0      1 (decoder)
+classes/tasks_input_ids    text      ids              2      0      1 (queries)
+classes/tasks_attn_mask    text      mask             2      0      1 (queries)
+classes_structure          text      class_counts     1      0      -
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
@@ -51,7 +54,8 @@ rank without a variant keeps the base axes (extra trailing axes); one of a lower
 no axis: the backends bound it by their own rules.
 
 The *sequence group* names the axes that share one length: ``text`` (encoder tokens),
-``decoder`` (decoder tokens), ``signal`` (raw audio samples). One context rule: a text
+``decoder`` (decoder tokens), ``signal`` (raw audio samples), ``queries`` (a detector's text
+queries: a second shape keeps their length, and varies their batch with the images'). One context rule: a text
 ``attention_mask`` next to a raw audio input (``input_values``) masks the audio samples, so it
 takes the ``signal`` group and the ``audio`` modality (:func:`input_role` with ``present``); one
 next to audio features (``input_features``) with no text ids masks their frames: the ``audio``
@@ -75,6 +79,7 @@ __all__ = [
     "AUDIO",
     "DECODER",
     "IMAGE",
+    "QUERIES",
     "SERIES",
     "SIGNAL",
     "STATE",
@@ -104,6 +109,9 @@ SERIES = "series"  # time-series forecasting inputs (issue 28)
 # sequence groups (TEXT doubles as the encoder token group)
 DECODER = "decoder"
 SIGNAL = "signal"
+#: a detector's text queries (OmDet-Turbo's class names and task prompts): a group of their own,
+#: neither the prompt (``text``) a decode step extends nor one a second shape lengthens
+QUERIES = "queries"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +124,8 @@ class InputRole:
             or ``state`` (caches, encoder outputs).
         kind: what the values are: ``ids``, ``embeds``, ``mask``, ``type_ids``, ``positions``,
             ``modality_types``, ``cache_positions``, ``pixels``, ``grid``, ``features``,
-            ``signal``, ``encoder_outputs``, ``cache``.
+            ``signal``, ``encoder_outputs``, ``cache``, ``class_counts`` (OmDet-Turbo's classes per
+            image: repeated along the batch at another shape, never generated).
         batch_axis: the axis counting batch rows, or ``None``.
         sequence_axis: the axis counting sequence positions, or ``None``.
         sequence: the sequence group of ``sequence_axis`` (``text``, ``decoder``, ``signal``):
@@ -233,6 +242,13 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("static_real_features", SERIES, "features", 0, None, None, (), 2),
         # speecht5's teacher-forced spectrogram frames [batch, frames, mel bins] (issue 28)
         InputRole("decoder_input_values", AUDIO, "features", 0, 1, DECODER, (), 3, primary=True),
+        # OmDet-Turbo's zero-shot queries (issue 28): class names and a task prompt per image, and
+        # the number of classes of each image (values, repeated with the batch)
+        _text("classes_input_ids", "ids", sequence=QUERIES),
+        _text("classes_attention_mask", "mask", sequence=QUERIES),
+        _text("tasks_input_ids", "ids", sequence=QUERIES),
+        _text("tasks_attention_mask", "mask", sequence=QUERIES),
+        InputRole("classes_structure", TEXT, "class_counts", 0, None, None, (), 1),
     ]
 
 
