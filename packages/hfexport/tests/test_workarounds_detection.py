@@ -86,3 +86,32 @@ def test_omdet_exports_only_with_the_patch_and_runs_another_batch():
     for name in OUTPUTS:
         assert got[name].shape[0] == 3
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_symbolic_len_is_the_builtin_except_on_tensors():
+    assert detection.symbolic_len([1, 2, 3]) == 3
+    assert detection.symbolic_len(torch.zeros(5, 2)) == 5
+    with pytest.raises(TypeError):
+        detection.symbolic_len(torch.tensor(1.0))
+    with pytest.raises(TypeError):
+        detection.symbolic_len(7)
+
+
+def test_rt_detr_exports_a_dynamic_batch_only_with_the_patch():
+    import transformers.models.rt_detr.modeling_rt_detr as rt_detr
+    from torch.export import Dim
+
+    model, inputs = tiny_model("rt_detr", "object-detection")
+    assert detection.capture_key(model) == "capture.detection"
+    shapes = {"pixel_values": {0: Dim("batch", min=1, max=16)}}
+    with pytest.raises(Exception, match=r"specialized it to be a constant \(2\)"):  # len(source_flatten)
+        torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    assert "len" not in vars(rt_detr)  # the module-level len is gone after the forward
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = program.module()(pixel_values=pixels), model(pixel_values=pixels)
+    for name in ("logits", "pred_boxes"):
+        assert got[name].shape[0] == 3
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)

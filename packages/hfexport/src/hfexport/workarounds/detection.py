@@ -20,11 +20,16 @@ against runs the original code.
 - :func:`omdet_query_selection_symbolic_batch`: its query selection takes the batch size as
   ``len(vision_features)``, which ``torch.export`` specialises to the sample's batch; the patch
   reads the symbolic ``shape[0]`` and gathers the top-k anchors per image.
+- :func:`rt_detr_batch_from_shape`: the RT-DETR family's model forward (rt_detr, rt_detr_v2,
+  d_fine, deimv2, pp_doclayout_v2/v3) takes its batch size as ``len(source_flatten)``, which
+  specialises the batch the same way (``Guard failed: pixel_values.size()[0] == 2``); the patch
+  runs the forward with a module-level ``len`` that gives a tensor's symbolic ``shape[0]``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +45,13 @@ __all__ = [
     "OMDET_ANCHOR_TARGETS",
     "OMDET_LANGUAGE_TARGETS",
     "OMDET_QUERY_TARGETS",
+    "RT_DETR_FORWARD_TARGETS",
     "capture_key",
     "omdet_anchors_uncached",
     "omdet_language_embedding_batched",
     "omdet_query_selection_symbolic_batch",
+    "rt_detr_batch_from_shape",
+    "symbolic_len",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -51,7 +59,13 @@ KEY = f"{CAPTURE}.detection"
 BACKEND = KEY
 
 #: transformers modeling modules whose models the capture patches of this module concern
-DETECTOR_MODULES: tuple[str, ...] = ("transformers.models.omdet_turbo.modeling_omdet_turbo",)
+DETECTOR_MODULES: tuple[str, ...] = (
+    "transformers.models.omdet_turbo.modeling_omdet_turbo",
+    *(
+        f"transformers.models.{name}.modeling_{name}"
+        for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3")
+    ),
+)
 
 
 def capture_key(module: torch.nn.Module) -> str | None:
@@ -278,3 +292,80 @@ def omdet_query_selection_symbolic_batch(original: Callable[..., Any]) -> Callab
         return queries, reference, encoder_boxes, picked_scores, anchors
 
     return _get_decoder_input
+
+
+# --------------------------------------------------------------------------------------------
+# RT-DETR family: the batch size from the symbolic shape
+# --------------------------------------------------------------------------------------------
+
+#: the model forwards reading their batch size as ``len(source_flatten)``
+RT_DETR_FORWARD_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{module}.modeling_{module}.{cls}.forward"
+    for module, cls in (
+        ("rt_detr", "RTDetrModel"),
+        ("rt_detr_v2", "RTDetrV2Model"),
+        ("d_fine", "DFineModel"),
+        ("deimv2", "Deimv2Model"),
+        ("pp_doclayout_v2", "PPDocLayoutV2Model"),
+        ("pp_doclayout_v3", "PPDocLayoutV3Model"),
+    )
+)
+
+
+def symbolic_len(obj: Any) -> Any:
+    """``len(obj)``, except for a tensor of rank >= 1: its ``shape[0]`` as is (a ``SymInt`` for a
+    dynamic axis while ``torch.export`` traces), where the builtin would force a Python int and so
+    guard the axis to its sample size.
+
+    Raises:
+        TypeError: ``obj`` has no length (as the builtin), a 0-d tensor included.
+    """
+    if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+        return obj.shape[0]
+    return len(obj)
+
+
+@register_patch(
+    BACKEND,
+    *RT_DETR_FORWARD_TARGETS,
+    description=(
+        "rt_detr family (rt_detr, rt_detr_v2, d_fine, deimv2, pp_doclayout_v2/v3): the model forward runs with a "
+        "module-level len giving a tensor's symbolic shape[0], so batch_size = len(source_flatten) keeps the "
+        "batch dynamic instead of guarding it to the sample's"
+    ),
+    # len() must return a Python int, so torch.export guards the symbolic batch (no upstream issue filed; the
+    # line at transformers 5.24)
+    issue=(
+        "https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/models/rt_detr/"
+        "modeling_rt_detr.py"
+    ),
+    versions={"transformers": ">=5.23,<6"},
+)
+def rt_detr_batch_from_shape(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the RT-DETR family's ``Model.forward`` so that ``len`` in its modeling module is
+    :func:`symbolic_len` for the duration of the call.
+
+    The forward flattens the feature maps into ``source_flatten`` ``[batch, positions, d_model]``
+    and takes ``batch_size = len(source_flatten)`` for the anchor and query selection; the builtin
+    turns the symbolic batch into an int and ``torch.export`` pins it (the program refuses any
+    other batch). Name lookup in the module's code finds a module global ``len`` before the
+    builtin, so the wrapper sets one (and removes it afterwards, also when the forward raises);
+    every other ``len`` call of the module (lists, tuples, config values) behaves as the builtin.
+    """
+    # the forward under transformers' decorators (can_return_tuple, ...): its own module's globals
+    namespace = inspect.unwrap(original).__globals__
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        had = "len" in namespace
+        previous = namespace.get("len")
+        namespace["len"] = symbolic_len
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if had:
+                namespace["len"] = previous
+            else:
+                namespace.pop("len", None)
+
+    return forward
