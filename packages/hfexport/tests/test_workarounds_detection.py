@@ -115,3 +115,31 @@ def test_rt_detr_exports_a_dynamic_batch_only_with_the_patch():
     for name in ("logits", "pred_boxes"):
         assert got[name].shape[0] == 3
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_take_along_dim_as_gather_gives_the_same_values_and_falls_back_to_broadcast():
+    x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
+    idx = torch.argsort(x[..., 0], dim=1)
+    with apply_patches(detection.KEY):
+        patched = torch.take_along_dim
+        same = patched(x, idx[..., None].expand(-1, -1, 4), dim=1)
+        broadcast = patched(x, idx[..., None], dim=1)  # indices [3, 5, 1]: needs the broadcast
+        flat = patched(x, torch.tensor([0, 7]))  # no dim: the flattened input
+    assert torch.take_along_dim is not patched  # restored
+    torch.testing.assert_close(same, torch.take_along_dim(x, idx[..., None].expand(-1, -1, 4), dim=1))
+    torch.testing.assert_close(broadcast, torch.take_along_dim(x, idx[..., None], dim=1))
+    torch.testing.assert_close(flat, x.flatten()[[0, 7]])
+
+
+def test_pp_doclayout_exports_a_dynamic_batch_with_the_patches():
+    from torch.export import Dim
+
+    model, inputs = tiny_model("pp_doclayout_v2", "object-detection")
+    shapes = {"pixel_values": {0: Dim("batch", min=1, max=16)}}
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = program.module()(pixel_values=pixels), model(pixel_values=pixels)
+    for name in ("logits", "pred_boxes", "order_logits"):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)

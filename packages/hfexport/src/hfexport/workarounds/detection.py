@@ -24,6 +24,9 @@ against runs the original code.
   d_fine, deimv2, pp_doclayout_v2/v3) takes its batch size as ``len(source_flatten)``, which
   specialises the batch the same way (``Guard failed: pixel_values.size()[0] == 2``); the patch
   runs the forward with a module-level ``len`` that gives a tensor's symbolic ``shape[0]``.
+- :func:`take_along_dim_as_gather`: PP-DocLayout's head sorts its queries with
+  ``torch.take_along_dim``, whose broadcast of the indices against the input guards the batch to
+  the sample's; with indices of the input's shape it is a ``gather``, which the patch calls.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ __all__ = [
     "omdet_query_selection_symbolic_batch",
     "rt_detr_batch_from_shape",
     "symbolic_len",
+    "take_along_dim_as_gather",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -369,3 +373,48 @@ def rt_detr_batch_from_shape(original: Callable[..., Any]) -> Callable[..., Any]
                 namespace.pop("len", None)
 
     return forward
+
+
+# --------------------------------------------------------------------------------------------
+# take_along_dim without the broadcast (PP-DocLayout's query sort)
+# --------------------------------------------------------------------------------------------
+
+
+@register_patch(
+    BACKEND,
+    "torch.take_along_dim",
+    description=(
+        "detectors (pp_doclayout's query sort): torch.take_along_dim with indices of the input's shape runs as "
+        "gather, whose trace keeps the batch symbolic (the broadcast check of take_along_dim pinned it to the sample's)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/140011",
+    versions={"torch": ">=2.12"},
+)
+def take_along_dim_as_gather(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.take_along_dim`` while a detector is captured (key ``capture.detection``).
+
+    ``take_along_dim(x, indices, dim)`` broadcasts ``indices`` against ``x`` (all axes but
+    ``dim``) before gathering; under ``torch.export`` that broadcast check of two equal symbolic
+    batches guards the batch to its sample value (PP-DocLayout v2/v3 sort their queries by score
+    with ``argsort`` + ``take_along_dim``: ``Guard failed: pixel_values.size()[0] == 2``). When
+    ``indices`` has the rank of ``x`` and provably the same size on every other axis, the result is
+    ``x.gather(dim, indices)``: same values, no broadcast. Any other call (no ``dim``, a rank or
+    size that needs broadcasting, or sizes not known equal without a guard) runs the original.
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    @functools.wraps(original)
+    def take_along_dim(
+        input: torch.Tensor, indices: torch.Tensor, dim: int | None = None, **kwargs: Any
+    ) -> Any:
+        if dim is None or kwargs or input.dim() != indices.dim():
+            return original(input, indices, dim, **kwargs)
+        axis = dim % input.dim()
+        same = all(
+            guard_or_false(a == b) for i, (a, b) in enumerate(zip(input.shape, indices.shape)) if i != axis
+        )
+        if not same:
+            return original(input, indices, dim)
+        return input.gather(axis, indices)
+
+    return take_along_dim
