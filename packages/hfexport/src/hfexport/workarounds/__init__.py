@@ -5,7 +5,8 @@
 - :mod:`hfexport.workarounds.time_series`: the time-series forecasters' capture patches (autoformer /
   informer masks, ``torch.distributions`` checks, TimesFM's batch of series), key ``"capture"`` too;
 - :mod:`hfexport.workarounds.detection`: the object detectors' capture patches (OmDet-Turbo's
-  token-keyed language cache), key ``"capture.detection"``;
+  token-keyed language cache, anchors and query selection; the RT-DETR family's ``len`` batch;
+  ``take_along_dim`` as ``gather``), key ``"capture.detection"``;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
