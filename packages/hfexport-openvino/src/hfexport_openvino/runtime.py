@@ -113,12 +113,14 @@ class OpenvinoRunner:
                 f"the OpenVINO model takes the inputs {list(self.names.inputs.values())}; missing {missing} "
                 f"(given {sorted(leaves)}). Pass the inputs the model was exported with."
             )
-        # an input the program never reads (OmDet-Turbo's classes_structure once its run-time
-        # assertion is erased) has no Parameter in the converted model: it is checked, not fed
-        ports = {name for port in self.model.inputs for name in port.get_names()}
-        feed = {name: _numpy(path, leaves[path]) for name, path in self.names.inputs.items() if name in ports}
         with self._lock:
             request = self._compiled()
+            # an input the program never reads (OmDet-Turbo's classes_structure once its run-time
+            # assertion is erased) has no port in the compiled model: it is checked, not fed
+            ports = {name for port in request.model_inputs for name in port.get_names()}
+            feed = {
+                name: _numpy(path, leaves[path]) for name, path in self.names.inputs.items() if name in ports
+            }
             results = request.infer(feed)
             out: dict[str, torch.Tensor] = {}
             for port, value in results.items():
