@@ -1,5 +1,5 @@
-"""The default run's slice of the sweep families added for issue 28: object detection, image
-segmentation, depth estimation, time-series forecasting and text-to-audio.
+"""The default run's slice of the sweep families added for issue 28: object detection, zero-shot
+object detection, image segmentation, depth estimation, time-series forecasting and text-to-audio.
 
 One fast tiny type per family (built by the generic shrink, with the data overlays of
 :mod:`hfexport.tiny.presets` where a type needs one), exported with ``dynamic=True`` on every
@@ -11,6 +11,10 @@ run in ``nox -s zoo`` (``benchmarks/zoo_sweep.py --families object-detection,...
   ``[2, queries, 4]``; timm-free (a tiny transformers resnet stands in for timm's resnet50);
   the image batch varies (DETR's sine positions and the resnet keep any image size, but the
   second shape changes the batch);
+* owlvit (zero-shot-object-detection): one 4-token text query per image (``input_ids`` /
+  ``attention_mask`` ``[2, 4]``): ``logits`` ``[2, patches, 1]`` (each patch's box scored against
+  the image's query) and ``pred_boxes`` ``[2, patches, 4]``; the image batch and the query batch
+  grow together at the second shape;
 * segformer (image-segmentation): ``logits`` ``[2, labels, H/4, W/4]``, image sides double;
 * glpn (depth-estimation): ``predicted_depth`` ``[2, H, W]``, image sides double;
 * patchtst (time-series-forecasting): ``prediction_outputs`` ``[2, prediction_length, channels]``
@@ -35,6 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 #: family task -> (model type, {output name: expected sample shape as a function of the model})
 SLICE = {
     "object-detection": "detr",
+    "zero-shot-object-detection": "owlvit",
     "image-segmentation": "segformer",
     "depth-estimation": "glpn",
     "time-series-forecasting": "patchtst",
@@ -52,6 +57,10 @@ def _expected_outputs(task: str, model, inputs) -> dict[str, tuple[int, ...]]:
     if task == "object-detection":
         queries = int(config.num_queries)
         return {"logits": (2, queries, int(config.num_labels) + 1), "pred_boxes": (2, queries, 4)}
+    if task == "zero-shot-object-detection":  # one text query per image, one box per patch
+        vision = config.vision_config
+        patches = (int(vision.image_size) // int(vision.patch_size)) ** 2
+        return {"logits": (2, patches, 1), "pred_boxes": (2, patches, 4)}
     if task == "image-segmentation":
         size = inputs["pixel_values"].shape[-1]
         return {"logits": (2, int(config.num_labels), size // 4, size // 4)}

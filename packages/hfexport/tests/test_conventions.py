@@ -165,6 +165,12 @@ def test_old_call_sites_agree_with_the_table():
         "bbox",
         "visual_feats",
         "visual_pos",
+        # issue 28: OmDet-Turbo's class names, task prompts and classes per image
+        "classes_input_ids",
+        "classes_attention_mask",
+        "tasks_input_ids",
+        "tasks_attention_mask",
+        "classes_structure",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -128,3 +129,26 @@ def test_tiny_convnext_sides_stay_dynamic_with_bounded_hints():
     capture(model, inputs, DynamoConfig(dynamic_shapes=BOUNDED), report)
     assert "pixel_values image height/width: dynamic [32, 128]" in report.dynamic_axes_summary
     assert "model_fixed_sides" not in report.extra
+
+
+class CachedGrid(ConvOnly):
+    """Adds a grid computed by a method cached on the feature map's (int) sides, as the DETR family's
+    anchors and position tables are (``functools.lru_cache`` under transformers' wrapper)."""
+
+    @functools.lru_cache(maxsize=4)  # noqa: B019 - the pattern under test
+    def grid(self, height: int, width: int) -> torch.Tensor:
+        return torch.arange(height * width, dtype=torch.float32).reshape(1, 1, height, width)
+
+    def forward(self, pixel_values):
+        feats = self.conv(pixel_values)
+        return (feats + self.grid(int(feats.shape[2]), int(feats.shape[3]))).mean((2, 3))
+
+
+def test_probe_leaves_no_fake_tensor_in_method_caches():
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    model, inputs = CachedGrid(), _pixels()
+    model_fixed_image_sides(model, inputs, AUTO)
+    out = model(**inputs)  # the eager reference after the probe: no cached fake grid
+    assert not isinstance(out, FakeTensor)
+    torch.testing.assert_close(out, model.conv(inputs["pixel_values"]).mean((2, 3)) + 127.5)

@@ -70,6 +70,9 @@ class OpenvinoRunner:
             model's inputs and what was given), or give an output flag (``use_cache`` ...) another
             value than the model was exported with (flags are no model inputs: checked, dropped).
 
+    An input of the exported program that the converted model has no Parameter for (the
+    converter drops inputs nothing reads) must still be given, and is not fed.
+
     The model is compiled on first call; one infer request per runner, calls are serialised.
     """
 
@@ -110,9 +113,14 @@ class OpenvinoRunner:
                 f"the OpenVINO model takes the inputs {list(self.names.inputs.values())}; missing {missing} "
                 f"(given {sorted(leaves)}). Pass the inputs the model was exported with."
             )
-        feed = {name: _numpy(path, leaves[path]) for name, path in self.names.inputs.items()}
         with self._lock:
             request = self._compiled()
+            # an input the program never reads (OmDet-Turbo's classes_structure once its run-time
+            # assertion is erased) has no port in the compiled model: it is checked, not fed
+            ports = {name for port in request.model_inputs for name in port.get_names()}
+            feed = {
+                name: _numpy(path, leaves[path]) for name, path in self.names.inputs.items() if name in ports
+            }
             results = request.infer(feed)
             out: dict[str, torch.Tensor] = {}
             for port, value in results.items():

@@ -441,6 +441,32 @@ def _text_to_audio_extras(
         inputs["decoder_input_ids"] = ids
 
 
+#: class names per image in the zero-shot detectors' sample inputs that take a list of classes: one,
+#: so that every input's leading axis counts images (what the second-shape validation varies)
+DETECTION_CLASSES_PER_IMAGE = 1
+
+
+def _omdet_queries(
+    config: PretrainedConfig, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> None:
+    """OmDet-Turbo's text inputs, as its processor lays them out: ``classes_input_ids`` /
+    ``classes_attention_mask`` ``[b * c, 4]`` (``c`` 4-token class names per image, images' classes
+    one after the other; ``c`` is :data:`DETECTION_CLASSES_PER_IMAGE`), ``classes_structure``
+    ``[b]`` (``c``: the classes of each image) and ``tasks_input_ids`` / ``tasks_attention_mask``
+    ``[b, 4]`` (one task prompt per image). Changes ``inputs`` in place."""
+    text = getattr(config, "text_config", None) or config
+    vocab = int(getattr(text, "vocab_size", None) or 256)
+    low, high = _id_range(config, vocab)
+    per_image = DETECTION_CLASSES_PER_IMAGE
+    classes = _random_ids(gen, (b * per_image, 4), low, high)
+    tasks = _random_ids(gen, (b, 4), low, high)
+    inputs["classes_input_ids"] = classes
+    inputs["classes_attention_mask"] = torch.ones_like(classes)
+    inputs["tasks_input_ids"] = tasks
+    inputs["tasks_attention_mask"] = torch.ones_like(tasks)
+    inputs["classes_structure"] = torch.full((b,), per_image, dtype=torch.int64)
+
+
 def _zero_shot_detection_extras(
     model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
 ) -> None:
@@ -454,6 +480,9 @@ def _zero_shot_detection_extras(
     if "pixel_values" in params and "pixel_values" not in inputs:  # main input is input_ids (owl-vit)
         channels, size = _image_shape(config)
         inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    if "classes_input_ids" in params:  # omdet-turbo: class names and a task prompt per image
+        _omdet_queries(config, inputs, b, gen)
+        return
     if "input_ids" not in params:
         return
     text = getattr(config, "text_config", None) or config
@@ -525,7 +554,10 @@ def make_inputs(
     * ``text-to-audio``: ``input_ids`` as for text, plus speecht5's ``decoder_input_values`` ``[b,
       s, num_mel_bins]`` or musicgen's ``decoder_input_ids`` ``[b, num_codebooks, s]``;
     * ``zero-shot-object-detection``: ``pixel_values`` as for images plus text queries
-      ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image).
+      ``input_ids``/``attention_mask`` ``[b, 4]`` (one query per image); omdet-turbo (a forward
+      taking ``classes_input_ids``) instead one class name per image ``classes_input_ids`` /
+      ``classes_attention_mask`` ``[b, 4]``, ``classes_structure`` ``[b]`` (1s) and one task
+      prompt per image ``tasks_input_ids`` / ``tasks_attention_mask`` ``[b, 4]``.
     * task ``"zero-shot-image-classification"`` (CLIP-like dual encoders): ``input_ids`` ``[b, s]``
       (and ``attention_mask`` ``[b, s]`` when taken) and ``pixel_values``
       ``[b, num_channels, image_size, image_size]``: ``b`` texts and ``b`` images (a NaFlex model,

@@ -83,16 +83,48 @@ def _quiet_fake_kernels() -> Iterator[None]:
         fake_log.setLevel(level)
 
 
+def _method_caches(model: torch.nn.Module) -> list[Any]:
+    """The ``functools`` caches of the methods of ``model``'s module classes: a method decorated
+    with ``functools.lru_cache`` / ``functools.cache`` (OmDet-Turbo's anchors), or wrapped by a
+    function holding such a cache in its closure (transformers' ``compile_compatible_method_lru_cache``:
+    the DETR family's anchors and position tables, which bypasses its cache only while compiling)."""
+    found: dict[int, Any] = {}
+    for cls in {type(m) for m in model.modules()}:
+        for klass in cls.__mro__:
+            for attr in vars(klass).values():
+                fn = getattr(attr, "__func__", attr)  # staticmethod / classmethod
+                cells = getattr(fn, "__closure__", None) or ()
+                for candidate in (fn, *(c.cell_contents for c in cells if c.cell_contents is not None)):
+                    if callable(getattr(candidate, "cache_clear", None)):
+                        found[id(candidate)] = candidate
+    return list(found.values())
+
+
+@contextlib.contextmanager
+def _no_fake_cache_entries(model: torch.nn.Module) -> Iterator[None]:
+    """Empty the model's method caches (:func:`_method_caches`) after the body. A probe runs the
+    forward eagerly on fake tensors, so a cached method (keyed by plain ints: the sample's feature
+    map sides) would keep a fake tensor, and the eager reference of the validation would get it
+    back from the cache (``DataDependentOutputException: aten.equal.default`` when compared)."""
+    try:
+        yield
+    finally:
+        for cache in _method_caches(model):
+            cache.cache_clear()
+
+
 def _probe(
     model: torch.nn.Module, inputs: Mapping[str, Any], grow: set[tuple[str, int]], reset_state: Any
 ) -> str:
     """Run ``model(**inputs)`` on fake tensors, the sides in ``grow`` multiplied by
-    :data:`SIDE_GROWTH`; ``""`` when it runs, else the first line of the error."""
+    :data:`SIDE_GROWTH`; ``""`` when it runs, else the first line of the error. Leaves no fake
+    tensor behind in the model's method caches."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     try:
         with (
             _quiet_fake_kernels(),
+            _no_fake_cache_entries(model),
             reset_state(model) if reset_state is not None else contextlib.nullcontext(),
             FakeTensorMode(allow_non_fake_inputs=True) as mode,
             torch.no_grad(),
@@ -124,7 +156,8 @@ def model_fixed_image_sides(
 
     Args:
         model: the module about to be captured; called as ``model(**inputs)`` on fake tensors
-            (its weights are not copied; attributes it caches are reset afterwards).
+            (its weights are not copied; attributes it caches are reset afterwards, and the
+            ``functools`` caches of its methods emptied, so no fake tensor outlives the probe).
         inputs: the forward kwargs to trace with (image sides are the input-role table's
             spatial axes, e.g. axes 2 and 3 of ``pixel_values`` ``[batch, 3, height, width]``).
         dynamic_shapes: the ``dynamic_shapes`` dict about to be given to ``torch.export``;

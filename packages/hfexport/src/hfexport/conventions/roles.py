@@ -40,6 +40,9 @@ decoder_input_values       audio     features         3      0      1 (decoder)
 bbox                       text      boxes            3      0      1 (text)
 visual_feats               image     features         3      0      -
 visual_pos                 image     boxes            3      0      -
+classes/tasks_input_ids    text      ids              2      0      1 (queries)
+classes/tasks_attn_mask    text      mask             2      0      1 (queries)
+classes_structure          text      class_counts     1      0      -
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
@@ -55,7 +58,8 @@ rank without a variant keeps the base axes (extra trailing axes); one of a lower
 no axis: the backends bound it by their own rules.
 
 The *sequence group* names the axes that share one length: ``text`` (encoder tokens),
-``decoder`` (decoder tokens), ``signal`` (raw audio samples). One context rule: a text
+``decoder`` (decoder tokens), ``signal`` (raw audio samples), ``queries`` (a detector's text
+queries: a second shape keeps their length, and varies their batch with the images'). One context rule: a text
 ``attention_mask`` next to a raw audio input (``input_values``) masks the audio samples, so it
 takes the ``signal`` group and the ``audio`` modality (:func:`input_role` with ``present``); one
 next to audio features (``input_features``) with no text ids masks their frames: the ``audio``
@@ -79,6 +83,7 @@ __all__ = [
     "AUDIO",
     "DECODER",
     "IMAGE",
+    "QUERIES",
     "SERIES",
     "SIGNAL",
     "STATE",
@@ -108,6 +113,9 @@ SERIES = "series"  # time-series forecasting inputs (issue 28)
 # sequence groups (TEXT doubles as the encoder token group)
 DECODER = "decoder"
 SIGNAL = "signal"
+#: a detector's text queries (OmDet-Turbo's class names and task prompts): a group of their own,
+#: neither the prompt (``text``) a decode step extends nor one a second shape lengthens
+QUERIES = "queries"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +129,8 @@ class InputRole:
         kind: what the values are: ``ids``, ``embeds``, ``mask``, ``type_ids``, ``positions``,
             ``modality_types``, ``cache_positions``, ``pixels``, ``grid``, ``features``,
             ``signal``, ``encoder_outputs``, ``cache``, ``boxes`` (layout coordinates, repeated
-            as they are at another shape).
+            as they are at another shape), ``class_counts`` (OmDet-Turbo's classes per image:
+            repeated along the batch at another shape, never generated).
         batch_axis: the axis counting batch rows, or ``None``.
         sequence_axis: the axis counting sequence positions, or ``None``.
         sequence: the sequence group of ``sequence_axis`` (``text``, ``decoder``, ``signal``):
@@ -252,6 +261,13 @@ def _builtin_roles() -> list[InputRole]:
         # (issue 28): the region count is the detector's, so it claims no sequence axis
         InputRole("visual_feats", IMAGE, "features", 0, None, None, (), 3),
         InputRole("visual_pos", IMAGE, "boxes", 0, None, None, (), 3),
+        # OmDet-Turbo's zero-shot queries (issue 28): class names and a task prompt per image, and
+        # the number of classes of each image (values, repeated with the batch)
+        _text("classes_input_ids", "ids", sequence=QUERIES),
+        _text("classes_attention_mask", "mask", sequence=QUERIES),
+        _text("tasks_input_ids", "ids", sequence=QUERIES),
+        _text("tasks_attention_mask", "mask", sequence=QUERIES),
+        InputRole("classes_structure", TEXT, "class_counts", 0, None, None, (), 1),
     ]
 
 

@@ -668,3 +668,98 @@ PRESETS.update(
         ),
     }
 )
+
+
+# --- issue 28: object detection whose default configuration does not build -----------------------
+
+
+def _intraclass_blocks() -> dict[str, list[Any]]:
+    """PP-OCR's intra-class block: 1x1 reduce/return convolutions, then vertical (k x 1),
+    horizontal (1 x k) and square (k x k) convolutions for k = 7, 5, 3 ("long", "mid", "short"),
+    "same" padded, stride 1 (``[kernel, stride, padding]`` per entry, as the modeling code reads)."""
+    blocks: dict[str, list[Any]] = {"reduce_channel": [1, 1, 0], "return_channel": [1, 1, 0]}
+    for ratio, k in (("longratio", 7), ("midratio", 5), ("shortratio", 3)):
+        p = k // 2
+        blocks[f"vertical_long_to_small_conv_{ratio}"] = [[k, 1], [1, 1], [p, 0]]
+        blocks[f"horizontal_small_to_long_conv_{ratio}"] = [[1, k], [1, 1], [0, p]]
+        blocks[f"symmetric_conv_long_{ratio}"] = [[k, k], [1, 1], [p, p]]
+    return blocks
+
+
+#: a detection form of pp_lcnet_v4 (its default is the recognition form: one tap, stride (2, 1)
+#: blocks): four 16-channel stages, each halving the image, all four tapped for the neck
+_LCNET_V4_DETECTION: dict[str, Any] = {
+    "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    "out_indices": [1, 2, 3, 4],
+    "stem_channels": [3, 16, 16],
+    "stage_out_channels": [16, 16, 16, 16],
+    "block_configs": [[[3, 16, 16, stride, False]] for stride in (1, 2, 2, 2)],
+}
+#: what the PP-OCR server/medium detectors' default configs leave None (their __init__ indexes it)
+_OCR_DET_NECK: dict[str, Any] = {
+    "intraclass_block_config": _intraclass_blocks(),
+    "scale_factor_list": [1, 2, 4, 8],
+    "kernel_list": [3, 2, 2],
+    "neck_out_channels": 32,
+}
+
+PRESETS.update(
+    {
+        "lw_detr": Preset(
+            config={
+                "projector_scale_factors": [1.0],
+                "backbone_config": {"num_windows": 4, "num_windows_side": 2},
+            },
+            reason="the default config projects no feature level (projector_scale_factors [], so the "
+            "decoder concatenates an empty list) and its ViT's 16 windows do not tile a 32x32 image "
+            "(transformers refuses it); one level at scale 1 and 2x2 windows of 2x2 patches",
+        ),
+        "omdet-turbo": Preset(
+            config={
+                "apply_layernorm_after_vision_backbone": False,
+                "text_config": {"hidden_size": 32},
+                "text_projection_in_dim": 32,
+                "text_projection_out_dim": 32,
+                "class_embed_dim": 32,
+                "vision_features_channels": [64, 64, 64],
+                "decoder_hidden_dim": 64,
+                "decoder_num_layers": 2,
+                "decoder_dim_feedforward": 128,
+                "encoder_dim_feedforward": 128,
+                "task_encoder_hidden_dim": 128,
+            },
+            reason="the layer norms after the backbone read timm swin's channel-last features (the "
+            "tiny resnet standing in for timm gives channel-first ones); the class/task embedding "
+            "width must be the text tower's, the vision feature channels the encoder's; and the "
+            "text width must differ from the decoder's: with equal widths transformers 5.24 builds "
+            "no task_project yet reads it (AttributeError)",
+        ),
+        "pp_doclayout_v2": Preset(
+            config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
+            reason="the forward looks up a score threshold and a reading-order category per class in "
+            "class_thresholds / class_order, which the default config leaves None (checkpoints set them)",
+        ),
+        "pp_ocrv5_server_det": Preset(
+            config=_OCR_DET_NECK,
+            reason="the default config leaves intraclass_block_config, scale_factor_list and "
+            "kernel_list None, which the neck and head index at construction (checkpoints set them)",
+        ),
+        "pp_ocrv6_medium_det": Preset(
+            config={**_OCR_DET_NECK, "backbone_config": _LCNET_V4_DETECTION},
+            reason="as pp_ocrv5_server_det (intra-class blocks None), and its default pp_lcnet_v4 backbone "
+            "is the recognition form: one tapped stage and (2, 1) strides, where the neck fuses four "
+            "stages at 2x steps",
+        ),
+        "pp_ocrv6_small_det": Preset(
+            config={
+                "layer_list_out_channels": [16, 16, 16, 16],
+                "neck_out_channels": 32,
+                "backbone_config": _LCNET_V4_DETECTION,
+            },
+            reason="the default config does not build at any size: its neck takes four taps of "
+            "[12, 18, 42, 360] channels while the default pp_lcnet_v4 backbone taps one stage of 384 "
+            "channels with (2, 1) strides; a four-stage detection backbone and a neck reading its "
+            "16-channel taps",
+        ),
+    }
+)

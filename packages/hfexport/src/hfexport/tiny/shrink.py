@@ -331,7 +331,9 @@ def _tiny_backbone(sub: PretrainedConfig, shrunk: dict[str, Any]) -> dict[str, A
       shrink would cut ``num_layers`` (its stage count) and its per-stage lists to two, while the
       head taps stages three and four;
     * hgnet_v2 gets narrow stages whose ``hidden_sizes`` equal its ``stage_out_channels`` (the heads
-      read one, the backbone builds from the other).
+      read one, the backbone builds from the other); a backbone whose blocks are spelled out in
+      ``block_configs`` (pp_lcnet_v4: kernel, in and out channels per block) builds its channels
+      from those and keeps its ``stage_out_channels`` (narrowing them alone breaks the first block).
     """
     values = sub.to_dict()
     if values.get("model_type") == "timm_backbone":
@@ -359,7 +361,12 @@ def _tiny_backbone(sub: PretrainedConfig, shrunk: dict[str, Any]) -> dict[str, A
                 new = _shrink_value(key, value, None)
                 shrunk[key] = list(value) if new is _KEEP else new
     outs = values.get("stage_out_channels")
-    if isinstance(outs, list) and outs and all(_is_int(v) for v in outs):
+    if (
+        isinstance(outs, list)
+        and outs
+        and all(_is_int(v) for v in outs)
+        and not isinstance(values.get("block_configs"), list)
+    ):
         n = len(outs)
         tiny = [16 * 2**i for i in range(n)]
         shrunk.update(
@@ -378,8 +385,11 @@ def _tiny_backbone(sub: PretrainedConfig, shrunk: dict[str, Any]) -> dict[str, A
 
 def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone: Mapping[str, Any]) -> None:
     """A detection head's ``encoder_in_channels`` follow its tiny backbone's tapped stages (rt_detr:
-    ``[512, 1024, 2048]`` for resnet50's stages 2-4), and its query counts shrink (``num_queries``
-    300 top-k picks over the 21 anchors of a 32x32 image fail). Changes ``out`` in place."""
+    ``[512, 1024, 2048]`` for resnet50's stages 2-4; with one tap more than encoder inputs and an
+    ``x4_feat_dim``, pp_doclayout_v3, the first tap is the mask branch's), a hybrid encoder's
+    ``encoder_hidden_dim`` (and the decoder inputs reading it) narrows to the tiny hidden size, and
+    its query counts shrink (``num_queries`` 300 top-k picks over the 21 anchors of a 32x32 image
+    fail). Changes ``out`` in place."""
     channels = backbone.get("hidden_sizes")
     indices = backbone.get("out_indices")
     if indices is None and isinstance(backbone.get("out_features"), list):
@@ -393,9 +403,21 @@ def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone:
         picked = [channels[int(i) - 1] for i in indices]
         if len(picked) == len(values["encoder_in_channels"]):
             out["encoder_in_channels"] = picked
+        elif len(picked) == len(values["encoder_in_channels"]) + 1 and _is_int(values.get("x4_feat_dim")):
+            # pp_doclayout_v3: the first (stride-4) tap feeds the mask branch, the others the encoder
+            out["x4_feat_dim"] = picked[0]
+            out["encoder_in_channels"] = picked[1:]
     for key in _QUERY_KEYS:
         if _is_int(values.get(key)) and values[key] > 10:
             out[key] = 10
+    width = values.get("encoder_hidden_dim")
+    if _is_int(width) and width > HIDDEN:
+        # rt_detr-like hybrid encoders: 256 wide by default (10M parameters at the tiny size);
+        # the decoder's input projections read the encoder's width
+        out["encoder_hidden_dim"] = HIDDEN
+        decoder_in = values.get("decoder_in_channels")
+        if isinstance(decoder_in, list) and all(c == width for c in decoder_in):
+            out["decoder_in_channels"] = [HIDDEN] * len(decoder_in)
 
 
 def _fit_backbone_outputs(

@@ -6,6 +6,9 @@
   informer masks, ``torch.distributions`` checks, TimesFM's batch of series), key ``"capture"`` too;
 - :mod:`hfexport.workarounds.text_to_audio`: the text-to-audio models' capture patches (FastSpeech 2's
   length regulator), key ``"capture.text_to_audio"``;
+- :mod:`hfexport.workarounds.detection`: the object detectors' capture patches (OmDet-Turbo's
+  token-keyed language cache, anchors and query selection; the RT-DETR family's ``len`` batch;
+  ``take_along_dim`` as ``gather``), key ``"capture.detection"``;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
@@ -31,6 +34,7 @@ CORE_KEYS: tuple[str, ...] = (
     "capture",
     "capture.time_series",
     "capture.text_to_audio",
+    "capture.detection",
     "generation",
     "inputs",
 )
@@ -40,6 +44,7 @@ CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.torch_export",
     "hfexport.workarounds.time_series",
     "hfexport.workarounds.text_to_audio",
+    "hfexport.workarounds.detection",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
     "hfexport.generation.vision_inputs",

@@ -1,0 +1,420 @@
+"""Capture workarounds of the object detectors (key ``"capture.detection"``, issue 28).
+
+Each entry is a :func:`hfexport.registry.register_patch` under :data:`KEY`, a scope of the core's
+``"capture"`` key: :func:`hfexport.capture.capture` installs it (with the ``"capture"`` entries)
+around ``torch.export.export`` whichever backend asked for the capture, but only when the captured
+module holds a module of one of :data:`DETECTOR_MODULES` (:func:`capture_key`), and puts the
+original back afterwards (also when the capture fails); the eager model the exporter validates
+against runs the original code.
+
+- :func:`omdet_language_embedding_batched`: OmDet-Turbo embeds its class names and task prompts
+  through a least-recently-used cache keyed by each row's token ids (``input_ids[mask !=
+  0].tolist()``), regroups the class embeddings per image with a Python loop over the values of
+  ``classes_structure`` and cuts the task prompts to the longest one (``mask.sum(1).max().item()``):
+  all data-dependent, which ``torch.export`` cannot trace. The patch embeds every row at once, with
+  the same number of classes per image.
+- :func:`omdet_anchors_uncached`: OmDet-Turbo's decoder memoizes its anchor grid with
+  ``functools.lru_cache`` keyed by the feature maps' ``(height, width)``; with dynamic image sides
+  those are symbolic ints, which cannot be hashed (``TypeError: unhashable type: non-nested
+  SymInt``). The patch computes the grid on every call.
+- :func:`omdet_query_selection_symbolic_batch`: its query selection takes the batch size as
+  ``len(vision_features)``, which ``torch.export`` specialises to the sample's batch; the patch
+  reads the symbolic ``shape[0]`` and gathers the top-k anchors per image.
+- :func:`rt_detr_batch_from_shape`: the RT-DETR family's model forward (rt_detr, rt_detr_v2,
+  d_fine, deimv2, pp_doclayout_v2/v3) takes its batch size as ``len(source_flatten)``, which
+  specialises the batch the same way (``Guard failed: pixel_values.size()[0] == 2``); the patch
+  runs the forward with a module-level ``len`` that gives a tensor's symbolic ``shape[0]``.
+- :func:`take_along_dim_as_gather`: PP-DocLayout's head sorts its queries with
+  ``torch.take_along_dim``, whose broadcast of the indices against the input guards the batch to
+  the sample's; with indices of the input's shape it is a ``gather``, which the patch calls.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hfexport.registry import register_patch
+from hfexport.workarounds.torch_export import BACKEND as CAPTURE
+
+__all__ = [
+    "CAPTURE",
+    "DETECTOR_MODULES",
+    "KEY",
+    "OMDET_ANCHOR_TARGETS",
+    "OMDET_LANGUAGE_TARGETS",
+    "OMDET_QUERY_TARGETS",
+    "RT_DETR_FORWARD_TARGETS",
+    "capture_key",
+    "omdet_anchors_uncached",
+    "omdet_language_embedding_batched",
+    "omdet_query_selection_symbolic_batch",
+    "rt_detr_batch_from_shape",
+    "symbolic_len",
+    "take_along_dim_as_gather",
+]
+
+#: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
+KEY = f"{CAPTURE}.detection"
+BACKEND = KEY
+
+#: transformers modeling modules whose models the capture patches of this module concern
+DETECTOR_MODULES: tuple[str, ...] = (
+    "transformers.models.omdet_turbo.modeling_omdet_turbo",
+    *(
+        f"transformers.models.{name}.modeling_{name}"
+        for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3")
+    ),
+)
+
+
+def capture_key(module: torch.nn.Module) -> str | None:
+    """The registry key :func:`hfexport.capture.capture` installs patches from for ``module``.
+
+    Args:
+        module: the module about to be captured (a model, or a wrapper holding one).
+
+    Returns:
+        :data:`KEY` (``"capture.detection"``: the ``"capture"`` entries and this module's) when
+        ``module`` or one of its submodules is defined in one of :data:`DETECTOR_MODULES`;
+        ``None`` otherwise (the caller picks another key), so other models' reports do not list
+        these patches.
+    """
+    for sub in module.modules():
+        if type(sub).__module__ in DETECTOR_MODULES:
+            return KEY
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# OmDet-Turbo: class and task embeddings without the token-keyed cache
+# --------------------------------------------------------------------------------------------
+
+#: the method embedding OmDet-Turbo's class names and task prompts (through its caches)
+OMDET_LANGUAGE_TARGETS: tuple[str, ...] = (
+    "transformers.models.omdet_turbo.modeling_omdet_turbo.OmDetTurboPreTrainedModel.get_language_embedding",
+)
+
+
+@register_patch(
+    BACKEND,
+    *OMDET_LANGUAGE_TARGETS,
+    description=(
+        "omdet-turbo: class names and task prompts embedded as one batch each (no cache keyed by token ids "
+        "via .tolist(), no Python regrouping over classes_structure values, no .item() cut of the prompts), "
+        "the same number of classes per image"
+    ),
+    # the language cache (OmDetTurboLRUCache) keys on input_ids[...].tolist(); no transformers issue
+    # filed for exporting it; torch.export's side: data-dependent Tensor.tolist (open)
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.23,<6"},
+)
+def omdet_language_embedding_batched(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``OmDetTurboPreTrainedModel.get_language_embedding`` while capturing.
+
+    transformers' method runs each class-name row and task-prompt row through an LRU cache keyed by
+    the row's unmasked token ids (a Python tuple from ``.tolist()``), pads each image's classes to
+    the largest count in ``classes_structure`` with a loop over that tensor's values, and cuts the
+    prompts to the longest unmasked length (``.item()``); ``torch.export`` can trace none of it
+    (the values of inputs decide the Python control flow and the output shapes).
+
+    The replacement computes the same embeddings without the cache (which only stores what the
+    language tower computes):
+
+    * class embeddings: the tower's ``"class"`` encoding of every row of ``classes_input_ids``
+      ``[b * c, s]`` at once, regrouped ``[c, b, class_embed_dim]`` by reshaping: image ``i``'s
+      classes are rows ``i * c .. i * c + c - 1``, the processor's layout when every image has ``c``
+      classes (``c = classes_input_ids.shape[0] // b``, ``b = classes_structure.shape[0]``);
+    * task embeddings: the text tower's hidden states of ``tasks_input_ids`` ``[b, s]`` as
+      ``[s, b, hidden]`` with ``tasks_attention_mask`` unchanged as the mask. Eager cuts both to
+      the longest prompt; the masked tail positions here are excluded as keys by the decoder's
+      padding mask. With unpadded prompts (all-ones mask) the two are the same computation.
+
+    Images with different class counts (``classes_structure`` not all ``c``) are outside what the
+    captured program computes: the program asserts equal counts at run time
+    (``torch._assert_async``), on the runtimes that keep assertions.
+
+    Raises:
+        RuntimeError: (at run time of the eager-patched call) ``classes_input_ids`` has a row count
+            that is not a multiple of the image count.
+    """
+
+    @functools.wraps(original)
+    def get_language_embedding(
+        self: Any,
+        classes_input_ids: torch.Tensor,
+        classes_attention_mask: torch.Tensor,
+        tasks_input_ids: torch.Tensor,
+        tasks_attention_mask: torch.Tensor,
+        classes_structure: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        images = classes_structure.shape[0]
+        rows = classes_input_ids.shape[0]
+        torch._check(rows % images == 0, lambda: f"{rows} class rows for {images} images")
+        per_image = rows // images
+        torch._assert_async(
+            torch.all(classes_structure == per_image),
+            "omdet-turbo export: every image must have the same number of classes",
+        )
+        backbone = self.language_backbone
+        classes = backbone(classes_input_ids, encode_type="class")  # [b * c, class_embed_dim]
+        classes = classes.reshape(images, per_image, classes.shape[-1]).transpose(0, 1)
+        tasks = backbone.model(tasks_input_ids)[0]  # [b, s, hidden]
+        return classes, tasks.transpose(0, 1), tasks_attention_mask
+
+    return get_language_embedding
+
+
+# --------------------------------------------------------------------------------------------
+# OmDet-Turbo: anchors without the lru_cache
+# --------------------------------------------------------------------------------------------
+
+#: the decoder method building the anchor grid (wrapped in ``functools.lru_cache`` upstream)
+OMDET_ANCHOR_TARGETS: tuple[str, ...] = (
+    "transformers.models.omdet_turbo.modeling_omdet_turbo.OmDetTurboDecoder.generate_anchors",
+)
+
+
+@register_patch(
+    BACKEND,
+    *OMDET_ANCHOR_TARGETS,
+    description=(
+        "omdet-turbo: the decoder's anchor grid computed on every call instead of through functools.lru_cache, "
+        "whose key (the feature maps' heights and widths) holds unhashable symbolic ints under dynamic image sides"
+    ),
+    # SymInt.__hash__ refuses non-constant symbols (torch 2.13 still); rt_detr's copy of this method uses
+    # transformers' export-aware cache, omdet-turbo's the plain functools one
+    issue="https://github.com/pytorch/pytorch/issues/135099",
+    versions={"transformers": ">=5.23,<6"},
+)
+def omdet_anchors_uncached(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``OmDetTurboDecoder.generate_anchors`` by the function ``lru_cache`` wraps.
+
+    The anchors are a pure function of the feature-map sizes (a grid of cell centres and sizes per
+    level, in logit space, with ``inf`` outside the valid range), so computing them on every call
+    gives the cached values; while ``torch.export`` traces, the grid becomes part of the program,
+    following the symbolic image sides.
+
+    Returns:
+        ``original.__wrapped__`` (the undecorated method); ``original`` itself when it is not a
+        ``functools`` cache wrapper (a transformers version without the cache).
+    """
+    return getattr(original, "__wrapped__", original)
+
+
+# --------------------------------------------------------------------------------------------
+# OmDet-Turbo: query selection on a symbolic batch
+# --------------------------------------------------------------------------------------------
+
+#: the decoder method selecting the top-scoring anchors as queries (reads ``len(vision_features)``)
+OMDET_QUERY_TARGETS: tuple[str, ...] = (
+    "transformers.models.omdet_turbo.modeling_omdet_turbo.OmDetTurboDecoder._get_decoder_input",
+)
+
+
+def _take_rows(values: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+    """``values[i, picked[i, j], :]`` for every batch row ``i`` and pick ``j``: ``[b, n, d]`` from
+    ``values`` ``[b, m, d]`` and ``picked`` ``[b, n]`` int64 (a ``gather`` on axis 1)."""
+    return values.gather(1, picked.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
+
+
+@register_patch(
+    BACKEND,
+    *OMDET_QUERY_TARGETS,
+    description=(
+        "omdet-turbo: the decoder's query selection reads the batch from vision_features.shape[0] and gathers "
+        "the top-k anchors per image, instead of len(vision_features), which specialises the batch to the sample's"
+    ),
+    # len() of a tensor must return a Python int, so the symbolic batch is guarded to its sample value;
+    # no upstream issue filed (the method's first line at transformers 5.24)
+    issue=(
+        "https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/models/omdet_turbo/"
+        "modeling_omdet_turbo.py"
+    ),
+    versions={"transformers": ">=5.23,<6"},
+)
+def omdet_query_selection_symbolic_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``OmDetTurboDecoder._get_decoder_input`` (the two-stage query selection).
+
+    Upstream takes the batch size as ``len(vision_features)``; Python's ``len`` needs an int, so
+    ``torch.export`` guards the batch to the sample's (``Eq(s, 2)``) and the program refuses any
+    other batch. The replacement computes the same selection with the batch left symbolic:
+
+    * features outside the valid anchors zeroed, projected (``encoder_vision_features``), scored
+      against the projected class embeddings (``get_class_similarity``), boxes regressed onto the
+      anchors (``encoder_bbox_head(...) + anchors``);
+    * the ``num_queries`` best-scoring positions per image (top-k of the per-position maximum
+      class score) taken with ``gather`` along the position axis (upstream: advanced indexing with
+      a flattened batch index), for the reference boxes, the class scores and, unless the model
+      learns its initial queries, the query embeddings.
+
+    Shapes: ``vision_features`` ``[b, positions, d]``; returns the query embeddings ``[b,
+    num_queries, d]``, reference boxes (logits) ``[b, num_queries, 4]``, their sigmoid, the class
+    scores ``[b, num_queries, classes]`` and the anchors ``[1, positions, 4]``, as upstream (with
+    denoising queries, when given, in front).
+    """
+    from transformers.models.omdet_turbo import modeling_omdet_turbo as omdet
+
+    @functools.wraps(original)
+    def _get_decoder_input(
+        self: Any,
+        vision_features: torch.Tensor,
+        vision_shapes: Any,
+        class_features: torch.Tensor,
+        denoise_embeddings: torch.Tensor | None = None,
+        denoise_bboxes: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, ...]:
+        batch = vision_features.shape[0]
+        anchors, valid = self.generate_anchors(
+            vision_shapes, device=vision_features.device, dtype=vision_features.dtype
+        )
+        zero = torch.zeros((), dtype=vision_features.dtype, device=vision_features.device)
+        features = self.encoder_vision_features(torch.where(valid, vision_features, zero))
+        classes = self.encoder_class_head(class_features).permute(1, 2, 0)
+        scores = omdet.get_class_similarity(self.class_distance_type, features, classes)
+        boxes = self.encoder_bbox_head(features) + anchors
+        best = torch.topk(scores.max(-1).values, self.num_queries, dim=1).indices  # [b, num_queries]
+        reference = _take_rows(boxes, best)
+        encoder_boxes = reference.sigmoid()
+        if denoise_bboxes is not None:
+            reference = torch.cat([denoise_bboxes, reference], 1)
+        if self.training:
+            reference = reference.detach()
+        picked_scores = _take_rows(scores, best)
+        if self.learn_initial_query:
+            queries = self.tgt_embed.weight.unsqueeze(0).repeat(batch, 1, 1)
+        else:
+            queries = _take_rows(features, best)
+            if self.training:
+                queries = queries.detach()
+        if denoise_embeddings is not None:
+            queries = torch.cat([denoise_embeddings, queries], 1)
+        return queries, reference, encoder_boxes, picked_scores, anchors
+
+    return _get_decoder_input
+
+
+# --------------------------------------------------------------------------------------------
+# RT-DETR family: the batch size from the symbolic shape
+# --------------------------------------------------------------------------------------------
+
+#: the model forwards reading their batch size as ``len(source_flatten)``
+RT_DETR_FORWARD_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{module}.modeling_{module}.{cls}.forward"
+    for module, cls in (
+        ("rt_detr", "RTDetrModel"),
+        ("rt_detr_v2", "RTDetrV2Model"),
+        ("d_fine", "DFineModel"),
+        ("deimv2", "Deimv2Model"),
+        ("pp_doclayout_v2", "PPDocLayoutV2Model"),
+        ("pp_doclayout_v3", "PPDocLayoutV3Model"),
+    )
+)
+
+
+def symbolic_len(obj: Any) -> Any:
+    """``len(obj)``, except for a tensor of rank >= 1: its ``shape[0]`` as is (a ``SymInt`` for a
+    dynamic axis while ``torch.export`` traces), where the builtin would force a Python int and so
+    guard the axis to its sample size.
+
+    Raises:
+        TypeError: ``obj`` has no length (as the builtin), a 0-d tensor included.
+    """
+    if isinstance(obj, torch.Tensor) and obj.dim() > 0:
+        return obj.shape[0]
+    return len(obj)
+
+
+@register_patch(
+    BACKEND,
+    *RT_DETR_FORWARD_TARGETS,
+    description=(
+        "rt_detr family (rt_detr, rt_detr_v2, d_fine, deimv2, pp_doclayout_v2/v3): the model forward runs with a "
+        "module-level len giving a tensor's symbolic shape[0], so batch_size = len(source_flatten) keeps the "
+        "batch dynamic instead of guarding it to the sample's"
+    ),
+    # len() must return a Python int, so torch.export guards the symbolic batch (no upstream issue filed; the
+    # line at transformers 5.24)
+    issue=(
+        "https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/models/rt_detr/"
+        "modeling_rt_detr.py"
+    ),
+    versions={"transformers": ">=5.23,<6"},
+)
+def rt_detr_batch_from_shape(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the RT-DETR family's ``Model.forward`` so that ``len`` in its modeling module is
+    :func:`symbolic_len` for the duration of the call.
+
+    The forward flattens the feature maps into ``source_flatten`` ``[batch, positions, d_model]``
+    and takes ``batch_size = len(source_flatten)`` for the anchor and query selection; the builtin
+    turns the symbolic batch into an int and ``torch.export`` pins it (the program refuses any
+    other batch). Name lookup in the module's code finds a module global ``len`` before the
+    builtin, so the wrapper sets one (and removes it afterwards, also when the forward raises);
+    every other ``len`` call of the module (lists, tuples, config values) behaves as the builtin.
+    """
+    # the forward under transformers' decorators (can_return_tuple, ...): its own module's globals
+    namespace = inspect.unwrap(original).__globals__
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        had = "len" in namespace
+        previous = namespace.get("len")
+        namespace["len"] = symbolic_len
+        try:
+            return original(*args, **kwargs)
+        finally:
+            if had:
+                namespace["len"] = previous
+            else:
+                namespace.pop("len", None)
+
+    return forward
+
+
+# --------------------------------------------------------------------------------------------
+# take_along_dim without the broadcast (PP-DocLayout's query sort)
+# --------------------------------------------------------------------------------------------
+
+
+@register_patch(
+    BACKEND,
+    "torch.take_along_dim",
+    description=(
+        "detectors (pp_doclayout's query sort): torch.take_along_dim with indices of the input's shape runs as "
+        "gather, whose trace keeps the batch symbolic (the broadcast check of take_along_dim pinned it to the sample's)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/140011",
+    versions={"torch": ">=2.12"},
+)
+def take_along_dim_as_gather(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.take_along_dim`` while a detector is captured (key ``capture.detection``).
+
+    ``take_along_dim(x, indices, dim)`` broadcasts ``indices`` against ``x`` (all axes but
+    ``dim``) before gathering; under ``torch.export`` that broadcast check of two equal symbolic
+    batches guards the batch to its sample value (PP-DocLayout v2/v3 sort their queries by score
+    with ``argsort`` + ``take_along_dim``: ``Guard failed: pixel_values.size()[0] == 2``). When
+    ``indices`` has the rank of ``x`` and provably the same size on every other axis, the result is
+    ``x.gather(dim, indices)``: same values, no broadcast. Any other call (no ``dim``, a rank or
+    size that needs broadcasting, or sizes not known equal without a guard) runs the original.
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    @functools.wraps(original)
+    def take_along_dim(
+        input: torch.Tensor, indices: torch.Tensor, dim: int | None = None, **kwargs: Any
+    ) -> Any:
+        if dim is None or kwargs or input.dim() != indices.dim():
+            return original(input, indices, dim, **kwargs)
+        axis = dim % input.dim()
+        same = all(
+            guard_or_false(a == b) for i, (a, b) in enumerate(zip(input.shape, indices.shape)) if i != axis
+        )
+        if not same:
+            return original(input, indices, dim)
+        return input.gather(axis, indices)
+
+    return take_along_dim

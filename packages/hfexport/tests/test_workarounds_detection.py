@@ -1,0 +1,145 @@
+"""The object detectors' capture workarounds (hfexport.workarounds.detection, issue 28).
+
+The OmDet-Turbo patch is checked for its registry metadata, for the key the capture picks (only
+for an OmDet-Turbo model), for giving the eager numbers, and for what it exists for: without it
+``torch.export`` cannot capture the tiny model, with it the program runs another batch size and
+matches eager. Tiny models only (the capture takes a few seconds).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport import registry
+from hfexport.registry import apply_patches
+from hfexport.testing import tiny_model
+from hfexport.workarounds import detection
+
+TASK = "zero-shot-object-detection"
+OMDET = f"{detection.__name__}.omdet_language_embedding_batched"
+OUTPUTS = ("decoder_class_logits", "decoder_coord_logits")
+
+
+def test_entry_is_registered_under_the_capture_scope_with_issue_link_and_range():
+    assert detection.KEY == "capture.detection"
+    found = {e.name: e for e in registry.entries(detection.KEY, kind="patch")}
+    entry = found[OMDET]
+    assert entry.paths == detection.OMDET_LANGUAGE_TARGETS
+    assert entry.issue == "https://github.com/pytorch/pytorch/issues/126685"
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    assert OMDET not in {e.name for e in registry.entries("capture", kind="patch")}
+
+
+def test_capture_key_is_the_detection_scope_only_for_omdet():
+    model, _ = tiny_model("omdet-turbo", TASK)
+    assert detection.capture_key(model) == "capture.detection"
+    owl, _ = tiny_model("owlvit", TASK)
+    assert detection.capture_key(owl) is None
+
+
+def _second(model, inputs) -> dict[str, torch.Tensor]:
+    from hfexport.verify.second_shape import derive_second_inputs
+
+    second, reason = derive_second_inputs(model, inputs)
+    assert second is not None, reason
+    return second
+
+
+def test_omdet_queries_have_input_roles_for_a_second_shape():
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    second = _second(model, inputs)
+    shapes = {k: tuple(v.shape) for k, v in second.items()}
+    assert shapes["pixel_values"] == (3, 3, 64, 64)  # one image more, sides doubled
+    assert shapes["classes_input_ids"] == shapes["tasks_input_ids"] == (3, 4)  # queries keep their length
+    assert shapes["tasks_attention_mask"] == shapes["classes_attention_mask"] == (3, 4)
+    assert second["classes_structure"].tolist() == [1, 1, 1]  # repeated, never generated
+
+
+def test_patched_embedding_gives_the_eager_outputs():
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    with torch.no_grad():
+        eager = model(**inputs)
+        with apply_patches(detection.KEY):
+            patched = model(**inputs)
+    for name in OUTPUTS:
+        torch.testing.assert_close(patched[name], eager[name], rtol=0, atol=1e-6)
+
+
+def test_omdet_exports_only_with_the_patch_and_runs_another_batch():
+    from hfexport.capture import auto_dynamic_shapes
+
+    model, inputs = tiny_model("omdet-turbo", TASK)
+    shapes = auto_dynamic_shapes(inputs)
+    with pytest.raises(Exception, match=r"data-dependent"):  # the token-keyed cache: .tolist()
+        torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    other = _second(model, inputs)
+    # the hybrid encoder's positional grid holds the image sides static (the exporter keeps the
+    # sides a program took static at its second shape): another batch only
+    other["pixel_values"] = other["pixel_values"][:, :, :32, :32].contiguous()
+    with torch.no_grad():
+        got = program.module()(**other)
+        want = model(**other)
+    for name in OUTPUTS:
+        assert got[name].shape[0] == 3
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_symbolic_len_is_the_builtin_except_on_tensors():
+    assert detection.symbolic_len([1, 2, 3]) == 3
+    assert detection.symbolic_len(torch.zeros(5, 2)) == 5
+    with pytest.raises(TypeError):
+        detection.symbolic_len(torch.tensor(1.0))
+    with pytest.raises(TypeError):
+        detection.symbolic_len(7)
+
+
+def test_rt_detr_exports_a_dynamic_batch_only_with_the_patch():
+    import transformers.models.rt_detr.modeling_rt_detr as rt_detr
+    from torch.export import Dim
+
+    model, inputs = tiny_model("rt_detr", "object-detection")
+    assert detection.capture_key(model) == "capture.detection"
+    shapes = {"pixel_values": {0: Dim("batch", min=1, max=16)}}
+    with pytest.raises(Exception, match=r"specialized it to be a constant \(2\)"):  # len(source_flatten)
+        torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    assert "len" not in vars(rt_detr)  # the module-level len is gone after the forward
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = program.module()(pixel_values=pixels), model(pixel_values=pixels)
+    for name in ("logits", "pred_boxes"):
+        assert got[name].shape[0] == 3
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+def test_take_along_dim_as_gather_gives_the_same_values_and_falls_back_to_broadcast():
+    x = torch.randn(3, 5, 4, generator=torch.Generator().manual_seed(0))
+    idx = torch.argsort(x[..., 0], dim=1)
+    with apply_patches(detection.KEY):
+        patched = torch.take_along_dim
+        same = patched(x, idx[..., None].expand(-1, -1, 4), dim=1)
+        broadcast = patched(x, idx[..., None], dim=1)  # indices [3, 5, 1]: needs the broadcast
+        flat = patched(x, torch.tensor([0, 7]))  # no dim: the flattened input
+    assert torch.take_along_dim is not patched  # restored
+    torch.testing.assert_close(same, torch.take_along_dim(x, idx[..., None].expand(-1, -1, 4), dim=1))
+    torch.testing.assert_close(broadcast, torch.take_along_dim(x, idx[..., None], dim=1))
+    torch.testing.assert_close(flat, x.flatten()[[0, 7]])
+
+
+def test_pp_doclayout_exports_a_dynamic_batch_with_the_patches():
+    from torch.export import Dim
+
+    model, inputs = tiny_model("pp_doclayout_v2", "object-detection")
+    shapes = {"pixel_values": {0: Dim("batch", min=1, max=16)}}
+    with apply_patches(detection.KEY):
+        program = torch.export.export(model, (), inputs, dynamic_shapes=shapes)
+    pixels = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got, want = program.module()(pixel_values=pixels), model(pixel_values=pixels)
+    for name in ("logits", "pred_boxes", "order_logits"):
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
