@@ -16,6 +16,8 @@ Stages (each a function, called in order by :func:`capture`):
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
    time-series forecaster ``apply_patches("capture.time_series")``, which adds those of
    :mod:`hfexport.workarounds.time_series` (:func:`~hfexport.workarounds.time_series.capture_key`);
+   for a dense-prediction head (DPT) ``apply_patches("capture.dense_prediction")``, which adds those
+   of :mod:`hfexport.workarounds.dense_prediction`;
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -37,6 +39,7 @@ from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
+from hfexport.workarounds import dense_prediction as _dense_prediction_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
 
 __all__ = [
@@ -502,8 +505,12 @@ def capture(
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
         with stage("capture.patches"):
-            # the forecasters' patches (capture.time_series) only for a forecaster (issue 28)
-            in_effect = stack.enter_context(apply_patches(_time_series_workarounds.capture_key(module)))
+            # the forecasters' patches (capture.time_series) only for a forecaster, the dense-prediction
+            # heads' (capture.dense_prediction) only for such a head (issue 28)
+            key = _dense_prediction_workarounds.capture_key(module) or _time_series_workarounds.capture_key(
+                module
+            )
+            in_effect = stack.enter_context(apply_patches(key))
             if report is not None:
                 recorded = report.applied.get("capture_patches", [])
                 report.record_applied(

@@ -4,6 +4,8 @@
   (key ``"capture"``), whichever backend asked for it;
 - :mod:`hfexport.workarounds.time_series`: the time-series forecasters' capture patches (autoformer /
   informer masks, ``torch.distributions`` checks, TimesFM's batch of series), key ``"capture"`` too;
+- :mod:`hfexport.workarounds.dense_prediction`: the dense-prediction heads' capture patches (DPT's
+  patch grid), key ``"capture.dense_prediction"``;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
@@ -25,12 +27,19 @@ __all__ = ["CORE_KEYS", "CORE_MODULES", "load"]
 
 #: Registry keys the core itself applies; ``hfexport patches --stale`` judges their entries
 #: against the version ranges the ``hfexport`` distribution declares.
-CORE_KEYS: tuple[str, ...] = ("capture", "capture.time_series", "generation", "inputs")
+CORE_KEYS: tuple[str, ...] = (
+    "capture",
+    "capture.time_series",
+    "capture.dense_prediction",
+    "generation",
+    "inputs",
+)
 
 #: Modules whose import registers the core's built-in entries.
 CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.torch_export",
     "hfexport.workarounds.time_series",
+    "hfexport.workarounds.dense_prediction",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
     "hfexport.generation.vision_inputs",
