@@ -435,6 +435,11 @@ PRESETS.update(
             )
             for mt in ("eomt", "eomt_dinov3")
         },
+        "depth_pro": Preset(
+            config={"intermediate_hook_ids": [1, 0]},
+            reason="the patch encoder taps hidden states intermediate_hook_ids (default [11, 5] of 24 "
+            "layers), past the 2-layer tiny stack (IndexError); the tiny stack's layers 1 and 0",
+        ),
         "zoedepth": Preset(
             config={"fusion_hidden_size": 256},
             reason="the metric-bins head builds 256-wide layers whatever the neck's fusion width "

@@ -6,6 +6,8 @@
   informer masks, ``torch.distributions`` checks, TimesFM's batch of series), key ``"capture"`` too;
 - :mod:`hfexport.workarounds.dense_prediction`: the dense-prediction heads' capture patches (DPT's
   patch grid), key ``"capture.dense_prediction"``;
+- :mod:`hfexport.side_probe` registers the ``"side_probe"`` patches, in place while the image-side
+  probe runs the model on fake tensors;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
@@ -31,6 +33,7 @@ CORE_KEYS: tuple[str, ...] = (
     "capture",
     "capture.time_series",
     "capture.dense_prediction",
+    "side_probe",
     "generation",
     "inputs",
 )
@@ -40,6 +43,7 @@ CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.torch_export",
     "hfexport.workarounds.time_series",
     "hfexport.workarounds.dense_prediction",
+    "hfexport.side_probe",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
     "hfexport.generation.vision_inputs",
