@@ -24,6 +24,7 @@ __all__ = [
     "custom_translations_may_take_complex_inputs",
     "eager_experts_as_grouped_matmul",
     "rewrite_rules_forget_the_graph",
+    "split_of_run_time_chunks_not_folded",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,3 +143,64 @@ def rewrite_rules_forget_the_graph(original: Callable[..., Any]) -> Callable[...
     match.__doc__ = original.__doc__
     match.__wrapped__ = original  # type: ignore[attr-defined]
     return match
+
+
+def _is_unknown_scalar_split(node: Any) -> bool:
+    """True for a ``SplitToSequence`` whose ``split`` input is a scalar (or of unknown rank) with no
+    constant value: a chunk size computed at run time (``x.split(batch_size)`` on a dynamic batch)."""
+    from onnxscript.optimizer import _constant_folding
+
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return False
+    split = node.inputs[1]
+    if _constant_folding._get_numpy_value(split) is not None:
+        return False
+    shape = split.shape
+    return not (shape is not None and shape.is_static() and len(shape) == 1)
+
+
+@register_patch(
+    "onnx",
+    "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators",
+    description=(
+        "the optimizer's SplitToSequence folding leaves a split into chunks of a run-time size alone instead "
+        "of failing on it (AttributeError: 'NoneType' object has no attribute 'ndim'; ZoeDepth's "
+        "hidden_states.split(batch_size) on a dynamic batch failed stage 'optimize')"
+    ),
+    # the scalar-split branch reads split_value.ndim when only the (scalar) shape of split is known, since
+    # microsoft/onnxscript#2544; no issue filed for the crash
+    issue="https://github.com/microsoft/onnxscript/pull/2544",
+    versions={"onnxscript": ">=0.5"},
+)
+def split_of_run_time_chunks_not_folded(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``PartialEvaluatorRegistry.lookup_evaluators`` while exporting.
+
+    ``torch.onnx`` translates ``x.split(n, dim)`` with a symbolic ``n`` (ZoeDepth's reassemble stage
+    splits its stacked stages by the batch size) to ``SplitToSequence(x, n)`` with a scalar ``n``
+    computed in the graph. onnxscript's constant folding of ``SplitToSequence`` (which would turn it
+    into ``Split`` + ``SequenceConstruct`` when the chunk count is known) then takes the branch of a
+    1-D split and reads ``.ndim`` of the missing constant value: the optimizer raises and the export
+    fails in stage ``optimize``. The evaluators returned for ``SplitToSequence`` are wrapped so that
+    such a node is not folded (returns ``None``, as the folding does for every case it cannot
+    decide); the node stays a ``SplitToSequence``, which ONNX Runtime runs. Every other node and
+    every other op's evaluators are the original's.
+    """
+
+    def guarded(evaluator: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate(node: Any, op: Any, state: Any) -> Any:
+            if _is_unknown_scalar_split(node):
+                return None
+            return evaluator(node, op, state)
+
+        evaluate.__wrapped__ = evaluator  # type: ignore[attr-defined]
+        return evaluate
+
+    def lookup_evaluators(self: Any, domain: str, opname: str, version: int) -> Any:
+        found = original(self, domain, opname, version)
+        if opname != "SplitToSequence" or domain not in ("", "ai.onnx"):
+            return found
+        return [guarded(evaluator) for evaluator in found]
+
+    lookup_evaluators.__doc__ = original.__doc__
+    lookup_evaluators.__wrapped__ = original  # type: ignore[attr-defined]
+    return lookup_evaluators
