@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -266,4 +267,43 @@ def test_a_split_into_run_time_chunks_is_optimized_and_runs_at_two_batches():
         got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
         for mine, theirs in zip(got, model(x), strict=True):
             assert mine.shape == (batch,)
+            torch.testing.assert_close(torch.from_numpy(mine), theirs, atol=ATOL, rtol=ATOL)
+
+
+class _PyramidPooling(torch.nn.Module):
+    """The pyramid pooling of BEiT / UperNet segmentation heads: adaptive means to 1, 2, 3 and 6 bins."""
+
+    def forward(self, x):
+        return [torch.nn.functional.adaptive_avg_pool2d(x, bins) for bins in (1, 2, 3, 6)]
+
+
+def _onnx_session(model, sample, patched: bool):
+    import onnxruntime as ort
+
+    from hfexport.registry import apply_patches
+
+    auto = torch.export.Dim.AUTO
+    dynamic = ({0: auto, 2: auto, 3: auto},)
+    with apply_patches("onnx") if patched else contextlib.nullcontext():
+        program = torch.onnx.export(model, (sample,), dynamic_shapes=dynamic, dynamo=True)
+    return ort.InferenceSession(program.model_proto.SerializeToString())
+
+
+def test_adaptive_average_pooling_keeps_its_windows_at_other_image_sizes():
+    """issue 28: torch.onnx fixed adaptive_avg_pool2d's AveragePool window at the traced sides (pytorch/pytorch#147720):
+    BEiT's segmentation logits missed eager by 9e-4 at a doubled image. The patch's averaging matrices follow the
+    sides (non-divisible sides and more bins than positions included)."""
+    name = "hfexport_onnx.workarounds.patches.adaptive_avg_pool_over_dynamic_sides"
+    assert name in {e.name for e in registry.entries("onnx", kind="patch")}
+    model = _PyramidPooling()
+    unpatched = _onnx_session(model, torch.randn(2, 3, 4, 4), patched=False)
+    wide = torch.randn(2, 3, 8, 8)
+    got = unpatched.run(None, {unpatched.get_inputs()[0].name: wide.numpy()})
+    assert got[1].shape != (2, 3, 2, 2)  # the 2-bin pooling kept the sample's window
+    session = _onnx_session(model, torch.randn(2, 3, 4, 4), patched=True)
+    for height, width in ((4, 4), (8, 8), (7, 5), (2, 2)):
+        x = torch.randn(3, 3, height, width)
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        for mine, theirs in zip(got, model(x), strict=True):
+            assert mine.shape == tuple(theirs.shape)
             torch.testing.assert_close(torch.from_numpy(mine), theirs, atol=ATOL, rtol=ATOL)

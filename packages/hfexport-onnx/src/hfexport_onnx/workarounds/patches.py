@@ -16,11 +16,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from hfexport.registry import register_patch
 from hfexport.workarounds.recurrences import register_recurrences
 from hfexport.workarounds.time_series import register_lgamma_elementary
 
 __all__ = [
+    "adaptive_avg_pool_over_dynamic_sides",
+    "adaptive_bins",
     "custom_translations_may_take_complex_inputs",
     "eager_experts_as_grouped_matmul",
     "rewrite_rules_forget_the_graph",
@@ -204,3 +208,75 @@ def split_of_run_time_chunks_not_folded(original: Callable[..., Any]) -> Callabl
     lookup_evaluators.__doc__ = original.__doc__
     lookup_evaluators.__wrapped__ = original  # type: ignore[attr-defined]
     return lookup_evaluators
+
+
+def adaptive_bins(size: Any, bins: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``[bins, size]`` averaging matrix of adaptive average pooling along one axis.
+
+    Row ``i`` averages positions ``floor(i * size / bins)`` to ``ceil((i + 1) * size / bins) - 1``, the
+    window ``torch.nn.functional.adaptive_avg_pool2d`` uses (windows overlap when ``bins`` does not
+    divide ``size``, and repeat positions when ``bins > size``).
+
+    Args:
+        size: the input length along the axis (an int, or a ``SymInt`` while tracing).
+        bins: the output length (> 0).
+        dtype: floating dtype of the matrix.
+        device: its device.
+
+    Returns:
+        A ``[bins, size]`` tensor whose rows sum to 1.
+    """
+    index = torch.arange(bins, device=device)
+    start = torch.div(index * size, bins, rounding_mode="floor")
+    end = torch.div((index + 1) * size + bins - 1, bins, rounding_mode="floor")
+    position = torch.arange(size, device=device)
+    inside = (position[None, :] >= start[:, None]) & (position[None, :] < end[:, None])
+    return inside.to(dtype) / (end - start)[:, None].to(dtype)
+
+
+@register_patch(
+    "onnx",
+    "torch.nn.functional.adaptive_avg_pool2d",
+    description=(
+        "adaptive average pooling to a size above 1 over dynamic image sides is captured as two averaging matrix "
+        "products; torch.onnx fixed its AveragePool window at the sample's sides (PSP heads of BEiT / UperNet "
+        "gave other shapes and values at a second image size)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/147720",
+    versions={"torch": ">=2.12"},
+)
+def adaptive_avg_pool_over_dynamic_sides(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.adaptive_avg_pool2d`` while exporting.
+
+    torch.onnx translates ``adaptive_avg_pool2d(x, n)`` with ``n > 1`` to an ``AveragePool`` whose
+    kernel and stride are computed from the traced input sides, which are the sample's: on an input
+    whose sides are dynamic the ONNX model then pools other windows, and returns another output
+    size, at any other image size (pytorch/pytorch#147720; measured: ``adaptive_avg_pool2d(x, 2)``
+    traced on 4x4 maps returned 4x4 instead of 2x2 on 8x8 maps, ``(x, 3)`` differed by 0.4). The
+    pyramid pooling of BEiT, Data2VecVision and UperNet segmentation heads pools to 1, 2, 3 and 6.
+    When a side is symbolic (a dynamic capture) and an output size is above 1, the replacement
+    computes ``A_h @ x @ A_w^T`` with the averaging matrices of :func:`adaptive_bins`, which is the
+    same windows and the same averages (up to float summation order) at every size. An output size
+    of 1 (a global mean, which translates to a ``ReduceMean``), ``None`` entries, static sides and
+    eager calls run the original.
+    """
+
+    def adaptive_avg_pool2d(input: torch.Tensor, output_size: Any) -> torch.Tensor:
+        sizes = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        symbolic = any(isinstance(side, torch.SymInt) for side in input.shape[-2:])
+        if (
+            not symbolic
+            or len(sizes) != 2
+            or not all(isinstance(s, int) for s in sizes)
+            or sizes == (1, 1)
+            or input.dim() not in (3, 4)
+            or not input.is_floating_point()
+        ):
+            return original(input, output_size)
+        rows = adaptive_bins(input.shape[-2], sizes[0], input.dtype, input.device)
+        cols = adaptive_bins(input.shape[-1], sizes[1], input.dtype, input.device)
+        return torch.matmul(torch.matmul(rows, input), cols.transpose(0, 1))
+
+    adaptive_avg_pool2d.__doc__ = original.__doc__
+    adaptive_avg_pool2d.__wrapped__ = original  # type: ignore[attr-defined]
+    return adaptive_avg_pool2d
