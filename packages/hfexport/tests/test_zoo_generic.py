@@ -340,12 +340,17 @@ def test_dpt_overlay_gives_dense_outputs_worth_comparing(task):
         # one query block inside the 2-layer stack (4 never joined the queries: 0 patch tokens left)
         ("eomt", {"masks_queries_logits": (2, 10, 16, 16), "class_queries_logits": (2, 10, 4)}),
         ("eomt_dinov3", {"masks_queries_logits": (2, 10, 16, 16), "class_queries_logits": (2, 10, 4)}),
+        # the default head_config has no upsample blocks (unbuildable)
+        ("sapiens2", {"logits": (2, 3, 16, 16)}),
+        # 64x64 images (32x32 left a 1x1 map under 2x2 unfold patches), initializer_range 0.2 (outputs were 0)
+        ("mobilevitv2", {"logits": (2, 3, 2, 2)}),
     ],
 )
 def test_segmentation_overlays_build_heads_that_run(model_type, outputs):
     """issue 28: image-segmentation types the generic shrink left unbuildable or failing eagerly."""
     model, inputs = tiny_model(model_type, "image-segmentation", check_eager=True)
-    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)
+    side = 64 if model_type == "mobilevitv2" else 32
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, side, side)
     with torch.no_grad():
         out = model(**inputs)
     for name, shape in outputs.items():

@@ -440,6 +440,21 @@ PRESETS.update(
             reason="the patch encoder taps hidden states intermediate_hook_ids (default [11, 5] of 24 "
             "layers), past the 2-layer tiny stack (IndexError); the tiny stack's layers 1 and 0",
         ),
+        "sapiens2": Preset(
+            config={
+                "num_key_value_heads_per_layer": [4, 4],
+                "head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]},
+            },
+            reason="the default head_config has no upsample blocks (upsample_out_channels None: the "
+            "segmentation head cannot be built) and the per-layer key/value heads keep the default 16 "
+            "over 4 tiny heads; two upsample blocks (32, 16 channels) and one 16-channel refinement conv",
+        ),
+        "mobilevitv2": Preset(
+            config={"image_size": 64, "initializer_range": 0.2},
+            reason="at 32x32 the last stage's feature map is 1x1, smaller than the 2x2 patches its "
+            "unfold cuts (eager fails); 64x64 images keep it 2x2; at initializer_range 0.02 the outputs "
+            "vanish to 0 (max 5.8 for segmentation, 3.2 for classification at 0.2)",
+        ),
         "zoedepth": Preset(
             config={"fusion_hidden_size": 256},
             reason="the metric-bins head builds 256-wide layers whatever the neck's fusion width "
