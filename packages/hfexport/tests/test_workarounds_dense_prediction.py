@@ -116,3 +116,32 @@ def test_dpt_program_keeps_the_sample_size_without_the_patches():
         )
         with pytest.raises(AssertionError, match=r"Guard failed: .*\*\* 0\.5"):
             program.module()(**_grown(inputs))
+
+
+def test_eomt_entries_and_scope():
+    names = {e.name for e in registry.entries(dense_prediction.KEY, kind="patch")}
+    assert f"{dense_prediction.__name__}.eomt_mask_probabilities_as_numbers" in names
+    preparers = {e.name for e in registry.entries("inputs", kind="input_preparer")}
+    assert f"{dense_prediction.__name__}.eomt_mask_probabilities_before_capture" in preparers
+    model, _ = tiny_model("eomt", "image-segmentation")
+    assert dense_prediction.capture_key(model) == dense_prediction.KEY
+
+
+def test_eomt_captures_its_mask_branch_and_matches_eager_at_another_batch():
+    """issue 28: EoMT's per-block branch on attn_mask_probs values failed capture
+    (GuardOnDataDependentSymNode: Eq(u0, 1)); with the preparer's numbers it is decided at capture."""
+    model, inputs = tiny_model("eomt", "image-segmentation")
+    dynamic = {"pixel_values": {0: torch.export.Dim.AUTO}}
+    with torch.no_grad():
+        with apply_patches(dense_prediction.KEY), pytest.raises(Exception, match="data-dependent"):
+            torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+        assert dense_prediction.eomt_mask_probabilities_before_capture(model, inputs) is inputs
+        grown = {"pixel_values": torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(5))}
+        expected = model(**grown)
+        with apply_patches(dense_prediction.KEY):
+            program = torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+        got = program.module()(**grown)
+    assert isinstance(model.attn_mask_probs, torch.Tensor)  # the buffer is back
+    assert got.masks_queries_logits.shape == (3, 10, 16, 16)
+    for name in ("masks_queries_logits", "class_queries_logits"):
+        torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4)

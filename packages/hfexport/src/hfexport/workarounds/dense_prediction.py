@@ -14,6 +14,12 @@ against runs the original code.
   size symbolic: it guards ``trunc(sqrt((height // p) * (width // p))) == 4`` and the program only
   takes the sample's image size. The patch hands the stage the grid the embeddings were built on,
   ``(height // patch_size, width // patch_size)``.
+- :func:`eomt_mask_probabilities_as_numbers` with the input preparer
+  :func:`eomt_mask_probabilities_before_capture`: EoMT's forward decides per query block whether to
+  build the masked attention from the values of its ``attn_mask_probs`` buffer (``probs[i] > 0``,
+  ``prob < 1``), a data-dependent branch ``torch.export`` cannot take (``GuardOnDataDependentSymNode:
+  Eq(u0, 1)``). The preparer reads the buffer's values before capture; while capturing, the forward
+  sees them as Python numbers, so the branch is decided at capture as eager decides it.
 """
 
 from __future__ import annotations
@@ -26,16 +32,20 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.input_preparers import register_export_input_preparer
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
     "DENSE_PREDICTION_MODULES",
     "DPT_HEAD_TARGETS",
     "DPT_REASSEMBLE_TARGETS",
+    "EOMT_FORWARD_TARGETS",
     "KEY",
     "capture_key",
     "dpt_head_records_patch_grid",
     "dpt_patch_grid_from_image",
+    "eomt_mask_probabilities_as_numbers",
+    "eomt_mask_probabilities_before_capture",
     "patch_grid",
 ]
 
@@ -44,7 +54,11 @@ KEY = f"{CAPTURE}.dense_prediction"
 BACKEND = KEY
 
 #: transformers modeling modules whose models the capture patches of this module concern
-DENSE_PREDICTION_MODULES: tuple[str, ...] = ("transformers.models.dpt.modeling_dpt",)
+DENSE_PREDICTION_MODULES: tuple[str, ...] = (
+    "transformers.models.dpt.modeling_dpt",
+    "transformers.models.eomt.modeling_eomt",
+    "transformers.models.eomt_dinov3.modeling_eomt_dinov3",
+)
 
 _TRANSFORMERS = {"transformers": ">=5.23,<6"}
 
@@ -177,5 +191,93 @@ def dpt_patch_grid_from_image(original: Callable[..., Any]) -> Callable[..., Any
         if grid is not None and patch_height is None and patch_width is None:
             patch_height, patch_width = grid
         return original(self, hidden_states, patch_height, patch_width)
+
+    return forward
+
+
+# --------------------------------------------------------------------------------------------
+# EoMT: the masked-attention probabilities as numbers
+# --------------------------------------------------------------------------------------------
+
+#: the universal-segmentation heads whose forward branches on ``attn_mask_probs`` values
+EOMT_FORWARD_TARGETS: tuple[str, ...] = (
+    "transformers.models.eomt.modeling_eomt.EomtForUniversalSegmentation.forward",
+    "transformers.models.eomt_dinov3.modeling_eomt_dinov3.EomtDinov3ForUniversalSegmentation.forward",
+)
+#: attribute the preparer stores the probabilities under (a tuple of floats)
+EOMT_PROBS_ATTRIBUTE = "_hfexport_attn_mask_probs"
+_EOMT_CLASSES = ("EomtForUniversalSegmentation", "EomtDinov3ForUniversalSegmentation")
+_EOMT_ISSUE = "https://github.com/huggingface/transformers/pull/34393"
+
+
+@register_export_input_preparer(
+    "pixel_values",
+    description=(
+        "EoMT: read the attn_mask_probs buffer's values before capture, so the forward's per-block branch on "
+        "them is decided at capture (the partner of eomt_mask_probabilities_as_numbers)"
+    ),
+    # no issue filed for EoMT; transformers removed the same kind of value branch from Mask2Former for export
+    issue=_EOMT_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def eomt_mask_probabilities_before_capture(model: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Store each EoMT head's ``attn_mask_probs`` values on it as a tuple of floats.
+
+    Args:
+        model: the model about to be captured; every submodule that is an EoMT universal-segmentation
+            head (``EomtForUniversalSegmentation``, ``EomtDinov3ForUniversalSegmentation``) with an
+            ``attn_mask_probs`` tensor gets the attribute :data:`EOMT_PROBS_ATTRIBUTE`; other models are
+            left alone.
+        inputs: the forward kwargs, returned unchanged.
+
+    Returns:
+        ``inputs``.
+    """
+    if isinstance(model, torch.nn.Module):
+        for sub in model.modules():
+            probs = getattr(sub, "attn_mask_probs", None)
+            if type(sub).__name__ in _EOMT_CLASSES and isinstance(probs, torch.Tensor):
+                sub.__dict__[EOMT_PROBS_ATTRIBUTE] = tuple(float(v) for v in probs.detach().cpu().tolist())
+    return inputs
+
+
+@register_patch(
+    BACKEND,
+    *EOMT_FORWARD_TARGETS,
+    description=(
+        "EoMT: while capturing, the forward reads attn_mask_probs as the numbers the preparer read (its per-block "
+        "branch probs[i] > 0 on the buffer's values failed capture: GuardOnDataDependentSymNode Eq(u0, 1))"
+    ),
+    issue=_EOMT_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def eomt_mask_probabilities_as_numbers(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``Eomt(Dinov3)ForUniversalSegmentation.forward`` while capturing.
+
+    The forward builds the masked attention of query block ``i`` only when ``training or
+    attn_mask_probs[i] > 0`` and drops random queries when ``prob < 1``: Python decisions on a
+    buffer's values, which ``torch.export`` sees as a data-dependent symbol and refuses. In eval
+    mode, when :func:`eomt_mask_probabilities_before_capture` stored the values, the replacement
+    runs the original with ``attn_mask_probs`` set to that tuple of floats for the call (the buffer is
+    put back afterwards), so each branch is decided at capture as eager decides it for these values
+    (all 1, the released checkpoints' and transformers' initial value: every block masked, no
+    random drop). A probability strictly between 0 and 1 drops random queries in eager too, so such
+    a model is nondeterministic and the program freezes no particular draw. Training mode, or a head
+    the preparer did not see, runs the original.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        probs = self.__dict__.get(EOMT_PROBS_ATTRIBUTE)
+        buffer = self._buffers.get("attn_mask_probs")
+        if self.training or probs is None or buffer is None or len(probs) != buffer.shape[0]:
+            return original(self, *args, **kwargs)
+        del self._buffers["attn_mask_probs"]
+        self.__dict__["attn_mask_probs"] = probs
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            del self.__dict__["attn_mask_probs"]
+            self._buffers["attn_mask_probs"] = buffer
 
     return forward
