@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import pytest
@@ -222,3 +223,87 @@ def test_without_the_patch_a_rewrite_rule_keeps_the_graph():
     gc.collect()
     assert ref() is not None and matcher._graph is ref()  # the unpatched matcher still holds it
     matcher._graph = None
+
+
+class _StagesSplitByBatch(torch.nn.Module):
+    """ZoeDepth's reassemble stage in small: stages stacked along the batch, split back by the batch size."""
+
+    def forward(self, x):
+        stacked = torch.cat([x, 2 * x, 3 * x], dim=0)
+        return [chunk.sum(-1) * (i + 1) for i, chunk in enumerate(stacked.split(x.shape[0], dim=0))]
+
+
+def test_a_split_into_run_time_chunks_is_optimized_and_runs_at_two_batches():
+    """issue 28: torch.onnx gives SplitToSequence(x, batch) for x.split(batch) on a dynamic batch, and
+    onnxscript's constant folding failed on it (AttributeError: 'NoneType' object has no attribute 'ndim';
+    zoedepth failed stage 'optimize'): with the patch the node is left for ONNX Runtime."""
+    import onnxruntime as ort
+    from onnx_ir.passes import PassError
+
+    from hfexport.registry import apply_patches
+
+    name = "hfexport_onnx.workarounds.patches.split_of_run_time_chunks_not_folded"
+    assert name in {e.name for e in registry.entries("onnx", kind="patch")}
+    model = _StagesSplitByBatch()
+
+    def translated():
+        return torch.onnx.export(
+            model,
+            (torch.randn(2, 5),),
+            dynamic_shapes=({0: torch.export.Dim.AUTO},),
+            dynamo=True,
+            optimize=False,
+        )
+
+    with pytest.raises(PassError):
+        translated().optimize()
+    program = translated()
+    with apply_patches("onnx"):
+        program.optimize()
+    assert "SplitToSequence" in [node.op_type for node in program.model.graph]
+    session = ort.InferenceSession(program.model_proto.SerializeToString())
+    for batch in (2, 5):
+        x = torch.randn(batch, 5)
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        for mine, theirs in zip(got, model(x), strict=True):
+            assert mine.shape == (batch,)
+            torch.testing.assert_close(torch.from_numpy(mine), theirs, atol=ATOL, rtol=ATOL)
+
+
+class _PyramidPooling(torch.nn.Module):
+    """The pyramid pooling of BEiT / UperNet segmentation heads: adaptive means to 1, 2, 3 and 6 bins."""
+
+    def forward(self, x):
+        return [torch.nn.functional.adaptive_avg_pool2d(x, bins) for bins in (1, 2, 3, 6)]
+
+
+def _onnx_session(model, sample, patched: bool):
+    import onnxruntime as ort
+
+    from hfexport.registry import apply_patches
+
+    auto = torch.export.Dim.AUTO
+    dynamic = ({0: auto, 2: auto, 3: auto},)
+    with apply_patches("onnx") if patched else contextlib.nullcontext():
+        program = torch.onnx.export(model, (sample,), dynamic_shapes=dynamic, dynamo=True)
+    return ort.InferenceSession(program.model_proto.SerializeToString())
+
+
+def test_adaptive_average_pooling_keeps_its_windows_at_other_image_sizes():
+    """issue 28: torch.onnx fixed adaptive_avg_pool2d's AveragePool window at the traced sides (pytorch/pytorch#147720):
+    BEiT's segmentation logits missed eager by 9e-4 at a doubled image. The patch's averaging matrices follow the
+    sides (non-divisible sides and more bins than positions included)."""
+    name = "hfexport_onnx.workarounds.patches.adaptive_avg_pool_over_dynamic_sides"
+    assert name in {e.name for e in registry.entries("onnx", kind="patch")}
+    model = _PyramidPooling()
+    unpatched = _onnx_session(model, torch.randn(2, 3, 4, 4), patched=False)
+    wide = torch.randn(2, 3, 8, 8)
+    got = unpatched.run(None, {unpatched.get_inputs()[0].name: wide.numpy()})
+    assert got[1].shape != (2, 3, 2, 2)  # the 2-bin pooling kept the sample's window
+    session = _onnx_session(model, torch.randn(2, 3, 4, 4), patched=True)
+    for height, width in ((4, 4), (8, 8), (7, 5), (2, 2)):
+        x = torch.randn(3, 3, height, width)
+        got = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+        for mine, theirs in zip(got, model(x), strict=True):
+            assert mine.shape == tuple(theirs.shape)
+            torch.testing.assert_close(torch.from_numpy(mine), theirs, atol=ATOL, rtol=ATOL)

@@ -152,3 +152,32 @@ def test_probe_leaves_no_fake_tensor_in_method_caches():
     out = model(**inputs)  # the eager reference after the probe: no cached fake grid
     assert not isinstance(out, FakeTensor)
     torch.testing.assert_close(out, model.conv(inputs["pixel_values"]).mean((2, 3)) + 127.5)
+
+
+def test_the_fake_probe_leaves_no_fake_tensor_in_transformers_lru_caches():
+    """issue 28: DINOv3 memoises its patch coordinates per grid size (compile_compatible_method_lru_cache);
+    the probe's fake forward left a FakeTensor there, and the next eager forward at the doubled size
+    returned a fake output (CHMv2's validation: DataDependentOutputException: aten.equal.default)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from hfexport import registry
+    from hfexport.side_probe import PROBE_KEY
+
+    entry = {e.name: e for e in registry.entries(PROBE_KEY, kind="patch")}[
+        "hfexport.side_probe.bypass_transformers_lru_caches"
+    ]
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    model, _ = tiny_model("dinov3_vit", "feature-extraction")
+    # a grid size (5x5 patches of 8, probed doubled to 10x10) no other test runs eagerly first
+    sample = {"pixel_values": torch.randn(2, 3, 40, 40)}
+    assert (
+        model_fixed_image_sides(model, sample, {"pixel_values": {0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO}})
+        == []
+    )
+    doubled = torch.randn(2, 3, 80, 80)
+    with torch.no_grad():
+        out = model(pixel_values=doubled).last_hidden_state
+    assert not isinstance(out, FakeTensor)
+    assert out.shape == (2, 1 + model.config.num_register_tokens + 100, model.config.hidden_size)
+    assert torch.isfinite(out).all()

@@ -317,6 +317,47 @@ def test_deep_conv_overlays_give_outputs_worth_comparing(model_type, least):
     assert least <= peak < 1e3, peak
 
 
+@pytest.mark.parametrize("task", ["depth-estimation", "image-segmentation"])
+def test_dpt_overlay_gives_dense_outputs_worth_comparing(task):
+    """issue 28: at initializer_range 0.2 DPT's heads gave 1.6e8 (ONNX, ExecuTorch and OpenVINO then
+    missed eager by 304 in absolute), at 0.02 they vanish: the overlay's range keeps them near 1."""
+    model, inputs = tiny_model("dpt", task, check_eager=True)
+    with torch.no_grad():
+        out = model(**inputs)
+    dense = out.predicted_depth if task == "depth-estimation" else out.logits
+    assert 0.1 <= float(dense.abs().max()) < 1e2
+
+
+@pytest.mark.parametrize(
+    ("model_type", "outputs"),
+    [
+        # the FPN's 4 taps (out_indices) inside the tiny stack: beit refused its single tap, data2vec-vision's
+        # [3, 5, 7, 11] ran past 2 layers (a 128-channel map met a 256-channel conv)
+        ("beit", {"logits": (2, 3, 16, 16)}),
+        ("data2vec-vision", {"logits": (2, 3, 16, 16)}),
+        # d_model + encoder heads = 72 channels for the mask head's GroupNorm(8) (68 was refused)
+        ("detr", {"pred_masks": (2, 10, 8, 8), "logits": (2, 10, 4)}),
+        # one query block inside the 2-layer stack (4 never joined the queries: 0 patch tokens left)
+        ("eomt", {"masks_queries_logits": (2, 10, 16, 16), "class_queries_logits": (2, 10, 4)}),
+        ("eomt_dinov3", {"masks_queries_logits": (2, 10, 16, 16), "class_queries_logits": (2, 10, 4)}),
+        # the default head_config has no upsample blocks (unbuildable)
+        ("sapiens2", {"logits": (2, 3, 16, 16)}),
+        # 64x64 images (32x32 left a 1x1 map under 2x2 unfold patches), initializer_range 0.2 (outputs were 0)
+        ("mobilevitv2", {"logits": (2, 3, 2, 2)}),
+    ],
+)
+def test_segmentation_overlays_build_heads_that_run(model_type, outputs):
+    """issue 28: image-segmentation types the generic shrink left unbuildable or failing eagerly."""
+    model, inputs = tiny_model(model_type, "image-segmentation", check_eager=True)
+    side = 64 if model_type == "mobilevitv2" else 32
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, side, side)
+    with torch.no_grad():
+        out = model(**inputs)
+    for name, shape in outputs.items():
+        assert tuple(out[name].shape) == shape, name
+        assert float(out[name].abs().max()) > 1e-3, name
+
+
 # issue 28: the task heads, dual encoders and audio classifiers of the new sweep families
 @pytest.mark.parametrize(
     ("model_type", "task", "shapes", "outputs"),

@@ -20,6 +20,8 @@ Stages (each a function, called in order by :func:`capture`):
    (:func:`~hfexport.workarounds.text_to_audio.capture_key`);
    and for an object detector ``apply_patches("capture.detection")`` with those of
    :mod:`hfexport.workarounds.detection`;
+   for a dense-prediction head (DPT) ``apply_patches("capture.dense_prediction")``, which adds those
+   of :mod:`hfexport.workarounds.dense_prediction`;
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -41,6 +43,7 @@ from hfexport.batching import widen_unit_batch
 from hfexport.pytree import register_cache_pytrees
 from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
+from hfexport.workarounds import dense_prediction as _dense_prediction_workarounds
 from hfexport.workarounds import detection as _detection_workarounds
 from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
@@ -508,10 +511,14 @@ def capture(
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
         with stage("capture.patches"):
-            # the forecasters' patches (capture.time_series) only for a forecaster, the detectors'
-            # (capture.detection) only for a detector, the text-to-audio models' (capture.text_to_audio)
-            # only for one of those (issue 28)
-            key = _detection_workarounds.capture_key(module) or _time_series_workarounds.capture_key(module)
+            # the forecasters' patches (capture.time_series) only for a forecaster, the dense-prediction
+            # heads' (capture.dense_prediction), the detectors' (capture.detection) and the text-to-audio
+            # models' (capture.text_to_audio) only for one of those (issue 28)
+            key = (
+                _dense_prediction_workarounds.capture_key(module)
+                or _detection_workarounds.capture_key(module)
+                or _time_series_workarounds.capture_key(module)
+            )
             if key == _time_series_workarounds.CAPTURE:
                 key = _text_to_audio_workarounds.capture_key(module)
             in_effect = stack.enter_context(apply_patches(key))

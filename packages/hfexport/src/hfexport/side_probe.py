@@ -24,11 +24,17 @@ pooling only) runs doubled, so its sides stay dynamic.
 
 Only ``Dim.AUTO`` sides are probed (``dynamic=True``, ExecuTorch's bounded hints): a named
 ``Dim`` or ``Dim.DYNAMIC`` is the user's demand and goes to ``torch.export`` as given.
+
+The probe runs with the patches registered under :data:`PROBE_KEY` in place
+(:func:`bypass_transformers_lru_caches`): transformers memoises helpers of about 60 vision models
+(DINOv3's patch coordinates, DETR's and BEiT's position tables) in module-level LRU caches keyed
+by sizes, and a fake probe would leave a fake tensor there for the eager model to read later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -36,8 +42,55 @@ from typing import Any
 import torch
 
 from hfexport.conventions import input_role
+from hfexport.registry import apply_patches, register_patch
 
-__all__ = ["SIDE_GROWTH", "keep_sides_static", "model_fixed_image_sides"]
+__all__ = [
+    "PROBE_KEY",
+    "SIDE_GROWTH",
+    "bypass_transformers_lru_caches",
+    "keep_sides_static",
+    "model_fixed_image_sides",
+]
+
+#: Registry key of the patches in place while the probe runs the model on fake tensors.
+PROBE_KEY = "side_probe"
+
+
+@register_patch(
+    PROBE_KEY,
+    "transformers.pytorch_utils.is_torchdynamo_compiling",
+    description=(
+        "side probe: transformers' compile_compatible_method_lru_cache helpers compute without their cache, so the "
+        "fake probe stores no fake tensor for the eager model to read later (DINOv3 patch coordinates: CHMv2's "
+        "eager reference came out fake, DataDependentOutputException: aten.equal.default)"
+    ),
+    # no transformers issue filed; diffusers fixed the same fault of its copy of the helper
+    issue="https://github.com/huggingface/diffusers/pull/13290",
+    versions={"transformers": ">=5.23,<6"},
+)
+def bypass_transformers_lru_caches(original: Any) -> Any:
+    """Replace ``transformers.pytorch_utils.is_torchdynamo_compiling`` while the probe runs.
+
+    ``compile_compatible_method_lru_cache`` (``transformers.pytorch_utils``) memoises a function
+    in a module-level ``functools.lru_cache`` unless this name says torch is compiling. The probe
+    runs the forward under ``FakeTensorMode`` without compiling, so the cache kept the fake result
+    of, e.g., DINOv3's ``get_patches_center_coordinates(4, 4, ...)``: the next eager forward at that
+    image size read it, its output was a fake tensor, and validation failed on
+    ``DataDependentOutputException: aten.equal.default`` (CHMv2 at the sample or the doubled image
+    size, on every backend). Inside the probe the replacement answers True, so the helpers compute
+    without their cache (the same values), as they do while ``torch.export`` traces. Only the
+    helpers of that module read this name; the rest of transformers keeps its own check.
+
+    Returns:
+        A function of no arguments returning True.
+    """
+
+    @functools.wraps(original)
+    def is_torchdynamo_compiling() -> bool:
+        return True
+
+    return is_torchdynamo_compiling
+
 
 #: The probe multiplies every dynamic image side by this (the second shape's growth).
 SIDE_GROWTH = 2
@@ -126,6 +179,7 @@ def _probe(
             _quiet_fake_kernels(),
             _no_fake_cache_entries(model),
             reset_state(model) if reset_state is not None else contextlib.nullcontext(),
+            apply_patches(PROBE_KEY),
             FakeTensorMode(allow_non_fake_inputs=True) as mode,
             torch.no_grad(),
         ):

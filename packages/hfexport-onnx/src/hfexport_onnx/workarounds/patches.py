@@ -16,14 +16,19 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from hfexport.registry import register_patch
 from hfexport.workarounds.recurrences import register_recurrences
 from hfexport.workarounds.time_series import register_lgamma_elementary
 
 __all__ = [
+    "adaptive_avg_pool_over_dynamic_sides",
+    "adaptive_bins",
     "custom_translations_may_take_complex_inputs",
     "eager_experts_as_grouped_matmul",
     "rewrite_rules_forget_the_graph",
+    "split_of_run_time_chunks_not_folded",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,3 +147,136 @@ def rewrite_rules_forget_the_graph(original: Callable[..., Any]) -> Callable[...
     match.__doc__ = original.__doc__
     match.__wrapped__ = original  # type: ignore[attr-defined]
     return match
+
+
+def _is_unknown_scalar_split(node: Any) -> bool:
+    """True for a ``SplitToSequence`` whose ``split`` input is a scalar (or of unknown rank) with no
+    constant value: a chunk size computed at run time (``x.split(batch_size)`` on a dynamic batch)."""
+    from onnxscript.optimizer import _constant_folding
+
+    if len(node.inputs) < 2 or node.inputs[1] is None:
+        return False
+    split = node.inputs[1]
+    if _constant_folding._get_numpy_value(split) is not None:
+        return False
+    shape = split.shape
+    return not (shape is not None and shape.is_static() and len(shape) == 1)
+
+
+@register_patch(
+    "onnx",
+    "onnxscript.optimizer._constant_folding.PartialEvaluatorRegistry.lookup_evaluators",
+    description=(
+        "the optimizer's SplitToSequence folding leaves a split into chunks of a run-time size alone instead "
+        "of failing on it (AttributeError: 'NoneType' object has no attribute 'ndim'; ZoeDepth's "
+        "hidden_states.split(batch_size) on a dynamic batch failed stage 'optimize')"
+    ),
+    # the scalar-split branch reads split_value.ndim when only the (scalar) shape of split is known, since
+    # microsoft/onnxscript#2544; no issue filed for the crash
+    issue="https://github.com/microsoft/onnxscript/pull/2544",
+    versions={"onnxscript": ">=0.5"},
+)
+def split_of_run_time_chunks_not_folded(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``PartialEvaluatorRegistry.lookup_evaluators`` while exporting.
+
+    ``torch.onnx`` translates ``x.split(n, dim)`` with a symbolic ``n`` (ZoeDepth's reassemble stage
+    splits its stacked stages by the batch size) to ``SplitToSequence(x, n)`` with a scalar ``n``
+    computed in the graph. onnxscript's constant folding of ``SplitToSequence`` (which would turn it
+    into ``Split`` + ``SequenceConstruct`` when the chunk count is known) then takes the branch of a
+    1-D split and reads ``.ndim`` of the missing constant value: the optimizer raises and the export
+    fails in stage ``optimize``. The evaluators returned for ``SplitToSequence`` are wrapped so that
+    such a node is not folded (returns ``None``, as the folding does for every case it cannot
+    decide); the node stays a ``SplitToSequence``, which ONNX Runtime runs. Every other node and
+    every other op's evaluators are the original's.
+    """
+
+    def guarded(evaluator: Callable[..., Any]) -> Callable[..., Any]:
+        def evaluate(node: Any, op: Any, state: Any) -> Any:
+            if _is_unknown_scalar_split(node):
+                return None
+            return evaluator(node, op, state)
+
+        evaluate.__wrapped__ = evaluator  # type: ignore[attr-defined]
+        return evaluate
+
+    def lookup_evaluators(self: Any, domain: str, opname: str, version: int) -> Any:
+        found = original(self, domain, opname, version)
+        if opname != "SplitToSequence" or domain not in ("", "ai.onnx"):
+            return found
+        return [guarded(evaluator) for evaluator in found]
+
+    lookup_evaluators.__doc__ = original.__doc__
+    lookup_evaluators.__wrapped__ = original  # type: ignore[attr-defined]
+    return lookup_evaluators
+
+
+def adaptive_bins(size: Any, bins: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The ``[bins, size]`` averaging matrix of adaptive average pooling along one axis.
+
+    Row ``i`` averages positions ``floor(i * size / bins)`` to ``ceil((i + 1) * size / bins) - 1``, the
+    window ``torch.nn.functional.adaptive_avg_pool2d`` uses (windows overlap when ``bins`` does not
+    divide ``size``, and repeat positions when ``bins > size``).
+
+    Args:
+        size: the input length along the axis (an int, or a ``SymInt`` while tracing).
+        bins: the output length (> 0).
+        dtype: floating dtype of the matrix.
+        device: its device.
+
+    Returns:
+        A ``[bins, size]`` tensor whose rows sum to 1.
+    """
+    index = torch.arange(bins, device=device)
+    start = torch.div(index * size, bins, rounding_mode="floor")
+    end = torch.div((index + 1) * size + bins - 1, bins, rounding_mode="floor")
+    position = torch.arange(size, device=device)
+    inside = (position[None, :] >= start[:, None]) & (position[None, :] < end[:, None])
+    return inside.to(dtype) / (end - start)[:, None].to(dtype)
+
+
+@register_patch(
+    "onnx",
+    "torch.nn.functional.adaptive_avg_pool2d",
+    description=(
+        "adaptive average pooling to a size above 1 over dynamic image sides is captured as two averaging matrix "
+        "products; torch.onnx fixed its AveragePool window at the sample's sides (PSP heads of BEiT / UperNet "
+        "gave other shapes and values at a second image size)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/147720",
+    versions={"torch": ">=2.12"},
+)
+def adaptive_avg_pool_over_dynamic_sides(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.adaptive_avg_pool2d`` while exporting.
+
+    torch.onnx translates ``adaptive_avg_pool2d(x, n)`` with ``n > 1`` to an ``AveragePool`` whose
+    kernel and stride are computed from the traced input sides, which are the sample's: on an input
+    whose sides are dynamic the ONNX model then pools other windows, and returns another output
+    size, at any other image size (pytorch/pytorch#147720; measured: ``adaptive_avg_pool2d(x, 2)``
+    traced on 4x4 maps returned 4x4 instead of 2x2 on 8x8 maps, ``(x, 3)`` differed by 0.4). The
+    pyramid pooling of BEiT, Data2VecVision and UperNet segmentation heads pools to 1, 2, 3 and 6.
+    When a side is symbolic (a dynamic capture) and an output size is above 1, the replacement
+    computes ``A_h @ x @ A_w^T`` with the averaging matrices of :func:`adaptive_bins`, which is the
+    same windows and the same averages (up to float summation order) at every size. An output size
+    of 1 (a global mean, which translates to a ``ReduceMean``), ``None`` entries, static sides and
+    eager calls run the original.
+    """
+
+    def adaptive_avg_pool2d(input: torch.Tensor, output_size: Any) -> torch.Tensor:
+        sizes = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
+        symbolic = any(isinstance(side, torch.SymInt) for side in input.shape[-2:])
+        if (
+            not symbolic
+            or len(sizes) != 2
+            or not all(isinstance(s, int) for s in sizes)
+            or sizes == (1, 1)
+            or input.dim() not in (3, 4)
+            or not input.is_floating_point()
+        ):
+            return original(input, output_size)
+        rows = adaptive_bins(input.shape[-2], sizes[0], input.dtype, input.device)
+        cols = adaptive_bins(input.shape[-1], sizes[1], input.dtype, input.device)
+        return torch.matmul(torch.matmul(rows, input), cols.transpose(0, 1))
+
+    adaptive_avg_pool2d.__doc__ = original.__doc__
+    adaptive_avg_pool2d.__wrapped__ = original  # type: ignore[attr-defined]
+    return adaptive_avg_pool2d

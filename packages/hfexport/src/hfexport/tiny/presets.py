@@ -406,10 +406,64 @@ PRESETS.update(
         ),
         # --- issue 28: dense prediction (segmentation, depth) ---
         "dpt": Preset(
-            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "initializer_range": 0.2},
+            config={"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3], "initializer_range": 0.08},
             reason="the neck reassembles 4 taps of the ViT (backbone_out_indices [2, 5, 8, 11] of 12 "
             "layers by default); 4 layers tapped at each keep the neck whole; at initializer_range "
-            "0.02 the depth head's output vanishes (max 3e-7) through the tiny neck",
+            "0.02 the heads' outputs vanish (max 3e-7) through the tiny neck, at 0.2 they explode (max "
+            "1.6e8: float32 runtimes then differ from eager by hundreds in absolute); 0.08 gives max 1.4 "
+            "(depth) and 3.8 (segmentation logits)",
+        ),
+        # BEiT-style semantic segmentation: the FPN reads 4 encoder taps (out_indices, 1-based);
+        # the shrunk 2-layer stack keeps beit's single default tap [12] -> [2] (the head refuses it)
+        # or data2vec-vision's [3, 5, 7, 11] past its last layer (the FPN then gets 2 feature maps)
+        **{
+            mt: Preset(
+                config={
+                    "num_hidden_layers": 4,
+                    "out_indices": [1, 2, 3, 4],
+                    "out_features": ["stage1", "stage2", "stage3", "stage4"],
+                },
+                reason="the semantic-segmentation FPN reads 4 encoder taps (out_indices); 4 layers tapped "
+                "at each keep it whole",
+            )
+            for mt in ("beit", "data2vec-vision")
+        },
+        "detr": Preset(
+            config={"encoder_attention_heads": 8},
+            reason="the segmentation mask head's input is d_model + encoder heads channels, which its "
+            "GroupNorm(8) needs divisible by 8 (64 + 4 = 68 is refused); 8 heads of 8 give 72",
+        ),
+        # EoMT: the queries join the token sequence at layer num_hidden_layers - num_blocks; with the
+        # default 4 blocks over the 2-layer stack that index is negative, no query is ever added, and
+        # the mask prediction slices 0 patch tokens
+        **{
+            mt: Preset(
+                config={"num_blocks": 1, "num_queries": 10},
+                reason="the queries join the tokens num_blocks (default 4) layers before the end, which "
+                "the 2-layer tiny stack does not have: one block keeps them joining (at layer 1); 10 "
+                "queries, as the other query heads' tiny models",
+            )
+            for mt in ("eomt", "eomt_dinov3")
+        },
+        "depth_pro": Preset(
+            config={"intermediate_hook_ids": [1, 0]},
+            reason="the patch encoder taps hidden states intermediate_hook_ids (default [11, 5] of 24 "
+            "layers), past the 2-layer tiny stack (IndexError); the tiny stack's layers 1 and 0",
+        ),
+        "sapiens2": Preset(
+            config={
+                "num_key_value_heads_per_layer": [4, 4],
+                "head_config": {"upsample_out_channels": [32, 16], "conv_out_channels": [16]},
+            },
+            reason="the default head_config has no upsample blocks (upsample_out_channels None: the "
+            "segmentation head cannot be built) and the per-layer key/value heads keep the default 16 "
+            "over 4 tiny heads; two upsample blocks (32, 16 channels) and one 16-channel refinement conv",
+        ),
+        "mobilevitv2": Preset(
+            config={"image_size": 64, "initializer_range": 0.2},
+            reason="at 32x32 the last stage's feature map is 1x1, smaller than the 2x2 patches its "
+            "unfold cuts (eager fails); 64x64 images keep it 2x2; at initializer_range 0.02 the outputs "
+            "vanish to 0 (max 5.8 for segmentation, 3.2 for classification at 0.2)",
         ),
         "zoedepth": Preset(
             config={"fusion_hidden_size": 256},

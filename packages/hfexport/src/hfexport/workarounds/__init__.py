@@ -9,6 +9,10 @@
 - :mod:`hfexport.workarounds.detection`: the object detectors' capture patches (OmDet-Turbo's
   token-keyed language cache, anchors and query selection; the RT-DETR family's ``len`` batch;
   ``take_along_dim`` as ``gather``), key ``"capture.detection"``;
+- :mod:`hfexport.workarounds.dense_prediction`: the dense-prediction heads' capture patches (DPT's
+  patch grid), key ``"capture.dense_prediction"``;
+- :mod:`hfexport.side_probe` registers the ``"side_probe"`` patches, in place while the image-side
+  probe runs the model on fake tensors;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
   recorded (key ``"generation"``);
 - :mod:`hfexport.workarounds.input_preparers`: the ``"input_preparer"`` kind (data-dependent inputs
@@ -35,6 +39,8 @@ CORE_KEYS: tuple[str, ...] = (
     "capture.time_series",
     "capture.text_to_audio",
     "capture.detection",
+    "capture.dense_prediction",
+    "side_probe",
     "generation",
     "inputs",
 )
@@ -45,6 +51,8 @@ CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.time_series",
     "hfexport.workarounds.text_to_audio",
     "hfexport.workarounds.detection",
+    "hfexport.workarounds.dense_prediction",
+    "hfexport.side_probe",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
     "hfexport.generation.vision_inputs",
