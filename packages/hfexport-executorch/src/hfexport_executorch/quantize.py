@@ -81,7 +81,7 @@ METHODS: dict[str, QuantizationMethod] = {
     "4w": QuantizationMethod(
         "4-bit grouped symmetric weights (scales searched for the least squared error, LM head 8-bit "
         "per row), float activations; runs on the quantized kernels' mixed_linear "
-        "(not delegated; values stored one per byte, so the size of 8w)",
+        "(not delegated; values stored one per byte, so about the size of 8w)",
         options=frozenset({"group_size", "exclude", "embedding_bits"}),
         phase="source",
         apply=_SOURCE,
