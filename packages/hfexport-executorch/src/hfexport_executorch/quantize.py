@@ -160,13 +160,14 @@ def mse_group_scales(
     For each group of ``group_size`` consecutive input elements of a row, the candidates are
     ``amax * f / d`` for ``f`` in 1.0, 0.98, ..., 0.60 and ``d`` in 7, 7.5, 8 (scaled to ``bits``:
     ``d * 2**(bits-1) / 8``), where ``amax`` is the group's largest magnitude; each candidate is
-    rounded to bfloat16 first (XNNPACK stores block scales in bf16, so the error scored is the one
-    the runtime computes), values are rounded to ``[-2**(bits-1), 2**(bits-1) - 1]``, and the
-    candidate with the smallest sum of squared errors wins (the first on ties, so ``amax / 7`` when
-    nothing beats it). ``scale_dtype`` is the dtype the program stores the scales in: bfloat16 for
-    ``8da4w`` (XNNPACK), the activation dtype for ``4w`` (``mixed_linear``). Shrinking clips a few outliers to place the grid finer for the rest of the
-    group. The search is vectorised over all groups (one pass per candidate, 63 in all). Scales are
-    positive: XNNPACK refuses a negative block scale at load.
+    rounded to ``scale_dtype`` first (the dtype the program stores the scales in: bfloat16 for
+    ``8da4w``, as XNNPACK stores block scales; the activation dtype for ``4w``, as ``mixed_linear``
+    reads them; so the error scored is the one the runtime computes), values are rounded to
+    ``[-2**(bits-1), 2**(bits-1) - 1]``, and the candidate with the smallest sum of squared errors
+    wins (the first on ties, so ``amax / 7`` when nothing beats it). Shrinking clips a few outliers
+    to place the grid finer for the rest of the group. The search is vectorised over all groups
+    (one pass per candidate, 63 in all). Scales are positive: XNNPACK refuses a negative block scale
+    at load.
 
     Args:
         weight: float ``[out_features, in_features]``, ``in_features`` a multiple of ``group_size``.
