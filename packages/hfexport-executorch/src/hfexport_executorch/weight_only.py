@@ -119,18 +119,30 @@ class WeightOnlyLinear(torch.nn.Module):
         bits: 8 (values in [-127, 127], one scale per output row) or 4 (values in [-8, 7], one scale
             per ``group_size`` input columns).
         group_size: elements per scale for ``bits=4``; must divide ``in_features``.
+        scales: positive scales to round with instead of the default, float ``[out, in / group_size]``
+            for ``bits=4`` (e.g. :func:`hfexport_executorch.quantize.mse_group_scales`, what ``4w``
+            uses) or ``[out]`` for ``bits=8``.
 
     Raises:
-        ValueError: ``bits`` is not 4 or 8, or ``group_size`` does not divide ``in_features``.
+        ValueError: ``bits`` is not 4 or 8, ``group_size`` does not divide ``in_features``, or
+            ``scales`` has another shape or a scale that is not positive.
         RuntimeError: from :func:`ensure_mixed_linear` (the installed ExecuTorch lacks the operator).
 
-    The scale of a row or group is its largest absolute weight over the largest positive level
-    (127 or 7), so the largest weight is represented exactly; weights round to the nearest level.
-    Buffers: ``weight`` int8 ``[out, in]``, ``scales`` float ``[out]`` or ``[out, in / group_size]``
-    (the linear's dtype); ``bias`` stays a float parameter.
+    Without ``scales``, the scale of a row or group is its largest absolute weight over the largest
+    positive level (127 or 7), so the largest weight is represented exactly; weights round to the
+    nearest level (clipped to the levels when ``scales`` are smaller). Buffers: ``weight`` int8
+    ``[out, in]``, ``scales`` float ``[out]`` or ``[out, in / group_size]`` (the linear's dtype);
+    ``bias`` stays a float parameter.
     """
 
-    def __init__(self, linear: torch.nn.Linear, bits: int, group_size: int | None = None) -> None:
+    def __init__(
+        self,
+        linear: torch.nn.Linear,
+        bits: int,
+        group_size: int | None = None,
+        *,
+        scales: torch.Tensor | None = None,
+    ) -> None:
         super().__init__()
         if bits not in (4, 8):
             raise ValueError(f"bits must be 4 or 8, got {bits!r}")
@@ -146,8 +158,17 @@ class WeightOnlyLinear(torch.nn.Module):
         else:
             grouped = weight.float().reshape(out_features, 1, in_features)
         top = 7 if bits == 4 else 127
-        scales = grouped.abs().amax(dim=-1) / top
-        scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        if scales is None:
+            scales = grouped.abs().amax(dim=-1) / top
+            scales = torch.where(scales > 0, scales, torch.ones_like(scales))
+        else:
+            scales = scales.detach().float().reshape(out_features, -1)
+            if tuple(scales.shape) != tuple(grouped.shape[:2]) or not bool((scales > 0).all()):
+                expected = (out_features, grouped.shape[1]) if bits == 4 else (out_features,)
+                raise ValueError(
+                    f"scales must be positive with shape {expected} for {bits}-bit weights of "
+                    f"{tuple(weight.shape)}; got {tuple(scales.shape)}"
+                )
         levels = torch.clamp(torch.round(grouped / scales[..., None]), -top - 1, top)
         self.in_features, self.out_features, self.bits = in_features, out_features, bits
         self.group_size = group_size if bits == 4 else None
