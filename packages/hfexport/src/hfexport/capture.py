@@ -14,14 +14,9 @@ Stages (each a function, called in order by :func:`capture`):
 4. :func:`reset_stale_state`: drop cached tables a previous eager forward left on modules;
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.torch_export`
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
-   time-series forecaster ``apply_patches("capture.time_series")``, which adds those of
-   :mod:`hfexport.workarounds.time_series` (:func:`~hfexport.workarounds.time_series.capture_key`),
-   for a text-to-audio model ``apply_patches("capture.text_to_audio")``
-   (:func:`~hfexport.workarounds.text_to_audio.capture_key`);
-   and for an object detector ``apply_patches("capture.detection")`` with those of
-   :mod:`hfexport.workarounds.detection`;
-   for a dense-prediction head (DPT) ``apply_patches("capture.dense_prediction")``, which adds those
-   of :mod:`hfexport.workarounds.dense_prediction`;
+   model of a family with capture patches of its own (:data:`CAPTURE_SCOPES`: dense-prediction heads,
+   object detectors, time-series forecasters, text-to-audio models) ``apply_patches("capture.<family>")``
+   instead, which adds that family's (:func:`capture_patch_key`);
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -49,9 +44,11 @@ from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
 
 __all__ = [
+    "CAPTURE_SCOPES",
     "KwargsModule",
     "auto_dynamic_shapes",
     "capture",
+    "capture_patch_key",
     "check_dynamic_shapes",
     "check_shared_axes",
     "flags_in_signature",
@@ -61,6 +58,35 @@ __all__ = [
     "resolve_dynamic_shapes",
     "signature_module",
 ]
+
+
+#: The families with capture patches of their own, in the order their tests are tried (a model
+#: matches at most one in practice; the first wins): each module has ``KEY`` and ``capture_key``
+#: (:func:`hfexport.workarounds.scopes.holds_module_from` over its modeling files), issue 28.
+CAPTURE_SCOPES = (
+    _dense_prediction_workarounds,
+    _detection_workarounds,
+    _time_series_workarounds,
+    _text_to_audio_workarounds,
+)
+
+
+def capture_patch_key(module: torch.nn.Module) -> str:
+    """The registry key whose patches :func:`capture` installs around ``torch.export`` for ``module``.
+
+    Args:
+        module: the module about to be captured (a model, or a wrapper holding one).
+
+    Returns:
+        The ``KEY`` (``"capture.<family>"``) of the first family of :data:`CAPTURE_SCOPES` whose
+        modeling files define ``module`` or one of its submodules, else ``"capture"`` (the
+        patches every model gets).
+    """
+    for scope in CAPTURE_SCOPES:
+        if scope.capture_key(module) == scope.KEY:
+            return scope.KEY
+    return _time_series_workarounds.CAPTURE
+
 
 logger = logging.getLogger(__name__)
 
@@ -511,16 +537,7 @@ def capture(
             except ValueError:
                 report.extra["dynamic_shapes"] = str(dynamic_shapes)
         with stage("capture.patches"):
-            # the forecasters' patches (capture.time_series) only for a forecaster, the dense-prediction
-            # heads' (capture.dense_prediction), the detectors' (capture.detection) and the text-to-audio
-            # models' (capture.text_to_audio) only for one of those (issue 28)
-            key = (
-                _dense_prediction_workarounds.capture_key(module)
-                or _detection_workarounds.capture_key(module)
-                or _time_series_workarounds.capture_key(module)
-            )
-            if key == _time_series_workarounds.CAPTURE:
-                key = _text_to_audio_workarounds.capture_key(module)
+            key = capture_patch_key(module)
             in_effect = stack.enter_context(apply_patches(key))
             if report is not None:
                 recorded = report.applied.get("capture_patches", [])

@@ -33,6 +33,7 @@ import torch
 
 from hfexport.registry import register_patch
 from hfexport.workarounds.input_preparers import register_export_input_preparer
+from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
@@ -75,10 +76,7 @@ def capture_key(module: torch.nn.Module) -> str | None:
         :data:`DENSE_PREDICTION_MODULES`; ``None`` otherwise, so other models' reports do not list
         these patches.
     """
-    for sub in module.modules():
-        if type(sub).__module__ in DENSE_PREDICTION_MODULES:
-            return KEY
-    return None
+    return KEY if holds_module_from(module, DENSE_PREDICTION_MODULES) else None
 
 
 # --------------------------------------------------------------------------------------------

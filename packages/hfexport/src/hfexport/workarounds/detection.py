@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
@@ -84,10 +85,7 @@ def capture_key(module: torch.nn.Module) -> str | None:
         ``None`` otherwise (the caller picks another key), so other models' reports do not list
         these patches.
     """
-    for sub in module.modules():
-        if type(sub).__module__ in DETECTOR_MODULES:
-            return KEY
-    return None
+    return KEY if holds_module_from(module, DETECTOR_MODULES) else None
 
 
 # --------------------------------------------------------------------------------------------

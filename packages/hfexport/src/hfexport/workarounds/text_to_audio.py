@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
@@ -75,10 +76,7 @@ def capture_key(module: torch.nn.Module) -> str:
         when ``module`` or one of its submodules is defined in one of :data:`TEXT_TO_AUDIO_MODULES`;
         ``"capture"`` otherwise, so other models' reports do not list these patches.
     """
-    for sub in module.modules():
-        if type(sub).__module__ in TEXT_TO_AUDIO_MODULES:
-            return KEY
-    return CAPTURE
+    return KEY if holds_module_from(module, TEXT_TO_AUDIO_MODULES) else CAPTURE
 
 
 # --------------------------------------------------------------------------------------------

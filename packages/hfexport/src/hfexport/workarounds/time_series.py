@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from hfexport.registry import register_patch
+from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -58,10 +59,7 @@ def capture_key(module: torch.nn.Module) -> str:
         ``module`` or one of its submodules is defined in one of :data:`FORECASTER_MODULES`;
         ``"capture"`` otherwise, so other models' reports do not list these patches.
     """
-    for sub in module.modules():
-        if type(sub).__module__ in FORECASTER_MODULES:
-            return KEY
-    return CAPTURE
+    return KEY if holds_module_from(module, FORECASTER_MODULES) else CAPTURE
 
 
 __all__ = [
