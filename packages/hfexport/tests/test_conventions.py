@@ -226,3 +226,22 @@ def test_patchified_images_grow_their_batch_with_their_mask_and_grid():
     assert second["spatial_shapes"].tolist() == [inputs["spatial_shapes"][0].tolist()] * 3
     with torch.no_grad():
         model(**second)
+
+
+def test_ast_spectrogram_keeps_its_frame_count_in_the_second_shape():
+    """AST's input_values is a [batch, frames, mel] spectrogram whose frame count is the config's
+    max_length (its position table): the second shape adds a batch row only, and eager runs it
+    (the raw-audio rule, samples grown by half, made eager fail: size of tensor a (29) must match
+    the size of tensor b (20))."""
+    from hfexport.testing import tiny_model
+    from hfexport.verify.second_shape import derive_second_inputs
+
+    role = input_role("input_values", 3)
+    assert role.kind == "features" and role.sequence_axis is None and role.batch_axis == 0
+    assert input_role("input_values", 2).sequence_axis == 1  # raw audio keeps its signal axis
+    model, inputs = tiny_model("audio-spectrogram-transformer", "audio-classification")
+    second, why = derive_second_inputs(model, inputs)
+    assert why == "" and second is not None
+    assert tuple(second["input_values"].shape) == (3, model.config.max_length, model.config.num_mel_bins)
+    with torch.no_grad():
+        assert model(**second).logits.shape == (3, model.config.num_labels)

@@ -339,3 +339,53 @@ def test_a_pooling_with_several_windows_keeps_its_pool_op():
     program = capture(model, {"pixel_values": torch.randn(2, 3, 10, 14)}, DynamoConfig(dynamic=True))
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert "aten.avg_pool2d.default" in targets and "aten.mean.dim" not in targets
+
+
+class MaskPooler(torch.nn.Module):
+    """SEW's frame-mask pooling: ``max_pool1d`` over a ``[batch, 1, frames]`` mask, then a sum so the
+    output depends on every pooled value."""
+
+    def forward(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        pooled = torch.nn.functional.max_pool1d(attention_mask.float().unsqueeze(1), kernel_size=2, stride=2)
+        return pooled.squeeze(1)
+
+
+def test_max_pool1d_is_captured_with_a_dynamic_length():
+    found = {e.name: e for e in registry.entries("capture", kind="patch")}
+    entry = found[f"{workarounds.__name__}.max_pool1d_as_max_pool2d"]
+    assert entry.paths == ("torch.nn.functional.max_pool1d",) and entry.versions == {"torch": ">=2.12"}
+    original = torch.nn.functional.max_pool1d
+    program = capture(
+        MaskPooler(), {"attention_mask": torch.ones(2, 8, dtype=torch.long)}, DynamoConfig(dynamic=True)
+    )
+    assert torch.nn.functional.max_pool1d is original  # restored
+    mask = torch.ones(3, 13, dtype=torch.long)
+    mask[0, 5:] = 0
+    got = program.module()(attention_mask=mask)  # aten.max_pool1d would have fixed the length at 8
+    expected = original(mask.float().unsqueeze(1), kernel_size=2, stride=2).squeeze(1)
+    assert got.shape == (3, 6) and torch.equal(got, expected)
+    assert got[0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_without_the_max_pool1d_workaround_the_length_is_specialised():
+    model = MaskPooler()
+    with registry.isolated_registry():
+        program = capture(
+            model, {"attention_mask": torch.ones(2, 8, dtype=torch.long)}, DynamoConfig(dynamic=True)
+        )
+    with pytest.raises(AssertionError, match="Guard failed"):
+        program.module()(attention_mask=torch.ones(3, 13, dtype=torch.long))
+
+
+@pytest.mark.parametrize(
+    "args,kwargs",
+    [((3,), {}), ((2,), {"stride": 1, "padding": 1}), ((3, 2, 1, 2), {}), ((2,), {"ceil_mode": True})],
+)
+def test_max_pool1d_replacement_matches_the_original(args, kwargs):
+    original = torch.nn.functional.max_pool1d
+    replaced = workarounds.max_pool1d_as_max_pool2d(original)
+    for shape in ((2, 4, 11), (4, 9)):
+        x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape)))
+        assert torch.equal(replaced(x, *args, **kwargs), original(x, *args, **kwargs))
+    values, indices = replaced(torch.randn(1, 2, 6), 2, return_indices=True)  # the original's path
+    assert values.shape == indices.shape == (1, 2, 3)

@@ -25,7 +25,7 @@ image_grid_thw             image     grid             2      -      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
-input_values               audio     signal           2      0      1 (signal)
+input_values               audio     signal           2 (3)  0      1 (signal) (-)
 decoder_input_ids          text      ids              2 (3)  0      1 (2) decoder
 decoder_inputs_embeds      text      embeds           3      0      1 (decoder)
 decoder_attention_mask     text      mask             2      0      1 (decoder)
@@ -50,7 +50,8 @@ seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single seque
 LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, MusicGen's ``decoder_input_ids``
 ``[batch, codebooks, seq]``, SigLIP2's patchified
 ``pixel_values`` ``[batch, patches, patch_dim]`` (no image sides), Idefics3's ``pixel_attention_mask``
-``[batch, images, height, width]``. A tensor of a higher
+``[batch, images, height, width]``, AST's ``input_values`` spectrogram ``[batch, frames, mel]``
+(features: the frame count is the config's ``max_length``, no sequence axis). A tensor of a higher
 rank without a variant keeps the base axes (extra trailing axes); one of a lower rank has no role
 (Qwen2-VL's ``pixel_values`` ``[patches, dim]`` counts patches on axis 0, not batch rows). ``input_features`` has no sequence axis: its frame axis is 2 for whisper
 ``[batch, mel, frames]`` and 1 for speech2text ``[batch, frames, mel]``, and whisper takes exactly
@@ -214,12 +215,20 @@ def _builtin_roles() -> list[InputRole]:
     decoder_input_ids = dataclasses.replace(
         decoder_input_ids, variants=(_variant(decoder_input_ids, ndim=3, sequence_axis=2),)
     )
+    # raw audio [batch, samples]; the Audio Spectrogram Transformer's (AST) spectrogram [batch, frames,
+    # mel bins] under the same name: features whose frame count is the config's max_length (its
+    # position table is sized for it), so, like input_features, no sequence axis (issue 28)
+    input_values = InputRole("input_values", AUDIO, "signal", 0, 1, SIGNAL, (), 2, primary=True)
+    input_values = dataclasses.replace(
+        input_values,
+        variants=(_variant(input_values, ndim=3, kind="features", sequence_axis=None, sequence=None),),
+    )
     # Order matters: primary inputs come first, in the order that picks the batch size.
     return [
         _text("input_ids", "ids", primary=True),
         _text("inputs_embeds", "embeds", 3, primary=True),
         InputRole("input_features", AUDIO, "features", 0, None, None, (), 3, primary=True),
-        InputRole("input_values", AUDIO, "signal", 0, 1, SIGNAL, (), 2, primary=True),
+        input_values,
         pixel_values,
         decoder_input_ids,
         _text("decoder_inputs_embeds", "embeds", 3, sequence=DECODER, primary=True),

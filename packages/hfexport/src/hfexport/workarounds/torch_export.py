@@ -16,7 +16,10 @@ the original code.
 - :func:`avg_pool_over_the_whole_map_as_mean` / :func:`max_pool_over_the_whole_map_as_amax`: a
   ``ceil_mode`` 2-d pooling whose one window covers the whole feature map (EfficientNet's and
   ALIGN's pooler: kernel ``hidden_dim``) is captured as the mean / max over the spatial axes, which
-  every runtime computes as eager does.
+  every runtime computes as eager does;
+- :func:`max_pool1d_as_max_pool2d`: ``max_pool1d`` is captured as ``max_pool2d`` over a height of 1,
+  which keeps the pooled length symbolic (``aten.max_pool1d`` specialises it: SEW's and SEW-D's
+  pooled attention mask fixed the audio length at the sample's).
 
 Workarounds that depend on what a runtime can execute are registered by their backend under its
 own key (for example the mixture-of-experts rewrites: the shared dense every-expert forward of
@@ -44,6 +47,7 @@ __all__ = [
     "dynamic_size_one_batch_axes",
     "keep_last",
     "keep_size_one_batch_dynamic",
+    "max_pool1d_as_max_pool2d",
     "max_pool_over_the_whole_map_as_amax",
     "sliding_window_update_keeps_dynamic_length",
 ]
@@ -422,3 +426,59 @@ def max_pool_over_the_whole_map_as_amax(original: Callable[..., Any]) -> Callabl
         return original(input, kernel_size, *args, **kwargs)
 
     return max_pool2d
+
+
+@register_patch(
+    BACKEND,
+    "torch.nn.functional.max_pool1d",
+    description=(
+        "max_pool1d is captured as max_pool2d over a height of 1: aten.max_pool1d has no symbolic shape rule and "
+        "specialises the pooled axis (SEW / SEW-D's pooled attention mask fixed the audio length)"
+    ),
+    # no pytorch issue filed for max_pool1d; the PR that gave max_pool2d/3d their SymInt metas left it out
+    issue="https://github.com/pytorch/pytorch/pull/103951",
+    versions={"torch": ">=2.12"},
+)
+def max_pool1d_as_max_pool2d(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.nn.functional.max_pool1d`` while capturing.
+
+    ``aten.max_pool1d`` (a composite op whose C++ body reads concrete sizes) makes ``torch.export``
+    specialise the pooled axis to the sample's length: SEW and SEW-D pool their frame-level
+    attention mask with it, so a ``dynamic=True`` export kept ``Guard failed: 1 + (... input_values.size()[1]
+    // 80 ...) == 8`` and ran at the sample's audio length only. The replacement computes the same
+    values with ``max_pool2d`` on a ``[..., 1, length]`` view (kernel, stride, padding and dilation
+    ``(1, k)``, ``(1, s)``, ``(0, p)``, ``(1, d)``), whose shape rule is symbolic. Calls asking for
+    ``return_indices`` run the original.
+
+    Returns:
+        A function with ``max_pool1d``'s signature: input ``[channels, length]`` or ``[batch,
+        channels, length]`` (any float dtype), output ``[..., pooled length]`` of the input's dtype.
+    """
+
+    @functools.wraps(original)
+    def max_pool1d(input: torch.Tensor, kernel_size: Any, *args: Any, **kwargs: Any) -> Any:
+        names = ("stride", "padding", "dilation", "ceil_mode", "return_indices")
+        options = {"stride": None, "padding": 0, "dilation": 1, "ceil_mode": False, "return_indices": False}
+        options.update(dict(zip(names, args)))
+        options.update({k: v for k, v in kwargs.items() if k in options})
+        if options["return_indices"] or not isinstance(input, torch.Tensor) or input.dim() not in (2, 3):
+            return original(input, kernel_size, *args, **kwargs)
+
+        def one(value: Any, default: Any) -> Any:
+            if value is None or (isinstance(value, (list, tuple)) and not value):
+                return default
+            return value[0] if isinstance(value, (list, tuple)) else value
+
+        kernel = one(kernel_size, None)
+        stride = one(options["stride"], kernel)
+        pooled = torch.nn.functional.max_pool2d(
+            input.unsqueeze(-2),
+            (1, kernel),
+            (1, stride),
+            (0, one(options["padding"], 0)),
+            (1, one(options["dilation"], 1)),
+            ceil_mode=bool(options["ceil_mode"]),
+        )
+        return pooled.squeeze(-2)
+
+    return max_pool1d
