@@ -621,3 +621,34 @@ def test_circular_conv_keeps_a_dynamic_batch_and_eager_values_with_the_patch():
     wider = torch.randn(5, 4, 10)
     with torch.no_grad():
         assert torch.allclose(program.module()(wider), model(wider), atol=1e-6, rtol=1e-6)
+
+
+def test_exact_symbolic_quotients_are_cancelled_in_planned_sizes():
+    """SEW-D's scores viewed [-1, heads, frames, frames]: the leading size (8*b*t**2)//(2*t**2) is 4*b,
+    which bound_sympy bounded by max(numerator) // 1 (a 10 TB buffer: load failed with 0x21)."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
+
+    from hfexport import registry
+    from hfexport_executorch.workarounds import patches
+
+    b, s = sympy.symbols("s0 s1", integer=True, positive=True)
+    ranges = {b: ValueRanges(1, 8), s: ValueRanges(5, 1501)}
+    frames = FloorDiv(s - 3, 2) + 1  # 1..750
+    leading = FloorDiv(8 * b * frames * frames, 2 * frames * frames)
+    assert int(bound_sympy(leading, ranges).upper) == 4_500_000  # the planner's answer without the patch
+    assert patches.tighter_upper_bound(leading, ranges) == 32
+    assert patches.tighter_upper_bound(leading * frames, ranges) == 32 * 750
+    # an inexact quotient keeps the original bound, as does an expression without quotient
+    assert patches.tighter_upper_bound(FloorDiv(3 * frames, 2), ranges) is None
+    assert patches.tighter_upper_bound(b * frames, ranges) is None
+    found = {e.name: e for e in registry.entries("executorch", kind="patch")}
+    entry = found[f"{patches.__name__}.exact_quotients_in_upper_bounds"]
+    assert entry.paths == (
+        "executorch.exir.sym_util.eval_upper_bound",
+        "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
+    )
+    assert not entry.unresolved and entry.is_active()
+    wrapped = patches.exact_quotients_in_upper_bounds(lambda value: 7)
+    assert wrapped(5) == 7  # plain ints: the original's answer

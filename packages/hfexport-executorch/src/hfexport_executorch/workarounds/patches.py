@@ -40,6 +40,7 @@ __all__ = [
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
+    "exact_quotients_in_upper_bounds",
     "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
@@ -164,6 +165,93 @@ def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Call
         return _EdgeVerifierWithSymbolicMinMax if class_only else _EdgeVerifierWithSymbolicMinMax()
 
     return make_verifier
+
+
+@functools.lru_cache(maxsize=4096)
+def _exact_quotient(base: Any, divisor: Any) -> Any:
+    """``base / divisor`` when it cancels to a polynomial with integer coefficients (so
+    ``FloorDiv(base, divisor)`` equals it for every positive value of the symbols), else ``None``."""
+    import sympy
+
+    quotient = sympy.cancel(base / divisor)
+    if not quotient.free_symbols:
+        return quotient if quotient.is_Integer else None
+    try:
+        poly = sympy.Poly(quotient)
+    except Exception:  # not a polynomial in any generators: no exact quotient
+        return None
+    return quotient if poly.domain.is_ZZ else None
+
+
+def tighter_upper_bound(expr: Any, var_to_range: Any) -> int | None:
+    """An upper bound of the size expression ``expr`` no looser than ``bound_sympy``'s, or ``None``.
+
+    ``bound_sympy`` bounds a quotient ``FloorDiv(base, divisor)`` by ``max(base) // min(divisor)``
+    even when ``divisor`` divides ``base`` symbolically: SEW-D's attention scores viewed as ``[-1,
+    heads, frames, frames]`` have a leading size ``(8 * batch * frames**2) // (2 * frames**2)`` bounded
+    at ``4 * 8 * 749**2`` instead of ``4 * 8``, a 10 TB planned buffer. Each such exact quotient is
+    replaced by the cancelled polynomial (an identical value for every positive size), and the
+    rewritten expression is bounded again.
+
+    Args:
+        expr: a sympy size expression over the program's symbols.
+        var_to_range: ``{symbol: ValueRanges}`` (the shape env's).
+
+    Returns:
+        The rewritten expression's finite upper bound when it is smaller than the original's, else
+        ``None`` (nothing to rewrite, or no gain).
+    """
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    found = [e for e in expr.atoms(FloorDiv) if _exact_quotient(*e.args) is not None]
+    if not found:
+        return None
+    rewritten = expr.xreplace({e: _exact_quotient(*e.args) for e in found})
+    before, after = bound_sympy(expr, var_to_range).upper, bound_sympy(rewritten, var_to_range).upper
+    if not isinstance(after, sympy.Integer):
+        return None
+    if isinstance(before, sympy.Integer) and int(before) <= int(after):
+        return None
+    return int(after)
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.sym_util.eval_upper_bound",
+    "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
+    description=(
+        "memory planning sizes a tensor at bound_sympy of its shape, which bounds an exact symbolic quotient "
+        "(a view's -1 size: (8*b*t**2)//(2*t**2)) by max(numerator) // min(denominator): the quotient is "
+        "cancelled first (SEW-D planned a 10 TB buffer and failed to load, error 0x21)"
+    ),
+    # no executorch issue filed; the bound comes from torch's interval analysis of FloorDiv
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/sym_util.py",
+    versions={"executorch": ">=1.3"},
+)
+def exact_quotients_in_upper_bounds(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``eval_upper_bound`` (ExecuTorch's size of a symbolic dimension at its upper bound).
+
+    The wrapper returns the smaller of the original bound and :func:`tighter_upper_bound` of the
+    dimension's expression; an int, or an expression without an exact quotient, gets the original
+    answer. Sound: the rewritten expression equals the original at every size the program takes.
+
+    Returns:
+        A function of one ``int | torch.SymInt`` returning an int.
+    """
+
+    @functools.wraps(original)
+    def eval_upper_bound(maybe_symint: Any) -> int:
+        bound = original(maybe_symint)
+        if isinstance(maybe_symint, torch.SymInt):
+            node = maybe_symint.node
+            tighter = tighter_upper_bound(node.expr, node.shape_env.var_to_range)
+            if tighter is not None and tighter < bound:
+                return tighter
+        return bound
+
+    return eval_upper_bound
 
 
 def _dynamic_dims(node: Any) -> int:
