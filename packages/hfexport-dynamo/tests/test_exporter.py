@@ -98,6 +98,7 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic",
         "hfexport.workarounds.torch_export.avg_pool_over_the_whole_map_as_mean",
         "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
+        "hfexport.workarounds.torch_export.max_pool1d_as_max_pool2d",
     ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]

@@ -22,6 +22,7 @@ SLIDING = "hfexport.workarounds.torch_export.sliding_window_update_keeps_dynamic
 POOLING = [
     "hfexport.workarounds.torch_export.avg_pool_over_the_whole_map_as_mean",
     "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
+    "hfexport.workarounds.torch_export.max_pool1d_as_max_pool2d",
 ]
 SIZE_ONE = "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic"
 

@@ -24,6 +24,7 @@ SLIDING = f"{workarounds.__name__}.sliding_window_update_keeps_dynamic_length"
 POOLING = [
     f"{workarounds.__name__}.avg_pool_over_the_whole_map_as_mean",
     f"{workarounds.__name__}.max_pool_over_the_whole_map_as_amax",
+    f"{workarounds.__name__}.max_pool1d_as_max_pool2d",
 ]
 SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
 

@@ -43,11 +43,13 @@ def test_patch_is_in_place_only_inside_its_scope_and_restored_after_an_error():
     assert fastspeech2.length_regulator is original
 
 
-def test_capture_key_picks_the_scope_for_fastspeech2_only():
+def test_capture_key_picks_the_scope_for_fastspeech2_and_vits_only():
     model, _ = tiny_model("fastspeech2_conformer", "text-to-audio")
     assert text_to_audio.capture_key(model) == text_to_audio.KEY
     assert text_to_audio.capture_key(torch.nn.Sequential(model)) == text_to_audio.KEY
-    other, _ = tiny_model("vits", "text-to-audio")
+    vits, _ = tiny_model("vits", "text-to-audio")
+    assert text_to_audio.capture_key(vits) == text_to_audio.KEY
+    other, _ = tiny_model("speecht5", "text-to-audio")
     assert text_to_audio.capture_key(other) == "capture"
 
 
@@ -205,8 +207,3 @@ def test_vits_frame_count_is_bounded_while_capturing():
     # without the bound the count has none (what ExecuTorch's memory planning refused)
     plain = torch.export.export(_FrameCounter(), (durations,), strict=False)
     assert str(text_to_audio.VITS_MAX_FRAMES) not in {str(r.upper) for r in plain.range_constraints.values()}
-
-
-def test_vits_is_in_the_text_to_audio_capture_scope():
-    model, _ = tiny_model("vits", "text-to-audio")
-    assert text_to_audio.capture_key(model) == text_to_audio.KEY
