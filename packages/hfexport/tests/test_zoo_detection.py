@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig
 
 from hfexport.testing import shrunk_config, tiny_model
+from hfexport.tiny.models import variance_preserving_init
 from hfexport.tiny.shrink import shrink_overrides
 
 #: model type -> (the output checked, its shape at the sample batch 2, 32x32 images)
@@ -72,3 +73,40 @@ def test_block_spelled_backbone_keeps_its_channels():
     # hgnet_v2 (no block_configs) still narrows, hidden_sizes following
     backbone = shrink_overrides(AutoConfig.for_model("d_fine"))["backbone_config"]
     assert backbone["stage_out_channels"] == backbone["hidden_sizes"] == [16, 32, 64, 128]
+
+
+@pytest.mark.parametrize("model_type", ["rt_detr", "d_fine"])
+def test_rt_detr_family_selects_its_queries_among_distinct_scores(model_type):
+    """issue 28: with upstream's initializer (conv weights and batch-norm scales from N(0, 0.01)) the
+    hybrid encoder's features vanished (max 1e-6 rt_detr, 8e-13 d_fine), every encoder class score
+    was the prior bias -1.0986, and top-k picked its queries among exact ties (ONNX and OpenVINO broke
+    them differently from eager: logits off by 4.2). The variance-preserving redraw keeps the features
+    near 1 and a margin between the k-th and the next score that float32 rounding cannot cross."""
+    model, inputs = tiny_model(model_type, "object-detection", check_eager=True)
+    with torch.no_grad():
+        out = model(**inputs)
+    assert max(float(t.abs().max()) for t in out.encoder_last_hidden_state) > 0.3
+    k = model.config.num_queries
+    scores = out.enc_outputs_class.max(-1).values.sort(-1, descending=True).values  # [batch, positions]
+    assert float((scores[:, k - 1] - scores[:, k]).min()) > 1e-4  # the chosen set: no tie at the cut
+    assert float((scores[:, : k - 1] - scores[:, 1:k]).min()) > 1e-5  # the chosen order: no tie within
+
+
+def test_variance_preserving_init_keeps_a_conv_batch_norm_stack_alive():
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        conv, norm = torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16)
+        torch.nn.init.normal_(conv.weight, std=0.01)  # the RT-DETR family's initializer
+        torch.nn.init.normal_(norm.weight, std=0.01)
+        layers += [conv, norm]
+    stack = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(1, 16, 8, 8)
+    with torch.no_grad():
+        assert float(stack(x).abs().max()) < 1e-10
+        assert variance_preserving_init(stack, seed=0) == 12
+        assert torch.equal(stack[1].weight, torch.ones(16))
+        assert 0.1 < float(stack(x).std()) < 10.0
+        before = [p.clone() for p in stack.parameters()]
+        variance_preserving_init(stack, seed=0)  # equal seeds, equal weights
+        assert all(torch.equal(a, b) for a, b in zip(before, stack.parameters()))

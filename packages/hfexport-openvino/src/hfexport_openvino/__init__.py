@@ -19,7 +19,10 @@ from hfexport_openvino.exporter import OpenvinoExporter, check_device, save_mode
 from hfexport_openvino.layouts import GENAI_LAYOUT  # registers the "genai" layout
 from hfexport_openvino.runtime import OpenvinoRunner
 from hfexport_openvino.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
-from hfexport_openvino.workarounds import fx_fixes  # noqa: F401  (registers the "openvino" workarounds)
+from hfexport_openvino.workarounds import (
+    fx_fixes,  # noqa: F401  (registers the "openvino" workarounds)
+    patches,  # noqa: F401  (registers the "openvino" capture patches)
+)
 
 __all__ = [
     "GENAI_LAYOUT",

@@ -8,6 +8,7 @@ stage and the reason (it is not an export failure).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +25,7 @@ from hfexport.tiny.catalog import (
 )
 from hfexport.tiny.presets import PRESETS
 
-__all__ = ["DEGENERATE_MAX_ABS", "check_runs_eagerly", "tiny_model"]
+__all__ = ["DEGENERATE_MAX_ABS", "check_runs_eagerly", "tiny_model", "variance_preserving_init"]
 
 
 #: tasks whose heads need a fixed number of labels (the zoo's other heads have 3): a
@@ -69,6 +70,8 @@ def _build(
     except Exception as exc:  # any failure to instantiate means "no tiny model", with the reason
         raise TinyModelUnavailable(model_type, task, "build", one_line(exc)) from exc
     _redraw_zero_matrices(model, seed)
+    if preset is not None and preset.init == "variance_preserving":
+        variance_preserving_init(model, seed)
     return model.eval()
 
 
@@ -109,6 +112,53 @@ def _redraw_zero_matrices(model: torch.nn.Module, seed: int) -> list[str]:
                 )
                 redrawn.append(name)
     return redrawn
+
+
+def variance_preserving_init(model: torch.nn.Module, seed: int) -> int:
+    """Redraw ``model``'s weights so that activations keep their scale through deep stacks.
+
+    * the weight of every ``nn.Linear`` and ``nn.Conv1d/2d/3d`` (transposed ones included) from
+      N(0, 1 / fan_in), fan_in = the weight's elements per output channel (LeCun's initialisation),
+      with a generator seeded by ``seed``; biases are left as drawn;
+    * the scale (``weight``) of every batch norm (``nn.BatchNorm*d`` and any module with a
+      ``running_var`` buffer and a ``weight``, e.g. transformers' frozen batch norms) set to 1, the
+      PyTorch default; shifts and running statistics unchanged.
+
+    For the tiny models of architectures whose upstream initializer draws convolution weights *and*
+    batch-norm scales from N(0, initializer_range): each conv + batch-norm pair then multiplies the
+    activations by ~``initializer_range ** 2 * sqrt(fan_in)``, and a few such layers make them
+    vanish (the RT-DETR family's encoder: 1e-6..1e-18; its class scores then all equal the prior
+    bias and its top-k query selection picks among exact ties). A preset opts in with
+    ``init="variance_preserving"`` (:class:`hfexport.tiny.presets.Preset`).
+
+    Args:
+        model: the freshly built model (modified in place, float weights only).
+        seed: seed of the weight draws (the builder's seed; equal seeds give equal weights).
+
+    Returns:
+        The number of weight tensors redrawn or reset.
+    """
+    gen = torch.Generator().manual_seed(seed + 2)
+    layers = (torch.nn.Linear, torch.nn.modules.conv._ConvNd)
+    changed = 0
+    with torch.no_grad():
+        for module in model.modules():
+            weight = getattr(module, "weight", None)
+            if not isinstance(weight, torch.Tensor) or not weight.is_floating_point() or not weight.numel():
+                continue
+            if isinstance(module, layers):
+                std = 1.0 / math.sqrt(weight[0].numel())  # [out, in, *kernel]: in * kernel per output
+                if isinstance(module, torch.nn.modules.conv._ConvTransposeNd):
+                    std = 1.0 / math.sqrt(weight.shape[0] * weight[0, 0].numel())  # [in, out, *kernel]
+                weight.copy_(
+                    torch.randn(weight.shape, generator=gen, dtype=torch.float32).to(weight.dtype) * std
+                )
+            elif isinstance(getattr(module, "running_var", None), torch.Tensor):
+                weight.fill_(1.0)
+            else:
+                continue
+            changed += 1
+    return changed
 
 
 def check_runs_eagerly(

@@ -11,7 +11,10 @@ Every model type transformers knows gets a tiny configuration by the generic shr
 
 ``tasks`` (optional) fixes the tasks the tiny model is offered for, default first; without it the
 tasks come from transformers' auto mappings. ``attn_implementation`` (optional) replaces the
-default ``"sdpa"``. ``reason`` says why the entry exists.
+default ``"sdpa"``. ``init="variance_preserving"`` (optional) redraws the built model's weight
+matrices at fan-in scale and sets its batch-norm scales to 1 (:func:`hfexport.tiny.models.
+variance_preserving_init`), for types whose upstream initializer makes the activations vanish
+through deep convolution stacks. ``reason`` says why the entry exists.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ class Preset:
         tasks: the tasks offered, default first; ``None`` = from transformers' auto mappings.
         attn_implementation: the attention implementation the model is built with when the caller
             gives none; ``None`` = ``"sdpa"`` (with a fallback to ``"eager"`` where SDPA is missing).
+        init: ``"config"`` (the weights transformers' initializer draws, from the configuration's
+            ``initializer_range``) or ``"variance_preserving"`` (then redrawn by
+            :func:`hfexport.tiny.models.variance_preserving_init` after the build).
     """
 
     config: dict[str, Any]
@@ -41,6 +47,7 @@ class Preset:
     mode: Literal["replace", "overlay"] = "overlay"
     tasks: tuple[str, ...] | None = None
     attn_implementation: str | None = None
+    init: Literal["config", "variance_preserving"] = "config"
 
 
 _VOCAB = 256
@@ -757,6 +764,16 @@ _OCR_DET_NECK: dict[str, Any] = {
     "neck_out_channels": 32,
 }
 
+#: why the RT-DETR family's tiny models redraw their weights (measured at the tiny size, seed 0)
+_RT_DETR_INIT_REASON = (
+    "upstream draws every batch-norm scale and convolution weight from N(0, initializer_range = 0.01), "
+    "so the hybrid encoder's conv/batch-norm stacks shrink its features to 1e-6..1e-18 and every "
+    "encoder class score equals the prior bias (-1.0986): the top-k query selection then picks among "
+    "exact ties, which eager and the runtimes break differently (ONNX/OpenVINO 'mismatches' of 4.2 in "
+    "the logits); fan-in weights and unit batch-norm scales give features of 0.5-1 and distinct "
+    "scores (gap at the k-th query >= 1e-3, between neighbours >= 4e-5)"
+)
+
 PRESETS.update(
     {
         "lw_detr": Preset(
@@ -791,8 +808,15 @@ PRESETS.update(
         "pp_doclayout_v2": Preset(
             config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
             reason="the forward looks up a score threshold and a reading-order category per class in "
-            "class_thresholds / class_order, which the default config leaves None (checkpoints set them)",
+            "class_thresholds / class_order, which the default config leaves None (checkpoints set them); "
+            f"weights redrawn variance-preserving: {_RT_DETR_INIT_REASON}",
+            init="variance_preserving",
         ),
+        # the RT-DETR family's two-stage query selection: top-k of the encoder's class scores
+        **{
+            mt: Preset(config={}, reason=_RT_DETR_INIT_REASON, init="variance_preserving")
+            for mt in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v3", "pp_doclayout_v4")
+        },
         "pp_ocrv5_server_det": Preset(
             config=_OCR_DET_NECK,
             reason="the default config leaves intraclass_block_config, scale_factor_list and "

@@ -1,0 +1,102 @@
+"""Patches installed while the OpenVINO backend captures a model (``register_patch("openvino", ...)``).
+
+- :func:`reference_grid_from_arange`: the deformable-attention encoders' reference-point grid
+  (Deformable DETR, Grounding DINO, MM Grounding DINO, Mask2Former, OneFormer) computed as
+  ``arange(size) + 0.5`` instead of ``linspace(0.5, size - 0.5, size)``, whose end point, a
+  symbolic size minus a float, puts ``sym_float`` nodes in the program; OpenVINO's FX frontend has
+  no conversion rule for them (``failed FX node(s): sym_float``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hfexport.registry import register_patch
+
+__all__ = ["BACKEND", "REFERENCE_GRID_TARGETS", "reference_grid_from_arange", "reference_points"]
+
+#: Registry key of these patches (the backend's own: installed for its capture only).
+BACKEND = "openvino"
+
+#: the static ``get_reference_points`` methods building the encoder's reference grid with linspace
+REFERENCE_GRID_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{module}.modeling_{module}.{cls}.get_reference_points"
+    for module, cls in (
+        ("deformable_detr", "DeformableDetrEncoder"),
+        ("grounding_dino", "GroundingDinoEncoder"),
+        ("mm_grounding_dino", "MMGroundingDinoEncoder"),
+        ("mask2former", "Mask2FormerPixelDecoderEncoderOnly"),
+        ("oneformer", "OneFormerPixelDecoderEncoderOnly"),
+    )
+)
+
+
+def _cell_centres(size: Any, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """``[0.5, 1.5, ..., size - 0.5]`` (``size`` values) in ``dtype``: ``linspace(0.5, size - 0.5,
+    size)``'s values (its step is exactly 1; equal in float32 and float16 for every size, checked
+    up to 300; bfloat16 rounds some centres past 128 the other way), computed from an integer
+    ``arange`` so that a symbolic ``size`` stays an integer expression."""
+    return (torch.arange(size, device=device, dtype=torch.float32) + 0.5).to(dtype)
+
+
+def reference_points(
+    spatial_shapes_list: Sequence[tuple[Any, Any]], valid_ratios: torch.Tensor, device: Any
+) -> torch.Tensor:
+    """The deformable-attention encoder's reference points, as transformers' ``get_reference_points``.
+
+    For each feature level ``(height, width)`` the centres of its cells, normalised by the level's
+    valid size (``valid_ratios * size``), flattened row-major; all levels concatenated and scaled
+    by every level's valid ratio.
+
+    Args:
+        spatial_shapes_list: ``(height, width)`` per feature level (ints, or symbolic ints while
+            ``torch.export`` traces).
+        valid_ratios: ``[batch, levels, 2]`` float, the (x, y) share of each level not padded.
+        device: where the grid is built.
+
+    Returns:
+        ``[batch, sum(height * width), levels, 2]`` in ``valid_ratios.dtype``: (x, y) per position
+        and level.
+    """
+    per_level = []
+    for level, (height, width) in enumerate(spatial_shapes_list):
+        ref_y, ref_x = torch.meshgrid(
+            _cell_centres(height, valid_ratios.dtype, device),
+            _cell_centres(width, valid_ratios.dtype, device),
+            indexing="ij",
+        )
+        ref_y = ref_y.reshape(-1)[None] / (valid_ratios[:, None, level, 1] * height)
+        ref_x = ref_x.reshape(-1)[None] / (valid_ratios[:, None, level, 0] * width)
+        per_level.append(torch.stack((ref_x, ref_y), -1))
+    points = torch.cat(per_level, 1)
+    return points[:, :, None] * valid_ratios[:, None]
+
+
+@register_patch(
+    BACKEND,
+    *REFERENCE_GRID_TARGETS,
+    description=(
+        "deformable-attention encoders (deformable_detr, grounding-dino, mm-grounding-dino, mask2former, "
+        "oneformer): the reference grid's cell centres as arange(size) + 0.5 instead of linspace(0.5, "
+        "size - 0.5, size), whose symbolic float end point leaves sym_float nodes that OpenVINO's FX "
+        "frontend cannot convert"
+    ),
+    # no upstream issue filed yet; sym_float is missing from the frontend's op table
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/bindings/python/src/openvino/frontend/pytorch/torchdynamo/op_support.py",
+    versions={"openvino": ">=2026.0", "transformers": ">=5.0,<6"},
+)
+def reference_grid_from_arange(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace the static ``get_reference_points`` of :data:`REFERENCE_GRID_TARGETS` while capturing.
+
+    Upstream builds each level's cell centres with ``torch.linspace(0.5, height - 0.5, height)``;
+    with a dynamic image side ``height`` is a ``SymInt`` and ``height - 0.5`` a ``SymFloat``, which
+    the program records as ``sym_float`` plus float arithmetic on symbols, none of which OpenVINO's
+    FX frontend converts (``OpenvinoConversionError: ... failed FX node(s): sym_float``). The
+    replacement (:func:`reference_points`) takes the centres from ``arange(height) + 0.5``: the same
+    float32 values (linspace's step here is exactly 1), integer arithmetic on the symbol only.
+    """
+    return functools.wraps(original)(reference_points)

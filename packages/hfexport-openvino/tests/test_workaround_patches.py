@@ -1,0 +1,57 @@
+"""The OpenVINO backend's capture patches (:mod:`hfexport_openvino.workarounds.patches`, issue 28):
+cheap captures of the patched methods alone, no conversion."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from hfexport.registry import apply_patches
+from hfexport_openvino.workarounds.patches import REFERENCE_GRID_TARGETS, reference_points
+
+
+def _owner(path: str) -> type:
+    module, cls, _ = path.rsplit(".", 2)
+    return getattr(importlib.import_module(module), cls)
+
+
+class _Grid(torch.nn.Module):
+    """The encoder's call: the reference grid of two feature levels whose sides are derived from the
+    input's (as a backbone's strided outputs are: the sizes are symbolic expressions, not bare symbols)."""
+
+    def __init__(self, owner: type) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def forward(self, features: torch.Tensor, valid_ratios: torch.Tensor) -> torch.Tensor:
+        h, w = torch.nn.functional.avg_pool2d(features, 2, ceil_mode=True).shape[-2:]
+        return self.owner.get_reference_points([(h, w), (h // 2, w // 2)], valid_ratios, device=features.device)
+
+
+def _sym_float_nodes(owner: type) -> list[str]:
+    features, ratios = torch.zeros(1, 1, 8, 6), torch.full((2, 2, 2), 0.75)
+    dims = {2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}
+    program = torch.export.export(_Grid(owner), (features, ratios), dynamic_shapes=(dims, None), strict=False)
+    program = program.run_decompositions()  # linspace decomposes into float arithmetic on the symbol
+    return [n.name for n in program.graph.nodes if n.op == "call_function" and "sym_float" in str(n.target)]
+
+
+@pytest.mark.parametrize("path", REFERENCE_GRID_TARGETS, ids=lambda p: p.split(".")[2])
+def test_reference_grid_equals_upstream_values(path):
+    ratios = torch.tensor([[[1.0, 0.75], [0.5, 1.0], [0.8, 0.9]], [[0.6, 1.0], [1.0, 1.0], [0.7, 0.5]]])
+    shapes = [(7, 5), (4, 3), (1, 2)]
+    expected = _owner(path).get_reference_points(shapes, ratios, "cpu")
+    assert expected.shape == (2, 7 * 5 + 4 * 3 + 1 * 2, 3, 2)
+    assert torch.equal(reference_points(shapes, ratios, "cpu"), expected)  # bit for bit in float32
+
+
+def test_reference_grid_leaves_no_sym_float_for_the_frontend():
+    """Without the patch the captured grid holds sym_float nodes (linspace's end, size - 0.5), which
+    OpenVINO's FX frontend refused: deformable_detr 'failed FX node(s): sym_float' in the zoo sweep."""
+    owner = _owner(REFERENCE_GRID_TARGETS[0])
+    assert _sym_float_nodes(owner)
+    with apply_patches("openvino"):
+        assert _sym_float_nodes(owner) == []
+    assert _sym_float_nodes(owner)  # the original is back
