@@ -53,6 +53,7 @@ def _build(
         torch.manual_seed(seed)
         return auto_cls.from_config(config, attn_implementation=attn_implementation).eval()
     chosen = attn_implementation or (preset.attn_implementation if preset else None) or "sdpa"
+    _name_default_architecture(auto_cls, config)
     try:
         torch.manual_seed(seed)
         try:
@@ -73,6 +74,37 @@ def _build(
     if preset is not None and preset.init == "variance_preserving":
         variance_preserving_init(model, seed)
     return model.eval()
+
+
+def _name_default_architecture(auto_cls: Any, config: Any) -> str | None:
+    """Set ``config.architectures`` to the first class the Auto class maps ``config`` to, when it maps
+    it to several and the config names none.
+
+    transformers 5.24 ``_get_model_class`` (``models/auto/auto_factory.py``) means to fall back to the
+    first class of a tuple entry (``AutoModel``: funnel -> ``FunnelModel`` or ``FunnelBaseModel``;
+    ``AutoModelForImageClassification``: deit, levit, perceiver) when no architecture matches, but it
+    iterates ``getattr(config, "architectures", [])``, which is ``None`` on a fresh config, so
+    ``from_config`` raises ``TypeError: 'NoneType' object is not iterable`` (no upstream issue
+    found). Naming the documented default beforehand builds the class transformers intends.
+
+    Args:
+        auto_cls: a transformers Auto class (anything without ``_model_mapping`` is left alone).
+        config: the model's configuration; changed in place.
+
+    Returns:
+        The architecture set, or ``None`` when nothing was changed.
+    """
+    mapping = getattr(auto_cls, "_model_mapping", None)
+    if mapping is None or getattr(config, "architectures", None):
+        return None
+    try:
+        classes = mapping[type(config)]
+    except KeyError:
+        return None
+    if not isinstance(classes, (list, tuple)) or not classes:
+        return None
+    config.architectures = [classes[0].__name__]
+    return config.architectures[0]
 
 
 class _ClassBuilder:

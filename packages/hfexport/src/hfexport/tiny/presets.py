@@ -687,6 +687,13 @@ PRESETS.update(
             "built); the ESM-2 checkpoints' values: 33 amino-acid tokens, pad 1, mask 32, rotary positions, "
             "token dropout rescaling",
         ),
+        "funnel": Preset(
+            config={"block_sizes": [1, 1], "block_repeats": [1, 1], "num_decoder_layers": 1},
+            reason="the default three blocks of four layers (12 + 2 decoder layers, 1.4M parameters) pool the "
+            "8-token sample to <cls> + 1 position, and torch.export specialises that size-1 axis (Eq((seq - 1) // 4, 1)): "
+            "the program took lengths 5-8 only; two one-layer blocks pool it to <cls> + 3 and keep both pooling "
+            "paths (separate <cls>, truncated sequence) and the decoder's upsampling",
+        ),
         "xmod": Preset(
             config={"default_language": "en_XX"},
             reason="without lang_ids the forward picks the adapter of config.default_language, which XmodConfig "

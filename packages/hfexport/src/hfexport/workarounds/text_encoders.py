@@ -1,0 +1,311 @@
+"""Capture workarounds of text encoders (key ``"capture.text_encoders"``, issue 28).
+
+Encoders behind the masked-LM, token/sequence-classification, question-answering and
+sentence-embedding heads whose forward keeps the sample's sequence length in the program. Each
+entry is a :func:`hfexport.registry.register_patch` under :data:`KEY`, a scope of the core's
+``"capture"`` key: :func:`hfexport.capture.capture` installs it (with the ``"capture"`` entries)
+around ``torch.export.export`` whichever backend asked for it, but only when the captured module
+holds a module of one of :data:`TEXT_ENCODER_MODULES` (:func:`capture_key`), and puts the original
+back afterwards (also when the capture fails); the eager model the exporter validates against runs
+the original code.
+
+- :func:`funnel_relative_positions_from_sizes`: the Funnel Transformer's relative-shift attention
+  builds its relative positions from ``list(range(seq_len))``, Python ints, so ``torch.export``
+  evaluates the symbolic sequence length to the sample's (guard ``Eq(seq, 8)`` in
+  ``get_position_embeds``) and the program refuses every other length. The patch computes the
+  same ``arange`` bounds from the sizes (:class:`PooledPositions`), which stay symbolic.
+- :func:`funnel_upsample_always_sliced`: the Funnel decoder cuts its upsampled states to the input
+  length with a slice that is a no-op at some lengths (8 with two pooling blocks) and not at
+  others; ``torch.export`` records "the slice kept every row" as a stride guard (``Guard failed:
+  192 + 256 * ((-1 + seq) // 4) == -64 + 64 * seq``). The patch pads one more row first, so the
+  slice always drops rows and the guard holds at every length.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hfexport.registry import register_patch
+from hfexport.workarounds.scopes import holds_module_from
+from hfexport.workarounds.torch_export import BACKEND as CAPTURE
+
+__all__ = [
+    "FUNNEL_POSITION_TARGETS",
+    "FUNNEL_UPSAMPLE_TARGETS",
+    "KEY",
+    "TEXT_ENCODER_MODULES",
+    "PooledPositions",
+    "capture_key",
+    "funnel_relative_position_embeds",
+    "funnel_relative_positions_from_sizes",
+    "funnel_upsample",
+    "funnel_upsample_always_sliced",
+]
+
+#: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
+KEY = f"{CAPTURE}.text_encoders"
+BACKEND = KEY
+
+#: transformers modeling modules whose models the capture patches of this module concern
+TEXT_ENCODER_MODULES: tuple[str, ...] = ("transformers.models.funnel.modeling_funnel",)
+
+_TRANSFORMERS = {"transformers": ">=5.23,<6"}
+
+
+def capture_key(module: torch.nn.Module) -> str | None:
+    """The registry key :func:`hfexport.capture.capture` installs patches from for ``module``.
+
+    Args:
+        module: the module about to be captured (a model, or a wrapper holding one).
+
+    Returns:
+        :data:`KEY` (``"capture.text_encoders"``: the ``"capture"`` entries and this module's) when
+        ``module`` or one of its submodules is defined in one of :data:`TEXT_ENCODER_MODULES`;
+        ``None`` otherwise, so other models' reports do not list these patches.
+    """
+    return KEY if holds_module_from(module, TEXT_ENCODER_MODULES) else None
+
+
+# --------------------------------------------------------------------------------------------
+# Funnel Transformer: relative positions from sizes
+# --------------------------------------------------------------------------------------------
+
+#: the method that builds the relative-shift attention's position embeddings of every block
+FUNNEL_POSITION_TARGETS: tuple[str, ...] = (
+    "transformers.models.funnel.modeling_funnel.FunnelAttentionStructure.get_position_embeds",
+)
+#: the module function the decoder calls to bring the pooled states back to the input length
+FUNNEL_UPSAMPLE_TARGETS: tuple[str, ...] = ("transformers.models.funnel.modeling_funnel.upsample",)
+#: no upstream issue found for either Funnel guard; the model's pull request
+_FUNNEL_ISSUE = "https://github.com/huggingface/transformers/pull/6908"
+
+
+@dataclass(frozen=True)
+class PooledPositions:
+    """The position ids of one Funnel block, ``[head] + [start + step * i for i in range(count)]``.
+
+    Funnel's ``stride_pool_pos`` keeps the ``<cls>`` position apart (a ``head`` of its own) and takes
+    every second position of the rest, so the rest stays an arithmetic progression. Its
+    ``relative_pos`` reads only the first and last position and the count, which this class gives
+    as (possibly symbolic) ints without listing the positions.
+
+    Attributes:
+        head: the first position (the ``<cls>`` token's after pooling with ``separate_cls``).
+        start: the second position (meaningless when ``count`` is 0).
+        step: the distance between the positions after the first.
+        count: how many positions follow the first (an int, or a ``SymInt`` while tracing).
+    """
+
+    head: Any
+    start: Any
+    step: Any
+    count: Any
+
+    @classmethod
+    def of_length(cls, seq_len: Any) -> PooledPositions:
+        """The unpooled positions ``0 .. seq_len - 1`` (``seq_len`` >= 1)."""
+        return cls(head=0, start=1, step=1, count=seq_len - 1)
+
+    def __len__(self) -> int:
+        # only for plain ints; use ``size`` while tracing (len() must return an int)
+        return int(self.size)
+
+    @property
+    def size(self) -> Any:
+        """How many positions there are: ``1 + count``."""
+        return 1 + self.count
+
+    @property
+    def first(self) -> Any:
+        """The first position (``pos[0]``)."""
+        return self.head
+
+    @property
+    def last(self) -> Any:
+        """The last position (``pos[-1]``): the head when nothing follows it.
+
+        Written as arithmetic (``min(count, 1)`` selects), not a branch on ``count > 0``, so a
+        symbolic count adds no guard.
+        """
+        follows = torch.sym_min(self.count, 1)
+        return self.head + follows * (self.start + self.step * (self.count - 1) - self.head)
+
+    def pooled(self, block_index: int, separate_cls: bool, truncate_seq: bool) -> PooledPositions:
+        """What ``FunnelAttentionStructure.stride_pool_pos(pos, block_index)`` returns for these positions.
+
+        With ``separate_cls``: ``[1 - 2 ** block_index] + (pos[1:-1] if truncate_seq else pos[1:])[::2]``;
+        without: ``pos[::2]``.
+        """
+        if separate_cls:
+            rest = torch.sym_max(self.count - 1, 0) if truncate_seq else self.count
+            return PooledPositions(
+                head=1 - 2**block_index, start=self.start, step=2 * self.step, count=(rest + 1) // 2
+            )
+        # pos[::2] = [head, start + step, start + 3 * step, ...]
+        return PooledPositions(
+            head=self.head, start=self.start + self.step, step=2 * self.step, count=self.count // 2
+        )
+
+
+def _relative_pos(
+    pos: PooledPositions,
+    stride: int,
+    pooled_pos: PooledPositions | None = None,
+    shift: int = 1,
+    device: Any = None,
+) -> torch.Tensor:
+    """``FunnelAttentionStructure.relative_pos`` on :class:`PooledPositions`: the same ``arange``."""
+    if pooled_pos is None:
+        pooled_pos = pos
+    ref_point = pooled_pos.first - pos.first
+    num_remove = shift * pooled_pos.size
+    max_dist = ref_point + num_remove * stride
+    min_dist = pooled_pos.first - pos.last
+    return torch.arange(max_dist, min_dist - 1, -stride, dtype=torch.long, device=device)
+
+
+def funnel_relative_position_embeds(
+    structure: Any, seq_len: Any, dtype: torch.dtype, device: torch.device
+) -> list[list[torch.Tensor | None]]:
+    """The relative-shift position embeddings of every Funnel block, from sizes.
+
+    The same tensors as ``FunnelAttentionStructure.get_position_embeds`` with
+    ``config.attention_type == "relative_shift"`` (transformers 5.24): per block
+    ``[no_pooling, pooling]``, each ``[relative positions, d_model]`` float rows gathered from the
+    sinusoid table of ``4 * seq_len`` relative positions (``pooling`` is ``None`` in block 0). The
+    positions come from :class:`PooledPositions` instead of Python lists, so a symbolic ``seq_len``
+    stays symbolic.
+
+    Args:
+        structure: the ``FunnelAttentionStructure`` (its ``config``, ``sin_dropout``, ``cos_dropout``).
+        seq_len: the input sequence length (int or ``SymInt``), at least 1.
+        dtype: the float dtype of the embeddings.
+        device: their device.
+
+    Returns:
+        ``config.num_blocks`` pairs ``[position_embeds_no_pooling, position_embeds_pooling]``.
+    """
+    config = structure.config
+    d_model = config.d_model
+    freq_seq = torch.arange(0, d_model // 2, 1.0, dtype=torch.int64, device=device).to(dtype)
+    inv_freq = 1 / (10000 ** (freq_seq / (d_model // 2)))
+    rel_pos_id = torch.arange(-seq_len * 2, seq_len * 2, 1.0, dtype=torch.int64, device=device).to(dtype)
+    zero_offset = seq_len * 2
+    sinusoid = rel_pos_id[:, None] * inv_freq[None]
+    sin_embed = structure.sin_dropout(torch.sin(sinusoid))
+    cos_embed = structure.cos_dropout(torch.cos(sinusoid))
+    pos_embed = torch.cat([sin_embed, cos_embed], dim=-1)
+
+    pos = PooledPositions.of_length(seq_len)
+    pooled_pos = pos
+    embeds: list[list[torch.Tensor | None]] = []
+    for block_index in range(config.num_blocks):
+        pooling = None
+        if block_index > 0:
+            pooled_pos = pos.pooled(block_index, config.separate_cls, config.truncate_seq)
+            rel_pos = _relative_pos(pos, 2 ** (block_index - 1), pooled_pos, shift=2, device=device)
+            rel_pos = rel_pos[:, None] + zero_offset
+            pooling = torch.gather(pos_embed, 0, rel_pos.expand(rel_pos.size(0), d_model))
+        pos = pooled_pos
+        rel_pos = _relative_pos(pos, 2**block_index, device=device)
+        rel_pos = rel_pos[:, None] + zero_offset
+        no_pooling = torch.gather(pos_embed, 0, rel_pos.expand(rel_pos.size(0), d_model))
+        embeds.append([no_pooling, pooling])
+    return embeds
+
+
+@register_patch(
+    BACKEND,
+    *FUNNEL_POSITION_TARGETS,
+    description=(
+        "Funnel: the relative-shift attention's position embeddings from the sequence length's arithmetic instead "
+        "of list(range(seq_len)), which torch.export evaluated to the sample's length (Guard failed: "
+        "input_ids.size()[1] == 8)"
+    ),
+    # no upstream issue found; transformers 5.24 builds the positions as Python lists on purpose (its comment:
+    # "so the relative-position arange sizes stay static for export"), which fixes the sequence length
+    issue=_FUNNEL_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def funnel_relative_positions_from_sizes(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``FunnelAttentionStructure.get_position_embeds`` while capturing.
+
+    For ``attention_type == "relative_shift"`` (the default) the replacement returns
+    :func:`funnel_relative_position_embeds`, the same tensors computed from the sequence length
+    without a Python list of its positions; the factorized attention (already built from
+    ``torch.arange(seq_len)``) runs the original.
+    """
+
+    @functools.wraps(original)
+    def get_position_embeds(self: Any, seq_len: Any, dtype: torch.dtype, device: torch.device) -> Any:
+        if self.config.attention_type == "factorized":
+            return original(self, seq_len, dtype, device)
+        return funnel_relative_position_embeds(self, seq_len, dtype, device)
+
+    return get_position_embeds
+
+
+def funnel_upsample(
+    x: torch.Tensor, stride: int, target_len: Any, separate_cls: bool = True, truncate_seq: bool = False
+) -> torch.Tensor:
+    """Funnel's ``upsample`` (transformers 5.24) with one zero row padded before the final slice.
+
+    Repeats each pooled state ``stride`` times along the sequence (``<cls>`` kept apart with
+    ``separate_cls``) and cuts the result to ``target_len`` rows (fewer when the repeated states
+    are shorter, as the original). The padded row is always cut off, so the values and the shape
+    are the original's, and the slice drops at least one row at every length, which
+    ``torch.export`` keeps symbolic.
+
+    Args:
+        x: ``[batch, pooled_len, d_model]`` pooled hidden states.
+        stride: how many input positions each pooled state covers (1 returns ``x``).
+        target_len: the input sequence length (int or ``SymInt``).
+        separate_cls: the config's ``separate_cls``: the first state is ``<cls>``, not repeated.
+        truncate_seq: the config's ``truncate_seq``: the last input position was dropped when
+            pooling, so ``stride - 1`` rows are padded back first (as the original does).
+
+    Returns:
+        ``[batch, target_len, d_model]``, same dtype as ``x``.
+    """
+    if stride == 1:
+        return x
+    cls = None
+    if separate_cls:
+        cls = x[:, :1]
+        x = x[:, 1:]
+    output = torch.repeat_interleave(x, repeats=stride, dim=1)
+    if cls is not None and truncate_seq:
+        output = torch.nn.functional.pad(output, (0, 0, 0, stride - 1, 0, 0))
+    wanted = target_len - 1 if cls is not None else target_len
+    end = torch.sym_min(wanted, output.shape[1])  # the original slice's end, no guard on which is smaller
+    output = torch.nn.functional.pad(output, (0, 0, 0, 1, 0, 0))[:, :end]
+    return output if cls is None else torch.cat([cls, output], dim=1)
+
+
+@register_patch(
+    BACKEND,
+    *FUNNEL_UPSAMPLE_TARGETS,
+    description=(
+        "Funnel: the decoder's upsample pads one row before cutting to the input length, so the cut is never a "
+        "no-op and torch.export keeps no stride guard tied to the sample's length (Guard failed: 192 + 256 * "
+        "((-1 + seq) // 4) == -64 + 64 * seq)"
+    ),
+    issue=_FUNNEL_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def funnel_upsample_always_sliced(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``transformers.models.funnel.modeling_funnel.upsample`` while capturing with
+    :func:`funnel_upsample` (the same values; the slice always shortens)."""
+
+    @functools.wraps(original)
+    def upsample(
+        x: torch.Tensor, stride: int, target_len: Any, separate_cls: bool = True, truncate_seq: bool = False
+    ) -> torch.Tensor:
+        return funnel_upsample(x, stride, target_len, separate_cls=separate_cls, truncate_seq=truncate_seq)
+
+    return upsample

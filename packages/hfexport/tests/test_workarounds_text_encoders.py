@@ -1,0 +1,164 @@
+"""The text encoders' capture workarounds (hfexport.workarounds.text_encoders, issue 28).
+
+Funnel's relative positions and decoder upsampling: the replacements give the original's tensors
+exactly, are in place only inside ``apply_patches``, and the captured program of a tiny Funnel
+takes another sequence length with eager's numbers (without them it keeps the sample's length).
+Tiny models only (each case a few seconds).
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+import torch
+from transformers import FunnelConfig
+from transformers.models.funnel import modeling_funnel
+
+from hfexport import registry
+from hfexport.registry import apply_patches
+from hfexport.testing import tiny_model
+from hfexport.workarounds import text_encoders
+
+POSITIONS = f"{text_encoders.__name__}.funnel_relative_positions_from_sizes"
+UPSAMPLE = f"{text_encoders.__name__}.funnel_upsample_always_sliced"
+
+
+def _attribute(path: str):
+    module_name, _, attr = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except ModuleNotFoundError:
+        module_name, _, cls = module_name.rpartition(".")
+        return getattr(importlib.import_module(module_name), cls).__dict__[attr]
+
+
+def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ranges():
+    assert text_encoders.KEY == "capture.text_encoders"
+    found = {e.name: e for e in registry.entries(text_encoders.KEY, kind="patch")}
+    assert found[POSITIONS].paths == text_encoders.FUNNEL_POSITION_TARGETS
+    assert found[UPSAMPLE].paths == text_encoders.FUNNEL_UPSAMPLE_TARGETS
+    for name in (POSITIONS, UPSAMPLE):
+        assert found[name].issue == "https://github.com/huggingface/transformers/pull/6908"
+        assert found[name].description
+        assert found[name].is_active(), found[name].inactive_reason()
+        assert not found[name].unresolved, found[name].unresolved
+
+
+def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_error():
+    paths = (*text_encoders.FUNNEL_POSITION_TARGETS, *text_encoders.FUNNEL_UPSAMPLE_TARGETS)
+    before = {path: _attribute(path) for path in paths}
+    with apply_patches("capture"):  # the parent key alone: none of them
+        assert all(_attribute(path) is before[path] for path in paths)
+    with pytest.raises(RuntimeError, match="boom"), apply_patches(text_encoders.KEY):
+        for path in paths:
+            assert _attribute(path) is not before[path], path
+        raise RuntimeError("boom")
+    for path in paths:
+        assert _attribute(path) is before[path], path
+
+
+def test_capture_key_picks_the_scope_for_funnel_only():
+    funnel, _ = tiny_model("funnel", "feature-extraction")
+    assert text_encoders.capture_key(funnel) == text_encoders.KEY
+    assert text_encoders.capture_key(torch.nn.Sequential(funnel)) == text_encoders.KEY
+    bert, _ = tiny_model("bert", "feature-extraction")
+    assert text_encoders.capture_key(bert) is None
+
+
+@pytest.mark.parametrize(
+    ("separate_cls", "truncate_seq", "block_sizes"),
+    list(itertools.product([True, False], [True, False], [[1, 1], [1, 1, 1], [2, 1, 1, 1]])),
+)
+def test_funnel_position_embeds_equal_the_originals_at_every_length(separate_cls, truncate_seq, block_sizes):
+    config = FunnelConfig(
+        d_model=16, separate_cls=separate_cls, truncate_seq=truncate_seq, block_sizes=block_sizes
+    )
+    structure = modeling_funnel.FunnelAttentionStructure(config).eval()
+    compared = 0
+    for seq_len in range(1, 20):
+        cpu = torch.device("cpu")
+        try:
+            expected = structure.get_position_embeds(seq_len, torch.float32, cpu)
+        except RuntimeError:  # too short for its blocks: the original gathers past its table
+            with pytest.raises(RuntimeError, match="out of bounds"):
+                text_encoders.funnel_relative_position_embeds(structure, seq_len, torch.float32, cpu)
+            continue
+        compared += 1
+        got = text_encoders.funnel_relative_position_embeds(structure, seq_len, torch.float32, cpu)
+        assert len(got) == len(expected) == len(block_sizes)
+        for (want_plain, want_pooled), (got_plain, got_pooled) in zip(expected, got):
+            assert torch.equal(got_plain, want_plain), seq_len
+            assert (got_pooled is None) == (want_pooled is None), seq_len
+            if want_pooled is not None:
+                assert torch.equal(got_pooled, want_pooled), seq_len
+    assert compared >= 8
+
+
+def test_pooled_positions_follow_stride_pool_pos():
+    structure = modeling_funnel.FunnelAttentionStructure(FunnelConfig(separate_cls=True, truncate_seq=True))
+    plain = modeling_funnel.FunnelAttentionStructure(FunnelConfig(separate_cls=False))
+    for seq_len in range(1, 12):
+        for owner, sep, trunc in ((structure, True, True), (plain, False, True)):
+            listed = list(range(seq_len))
+            positions = text_encoders.PooledPositions.of_length(seq_len)
+            for block in (1, 2):
+                listed = owner.stride_pool_pos(listed, block)
+                positions = positions.pooled(block, sep, trunc)
+                assert positions.size == len(listed)
+                assert (positions.first, positions.last) == (listed[0], listed[-1])
+
+
+@pytest.mark.parametrize(("separate_cls", "truncate_seq"), list(itertools.product([True, False], repeat=2)))
+def test_funnel_upsample_equals_the_original(separate_cls, truncate_seq):
+    gen = torch.Generator().manual_seed(0)
+    for pooled_len, stride in ((3, 2), (4, 2), (2, 4), (5, 4)):
+        x = torch.randn(2, pooled_len, 6, generator=gen)
+        for target_len in range(1, stride * pooled_len + 1):
+            try:
+                expected = modeling_funnel.upsample(x, stride, target_len, separate_cls, truncate_seq)
+            except RuntimeError:
+                continue
+            got = text_encoders.funnel_upsample(x, stride, target_len, separate_cls, truncate_seq)
+            assert torch.equal(got, expected), (pooled_len, stride, target_len)
+
+
+def _text_dynamic(inputs):
+    auto = torch.export.Dim.AUTO
+    return {name: {0: auto, 1: auto} for name in inputs}
+
+
+def _longer(inputs, seq_len=13):
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(5, 90, (3, seq_len), generator=gen)
+    mask = torch.ones_like(ids)
+    mask[1, -4:] = 0  # a padded row
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_funnel_program_takes_another_sequence_length_and_matches_eager():
+    """issue 28: the program kept the sample's length (Guard failed: input_ids.size()[1] == 8)."""
+    model, inputs = tiny_model("funnel", "feature-extraction")
+    assert set(inputs) == {"input_ids", "attention_mask"}
+    longer = _longer(inputs)
+    with torch.no_grad():
+        expected = model(**longer).last_hidden_state
+        with apply_patches(text_encoders.KEY):
+            program = torch.export.export(
+                model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
+            )
+        got = program.module()(**longer).last_hidden_state
+    assert got.shape == expected.shape == (3, 13, model.config.d_model)
+    assert float(expected.abs().max()) > 1e-3
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.extended  # ~15 s; says when transformers' Funnel no longer needs the patches
+def test_funnel_program_keeps_the_sample_length_without_the_patches():
+    model, inputs = tiny_model("funnel", "feature-extraction")
+    with torch.no_grad(), pytest.raises(Exception, match=r"specialized it to be a constant \(8\)|== 8"):
+        program = torch.export.export(
+            model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
+        )
+        program.module()(**_longer(inputs))
