@@ -817,3 +817,34 @@ PRESETS.update(
         ),
     }
 )
+
+
+# --- issue 28: vision-language ---
+#: GLM-4V's multimodal rotary sections (temporal, height, width) when the config gives none: the
+#: model falls back to [8, 12, 12] (half of a 64-wide rotary part); the tiny head's rotary half
+#: (head_dim 16: 8; glm4v_moe's partial_rotary_factor 0.5: 4) split the same way
+_GLM4V_MROPE = (
+    "the text config gives no mrope_section and the model falls back to [8, 12, 12], sized for the "
+    "default 128-wide heads; the tiny 16-wide heads' rotary half needs sections that add up to it"
+)
+PRESETS.update(
+    {
+        **{
+            mt: Preset(
+                config={"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},
+                reason=_GLM4V_MROPE,
+            )
+            for mt in ("glm4v", "glm46v", "glm_ocr", "glmga")
+        },
+        "hunyuan_vl": Preset(
+            config={"text_config": {"rope_parameters": {"mrope_section": [2, 2, 2, 2]}}},
+            reason="the default config gives no mrope_section, which its text model needs (at least 3 "
+            "multimodal rotary axes, 'got 0'); four axes of 2 cover the tiny heads' rotary half (8), as "
+            "released checkpoints' four sections cover theirs",
+        ),
+        "glm4v_moe": Preset(
+            config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
+            reason=_GLM4V_MROPE + " (partial_rotary_factor 0.5: a rotary half of 4)",
+        ),
+    }
+)

@@ -54,6 +54,9 @@ _HIDDEN_KEYS = frozenset(
         "projection_dim",
         "text_embed_dim",
         "vision_embed_dim",
+        # a patch-grid vision tower's merger output, the language model's width (Qwen-VL, GLM-4V)
+        "out_hidden_size",
+        "projection_hidden_size",  # Kimi-K2.5's projector input, its vision tower's width
     }
 )
 _FFN_KEYS = frozenset(
@@ -255,6 +258,11 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out[key] = _trim_layer_types(types, layers)
         elif isinstance(types, str) and _is_int(layers) and len(types) > layers:
             out[key] = "".join(_trim_layer_types(list(types), layers))
+    merge = values.get("spatial_merge_size")
+    if _is_int(values.get("window_size")) and _is_int(merge) and _is_int(values.get("patch_size")):
+        # Qwen2.5-VL-like vision towers count their attention windows in pixels: 2x2 merged patches
+        # (the swin rule's 4 gave 4 // merge // patch = 0 merged patches per window, ZeroDivisionError)
+        out["window_size"] = 2 * merge * int(out.get("patch_size", values["patch_size"]))
     if _is_int(layers):  # hybrids: the last layer keeps attention (and experts) after the shrink
         for key, value in values.items():
             if key.endswith("_layer_period") and _is_int(value) and _is_int(values.get(key[:-6] + "offset")):
