@@ -84,3 +84,37 @@ def test_linear_patch_towers_get_flattened_patches(model_type, extra):
         assert inputs["spatial_shapes"].tolist() == [[4, 4], [4, 4]]
     tokens = (inputs["input_ids"] == model.config.image_token_id).sum(dim=1)
     assert tokens.tolist()[0] == tokens.tolist()[1] > 0
+
+
+def test_tiled_towers_get_their_tile_mask():
+    """granite_docling's get_image_features requires pixel_attention_mask, one flag per tile (eager
+    before: 'NoneType' object has no attribute 'sum')."""
+    _, inputs = tiny_model("granite_docling", TASK, check_eager=True)
+    assert tuple(inputs["pixel_values"].shape) == (2, 1, 3, 32, 32)
+    assert inputs["pixel_attention_mask"].dtype == torch.bool
+    assert inputs["pixel_attention_mask"].tolist() == [[True], [True]]
+
+
+def test_configs_the_validators_refused_are_consistent():
+    """Configs transformers' validate_architecture refused at the tiny size (StrictDataclass
+    ClassValidationError before): glm5_next's NoPE attention keeps no rotary part, dots3_note's
+    adapters and inkling2's vision tower output the text width, apertus1p5's code ranges fit the
+    vocabulary."""
+    from hfexport.testing import shrunk_config
+
+    glm5 = shrunk_config("glm5_next")
+    text = glm5.get_text_config()
+    assert text.qk_rope_head_dim == 0
+    dots = shrunk_config("dots3_note")
+    width = dots.get_text_config().hidden_size
+    assert dots.vision_config.adapter_out_dim == dots.audio_config.adapter_out_dim == width
+    assert dots.vision_config.adapter_in_dim == dots.vision_config.hidden_size
+    inkling = shrunk_config("inkling2")
+    assert inkling.vision_config.text_hidden_size == inkling.get_text_config().hidden_size
+    apertus = shrunk_config("apertus1p5")
+    assert apertus.image_token_offset + apertus.vision_config.codebook_size == apertus.audio_token_offset
+    assert (
+        apertus.audio_token_offset + apertus.audio_config.codebook_size
+        <= apertus.get_text_config().vocab_size
+    )
+    assert apertus.audio_config.codebook_dim == apertus.audio_config.hidden_size

@@ -444,6 +444,13 @@ def _generic_inputs(
                 n = _count_image_tokens(model, grouped)
                 if n:
                     inputs["pixel_values"] = grouped
+                else:
+                    # granite_docling: the mask is required and marks the real tiles, [batch, tiles]
+                    tiles = {"pixel_attention_mask": torch.ones(b, 1, dtype=torch.bool)}
+                    n = _count_image_tokens(model, grouped, tiles)
+                    if n:
+                        inputs["pixel_values"] = grouped
+                        inputs.update(tiles)
             if not n:
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
