@@ -118,3 +118,42 @@ def test_configs_the_validators_refused_are_consistent():
         <= apertus.get_text_config().vocab_size
     )
     assert apertus.audio_config.codebook_dim == apertus.audio_config.hidden_size
+
+
+def test_whole_model_prefill_takes_the_raw_images_not_mm_encoder_outputs():
+    """Fuyu's image encoder is no submodule the multimodal split finds, so the whole model is the
+    prefill; generate() hands it pre-encoded images as mm_encoder_outputs, which no runner can
+    supply (the generation cell failed: "component 'prefill' takes input
+    'mm_encoder_outputs.image.last_hidden_state'"). The prefill takes pixel_values instead."""
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("fuyu", TASK)
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["prefill", "decode"]
+    _, prefill = parts["prefill"]
+    _, decode = parts["decode"]
+    assert "mm_encoder_outputs" not in prefill and "mm_encoder_outputs" not in decode
+    assert torch.equal(prefill["pixel_values"], inputs["pixel_values"])
+    with torch.no_grad():
+        expected = model(**inputs).logits[:, -1]
+        got = model(**{k: v for k, v in prefill.items() if k != "cache"}).logits[:, -1]
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_windowed_vision_encoder_inputs_pass_the_kwarg_check():
+    """A Qwen2.5-VL-style windowed vision encoder (exaone4_5) reads the precomputed window_index and
+    cu_window_seqlens from **kwargs; the kwarg check refused them as unknown names (decompose
+    failed: "the sample inputs give ['window_index', 'cu_window_seqlens'], which
+    Exaone4_5_VisionModel.forward does not take")."""
+    from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
+    from hfexport.input_checks import check_forward_kwargs
+
+    model, inputs = tiny_model("exaone4_5", TASK)
+    encoder = model.model.visual
+    grid = inputs["image_grid_thw"]
+    extra = vision_grid_inputs(grid, vision_grid_settings(encoder))
+    assert set(extra) == {"position_ids", "cu_seqlens", "window_index", "cu_window_seqlens"}
+    kwargs = {"hidden_states": inputs["pixel_values"], "grid_thw": grid, **extra}
+    check_forward_kwargs(encoder, kwargs)  # raised UnsupportedInputError
+    with pytest.raises(Exception, match=r"window_indexx"):
+        check_forward_kwargs(encoder, {**kwargs, "window_indexx": extra["window_index"]})
