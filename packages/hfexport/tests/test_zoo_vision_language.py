@@ -157,3 +157,29 @@ def test_windowed_vision_encoder_inputs_pass_the_kwarg_check():
     check_forward_kwargs(encoder, kwargs)  # raised UnsupportedInputError
     with pytest.raises(Exception, match=r"window_indexx"):
         check_forward_kwargs(encoder, {**kwargs, "window_indexx": extra["window_index"]})
+
+
+def test_encoders_of_a_modality_the_prompt_lacks_are_left_out():
+    """dots3_note has an audio encoder next to its image encoder; an image prompt never calls it and
+    the split refused the model ("generate() never called ['audio_encoder']")."""
+    from hfexport.generation.multimodal import MultimodalLayout, _drop_unused_modalities
+
+    modules = {n: torch.nn.Linear(2, 2) for n in ("image", "audio", "proj", "audio_proj", "lm")}
+    layout = MultimodalLayout(
+        encoders={"image_encoder": modules["image"], "audio_encoder": modules["audio"]},
+        projectors={"multi_modal_projector": modules["proj"], "embed_audio": modules["audio_proj"]},
+        language_model=modules["lm"],
+    )
+    parts = layout.modules()
+    calls = {"image_encoder": [{}], "multi_modal_projector": [{}], "audio_encoder": [], "embed_audio": []}
+    assert _drop_unused_modalities(layout, parts, {**calls, "language_model": [{}]}) == [
+        "audio_encoder",
+        "embed_audio",
+    ]
+    assert list(parts) == ["image_encoder", "multi_modal_projector", "language_model"]
+    assert list(layout.encoders) == ["image_encoder"]
+    # no encoder called at all: nothing dropped, the split reports the prompt instead
+    layout = MultimodalLayout(encoders={"image_encoder": modules["image"]}, language_model=modules["lm"])
+    parts = layout.modules()
+    assert _drop_unused_modalities(layout, parts, {"image_encoder": [], "language_model": [{}]}) == []
+    assert "image_encoder" in parts
