@@ -75,16 +75,111 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     }
 
 
+def _merge_side(vision: PretrainedConfig) -> int | None:
+    """Patches merged per side into one image token: ``spatial_merge_size`` (Qwen-VL, GLM-4V,
+    HunYuan-VL) or the first of ``merge_kernel_size`` (Kimi-K2.5)."""
+    merge = getattr(vision, "spatial_merge_size", None)
+    if merge is None and isinstance(getattr(vision, "merge_kernel_size", None), list | tuple):
+        merge = vision.merge_kernel_size[0]
+    return int(merge) if isinstance(merge, int) and not isinstance(merge, bool) else None
+
+
 def _has_patch_grid(config: PretrainedConfig) -> bool:
-    """A Qwen-style vision config: flattened patches described by ``image_grid_thw``."""
+    """A Qwen-style vision config: flattened patches described by ``image_grid_thw`` (a patch size,
+    a merge size and an image token id; the vision start/end ids and the temporal patch size are
+    optional: GLM-4V names them ``image_start_token_id``/``image_end_token_id``, HunYuan-VL has
+    neither)."""
     vision = getattr(config, "vision_config", None)
-    needed = ("spatial_merge_size", "temporal_patch_size", "patch_size", "in_channels")
-    tokens = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
     return (
         vision is not None
-        and all(getattr(vision, a, None) is not None for a in needed)
-        and all(getattr(config, t, None) is not None for t in tokens)
+        and getattr(vision, "patch_size", None) is not None
+        and _merge_side(vision) is not None
+        and getattr(config, "image_token_id", None) is not None
     )
+
+
+def _grid_special_ids(config: PretrainedConfig) -> tuple[int | None, int | None]:
+    """The ids wrapping an image's tokens: ``vision_start/end_token_id`` (Qwen-VL, Kimi-K2.5) or
+    ``image_start/end_token_id`` (GLM-4V); ``(None, None)`` when the config has no such pair."""
+    for prefix in ("vision", "image"):
+        start = getattr(config, f"{prefix}_start_token_id", None)
+        end = getattr(config, f"{prefix}_end_token_id", None)
+        if start is not None and end is not None:
+            return int(start), int(end)
+    return None, None
+
+
+def grid_image_ids(config: PretrainedConfig, tokens: int) -> list[int]:
+    """The prompt ids of one image of ``tokens`` image tokens in a patch-grid model: the image
+    token ``tokens`` times, wrapped in the start/end ids where the config has them
+    (:func:`_grid_special_ids`)."""
+    start, end = _grid_special_ids(config)
+    ids = [int(config.image_token_id)] * tokens
+    return ids if start is None else [start, *ids, end]
+
+
+def grid_pixel_layout(model: PreTrainedModel) -> tuple[tuple[int, ...], int] | None:
+    """The per-patch shape of ``pixel_values`` in a patch-grid model and the image tokens one image
+    of a ``1 x 2m x 2m`` patch grid (``m`` the merge side) gets, found by running
+    ``get_image_features`` once per candidate layout: ``(channels * temporal_patch_size *
+    patch_size**2,)`` (Qwen-VL, GLM-4V, HunYuan-VL), else ``(channels, patch_size, patch_size)``
+    (Kimi-K2.5's Conv2d patch embedding). The token count is what the vision tower returns, which
+    is more than the ``4`` merged patches where it adds row or image separators (HunYuan-VL).
+
+    Returns:
+        ``(per-patch shape, image tokens)``, or ``None`` when the tower takes neither layout.
+    """
+    vision = model.config.vision_config
+    merge = _merge_side(vision)
+    side = int(vision.patch_size)
+    channels = int(getattr(vision, "in_channels", None) or getattr(vision, "num_channels", None) or 3)
+    temporal = int(getattr(vision, "temporal_patch_size", None) or 1)
+    grid = torch.tensor([[1, 2 * merge, 2 * merge]], dtype=torch.int64)
+    patches = 4 * merge * merge
+    for tail in ((channels * temporal * side * side,), (channels, side, side)):
+        candidate = torch.zeros(patches, *tail, dtype=torch.float32)
+        tokens = _count_image_tokens(model, candidate, {"image_grid_thw": grid}, images=1)
+        if tokens:
+            return tail, tokens
+    return None
+
+
+def _grid_inputs(model: PreTrainedModel, gen: torch.Generator) -> dict[str, torch.Tensor] | None:
+    """Inputs of a model whose vision tower takes flattened patches and ``image_grid_thw`` (issue 28),
+    as qwen2_vl's: always one image of a ``1 x 2m x 2m`` patch grid (``m`` the merge side,
+    :func:`_merge_side`: four image tokens, or as many as the vision tower returns) inside a
+    12-token prompt, from position 3, wrapped in the vision start/end tokens where the config has
+    them (:func:`grid_image_ids`).
+
+    ``pixel_values`` has the layout of :func:`grid_pixel_layout`, ``image_grid_thw`` is ``[1, 3]``,
+    plus ``mm_token_type_ids`` ``[1, 12]`` (1 on image tokens) when the forward takes it.
+
+    Returns:
+        The inputs, or ``None`` when the vision tower takes neither pixel layout.
+    """
+    config = model.config
+    merge = _merge_side(config.vision_config)
+    grid = (1, 2 * merge, 2 * merge)
+    patches = grid[0] * grid[1] * grid[2]
+    layout = grid_pixel_layout(model)
+    if layout is None:
+        return None
+    tail, tokens = layout
+    image_ids = grid_image_ids(config, tokens)
+    seq_len, start = 12, 3
+    low, high = _id_range(config, _text_vocab(config))
+    seq_len = max(seq_len, start + len(image_ids) + 1)
+    input_ids = _random_ids(gen, (1, seq_len), low, high)
+    input_ids[0, start : start + len(image_ids)] = torch.tensor(image_ids)
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": torch.ones_like(input_ids),
+        "pixel_values": torch.randn(patches, *tail, generator=gen, dtype=torch.float32),
+        "image_grid_thw": torch.tensor([grid], dtype=torch.int64),
+    }
+    if "mm_token_type_ids" in _forward_params(model):
+        inputs["mm_token_type_ids"] = (input_ids == int(config.image_token_id)).to(torch.int64)
+    return inputs
 
 
 def _forward_params_of(function: Any) -> set[str]:
@@ -159,10 +254,14 @@ def _image_shape(config: PretrainedConfig) -> tuple[int, int]:
 
 
 def _count_image_tokens(
-    model: PreTrainedModel, pixel_values: torch.Tensor, extra: Mapping[str, torch.Tensor] | None = None
+    model: PreTrainedModel,
+    pixel_values: torch.Tensor,
+    extra: Mapping[str, torch.Tensor] | None = None,
+    images: int | None = None,
 ) -> int | None:
     """Image tokens per image the model's vision tower produces, by running it once (with the
-    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes)."""
+    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes); ``images`` is
+    the image count when ``pixel_values``' first axis is not (flattened patches)."""
     getter = getattr(model, "get_image_features", None)
     if getter is None and hasattr(model, "model"):
         getter = getattr(model.model, "get_image_features", None)
@@ -185,7 +284,7 @@ def _count_image_tokens(
         rows = int(out.reshape(-1, out.shape[-1]).shape[0])
     else:
         return None
-    return rows // pixel_values.shape[0]
+    return rows // (images or pixel_values.shape[0])
 
 
 def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -243,6 +342,47 @@ def _image_text_pair_inputs(
     return inputs
 
 
+#: patches per side of the images given as flattened patches (a 32x32 image in 8x8 patches)
+FLAT_PATCH_GRID = (4, 4)
+
+
+def _flat_patch_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> int | None:
+    """Images as flattened patches, for vision towers that embed patches with a linear layer
+    (issue 28); on success replaces ``inputs["pixel_values"]`` (and adds the inputs below) and
+    returns the image tokens per image, else leaves ``inputs`` alone and returns ``None``.
+
+    * a NaFlex tower (the forward takes ``spatial_shapes``: SigLIP2 under LFM2-VL): ``pixel_values``
+      ``[b, 16, channels * patch_size**2]``, ``pixel_attention_mask`` ``[b, 16]`` int64 ones and
+      ``spatial_shapes`` ``[b, 2]`` (a 4x4 grid per image), as its processor lays them out;
+    * otherwise (Fuyu): ``pixel_values`` ``[b, 16, channels * patch_size**2]``.
+    """
+    config = model.config
+    params = _forward_params(model)
+    vision = _sub(config, "vision_config")
+    side = getattr(vision, "patch_size", None) or getattr(config, "patch_size", None)
+    if isinstance(side, list | tuple):
+        side = side[0]
+    if not isinstance(side, int) or isinstance(side, bool):
+        return None
+    channels, _ = _image_shape(config)
+    patches = FLAT_PATCH_GRID[0] * FLAT_PATCH_GRID[1]
+    pixel_values = torch.randn(b, patches, channels * side * side, generator=gen, dtype=torch.float32)
+    extra: dict[str, torch.Tensor] = {}
+    if "spatial_shapes" in params:
+        extra = {
+            "pixel_attention_mask": torch.ones(b, patches, dtype=torch.int64),
+            "spatial_shapes": torch.tensor([FLAT_PATCH_GRID] * b, dtype=torch.int64),
+        }
+    n = _count_image_tokens(model, pixel_values, extra)
+    if not n:
+        return None
+    inputs["pixel_values"] = pixel_values
+    inputs.update(extra)
+    return n
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -298,12 +438,22 @@ def _generic_inputs(
                 n = _count_image_tokens(model, inputs["pixel_values"], sizes)
                 if n:
                     inputs.update(sizes)
-            if not n and "pixel_attention_mask" in params:
+            if not n and "pixel_attention_mask" in params and "spatial_shapes" not in params:
                 # Idefics2/3, SmolVLM: images grouped per prompt, [batch, images, channels, h, w] (issue 28)
                 grouped = inputs["pixel_values"][:, None]
                 n = _count_image_tokens(model, grouped)
                 if n:
                     inputs["pixel_values"] = grouped
+                else:
+                    # granite_docling: the mask is required and marks the real tiles, [batch, tiles]
+                    tiles = {"pixel_attention_mask": torch.ones(b, 1, dtype=torch.bool)}
+                    n = _count_image_tokens(model, grouped, tiles)
+                    if n:
+                        inputs["pixel_values"] = grouped
+                        inputs.update(tiles)
+            if not n:
+                # a tower taking each image as a sequence of flattened patches (issue 28)
+                n = _flat_patch_inputs(model, inputs, b, gen)
             image_token = _image_token_id(config)
             if n:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
@@ -534,8 +684,11 @@ def make_inputs(
       vision tower produces per image (found by running ``get_image_features`` once); when that
       fails without them, ``image_sizes`` ``[b, 2]`` (Mistral3 / Pixtral) or images grouped per
       prompt, ``pixel_values`` ``[b, 1, channels, size, size]`` (Idefics2/3, SmolVLM: forwards
-      taking ``pixel_attention_mask``); a Qwen-style vision config (``spatial_merge_size``,
-      ``temporal_patch_size`` and the vision start/end token ids) gets qwen2_vl's inputs;
+      taking ``pixel_attention_mask``), or flattened patches ``[b, 16, channels * patch_size**2]``
+      (Fuyu; with ``pixel_attention_mask`` ``[b, 16]`` and ``spatial_shapes`` ``[b, 2]`` for a
+      NaFlex tower, LFM2-VL; :func:`_flat_patch_inputs`); a patch-grid vision config (a patch size,
+      a merge size and an image token id: Qwen-VL, GLM-4V, Kimi-K2.5, HunYuan-VL) gets qwen2_vl's
+      form, one image of 2m x 2m patches in a 12-token prompt (:func:`_grid_inputs`);
     * text forwards taking ``bbox`` (document layout models) also get one box per token, ``bbox``
       ``[b, s, 4]`` (int64 in ``[0, 1000]``, or float32 in ``[0, 1]`` without a 2-D position
       table: BROS), and those taking ``visual_feats``/``visual_pos`` (LXMERT) 4 regions per row,
@@ -594,11 +747,11 @@ def make_inputs(
 
     if model_type not in SUPPORTED_MODEL_TYPES:
         if _has_patch_grid(config) and modality(model, task) == "image+text":
-            # Qwen2.5-VL, Qwen3-VL ...: flattened patches and image_grid_thw, as qwen2_vl (issue 28)
-            grid_inputs = _qwen2_vl_inputs(config, gen)
-            if "mm_token_type_ids" not in _forward_params(model):
-                grid_inputs.pop("mm_token_type_ids")
-            return grid_inputs
+            # Qwen2.5-VL, Qwen3-VL, GLM-4V, Kimi-K2.5 ...: flattened patches and image_grid_thw
+            # (issue 28)
+            grid_inputs = _grid_inputs(model, gen)
+            if grid_inputs is not None:
+                return grid_inputs
         if getattr(model, "main_input_name", None) == "past_values":  # forecasting heads (issue 28)
             return _time_series_inputs(model, b, gen)
         inputs = _generic_inputs(model, task, b, s, gen)

@@ -245,6 +245,10 @@ def _builtin_roles() -> list[InputRole]:
         # SigLIP2's patch grid per image [batch, (rows, columns)]: values, repeated with the batch
         InputRole("spatial_shapes", IMAGE, "patch_grid", 0, None, None, (), 2),
         InputRole("image_grid_thw", IMAGE, "grid", None, None, None, (), 2),
+        # a windowed Qwen2.5-VL-style vision encoder's window permutation and window boundaries,
+        # precomputed from grid_thw (hfexport.generation.vision_inputs; issue 28): values, no batch
+        InputRole("window_index", IMAGE, "grid", None, None, None, (), 1),
+        InputRole("cu_window_seqlens", IMAGE, "grid", None, None, None, (), 1),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),

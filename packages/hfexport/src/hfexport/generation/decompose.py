@@ -12,6 +12,7 @@ that also carries the :class:`~hfexport.generation.plan.GenerationPlan` the runn
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,39 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+#: the forward kwarg through which transformers >= 5 ``generate`` hands pre-encoded images to the
+#: model (it runs ``get_image_features`` itself before the prefill and drops the pixel inputs)
+MM_ENCODER_OUTPUTS = "mm_encoder_outputs"
+
+
+def _raw_modality_inputs(
+    model: torch.nn.Module, kwargs: dict[str, Any], inputs: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """A recorded whole-model call with the prompt's raw image inputs in place of
+    ``mm_encoder_outputs`` (issue 28: Fuyu, Apertus-1.5, whose image encoder is not a submodule
+    the multimodal split finds, so the whole model is the prefill).
+
+    ``generate`` pre-encodes the images and passes the features as ``mm_encoder_outputs``, a
+    nested ``ModelOutput`` a generation runner has no source for; given the raw inputs instead
+    (``pixel_values`` ... every prompt input the forward names and the call lacks), the forward
+    encodes the images itself, with the same result. ``inputs=None`` (the decode step, whose new
+    tokens hold no image placeholder) only drops ``mm_encoder_outputs``.
+    """
+    if MM_ENCODER_OUTPUTS not in kwargs:
+        return kwargs
+    out = {k: v for k, v in kwargs.items() if k != MM_ENCODER_OUTPUTS}
+    if inputs is None:
+        return out
+    try:
+        params = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        params = set()
+    for key, value in inputs.items():
+        if key not in out and key in params and isinstance(value, torch.Tensor):
+            out[key] = value
+    return out
 
 
 def decompose_prefill_decode(
@@ -73,6 +107,8 @@ def decompose_prefill_decode(
     recording = record_generation(
         model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
     )
+    recording.prefill = _raw_modality_inputs(model, recording.prefill, inputs)
+    recording.decode = _raw_modality_inputs(model, recording.decode, None)
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
     plan = GenerationPlan(
         architecture="encoder_decoder" if encoder_decoder else "decoder",

@@ -18,41 +18,47 @@ __all__ = ["other_image_prompt"]
 
 
 def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
-    """One image of another patch grid inside a longer prompt (Qwen-style ``image_grid_thw`` models)."""
+    """One image of another patch grid inside a longer prompt (``image_grid_thw`` models: Qwen-VL,
+    GLM-4V, Kimi-K2.5, HunYuan-VL), its image tokens counted by the vision tower itself (HunYuan-VL
+    adds row separators to the merged patches) and wrapped in the start/end ids where the config
+    has them."""
+    from hfexport.sample_inputs import _count_image_tokens, _merge_side, grid_image_ids
+
     config = model.config
-    vision = config.vision_config
-    merge = int(vision.spatial_merge_size)
+    merge = _merge_side(config.vision_config)
     grid = inputs["image_grid_thw"]
     old_h, old_w = (int(v) for v in grid[0, 1:])
     thw = (1, old_h + 2 * merge, old_w + merge)  # a taller and wider image: another image token count
     patches = thw[0] * thw[1] * thw[2]
-    tokens = patches // (merge * merge)
     gen = torch.Generator().manual_seed(seed)
-    pixel_values = torch.randn(patches, int(inputs["pixel_values"].shape[-1]), generator=gen)
+    pixel_values = torch.randn(patches, *inputs["pixel_values"].shape[1:], generator=gen)
+    grid_thw = torch.tensor([thw], dtype=torch.int64)
+    tokens = _count_image_tokens(model, pixel_values, {"image_grid_thw": grid_thw}, images=1)
+    if not tokens:
+        tokens = patches // (merge * merge)
+    image_ids = grid_image_ids(config, tokens)
     special = {
         int(getattr(config, name))
-        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+        for name in (
+            "image_token_id",
+            "video_token_id",
+            "vision_start_token_id",
+            "vision_end_token_id",
+            "image_start_token_id",
+            "image_end_token_id",
+        )
         if getattr(config, name, None) is not None
     }
     vocab = int(config.get_text_config().vocab_size)
     high = min([t for t in special if t >= 3] + [vocab])
     before, after = 5, 4
     text = torch.randint(3, high, (1, before + after), generator=gen)
-    ids = torch.cat(
-        [
-            text[:, :before],
-            torch.tensor([[int(config.vision_start_token_id)]]),
-            torch.full((1, tokens), int(config.image_token_id)),
-            torch.tensor([[int(config.vision_end_token_id)]]),
-            text[:, before:],
-        ],
-        dim=1,
-    )
+    ids = torch.cat([text[:, :before], torch.tensor([image_ids]), text[:, before:]], dim=1)
     out = {
         "input_ids": ids,
         "attention_mask": torch.ones_like(ids),
         "pixel_values": pixel_values,
-        "image_grid_thw": torch.tensor([thw], dtype=torch.int64),
+        "image_grid_thw": grid_thw,
     }
     if "mm_token_type_ids" in inputs:
         out["mm_token_type_ids"] = (ids == int(config.image_token_id)).to(torch.int64)
@@ -64,7 +70,7 @@ def other_image_prompt(
 ) -> dict[str, torch.Tensor]:
     """Generate-style inputs of another shape than ``inputs`` for the same vision-language model.
 
-    - a model with ``image_grid_thw`` (Qwen2-VL and alike): one image with a patch grid
+    - a model with ``image_grid_thw`` (Qwen2-VL, GLM-4V, Kimi-K2.5 and alike): one image with a patch grid
       ``2 * merge`` patches taller and ``merge`` wider than the sample's first image (so another
       number of image tokens), inside a prompt of other length (batch 1);
     - any other model: :func:`hfexport.sample_inputs.make_inputs` with one more row (one more
@@ -89,9 +95,9 @@ def other_image_prompt(
         raise ValueError(
             f"inputs {sorted(inputs)} hold no input_ids; pass the generate-style inputs of a prompt"
         )
-    if "image_grid_thw" in inputs and getattr(
-        getattr(model.config, "vision_config", None), "spatial_merge_size", None
-    ):
+    from hfexport.sample_inputs import _has_patch_grid
+
+    if "image_grid_thw" in inputs and _has_patch_grid(model.config):
         return _grid_prompt(model, inputs, seed)
     batch, seq = (int(v) for v in inputs["input_ids"].shape)
     images = inputs.get("pixel_values")

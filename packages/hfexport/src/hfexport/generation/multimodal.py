@@ -372,6 +372,34 @@ def _text_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     return encoder if _is_submodule(model, encoder) else None
 
 
+def _drop_unused_modalities(
+    layout: MultimodalLayout, parts: dict[str, torch.nn.Module], calls: Mapping[str, list[Any]]
+) -> list[str]:
+    """Leave out the encoders and projectors of a modality the prompt does not carry (issue 28:
+    dots3_note has an audio encoder, and an image prompt never calls it), when ``generate`` called
+    at least one encoder: the components then serve prompts of the sample's modalities. With no
+    encoder called, nothing is dropped (the caller reports the prompt as carrying no modality).
+    Changes ``layout`` and ``parts`` in place.
+
+    Returns:
+        The names dropped.
+    """
+    if not any(calls.get(name) for name in layout.encoders):
+        return []
+    dropped = [
+        name for name in [*layout.encoders, *layout.projectors] if name in parts and not calls.get(name)
+    ]
+    for name in dropped:
+        parts.pop(name)
+        layout.encoders.pop(name, None)
+        layout.projectors.pop(name, None)
+    if dropped:
+        logger.info(
+            "generate() did not call %s: left out of the components (a modality the prompt lacks)", dropped
+        )
+    return dropped
+
+
 def decompose_multimodal(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -433,6 +461,7 @@ def decompose_multimodal(
         decoder_masks={"language_model": layout.language_model} if text_encoder is None else None,
     )
     calls, outputs = recording.capture.calls, recording.capture.outputs
+    _drop_unused_modalities(layout, parts, calls)
     missing = [name for name in parts if not calls[name]]
     if [m for m in missing if m != "lm_head"]:
         raise ValueError(

@@ -848,3 +848,57 @@ PRESETS.update(
         ),
     }
 )
+
+
+# --- issue 28: vision-language ---
+#: GLM-4V's multimodal rotary sections (temporal, height, width) when the config gives none: the
+#: model falls back to [8, 12, 12] (half of a 64-wide rotary part); the tiny head's rotary half
+#: (head_dim 16: 8; glm4v_moe's partial_rotary_factor 0.5: 4) split the same way
+_GLM4V_MROPE = (
+    "the text config gives no mrope_section and the model falls back to [8, 12, 12], sized for the "
+    "default 128-wide heads; the tiny 16-wide heads' rotary half needs sections that add up to it"
+)
+PRESETS.update(
+    {
+        **{
+            mt: Preset(
+                config={"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},
+                reason=_GLM4V_MROPE,
+            )
+            for mt in ("glm4v", "glm46v", "glm_ocr", "glmga")
+        },
+        "hunyuan_vl": Preset(
+            config={"text_config": {"rope_parameters": {"mrope_section": [2, 2, 2, 2]}}},
+            reason="the default config gives no mrope_section, which its text model needs (at least 3 "
+            "multimodal rotary axes, 'got 0'); four axes of 2 cover the tiny heads' rotary half (8), as "
+            "released checkpoints' four sections cover theirs",
+        ),
+        "apertus1p5": Preset(
+            config={
+                "audio_config": {
+                    "codebook_dim": 64,
+                    "codebook_size": 64,
+                    "decoder_hidden_size": 64,
+                    "decoder_intermediate_size": 128,
+                },
+                "vision_config": {"codebook_size": 64, "base_channels": 32, "latent_channels": 32},
+                "image_token_offset": 96,
+                "audio_token_offset": 160,
+            },
+            reason="its WavTokenizer audio encoder has no projection around the quantizer (codebook_dim "
+            "must equal the shrunk hidden size, 64), and the visual and audio code ranges (offsets "
+            "131272 and 262344, codebooks of 131072 and 4096) must lie inside the 256-token "
+            "vocabulary, one after the other: visual codes 96-159, audio codes 160-223; the VQ image "
+            "tokenizer's 256 channels and the audio decoder's 768 gave 191M parameters",
+        ),
+        "dots3_note": Preset(
+            config={"text_config": {"per_layer_config": {"1": {"head_dim": 24}}}},
+            reason="its text model is dots3_note_text's (see that entry): the sliding layers need "
+            "head_dim == qk_nope_head_dim + qk_rope_head_dim (16 + 8)",
+        ),
+        "glm4v_moe": Preset(
+            config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
+            reason=_GLM4V_MROPE + " (partial_rotary_factor 0.5: a rotary half of 4)",
+        ),
+    }
+)

@@ -54,6 +54,13 @@ _HIDDEN_KEYS = frozenset(
         "projection_dim",
         "text_embed_dim",
         "vision_embed_dim",
+        # a patch-grid vision tower's merger output, the language model's width (Qwen-VL, GLM-4V)
+        "out_hidden_size",
+        "projection_hidden_size",  # Kimi-K2.5's projector input, its vision tower's width
+        "text_hidden_size",  # a vision tower's output width, the language model's (inkling2)
+        "adapter_in_dim",  # dots3_note's audio adapter input, its hidden size
+        "adapter_input_size",
+        "adapter_out_dim",  # dots3_note's adapters' output, the text hidden size
     }
 )
 _FFN_KEYS = frozenset(
@@ -242,11 +249,14 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             if isinstance(value, list) and len(value) == old_layers:
                 out[key] = list(out.get(key, value))[:layers]
     if _is_int(values.get("qk_rope_head_dim")):  # MLA: head_dim is the rotary part
-        out["qk_rope_head_dim"] = _MLA["qk_rope_head_dim"]
+        # a default without rotary part stays without (glm5_next's DSA layers are NoPE by design:
+        # its config refuses a rotary dim)
+        rope_dim = 0 if values["qk_rope_head_dim"] == 0 else _MLA["qk_rope_head_dim"]
+        out["qk_rope_head_dim"] = rope_dim
         if "head_dim" in values:
-            out["head_dim"] = _MLA["qk_rope_head_dim"]
+            out["head_dim"] = rope_dim or _MLA["qk_nope_head_dim"]
         if "qk_head_dim" in values:
-            out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
+            out["qk_head_dim"] = rope_dim + _MLA["qk_nope_head_dim"]
     if _is_int(layers) and layer_key is not None:
         _fit_backbone_outputs(values, out, layer_key, layers)
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
@@ -255,6 +265,11 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out[key] = _trim_layer_types(types, layers)
         elif isinstance(types, str) and _is_int(layers) and len(types) > layers:
             out[key] = "".join(_trim_layer_types(list(types), layers))
+    merge = values.get("spatial_merge_size")
+    if _is_int(values.get("window_size")) and _is_int(merge) and _is_int(values.get("patch_size")):
+        # Qwen2.5-VL-like vision towers count their attention windows in pixels: 2x2 merged patches
+        # (the swin rule's 4 gave 4 // merge // patch = 0 merged patches per window, ZeroDivisionError)
+        out["window_size"] = 2 * merge * int(out.get("patch_size", values["patch_size"]))
     if _is_int(layers):  # hybrids: the last layer keeps attention (and experts) after the shrink
         for key, value in values.items():
             if key.endswith("_layer_period") and _is_int(value) and _is_int(values.get(key[:-6] + "offset")):
