@@ -178,4 +178,3 @@ def test_backends_register_the_translations_where_their_lowering_lacks_the_ops()
     }
     assert set(installed) <= bernoulli and set(installed) <= normal
     assert not {"dynamo", "onnx", "capture"} & (bernoulli | normal)
-
