@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from torch.export import Dim
 
 from hfexport.capture import capture
@@ -138,31 +137,6 @@ def test_budget_narrows_batch_after_the_sequence_floor(toy_double, toy_inputs):
     outcome = bounds.fit_memory_budget(program, symbols, 100_000)
     assert (role["sequence"].upper, role["batch"].upper) == (128, 4)
     assert outcome.fits and outcome.estimate_after == 65536
-
-
-class _FixedPeak(torch.nn.Module):
-    """``x * 2`` next to a 4 MB intermediate whose size no input axis scales (FastSpeech 2's frames)."""
-
-    def forward(self, input_ids):
-        fixed = input_ids.new_ones(1_000_000).cumsum(0)  # 4 MB float32, whatever the input's shape
-        return input_ids * 2, fixed[-1:]
-
-
-def test_budget_keeps_the_floors_when_the_sample_sizes_do_not_fit_either(toy_inputs):
-    inputs = toy_inputs(batch=2, seq=6)
-    program, plan = _captured(_FixedPeak().eval(), inputs, {"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}})
-    symbols = bounds.collect_symbols(program, inputs, plan)
-    role = {info.role: info for info in symbols}
-    # 1 MB: even the sample's 2 x 6 leaves the 4 MB intermediate, so narrowing to it buys nothing
-    # but a static program: the bounds stop at the floors (sequence 256, batch 4)
-    outcome = bounds.fit_memory_budget(program, symbols, 1_000_000)
-    assert not outcome.fits and outcome.estimate_after > 4_000_000
-    assert (role["sequence"].upper, role["batch"].upper) == (bounds.SEQUENCE_FLOOR, bounds.BATCH_FLOOR)
-    assert program.range_constraints[role["sequence"].symbol].upper == bounds.SEQUENCE_FLOOR
-    assert outcome.narrowed == {
-        str(role["sequence"].symbol): (bounds.DEFAULT_MAX_SEQUENCE, bounds.SEQUENCE_FLOOR),
-        str(role["batch"].symbol): (bounds.DEFAULT_MAX_BATCH, bounds.BATCH_FLOOR),
-    }
 
 
 def test_budget_never_narrows_user_bounds(toy_double, toy_inputs):

@@ -652,3 +652,21 @@ def test_exact_symbolic_quotients_are_cancelled_in_planned_sizes():
     assert not entry.unresolved and entry.is_active()
     wrapped = patches.exact_quotients_in_upper_bounds(lambda value: 7)
     assert wrapped(5) == 7  # plain ints: the original's answer
+
+
+def test_an_expression_the_interval_analysis_refuses_keeps_the_planners_bound(monkeypatch):
+    """FastSpeech 2 has sizes whose bound_sympy raises ValueRangeError: no tighter bound, no crash."""
+    import sympy
+    import torch.utils._sympy.value_ranges as value_ranges
+    from torch.utils._sympy.functions import FloorDiv
+
+    from hfexport_executorch.workarounds import patches
+
+    b, s = sympy.symbols("s0 s1", integer=True, positive=True)
+    expr = FloorDiv(4 * b * s, 2 * s)
+
+    def refuse(*args, **kwargs):
+        raise value_ranges.ValueRangeError("Invalid ranges [0:-1]")
+
+    monkeypatch.setattr(value_ranges, "bound_sympy", refuse)
+    assert patches.tighter_upper_bound(expr, {}) is None

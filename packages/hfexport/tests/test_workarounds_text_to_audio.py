@@ -43,13 +43,11 @@ def test_patch_is_in_place_only_inside_its_scope_and_restored_after_an_error():
     assert fastspeech2.length_regulator is original
 
 
-def test_capture_key_picks_the_scope_for_fastspeech2_and_vits_only():
+def test_capture_key_picks_the_scope_for_fastspeech2_only():
     model, _ = tiny_model("fastspeech2_conformer", "text-to-audio")
     assert text_to_audio.capture_key(model) == text_to_audio.KEY
     assert text_to_audio.capture_key(torch.nn.Sequential(model)) == text_to_audio.KEY
-    vits, _ = tiny_model("vits", "text-to-audio")
-    assert text_to_audio.capture_key(vits) == text_to_audio.KEY
-    other, _ = tiny_model("speecht5", "text-to-audio")
+    other, _ = tiny_model("vits", "text-to-audio")
     assert text_to_audio.capture_key(other) == "capture"
 
 
@@ -180,30 +178,3 @@ def test_backends_register_the_translations_where_their_lowering_lacks_the_ops()
     }
     assert set(installed) <= bernoulli and set(installed) <= normal
     assert not {"dynamo", "onnx", "capture"} & (bernoulli | normal)
-
-
-class _FrameCounter(torch.nn.Module):
-    """VITS's sizing step: a padding mask over ``torch.arange`` of the largest predicted length."""
-
-    def forward(self, durations: torch.Tensor) -> torch.Tensor:
-        lengths = torch.clamp_min(durations.sum(-1), 1).long()
-        indices = torch.arange(lengths.max(), dtype=lengths.dtype, device=lengths.device)
-        return (indices.unsqueeze(0) < lengths.unsqueeze(1)).float()
-
-
-def test_vits_frame_count_is_bounded_while_capturing():
-    found = {e.name: e for e in registry.entries(text_to_audio.KEY, kind="patch")}
-    entry = found[f"{text_to_audio.__name__}.vits_frame_count_bounded"]
-    assert entry.paths == text_to_audio.VITS_FORWARD_TARGETS and not entry.unresolved
-    model = _FrameCounter()
-    model.forward = text_to_audio.vits_frame_count_bounded(type(model).forward).__get__(model)
-    durations = torch.tensor([[2.0, 3.0], [1.0, 0.0]])
-    program = torch.export.export(model, (durations,), strict=False)
-    uppers = {str(r.upper) for r in program.range_constraints.values()}
-    assert str(text_to_audio.VITS_MAX_FRAMES) in uppers  # the unbacked frame count has its bound
-    assert torch.arange is not None and torch.arange.__name__ == "arange"  # put back
-    out = program.module()(torch.tensor([[4.0, 3.0], [2.0, 2.0]]))
-    assert out.shape == (2, 7) and out.sum(-1).tolist() == [7.0, 4.0]
-    # without the bound the count has none (what ExecuTorch's memory planning refused)
-    plain = torch.export.export(_FrameCounter(), (durations,), strict=False)
-    assert str(text_to_audio.VITS_MAX_FRAMES) not in {str(r.upper) for r in plain.range_constraints.values()}

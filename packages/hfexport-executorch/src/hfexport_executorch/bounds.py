@@ -49,10 +49,7 @@ gives every dynamic dimension a finite bound, in two steps:
    the budget (``config.max_dynamic_bytes``, default :data:`DEFAULT_MAX_DYNAMIC_BYTES`), bounds
    that hfexport chose (never the user's explicit ``max``) are halved: sequence-like axes first,
    down to ``min(SEQUENCE_FLOOR, their bound)``; then batch axes down to
-   ``min(BATCH_FLOOR, their bound)``; then sequence-like axes and batch axes down to the sample size,
-   kept only if that meets the budget (else the bounds go back to the floors: a peak the axes do
-   not scale, such as FastSpeech 2's data-dependent frame count, would otherwise leave a program
-   static at the sample's shape without fitting the budget). Narrowing
+   ``min(BATCH_FLOOR, their bound)``; then sequence-like axes down to the sample size. Narrowing
    a range after capture is sound: every guard that held on the wider range still holds.
 
 The final bounds are recorded in the export report (``report.dynamic_bounds``).
@@ -708,12 +705,8 @@ def fit_memory_budget(
         budget: bytes.
 
     Returns:
-        A :class:`BudgetResult`. Bounds are halved down to the floors (``SEQUENCE_FLOOR``,
-        ``BATCH_FLOOR``, or the bound itself when smaller), then down to the sample sizes; when
-        even the sample sizes exceed the budget, the bounds go back to the floors (narrowing to
-        the sample would make the program static without meeting the budget: the estimate is
-        dominated by sizes these axes do not scale, e.g. a data-dependent frame count) and a
-        warning is logged (once per process).
+        A :class:`BudgetResult`. When even the smallest allowed bounds exceed the budget, the
+        bounds stay at those minimums and a warning is logged (once per process).
     """
     global _BUDGET_WARNED
     bounded = [s for s in symbols if s.upper is not None]
@@ -733,10 +726,7 @@ def fit_memory_budget(
         (seq, lambda s: s.hint),
         (batch, lambda s: s.hint),
     ]
-    at_floors: tuple[dict[sympy.Symbol, Any], int] | None = None
-    for index, (group, floor) in enumerate(phases):
-        if index == 2:
-            at_floors = ({s.symbol: s.upper for s in bounded}, estimate)
+    for group, floor in phases:
         while estimate > budget:
             movable = [s for s in group if s.upper > floor(s)]  # type: ignore[operator]
             if not movable:
@@ -744,13 +734,6 @@ def fit_memory_budget(
             for s in movable:
                 s.upper = max(floor(s), int(s.upper) // 2)  # type: ignore[arg-type]
             estimate = estimate_peak_bytes(ep, current())
-    if estimate > budget and at_floors is not None:
-        # below the floors down to the sample sizes and still over the budget: what fills it does not
-        # scale with these axes (FastSpeech 2's frames, a data-dependent count capped at 5000), and
-        # narrowing on would only leave a program static at the sample's shape: keep the floors
-        for s in bounded:
-            s.upper = at_floors[0][s.symbol]
-        estimate = at_floors[1]
     narrowed = {}
     for s in bounded:
         if s.upper != original[s.symbol]:
@@ -761,9 +744,8 @@ def fit_memory_budget(
     if not fits and not _BUDGET_WARNED:
         _BUDGET_WARNED = True
         logger.warning(
-            "the planned activations need about %.1f MiB with the dynamic axes at their floor bounds, above the "
-            "memory budget of %.1f MiB (ExecutorchConfig.max_dynamic_bytes), and narrowing them to the sample's "
-            "sizes would not meet it either; the program keeps the floor bounds",
+            "the planned activations need about %.1f MiB at the smallest allowed bounds, above the memory budget "
+            "of %.1f MiB (ExecutorchConfig.max_dynamic_bytes); the program keeps those bounds",
             estimate / 2**20,
             budget / 2**20,
         )

@@ -199,17 +199,21 @@ def tighter_upper_bound(expr: Any, var_to_range: Any) -> int | None:
 
     Returns:
         The rewritten expression's finite upper bound when it is smaller than the original's, else
-        ``None`` (nothing to rewrite, or no gain).
+        ``None`` (nothing to rewrite, no gain, or an expression ``bound_sympy`` refuses: FastSpeech 2
+        has sizes whose interval analysis raises ``ValueRangeError: Invalid ranges [0:-1]``).
     """
     import sympy
     from torch.utils._sympy.functions import FloorDiv
     from torch.utils._sympy.value_ranges import bound_sympy
 
-    found = [e for e in expr.atoms(FloorDiv) if _exact_quotient(*e.args) is not None]
-    if not found:
+    try:
+        found = [e for e in expr.atoms(FloorDiv) if _exact_quotient(*e.args) is not None]
+        if not found:
+            return None
+        rewritten = expr.xreplace({e: _exact_quotient(*e.args) for e in found})
+        before, after = bound_sympy(expr, var_to_range).upper, bound_sympy(rewritten, var_to_range).upper
+    except Exception:  # an expression the interval analysis refuses (ValueRangeError): no tighter bound
         return None
-    rewritten = expr.xreplace({e: _exact_quotient(*e.args) for e in found})
-    before, after = bound_sympy(expr, var_to_range).upper, bound_sympy(rewritten, var_to_range).upper
     if not isinstance(after, sympy.Integer):
         return None
     if isinstance(before, sympy.Integer) and int(before) <= int(after):

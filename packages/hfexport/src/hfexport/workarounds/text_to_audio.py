@@ -14,10 +14,6 @@ against runs the original code.
   computes the same frames at once: each frame gathers the phoneme whose cumulative duration
   first exceeds the frame's index, frames past a row's total are zeros, and the frame count (the
   largest total of the batch) is one data-dependent size bounded to ``[2, 5000]``.
-- :func:`vits_frame_count_bounded`: VITS sizes its spectrogram by ``torch.arange`` of the largest
-  predicted length (a data-dependent count with no upper bound), which ExecuTorch's memory planning
-  cannot size (``GuardOnDataDependentSymNode: 8*u70 < 8``); while the forward is captured that count is
-  asserted to lie in ``[1, VITS_MAX_FRAMES]``.
 
 And a helper for the backends, which register it under their own key:
 
@@ -49,8 +45,6 @@ __all__ = [
     "MAX_FRAMES",
     "MIN_FRAMES",
     "TEXT_TO_AUDIO_MODULES",
-    "VITS_FORWARD_TARGETS",
-    "VITS_MAX_FRAMES",
     "bernoulli_from_uniform",
     "capture_key",
     "length_regulator_as_gather",
@@ -58,7 +52,6 @@ __all__ = [
     "register_bernoulli_as_uniform",
     "register_normal_from_uniform",
     "regulate_lengths",
-    "vits_frame_count_bounded",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -67,7 +60,6 @@ KEY = f"{CAPTURE}.text_to_audio"
 #: transformers modeling modules whose models the capture patches of this module concern
 TEXT_TO_AUDIO_MODULES: tuple[str, ...] = (
     "transformers.models.fastspeech2_conformer.modeling_fastspeech2_conformer",
-    "transformers.models.vits.modeling_vits",
 )
 
 _TRANSFORMERS = {"transformers": ">=5.23,<6"}
@@ -171,67 +163,6 @@ def length_regulator_as_gather(original: Callable[..., Any]) -> Callable[..., An
         return regulate_lengths(encoded_embeddings, duration_labels, speaking_speed)
 
     return length_regulator
-
-
-# --------------------------------------------------------------------------------------------
-# VITS: the spectrogram's frame count
-# --------------------------------------------------------------------------------------------
-
-#: the forward that sizes the spectrogram by ``torch.arange(predicted_lengths.max())``
-VITS_FORWARD_TARGETS: tuple[str, ...] = ("transformers.models.vits.modeling_vits.VitsModel.forward",)
-#: frames the captured VITS program produces at most (58 s of 22.05 kHz audio at hop 256); VITS has
-#: no table of its own that caps them, so this is the program's limit, as FastSpeech 2's :data:`MAX_FRAMES`
-VITS_MAX_FRAMES = 5000
-
-
-@register_patch(
-    KEY,
-    *VITS_FORWARD_TARGETS,
-    description=(
-        "vits: the spectrogram's frame count (torch.arange of the largest predicted length, data-dependent) is "
-        "asserted to lie in [1, 5000] while capturing, so ExecuTorch's memory planning has an upper bound "
-        "(GuardOnDataDependentSymNode: 8*u70 < 8)"
-    ),
-    # no upstream issue filed; the count is unbounded in transformers 5.24's VitsModel.forward
-    issue="https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/models/vits/modeling_vits.py",
-    versions=_TRANSFORMERS,
-)
-def vits_frame_count_bounded(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap ``VitsModel.forward`` so the frame count it computes is bounded while capturing.
-
-    Inside the wrapped forward, ``torch.arange`` called with a 0-d integer tensor as its only
-    positional argument (``torch.arange(predicted_lengths.max(), dtype=..., device=...)``: the
-    largest predicted frame count of the batch) takes that count as a Python int asserted with
-    ``torch._check`` to lie in ``[1, VITS_MAX_FRAMES]`` (the forward clamps each length to at least 1).
-    The captured program then holds an unbacked frame count with that range, which memory planning
-    can size, and refuses an input whose predicted length exceeds it. Every other ``torch.arange``
-    call (the second one, on the already bounded ``output_length``) runs as is; ``torch.arange`` is
-    put back when the forward returns or raises.
-
-    Returns:
-        The wrapped forward (same signature and outputs: ``waveform`` ``[batch, samples]`` float32 ...).
-    """
-
-    @functools.wraps(original)
-    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        arange = torch.arange
-
-        def bounded_arange(*a: Any, **kw: Any) -> Any:
-            end = a[0] if len(a) == 1 else None
-            if isinstance(end, torch.Tensor) and end.dim() == 0 and not end.is_floating_point():
-                count = end.item()
-                torch._check(count >= 1)
-                torch._check(count <= VITS_MAX_FRAMES)
-                return arange(count, **kw)
-            return arange(*a, **kw)
-
-        torch.arange = bounded_arange
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            torch.arange = arange
-
-    return forward
 
 
 # --------------------------------------------------------------------------------------------
