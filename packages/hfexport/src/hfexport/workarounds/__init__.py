@@ -11,6 +11,8 @@
   ``take_along_dim`` as ``gather``), key ``"capture.detection"``;
 - :mod:`hfexport.workarounds.dense_prediction`: the dense-prediction heads' capture patches (DPT's
   patch grid), key ``"capture.dense_prediction"``;
+- :mod:`hfexport.workarounds.text_classification`: the BART/T5-family sequence-classification heads'
+  capture patch (the last ``</s>`` pooled by position), key ``"capture.text_classification"``;
 - :mod:`hfexport.side_probe` registers the ``"side_probe"`` patches, in place while the image-side
   probe runs the model on fake tensors;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
@@ -40,6 +42,7 @@ CORE_KEYS: tuple[str, ...] = (
     "capture.text_to_audio",
     "capture.detection",
     "capture.dense_prediction",
+    "capture.text_classification",
     "side_probe",
     "generation",
     "inputs",
@@ -52,6 +55,7 @@ CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.text_to_audio",
     "hfexport.workarounds.detection",
     "hfexport.workarounds.dense_prediction",
+    "hfexport.workarounds.text_classification",
     "hfexport.side_probe",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
