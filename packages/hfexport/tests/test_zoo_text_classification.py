@@ -127,3 +127,16 @@ def test_pooling_by_position_exports_without_a_data_dependent_size():
         expected = model(**second, use_cache=False).logits
         got = program.module()(**second, use_cache=False).logits
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-4)
+
+
+def test_perceiver_gets_text_inputs_and_a_small_latent_array():
+    # its forward's main input is `inputs` (any modality): the sample was empty and eager failed on
+    # embedding(None); the default latent array made the tiny model 270M parameters
+    model, inputs = tiny_model("perceiver", TASK, check_eager=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {"input_ids": (2, 8), "attention_mask": (2, 8)}
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        again = model(inputs=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    assert tuple(logits.shape) == (2, 3)
+    torch.testing.assert_close(logits, again, atol=0, rtol=0)  # input_ids are the text preprocessor's inputs

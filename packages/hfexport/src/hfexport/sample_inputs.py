@@ -116,7 +116,8 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     its forward also takes images (gemma3's causal LM).
 
     Returns:
-        ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
+        ``"text"`` (``input_ids``; also a Perceiver whose ``inputs`` may be given as ``input_ids``),
+        ``"image"`` (``pixel_values``), ``"image+text"``
         (``input_ids`` with ``pixel_values`` and an image token id in the config), ``"audio"``
         (raw ``input_values``) or ``"audio-features"`` (``input_features``, e.g. mel spectrograms);
         ``"other"`` for anything else.
@@ -131,6 +132,8 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
         ):
             return "image+text"
         return "text"
+    if main == "inputs" and "input_ids" in params and "pixel_values" not in params:
+        return "text"  # Perceiver's any-modality forward, text preprocessor: input_ids stand for inputs
     return {"pixel_values": "image", "input_values": "audio", "input_features": "audio-features"}.get(
         main, "other"
     )
