@@ -473,3 +473,44 @@ def test_an_output_folded_into_its_producer_keeps_its_recorded_name():
     assert list(got) == ["output"]
     with torch.no_grad():
         torch.testing.assert_close(got["output"], model(other)["output"], atol=1e-6, rtol=0)
+
+
+class _FirstColumnSqueezed(torch.nn.Module):
+    """mBART's ``shift_tokens_right`` in small: a ``[batch, 1]`` gather squeezed without naming the axis."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        last = (ids.ne(0).sum(dim=1) - 1).unsqueeze(-1)
+        return ids.gather(1, last).squeeze() * 3
+
+
+def test_squeeze_fix_names_the_static_unit_axes_so_a_dynamic_batch_runs():
+    """issue 28: OpenVINO's Squeeze takes the dynamic batch axis of an axis-less squeeze as one that may
+    be 1 and fails at inference on a batch of 2 ("Can not clone with new dims"); mBART's and PLBart's
+    text classification failed validation so. The fix names the axes the traced program drops."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("squeeze_static_unit_axes")]
+    assert entry.versions == {"openvino": ">=2026.0"} and entry.issue.startswith("https://github.com/")
+    batch = torch.export.Dim("batch", min=2, max=64)
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0]])
+    program = torch.export.export(_FirstColumnSqueezed(), (ids,), dynamic_shapes=({0: batch, 1: None},))
+    program = program.run_decompositions()
+    (node,) = [n for n in program.graph_module.graph.nodes if "aten.squeeze" in str(n.target)]
+    assert entry.func(program.graph_module, node) is True
+    assert (node.target, node.args[1]) == (torch.ops.aten.squeeze.dims, [1])
+    program.graph_module.recompile()
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    for rows in (ids, torch.tensor([[4, 0, 0, 0], [5, 6, 0, 0], [7, 8, 9, 10]])):
+        np.testing.assert_array_equal(compiled(rows.numpy())[0], _FirstColumnSqueezed()(rows).numpy())
+
+
+def test_squeeze_fix_leaves_a_squeeze_of_static_axes_alone():
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("squeeze_static_unit_axes")]
+
+    class Static(torch.nn.Module):
+        def forward(self, x):
+            return x.squeeze()
+
+    program = torch.export.export(Static(), (torch.rand(1, 4, 1),))
+    (node,) = [n for n in program.graph_module.graph.nodes if "aten.squeeze" in str(n.target)]
+    assert entry.func(program.graph_module, node) is False  # no symbolic axis: nothing OpenVINO misreads

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from hfexport.capture import CAPTURE_SCOPES, capture_patch_key
-from hfexport.workarounds import dense_prediction, detection, text_encoders, text_to_audio, time_series
+from hfexport.workarounds import (
+    dense_prediction,
+    detection,
+    text_classification,
+    text_encoders,
+    text_to_audio,
+    time_series,
+)
 from hfexport.workarounds.scopes import holds_module_from
 
 
@@ -41,4 +48,14 @@ def test_other_models_get_the_shared_capture_patches_and_every_scope_is_listed()
         "capture.time_series",
         "capture.text_to_audio",
         "capture.text_encoders",
+        "capture.text_classification",
     ]
+
+
+def test_text_classification_scope_takes_the_eos_pooled_heads_only():
+    # a module of bart's modeling file is not enough: only the sequence-classification head is patched
+    modeling = text_classification.TEXT_CLASSIFICATION_MODULES[0]
+    assert capture_patch_key(_module_from(modeling)) == "capture"
+    head = type("BartForSequenceClassification", (torch.nn.Module,), {"__module__": modeling})()
+    assert capture_patch_key(torch.nn.Sequential(head)) == text_classification.KEY
+    assert holds_module_from(head, text_classification.TEXT_CLASSIFICATION_MODULES)

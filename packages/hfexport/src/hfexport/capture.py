@@ -15,8 +15,9 @@ Stages (each a function, called in order by :func:`capture`):
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.torch_export`
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
    model of a family with capture patches of its own (:data:`CAPTURE_SCOPES`: dense-prediction heads,
-   object detectors, time-series forecasters, text-to-audio models, text encoders) ``apply_patches("capture.<family>")``
-   instead, which adds that family's (:func:`capture_patch_key`);
+   object detectors, time-series forecasters, text-to-audio models, text encoders, BART/T5
+   classification heads) ``apply_patches("capture.<family>")`` instead, which adds that family's
+   (:func:`capture_patch_key`);
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -41,6 +42,7 @@ from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
 from hfexport.workarounds import dense_prediction as _dense_prediction_workarounds
 from hfexport.workarounds import detection as _detection_workarounds
 from hfexport.workarounds import text_encoders as _text_encoder_workarounds
+from hfexport.workarounds import text_classification as _text_classification_workarounds
 from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
 
@@ -70,6 +72,7 @@ CAPTURE_SCOPES = (
     _time_series_workarounds,
     _text_to_audio_workarounds,
     _text_encoder_workarounds,
+    _text_classification_workarounds,
 )
 
 

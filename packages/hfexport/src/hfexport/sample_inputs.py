@@ -211,7 +211,8 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     its forward also takes images (gemma3's causal LM).
 
     Returns:
-        ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
+        ``"text"`` (``input_ids``; also a Perceiver whose ``inputs`` may be given as ``input_ids``),
+        ``"image"`` (``pixel_values``), ``"image+text"``
         (``input_ids`` with ``pixel_values`` and an image token id in the config), ``"audio"``
         (raw ``input_values``) or ``"audio-features"`` (``input_features``, e.g. mel spectrograms);
         ``"other"`` for anything else.
@@ -226,6 +227,8 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
         ):
             return "image+text"
         return "text"
+    if main == "inputs" and "input_ids" in params and "pixel_values" not in params:
+        return "text"  # Perceiver's any-modality forward, text preprocessor: input_ids stand for inputs
     return {"pixel_values": "image", "input_values": "audio", "input_features": "audio-features"}.get(
         main, "other"
     )
@@ -463,6 +466,19 @@ def _generic_inputs(
             inputs["attention_mask"] = torch.ones_like(input_ids)
         if kind == "text":
             _layout_extras(model, inputs, b, s, gen)
+    eos = getattr(config, "eos_token_id", None)
+    if (
+        task == "text-classification"
+        and getattr(config, "is_encoder_decoder", False)
+        and "input_ids" in inputs
+    ):
+        # issue 28: an encoder-decoder's sequence-classification head (BART, T5 and their kin) pools
+        # the decoder state at the last <eos> of input_ids and refuses rows without one, as its
+        # tokenizer ends every sentence with </s>; the decoder ids are the model's own shift of
+        # input_ids (what the text-classification pipeline passes), so no decoder_input_ids
+        if isinstance(eos, int) and not isinstance(eos, bool):
+            inputs["input_ids"][:, -1] = eos
+        return inputs
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
         vocab = int(getattr(text, "vocab_size", None) or getattr(config, "vocab_size", 256))
@@ -701,7 +717,10 @@ def make_inputs(
       (whisper-like) or ``[b, 4 * s, features]`` (speech-to-text-like; ``features`` is
       ``feature_projection_input_dim`` where the config has one, wav2vec2-bert);
     * encoder-decoders also get ``decoder_input_ids`` ``[b, s]`` starting with the decoder start
-      token (``pad_token_id`` or 0 when the config has none);
+      token (``pad_token_id`` or 0 when the config has none), except for task
+      ``"text-classification"``: there every row of ``input_ids`` ends with ``eos_token_id`` (the
+      head pools the decoder state at the last ``</s>``) and the model shifts ``input_ids`` into
+      its decoder ids itself;
     * forecasting heads (``main_input_name == "past_values"``): see :func:`_time_series_inputs`
       (``s`` is ignored: the context length is the config's);
     * ``text-to-audio``: ``input_ids`` as for text, plus speecht5's ``decoder_input_values`` ``[b,
@@ -787,6 +806,9 @@ def make_inputs(
     vocab = _text_vocab(config)
     input_ids = _random_ids(gen, (b, s), 3, vocab)
     inputs = {"input_ids": input_ids, "attention_mask": torch.ones(b, s, dtype=torch.int64)}
+    if task == "text-classification" and getattr(config, "is_encoder_decoder", False):
+        input_ids[:, -1] = int(config.eos_token_id)  # t5, bart: pooled at the last </s> (see above)
+        return inputs
     if getattr(config, "is_encoder_decoder", False):
         decoder_input_ids = _random_ids(gen, (b, s), 3, vocab)
         decoder_input_ids[:, 0] = int(config.decoder_start_token_id)

@@ -21,6 +21,10 @@
   (``torch.polar`` / ``view_as_complex``: deepseek_v2, llama4) become real (real, imaginary) pairs with
   the core's :func:`hfexport.workarounds.complex_pairs.complex_as_real_pairs`: the frontend has no
   conversion rule for ``aten.polar``.
+- :func:`squeeze_static_unit_axes`: ``aten.squeeze`` without axes (mBART's and PLBart's
+  ``shift_tokens_right``, ``gather(...).squeeze()`` on ``[batch, 1]``) names the axes the traced
+  program squeezes, those of static size 1: OpenVINO's ``Squeeze`` also takes a dynamic axis as
+  one that may be 1 and fails when it is not ("Can not clone with new dims").
 - :func:`unfold_as_gather`: ``aten.unfold`` (patchtst / patchtsmixer patch extraction) becomes an
   ``index_select`` of the window positions, a view and a permute: the frontend has no rule for unfold.
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
@@ -48,6 +52,7 @@ __all__ = [
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
+    "squeeze_static_unit_axes",
     "sym_min_max_as_tensor_ops",
     "sym_mod_as_floordiv",
     "sym_pow_as_products",
@@ -343,6 +348,62 @@ def complex_rotary_as_real_pairs(exported_program: torch.export.ExportedProgram)
     from hfexport.workarounds.complex_pairs import complex_as_real_pairs
 
     complex_as_real_pairs(exported_program)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "name the axes of an aten.squeeze without axes (the static size-1 axes the traced program drops): "
+        "OpenVINO's Squeeze also drops a dynamic axis it takes as possibly 1, and fails at inference when it "
+        "is not (mBART's shift_tokens_right on [batch, 1])"
+    ),
+    # Squeeze v0 takes a dynamic dimension as squeezable, unlike torch (the v15 spec adds allow_axis_skip)
+    issue="https://github.com/openvinotoolkit/openvino/pull/26989",
+    versions={"openvino": ">=2026.0"},
+)
+def squeeze_static_unit_axes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.squeeze.default(x)`` / ``aten.squeeze.dims(x, axes)`` as
+    ``aten.squeeze.dims(x, unit_axes)``.
+
+    ``unit_axes`` are the axes (of ``axes``, or all) of ``x``'s traced value whose size is the
+    static int 1: the ones ``torch.export`` dropped (the node's traced output keeps every symbolic
+    axis, which the program takes as never 1). The output shape is unchanged; a squeeze that drops
+    no axis is removed (its uses take ``x``). Returns True when the node was rewritten; a node without traced values, whose input has no symbolic axis among the
+    named ones (nothing to misread), or whose traced output rank disagrees is left alone.
+    """
+    if node.op != "call_function" or node.target not in (
+        torch.ops.aten.squeeze.default,
+        torch.ops.aten.squeeze.dims,
+        torch.ops.aten.squeeze.dim,
+    ):
+        return False
+    source = node.args[0] if node.args else None
+    value = getattr(source, "meta", {}).get("val") if isinstance(source, torch.fx.Node) else None
+    out = node.meta.get("val")
+    if not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor) or value.dim() == 0:
+        return False
+    rank = value.dim()
+    if node.target is torch.ops.aten.squeeze.default:
+        named = list(range(rank))
+    else:
+        given = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        given = list(given) if isinstance(given, (list, tuple)) else [given]
+        if not all(isinstance(a, int) for a in given):
+            return False
+        named = sorted({a % rank for a in given})
+    if all(isinstance(value.shape[a], int) for a in named):
+        return False
+    axes = [a for a in named if isinstance(value.shape[a], int) and value.shape[a] == 1]
+    if out.dim() != rank - len(axes):
+        return False
+    if not axes:  # nothing squeezed: an empty axes list would read as "every axis of size 1" again
+        node.replace_all_uses_with(source)
+        node.graph.erase_node(node)
+        return True
+    node.target = torch.ops.aten.squeeze.dims
+    node.args = (source, axes)
+    node.kwargs = {}
+    return True
 
 
 _UNFOLD = (torch.ops.aten.unfold.default,)

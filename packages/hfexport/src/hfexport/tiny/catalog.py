@@ -138,6 +138,11 @@ _HEAD_TASKS = (
     "audio-classification",
 )
 
+#: tasks a hand-written preset is offered after its own, where transformers has a class for them:
+#: the head tasks, and text-classification for the presets that do not list it (t5's and bart's
+#: sequence-classification heads; issue 28)
+_PRESET_LATER_TASKS = ("text-classification", *_HEAD_TASKS)
+
 # default task of a type without a preset: the first of these it has a class for (the head tasks
 # come last, so adding them changed no type's default)
 _DEFAULT_TASK_ORDER = (
@@ -277,9 +282,9 @@ def _generic_tasks(model_type: str) -> dict[str, str]:
 def supported_tasks(model_type: str) -> tuple[str, ...]:
     """Return the tasks a tiny model of ``model_type`` can be built for, default first.
 
-    A hand-written preset fixes its tasks (followed by those of token-classification,
-    question-answering, zero-shot-image-classification and audio-classification transformers has a
-    class for); any other type has the tasks transformers has an auto class for (among
+    A hand-written preset fixes its tasks (followed by those of text-classification,
+    token-classification, question-answering, zero-shot-image-classification and
+    audio-classification transformers has a class for); any other type has the tasks transformers has an auto class for (among
     :data:`TASK_TO_AUTO_CLASS`), in the order text2text-generation, image-text-to-text,
     automatic-speech-recognition, image-classification, fill-mask, text-generation,
     feature-extraction, text-classification, token-classification, question-answering,
@@ -293,7 +298,7 @@ def supported_tasks(model_type: str) -> tuple[str, ...]:
     preset = PRESETS.get(model_type)
     if preset is not None and preset.tasks is not None:
         generic = _generic_tasks(model_type)
-        later = tuple(t for t in _HEAD_TASKS if t in generic and t not in preset.tasks)
+        later = tuple(t for t in _PRESET_LATER_TASKS if t in generic and t not in preset.tasks)
         return preset.tasks + later
     return tuple(_generic_tasks(model_type))
 

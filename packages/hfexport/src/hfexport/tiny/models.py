@@ -25,12 +25,31 @@ from hfexport.tiny.catalog import (
 )
 from hfexport.tiny.presets import PRESETS
 
-__all__ = ["DEGENERATE_MAX_ABS", "check_runs_eagerly", "tiny_model", "variance_preserving_init"]
+__all__ = [
+    "CLASSIFICATION_PAD_TOKEN_ID",
+    "DEGENERATE_MAX_ABS",
+    "check_runs_eagerly",
+    "tiny_model",
+    "variance_preserving_init",
+]
 
 
 #: tasks whose heads need a fixed number of labels (the zoo's other heads have 3): a
 #: question-answering head splits its 2 outputs into start and end logits
 _TASK_NUM_LABELS = {"question-answering": 2}
+
+#: the padding id a text-classification tiny model gets when its configuration has none: the
+#: sequence-classification heads of decoder-only language models pool the last token that is not
+#: ``pad_token_id`` and refuse a batch of more than one row without it ("Cannot handle batch sizes >
+#: 1 if no padding token is defined"); 0 is one of the ids the sample inputs never draw (issue 28)
+CLASSIFICATION_PAD_TOKEN_ID = 0
+
+
+def _set_missing_pad_token(config: Any) -> None:
+    """Give ``config`` (and its text configuration) ``pad_token_id`` 0 where it is ``None``."""
+    for cfg in (config, config.get_text_config()):
+        if getattr(cfg, "pad_token_id", None) is None:
+            cfg.pad_token_id = CLASSIFICATION_PAD_TOKEN_ID
 
 
 def _build(
@@ -46,6 +65,8 @@ def _build(
     if task in _TASK_NUM_LABELS and "num_labels" not in overrides:
         overrides = {**overrides, "num_labels": _TASK_NUM_LABELS[task]}
     config = shrunk_config(model_type, **overrides)
+    if task == "text-classification" and "pad_token_id" not in overrides:
+        _set_missing_pad_token(config)
     preset = PRESETS.get(model_type)
     if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always
         if attn_implementation is None:
@@ -267,6 +288,8 @@ def tiny_model(
 
     ``torch.manual_seed(seed)`` runs right before the model is built, so equal arguments give
     equal weights; the inputs come from :func:`hfexport.sample_inputs.make_inputs` with the same seed.
+    For task ``"text-classification"`` a configuration without ``pad_token_id`` (nor an override of
+    it) gets :data:`CLASSIFICATION_PAD_TOKEN_ID`: the decoder-only heads pool the last non-pad token.
 
     Args:
         model_type: any model type transformers knows (:func:`known_model_types`; the nineteen of

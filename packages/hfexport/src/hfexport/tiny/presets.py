@@ -902,3 +902,16 @@ PRESETS.update(
         ),
     }
 )
+
+# Text classification (issue 28): Perceiver's latent array is not one of the widths the generic shrink knows
+PRESETS["perceiver"] = Preset(
+    config={
+        "num_latents": 16,
+        "d_latents": 64,
+        "num_self_attends_per_block": 2,
+        "num_self_attention_heads": 4,
+        "num_cross_attention_heads": 4,
+    },
+    reason="the default latent array (256 latents of 1280 channels, 26 self-attention layers) kept the tiny "
+    "model at 270M parameters (a 1 GB program); 16 latents of 64 channels and 2 layers",
+)

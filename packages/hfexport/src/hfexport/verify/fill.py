@@ -13,6 +13,9 @@ from which of its axes the plan changes:
 - token inputs (``input_ids``, ``token_type_ids``, ``inputs_embeds`` and the decoder's) are drawn
   (seeded) from the range the sample uses (floats standard normal), or, with ``reuse``, repeat the
   sample's real tokens (mask != 0): derived row ``i`` holds those of sample row ``i % batch``;
+  token ids whose every row ends with one special id found nowhere else and below every other id
+  (``</s>``: :func:`sentence_end_token`) keep it as the last token of every derived row, the rest
+  filled as above from the sample without its last column;
 - raw audio (``input_values``) is standard normal;
 - every other changed input (images, audio features, unknown names, an input whose other axes
   change) is the sample repeated (or cut) along the changed axes, plus 0.1-scaled noise for floats;
@@ -40,7 +43,7 @@ from hfexport.tensors import get_leaf_tensors, set_leaf_tensors
 from hfexport.verify.caches import cache_past_length
 from hfexport.verify.sizes import NO_VALUE_RULE, SizePlan, cache_state_paths
 
-__all__ = ["fill_second_inputs"]
+__all__ = ["fill_second_inputs", "sentence_end_token"]
 
 #: input kinds whose values follow from their shape alone (random ids/embeddings, ones, counts)
 _GENERATED = ("ids", "type_ids", "embeds", "mask", "positions", "signal")
@@ -81,6 +84,41 @@ def _real_positions(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tens
         ):
             found.setdefault(role.sequence, t != 0)
     return found
+
+
+def sentence_end_token(t: torch.Tensor, role: InputRole) -> int | None:
+    """The id every row of the token ids ``t`` ends with, when it marks the end of a sentence.
+
+    ``t`` must be ``[batch, seq]`` integer ids (batch >= 2, seq >= 2) whose last column holds one
+    id ``e`` that occurs nowhere else and lies below every other id of the sample: a special token
+    the sample puts at each row's end (``</s>``, which the sequence-classification heads of BART
+    and T5 pool at, and refuse rows without). ``None`` otherwise.
+    """
+    if (
+        t.is_floating_point()
+        or t.dim() != 2
+        or (role.batch_axis, role.sequence_axis) != (0, 1)
+        or int(t.shape[0]) < 2
+        or int(t.shape[1]) < 2
+    ):
+        return None
+    last, rest = t[:, -1], t[:, :-1]
+    end = int(last[0])
+    if bool((last != end).any()) or int(rest.min()) <= end:
+        return None
+    return end
+
+
+def _ending_with(fill: Any, t: torch.Tensor, shape: tuple[int, ...], end: int) -> torch.Tensor | None:
+    """``fill(t[:, :-1], shape with one token less)`` with ``end`` appended to every row (the
+    sample's sentence end kept at the end of the derived rows)."""
+    if int(shape[1]) < 2:
+        return None
+    body = fill(t[:, :-1].contiguous(), (int(shape[0]), int(shape[1]) - 1, *shape[2:]))
+    if body is None:
+        return None
+    tail = torch.full((int(shape[0]), 1), end, dtype=t.dtype, device=t.device)
+    return torch.cat([body, tail], dim=1)
 
 
 def _from_sample(
@@ -162,10 +200,20 @@ def _fill_one(
         return _count_up(t, role.sequence_axis, shape, plan.new_past())
     if role.kind == "mask":
         return torch.ones(shape, dtype=t.dtype, device=t.device)
+    end = sentence_end_token(t, role) if role.kind == "ids" else None
     if reuse and role.kind in _FROM_SAMPLE:
-        reused = _from_sample(t, role, shape, real.get(role.sequence or ""))
+        mask = real.get(role.sequence or "")
+        if end is not None:
+            body_mask = mask[:, :-1] if mask is not None and mask.dim() == 2 else None
+            reused = _ending_with(lambda body, s: _from_sample(body, role, s, body_mask), t, shape, end)
+        else:
+            reused = _from_sample(t, role, shape, mask)
         if reused is not None:
             return reused
+    if end is not None:
+        ended = _ending_with(lambda body, s: _generate(body, role, s, gen), t, shape, end)
+        if ended is not None:
+            return ended
     return _generate(t, role, shape, gen)
 
 

@@ -13,6 +13,8 @@
   patch grid), key ``"capture.dense_prediction"``;
 - :mod:`hfexport.workarounds.text_encoders`: the text encoders' capture patches (Funnel's relative
   positions from sizes), key ``"capture.text_encoders"``;
+- :mod:`hfexport.workarounds.text_classification`: the BART/T5-family sequence-classification heads'
+  capture patch (the last ``</s>`` pooled by position), key ``"capture.text_classification"``;
 - :mod:`hfexport.side_probe` registers the ``"side_probe"`` patches, in place while the image-side
   probe runs the model on fake tensors;
 - :mod:`hfexport.workarounds.generation`: patches installed while the generation components are
@@ -43,6 +45,7 @@ CORE_KEYS: tuple[str, ...] = (
     "capture.detection",
     "capture.dense_prediction",
     "capture.text_encoders",
+    "capture.text_classification",
     "side_probe",
     "generation",
     "inputs",
@@ -56,6 +59,7 @@ CORE_MODULES: tuple[str, ...] = (
     "hfexport.workarounds.detection",
     "hfexport.workarounds.dense_prediction",
     "hfexport.workarounds.text_encoders",
+    "hfexport.workarounds.text_classification",
     "hfexport.side_probe",
     "hfexport.workarounds.generation",
     "hfexport.workarounds.input_preparers",
