@@ -40,6 +40,7 @@ __all__ = [
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
+    "exact_floor_divisions",
     "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
@@ -49,6 +50,7 @@ __all__ = [
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
     "unsqueeze_with_one_dynamic_dim_only",
+    "upper_bound_of_exact_floor_divisions",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
 
@@ -851,3 +853,86 @@ def partition_copies_share_the_weights(original: Any) -> Any:
     its weights) and still copy the graph the backend may change.
     """
     return _WeightSharingCopy(original)
+
+
+def exact_floor_divisions(expr: Any) -> Any:
+    """``expr`` with every ``FloorDiv(a, b)`` whose divisor divides its dividend as polynomials
+    replaced by the quotient: ``(s**2)//s`` becomes ``s``, ``((2*s - 1)*((s**2)//s))//s`` becomes
+    ``2*s - 1`` (innermost first). A quotient that is a polynomial with integer coefficients is an
+    integer for every integer value of its symbols, so the floor changes nothing and the rewrite is
+    exact; any other ``FloorDiv`` (``s//2``, ``(s + 1)//s``) is kept.
+
+    Args:
+        expr: a sympy expression of size symbols (a ``SymInt``'s ``node.expr``).
+
+    Returns:
+        The rewritten expression (``expr`` itself when it has no exact floor division).
+    """
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    def quotient(division: Any) -> Any:
+        base, divisor = division.args
+        if divisor == 0:
+            return division
+        value = sympy.cancel(base / divisor)
+        symbols = sorted(value.free_symbols, key=str)
+        if not symbols:
+            return value if value.is_Integer else division
+        if not value.is_polynomial(*symbols):
+            return division
+        if not all(coefficient.is_Integer for coefficient in sympy.Poly(value, *symbols).coeffs()):
+            return division
+        return value
+
+    if not expr.has(FloorDiv):
+        return expr
+    return expr.replace(lambda node: isinstance(node, FloorDiv), quotient)
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.sym_util.eval_upper_bound",
+    "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
+    description=(
+        "bound a planned size with its exact floor divisions ((s**2)//s) replaced by their quotient (s): "
+        "interval arithmetic over the FloorDiv bounds s**2 by max**2 and s by min"
+    ),
+    # no upstream issue found: pytorch/pytorch#95076 (closed unmerged) discussed simplifying FloorDiv of
+    # divisible expressions; the URL names eval_upper_bound's bound_sympy call on the unsimplified expression
+    issue="https://github.com/pytorch/executorch/blob/main/exir/sym_util.py",
+    versions={"executorch": ">=1.0"},
+)
+def upper_bound_of_exact_floor_divisions(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``eval_upper_bound`` (the upper bound ExecuTorch's memory planning gives a symbolic size)
+    so a size with an exact floor division is bounded by its quotient.
+
+    ``torch.export`` keeps sizes such as ``(s**2)//s`` unsimplified (``FloorDiv`` only folds
+    integer divisors), and ``bound_sympy`` bounds a ``FloorDiv`` by interval arithmetic: dividend's
+    upper bound over divisor's lower bound. XLNet's relative-position shift (``rel_shift_bnij``:
+    ``[b, n, 2*s, s]`` views of the ``[b, n, s, 2*s]`` scores) traces such sizes; with the sequence
+    bounded to 2..511 the planner gave ``(s**2)//s`` the bound 130560 instead of 511, planned a
+    34 GB arena for a 0.1M-parameter model and the program failed to load (``std::bad_alloc``).
+    The wrapper takes the smaller of the original bound and the bound of
+    :func:`exact_floor_divisions` of the expression (both are sound upper bounds; the rewrite is
+    exact), so every other size keeps its bound.
+    """
+    import sympy
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    @functools.wraps(original)
+    def eval_upper_bound(maybe_symint: Any) -> Any:
+        bound = original(maybe_symint)
+        if isinstance(maybe_symint, int) or not isinstance(bound, int):
+            return bound
+        node = maybe_symint.node
+        exact = exact_floor_divisions(node.expr)
+        if exact is node.expr or exact == node.expr:
+            return bound
+        upper = bound_sympy(exact, node.shape_env.var_to_range).upper
+        if isinstance(upper, sympy.Integer) and int(upper) < bound:
+            logger.debug("upper bound of %s: %d (as %s) instead of %d", node.expr, int(upper), exact, bound)
+            return int(upper)
+        return bound
+
+    return eval_upper_bound
