@@ -26,6 +26,11 @@ POOLING = [
     f"{workarounds.__name__}.max_pool_over_the_whole_map_as_amax",
 ]
 SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
+#: the mask and T5Gemma2 capture patches, registered after the pooling ones
+LATER = [
+    f"{workarounds.__name__}.mask_functions_broadcast_instead_of_vmap",
+    f"{workarounds.__name__}.t5gemma2_eoi_embedding_as_where",
+]
 
 
 def _core_supported() -> dict[str, str]:
@@ -86,7 +91,7 @@ def test_sliding_window_capture_accepts_sequences_longer_than_the_window():
     original = DynamicSlidingWindowLayer.__dict__["update"]
     report = ExportReport(export_format="test")
     program = capture(SlidingCacheStep(), _sliding_sample(), DynamoConfig(dynamic=True), report)
-    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING]
+    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING, *LATER]
     assert DynamicSlidingWindowLayer.__dict__["update"] is original  # restored after the capture
     keys, values = torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
     full, kept_keys, kept_values = program.module()(keys=keys, values=values)
