@@ -670,3 +670,68 @@ def test_an_expression_the_interval_analysis_refuses_keeps_the_planners_bound(mo
 
     monkeypatch.setattr(value_ranges, "bound_sympy", refuse)
     assert patches.tighter_upper_bound(expr, {}) is None
+
+
+def test_exact_floor_divisions_replaces_divisible_quotients_only():
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    from hfexport_executorch.workarounds.patches import exact_floor_divisions
+
+    s, b = sympy.symbols("s b", integer=True, positive=True)
+    assert exact_floor_divisions(FloorDiv(s**2, s)) == s
+    assert exact_floor_divisions(FloorDiv((2 * s - 1) * FloorDiv(s**2, s), s)) == 2 * s - 1
+    assert exact_floor_divisions(FloorDiv(b * s**2 + b * s, b * s)) == s + 1
+    # not exact: kept as floor divisions
+    assert exact_floor_divisions(FloorDiv(s, 2)) == FloorDiv(s, 2)
+    assert exact_floor_divisions(FloorDiv(s + 1, s)) == FloorDiv(s + 1, s)
+    assert exact_floor_divisions(FloorDiv(s**2, 2 * s)) == FloorDiv(s**2, 2 * s)
+    assert exact_floor_divisions(s + 1) == s + 1
+
+
+class ToyRelativeShift(torch.nn.Module):
+    """XLNet's relative-position shift (``rel_shift_bnij``) on einsum scores ``[batch, seq, 2 * seq]``:
+    the einsum's last size traces as ``(s**2)//s``, the shifted view's as ``((2*s - 1)*((s**2)//s))//s``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = torch.einsum("bid,bjd->bij", x, torch.cat([x, -x], dim=1))
+        b, i, j = scores.shape
+        shifted = scores.reshape(b, j, i)[:, 1:, :].reshape(b, i, j - 1)
+        return shifted[:, :, :i]
+
+
+def _relative_shift_program(patched: bool):
+    from executorch.exir import to_edge
+
+    from hfexport_executorch.lowering import planned_memory_bytes
+
+    dims = {"x": {0: Dim.AUTO(min=1, max=4), 1: Dim.AUTO(min=2, max=512)}}
+    program = capture(ToyRelativeShift(), {"x": torch.randn(2, 8, 4)}, ExecutorchConfig(dynamic_shapes=dims))
+    with apply_patches("executorch") if patched else contextlib.nullcontext():
+        manager = to_edge(program).to_executorch()
+    return manager, planned_memory_bytes(manager)
+
+
+# the largest activation at the bounds: the [4, 512, 2 * 512] float32 scores, 8 MiB
+_SHIFT_SCORES_BYTES = 4 * 512 * 1024 * 4
+
+
+def test_relative_shift_plans_a_quadratic_bound_without_the_patch():
+    # Documents the interval bound of FloorDiv (bound_sympy: (s**2)//s <= 512**2 // 2): when this plans
+    # near the true size, exact_quotients_in_upper_bounds can be retired.
+    _, planned = _relative_shift_program(patched=False)
+    assert planned > 100 * _SHIFT_SCORES_BYTES
+
+
+def test_relative_shift_plans_its_true_bound_and_runs_at_the_bound_with_the_patch():
+    from executorch.runtime import Runtime
+
+    manager, planned = _relative_shift_program(patched=True)
+    assert _SHIFT_SCORES_BYTES <= planned <= 4 * _SHIFT_SCORES_BYTES
+    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    for batch, seq in ((1, 2), (3, 9), (4, 512)):
+        x = torch.randn(batch, seq, 4)
+        (out,) = method.execute([x])
+        expected = ToyRelativeShift()(x)
+        assert out.shape == (batch, seq, seq)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)

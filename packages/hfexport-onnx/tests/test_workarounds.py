@@ -24,6 +24,11 @@ POOLING = [
     "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
     "hfexport.workarounds.torch_export.max_pool1d_as_max_pool2d",
 ]
+#: the mask and T5Gemma2 capture patches, registered after the pooling ones
+LATER = [
+    "hfexport.workarounds.torch_export.mask_functions_broadcast_instead_of_vmap",
+    "hfexport.workarounds.torch_export.t5gemma2_eoi_embedding_as_where",
+]
 SIZE_ONE = "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic"
 
 
@@ -55,7 +60,7 @@ def test_batch_of_one_sample_exports_a_dynamic_batch(tiny_encoder):
     one = {k: v[:1] for k, v in inputs.items()}
     exporter = OnnxExporter()
     program = exporter.export(model, one, OnnxConfig(dynamic=True, external_data=False))
-    assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING]
+    assert exporter.last_report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING, *LATER]
     assert SIZE_ONE not in exporter.last_report.applied["patches"]
     assert str(program.model.graph.inputs[0].shape[0]) != "1"
     three = {

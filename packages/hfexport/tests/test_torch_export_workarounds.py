@@ -27,6 +27,11 @@ POOLING = [
     f"{workarounds.__name__}.max_pool1d_as_max_pool2d",
 ]
 SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
+#: the mask and T5Gemma2 capture patches, registered after the pooling ones
+LATER = [
+    f"{workarounds.__name__}.mask_functions_broadcast_instead_of_vmap",
+    f"{workarounds.__name__}.t5gemma2_eoi_embedding_as_where",
+]
 
 
 def _core_supported() -> dict[str, str]:
@@ -87,7 +92,7 @@ def test_sliding_window_capture_accepts_sequences_longer_than_the_window():
     original = DynamicSlidingWindowLayer.__dict__["update"]
     report = ExportReport(export_format="test")
     program = capture(SlidingCacheStep(), _sliding_sample(), DynamoConfig(dynamic=True), report)
-    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING]
+    assert report.applied["capture_patches"] == [SLIDING, SIZE_ONE, *POOLING, *LATER]
     assert DynamicSlidingWindowLayer.__dict__["update"] is original  # restored after the capture
     keys, values = torch.randn(3, 2, 20, 8), torch.randn(3, 2, 20, 8)
     full, kept_keys, kept_values = program.module()(keys=keys, values=values)
@@ -390,3 +395,105 @@ def test_max_pool1d_replacement_matches_the_original(args, kwargs):
         assert torch.equal(replaced(x, *args, **kwargs), original(x, *args, **kwargs))
     values, indices = replaced(torch.randn(1, 2, 6), 2, return_indices=True)  # the original's path
     assert values.shape == indices.shape == (1, 2, 3)
+# --------------------------------------------------------------------------------------------
+# attention masks of combined mask functions, T5Gemma2's end-of-image embedding
+# --------------------------------------------------------------------------------------------
+
+
+def _two_left_one_right(batch_idx, head_idx, q_idx, kv_idx):
+    """An index-based window (T5Gemma2's bidirectional sliding window with left 2, right 1)."""
+    distance = q_idx - kv_idx
+    return (distance < 3) & (-distance < 2)
+
+
+class WindowedPaddingMask(torch.nn.Module):
+    """``sdpa_mask`` of a combined mask function (``and_masks``), the path transformers vmaps."""
+
+    def forward(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        from transformers import masking_utils
+
+        batch, length = attention_mask.shape
+        mask = masking_utils.sdpa_mask(
+            batch_size=batch,
+            q_length=length,
+            kv_length=length,
+            mask_function=masking_utils.and_masks(
+                masking_utils.bidirectional_mask_function, _two_left_one_right
+            ),
+            attention_mask=attention_mask.bool(),
+            use_vmap=True,
+        )
+        return mask.to(torch.float32)
+
+
+def _padded(batch: int, length: int) -> torch.Tensor:
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[0, -3:] = 0
+    return mask
+
+
+_FUNCTORCH_OPS = ("_add_batch_dim", "_remove_batch_dim", "_vmap_increment_nesting")
+
+
+def _functorch_targets(program) -> list[str]:
+    return [str(n.target) for n in program.graph.nodes if any(op in str(n.target) for op in _FUNCTORCH_OPS)]
+
+
+def test_without_the_workaround_a_combined_mask_function_is_captured_with_vmap_ops():
+    with registry.isolated_registry():
+        program = capture(
+            WindowedPaddingMask(), {"attention_mask": _padded(2, 8)}, DynamoConfig(dynamic=True)
+        )
+    assert _functorch_targets(program)
+
+
+def test_a_combined_mask_function_is_captured_by_broadcasting_with_the_vmap_values():
+    found = {e.name: e for e in registry.entries("capture", kind="patch")}
+    entry = found[f"{workarounds.__name__}.mask_functions_broadcast_instead_of_vmap"]
+    assert entry.issue == "https://github.com/pytorch/pytorch/issues/153063"
+    model = WindowedPaddingMask()
+    program = capture(model, {"attention_mask": _padded(2, 8)}, DynamoConfig(dynamic=True))
+    assert _functorch_targets(program) == []
+    for batch, length in ((2, 8), (3, 13)):
+        expected = model(_padded(batch, length))  # eager: the original vmap expansion
+        out = program.module()(attention_mask=_padded(batch, length))
+        assert out.shape == (batch, 1, length, length)
+        assert torch.equal(out, expected)
+        assert 0 < expected.sum() < expected.numel()  # both kept and masked positions
+
+
+def _eoi_embedding():
+    from transformers.models.t5gemma2.modeling_t5gemma2 import T5Gemma2TextScaledWordEmbedding
+
+    torch.manual_seed(0)
+    module = T5Gemma2TextScaledWordEmbedding(12, 4, padding_idx=0, embed_scale=2.0, eoi_token_index=7)
+    with torch.no_grad():
+        module.eoi_embedding.copy_(torch.randn(4))
+    return module.eval()
+
+
+def _ids_with_eoi(batch: int, length: int) -> torch.Tensor:
+    ids = torch.arange(batch * length).reshape(batch, length) % 12
+    ids[:, 1] = 7
+    return ids
+
+
+def test_without_the_workaround_t5gemma2_eoi_embedding_is_captured_as_index_put():
+    with registry.isolated_registry():
+        program = capture(_eoi_embedding(), {"input_ids": _ids_with_eoi(2, 8)}, DynamoConfig(dynamic=True))
+    assert any("index_put" in str(n.target) for n in program.graph.nodes)
+
+
+def test_t5gemma2_eoi_embedding_is_captured_as_where_with_the_eager_values():
+    module = _eoi_embedding()
+    program = capture(module, {"input_ids": _ids_with_eoi(2, 8)}, DynamoConfig(dynamic=True))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert not any("index_put" in t for t in targets), targets
+    for batch, length in ((2, 8), (3, 5)):
+        ids = _ids_with_eoi(batch, length)
+        with torch.no_grad():
+            expected = module(ids)
+        out = program.module()(input_ids=ids)
+        assert out.shape == (batch, length, 4)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+        torch.testing.assert_close(out[:, 1], module.eoi_embedding.detach().expand(batch, 4), rtol=0, atol=0)

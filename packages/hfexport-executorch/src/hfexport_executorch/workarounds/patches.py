@@ -40,6 +40,7 @@ __all__ = [
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
     "edge_verifier_accepts_symbolic_min_max",
+    "exact_floor_divisions",
     "exact_quotients_in_upper_bounds",
     "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
@@ -167,31 +168,16 @@ def edge_verifier_accepts_symbolic_min_max(original: Callable[..., Any]) -> Call
     return make_verifier
 
 
-@functools.lru_cache(maxsize=4096)
-def _exact_quotient(base: Any, divisor: Any) -> Any:
-    """``base / divisor`` when it cancels to a polynomial with integer coefficients (so
-    ``FloorDiv(base, divisor)`` equals it for every positive value of the symbols), else ``None``."""
-    import sympy
-
-    quotient = sympy.cancel(base / divisor)
-    if not quotient.free_symbols:
-        return quotient if quotient.is_Integer else None
-    try:
-        poly = sympy.Poly(quotient)
-    except Exception:  # not a polynomial in any generators: no exact quotient
-        return None
-    return quotient if poly.domain.is_ZZ else None
-
-
 def tighter_upper_bound(expr: Any, var_to_range: Any) -> int | None:
     """An upper bound of the size expression ``expr`` no looser than ``bound_sympy``'s, or ``None``.
 
     ``bound_sympy`` bounds a quotient ``FloorDiv(base, divisor)`` by ``max(base) // min(divisor)``
     even when ``divisor`` divides ``base`` symbolically: SEW-D's attention scores viewed as ``[-1,
     heads, frames, frames]`` have a leading size ``(8 * batch * frames**2) // (2 * frames**2)`` bounded
-    at ``4 * 8 * 749**2`` instead of ``4 * 8``, a 10 TB planned buffer. Each such exact quotient is
-    replaced by the cancelled polynomial (an identical value for every positive size), and the
-    rewritten expression is bounded again.
+    at ``4 * 8 * 749**2`` instead of ``4 * 8``, a 10 TB planned buffer; XLNet's relative shift traces
+    ``(s**2)//s``, bounded at 130560 instead of 511 (a 34 GB arena). Each such exact quotient is
+    replaced by the cancelled polynomial (:func:`exact_floor_divisions`: an identical value for every
+    positive size), and the rewritten expression is bounded again.
 
     Args:
         expr: a sympy size expression over the program's symbols.
@@ -203,14 +189,12 @@ def tighter_upper_bound(expr: Any, var_to_range: Any) -> int | None:
         has sizes whose interval analysis raises ``ValueRangeError: Invalid ranges [0:-1]``).
     """
     import sympy
-    from torch.utils._sympy.functions import FloorDiv
     from torch.utils._sympy.value_ranges import bound_sympy
 
     try:
-        found = [e for e in expr.atoms(FloorDiv) if _exact_quotient(*e.args) is not None]
-        if not found:
+        rewritten = exact_floor_divisions(expr)
+        if rewritten is expr or rewritten == expr:
             return None
-        rewritten = expr.xreplace({e: _exact_quotient(*e.args) for e in found})
         before, after = bound_sympy(expr, var_to_range).upper, bound_sympy(rewritten, var_to_range).upper
     except Exception:  # an expression the interval analysis refuses (ValueRangeError): no tighter bound
         return None
@@ -227,12 +211,14 @@ def tighter_upper_bound(expr: Any, var_to_range: Any) -> int | None:
     "executorch.exir.passes.sym_shape_eval_pass.eval_upper_bound",
     description=(
         "memory planning sizes a tensor at bound_sympy of its shape, which bounds an exact symbolic quotient "
-        "(a view's -1 size: (8*b*t**2)//(2*t**2)) by max(numerator) // min(denominator): the quotient is "
-        "cancelled first (SEW-D planned a 10 TB buffer and failed to load, error 0x21)"
+        "(a view's -1 size: (8*b*t**2)//(2*t**2); an einsum's (s**2)//s) by max(numerator) // min(denominator): "
+        "the quotients are cancelled first (SEW-D planned a 10 TB buffer, XLNet's relative shift 34 GB, and "
+        "both failed to load)"
     ),
     # no executorch issue filed; the bound comes from torch's interval analysis of FloorDiv
+    # (simplifying FloorDiv of divisible expressions was discussed in pytorch/pytorch#95076, closed unmerged)
     issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/sym_util.py",
-    versions={"executorch": ">=1.3"},
+    versions={"executorch": ">=1.0"},
 )
 def exact_quotients_in_upper_bounds(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``eval_upper_bound`` (ExecuTorch's size of a symbolic dimension at its upper bound).
@@ -943,3 +929,38 @@ def partition_copies_share_the_weights(original: Any) -> Any:
     its weights) and still copy the graph the backend may change.
     """
     return _WeightSharingCopy(original)
+
+
+def exact_floor_divisions(expr: Any) -> Any:
+    """``expr`` with every ``FloorDiv(a, b)`` whose divisor divides its dividend as polynomials
+    replaced by the quotient: ``(s**2)//s`` becomes ``s``, ``((2*s - 1)*((s**2)//s))//s`` becomes
+    ``2*s - 1`` (innermost first). A quotient that is a polynomial with integer coefficients is an
+    integer for every integer value of its symbols, so the floor changes nothing and the rewrite is
+    exact; any other ``FloorDiv`` (``s//2``, ``(s + 1)//s``) is kept.
+
+    Args:
+        expr: a sympy expression of size symbols (a ``SymInt``'s ``node.expr``).
+
+    Returns:
+        The rewritten expression (``expr`` itself when it has no exact floor division).
+    """
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    def quotient(division: Any) -> Any:
+        base, divisor = division.args
+        if divisor == 0:
+            return division
+        value = sympy.cancel(base / divisor)
+        symbols = sorted(value.free_symbols, key=str)
+        if not symbols:
+            return value if value.is_Integer else division
+        if not value.is_polynomial(*symbols):
+            return division
+        if not all(coefficient.is_Integer for coefficient in sympy.Poly(value, *symbols).coeffs()):
+            return division
+        return value
+
+    if not expr.has(FloorDiv):
+        return expr
+    return expr.replace(lambda node: isinstance(node, FloorDiv), quotient)

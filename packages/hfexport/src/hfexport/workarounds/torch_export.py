@@ -20,6 +20,13 @@ the original code.
 - :func:`max_pool1d_as_max_pool2d`: ``max_pool1d`` is captured as ``max_pool2d`` over a height of 1,
   which keeps the pooled length symbolic (``aten.max_pool1d`` specialises it: SEW's and SEW-D's
   pooled attention mask fixed the audio length at the sample's).
+- :func:`mask_functions_broadcast_instead_of_vmap`: transformers' attention masks built from
+  combined mask functions (``and_mask_function`` / ``or_mask_function``: T5Gemma2's bidirectional
+  sliding window) are computed by broadcasting the index grids instead of four nested
+  ``torch.vmap``, which capture leaves as functorch batching ops that the ExecuTorch lowering cannot
+  re-trace;
+- :func:`t5gemma2_eoi_embedding_as_where`: T5Gemma2's end-of-image embedding is written with
+  ``torch.where`` instead of a boolean-mask assignment (``index_put``, refused by OpenVINO).
 
 Workarounds that depend on what a runtime can execute are registered by their backend under its
 own key (for example the mixture-of-experts rewrites: the shared dense every-expert forward of
@@ -47,9 +54,11 @@ __all__ = [
     "dynamic_size_one_batch_axes",
     "keep_last",
     "keep_size_one_batch_dynamic",
+    "mask_functions_broadcast_instead_of_vmap",
     "max_pool1d_as_max_pool2d",
     "max_pool_over_the_whole_map_as_amax",
     "sliding_window_update_keeps_dynamic_length",
+    "t5gemma2_eoi_embedding_as_where",
 ]
 
 logger = logging.getLogger(__name__)
@@ -482,3 +491,80 @@ def max_pool1d_as_max_pool2d(original: Callable[..., Any]) -> Callable[..., Any]
         return pooled.squeeze(-2)
 
     return max_pool1d
+# --------------------------------------------------------------------------------------------
+# Attention masks from combined mask functions, T5Gemma2's end-of-image embedding
+# --------------------------------------------------------------------------------------------
+
+
+@register_patch(
+    BACKEND,
+    "transformers.masking_utils._vmap_expansion_sdpa",
+    description=(
+        "attention masks of combined mask functions (and_mask_function/or_mask_function) are built by "
+        "broadcasting the [batch, head, query, key] index grids instead of four nested torch.vmap"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/153063",
+    versions={"torch": ">=2.12", "transformers": ">=5.0,<6"},
+)
+def mask_functions_broadcast_instead_of_vmap(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``transformers.masking_utils._vmap_expansion_sdpa`` while capturing.
+
+    ``sdpa_mask`` expands a mask function over the batch, head, query and key indices either by
+    broadcasting (``_non_vmap_expansion_sdpa``, its default) or, when the caller combined it with
+    an ``and_mask_function`` / ``or_mask_function`` (T5Gemma2's bidirectional sliding window,
+    ESMC's packed sequences, Gemma 3's image tokens), with four nested ``torch.vmap``.
+    ``torch.export`` traces the vmap path as pre-dispatch functorch ops (``_add_batch_dim``,
+    ``_vmap_increment_nesting``: pytorch/pytorch#153063, traced since pytorch/pytorch#154650); the
+    ExecuTorch lowering re-traces the program and fails on them ("your tensor may have escaped from
+    inside a function being vmapped", T5Gemma2). The replacement calls the mask function once on
+    the broadcast index grids, as the default path does, and expands the result to
+    ``[batch, heads, queries, keys]``: the same boolean mask for index-based mask functions, which
+    transformers requires of its own (``masking_utils``: "keep an index-based version for non-vmap
+    expansion"). A function that is not index-based gives a mask of another shape or other values,
+    which the exporter's validation against eager reports.
+    """
+    import transformers.masking_utils as masking_utils
+
+    @functools.wraps(original)
+    def expansion(mask_function: Callable[..., Any]) -> Callable[..., Any]:
+        def broadcast(
+            batch: torch.Tensor, head: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        ) -> torch.Tensor:
+            grids = masking_utils._non_vmap_expansion_sdpa(batch, head, query, key)
+            mask = mask_function(*grids)
+            return mask.expand(batch.shape[0], head.shape[0], query.shape[0], key.shape[0])
+
+        return broadcast
+
+    return expansion
+
+
+@register_patch(
+    BACKEND,
+    "transformers.models.t5gemma2.modeling_t5gemma2.T5Gemma2TextScaledWordEmbedding.forward",
+    description=(
+        "T5Gemma2's end-of-image token embedding is selected with torch.where instead of a boolean-mask "
+        "assignment, which captures as an index_put that OpenVINO's converter refuses"
+    ),
+    # no upstream issue found: the URL names the boolean-mask assignment in T5Gemma2TextScaledWordEmbedding.forward
+    issue="https://github.com/huggingface/transformers/blob/main/src/transformers/models/t5gemma2/modeling_t5gemma2.py",
+    versions={"transformers": ">=5.0,<6"},
+)
+def t5gemma2_eoi_embedding_as_where(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``T5Gemma2TextScaledWordEmbedding.forward`` while capturing.
+
+    The original scales the token embeddings and then writes the learned ``eoi_embedding`` into the
+    rows of the end-of-image token with ``embeddings[input_ids == eoi_token_index] = ...``, which
+    ``torch.export`` captures as ``aten.index_put`` with a boolean index; OpenVINO's converter
+    rejects it (``OpenvinoConversionError`` on every T5Gemma2 head). The replacement returns
+    ``torch.where((input_ids == eoi_token_index)[..., None], eoi_embedding, embeddings)``: the same
+    values, ``[*input_ids.shape, embedding_dim]`` in the embedding's dtype.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, input_ids: torch.Tensor) -> torch.Tensor:
+        embeddings = torch.nn.Embedding.forward(self, input_ids) * self.embed_scale.to(self.weight.dtype)
+        is_eoi = (input_ids == self.eoi_token_index).unsqueeze(-1)
+        return torch.where(is_eoi, self.eoi_embedding.to(embeddings.dtype), embeddings)
+
+    return forward
