@@ -41,8 +41,8 @@ from hfexport.registry import apply_patches
 from hfexport.side_probe import keep_sides_static, model_fixed_image_sides
 from hfexport.workarounds import dense_prediction as _dense_prediction_workarounds
 from hfexport.workarounds import detection as _detection_workarounds
-from hfexport.workarounds import text_encoders as _text_encoder_workarounds
 from hfexport.workarounds import text_classification as _text_classification_workarounds
+from hfexport.workarounds import text_encoders as _text_encoder_workarounds
 from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
 
