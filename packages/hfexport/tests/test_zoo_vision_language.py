@@ -183,3 +183,24 @@ def test_encoders_of_a_modality_the_prompt_lacks_are_left_out():
     parts = layout.modules()
     assert _drop_unused_modalities(layout, parts, {"image_encoder": [], "language_model": [{}]}) == []
     assert "image_encoder" in parts
+
+
+def test_image_first_and_placeholder_free_models_get_images_and_a_prompt():
+    """Under image-text-to-text, InstructBLIP (main input pixel_values; its Q-Former takes an
+    instruction, and its config has no image token id: eager failed, "missing ... 'qformer_input_ids'")
+    gets images, a prompt with one image token per query and the Q-Former's instruction; GIT (no
+    placeholder token: it prepends the image) got a text-only prompt and its vision tower went
+    unexported."""
+    model, inputs = tiny_model("instructblip", TASK, check_eager=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "pixel_values": (2, 3, 32, 32),
+        "qformer_input_ids": (2, 8),
+        "qformer_attention_mask": (2, 8),
+        "input_ids": (2, 12),
+        "attention_mask": (2, 12),
+    }
+    image_token = model.config.image_token_index
+    assert (inputs["input_ids"] == image_token).sum(dim=1).tolist() == [4, 4]
+    _, inputs = tiny_model("git", TASK, check_eager=True)
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)
+    assert tuple(inputs["input_ids"].shape) == (2, 8)

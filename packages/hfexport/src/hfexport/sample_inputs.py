@@ -208,7 +208,9 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     """The kind of input a model takes, from its ``main_input_name`` and forward signature.
 
     ``task`` other than ``None``/``"image-text-to-text"`` keeps a text model text-only even when
-    its forward also takes images (gemma3's causal LM).
+    its forward also takes images (gemma3's causal LM); ``task="image-text-to-text"`` makes any
+    forward taking ``pixel_values`` and ``input_ids`` ``"image+text"``, with or without an image
+    token (GIT prepends the image, BLIP's main input is the image).
 
     Returns:
         ``"text"`` (``input_ids``), ``"image"`` (``pixel_values``), ``"image+text"``
@@ -218,6 +220,10 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     """
     main = getattr(model, "main_input_name", "input_ids")
     params = _forward_params(model)
+    if task == "image-text-to-text" and {"pixel_values", "input_ids"} <= params:
+        # asked for explicitly: images and a prompt, also where the image is the main input (BLIP,
+        # BLIP-2, InstructBLIP) or no placeholder token marks it (GIT prepends the image; issue 28)
+        return "image+text"
     if main == "input_ids":
         if (
             task in (None, "image-text-to-text")
@@ -342,6 +348,19 @@ def _image_text_pair_inputs(
     return inputs
 
 
+def _qformer_inputs(
+    config: PretrainedConfig, inputs: dict[str, torch.Tensor], b: int, s: int, gen: torch.Generator
+) -> None:
+    """InstructBLIP's instruction for its Q-Former (issue 28): ``qformer_input_ids`` ``[b, s]`` in
+    ``[3, qformer vocabulary)`` and ``qformer_attention_mask`` ``[b, s]`` int64 ones. Changes
+    ``inputs`` in place."""
+    qformer = getattr(config, "qformer_config", None) or config
+    vocab = int(getattr(qformer, "vocab_size", None) or 256)
+    ids = _random_ids(gen, (b, s), 3, vocab)
+    inputs["qformer_input_ids"] = ids
+    inputs["qformer_attention_mask"] = torch.ones_like(ids)
+
+
 #: patches per side of the images given as flattened patches (a 32x32 image in 8x8 patches)
 FLAT_PATCH_GRID = (4, 4)
 
@@ -430,7 +449,10 @@ def _generic_inputs(
         low, high = _id_range(config, vocab)
         input_ids = _random_ids(gen, (b, s), low, high)
         if kind == "image+text":
-            n = _count_image_tokens(model, inputs["pixel_values"])
+            if "qformer_input_ids" in params:
+                _qformer_inputs(config, inputs, b, s, gen)
+            queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
+            n = _count_image_tokens(model, inputs["pixel_values"], queries)
             if not n and "image_sizes" in params:
                 # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
                 channels, size = _image_shape(config)
@@ -455,7 +477,7 @@ def _generic_inputs(
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
             image_token = _image_token_id(config)
-            if n:
+            if n and image_token is not None:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
                 input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
         inputs["input_ids"] = input_ids
