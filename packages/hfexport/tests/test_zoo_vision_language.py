@@ -204,3 +204,12 @@ def test_image_first_and_placeholder_free_models_get_images_and_a_prompt():
     _, inputs = tiny_model("git", TASK, check_eager=True)
     assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)
     assert tuple(inputs["input_ids"].shape) == (2, 8)
+
+
+def test_aria_projector_knows_the_tiny_patch_count():
+    """Aria's projector looks the patch count up in projector_patch_to_query_dict (defaults: 1225
+    and 4900 patches); the tiny image's 16 patches were missing (eager: KeyError 'Number of patches
+    16 not found')."""
+    model, inputs = tiny_model("aria", TASK, check_eager=True)
+    assert model.config.projector_patch_to_query_dict == {16: 4}
+    assert (inputs["input_ids"] == model.config.image_token_index).sum(dim=1).tolist() == [4, 4]

@@ -874,6 +874,12 @@ PRESETS.update(
             )
             for mt in ("blip-2", "instructblip", "instructblipvideo")
         },
+        "aria": Preset(
+            config={"projector_patch_to_query_dict": {16: 4}},
+            reason="its projector maps the vision tower's patch count to a query count through "
+            "projector_patch_to_query_dict, whose defaults know only 1225 and 4900 patches (980 and "
+            "980x2 pixel images); the tiny 32x32 image in 8x8 patches has 16: 4 queries",
+        ),
         "glm4v_moe": Preset(
             config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
             reason=_GLM4V_MROPE + " (partial_rotary_factor 0.5: a rotary half of 4)",
