@@ -213,3 +213,15 @@ def test_aria_projector_knows_the_tiny_patch_count():
     model, inputs = tiny_model("aria", TASK, check_eager=True)
     assert model.config.projector_patch_to_query_dict == {16: 4}
     assert (inputs["input_ids"] == model.config.image_token_index).sum(dim=1).tolist() == [4, 4]
+
+
+def test_kosmos2_prompt_marks_the_image_positions():
+    """Kosmos-2 has no image token id: image_embeds_position_mask marks where its latent queries go
+    (eager before: 'You have to specify either input_ids or inputs_embeds', then 'NoneType' has no
+    attribute 'to')."""
+    model, inputs = tiny_model("kosmos-2", TASK, check_eager=True)
+    queries = model.config.latent_query_num
+    mask = inputs["image_embeds_position_mask"]
+    assert mask.shape == inputs["input_ids"].shape == (2, 8 + queries)
+    assert mask.sum(dim=1).tolist() == [queries, queries]
+    assert mask[:, 1 : 1 + queries].eq(1).all()

@@ -480,6 +480,14 @@ def _generic_inputs(
             if n and image_token is not None:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
                 input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+            elif n and "image_embeds_position_mask" in params:
+                # Kosmos-2: no image token id; a mask marks the n positions the image features
+                # take (issue 28)
+                image_ids = _random_ids(gen, (b, n), low, high)
+                input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+                mask = torch.zeros_like(input_ids)
+                mask[:, 1 : 1 + n] = 1
+                inputs["image_embeds_position_mask"] = mask
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
