@@ -718,7 +718,11 @@ def make_inputs(
       (Fuyu; with ``pixel_attention_mask`` ``[b, 16]`` and ``spatial_shapes`` ``[b, 2]`` for a
       NaFlex tower, LFM2-VL; :func:`_flat_patch_inputs`); a patch-grid vision config (a patch size,
       a merge size and an image token id: Qwen-VL, GLM-4V, Kimi-K2.5, HunYuan-VL) gets qwen2_vl's
-      form, one image of 2m x 2m patches in a 12-token prompt (:func:`_grid_inputs`);
+      form, one image of 2m x 2m patches in a 12-token prompt (:func:`_grid_inputs`); with
+      ``task="image-text-to-text"`` also image-first forwards (BLIP family: InstructBLIP adds its
+      Q-Former instruction ``qformer_input_ids`` / ``qformer_attention_mask`` ``[b, s]``), forwards
+      without a placeholder token (GIT: no image tokens inserted) and Kosmos-2 (its ``n`` latent
+      query positions random ids marked by ``image_embeds_position_mask`` ``[b, s + n]``);
     * text forwards taking ``bbox`` (document layout models) also get one box per token, ``bbox``
       ``[b, s, 4]`` (int64 in ``[0, 1000]``, or float32 in ``[0, 1]`` without a 2-D position
       table: BROS), and those taking ``visual_feats``/``visual_pos`` (LXMERT) 4 regions per row,
