@@ -183,3 +183,45 @@ def test_encoders_of_a_modality_the_prompt_lacks_are_left_out():
     parts = layout.modules()
     assert _drop_unused_modalities(layout, parts, {"image_encoder": [], "language_model": [{}]}) == []
     assert "image_encoder" in parts
+
+
+def test_image_first_and_placeholder_free_models_get_images_and_a_prompt():
+    """Under image-text-to-text, InstructBLIP (main input pixel_values; its Q-Former takes an
+    instruction, and its config has no image token id: eager failed, "missing ... 'qformer_input_ids'")
+    gets images, a prompt with one image token per query and the Q-Former's instruction; GIT (no
+    placeholder token: it prepends the image) got a text-only prompt and its vision tower went
+    unexported."""
+    model, inputs = tiny_model("instructblip", TASK, check_eager=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "pixel_values": (2, 3, 32, 32),
+        "qformer_input_ids": (2, 8),
+        "qformer_attention_mask": (2, 8),
+        "input_ids": (2, 12),
+        "attention_mask": (2, 12),
+    }
+    image_token = model.config.image_token_index
+    assert (inputs["input_ids"] == image_token).sum(dim=1).tolist() == [4, 4]
+    _, inputs = tiny_model("git", TASK, check_eager=True)
+    assert tuple(inputs["pixel_values"].shape) == (2, 3, 32, 32)
+    assert tuple(inputs["input_ids"].shape) == (2, 8)
+
+
+def test_aria_projector_knows_the_tiny_patch_count():
+    """Aria's projector looks the patch count up in projector_patch_to_query_dict (defaults: 1225
+    and 4900 patches); the tiny image's 16 patches were missing (eager: KeyError 'Number of patches
+    16 not found')."""
+    model, inputs = tiny_model("aria", TASK, check_eager=True)
+    assert model.config.projector_patch_to_query_dict == {16: 4}
+    assert (inputs["input_ids"] == model.config.image_token_index).sum(dim=1).tolist() == [4, 4]
+
+
+def test_kosmos2_prompt_marks_the_image_positions():
+    """Kosmos-2 has no image token id: image_embeds_position_mask marks where its latent queries go
+    (eager before: 'You have to specify either input_ids or inputs_embeds', then 'NoneType' has no
+    attribute 'to')."""
+    model, inputs = tiny_model("kosmos-2", TASK, check_eager=True)
+    queries = model.config.latent_query_num
+    mask = inputs["image_embeds_position_mask"]
+    assert mask.shape == inputs["input_ids"].shape == (2, 8 + queries)
+    assert mask.sum(dim=1).tolist() == [queries, queries]
+    assert mask[:, 1 : 1 + queries].eq(1).all()

@@ -208,7 +208,9 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     """The kind of input a model takes, from its ``main_input_name`` and forward signature.
 
     ``task`` other than ``None``/``"image-text-to-text"`` keeps a text model text-only even when
-    its forward also takes images (gemma3's causal LM).
+    its forward also takes images (gemma3's causal LM); ``task="image-text-to-text"`` makes any
+    forward taking ``pixel_values`` and ``input_ids`` ``"image+text"``, with or without an image
+    token (GIT prepends the image, BLIP's main input is the image).
 
     Returns:
         ``"text"`` (``input_ids``; also a Perceiver whose ``inputs`` may be given as ``input_ids``),
@@ -219,6 +221,10 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     """
     main = getattr(model, "main_input_name", "input_ids")
     params = _forward_params(model)
+    if task == "image-text-to-text" and {"pixel_values", "input_ids"} <= params:
+        # asked for explicitly: images and a prompt, also where the image is the main input (BLIP,
+        # BLIP-2, InstructBLIP) or no placeholder token marks it (GIT prepends the image; issue 28)
+        return "image+text"
     if main == "input_ids":
         if (
             task in (None, "image-text-to-text")
@@ -345,6 +351,19 @@ def _image_text_pair_inputs(
     return inputs
 
 
+def _qformer_inputs(
+    config: PretrainedConfig, inputs: dict[str, torch.Tensor], b: int, s: int, gen: torch.Generator
+) -> None:
+    """InstructBLIP's instruction for its Q-Former (issue 28): ``qformer_input_ids`` ``[b, s]`` in
+    ``[3, qformer vocabulary)`` and ``qformer_attention_mask`` ``[b, s]`` int64 ones. Changes
+    ``inputs`` in place."""
+    qformer = getattr(config, "qformer_config", None) or config
+    vocab = int(getattr(qformer, "vocab_size", None) or 256)
+    ids = _random_ids(gen, (b, s), 3, vocab)
+    inputs["qformer_input_ids"] = ids
+    inputs["qformer_attention_mask"] = torch.ones_like(ids)
+
+
 #: patches per side of the images given as flattened patches (a 32x32 image in 8x8 patches)
 FLAT_PATCH_GRID = (4, 4)
 
@@ -433,7 +452,10 @@ def _generic_inputs(
         low, high = _id_range(config, vocab)
         input_ids = _random_ids(gen, (b, s), low, high)
         if kind == "image+text":
-            n = _count_image_tokens(model, inputs["pixel_values"])
+            if "qformer_input_ids" in params:
+                _qformer_inputs(config, inputs, b, s, gen)
+            queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
+            n = _count_image_tokens(model, inputs["pixel_values"], queries)
             if not n and "image_sizes" in params:
                 # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
                 channels, size = _image_shape(config)
@@ -458,9 +480,17 @@ def _generic_inputs(
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
             image_token = _image_token_id(config)
-            if n:
+            if n and image_token is not None:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
                 input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+            elif n and "image_embeds_position_mask" in params:
+                # Kosmos-2: no image token id; a mask marks the n positions the image features
+                # take (issue 28)
+                image_ids = _random_ids(gen, (b, n), low, high)
+                input_ids = torch.cat([input_ids[:, :1], image_ids, input_ids[:, 1:]], dim=1)
+                mask = torch.zeros_like(input_ids)
+                mask[:, 1 : 1 + n] = 1
+                inputs["image_embeds_position_mask"] = mask
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
@@ -704,7 +734,11 @@ def make_inputs(
       (Fuyu; with ``pixel_attention_mask`` ``[b, 16]`` and ``spatial_shapes`` ``[b, 2]`` for a
       NaFlex tower, LFM2-VL; :func:`_flat_patch_inputs`); a patch-grid vision config (a patch size,
       a merge size and an image token id: Qwen-VL, GLM-4V, Kimi-K2.5, HunYuan-VL) gets qwen2_vl's
-      form, one image of 2m x 2m patches in a 12-token prompt (:func:`_grid_inputs`);
+      form, one image of 2m x 2m patches in a 12-token prompt (:func:`_grid_inputs`); with
+      ``task="image-text-to-text"`` also image-first forwards (BLIP family: InstructBLIP adds its
+      Q-Former instruction ``qformer_input_ids`` / ``qformer_attention_mask`` ``[b, s]``), forwards
+      without a placeholder token (GIT: no image tokens inserted) and Kosmos-2 (its ``n`` latent
+      query positions random ids marked by ``image_embeds_position_mask`` ``[b, s + n]``);
     * text forwards taking ``bbox`` (document layout models) also get one box per token, ``bbox``
       ``[b, s, 4]`` (int64 in ``[0, 1000]``, or float32 in ``[0, 1]`` without a 2-D position
       table: BROS), and those taking ``visual_feats``/``visual_pos`` (LXMERT) 4 regions per row,

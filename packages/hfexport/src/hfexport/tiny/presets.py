@@ -896,6 +896,21 @@ PRESETS.update(
             reason="its text model is dots3_note_text's (see that entry): the sliding layers need "
             "head_dim == qk_nope_head_dim + qk_rope_head_dim (16 + 8)",
         ),
+        **{
+            mt: Preset(
+                config={"image_token_index": 250, "num_query_tokens": 4},
+                reason="the default config has no image_token_index (released checkpoints set one): the "
+                "forward cannot place the Q-Former's query outputs in the prompt; a special id at the "
+                "top of the tiny vocabulary, and 4 queries instead of 32 (4 image tokens per image)",
+            )
+            for mt in ("blip-2", "instructblip", "instructblipvideo")
+        },
+        "aria": Preset(
+            config={"projector_patch_to_query_dict": {16: 4}},
+            reason="its projector maps the vision tower's patch count to a query count through "
+            "projector_patch_to_query_dict, whose defaults know only 1225 and 4900 patches (980 and "
+            "980x2 pixel images); the tiny 32x32 image in 8x8 patches has 16: 4 queries",
+        ),
         "glm4v_moe": Preset(
             config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
             reason=_GLM4V_MROPE + " (partial_rotary_factor 0.5: a rotary half of 4)",
