@@ -171,6 +171,8 @@ def test_old_call_sites_agree_with_the_table():
         "tasks_input_ids",
         "tasks_attention_mask",
         "classes_structure",
+        # issue 28: OneFormer's task prompt
+        "task_inputs",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

@@ -143,3 +143,26 @@ def test_pp_doclayout_exports_a_dynamic_batch_with_the_patches():
         got, want = program.module()(pixel_values=pixels), model(pixel_values=pixels)
     for name in ("logits", "pred_boxes", "order_logits"):
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
+
+
+class _KeptFirst(torch.nn.Module):
+    """PP-DocLayout-V2's sort: the queries passing their threshold first (a 0/1 key, all ties)."""
+
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.argsort((scores > 0).int(), dim=1, descending=True)
+
+
+def test_argsort_of_integer_keys_breaks_ties_by_position():
+    """issue 28: pp_doclayout_v2's OpenVINO export returned its logits / pred_boxes permuted among tied
+    queries. Under the patch the captured sort has unique keys: the stable order, whatever the runtime's
+    sort; eager's own unstable sort already differs from it at 33 queries."""
+    scores = torch.randn(2, 33, generator=torch.Generator().manual_seed(0))
+    stable = torch.argsort((scores > 0).int(), dim=1, descending=True, stable=True)
+    assert not torch.equal(_KeptFirst()(scores), stable)  # the unpatched order among ties is the sort's own
+    with apply_patches(detection.KEY):
+        program = torch.export.export(_KeptFirst(), (scores,), strict=False)
+        assert torch.equal(_KeptFirst()(scores), stable)
+    assert torch.equal(program.module()(scores), stable)
+    assert torch.equal(torch.argsort(scores, dim=1), torch.argsort(scores, dim=1))  # original back
+    with pytest.raises(ValueError, match="integer or boolean keys"):
+        detection.stable_integer_argsort(scores)

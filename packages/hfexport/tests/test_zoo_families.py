@@ -97,3 +97,24 @@ def test_text_to_audio_and_zero_shot_inputs():
     model, inputs = tiny_model("owlvit", "zero-shot-object-detection")
     assert tuple(inputs["input_ids"].shape) == (2, 4)  # one query per image
     assert inputs["pixel_values"].shape[0] == 2
+
+
+def test_oneformer_gets_its_task_prompt():
+    """issue 28: OneFormer's main_input_name is a list (pixel_values, task_inputs), which the modality
+    lookup could not hash (tiny model 'unavailable at eager: TypeError: unhashable type: list'); it
+    now gets pixel values and its task prompt's token ids, and runs."""
+    import torch
+
+    from hfexport.conventions.roles import input_role
+    from hfexport.sample_inputs import modality
+
+    model, inputs = tiny_model("oneformer", "image-segmentation", check_eager=True)
+    assert modality(model, "image-segmentation") == "image"
+    assert set(inputs) == {"pixel_values", "task_inputs"}
+    assert inputs["task_inputs"].dtype == torch.int64
+    assert tuple(inputs["task_inputs"].shape) == (2, model.config.task_seq_len)
+    role = input_role("task_inputs", 2)
+    assert role.batch_axis == 0 and role.sequence_axis is None  # the batch varies; the length is the model's
+    with torch.no_grad():
+        out = model(**inputs)
+    assert tuple(out.class_queries_logits.shape) == (2, model.config.num_queries, model.config.num_labels + 1)

@@ -8,7 +8,9 @@ Rule (as for every backend, see ``docs/backends/openvino.md``):
 * an **output** is named by the leaf path of the eager model output: ``logits``,
   ``last_hidden_state``, ``past_key_values.layers.0.keys``;
 * an output whose path is also an input's name gets the suffix :data:`COLLISION_SUFFIX`
-  (``.out``), since OpenVINO tensor names are unique within a model.
+  (``.out``), since OpenVINO tensor names are unique within a model;
+* an output that is an input returned unchanged (a pass-through: the Result reads the Parameter)
+  is the input's tensor, and keeps the input's name (no suffix).
 
 The mapping ``{name: leaf path}`` is also stored in the IR's ``rt_info`` under ``hfexport``
 (:data:`RT_INFO_KEY`), so a saved ``openvino_model.xml`` is run by :mod:`hfexport_openvino.runtime`
@@ -134,6 +136,13 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
         names.inputs[path] = path
     taken = set(names.inputs)
     for port, path in zip(ov_model.outputs, out_paths):
+        if _reads_parameter(port):
+            # a pass-through output (an input returned as is: OmDet-Turbo's classes_structure) is the
+            # Parameter's own tensor: it keeps the input's name (renaming it renamed the input too, and
+            # the compiled model kept only the new name: the runner fed nothing and read back an empty
+            # tensor where eager returns the input)
+            names.outputs[port.get_any_name()] = path
+            continue
         name = path
         while name in taken:
             name += COLLISION_SUFFIX
@@ -145,6 +154,14 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
         record["output_flags"] = flags
     ov_model.set_rt_info(json.dumps(record), [RT_INFO_KEY, "io"])
     return names
+
+
+def _reads_parameter(port: Any) -> bool:
+    """Whether the model output ``port`` is a Parameter's tensor (the input returned unchanged)."""
+    node = port.get_node()
+    if node.get_type_name() == "Result":  # Model.outputs may give the Result's port or its source's
+        node = node.input_value(0).get_node()
+    return node.get_type_name() == "Parameter"
 
 
 def _drop_flag_parameters(

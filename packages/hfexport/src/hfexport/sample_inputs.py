@@ -220,6 +220,8 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
         ``"other"`` for anything else.
     """
     main = getattr(model, "main_input_name", "input_ids")
+    if isinstance(main, (list, tuple)):  # OneFormer: ["pixel_values", "task_inputs"], the first is the data
+        main = main[0] if main else "input_ids"
     params = _forward_params(model)
     if task == "image-text-to-text" and {"pixel_values", "input_ids"} <= params:
         # asked for explicitly: images and a prompt, also where the image is the main input (BLIP,
@@ -418,6 +420,10 @@ def _generic_inputs(
     if kind == "image" or kind == "image+text":
         channels, size = _image_shape(config)
         inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+    if kind == "image" and "task_inputs" in params and getattr(config, "task_seq_len", None):
+        # OneFormer's task prompt ("the task is semantic"), token ids padded to task_seq_len (issue 28)
+        vocab = int(getattr(config, "text_encoder_vocab_size", None) or 256)
+        inputs["task_inputs"] = _random_ids(gen, (b, int(config.task_seq_len)), *_id_range(config, vocab))
     if kind == "audio" and getattr(config, "num_mel_bins", None) and getattr(config, "max_length", None):
         # a spectrogram transformer (AST): input_values are [b, frames, mel bins], fixed frames
         shape = (b, int(config.max_length), int(config.num_mel_bins))
@@ -724,7 +730,8 @@ def make_inputs(
     * ``"text"``: ``input_ids`` ``[b, s]`` int64 in ``[3, lowest special id >= 3)``, plus
       ``attention_mask`` ``[b, s]`` int64 ones when ``forward`` takes one;
     * ``"image"``: ``pixel_values`` ``[b, num_channels, image_size, image_size]`` float32 (sizes
-      from the config or its ``vision_config``; ``s`` is ignored);
+      from the config or its ``vision_config``; ``s`` is ignored); a forward taking ``task_inputs``
+      (OneFormer) also gets its task prompt's token ids ``[b, task_seq_len]`` int64;
     * ``"image+text"``: ``pixel_values`` as for images and ``input_ids`` ``[b, s + n]`` whose
       positions ``1 .. n`` hold the image token, ``n`` being the number of image features the
       vision tower produces per image (found by running ``get_image_features`` once); when that

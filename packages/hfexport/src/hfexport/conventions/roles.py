@@ -43,6 +43,7 @@ visual_pos                 image     boxes            3      0      -
 classes/tasks_input_ids    text      ids              2      0      1 (queries)
 classes/tasks_attn_mask    text      mask             2      0      1 (queries)
 classes_structure          text      class_counts     1      0      -
+task_inputs                text      ids              2      0      -
 =========================  ========  ===============  =====  =====  ==========  =========
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
@@ -281,6 +282,9 @@ def _builtin_roles() -> list[InputRole]:
         _text("tasks_input_ids", "ids", sequence=QUERIES),
         _text("tasks_attention_mask", "mask", sequence=QUERIES),
         InputRole("classes_structure", TEXT, "class_counts", 0, None, None, (), 1),
+        # OneFormer's task prompt ("the task is semantic") [batch, task_seq_len] token ids (issue 28):
+        # read as one float vector by an MLP of task_seq_len inputs, so its length is the model's
+        InputRole("task_inputs", TEXT, "ids", 0, None, None, (), 2),
     ]
 
 

@@ -27,6 +27,9 @@ against runs the original code.
 - :func:`take_along_dim_as_gather`: PP-DocLayout's head sorts its queries with
   ``torch.take_along_dim``, whose broadcast of the indices against the input guards the batch to
   the sample's; with indices of the input's shape it is a ``gather``, which the patch calls.
+- :func:`argsort_with_tie_break`: PP-DocLayout-V2 puts its kept queries first by sorting a boolean
+  mask, all ties; the patch sorts integer keys with a positional tie-break (a stable sort), so
+  every runtime gives the same order.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ __all__ = [
     "OMDET_LANGUAGE_TARGETS",
     "OMDET_QUERY_TARGETS",
     "RT_DETR_FORWARD_TARGETS",
+    "argsort_with_tie_break",
     "capture_key",
     "omdet_anchors_uncached",
     "omdet_language_embedding_batched",
     "omdet_query_selection_symbolic_batch",
     "rt_detr_batch_from_shape",
+    "stable_integer_argsort",
     "symbolic_len",
     "take_along_dim_as_gather",
 ]
@@ -416,3 +421,70 @@ def take_along_dim_as_gather(original: Callable[..., Any]) -> Callable[..., Any]
         return input.gather(axis, indices)
 
     return take_along_dim
+
+
+# --------------------------------------------------------------------------------------------
+# argsort of integer keys with a tie-break (PP-DocLayout's kept-queries-first sort)
+# --------------------------------------------------------------------------------------------
+
+
+def stable_integer_argsort(input: torch.Tensor, dim: int = -1, descending: bool = False) -> torch.Tensor:
+    """``torch.argsort(input, dim, descending, stable=True)`` for an integer or boolean ``input``,
+    computed as a plain sort of unique keys: ``input * n + position`` (``n - 1 - position`` when
+    descending), ``n`` the size of ``dim``, so equal values keep their original order whichever
+    sort a runtime implements.
+
+    Shapes: ``input`` any shape; returns int64 indices of the same shape.
+
+    Raises:
+        ValueError: ``input`` is a floating-point or complex tensor (its ties are not exact; use
+            ``torch.argsort``).
+    """
+    if input.is_floating_point() or input.is_complex():
+        raise ValueError(f"stable_integer_argsort takes integer or boolean keys, got {input.dtype}")
+    axis = dim % input.dim()
+    n = input.shape[axis]
+    shape = [1] * input.dim()
+    shape[axis] = n
+    position = torch.arange(n, device=input.device, dtype=torch.int64).reshape(shape)
+    tie_break = (n - 1 - position) if descending else position
+    keys = input.to(torch.int64) * n + tie_break
+    return torch.sort(keys, dim=axis, descending=descending).indices  # not argsort: the patch replaces it
+
+
+@register_patch(
+    BACKEND,
+    "torch.argsort",
+    description=(
+        "detectors (pp_doclayout_v2's kept-queries-first sort of a boolean mask): torch.argsort of integer or "
+        "boolean keys sorts with a positional tie-break (a stable sort), so every runtime orders the tied "
+        "queries alike instead of each sort implementation picking its own order"
+    ),
+    # an unstable sort's order among equal keys is unspecified (torch.sort docs); ONNX TopK and OpenVINO's
+    # sort break ties their own way; the call at transformers 5.24
+    issue=(
+        "https://github.com/huggingface/transformers/blob/v5.24.0/src/transformers/models/pp_doclayout_v2/"
+        "modeling_pp_doclayout_v2.py"
+    ),
+    versions={"transformers": ">=5.23,<6"},
+)
+def argsort_with_tie_break(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``torch.argsort`` while a detector is captured (key ``capture.detection``).
+
+    PP-DocLayout-V2 puts the queries that pass their class threshold first with
+    ``torch.argsort(mask.int(), dim=1, descending=True)``: every key is 0 or 1, so the order among
+    the queries of each group is whatever the sort implementation does with ties (PyTorch's CPU sort
+    keeps the original order for 16 or fewer elements and not beyond; OpenVINO's sort gave another
+    order: the tiny model's ``logits``/``pred_boxes`` came back permuted). Integer and boolean keys
+    are sorted by :func:`stable_integer_argsort` (the original order among ties: what eager gives
+    at the tiny model's 10 queries, and a defined order at any size); floating-point keys, and calls
+    with ``stable=`` given, run the original.
+    """
+
+    @functools.wraps(original)
+    def argsort(input: torch.Tensor, dim: int = -1, descending: bool = False, **kwargs: Any) -> Any:
+        if kwargs or input.is_floating_point() or input.is_complex() or input.dim() == 0:
+            return original(input, dim=dim, descending=descending, **kwargs)
+        return stable_integer_argsort(input, dim, descending)
+
+    return argsort
