@@ -30,6 +30,7 @@ import argparse
 import datetime as _dt
 import importlib.metadata
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -121,12 +122,26 @@ FAMILIES.update(
 
 def _sentence_embedding_backbones(listed: list[str]) -> list[str]:
     """The feature-extraction types that are sentence-embedding backbones: encoders with a masked-LM
-    head in transformers (BERT-likes), encoder-decoders (a seq2seq LM class) left out."""
+    head in transformers (BERT-likes), encoder-decoders (a seq2seq LM class) left out, and so are types
+    whose feature-extraction class takes no token ids (perceiver's ``PerceiverModel`` reads inputs an
+    input preprocessor already embedded; only its masked-LM head carries the text preprocessor)."""
     from transformers.models.auto import modeling_auto
 
     masked = set(modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES)
     seq2seq = set(modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES)
-    return [t for t in listed if t in masked and t not in seq2seq]
+    return [t for t in listed if t in masked and t not in seq2seq and _takes_token_ids(t)]
+
+
+def _takes_token_ids(model_type: str) -> bool:
+    """Whether the ``AutoModel`` class of ``model_type`` (the first, when it maps to several) has an
+    ``input_ids`` parameter in its forward."""
+    import transformers
+    from transformers.models.auto import modeling_auto
+
+    names = modeling_auto.MODEL_MAPPING_NAMES.get(model_type)
+    name = names[0] if isinstance(names, (tuple, list)) else names
+    cls = getattr(transformers, name, None) if name else None
+    return cls is not None and "input_ids" in inspect.signature(cls.forward).parameters
 
 
 #: family -> which of its task's model types it sweeps (default: every type of the task)

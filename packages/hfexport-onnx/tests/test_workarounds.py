@@ -313,3 +313,42 @@ def test_adaptive_average_pooling_keeps_its_windows_at_other_image_sizes():
         for mine, theirs in zip(got, model(x), strict=True):
             assert mine.shape == tuple(theirs.shape)
             torch.testing.assert_close(torch.from_numpy(mine), theirs, atol=ATOL, rtol=ATOL)
+
+
+class _ScalarMinusMask(torch.nn.Module):
+    """XLNet's input mask: ``1.0 - attention_mask`` on an int64 mask, scaling float states."""
+
+    def forward(self, x, mask):
+        return (1.0 - mask)[:, :, None] * x
+
+
+def test_scalar_minus_integer_mask_translates_with_the_fix_and_runs_at_two_shapes():
+    """issue 28: XLNet question answering failed stage 'translate' (torch 2.13 type promotion of
+    1.0 - int_tensor: Cannot find a compatible OpOverload for aten.sub, pytorch/pytorch#194381)."""
+    import onnxruntime as ort
+
+    name = f"{fx_fixes.__name__}.scalar_minus_integer_tensor_in_float"
+    assert name in {e.name for e in registry.entries("onnx", kind="fx_node_fix")}
+    model = _ScalarMinusMask()
+    x, mask = torch.randn(2, 5, 4), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    auto = torch.export.Dim.AUTO
+    dynamic = ({0: auto, 1: auto}, {0: auto, 1: auto})
+
+    def captured():
+        return torch.export.export(model, (x, mask), dynamic_shapes=dynamic)
+
+    with pytest.raises(Exception, match=r"aten\.sub"):
+        torch.onnx.export(captured(), dynamo=True, optimize=False)
+    program = captured()
+    rsub = [n for n in program.graph.nodes if n.target is torch.ops.aten.rsub.Scalar]
+    assert len(rsub) == 1 and fx_fixes.scalar_minus_integer_tensor_in_float(program.graph_module, rsub[0])
+    assert not fx_fixes.scalar_minus_integer_tensor_in_float(
+        program.graph_module, rsub[0]
+    )  # operand now float
+    session = ort.InferenceSession(torch.onnx.export(program, dynamo=True).model_proto.SerializeToString())
+    names = [i.name for i in session.get_inputs()]
+    for shape in ((2, 5), (3, 9)):
+        xs, masks = torch.randn(*shape, 4), torch.randint(0, 2, shape)
+        (got,) = session.run(None, dict(zip(names, (xs.numpy(), masks.numpy()))))
+        assert got.dtype.name == "float32" and got.shape == (*shape, 4)
+        torch.testing.assert_close(torch.from_numpy(got), model(xs, masks), atol=ATOL, rtol=ATOL)

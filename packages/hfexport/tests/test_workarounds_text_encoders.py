@@ -162,3 +162,58 @@ def test_funnel_program_keeps_the_sample_length_without_the_patches():
             model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
         )
         program.module()(**_longer(inputs))
+
+
+SLIDING_RECORD = f"{text_encoders.__name__}.sliding_window_records_no_global_mask"
+SLIDING_LOCAL = f"{text_encoders.__name__}.sliding_window_local_only_without_global_mask"
+
+
+def test_sliding_window_entries_are_registered_with_their_targets():
+    found = {e.name: e for e in registry.entries(text_encoders.KEY, kind="patch")}
+    assert found[SLIDING_RECORD].paths == text_encoders.SLIDING_WINDOW_MODEL_TARGETS
+    assert found[SLIDING_LOCAL].paths == text_encoders.SLIDING_WINDOW_ATTENTION_TARGETS
+    for name in (SLIDING_RECORD, SLIDING_LOCAL):
+        assert found[name].issue == "https://github.com/huggingface/transformers/pull/33694"
+        assert found[name].is_active(), found[name].inactive_reason()
+        assert not found[name].unresolved, found[name].unresolved
+    longformer, _ = tiny_model("longformer", "feature-extraction")
+    assert text_encoders.capture_key(longformer) == text_encoders.KEY
+
+
+def test_longformer_patched_forward_equals_eager_with_and_without_a_global_mask():
+    model, inputs = tiny_model("longformer", "feature-extraction")
+    global_mask = torch.zeros_like(inputs["input_ids"])
+    global_mask[:, 0] = 1  # <s> attends globally: the data-dependent path, left to the original
+    with torch.no_grad():
+        local = model(**inputs).last_hidden_state
+        with_global = model(**inputs, global_attention_mask=global_mask).last_hidden_state
+        with apply_patches(text_encoders.KEY):
+            patched_local = model(**inputs).last_hidden_state
+            patched_global = model(**inputs, global_attention_mask=global_mask).last_hidden_state
+    assert not torch.allclose(local, with_global, atol=1e-4)  # the global path changes the numbers
+    torch.testing.assert_close(patched_local, local, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(patched_global, with_global, atol=1e-6, rtol=1e-6)
+    assert not hasattr(model.config, "onnx_export") or model.config.onnx_export is False  # put back
+
+
+def test_longformer_program_takes_another_sequence_length_and_matches_eager():
+    """issue 28: capture failed on (mask > 0).any().item() (GuardOnDataDependentSymNode: Eq(u1, 1))."""
+    model, inputs = tiny_model("longformer", "feature-extraction")
+    longer = _longer(inputs, seq_len=11)
+    with torch.no_grad():
+        expected = model(**longer).last_hidden_state
+        with apply_patches(text_encoders.KEY):
+            program = torch.export.export(
+                model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
+            )
+        got = program.module()(**longer).last_hidden_state
+    assert got.shape == expected.shape == (3, 11, model.config.hidden_size)
+    assert float(expected.abs().max()) > 1e-3
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.extended  # ~10 s; says when transformers' Longformer no longer needs the patches
+def test_longformer_capture_fails_without_the_patches():
+    model, inputs = tiny_model("longformer", "feature-extraction")
+    with torch.no_grad(), pytest.raises(Exception, match="data-dependent"):
+        torch.export.export(model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False)

@@ -11,10 +11,10 @@ import logging
 
 import torch
 
-from hfexport.registry import register_fx_program_fix
+from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.assertions import drop_runtime_assertions
 
-__all__ = ["runtime_assertions_dropped_before_translation"]
+__all__ = ["runtime_assertions_dropped_before_translation", "scalar_minus_integer_tensor_in_float"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,3 +50,46 @@ def runtime_assertions_dropped_before_translation(exported_program: torch.export
             dropped.assertions,
             dropped.dead_nodes,
         )
+
+
+@register_fx_node_fix(
+    "onnx",
+    description=(
+        "scalar - integer tensor (aten.rsub.Scalar, e.g. XLNet's 1.0 - attention_mask) computes on the tensor cast "
+        "to the result's float dtype first: torch.onnx's type-promotion pass failed on it (ConversionError: Cannot "
+        "find a compatible OpOverload for aten.sub)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/194381",
+    versions={"torch": ">=2.13"},  # a regression of torch 2.13.0; 2.12 exported it
+)
+def scalar_minus_integer_tensor_in_float(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Cast the tensor operand of ``aten.rsub.Scalar(x, s)`` (``s - x``) to the result's dtype when ``x`` is an
+    integer or bool tensor and the result is floating point.
+
+    ``1.0 - mask`` on an int64 mask gives float32 (type promotion); torch 2.13's ONNX type-promotion pass
+    rebuilds it as ``aten.sub(1.0, ...)``, which no overload accepts (pytorch/pytorch#194381). Casting ``x``
+    first gives the same values (the integers are exact in the float dtype up to its mantissa, as promotion
+    casts them anyway) and an ``rsub`` on a float tensor, which exports.
+
+    Returns:
+        True when the node was rewritten; any other node, or an ``rsub`` whose operand is already floating
+        point or whose result is not, is left alone (False).
+    """
+    if node.op != "call_function" or node.target is not torch.ops.aten.rsub.Scalar or not node.args:
+        return False
+    operand = node.args[0]
+    operand_val = getattr(operand, "meta", {}).get("val")
+    result_val = node.meta.get("val")
+    if not isinstance(operand_val, torch.Tensor) or not isinstance(result_val, torch.Tensor):
+        return False
+    if operand_val.is_floating_point() or operand_val.is_complex() or not result_val.is_floating_point():
+        return False
+    graph = node.graph
+    with graph.inserting_before(node):
+        cast = graph.call_function(torch.ops.aten._to_copy.default, (operand,), {"dtype": result_val.dtype})
+    cast.meta["val"] = operand_val.to(result_val.dtype)
+    node.replace_input_with(operand, cast)
+    logger.debug(
+        "rsub.Scalar on %s: operand cast to %s before translation", operand_val.dtype, result_val.dtype
+    )
+    return True

@@ -19,10 +19,21 @@ the original code.
   others; ``torch.export`` records "the slice kept every row" as a stride guard (``Guard failed:
   192 + 256 * ((-1 + seq) // 4) == -64 + 64 * seq``). The patch pads one more row first, so the
   slice always drops rows and the guard holds at every length.
+- :func:`sliding_window_records_no_global_mask` with
+  :func:`sliding_window_local_only_without_global_mask`: Longformer's and LED's encoders decide
+  whether to run the global-attention path from the values of the attention mask
+  (``(mask > 0).any().item()``), a data-dependent branch ``torch.export`` refuses
+  (``GuardOnDataDependentSymNode: Eq(u1, 1)``). Without a ``global_attention_mask`` argument the
+  mask holds only 0 and 1 (local and padding), so no token is global at any input: the patches
+  record that the forward got no global mask and the attention layers take the local path, as
+  eager does for every such input; the layers cut their windows with ``unfold`` (the config's
+  ``onnx_export`` path) instead of a ``view`` sized by a tensor. A forward given a global mask keeps
+  its data-dependent global path (and still fails capture).
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +49,8 @@ __all__ = [
     "FUNNEL_POSITION_TARGETS",
     "FUNNEL_UPSAMPLE_TARGETS",
     "KEY",
+    "SLIDING_WINDOW_ATTENTION_TARGETS",
+    "SLIDING_WINDOW_MODEL_TARGETS",
     "TEXT_ENCODER_MODULES",
     "PooledPositions",
     "capture_key",
@@ -45,6 +58,8 @@ __all__ = [
     "funnel_relative_positions_from_sizes",
     "funnel_upsample",
     "funnel_upsample_always_sliced",
+    "sliding_window_local_only_without_global_mask",
+    "sliding_window_records_no_global_mask",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -52,7 +67,11 @@ KEY = f"{CAPTURE}.text_encoders"
 BACKEND = KEY
 
 #: transformers modeling modules whose models the capture patches of this module concern
-TEXT_ENCODER_MODULES: tuple[str, ...] = ("transformers.models.funnel.modeling_funnel",)
+TEXT_ENCODER_MODULES: tuple[str, ...] = (
+    "transformers.models.funnel.modeling_funnel",
+    "transformers.models.longformer.modeling_longformer",
+    "transformers.models.led.modeling_led",
+)
 
 _TRANSFORMERS = {"transformers": ">=5.23,<6"}
 
@@ -309,3 +328,108 @@ def funnel_upsample_always_sliced(original: Callable[..., Any]) -> Callable[...,
         return funnel_upsample(x, stride, target_len, separate_cls=separate_cls, truncate_seq=truncate_seq)
 
     return upsample
+
+
+# --------------------------------------------------------------------------------------------
+# Longformer / LED: local attention only when no global attention mask is given
+# --------------------------------------------------------------------------------------------
+
+#: the forwards that merge ``global_attention_mask`` into the attention mask (Longformer's model,
+#: LED's encoder): the replacement records whether they got one
+SLIDING_WINDOW_MODEL_TARGETS: tuple[str, ...] = (
+    "transformers.models.longformer.modeling_longformer.LongformerModel.forward",
+    "transformers.models.led.modeling_led.LEDEncoder.forward",
+)
+#: the self-attention layers that branch on ``is_global_attn`` (a data-dependent ``.item()``)
+SLIDING_WINDOW_ATTENTION_TARGETS: tuple[str, ...] = (
+    "transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward",
+    "transformers.models.led.modeling_led.LEDEncoderSelfAttention.forward",
+)
+#: the (closed, unmerged) pull request about ``if is_global_attn:`` failing torch.onnx.export; no issue
+#: filed for torch.export's data-dependent guard
+_SLIDING_WINDOW_ISSUE = "https://github.com/huggingface/transformers/pull/33694"
+
+#: True inside a Longformer model / LED encoder forward called without ``global_attention_mask``
+_NO_GLOBAL_MASK: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "hfexport_no_global_mask", default=False
+)
+
+
+@register_patch(
+    BACKEND,
+    *SLIDING_WINDOW_MODEL_TARGETS,
+    description=(
+        "Longformer / LED: the forward records whether it got a global_attention_mask (the partner of "
+        "sliding_window_local_only_without_global_mask)"
+    ),
+    issue=_SLIDING_WINDOW_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def sliding_window_records_no_global_mask(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``LongformerModel.forward`` / ``LEDEncoder.forward`` while capturing.
+
+    The replacement runs the original; while it runs, :data:`_NO_GLOBAL_MASK` says whether the call
+    gave no ``global_attention_mask`` (``None`` or absent): the attention mask then holds only the
+    padding mask's 0 and 1, which the forward turns into "masked" (negative) and "local" (0) scores,
+    never the positive "global" ones.
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        token = _NO_GLOBAL_MASK.set(kwargs.get("global_attention_mask") is None and not _global_mask_in(args))
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _NO_GLOBAL_MASK.reset(token)
+
+    return forward
+
+
+def _global_mask_in(args: tuple[Any, ...]) -> bool:
+    """Whether positional arguments reach ``global_attention_mask`` (third of Longformer's and LED's
+    forwards, after ``input_ids`` and ``attention_mask``) with a value."""
+    return len(args) > 2 and args[2] is not None
+
+
+@register_patch(
+    BACKEND,
+    *SLIDING_WINDOW_ATTENTION_TARGETS,
+    description=(
+        "Longformer / LED: without a global_attention_mask the self-attention takes its local path, as eager does "
+        "for every such input, instead of branching on (mask > 0).any().item(), and chunks by unfold (config "
+        "onnx_export) instead of a view sized by a tensor (GuardOnDataDependentSymNode: Eq(u1, 1))"
+    ),
+    issue=_SLIDING_WINDOW_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def sliding_window_local_only_without_global_mask(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``LongformerSelfAttention.forward`` / ``LEDEncoderSelfAttention.forward`` while capturing.
+
+    Inside a forward that :func:`sliding_window_records_no_global_mask` saw called without a global
+    mask, the replacement passes ``is_global_attn=False``: the value ``.item()`` would give at every
+    such input (no score is positive), now a Python bool ``torch.export`` can branch on. The
+    encoder's own uses of the flag only shape attention outputs, which an export does not request.
+    Elsewhere (a global mask given, or a layer called on its own) the flag is left as given.
+
+    For the call, the layer's ``config.onnx_export`` is set (and put back after): its ``_chunk``
+    then cuts the overlapping windows with ``unfold`` (transformers' own export path, the same
+    values) instead of a ``view`` sized by ``torch.div(seq_len, 2 * w)``, a tensor whose value
+    ``torch.export`` cannot read back as a size (``GuardOnDataDependentSymNode`` in ``_chunk``).
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if _NO_GLOBAL_MASK.get() and "is_global_attn" in kwargs:
+            kwargs = {**kwargs, "is_global_attn": False}
+        config = self.config
+        had, before = hasattr(config, "onnx_export"), getattr(config, "onnx_export", False)
+        config.onnx_export = True  # overlapping chunks by unfold, not a view sized by torch.div(...)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if had:
+                config.onnx_export = before
+            else:
+                del config.onnx_export
+
+    return forward
