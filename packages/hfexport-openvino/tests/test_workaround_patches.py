@@ -27,7 +27,9 @@ class _Grid(torch.nn.Module):
 
     def forward(self, features: torch.Tensor, valid_ratios: torch.Tensor) -> torch.Tensor:
         h, w = torch.nn.functional.avg_pool2d(features, 2, ceil_mode=True).shape[-2:]
-        return self.owner.get_reference_points([(h, w), (h // 2, w // 2)], valid_ratios, device=features.device)
+        return self.owner.get_reference_points(
+            [(h, w), (h // 2, w // 2)], valid_ratios, device=features.device
+        )
 
 
 def _sym_float_nodes(owner: type) -> list[str]:

@@ -395,6 +395,8 @@ def test_max_pool1d_replacement_matches_the_original(args, kwargs):
         assert torch.equal(replaced(x, *args, **kwargs), original(x, *args, **kwargs))
     values, indices = replaced(torch.randn(1, 2, 6), 2, return_indices=True)  # the original's path
     assert values.shape == indices.shape == (1, 2, 3)
+
+
 # --------------------------------------------------------------------------------------------
 # attention masks of combined mask functions, T5Gemma2's end-of-image embedding
 # --------------------------------------------------------------------------------------------

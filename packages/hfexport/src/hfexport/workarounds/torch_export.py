@@ -491,6 +491,8 @@ def max_pool1d_as_max_pool2d(original: Callable[..., Any]) -> Callable[..., Any]
         return pooled.squeeze(-2)
 
     return max_pool1d
+
+
 # --------------------------------------------------------------------------------------------
 # Attention masks from combined mask functions, T5Gemma2's end-of-image embedding
 # --------------------------------------------------------------------------------------------
