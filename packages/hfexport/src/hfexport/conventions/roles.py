@@ -22,6 +22,7 @@ pixel_mask                 image     mask             3      0      -           
 pixel_attention_mask       image     mask             2 (4)  0      -           - (2, 3)
 spatial_shapes             image     patch_grid       2      0      -
 image_grid_thw             image     grid             2      -      -
+image_sizes                image     patch_grid       2      0      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
@@ -236,6 +237,9 @@ def _builtin_roles() -> list[InputRole]:
         # SigLIP2's patch grid per image [batch, (rows, columns)]: values, repeated with the batch
         InputRole("spatial_shapes", IMAGE, "patch_grid", 0, None, None, (), 2),
         InputRole("image_grid_thw", IMAGE, "grid", None, None, None, (), 2),
+        # each image's (height, width) in pixels [images, 2] (LLaVA-NeXT's anyres tiling, Pixtral;
+        # issue 28): values, repeated with the images at another shape
+        InputRole("image_sizes", IMAGE, "patch_grid", 0, None, None, (), 2),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),

@@ -38,12 +38,14 @@ def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -
     high = min([t for t in special if t >= 3] + [vocab])
     before, after = 5, 4
     text = torch.randint(3, high, (1, before + after), generator=gen)
+    begin, end = (getattr(config, name, None) for name in ("vision_start_token_id", "vision_end_token_id"))
     ids = torch.cat(
         [
             text[:, :before],
-            torch.tensor([[int(config.vision_start_token_id)]]),
+            # Qwen2.5-Omni's thinker has no vision start/end tokens (issue 28)
+            torch.tensor([[int(begin)]] if begin is not None else [[]], dtype=torch.int64),
             torch.full((1, tokens), int(config.image_token_id)),
-            torch.tensor([[int(config.vision_end_token_id)]]),
+            torch.tensor([[int(end)]] if end is not None else [[]], dtype=torch.int64),
             text[:, before:],
         ],
         dim=1,

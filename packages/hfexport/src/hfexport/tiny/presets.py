@@ -788,6 +788,16 @@ PRESETS.update(
             "text width must differ from the decoder's: with equal widths transformers 5.24 builds "
             "no task_project yet reads it (AttributeError)",
         ),
+        # --- issue 28: vision-language ---
+        **{
+            mt: Preset(
+                config={"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},
+                reason="the default config sets no mrope_section, and the rotary embedding falls back "
+                "to [16, 24, 24] (a 128-wide head) in code; the tiny 16-wide head needs sections "
+                "adding up to its 8 frequencies, in the same 2:3:3 ratio",
+            )
+            for mt in ("qwen2_5_vl", "paddleocr_vl")
+        },
         "pp_doclayout_v2": Preset(
             config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
             reason="the forward looks up a score threshold and a reading-order category per class in "

@@ -1,0 +1,92 @@
+"""Tiny vision-language models of the zoo sweep (issue 28): configurations and inputs that build."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hfexport.conventions.roles import batch_axis, input_role
+from hfexport.generation.image_prompts import other_image_prompt
+from hfexport.testing import tiny_model
+from hfexport.tiny.catalog import shrunk_config
+
+TASK = "image-text-to-text"
+
+
+def test_windowed_vision_tower_keeps_whole_merged_windows():
+    # Qwen2.5-VL: window_size counts pixels (112 = patch 14 x merge 2 x 4); the swin rule alone
+    # left 4 pixels, a window of 4 // 2 // 8 = 0 merged patches (ZeroDivisionError)
+    vision = shrunk_config("qwen2_5_vl").vision_config
+    assert (vision.patch_size, vision.spatial_merge_size, vision.window_size) == (8, 2, 32)
+    assert vision.window_size // vision.spatial_merge_size // vision.patch_size == 2
+
+
+def test_vision_merger_output_is_the_language_model_width():
+    for model_type in ("qwen2_5_vl", "qwen3_vl"):
+        config = shrunk_config(model_type)
+        assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 64, model_type
+
+
+def test_anyres_grid_pinpoints_scale_with_the_tiny_vision_tower():
+    # LLaVA-NeXT's [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]] over 336-pixel tiles
+    config = shrunk_config("llava_next")
+    assert config.vision_config.image_size == 32
+    assert config.image_grid_pinpoints == [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+
+
+def test_anyres_inputs_tile_each_image_and_count_its_tokens():
+    model, inputs = tiny_model("llava_next", TASK, check_eager=True)
+    # a 32x32 image on the 32x64 grid resolution: the base tile and 1x2 tiles
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "pixel_values": (2, 3, 3, 32, 32),
+        "image_sizes": (2, 2),
+        "input_ids": (2, 44),
+        "attention_mask": (2, 44),
+    }
+    assert inputs["image_sizes"].tolist() == [[32, 32], [32, 32]]
+    # 16 base-tile features, then the 4x8 tile grid unpadded to the 4x4 image, one newline per row
+    image_token = model.config.image_token_id
+    assert (inputs["input_ids"] == image_token).sum(dim=1).tolist() == [36, 36]
+    second = other_image_prompt(model, inputs)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 3, 32, 32)
+    assert tuple(second["image_sizes"].shape) == (3, 2)
+    with torch.no_grad():
+        logits = model(**second).logits
+    assert tuple(logits.shape) == (3, 49, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_5"])
+def test_patch_grid_models_build_with_one_image_of_four_tokens(model_type):
+    model, inputs = tiny_model(model_type, TASK, check_eager=True)
+    shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    patch_dim = 3 * 2 * 8 * 8  # channels x temporal patch x 8x8 patch
+    assert shapes["pixel_values"] == (16, patch_dim) and inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 4
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert tuple(logits.shape) == (1, 12, 256) and float(logits.abs().max()) > 0
+
+
+def test_grid_prompt_without_vision_start_and_end_tokens():
+    # Qwen2.5-Omni's thinker marks images by their image tokens alone
+    model, inputs = tiny_model("qwen2_5_vl", TASK)
+
+    class NoMarkers:  # the config as the thinker's: no vision start/end token ids
+        def __getattr__(self, name):
+            if name in ("vision_start_token_id", "vision_end_token_id"):
+                return None
+            return getattr(model.config, name)
+
+    second = other_image_prompt(SimpleNamespace(config=NoMarkers()), inputs)
+    # an 8x6 patch grid: 12 merged image tokens between 5 and 4 text tokens
+    assert second["image_grid_thw"].tolist() == [[1, 8, 6]]
+    assert tuple(second["input_ids"].shape) == (1, 21)
+    assert int((second["input_ids"] == model.config.image_token_id).sum()) == 12
+
+
+def test_image_sizes_are_per_image_values():
+    role = input_role("image_sizes", 2)
+    assert role is not None and role.kind == "patch_grid" and role.modality == "image"
+    assert batch_axis("image_sizes", 2) == 0
