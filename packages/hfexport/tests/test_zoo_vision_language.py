@@ -90,3 +90,17 @@ def test_image_sizes_are_per_image_values():
     role = input_role("image_sizes", 2)
     assert role is not None and role.kind == "patch_grid" and role.modality == "image"
     assert batch_axis("image_sizes", 2) == 0
+
+
+def test_tapped_vision_layers_stay_inside_the_tiny_tower():
+    # VipLLaVA taps (-2, -5, -8, -11, 6) of 24 layers; two layers give hidden states -3 .. 2
+    config = shrunk_config("vipllava")
+    assert config.vision_config.num_hidden_layers == 2
+    assert list(config.vision_feature_layers) == [-2, -3, -3, -3, 2]
+    model, inputs = tiny_model("vipllava", TASK, check_eager=True)
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 2 * 16
+
+
+def test_step3p7_has_a_sliding_window_for_its_sliding_mask():
+    text = shrunk_config("step3p7").text_config
+    assert (text.sliding_window, text.layer_types) == (32, ["sliding_attention", "full_attention"])

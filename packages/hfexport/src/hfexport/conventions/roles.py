@@ -23,6 +23,8 @@ pixel_attention_mask       image     mask             2 (4)  0      -           
 spatial_shapes             image     patch_grid       2      0      -
 image_grid_thw             image     grid             2      -      -
 image_sizes                image     patch_grid       2      0      -
+window_index               image     grid             1      -      -
+cu_window_seqlens          image     grid             1      -      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
@@ -240,6 +242,11 @@ def _builtin_roles() -> list[InputRole]:
         # each image's (height, width) in pixels [images, 2] (LLaVA-NeXT's anyres tiling, Pixtral;
         # issue 28): values, repeated with the images at another shape
         InputRole("image_sizes", IMAGE, "patch_grid", 0, None, None, (), 2),
+        # a windowed Qwen2.5-VL vision encoder's window permutation [merged patches] and window
+        # boundaries [windows + 1], precomputed from grid_thw (hfexport.generation.vision_inputs;
+        # issue 28): values derived from the grid, as the grid itself
+        InputRole("window_index", IMAGE, "grid", None, None, None, (), 1),
+        InputRole("cu_window_seqlens", IMAGE, "grid", None, None, None, (), 1),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),

@@ -798,6 +798,17 @@ PRESETS.update(
             )
             for mt in ("qwen2_5_vl", "paddleocr_vl")
         },
+        "step3p7": Preset(
+            config={
+                "text_config": {
+                    "sliding_window": 32,
+                    "layer_types": ["sliding_attention", "full_attention"],
+                }
+            },
+            reason="the text model always builds a sliding-window mask (create_sliding_window_causal_mask "
+            "raises without a window) while the default config leaves sliding_window None and every layer "
+            "full attention; one sliding (32-token window) and one full layer, as the checkpoints mix them",
+        ),
         "pp_doclayout_v2": Preset(
             config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
             reason="the forward looks up a score threshold and a reading-order category per class in "

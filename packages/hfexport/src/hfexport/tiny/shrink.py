@@ -298,6 +298,7 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
         _fit_neck_channels(values, out, backbone)
     _scale_grid_pinpoints(values, out)
     _fit_merger_window(values, out)
+    _fit_feature_layers(values, out)
     # a codec's depthwise upsampling (Mimi: groups == hidden_size, 512 by default) stays depthwise;
     # kept at 512 it no longer divides the 64 tiny channels (csm, kyutai_speech_to_text; issue 28)
     groups, width = values.get("upsample_groups"), out.get("hidden_size")
@@ -422,6 +423,22 @@ def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone:
         decoder_in = values.get("decoder_in_channels")
         if isinstance(decoder_in, list) and all(c == width for c in decoder_in):
             out["decoder_in_channels"] = [HIDDEN] * len(decoder_in)
+
+
+def _fit_feature_layers(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Keep the vision tower's tapped layers (``vision_feature_layer``) inside its tiny stack (issue 28).
+
+    VipLLaVA taps five hidden states of its 24-layer CLIP tower, ``(-2, -5, -8, -11, 6)``; with two
+    layers there are three hidden states (indices -3 .. 2), and ``hidden_states[-5]`` raises
+    IndexError. Each index is clamped into that range, the count (the projector's input width) kept.
+    Changes ``out`` in place.
+    """
+    taps = values.get("vision_feature_layer")
+    layers = (out.get("vision_config") or {}).get("num_hidden_layers")
+    if not (isinstance(taps, list | tuple) and taps and all(_is_int(t) for t in taps) and _is_int(layers)):
+        return
+    states = layers + 1  # the embeddings' output, then every layer's
+    out["vision_feature_layer"] = [max(-states, min(states - 1, t)) for t in taps]
 
 
 def _fit_merger_window(values: Mapping[str, Any], out: dict[str, Any]) -> None:
