@@ -104,3 +104,50 @@ def test_tapped_vision_layers_stay_inside_the_tiny_tower():
 def test_step3p7_has_a_sliding_window_for_its_sliding_mask():
     text = shrunk_config("step3p7").text_config
     assert (text.sliding_window, text.layer_types) == (32, ["sliding_attention", "full_attention"])
+
+
+def _eager_callers(model, parts) -> dict:
+    """Each component run eagerly (as its backend would run the exported graph)."""
+    from hfexport.generation.parts import exportable_module
+    from hfexport.tensors import get_leaf_tensors
+
+    def caller(module):
+        module = exportable_module(module, model.config)
+
+        def call(kwargs):
+            with torch.no_grad():
+                return get_leaf_tensors(module(**kwargs))
+
+        return call
+
+    return {name: caller(module) for name, (module, _kwargs) in parts.items()}
+
+
+def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
+    # Qwen3-VL's language model also takes visual_pos_masks and one deepstack_visual_embeds
+    # tensor per tapped vision layer; without links the runner could not supply them (KeyError)
+    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
+    from hfexport.generation.plan import GenerationPlan
+
+    model, inputs = tiny_model("qwen3_vl", TASK)
+    parts = decompose_for_generation(model, inputs)
+    taps = 2  # vision layers 0 and 1 tapped (of [8, 16, 24] by default)
+    assert model.config.vision_config.deepstack_visual_indexes == [0, 1]
+    assert parts.plan.language_inputs == {
+        "visual_pos_masks": {"from": "placeholders"},
+        **{
+            f"deepstack_visual_embeds.{i}": {
+                "from": "component",
+                "component": "image_encoder",
+                "output": f"deepstack_features.{i}",
+                "drop_first": False,
+            }
+            for i in range(taps)
+        },
+    }
+    plan = GenerationPlan.from_dict(parts.plan.to_dict())
+    assert plan.language_inputs == parts.plan.language_inputs
+    runner = GenerationRunner(plan, _eager_callers(model, parts))
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff

@@ -16,6 +16,7 @@ token_type_ids             text      type_ids         2      0      1 (text)
 position_ids               text      positions        2 (3)  0 (1)  1 (2) text
 mm_token_type_ids          text      modality_types   2      0      1 (text)
 moe_mm_token_type_ids      text      modality_types   2      0      1 (text)
+visual_pos_masks           text      modality_types   2      0      1 (text)
 cache_position             text      cache_positions  1      -      -
 pixel_values               image     pixels           4 (5, 3) 0     -           2, 3 (3, 4; -)
 pixel_mask                 image     mask             3      0      -           1, 2
@@ -231,6 +232,8 @@ def _builtin_roles() -> list[InputRole]:
         position_ids,
         _text("mm_token_type_ids", "modality_types"),
         _text("moe_mm_token_type_ids", "modality_types"),
+        # Qwen3-VL's DeepStack: where the image tokens sit, bool [batch, seq] (issue 28)
+        _text("visual_pos_masks", "modality_types"),
         InputRole("cache_position", TEXT, "cache_positions", None, None, None, (), 1),
         _text("decoder_attention_mask", "mask", sequence=DECODER),
         _text("decoder_position_ids", "positions", sequence=DECODER),

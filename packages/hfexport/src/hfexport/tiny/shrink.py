@@ -251,6 +251,12 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out["qk_head_dim"] = _MLA["qk_rope_head_dim"] + _MLA["qk_nope_head_dim"]
     if _is_int(layers) and layer_key is not None:
         _fit_backbone_outputs(values, out, layer_key, layers)
+    taps = values.get("deepstack_visual_indexes")
+    depth = layers if _is_int(layers) else out.get("depth")  # Qwen3-VL's vision tower counts "depth"
+    if isinstance(taps, list) and taps and _is_int(depth):
+        # Qwen3-VL's DeepStack taps vision layers [8, 16, 24]: none exists in the tiny two-layer
+        # tower, and the language model then gets no deepstack inputs at all (issue 28)
+        out["deepstack_visual_indexes"] = list(range(min(len(taps), depth)))
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
         types = values.get(key)
         if isinstance(types, list) and _is_int(layers):
