@@ -151,3 +151,19 @@ def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
     for prompt in (inputs, other_image_prompt(model, inputs)):
         parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
         assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+
+
+def test_an_encoder_reading_the_image_is_the_encoder_of_an_encoder_decoder():
+    # T5Gemma 2's text encoder holds the vision tower (get_encoder(modality="image") returns it):
+    # split as a multimodal model, the image and text encoders were one module twice (ValueError)
+    from hfexport.generation import decompose_for_generation
+    from hfexport.generation.multimodal import find_multimodal_layout, is_multimodal
+
+    model, inputs = tiny_model("t5gemma2", TASK)
+    assert model.get_encoder(modality="image") is model.get_encoder()
+    assert not is_multimodal(model) and find_multimodal_layout(model).encoders == {}
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"]
+    encoder, kwargs = parts["encoder"]
+    assert encoder is model.get_encoder()
+    assert torch.equal(kwargs["pixel_values"], inputs["pixel_values"])

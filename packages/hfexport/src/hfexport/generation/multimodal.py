@@ -107,10 +107,15 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     if not callable(get_encoder):
         return layout
     seen: list[torch.nn.Module] = []
+    # an encoder-decoder whose text encoder also reads the image (T5Gemma 2: its encoder holds the
+    # vision tower and takes pixel_values) is a plain encoder-decoder, its encoder one component
+    text_encoder = _text_encoder(model)
     for modality, name in MODALITIES.items():
         try:
             encoder = get_encoder(modality=modality)
         except (TypeError, ValueError, AttributeError):
+            continue
+        if text_encoder is not None and encoder is text_encoder:
             continue
         if _is_submodule(model, encoder) and not any(encoder is s for s in seen):
             layout.encoders[name] = encoder
