@@ -153,6 +153,7 @@ def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
         assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
 
 
+@pytest.mark.extended  # 15-17 s on 2 loaded cores: a tiny model's generate() run
 def test_an_encoder_reading_the_image_is_the_encoder_of_an_encoder_decoder():
     # T5Gemma 2's text encoder holds the vision tower (get_encoder(modality="image") returns it):
     # split as a multimodal model, the image and text encoders were one module twice (ValueError)
@@ -167,3 +168,32 @@ def test_an_encoder_reading_the_image_is_the_encoder_of_an_encoder_decoder():
     encoder, kwargs = parts["encoder"]
     assert encoder is model.get_encoder()
     assert torch.equal(kwargs["pixel_values"], inputs["pixel_values"])
+
+
+@pytest.mark.extended  # 15-17 s on 2 loaded cores: a tiny model's generate() run
+def test_omni_thinker_under_an_image_prompt_leaves_its_audio_encoder_out():
+    # Qwen3-Omni's thinker: the default config lacks the vision start/end ids get_rope_index reads
+    # (overlay), generate() never runs the audio encoder for an image prompt (it was an error), and
+    # the language model takes float32 M-RoPE positions, which the runner computes as int64
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("qwen3_omni_moe_thinker", TASK, check_eager=True)
+    assert (model.config.vision_start_token_id, model.config.vision_end_token_id) == (250, 249)
+    assert int((inputs["input_ids"] == 250).sum()) == 1 and int((inputs["input_ids"] == 249).sum()) == 1
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    positions = parts["language_model"][1]["position_ids"]
+    assert positions.dtype == torch.float32 and tuple(positions.shape) == (4, 1, 12)
+
+
+def test_component_inputs_recorded_as_float_are_cast_from_integers():
+    from hfexport.generation.plan import ComponentIO
+
+    io = ComponentIO.from_kwargs(
+        {"position_ids": torch.zeros(4, 1, 3), "mask": torch.ones(1, 3, dtype=torch.bool)}, ["out"]
+    )
+    values = {"position_ids": torch.arange(12).reshape(4, 1, 3), "mask": torch.ones(1, 3, dtype=torch.bool)}
+    built = io.build(values.__getitem__)
+    assert built["position_ids"].dtype == torch.float32
+    assert built["position_ids"].tolist() == values["position_ids"].float().tolist()
+    assert built["mask"].dtype == torch.bool

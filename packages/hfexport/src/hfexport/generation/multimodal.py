@@ -485,6 +485,16 @@ def decompose_multimodal(
         decoder_masks={"language_model": layout.language_model} if text_encoder is None else None,
     )
     calls, outputs = recording.capture.calls, recording.capture.outputs
+    if any(calls[name] for name in layout.encoders):
+        # a modality the prompt does not carry (Qwen3-Omni's audio encoder under an image prompt):
+        # its encoder and projectors are no component of this generation (issue 28)
+        idle = [name for name in (*layout.encoders, *layout.projectors) if not calls[name]]
+        for name in idle:
+            layout.encoders.pop(name, None)
+            layout.projectors.pop(name, None)
+            parts.pop(name, None)
+        if idle:
+            logger.info("%s: generate() never called %s; left out", type(model).__name__, idle)
     missing = [name for name in parts if not calls[name]]
     if [m for m in missing if m != "lm_head"]:
         raise ValueError(

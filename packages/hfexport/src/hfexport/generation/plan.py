@@ -151,8 +151,10 @@ class ComponentIO:
         """Build the forward kwargs: tensor leaves from ``value_of(path)``, constants as recorded.
 
         A floating point tensor whose recorded dtype is another floating point dtype is cast to
-        it (a float32 ``pixel_values`` or empty cache for a float16 graph, see :meth:`in_dtype`);
-        integer and bool tensors are passed as given.
+        it (a float32 ``pixel_values`` or empty cache for a float16 graph, see :meth:`in_dtype`),
+        and so is an integer tensor recorded as floating point (Qwen3-Omni's language model takes
+        its M-RoPE ``position_ids`` as float32, which the runner computes as int64; issue 28);
+        other integer and bool tensors are passed as given.
 
         Raises:
             KeyError: ``value_of`` has no value for a path (it should name the path).
@@ -168,8 +170,8 @@ class ComponentIO:
                 isinstance(value, torch.Tensor)
                 and isinstance(recorded, torch.dtype)
                 and recorded.is_floating_point
-                and value.is_floating_point()
                 and value.dtype != recorded
+                and value.dtype != torch.bool
             ):
                 value = value.to(recorded)
             values.append(value)

@@ -798,6 +798,24 @@ PRESETS.update(
             )
             for mt in ("qwen2_5_vl", "paddleocr_vl")
         },
+        **{
+            mt: Preset(
+                config={
+                    "vision_start_token_id": start,
+                    "vision_end_token_id": start - 1,
+                    **(
+                        {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}} if sections else {}
+                    ),
+                },
+                reason="the thinker's get_rope_index reads config.vision_start_token_id, which the default "
+                "thinker config does not define (released checkpoints carry it): AttributeError; ids "
+                "below the shrunk special ids" + (", and mrope sections as qwen2_5_vl's" if sections else ""),
+            )
+            for mt, start, sections in (
+                ("qwen2_5_omni_thinker", 249, True),
+                ("qwen3_omni_moe_thinker", 250, False),
+            )
+        },
         "step3p7": Preset(
             config={
                 "text_config": {
