@@ -52,7 +52,8 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     grid = (1, 2 * merge, 2 * merge)
     num_patches = grid[0] * grid[1] * grid[2]
     num_image_tokens = num_patches // (merge * merge)
-    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    channels = getattr(vision, "in_channels", None) or vision.num_channels  # MiniMax-M3-VL: num_channels
+    patch_dim = int(channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
     special = [
         getattr(config, name, None)
         for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
@@ -79,11 +80,12 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
 def _has_patch_grid(config: PretrainedConfig) -> bool:
     """A Qwen-style vision config: flattened patches described by ``image_grid_thw``."""
     vision = getattr(config, "vision_config", None)
-    needed = ("spatial_merge_size", "temporal_patch_size", "patch_size", "in_channels")
+    needed = ("spatial_merge_size", "temporal_patch_size", "patch_size")
     tokens = ("image_token_id", "video_token_id")
     return (
         vision is not None
         and all(getattr(vision, a, None) is not None for a in needed)
+        and any(getattr(vision, a, None) is not None for a in ("in_channels", "num_channels"))
         and all(getattr(config, t, None) is not None for t in tokens)
     )
 
