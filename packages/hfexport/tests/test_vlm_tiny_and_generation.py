@@ -1,4 +1,4 @@
-"""Tiny vision-language models of the zoo sweep (issue 28): configurations and inputs that build."""
+"""Tiny vision-language models of the zoo sweep and their generation plumbing (issue 28, vlmb types)."""
 
 from __future__ import annotations
 
