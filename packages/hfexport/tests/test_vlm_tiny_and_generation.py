@@ -198,3 +198,57 @@ def test_component_inputs_recorded_as_float_are_cast_from_integers():
     assert built["position_ids"].dtype == torch.float32
     assert built["position_ids"].tolist() == values["position_ids"].float().tolist()
     assert built["mask"].dtype == torch.bool
+
+
+def test_block_diagonal_mask_keeps_rows_in_their_packed_segment():
+    from hfexport.workarounds.torch_export import block_diagonal_mask
+
+    mask = block_diagonal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)
+    segment = torch.tensor([0, 0, 1, 1, 1])
+    assert torch.equal(mask, segment[:, None] == segment[None, :])
+
+
+def test_windowed_vision_attention_exports_for_any_window_count():
+    # Qwen2.5-VL attends per window in a Python loop over torch.split(lengths.tolist()): captured as
+    # is, the program keeps the sample's window count (Guard failed: cu_window_seqlens.size()[0] ...)
+    from torch.export import Dim
+
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import torch_export
+
+    assert torch_export.packed_vision_attention_as_one_masked_call  # registered under "capture"
+    model, _ = tiny_model("qwen2_5_vl", TASK)
+    attention = model.model.visual.blocks[0].attn
+    head_dim = attention.head_dim
+
+    def sample(length, bounds, seed):
+        gen = torch.Generator().manual_seed(seed)
+        hidden = torch.randn(length, attention.dim, generator=gen)
+        angles = torch.randn(length, head_dim, generator=gen)
+        return hidden, torch.tensor(bounds, dtype=torch.int32), (angles.cos(), angles.sin())
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = attention
+
+        def forward(self, hidden, cu_seqlens, cos, sin):
+            return self.attention(hidden, cu_seqlens, position_embeddings=(cos, sin))
+
+    hidden, bounds, (cos, sin) = sample(8, [0, 2, 5, 8], 0)  # three windows (no 0/1 specialisation)
+    # torch.export's own 0/1 rule: the inner boundaries (cuts - 2) stay dynamic from 2 on
+    rows, cuts = Dim("rows", min=2), Dim("cuts", min=4)
+    shapes = {"hidden": {0: rows}, "cu_seqlens": {0: cuts}, "cos": {0: rows}, "sin": {0: rows}}
+    with apply_patches("capture"), torch.no_grad():
+        program = torch.export.export(Wrapped(), (hidden, bounds, cos, sin), dynamic_shapes=shapes)
+    for length, cut in (
+        (8, [0, 2, 5, 8]),
+        (12, [0, 4, 8, 12]),
+        (12, [0, 3, 6, 9, 12]),
+        (14, [0, 2, 4, 9, 11, 14]),
+    ):
+        hidden, bounds, (cos, sin) = sample(length, cut, length)
+        with torch.no_grad():
+            expected = attention(hidden, bounds, position_embeddings=(cos, sin))
+            got = program.module()(hidden, bounds, cos, sin)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
