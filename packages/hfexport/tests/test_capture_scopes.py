@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hfexport.capture import CAPTURE_SCOPES, capture_patch_key
-from hfexport.workarounds import dense_prediction, detection, text_to_audio, time_series
+from hfexport.workarounds import dense_prediction, detection, text_to_audio, time_series, vision_language
 from hfexport.workarounds.scopes import holds_module_from
 
 
@@ -22,6 +22,7 @@ def _module_from(modeling_module: str) -> torch.nn.Module:
         (detection, detection.DETECTOR_MODULES),
         (time_series, time_series.FORECASTER_MODULES),
         (text_to_audio, text_to_audio.TEXT_TO_AUDIO_MODULES),
+        (vision_language, vision_language.VISION_LANGUAGE_MODULES),
     ],
 )
 def test_a_model_of_a_family_gets_its_scope_also_inside_a_wrapper(scope, modeling):
@@ -39,4 +40,5 @@ def test_other_models_get_the_shared_capture_patches_and_every_scope_is_listed()
         "capture.detection",
         "capture.time_series",
         "capture.text_to_audio",
+        "capture.vision_language",
     ]

@@ -201,7 +201,7 @@ def test_component_inputs_recorded_as_float_are_cast_from_integers():
 
 
 def test_block_diagonal_mask_keeps_rows_in_their_packed_segment():
-    from hfexport.workarounds.torch_export import block_diagonal_mask
+    from hfexport.workarounds.vision_language import block_diagonal_mask
 
     mask = block_diagonal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)
     segment = torch.tensor([0, 0, 1, 1, 1])
@@ -213,10 +213,10 @@ def test_windowed_vision_attention_exports_for_any_window_count():
     # is, the program keeps the sample's window count (Guard failed: cu_window_seqlens.size()[0] ...)
     from torch.export import Dim
 
+    from hfexport.capture import capture_patch_key
     from hfexport.registry import apply_patches
-    from hfexport.workarounds import torch_export
+    from hfexport.workarounds import vision_language
 
-    assert torch_export.packed_vision_attention_as_one_masked_call  # registered under "capture"
     model, _ = tiny_model("qwen2_5_vl", TASK)
     attention = model.model.visual.blocks[0].attn
     head_dim = attention.head_dim
@@ -239,7 +239,9 @@ def test_windowed_vision_attention_exports_for_any_window_count():
     # torch.export's own 0/1 rule: the inner boundaries (cuts - 2) stay dynamic from 2 on
     rows, cuts = Dim("rows", min=2), Dim("cuts", min=4)
     shapes = {"hidden": {0: rows}, "cu_seqlens": {0: cuts}, "cos": {0: rows}, "sin": {0: rows}}
-    with apply_patches("capture"), torch.no_grad():
+    key = capture_patch_key(attention)
+    assert key == vision_language.KEY == "capture.vision_language"
+    with apply_patches(key), torch.no_grad():
         program = torch.export.export(Wrapped(), (hidden, bounds, cos, sin), dynamic_shapes=shapes)
     for length, cut in (
         (8, [0, 2, 5, 8]),

@@ -15,7 +15,7 @@ Stages (each a function, called in order by :func:`capture`):
 5. ``apply_patches("capture")``: the active workarounds of :mod:`hfexport.workarounds.torch_export`
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
    model of a family with capture patches of its own (:data:`CAPTURE_SCOPES`: dense-prediction heads,
-   object detectors, time-series forecasters, text-to-audio models) ``apply_patches("capture.<family>")``
+   object detectors, time-series forecasters, text-to-audio models, vision-language models) ``apply_patches("capture.<family>")``
    instead, which adds that family's (:func:`capture_patch_key`);
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
@@ -42,6 +42,7 @@ from hfexport.workarounds import dense_prediction as _dense_prediction_workaroun
 from hfexport.workarounds import detection as _detection_workarounds
 from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
+from hfexport.workarounds import vision_language as _vision_language_workarounds
 
 __all__ = [
     "CAPTURE_SCOPES",
@@ -68,6 +69,7 @@ CAPTURE_SCOPES = (
     _detection_workarounds,
     _time_series_workarounds,
     _text_to_audio_workarounds,
+    _vision_language_workarounds,
 )
 
 
