@@ -254,3 +254,22 @@ def test_windowed_vision_attention_exports_for_any_window_count():
             expected = attention(hidden, bounds, position_embeddings=(cos, sin))
             got = program.module()(hidden, bounds, cos, sin)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_patch_matches_both_projection_layouts():
+    # Qwen2.5-VL projects q, k, v with one fused qkv; Qwen2.5-Omni's vision tower with three
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import vision_language
+
+    omni, _ = tiny_model("qwen2_5_omni_thinker", TASK)
+    qwen, _ = tiny_model("qwen2_5_vl", TASK)
+    for attention in (omni.model.visual.blocks[0].attn, qwen.model.visual.blocks[0].attn):
+        gen = torch.Generator().manual_seed(0)
+        hidden = torch.randn(12, attention.dim, generator=gen)
+        angles = torch.randn(12, attention.head_dim, generator=gen)
+        bounds = torch.tensor([0, 4, 9, 12], dtype=torch.int32)
+        with torch.no_grad():
+            expected = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
+            with apply_patches(vision_language.KEY):
+                got = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -112,8 +112,13 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
         if is_flash_attention_requested(self.config) or position_embeddings is None:
             return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         length = hidden_states.shape[0]
-        qkv = self.qkv(hidden_states).reshape(length, 3, self.num_heads, -1).permute(1, 0, 2, 3)
-        query, key, value = qkv.unbind(0)
+        if hasattr(self, "qkv"):  # Qwen2.5-VL: one fused projection
+            qkv = self.qkv(hidden_states).reshape(length, 3, self.num_heads, -1).permute(1, 0, 2, 3)
+            query, key, value = qkv.unbind(0)
+        else:  # Qwen2.5-Omni: q, k and v projections
+            query, key, value = (
+                proj(hidden_states).reshape(length, self.num_heads, -1) for proj in (self.q, self.k, self.v)
+            )
         cos, sin = position_embeddings
         query, key = rotary(query, key, cos, sin)
         query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
