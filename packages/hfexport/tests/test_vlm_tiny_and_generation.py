@@ -57,7 +57,7 @@ def test_anyres_inputs_tile_each_image_and_count_its_tokens():
     assert tuple(logits.shape) == (3, 49, 256) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_5", "minimax_m3_vl"])
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "minimax_m3_vl"])
 def test_patch_grid_models_build_with_one_image_of_four_tokens(model_type):
     # minimax_m3_vl: its vision config names the channels num_channels (not in_channels)
     model, inputs = tiny_model(model_type, TASK, check_eager=True)
