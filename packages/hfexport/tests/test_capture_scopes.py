@@ -13,6 +13,7 @@ from hfexport.workarounds import (
     text_encoders,
     text_to_audio,
     time_series,
+    vision_language,
 )
 from hfexport.workarounds.scopes import holds_module_from
 
@@ -30,6 +31,7 @@ def _module_from(modeling_module: str) -> torch.nn.Module:
         (time_series, time_series.FORECASTER_MODULES),
         (text_to_audio, text_to_audio.TEXT_TO_AUDIO_MODULES),
         (text_encoders, text_encoders.TEXT_ENCODER_MODULES),
+        (vision_language, vision_language.VISION_LANGUAGE_MODULES),
     ],
 )
 def test_a_model_of_a_family_gets_its_scope_also_inside_a_wrapper(scope, modeling):
@@ -49,6 +51,7 @@ def test_other_models_get_the_shared_capture_patches_and_every_scope_is_listed()
         "capture.text_to_audio",
         "capture.text_encoders",
         "capture.text_classification",
+        "capture.vision_language",
     ]
 
 

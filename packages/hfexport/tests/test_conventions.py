@@ -110,6 +110,10 @@ def test_names_with_filters_in_table_order():
         # LXMERT's region features and boxes (issue 28)
         "visual_feats",
         "visual_pos",
+        # issue 28: LLaVA-NeXT's / Pixtral's image sizes, Qwen2.5-VL's window permutation and bounds
+        "image_sizes",
+        "window_index",
+        "cu_window_seqlens",
     }
 
 
@@ -173,6 +177,9 @@ def test_old_call_sites_agree_with_the_table():
         "classes_structure",
         # issue 28: OneFormer's task prompt
         "task_inputs",
+        # issue 28: image sizes per image (LLaVA-NeXT, Pixtral), Qwen3-VL's DeepStack placeholder mask
+        "image_sizes",
+        "visual_pos_masks",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {
@@ -183,6 +190,7 @@ def test_old_call_sites_agree_with_the_table():
         "token_type_ids",
         "mm_token_type_ids",
         "moe_mm_token_type_ids",
+        "visual_pos_masks",
     }
     assert decode.POSITION_KEYS == ("position_ids", "decoder_position_ids")
     assert decode.MASK_KEYS == ("attention_mask", "decoder_attention_mask")

@@ -16,8 +16,8 @@ Stages (each a function, called in order by :func:`capture`):
    (faults of ``torch.export`` every backend meets), installed around the next step only; for a
    model of a family with capture patches of its own (:data:`CAPTURE_SCOPES`: dense-prediction heads,
    object detectors, time-series forecasters, text-to-audio models, text encoders, BART/T5
-   classification heads) ``apply_patches("capture.<family>")`` instead, which adds that family's
-   (:func:`capture_patch_key`);
+   classification heads, vision-language models) ``apply_patches("capture.<family>")`` instead,
+   which adds that family's (:func:`capture_patch_key`);
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
@@ -45,6 +45,7 @@ from hfexport.workarounds import text_classification as _text_classification_wor
 from hfexport.workarounds import text_encoders as _text_encoder_workarounds
 from hfexport.workarounds import text_to_audio as _text_to_audio_workarounds
 from hfexport.workarounds import time_series as _time_series_workarounds
+from hfexport.workarounds import vision_language as _vision_language_workarounds
 
 __all__ = [
     "CAPTURE_SCOPES",
@@ -73,6 +74,7 @@ CAPTURE_SCOPES = (
     _text_to_audio_workarounds,
     _text_encoder_workarounds,
     _text_classification_workarounds,
+    _vision_language_workarounds,
 )
 
 

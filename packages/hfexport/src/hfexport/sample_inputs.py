@@ -52,19 +52,21 @@ def _qwen2_vl_inputs(config: PretrainedConfig, gen: torch.Generator) -> dict[str
     grid = (1, 2 * merge, 2 * merge)
     num_patches = grid[0] * grid[1] * grid[2]
     num_image_tokens = num_patches // (merge * merge)
-    patch_dim = int(vision.in_channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
-    special = (
-        config.image_token_id,
-        config.video_token_id,
-        config.vision_start_token_id,
-        config.vision_end_token_id,
-    )
+    channels = getattr(vision, "in_channels", None) or vision.num_channels  # MiniMax-M3-VL: num_channels
+    patch_dim = int(channels) * int(vision.temporal_patch_size) * int(vision.patch_size) ** 2
+    special = [
+        getattr(config, name, None)
+        for name in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    ]
     seq_len = 12
     start = 3
-    input_ids = _random_ids(gen, (1, seq_len), 3, min(min(special), _text_vocab(config)))
-    input_ids[0, start] = config.vision_start_token_id
+    input_ids = _random_ids(gen, (1, seq_len), 3, min(min(i for i in special if i), _text_vocab(config)))
+    begin, end = special[2], special[3]
+    if begin is not None:  # Qwen2.5-Omni's thinker has no vision start/end tokens (issue 28)
+        input_ids[0, start] = begin
     input_ids[0, start + 1 : start + 1 + num_image_tokens] = config.image_token_id
-    input_ids[0, start + 1 + num_image_tokens] = config.vision_end_token_id
+    if end is not None:
+        input_ids[0, start + 1 + num_image_tokens] = end
     pixel_values = torch.randn(num_patches, patch_dim, generator=gen, dtype=torch.float32)
     return {
         "input_ids": input_ids,
@@ -298,6 +300,23 @@ def _count_image_tokens(
     return rows // (images or pixel_values.shape[0])
 
 
+def _anyres_tiles(config: PretrainedConfig, size: int) -> int:
+    """Tiles per ``size`` x ``size`` image of an "anyres" model: the base tile plus one per
+    ``size`` x ``size`` cell of the ``image_grid_pinpoints`` resolution its processor picks (the one
+    keeping the most of the image, then wasting the least)."""
+    best: tuple[int, int] | None = None
+    kept_best, wasted_best = 0, float("inf")
+    for height, width in config.image_grid_pinpoints:
+        scale = min(width / size, height / size)
+        kept = min(int(size * scale) * int(size * scale), size * size)
+        wasted = width * height - kept
+        if kept > kept_best or (kept == kept_best and wasted < wasted_best):
+            best, kept_best, wasted_best = (int(height), int(width)), kept, wasted
+    if best is None:
+        return 1
+    return 1 + -(-best[0] // size) * -(-best[1] // size)
+
+
 def _ids_config(config: PretrainedConfig) -> PretrainedConfig:
     """The (sub-)configuration whose vocabulary ``input_ids`` index: ``get_text_config()``, or the
     text encoder's where transformers finds two text configs (musicgen: ``text_encoder`` and
@@ -461,7 +480,19 @@ def _generic_inputs(
             if "qformer_input_ids" in params:
                 _qformer_inputs(config, inputs, b, s, gen)
             queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
-            n = _count_image_tokens(model, inputs["pixel_values"], queries)
+            n = None
+            if "image_sizes" in params and isinstance(getattr(config, "image_grid_pinpoints", None), list):
+                # "anyres" (LLaVA-NeXT, -Video, -OneVision): each image a base tile and the tiles of
+                # its best-fitting grid resolution, [batch, tiles, channels, size, size] (issue 28)
+                channels, size = _image_shape(config)
+                tiles = _anyres_tiles(config, size)
+                tiled = torch.randn(b, tiles, channels, size, size, generator=gen, dtype=torch.float32)
+                sizes = {"image_sizes": torch.tensor([[size, size]] * b, dtype=torch.int64)}
+                n = _count_image_tokens(model, tiled, sizes)
+                if n:
+                    inputs.update(pixel_values=tiled, **sizes)
+            if not n:
+                n = _count_image_tokens(model, inputs["pixel_values"], queries)
             if not n and "image_sizes" in params:
                 # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
                 channels, size = _image_shape(config)

@@ -16,12 +16,16 @@ token_type_ids             text      type_ids         2      0      1 (text)
 position_ids               text      positions        2 (3)  0 (1)  1 (2) text
 mm_token_type_ids          text      modality_types   2      0      1 (text)
 moe_mm_token_type_ids      text      modality_types   2      0      1 (text)
+visual_pos_masks           text      modality_types   2      0      1 (text)
 cache_position             text      cache_positions  1      -      -
 pixel_values               image     pixels           4 (5, 3) 0     -           2, 3 (3, 4; -)
 pixel_mask                 image     mask             3      0      -           1, 2
 pixel_attention_mask       image     mask             2 (4)  0      -           - (2, 3)
 spatial_shapes             image     patch_grid       2      0      -
 image_grid_thw             image     grid             2      -      -
+image_sizes                image     patch_grid       2      0      -
+window_index               image     grid             1      -      -
+cu_window_seqlens          image     grid             1      -      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
@@ -238,6 +242,8 @@ def _builtin_roles() -> list[InputRole]:
         position_ids,
         _text("mm_token_type_ids", "modality_types"),
         _text("moe_mm_token_type_ids", "modality_types"),
+        # Qwen3-VL's DeepStack: where the image tokens sit, bool [batch, seq] (issue 28)
+        _text("visual_pos_masks", "modality_types"),
         InputRole("cache_position", TEXT, "cache_positions", None, None, None, (), 1),
         _text("decoder_attention_mask", "mask", sequence=DECODER),
         _text("decoder_position_ids", "positions", sequence=DECODER),
@@ -246,8 +252,12 @@ def _builtin_roles() -> list[InputRole]:
         # SigLIP2's patch grid per image [batch, (rows, columns)]: values, repeated with the batch
         InputRole("spatial_shapes", IMAGE, "patch_grid", 0, None, None, (), 2),
         InputRole("image_grid_thw", IMAGE, "grid", None, None, None, (), 2),
-        # a windowed Qwen2.5-VL-style vision encoder's window permutation and window boundaries,
-        # precomputed from grid_thw (hfexport.generation.vision_inputs; issue 28): values, no batch
+        # each image's (height, width) in pixels [images, 2] (LLaVA-NeXT's anyres tiling, Pixtral;
+        # issue 28): values, repeated with the images at another shape
+        InputRole("image_sizes", IMAGE, "patch_grid", 0, None, None, (), 2),
+        # a windowed Qwen2.5-VL vision encoder's window permutation [merged patches] and window
+        # boundaries [windows + 1], precomputed from grid_thw (hfexport.generation.vision_inputs;
+        # issue 28): values derived from the grid, as the grid itself
         InputRole("window_index", IMAGE, "grid", None, None, None, (), 1),
         InputRole("cu_window_seqlens", IMAGE, "grid", None, None, None, (), 1),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),

@@ -107,10 +107,15 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     if not callable(get_encoder):
         return layout
     seen: list[torch.nn.Module] = []
+    # an encoder-decoder whose text encoder also reads the image (T5Gemma 2: its encoder holds the
+    # vision tower and takes pixel_values) is a plain encoder-decoder, its encoder one component
+    text_encoder = _text_encoder(model)
     for modality, name in MODALITIES.items():
         try:
             encoder = get_encoder(modality=modality)
         except (TypeError, ValueError, AttributeError):
+            continue
+        if text_encoder is not None and encoder is text_encoder:
             continue
         if _is_submodule(model, encoder) and not any(encoder is s for s in seen):
             layout.encoders[name] = encoder
@@ -257,6 +262,53 @@ def feature_sources(
             )
         out[str(token)] = match
     return out
+
+
+#: language-model inputs the runner builds itself at prefill (and the cache, by prefix)
+RUNNER_LANGUAGE_INPUTS = frozenset({"inputs_embeds", "attention_mask", "position_ids"})
+
+
+def language_model_links(
+    kwargs: Mapping[str, Any],
+    input_ids: torch.Tensor,
+    features: Mapping[str, Mapping[str, Any]],
+    produced: Mapping[str, Mapping[str, torch.Tensor]],
+) -> dict[str, dict[str, Any]]:
+    """Say where the language model's other prefill inputs come from, by value (issue 28).
+
+    Qwen3-VL's language model takes, next to the merged embeddings, DeepStack inputs: the bool
+    ``visual_pos_masks`` ``[batch, seq]`` (where the placeholder tokens sit) and
+    ``deepstack_visual_embeds``, one ``[image tokens, hidden]`` tensor per tapped vision layer (the
+    image encoder's ``deepstack_features``), added to the hidden states of the first decoder
+    layers.
+
+    Args:
+        kwargs: the language model's recorded prefill kwargs.
+        input_ids: the prompt ``[batch, seq]``.
+        features: :attr:`GenerationPlan.features` (``{placeholder_token_id: source}``).
+        produced: ``{component: {output_path: tensor}}`` of the encoders and projectors.
+
+    Returns:
+        ``{input_path: source}`` (see :attr:`GenerationPlan.language_inputs`) for every tensor input
+        outside :data:`RUNNER_LANGUAGE_INPUTS` and the cache that equals the placeholder mask or a
+        component output; an input matching neither is left out (the runner then names it).
+    """
+    placeholders = torch.zeros_like(input_ids, dtype=torch.bool)
+    for token in features:
+        placeholders |= input_ids == int(token)
+    links: dict[str, dict[str, Any]] = {}
+    for path, value in _flat(kwargs).items():
+        if path in RUNNER_LANGUAGE_INPUTS or path.split(".")[0] in ("cache", "past_key_values"):
+            continue
+        if value.dtype == torch.bool and _equal(value, placeholders):
+            links[path] = {"from": "placeholders"}
+            continue
+        for name, outputs in produced.items():
+            found = next((o for o, out in outputs.items() if _equal(out, value)), None)
+            if found is not None:
+                links[path] = {"from": "component", "component": name, "output": found, "drop_first": False}
+                break
+    return links
 
 
 def _without_unread_token_types(model: torch.nn.Module, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -530,6 +582,8 @@ def decompose_multimodal(
         describe_components(decomposition)
         return decomposition
     components["language_model"] = (layout.language_model, lm_kwargs)
+    if text is not None:
+        plan.language_inputs = language_model_links(lm_kwargs, inputs["input_ids"], plan.features, produced)
     position_ids = lm_kwargs.get("position_ids")
     if isinstance(position_ids, torch.Tensor) and position_ids.dim() == 3:
         merge = next((s["spatial_merge_size"] for s in plan.vision_grid.values()), None)

@@ -151,8 +151,10 @@ class ComponentIO:
         """Build the forward kwargs: tensor leaves from ``value_of(path)``, constants as recorded.
 
         A floating point tensor whose recorded dtype is another floating point dtype is cast to
-        it (a float32 ``pixel_values`` or empty cache for a float16 graph, see :meth:`in_dtype`);
-        integer and bool tensors are passed as given.
+        it (a float32 ``pixel_values`` or empty cache for a float16 graph, see :meth:`in_dtype`),
+        and so is an integer tensor recorded as floating point (Qwen3-Omni's language model takes
+        its M-RoPE ``position_ids`` as float32, which the runner computes as int64; issue 28);
+        other integer and bool tensors are passed as given.
 
         Raises:
             KeyError: ``value_of`` has no value for a path (it should name the path).
@@ -168,8 +170,8 @@ class ComponentIO:
                 isinstance(value, torch.Tensor)
                 and isinstance(recorded, torch.dtype)
                 and recorded.is_floating_point
-                and value.is_floating_point()
                 and value.dtype != recorded
+                and value.dtype != torch.bool
             ):
                 value = value.to(recorded)
             values.append(value)
@@ -220,6 +222,12 @@ class GenerationPlan:
             or ``{"from": "component", "component": c, "output": o, "drop_first": bool}``.
         features: multimodal only: ``{placeholder_token_id (str): {"component": c, "output": o}}``:
             which output replaces the embeddings of which placeholder token.
+        language_inputs: multimodal only: ``{input_path: source}`` for the language model's inputs
+            other than ``inputs_embeds``, ``attention_mask``, ``position_ids`` and the cache, which
+            the runner builds itself (Qwen3-VL's DeepStack: ``visual_pos_masks`` and
+            ``deepstack_visual_embeds.<layer>``); a source is ``{"from": "placeholders"}`` (the
+            bool ``[batch, seq]`` mask of the placeholder tokens of :attr:`features`) or a component
+            output as in :attr:`links`.
         vision_grid: ``{component: settings}`` for Qwen-style vision encoders (see
             :func:`hfexport.generation.vision_inputs.vision_grid_settings`).
         mrope: ``{"spatial_merge_size": m}`` when the language model takes M-RoPE position ids.
@@ -235,6 +243,7 @@ class GenerationPlan:
     token_ids: dict[str, Any] = field(default_factory=dict)
     links: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     features: dict[str, dict[str, Any]] = field(default_factory=dict)
+    language_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     vision_grid: dict[str, dict[str, Any]] = field(default_factory=dict)
     mrope: dict[str, Any] | None = None
     io: dict[str, ComponentIO] = field(default_factory=dict)

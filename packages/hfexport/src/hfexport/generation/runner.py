@@ -234,7 +234,7 @@ class GenerationRunner:
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
         if arch == "multimodal" and "encoder" in self.plan.components:
             # encoder-decoder language model (Florence-2): the merged embeddings feed the text encoder
-            embeds = self._multimodal_embeddings(ids, inputs, mask)
+            embeds, _ = self._multimodal_embeddings(ids, inputs, mask)
             encoded = self._call("encoder", {"inputs_embeds": embeds, "attention_mask": mask}, {})
             decoder_prompt = {k: v for k, v in inputs.items() if k == "decoder_input_ids"}
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, decoder_prompt, encoded=encoded)
@@ -299,9 +299,13 @@ class GenerationRunner:
 
     def _multimodal_embeddings(
         self, ids: torch.Tensor, inputs: Mapping[str, Any], mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    ) -> tuple[torch.Tensor, dict[str, dict[str, torch.Tensor]]]:
         """Run the encoders and projectors of the plan's links, embed ``ids`` and put each
-        component output in place of its placeholder tokens' embeddings: ``[batch, seq, hidden]``."""
+        component output in place of its placeholder tokens' embeddings.
+
+        Returns:
+            ``(embeddings [batch, seq, hidden], {component: its outputs})``.
+        """
         from hfexport.generation.vision_inputs import vision_grid_inputs
 
         plan = self.plan
@@ -341,7 +345,7 @@ class GenerationRunner:
                     f"{flat.shape[0]} feature rows"
                 )
             embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
-        return embeds
+        return embeds, produced
 
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
@@ -349,7 +353,7 @@ class GenerationRunner:
         from hfexport.generation.vision_inputs import mrope_position_ids
 
         plan = self.plan
-        embeds = self._multimodal_embeddings(ids, inputs, mask)
+        embeds, produced = self._multimodal_embeddings(ids, inputs, mask)
         if plan.mrope is not None:
             token_types = inputs.get("mm_token_type_ids")
             if token_types is None:
@@ -370,6 +374,14 @@ class GenerationRunner:
         else:
             positions = _text_positions(mask)
         values = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        for path, source in plan.language_inputs.items():  # DeepStack (Qwen3-VL) and the like
+            if source["from"] == "placeholders":
+                where = torch.zeros_like(ids, dtype=torch.bool)
+                for token in plan.features:
+                    where |= ids == int(token)
+                values[path] = where
+            else:
+                values[path] = _output(produced, source["component"], source["output"])
         out = self._call("language_model", values, {})
         hidden = out["last_hidden_state"]
         logits = _only(

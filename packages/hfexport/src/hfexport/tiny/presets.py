@@ -812,6 +812,45 @@ PRESETS.update(
             "text width must differ from the decoder's: with equal widths transformers 5.24 builds "
             "no task_project yet reads it (AttributeError)",
         ),
+        # --- issue 28: vision-language ---
+        **{
+            mt: Preset(
+                config={"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}},
+                reason="the default config sets no mrope_section, and the rotary embedding falls back "
+                "to [16, 24, 24] (a 128-wide head) in code; the tiny 16-wide head needs sections "
+                "adding up to its 8 frequencies, in the same 2:3:3 ratio",
+            )
+            for mt in ("qwen2_5_vl", "paddleocr_vl")
+        },
+        **{
+            mt: Preset(
+                config={
+                    "vision_start_token_id": start,
+                    "vision_end_token_id": start - 1,
+                    **(
+                        {"text_config": {"rope_parameters": {"mrope_section": [2, 3, 3]}}} if sections else {}
+                    ),
+                },
+                reason="the thinker's get_rope_index reads config.vision_start_token_id, which the default "
+                "thinker config does not define (released checkpoints carry it): AttributeError; ids "
+                "below the shrunk special ids" + (", and mrope sections as qwen2_5_vl's" if sections else ""),
+            )
+            for mt, start, sections in (
+                ("qwen2_5_omni_thinker", 249, True),
+                ("qwen3_omni_moe_thinker", 250, False),
+            )
+        },
+        "step3p7": Preset(
+            config={
+                "text_config": {
+                    "sliding_window": 32,
+                    "layer_types": ["sliding_attention", "full_attention"],
+                }
+            },
+            reason="the text model always builds a sliding-window mask (create_sliding_window_causal_mask "
+            "raises without a window) while the default config leaves sliding_window None and every layer "
+            "full attention; one sliding (32-token window) and one full layer, as the checkpoints mix them",
+        ),
         "pp_doclayout_v2": Preset(
             config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
             reason="the forward looks up a score threshold and a reading-order category per class in "

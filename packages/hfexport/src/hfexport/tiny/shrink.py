@@ -259,6 +259,12 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
             out["qk_head_dim"] = rope_dim + _MLA["qk_nope_head_dim"]
     if _is_int(layers) and layer_key is not None:
         _fit_backbone_outputs(values, out, layer_key, layers)
+    taps = values.get("deepstack_visual_indexes")
+    depth = layers if _is_int(layers) else out.get("depth")  # Qwen3-VL's vision tower counts "depth"
+    if isinstance(taps, list) and taps and _is_int(depth):
+        # Qwen3-VL's DeepStack taps vision layers [8, 16, 24]: none exists in the tiny two-layer
+        # tower, and the language model then gets no deepstack inputs at all (issue 28)
+        out["deepstack_visual_indexes"] = list(range(min(len(taps), depth)))
     for key in ("layer_types", "block_types", "layers_block_type", "hybrid_override_pattern"):
         types = values.get(key)
         if isinstance(types, list) and _is_int(layers):
@@ -309,6 +315,9 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
     backbone = out.get("backbone_config")
     if isinstance(backbone, Mapping):
         _fit_neck_channels(values, out, backbone)
+    _scale_grid_pinpoints(values, out)
+    _fit_merger_window(values, out)
+    _fit_feature_layers(values, out)
     # a codec's depthwise upsampling (Mimi: groups == hidden_size, 512 by default) stays depthwise;
     # kept at 512 it no longer divides the 64 tiny channels (csm, kyutai_speech_to_text; issue 28)
     groups, width = values.get("upsample_groups"), out.get("hidden_size")
@@ -433,6 +442,67 @@ def _fit_neck_channels(values: Mapping[str, Any], out: dict[str, Any], backbone:
         decoder_in = values.get("decoder_in_channels")
         if isinstance(decoder_in, list) and all(c == width for c in decoder_in):
             out["decoder_in_channels"] = [HIDDEN] * len(decoder_in)
+
+
+def _fit_feature_layers(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Keep the vision tower's tapped layers (``vision_feature_layer``) inside its tiny stack (issue 28).
+
+    VipLLaVA taps five hidden states of its 24-layer CLIP tower, ``(-2, -5, -8, -11, 6)``; with two
+    layers there are three hidden states (indices -3 .. 2), and ``hidden_states[-5]`` raises
+    IndexError. Each index is clamped into that range, the count (the projector's input width) kept.
+    Changes ``out`` in place.
+    """
+    taps = values.get("vision_feature_layer")
+    layers = (out.get("vision_config") or {}).get("num_hidden_layers")
+    if not (isinstance(taps, list | tuple) and taps and all(_is_int(t) for t in taps) and _is_int(layers)):
+        return
+    states = layers + 1  # the embeddings' output, then every layer's
+    out["vision_feature_layer"] = [max(-states, min(states - 1, t)) for t in taps]
+
+
+def _fit_merger_window(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Keep a Qwen2.5-VL-style windowed vision tower's ``window_size`` a whole number of merged
+    patches (issue 28).
+
+    There ``window_size`` counts *pixels* (112 = 14-pixel patches x merge 2 x 4 merged tokens);
+    the swin rule (:func:`_shrink_value`: at most 4, a window of patches) leaves 4 pixels, less than
+    one merged patch, and the window index divides by ``window_size // merge // patch`` = 0
+    (ZeroDivisionError in ``get_vision_window_index``). The tiny window is 2 x 2 merged patches of
+    the tiny patch size. Changes ``out`` in place.
+    """
+    window, merge, patch = (values.get(k) for k in ("window_size", "spatial_merge_size", "patch_size"))
+    if not (_is_int(window) and _is_int(merge) and _is_int(patch)) or window < merge * patch:
+        return
+    tiny_patch = out.get("patch_size", patch)
+    if _is_int(tiny_patch):
+        out["window_size"] = 2 * merge * tiny_patch
+
+
+def _scale_grid_pinpoints(values: Mapping[str, Any], out: dict[str, Any]) -> None:
+    """Scale an "anyres" model's ``image_grid_pinpoints`` with its vision tower's image size (issue 28).
+
+    LLaVA-NeXT, LLaVA-NeXT-Video and LLaVA-OneVision cut an image into tiles of the vision tower's
+    ``image_size`` laid out on the best-fitting resolution among ``image_grid_pinpoints`` (multiples
+    of 336 or 384 pixels by default). Next to the 32-pixel tiny vision tower those resolutions mean
+    hundreds of tiles per image; scaled by ``tiny / default`` image size they keep the same tile
+    grids (1x2, 2x1, 2x2 ... tiles). Changes ``out`` in place.
+    """
+    pinpoints = values.get("image_grid_pinpoints")
+    vision = values.get("vision_config")
+    if not (isinstance(pinpoints, list) and pinpoints and isinstance(vision, Mapping)):
+        return
+    old = vision.get("image_size")
+    new = (out.get("vision_config") or {}).get("image_size", old)
+    if not (_is_int(old) and _is_int(new)) or old == new:
+        return
+    scaled: list[list[int]] = []
+    for point in pinpoints:
+        if isinstance(point, list | tuple) and len(point) == 2 and all(_is_int(v) for v in point):
+            tile = [max(new, v * new // old) for v in point]
+            if tile not in scaled:
+                scaled.append(tile)
+    if scaled:
+        out["image_grid_pinpoints"] = scaled
 
 
 def _fit_backbone_outputs(

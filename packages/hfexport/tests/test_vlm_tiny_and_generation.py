@@ -1,0 +1,275 @@
+"""Tiny vision-language models of the zoo sweep and their generation plumbing (issue 28, vlmb types)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hfexport.conventions.roles import batch_axis, input_role
+from hfexport.generation.image_prompts import other_image_prompt
+from hfexport.testing import tiny_model
+from hfexport.tiny.catalog import shrunk_config
+
+TASK = "image-text-to-text"
+
+
+def test_windowed_vision_tower_keeps_whole_merged_windows():
+    # Qwen2.5-VL: window_size counts pixels (112 = patch 14 x merge 2 x 4); the swin rule alone
+    # left 4 pixels, a window of 4 // 2 // 8 = 0 merged patches (ZeroDivisionError)
+    vision = shrunk_config("qwen2_5_vl").vision_config
+    assert (vision.patch_size, vision.spatial_merge_size, vision.window_size) == (8, 2, 32)
+    assert vision.window_size // vision.spatial_merge_size // vision.patch_size == 2
+
+
+def test_vision_merger_output_is_the_language_model_width():
+    for model_type in ("qwen2_5_vl", "qwen3_vl"):
+        config = shrunk_config(model_type)
+        assert config.vision_config.out_hidden_size == config.text_config.hidden_size == 64, model_type
+
+
+def test_anyres_grid_pinpoints_scale_with_the_tiny_vision_tower():
+    # LLaVA-NeXT's [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]] over 336-pixel tiles
+    config = shrunk_config("llava_next")
+    assert config.vision_config.image_size == 32
+    assert config.image_grid_pinpoints == [[32, 64], [64, 32], [64, 64], [96, 32], [32, 96]]
+
+
+def test_anyres_inputs_tile_each_image_and_count_its_tokens():
+    model, inputs = tiny_model("llava_next", TASK, check_eager=True)
+    # a 32x32 image on the 32x64 grid resolution: the base tile and 1x2 tiles
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "pixel_values": (2, 3, 3, 32, 32),
+        "image_sizes": (2, 2),
+        "input_ids": (2, 44),
+        "attention_mask": (2, 44),
+    }
+    assert inputs["image_sizes"].tolist() == [[32, 32], [32, 32]]
+    # 16 base-tile features, then the 4x8 tile grid unpadded to the 4x4 image, one newline per row
+    image_token = model.config.image_token_id
+    assert (inputs["input_ids"] == image_token).sum(dim=1).tolist() == [36, 36]
+    second = other_image_prompt(model, inputs)
+    assert tuple(second["pixel_values"].shape) == (3, 3, 3, 32, 32)
+    assert tuple(second["image_sizes"].shape) == (3, 2)
+    with torch.no_grad():
+        logits = model(**second).logits
+    assert tuple(logits.shape) == (3, 49, 256) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "minimax_m3_vl"])
+def test_patch_grid_models_build_with_one_image_of_four_tokens(model_type):
+    # minimax_m3_vl: its vision config names the channels num_channels (not in_channels)
+    model, inputs = tiny_model(model_type, TASK, check_eager=True)
+    shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+    patch_dim = 3 * 2 * 8 * 8  # channels x temporal patch x 8x8 patch
+    assert shapes["pixel_values"] == (16, patch_dim) and inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 4
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    assert tuple(logits.shape) == (1, 12, 256) and float(logits.abs().max()) > 0
+
+
+def test_grid_prompt_without_vision_start_and_end_tokens():
+    # Qwen2.5-Omni's thinker marks images by their image tokens alone
+    model, inputs = tiny_model("qwen2_5_vl", TASK)
+
+    class NoMarkers:  # the config as the thinker's: no vision start/end token ids
+        def __getattr__(self, name):
+            if name in ("vision_start_token_id", "vision_end_token_id"):
+                return None
+            return getattr(model.config, name)
+
+    second = other_image_prompt(SimpleNamespace(config=NoMarkers()), inputs)
+    # an 8x6 patch grid: 12 merged image tokens between 5 and 4 text tokens
+    assert second["image_grid_thw"].tolist() == [[1, 8, 6]]
+    assert tuple(second["input_ids"].shape) == (1, 21)
+    assert int((second["input_ids"] == model.config.image_token_id).sum()) == 12
+
+
+def test_image_sizes_are_per_image_values():
+    role = input_role("image_sizes", 2)
+    assert role is not None and role.kind == "patch_grid" and role.modality == "image"
+    assert batch_axis("image_sizes", 2) == 0
+
+
+def test_tapped_vision_layers_stay_inside_the_tiny_tower():
+    # VipLLaVA taps (-2, -5, -8, -11, 6) of 24 layers; two layers give hidden states -3 .. 2
+    config = shrunk_config("vipllava")
+    assert config.vision_config.num_hidden_layers == 2
+    assert list(config.vision_feature_layers) == [-2, -3, -3, -3, 2]
+    model, inputs = tiny_model("vipllava", TASK, check_eager=True)
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 2 * 16
+
+
+def test_step3p7_has_a_sliding_window_for_its_sliding_mask():
+    text = shrunk_config("step3p7").text_config
+    assert (text.sliding_window, text.layer_types) == (32, ["sliding_attention", "full_attention"])
+
+
+def _eager_callers(model, parts) -> dict:
+    """Each component run eagerly (as its backend would run the exported graph)."""
+    from hfexport.generation.parts import exportable_module
+    from hfexport.tensors import get_leaf_tensors
+
+    def caller(module):
+        module = exportable_module(module, model.config)
+
+        def call(kwargs):
+            with torch.no_grad():
+                return get_leaf_tensors(module(**kwargs))
+
+        return call
+
+    return {name: caller(module) for name, (module, _kwargs) in parts.items()}
+
+
+def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
+    # Qwen3-VL's language model also takes visual_pos_masks and one deepstack_visual_embeds
+    # tensor per tapped vision layer; without links the runner could not supply them (KeyError)
+    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
+    from hfexport.generation.plan import GenerationPlan
+
+    model, inputs = tiny_model("qwen3_vl", TASK)
+    parts = decompose_for_generation(model, inputs)
+    taps = 2  # vision layers 0 and 1 tapped (of [8, 16, 24] by default)
+    assert model.config.vision_config.deepstack_visual_indexes == [0, 1]
+    assert parts.plan.language_inputs == {
+        "visual_pos_masks": {"from": "placeholders"},
+        **{
+            f"deepstack_visual_embeds.{i}": {
+                "from": "component",
+                "component": "image_encoder",
+                "output": f"deepstack_features.{i}",
+                "drop_first": False,
+            }
+            for i in range(taps)
+        },
+    }
+    plan = GenerationPlan.from_dict(parts.plan.to_dict())
+    assert plan.language_inputs == parts.plan.language_inputs
+    runner = GenerationRunner(plan, _eager_callers(model, parts))
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+
+
+@pytest.mark.extended  # 15-17 s on 2 loaded cores: a tiny model's generate() run
+def test_an_encoder_reading_the_image_is_the_encoder_of_an_encoder_decoder():
+    # T5Gemma 2's text encoder holds the vision tower (get_encoder(modality="image") returns it):
+    # split as a multimodal model, the image and text encoders were one module twice (ValueError)
+    from hfexport.generation import decompose_for_generation
+    from hfexport.generation.multimodal import find_multimodal_layout, is_multimodal
+
+    model, inputs = tiny_model("t5gemma2", TASK)
+    assert model.get_encoder(modality="image") is model.get_encoder()
+    assert not is_multimodal(model) and find_multimodal_layout(model).encoders == {}
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"]
+    encoder, kwargs = parts["encoder"]
+    assert encoder is model.get_encoder()
+    assert torch.equal(kwargs["pixel_values"], inputs["pixel_values"])
+
+
+@pytest.mark.extended  # 15-17 s on 2 loaded cores: a tiny model's generate() run
+def test_omni_thinker_under_an_image_prompt_leaves_its_audio_encoder_out():
+    # Qwen3-Omni's thinker: the default config lacks the vision start/end ids get_rope_index reads
+    # (overlay), generate() never runs the audio encoder for an image prompt (it was an error), and
+    # the language model takes float32 M-RoPE positions, which the runner computes as int64
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("qwen3_omni_moe_thinker", TASK, check_eager=True)
+    assert (model.config.vision_start_token_id, model.config.vision_end_token_id) == (250, 249)
+    assert int((inputs["input_ids"] == 250).sum()) == 1 and int((inputs["input_ids"] == 249).sum()) == 1
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    positions = parts["language_model"][1]["position_ids"]
+    assert positions.dtype == torch.float32 and tuple(positions.shape) == (4, 1, 12)
+
+
+def test_component_inputs_recorded_as_float_are_cast_from_integers():
+    from hfexport.generation.plan import ComponentIO
+
+    io = ComponentIO.from_kwargs(
+        {"position_ids": torch.zeros(4, 1, 3), "mask": torch.ones(1, 3, dtype=torch.bool)}, ["out"]
+    )
+    values = {"position_ids": torch.arange(12).reshape(4, 1, 3), "mask": torch.ones(1, 3, dtype=torch.bool)}
+    built = io.build(values.__getitem__)
+    assert built["position_ids"].dtype == torch.float32
+    assert built["position_ids"].tolist() == values["position_ids"].float().tolist()
+    assert built["mask"].dtype == torch.bool
+
+
+def test_block_diagonal_mask_keeps_rows_in_their_packed_segment():
+    from hfexport.workarounds.vision_language import block_diagonal_mask
+
+    mask = block_diagonal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)
+    segment = torch.tensor([0, 0, 1, 1, 1])
+    assert torch.equal(mask, segment[:, None] == segment[None, :])
+
+
+def test_windowed_vision_attention_exports_for_any_window_count():
+    # Qwen2.5-VL attends per window in a Python loop over torch.split(lengths.tolist()): captured as
+    # is, the program keeps the sample's window count (Guard failed: cu_window_seqlens.size()[0] ...)
+    from torch.export import Dim
+
+    from hfexport.capture import capture_patch_key
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import vision_language
+
+    model, _ = tiny_model("qwen2_5_vl", TASK)
+    attention = model.model.visual.blocks[0].attn
+    head_dim = attention.head_dim
+
+    def sample(length, bounds, seed):
+        gen = torch.Generator().manual_seed(seed)
+        hidden = torch.randn(length, attention.dim, generator=gen)
+        angles = torch.randn(length, head_dim, generator=gen)
+        return hidden, torch.tensor(bounds, dtype=torch.int32), (angles.cos(), angles.sin())
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = attention
+
+        def forward(self, hidden, cu_seqlens, cos, sin):
+            return self.attention(hidden, cu_seqlens, position_embeddings=(cos, sin))
+
+    hidden, bounds, (cos, sin) = sample(8, [0, 2, 5, 8], 0)  # three windows (no 0/1 specialisation)
+    # torch.export's own 0/1 rule: the inner boundaries (cuts - 2) stay dynamic from 2 on
+    rows, cuts = Dim("rows", min=2), Dim("cuts", min=4)
+    shapes = {"hidden": {0: rows}, "cu_seqlens": {0: cuts}, "cos": {0: rows}, "sin": {0: rows}}
+    key = capture_patch_key(attention)
+    assert key == vision_language.KEY == "capture.vision_language"
+    with apply_patches(key), torch.no_grad():
+        program = torch.export.export(Wrapped(), (hidden, bounds, cos, sin), dynamic_shapes=shapes)
+    for length, cut in (
+        (8, [0, 2, 5, 8]),
+        (12, [0, 4, 8, 12]),
+        (12, [0, 3, 6, 9, 12]),
+        (14, [0, 2, 4, 9, 11, 14]),
+    ):
+        hidden, bounds, (cos, sin) = sample(length, cut, length)
+        with torch.no_grad():
+            expected = attention(hidden, bounds, position_embeddings=(cos, sin))
+            got = program.module()(hidden, bounds, cos, sin)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_patch_matches_both_projection_layouts():
+    # Qwen2.5-VL projects q, k, v with one fused qkv; Qwen2.5-Omni's vision tower with three
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import vision_language
+
+    omni, _ = tiny_model("qwen2_5_omni_thinker", TASK)
+    qwen, _ = tiny_model("qwen2_5_vl", TASK)
+    for attention in (omni.model.visual.blocks[0].attn, qwen.model.visual.blocks[0].attn):
+        gen = torch.Generator().manual_seed(0)
+        hidden = torch.randn(12, attention.dim, generator=gen)
+        angles = torch.randn(12, attention.head_dim, generator=gen)
+        bounds = torch.tensor([0, 4, 9, 12], dtype=torch.int32)
+        with torch.no_grad():
+            expected = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
+            with apply_patches(vision_language.KEY):
+                got = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
