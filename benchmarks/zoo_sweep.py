@@ -86,13 +86,20 @@ FAMILIES.update(
 #: family -> what its exports compute, shown under the family's heading (issue 28 families)
 FAMILY_NOTES: dict[str, str] = {
     "object-detection": "The plain forward on `pixel_values`: `logits` and `pred_boxes` per query (DETR-like "
-    "heads build timm-free: a tiny transformers resnet stands in for timm's resnet50; 10 queries).",
+    "heads build timm-free: a tiny transformers resnet stands in for timm's resnet50; 10 queries). The RT-DETR "
+    "family's tiny models (rt_detr, rt_detr_v2, d_fine, deimv2, pp_doclayout_*) get variance-preserving weights: "
+    "upstream's N(0, 0.01) conv and batch-norm init shrank the features to 1e-6..1e-18, every query scored the "
+    "prior bias and top-k chose among exact ties.",
     "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
     "(`input_ids`): per-patch query logits and boxes.",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
     "OneFormer).",
-    "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`.",
+    "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`. Misses explained: depth_pro "
+    "splits the image into patches and merges them by the image size (`torch_int(sqrt(...))`, scale factor "
+    "0.25), so the program holds one image size (export it at the served size with `--static`); chmv2's ONNX "
+    "depth differs by 5.6e-2 absolute (2.1e-3 relative) at the second shape, cause not found (its depth bins "
+    "match to 2.4e-4).",
     "time-series": "The forecasting head's deterministic output: patchtst/patchtsmixer's `prediction_outputs`; "
     "informer, autoformer and time_series_transformer teacher-force the horizon (`future_values`, "
     "`future_time_features`) and output its distribution parameters (`generate` samples from them); timesfm's "
@@ -105,7 +112,17 @@ FAMILY_NOTES: dict[str, str] = {
     "waveform; one data-dependent frame count, at most 5000); csm, pocket_tts, gradium_phonon_tts, higgs_audio_v2 "
     "and vibevoice their backbone's teacher-forced forward; types without a forward (bark, qwen2_5_omni: "
     "generate only) are 'eager fails'; qwen3_omni_moe's default talker config lacks attributes its model reads "
-    "(unbuildable at any size).",
+    "(unbuildable at any size). ExecuTorch misses explained: vits' duration-predictor spline indexes with a "
+    "boolean mask (a data-dependent element count memory planning cannot bound); fastspeech2_conformer's "
+    "frame count (at most 5000) dominates planned memory, so the memory budget narrows the inputs to the "
+    "sample size (static) and, with the bounds kept, one tensor plans 68 GB.",
+    "vision-language": "`export_for_generation` components (image encoder, projector, language model prefill "
+    "and decode) at two shapes, then greedy generation from the components against `model.generate`. The "
+    "commonest misses: image encoders that split per image in Python (`.tolist()`, per-image loops: idefics2/3, "
+    "smolvlm, granite_docling, lfm2_vl, kimi_k25, LLaVA-NeXT's and Pixtral's `image_sizes`) keep the sample's "
+    "image count; models whose `generate()` calls an inner language model's `generate` (blip, blip-2, "
+    "instructblip, kosmos-2); tiny configs transformers' own defaults leave incomplete (no vision config, no "
+    "image token id, PIL-only timm towers).",
 }
 # issue 28, first half of the families not swept: task heads, sentence embeddings, dual encoders, audio
 FAMILIES.update(
