@@ -15,6 +15,7 @@ from hfexport.generation.vision_inputs import (
 )
 from hfexport.inputs import precompute_export_inputs, registered_export_input_preparers
 from hfexport.testing import tiny_model
+from hfexport.testing.generation import eager_component_callers
 
 
 @pytest.fixture(scope="module")
@@ -205,23 +206,6 @@ def test_other_image_prompt_changes_image_count_or_size_with_matching_tokens(qwe
         other_image_prompt(model, {"pixel_values": inputs["pixel_values"]})
 
 
-def _eager_callers(model, parts) -> dict:
-    """Each component run eagerly (as its backend would run the exported graph)."""
-    from hfexport.generation.parts import exportable_module
-    from hfexport.tensors import get_leaf_tensors
-
-    def caller(module):
-        module = exportable_module(module, model.config)
-
-        def call(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(module(**kwargs))
-
-        return call
-
-    return {name: caller(module) for name, (module, _kwargs) in parts.items()}
-
-
 @pytest.mark.extended  # 16-100 s: the long tail (nox -s integration)
 def test_florence2_splits_around_its_text_encoder_and_generates_like_generate() -> None:
     # issue 28: Florence-2's language model is an encoder-decoder (BART): generate() merges the
@@ -242,7 +226,7 @@ def test_florence2_splits_around_its_text_encoder_and_generates_like_generate() 
     token = str(model.config.image_token_id)
     assert parts.plan.features == {token: {"component": "multi_modal_projector", "output": ""}}
     assert parts.plan.token_ids["forced_eos_token_id"] == [model.generation_config.forced_eos_token_id]
-    runner = GenerationRunner(parts.plan, _eager_callers(model, parts))
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
     # generate() continues the given decoder prompt after the start token and forces EOS last
     assert parity.sequences.shape[1] == 1 + inputs["decoder_input_ids"].shape[1] + 3
@@ -263,6 +247,9 @@ def test_deepseek_vl_aligner_is_its_projector_and_generates_like_generate() -> N
     token = str(model.config.image_token_id)
     assert parts.plan.features == {token: {"component": "multi_modal_projector", "output": ""}}
     parity = compare_with_generate(
-        GenerationRunner(parts.plan, _eager_callers(model, parts)), model, inputs, max_new_tokens=4
+        GenerationRunner(parts.plan, eager_component_callers(parts, model.config)),
+        model,
+        inputs,
+        max_new_tokens=4,
     )
     assert parity.tokens_equal and parity.max_logit_diff <= 1e-5

@@ -20,22 +20,10 @@ from hfexport.generation.recurrent import (
     is_recurrent_state_model,
     recurrent_state_names,
 )
-from hfexport.tensors import get_leaf_tensors
 from hfexport.testing import tiny_model
-from hfexport.testing.generation import check_greedy_parity
+from hfexport.testing.generation import check_greedy_parity, eager_component_callers
 
 NEW_TOKENS = 6
-
-
-def _eager_callers(decomposition):
-    def caller(module):
-        def call(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(module(**kwargs))
-
-        return call
-
-    return {name: caller(module) for name, (module, _) in decomposition.items()}
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "rwkv", "recurrent_gemma"])
@@ -48,7 +36,7 @@ def test_the_wrappers_generate_what_generate_does(model_type):
     extra = ["position_ids"] if model_type == "recurrent_gemma" else []  # its RG-LRU resets at position 0
     assert decomposition.plan.io["decode"].tensor_paths == ["input_ids", *names, *extra]
     assert decomposition.plan.io["decode"].outputs == ["logits", *names]
-    runner = GenerationRunner(decomposition.plan, _eager_callers(decomposition))
+    runner = GenerationRunner(decomposition.plan, eager_component_callers(decomposition))
     check_greedy_parity(runner, model, (3, 9), new_tokens=NEW_TOKENS, atol=1e-5)
 
 

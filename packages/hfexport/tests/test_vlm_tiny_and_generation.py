@@ -10,6 +10,7 @@ import torch
 from hfexport.conventions.roles import batch_axis, input_role
 from hfexport.generation.image_prompts import other_image_prompt
 from hfexport.testing import tiny_model
+from hfexport.testing.generation import eager_component_callers
 from hfexport.tiny.catalog import shrunk_config
 
 TASK = "image-text-to-text"
@@ -107,23 +108,6 @@ def test_step3p7_has_a_sliding_window_for_its_sliding_mask():
     assert (text.sliding_window, text.layer_types) == (32, ["sliding_attention", "full_attention"])
 
 
-def _eager_callers(model, parts) -> dict:
-    """Each component run eagerly (as its backend would run the exported graph)."""
-    from hfexport.generation.parts import exportable_module
-    from hfexport.tensors import get_leaf_tensors
-
-    def caller(module):
-        module = exportable_module(module, model.config)
-
-        def call(kwargs):
-            with torch.no_grad():
-                return get_leaf_tensors(module(**kwargs))
-
-        return call
-
-    return {name: caller(module) for name, (module, _kwargs) in parts.items()}
-
-
 def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
     # Qwen3-VL's language model also takes visual_pos_masks and one deepstack_visual_embeds
     # tensor per tapped vision layer; without links the runner could not supply them (KeyError)
@@ -148,7 +132,7 @@ def test_deepstack_inputs_are_linked_and_fed_by_the_runner():
     }
     plan = GenerationPlan.from_dict(parts.plan.to_dict())
     assert plan.language_inputs == parts.plan.language_inputs
-    runner = GenerationRunner(plan, _eager_callers(model, parts))
+    runner = GenerationRunner(plan, eager_component_callers(parts, model.config))
     for prompt in (inputs, other_image_prompt(model, inputs)):
         parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
         assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff

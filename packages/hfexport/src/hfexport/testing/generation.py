@@ -13,6 +13,8 @@
 * :func:`check_image_text_generation`: a vision-language model's components, exported with
   ``dynamic=True``, generate the tokens of ``model.generate`` for the sample image + prompt and for
   one of another shape (:func:`hfexport.generation.image_prompts.other_image_prompt`; issue 28);
+* :func:`eager_component_callers`: each component of a decomposition run eagerly, in the form a
+  :class:`~hfexport.generation.GenerationRunner` calls an exported artifact;
 * :func:`check_greedy_parity`: a :class:`~hfexport.generation.GenerationRunner` generates the
   tokens of ``model.generate(do_sample=False)`` from random prompts of several lengths, every step's
   logits within a tolerance of generate's;
@@ -40,6 +42,7 @@ __all__ = [
     "check_second_shape",
     "check_smollm2_generation",
     "check_vision_language_case",
+    "eager_component_callers",
     "generation_config_for",
     "load_smollm2",
     "worst_validation",
@@ -177,6 +180,39 @@ def check_decoder_second_shapes(
         assert decode["cache_kind"] == "dynamic", decode["summary"]
         assert decode["inputs"]["cache.layers.0.keys"][2] == past_length[1], decode["inputs"]
     return decode
+
+
+def eager_component_callers(parts: Any, config: Any = None) -> dict[str, Any]:
+    """Each component of a generation decomposition run eagerly, as a backend runs its artifact.
+
+    Args:
+        parts: a decomposition (``{name: (module, sample_kwargs)}``: what
+            :func:`hfexport.generation.decompose_for_generation` returns).
+        config: the model's ``PretrainedConfig``; when given, each module is first wrapped with
+            :func:`hfexport.generation.parts.exportable_module` (the form that is exported: the
+            output flags applied, the outputs flattened as the artifact returns them).
+
+    Returns:
+        ``{name: call}`` where ``call(kwargs)`` runs the component under ``torch.no_grad()`` and
+        returns its output leaf tensors in order (:func:`hfexport.tensors.get_leaf_tensors`), the
+        callable form :class:`~hfexport.generation.GenerationRunner` takes.
+    """
+    import torch
+
+    from hfexport.generation.parts import exportable_module
+    from hfexport.tensors import get_leaf_tensors
+
+    def caller(module: Any) -> Any:
+        if config is not None:
+            module = exportable_module(module, config)
+
+        def call(kwargs: Mapping[str, Any]) -> list[Any]:
+            with torch.no_grad():
+                return get_leaf_tensors(module(**kwargs))
+
+        return call
+
+    return {name: caller(module) for name, (module, _kwargs) in parts.items()}
 
 
 def check_greedy_parity(
