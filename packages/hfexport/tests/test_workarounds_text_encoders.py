@@ -137,11 +137,20 @@ def _longer(inputs, seq_len=13):
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def test_funnel_program_takes_another_sequence_length_and_matches_eager():
-    """issue 28: the program kept the sample's length (Guard failed: input_ids.size()[1] == 8)."""
-    model, inputs = tiny_model("funnel", "feature-extraction")
+@pytest.mark.parametrize(
+    ("model_type", "seq_len", "width"),
+    [
+        # the program kept the sample's length (Guard failed: input_ids.size()[1] == 8)
+        ("funnel", 13, "d_model"),
+        # capture failed on (mask > 0).any().item() (GuardOnDataDependentSymNode: Eq(u1, 1))
+        ("longformer", 11, "hidden_size"),
+    ],
+)
+def test_program_takes_another_sequence_length_and_matches_eager(model_type, seq_len, width):
+    """issue 28: captured with the patches, the program runs at a second length equal to eager."""
+    model, inputs = tiny_model(model_type, "feature-extraction")
     assert set(inputs) == {"input_ids", "attention_mask"}
-    longer = _longer(inputs)
+    longer = _longer(inputs, seq_len=seq_len)
     with torch.no_grad():
         expected = model(**longer).last_hidden_state
         with apply_patches(text_encoders.KEY):
@@ -149,7 +158,7 @@ def test_funnel_program_takes_another_sequence_length_and_matches_eager():
                 model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
             )
         got = program.module()(**longer).last_hidden_state
-    assert got.shape == expected.shape == (3, 13, model.config.d_model)
+    assert got.shape == expected.shape == (3, seq_len, getattr(model.config, width))
     assert float(expected.abs().max()) > 1e-3
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
@@ -194,22 +203,6 @@ def test_longformer_patched_forward_equals_eager_with_and_without_a_global_mask(
     torch.testing.assert_close(patched_local, local, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(patched_global, with_global, atol=1e-6, rtol=1e-6)
     assert not hasattr(model.config, "onnx_export") or model.config.onnx_export is False  # put back
-
-
-def test_longformer_program_takes_another_sequence_length_and_matches_eager():
-    """issue 28: capture failed on (mask > 0).any().item() (GuardOnDataDependentSymNode: Eq(u1, 1))."""
-    model, inputs = tiny_model("longformer", "feature-extraction")
-    longer = _longer(inputs, seq_len=11)
-    with torch.no_grad():
-        expected = model(**longer).last_hidden_state
-        with apply_patches(text_encoders.KEY):
-            program = torch.export.export(
-                model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
-            )
-        got = program.module()(**longer).last_hidden_state
-    assert got.shape == expected.shape == (3, 11, model.config.hidden_size)
-    assert float(expected.abs().max()) > 1e-3
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.extended  # ~10 s; says when transformers' Longformer no longer needs the patches
