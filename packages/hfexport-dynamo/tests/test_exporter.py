@@ -215,3 +215,23 @@ def test_failed_export_restores_patches_and_leaves_the_model_as_it_was(llama):
     model.eval()
     failed = [s for s in exporter.last_report.stages if s.status == "failed"]
     assert [s.name for s in failed] == ["capture", "capture.torch_export"]
+
+
+def test_a_classification_head_is_exported_with_its_scores_and_no_kv_cache():
+    # LlamaForSequenceClassification returns past_key_values by default (config.use_cache=True);
+    # prepare_for_export turns the cache off for heads that never generate
+    model, inputs = tiny_model("llama", "text-classification")
+    with torch.no_grad():
+        eager = model(**inputs)
+    assert eager.past_key_values is not None
+    exporter = DynamoExporter()
+    program = exporter.export(model, inputs, DynamoConfig(dynamic=True))
+    report = exporter.last_report
+    assert report.output_flags == {"use_cache": False}
+    for rows in (report.validation["sample"], report.validation["second_shape"]):
+        assert [row["name"] for row in rows] == ["logits"]
+        assert all(row["ok"] and row["max_abs_diff"] <= 1e-5 for row in rows)
+    out = exporter.runner(program)(inputs)
+    assert list(out) == ["logits"]
+    assert (out["logits"] - eager.logits).abs().max().item() <= 1e-5
+    assert model.config.use_cache is True  # restored after the export

@@ -411,3 +411,34 @@ def test_restore_model_state_after_an_exception(llama):
     assert {name: parameter.requires_grad for name, parameter in llama.named_parameters()} == grads
     assert llama.config.to_dict() == before
     assert not hasattr(llama.config, "scratch")
+
+
+# ---------------------------------------------------------------------------------------------
+# heads that never generate are exported without their KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model_type", "task", "expected"),
+    [
+        ("llama", "text-classification", {"use_cache": False}),
+        ("bart", "text-classification", {"use_cache": False}),
+        ("gpt2", "token-classification", {"use_cache": False}),
+        ("llama", "question-answering", {}),  # its forward takes no use_cache (returns no cache)
+        ("bert", "text-classification", {}),  # no cache in its forward: nothing to turn off
+        ("llama", "text-generation", {}),  # a generating head keeps its cache
+    ],
+)
+def test_scoring_heads_turn_the_cache_off_unless_the_inputs_set_it(model_type, task, expected):
+    from hfexport.tiny import tiny_model
+
+    model, inputs = tiny_model(model_type, task)
+    before = model.config.to_dict()
+    _, prepared, flags = prepare_for_export(model, inputs)
+    assert flags == expected
+    assert "use_cache" not in prepared
+    assert model.config.to_dict() == before  # the flag is applied later, inside apply_output_flags
+    if expected:
+        _, _, explicit = prepare_for_export(model, {**inputs, "use_cache": True})
+        assert explicit == {"use_cache": True}  # the caller's choice wins
+

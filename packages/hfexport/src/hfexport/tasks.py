@@ -9,7 +9,13 @@ which task an ``architectures`` entry implies) and the seeded tiny models of
 
 from __future__ import annotations
 
-__all__ = ["ARCHITECTURE_SUFFIX_TASKS", "GENERATION_TASKS", "TASK_AUTO_CLASSES", "auto_class_name"]
+__all__ = [
+    "ARCHITECTURE_SUFFIX_TASKS",
+    "CACHELESS_HEAD_SUFFIXES",
+    "GENERATION_TASKS",
+    "TASK_AUTO_CLASSES",
+    "auto_class_name",
+]
 
 #: Task name -> name of the ``transformers`` Auto class that loads a model for it. A few model types
 #: use another class for the same task (wav2vec2 speech recognition is CTC): the tiny-model zoo
@@ -42,6 +48,18 @@ TASK_AUTO_CLASSES: dict[str, str] = {
 #: language model and decode) instead of the plain forward
 #: (:meth:`hfexport.exporter.HfExporter.export_for_generation`).
 GENERATION_TASKS: tuple[str, ...] = ("text-generation", "image-text-to-text", "text2text-generation")
+
+#: Class-name suffixes of heads that score their whole input and never generate. Their forward may
+#: still take ``use_cache`` (decoder-only and encoder-decoder backbones: ``LlamaForSequenceClassification``,
+#: ``BartForSequenceClassification``) and return the KV cache when the config turns it on;
+#: :func:`hfexport.inputs.prepare_for_export` exports them with ``use_cache=False`` unless the sample
+#: inputs set ``use_cache`` themselves.
+CACHELESS_HEAD_SUFFIXES: tuple[str, ...] = (
+    "ForSequenceClassification",
+    "ForTokenClassification",
+    "ForQuestionAnswering",
+    "ForMultipleChoice",
+)
 
 #: Architecture class-name suffix -> task, most specific first (``config.architectures`` entries,
 #: e.g. ``LlamaForCausalLM`` -> ``text-generation``); :func:`hfexport.checkpoints.infer_task` adds the

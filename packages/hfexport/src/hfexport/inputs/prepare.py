@@ -7,6 +7,7 @@ device, and precomputes data-dependent inputs with the registered preparers
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,7 +16,9 @@ from transformers.configuration_utils import PreTrainedConfig
 
 from hfexport.errors import UnsupportedInputError
 from hfexport.input_checks import check_forward_kwargs, check_input_sizes, check_model, check_token_ids
+from hfexport.inputs.config_undo import model_configs
 from hfexport.inputs.flags import OUTPUT_FLAG_KEYS
+from hfexport.tasks import CACHELESS_HEAD_SUFFIXES
 from hfexport.tensors import cast_leaf_tensors
 from hfexport.workarounds.input_preparers import apply_export_input_preparers
 
@@ -96,7 +99,11 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
     Steps, in order: refuse a model that is not an ``nn.Module`` with a keyword forward; refuse
     loss inputs; refuse kwargs the forward does not take and inputs whose shared axes disagree or
     are empty (:mod:`hfexport.input_checks`); lift the output flags out of the kwargs (a plain
-    ``nn.Module`` without a transformers config keeps them as forward kwargs); cast floating
+    ``nn.Module`` without a transformers config keeps them as forward kwargs); for a head that
+    never generates (``...ForSequenceClassification``, ``...ForTokenClassification``,
+    ``...ForQuestionAnswering``, ``...ForMultipleChoice``) whose forward takes ``use_cache`` and
+    whose config turns the cache on, add ``use_cache=False`` to the output flags unless the inputs
+    set it (the program returns the scores, not a KV cache nobody reads); cast floating
     point tensors to the model's dtype and move every tensor (caches included) to the model's
     device; run :func:`precompute_export_inputs`. Neither ``model`` nor ``inputs`` is modified.
 
@@ -109,7 +116,8 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
         ``(model, prepared_inputs, output_flags)``: the same model object; a new dict of
         kwargs without the flags; ``{flag: value}`` for the flags among ``use_cache``,
         ``output_attentions``, ``output_hidden_states``, ``return_dict`` that were given a
-        non-None value, to apply with :func:`apply_output_flags`.
+        non-None value (plus the head's ``use_cache=False`` above), to apply with
+        :func:`apply_output_flags`.
 
     Raises:
         TypeError: ``inputs`` is not a mapping with string keys; ``model`` is not an ``nn.Module``
@@ -158,7 +166,26 @@ def prepare_for_export(model: Any, inputs: Mapping[str, Any]) -> tuple[Any, dict
             if value is not None:
                 output_flags[key] = value
 
+    if has_config and "use_cache" not in inputs and _scores_without_cache(model):
+        output_flags["use_cache"] = False
+
     dtype, device = _model_dtype_and_device(model)
     prepared = cast_leaf_tensors(prepared, dtype=dtype, device=device)
     prepared = precompute_export_inputs(model, prepared)
     return model, prepared, output_flags
+
+
+def _scores_without_cache(model: Any) -> bool:
+    """Whether ``model`` is a head that scores its whole input and never generates (a class whose
+    name ends with one of :data:`hfexport.tasks.CACHELESS_HEAD_SUFFIXES`), takes ``use_cache`` in
+    its forward and has a config that turns the cache on: exported as is, its program would return
+    the KV cache (``past_key_values``) beside the scores, outputs no caller of a classifier reads."""
+    if not type(model).__name__.endswith(CACHELESS_HEAD_SUFFIXES):
+        return False
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    if "use_cache" not in parameters:
+        return False
+    return any(getattr(config, "use_cache", None) for config in model_configs(model))
