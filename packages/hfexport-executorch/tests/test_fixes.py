@@ -340,3 +340,73 @@ def test_batch_norm_over_two_dynamic_dims_stays_portable_and_matches_at_two_shap
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok"
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+class LastStepsState(torch.nn.Module):
+    """RecurrentGemma's convolution state in small: the last ``width`` steps of the sequence, zeros
+    before a short one, as ``pad(x, (width - seq_len, 0))`` (a crop when the sequence is longer)."""
+
+    width = 3
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 4)
+
+    def forward(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.embed(input_ids).transpose(1, 2)  # [batch, channels, seq]
+        return torch.nn.functional.pad(x, (self.width - x.shape[-1], 0)) * 2.0, x.sum(1)
+
+
+def test_a_left_crop_by_negative_pad_runs_in_the_runtime_at_long_and_short_prompts():
+    # the runtime's constant_pad_nd refuses negative pads (error 0x12): RecurrentGemma's prefill failed
+    from hfexport_executorch import ExecutorchExporter
+
+    model = LastStepsState().eval()
+    inputs = {"input_ids": torch.tensor([[5, 1, 7, 2, 3, 9], [4, 4, 0, 6, 2, 8]])}
+    exporter = ExecutorchExporter()
+    program = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    fix = "hfexport_executorch.workarounds.fx_fixes.left_crop_of_constant_pad_as_pad_and_slice"
+    assert fix in report.applied["fx_node_fixes"]
+    assert report.dynamic_bounds["specialized"] == []  # the sequence axis stays dynamic
+    for rows in report.validation.values():  # a crop at the sample and at the second shape
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+    run = exporter.runner(program)
+    for ids in (
+        torch.tensor([[3, 1], [2, 5]]),
+        torch.tensor([[3, 1, 4]]),
+        torch.tensor([[1, 2, 3, 4, 5, 6, 7]]),
+    ):
+        with torch.no_grad():
+            expected = model(ids)
+        state, sums = run({"input_ids": ids}).values()
+        assert state.shape == (ids.shape[0], 4, 3) and sums.shape == ids.shape
+        # zeros before a 2-token prompt, the last 3 steps of a 7-token one
+        assert torch.equal(state, expected[0]) and torch.equal(sums, expected[1]), ids.shape
+
+
+class TransposedState(torch.nn.Module):
+    """A decode step over a state the previous step returned transposed (RecurrentGemma keeps its
+    convolution state as ``[batch, channels, width]`` views of ``[batch, width, channels]`` tensors)."""
+
+    def forward(self, state: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat((state.clone(), x), -1)[..., 1:] * torch.arange(1, 4, dtype=x.dtype)
+
+
+def test_a_transposed_sample_input_is_captured_in_row_major_memory():
+    # the program took the sample's dim order [0, 2, 1] for `state` while the runner passes row-major
+    # buffers: the decode of RecurrentGemma returned scrambled states (max abs diff 4.2)
+    from hfexport_executorch import ExecutorchExporter
+
+    model = TransposedState().eval()
+    state = (
+        torch.arange(24, dtype=torch.float32).reshape(2, 3, 4).transpose(1, 2)
+    )  # [2, 4, 3], strides (12, 1, 4)
+    inputs = {"state": state, "x": torch.full((2, 4, 1), -1.0)}
+    assert not state.is_contiguous()
+    exporter = ExecutorchExporter()
+    program = exporter.export(model, inputs, ExecutorchConfig(dynamic=False))
+    rows = exporter.last_report.validation["sample"]
+    assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+    (out,) = exporter.runner(program)(inputs).values()
+    assert torch.equal(out, model(**inputs))

@@ -245,13 +245,20 @@ class ExecutorchExporter(HfExporter):
 
     def before_capture(self, session: CaptureSession) -> None:
         """Stage ``dynamic_shapes``: a batch-1 sample is traced at batch 2
-        (:func:`hfexport.batching.widen_unit_batch`; ``session.inputs`` become the trace inputs),
-        and every dynamic axis gets a role and bounds (:func:`hfexport_executorch.bounds.plan_dynamic_shapes`)."""
+        (:func:`hfexport.batching.widen_unit_batch`; ``session.inputs`` become the trace inputs,
+        in contiguous memory: the program keeps each input's dim order from the sample, and the
+        runtime is given row-major buffers, :func:`hfexport.tensors.contiguous_leaf_tensors`), and
+        every dynamic axis gets a role and bounds (:func:`hfexport_executorch.bounds.plan_dynamic_shapes`)."""
+        from hfexport.tensors import contiguous_leaf_tensors
+
         assert isinstance(session, ExecutorchCapture)
         with session.report.stage("dynamic_shapes"):
             trace_inputs, widened = widen_unit_batch(session.inputs, session.config)
             if widened:
                 session.report.extra["trace_inputs"] = widened
+            # a transposed sample (RecurrentGemma's convolution state from the prefill) would give the
+            # program an input of dim order [0, 2, 1], while the runner passes row-major buffers
+            trace_inputs = contiguous_leaf_tensors(trace_inputs)
             session.inputs = trace_inputs
             session.dynamic = bounds.plan_dynamic_shapes(session.model, trace_inputs, session.config)
 

@@ -48,6 +48,7 @@ __all__ = [
     "CacheLayerState",
     "cache_layer_state",
     "cast_leaf_tensors",
+    "contiguous_leaf_tensors",
     "duplicate_leaf_tensors",
     "get_leaf_tensors",
     "register_cache_layer_state",
@@ -390,6 +391,24 @@ def duplicate_leaf_tensors(obj: Any) -> Any:
         The copy; ``get_leaf_tensors`` gives the same paths, shapes, dtypes and values on it.
     """
     return _map(obj, _memoized(_clone), "")
+
+
+def contiguous_leaf_tensors(obj: Any) -> Any:
+    """Return the structure with every tensor in contiguous (row-major) memory.
+
+    A tensor that already is contiguous is shared, not copied; a strided view (a transposed state
+    a model returned) becomes a contiguous copy with the same shape, dtype, device and values.
+    Aliased tensors stay aliased. Backends whose runtime reads input buffers in row-major order
+    capture on these: ``torch.export`` records each input's strides from the sample, and a program
+    traced on a transposed sample expects its input in that layout.
+
+    Args:
+        obj: the structure (see :func:`get_leaf_tensors` for what is walked).
+
+    Returns:
+        A rebuilt structure (the input is not modified).
+    """
+    return _map(obj, _memoized(lambda tensor: tensor.contiguous()), "")
 
 
 def _update_cache_metadata(obj: Any, dtype: torch.dtype | None, device: torch.device | None) -> None:

@@ -27,6 +27,7 @@ __all__ = [
     "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
     "layer_norm_in_float32",
+    "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
     "runtime_assertions_dropped_before_edge",
     "sort_as_topk",
@@ -360,6 +361,104 @@ def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     node.replace_all_uses_with(topk)
     gm.graph.erase_node(node)
     return True
+
+
+def _can_be_negative(value: object) -> bool:
+    """Whether a symbolic integer's range, as the shape environment bounds it, reaches below 0."""
+    node = getattr(value, "node", None)
+    shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+    if shape_env is None or expr is None:
+        return False
+    return bool(shape_env.bound_sympy(expr).lower < 0)
+
+
+def _never_negative(value: object) -> bool:
+    """Whether a symbolic integer (or int) is >= 0 over the whole range the shape environment gives it."""
+    if isinstance(value, int):
+        return value >= 0
+    node = getattr(value, "node", None)
+    shape_env, expr = getattr(node, "shape_env", None), getattr(node, "expr", None)
+    if shape_env is None or expr is None:
+        return False
+    return bool(shape_env.bound_sympy(expr).lower >= 0)
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "pad by (p + n) then slice n off, for an aten.constant_pad_nd whose symbolic left pad p may be negative "
+        "(a crop) while p + n, n the padded axis's size, never is: the runtime's constant_pad_nd refuses negative "
+        "pads (error 0x12) where eager crops; RecurrentGemma keeps its convolution state as pad(x, (w - 1 - L, 0))"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/18018",
+    # executorch 1.4.1 kernels/portable/cpu/util/kernel_ops_util.cpp check_constant_pad_args: pad[i] >= 0
+    versions={"executorch": ">=1.3"},
+)
+def left_crop_of_constant_pad_as_pad_and_slice(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.constant_pad_nd(x, [..., p, r, ...], value)`` (or ``aten.pad`` in ``"constant"``
+    mode, as ``torch.export`` records ``torch.nn.functional.pad``) with a symbolic left pad ``p`` that
+    may be negative as ``aten.slice(aten.constant_pad_nd(x, [..., p + n, r, ...], value), dim, n)``,
+    ``n = x.size(dim)``.
+
+    ``torch.nn.functional.pad`` with a negative amount crops, and models use it to keep the last
+    ``k`` steps of a sequence whatever its length: RecurrentGemma's recurrent block stores its
+    convolution state as ``pad(x, (conv1d_width - 1 - seq_len, 0))`` (zeros before a short prompt,
+    the last ``conv1d_width - 1`` steps of a long one). The ExecuTorch runtime's ``constant_pad_nd``
+    kernel checks ``pad[i] >= 0`` (added by https://github.com/pytorch/executorch/pull/18018 against
+    the out-of-bounds writes negative pads caused) and fails the method with error 0x12
+    (InvalidArgument) at a prompt longer than the state; XNNPACK does not take negative pads either
+    (https://github.com/pytorch/executorch/issues/12456). Padding by ``p + n`` puts ``n`` more zeros
+    before the axis, and dropping the first ``n`` positions gives what the crop or the pad gave:
+    for ``p >= 0`` the ``n`` extra zeros, for ``p < 0`` the ``p + n`` zeros and the first ``-p`` steps.
+    Values are unchanged. Applies only when the shape environment bounds ``p`` below 0 and ``p + n``
+    at 0 or above; right pads and constant pads are left alone.
+
+    Returns:
+        True when the node was rewritten.
+    """
+    if node.target is torch.ops.aten.pad.default:
+        mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("mode", "constant")
+        if mode != "constant":
+            return False
+    elif node.target is not torch.ops.aten.constant_pad_nd.default:
+        return False
+    source, pad = node.args[0], list(node.args[1])
+    val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return False
+    for index in range(0, len(pad), 2):  # left pads: pad[2k] applies before axis ndim - 1 - k
+        amount = pad[index]
+        amount_val = amount.meta.get("val") if isinstance(amount, torch.fx.Node) else amount
+        if not isinstance(amount_val, torch.SymInt) or not _can_be_negative(amount_val):
+            continue
+        dim = val.dim() - 1 - index // 2
+        size = val.shape[dim]
+        if not _never_negative(amount_val + size):
+            continue
+        with gm.graph.inserting_before(node):
+            if isinstance(size, torch.SymInt):
+                size_node: object = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
+                size_node.meta["val"] = size  # type: ignore[attr-defined]
+            else:
+                size_node = int(size)
+            widened = gm.graph.call_function(operator.add, (amount, size_node))
+            widened.meta["val"] = amount_val + size
+            pad[index] = widened
+            # meta values built, not computed: fake-running a slice at a symbolic start guards on it
+            # and would specialise the axis
+            padded = gm.graph.call_function(node.target, (source, pad, *node.args[2:]), dict(node.kwargs))
+            cropped = gm.graph.call_function(torch.ops.aten.slice.Tensor, (padded, dim, size_node))
+        out_val = node.meta.get("val")
+        padded.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        cropped.meta = dict(node.meta)
+        if isinstance(out_val, torch.Tensor):
+            shape = list(out_val.shape)
+            shape[dim] = shape[dim] + size
+            padded.meta["val"] = out_val.new_empty(shape)
+        node.replace_all_uses_with(cropped)
+        gm.graph.erase_node(node)
+        return True
+    return False
 
 
 def _constant_size(size: int | torch.SymInt) -> int | None:
