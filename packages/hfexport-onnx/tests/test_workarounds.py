@@ -352,3 +352,37 @@ def test_scalar_minus_integer_mask_translates_with_the_fix_and_runs_at_two_shape
         (got,) = session.run(None, dict(zip(names, (xs.numpy(), masks.numpy()))))
         assert got.dtype.name == "float32" and got.shape == (*shape, 4)
         torch.testing.assert_close(torch.from_numpy(got), model(xs, masks), atol=ATOL, rtol=ATOL)
+
+
+class _EpsilonShift(torch.nn.Module):
+    """CHMv2's bin weights in small: ``relu(x) + 1e-8`` normalised over the bins, uniform where
+    every logit is <= 0."""
+
+    def forward(self, x):
+        shifted = torch.relu(x) + 1e-8
+        return shifted / shifted.sum(dim=1, keepdim=True)
+
+
+def test_an_epsilon_added_is_not_dropped_as_a_no_op_add():
+    """issue 28 (chmv2): onnxscript's Add(x, 0) -> x rule matched the constant 1e-8 (its pattern
+    constants match within abs_tol 1e-8); with ``identity_constants_match_exactly`` the Add stays and
+    the weights are eager's 1/4, not 0/0."""
+    from onnxscript.rewriter import rewrite
+
+    name = "hfexport_onnx.workarounds.patches.identity_constants_match_exactly"
+    entry = next(e for e in registry.entries("onnx", kind="patch") if e.name == name)
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    x = -torch.rand(2, 4, 3, generator=torch.Generator().manual_seed(0)) - 0.1  # every logit < 0
+    program = OnnxExporter().export(_EpsilonShift(), {"x": x}, OnnxConfig(dynamic=False))
+    got = OnnxRuntimeRunner(program)({"x": x})
+    (out,) = got.values()
+    torch.testing.assert_close(torch.as_tensor(out), torch.full((2, 4, 3), 0.25), atol=1e-6, rtol=0)
+    # the upstream behaviour the patch works around: the same rules outside it drop the Add
+    import onnx_ir as ir
+
+    exported = torch.onnx.export(_EpsilonShift(), (x,), dynamo=True, optimize=False)
+    model = ir.from_proto(ir.to_proto(exported.model))
+    adds = sum(node.op_type == "Add" for node in model.graph)
+    rewrite(model)
+    assert sum(node.op_type == "Add" for node in model.graph) == adds - 1

@@ -577,6 +577,34 @@ def test_guards_written_with_math_ceil_are_evaluated():
     assert (height["status"], height["max"], height["note"]) == ("static", 32, "model-fixed")
 
 
+class _QuarterScalePatches(torch.nn.Module):
+    """DepthPro's image pyramid in small: the image scaled by 0.25, then cut into 4x4 patches looped
+    over in Python; torch writes the guards on the scaled size with ``torch.sym_float``."""
+
+    def forward(self, pixel_values):
+        small = torch.nn.functional.interpolate(pixel_values, scale_factor=0.25, mode="bilinear")
+        out = small[:, :, :1, :1] * 0
+        for i in range(small.shape[3] // 4):
+            out = out + small[:, :, :1, 4 * i : 4 * i + 1]
+        return out
+
+
+def test_guards_written_with_torch_sym_float_are_evaluated():
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.program_axes import guards_accept
+    from hfexport.report import ExportReport
+
+    inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    report = ExportReport(export_format="dynamo")
+    program = capture(_QuarterScalePatches(), inputs, DynamoConfig(dynamic=True), report)
+    assert any("torch.sym_float" in guard for guard in program._guards_code)
+    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
+    assert guards_accept(program, {"pixel_values": (2, 3, 32, 64)}) is False
+    width = next(e for e in report.dynamic_axes if e["meaning"] == "image width")
+    assert (width["status"], width["max"], width["note"]) == ("static", 32, "model-fixed")
+
+
 def test_compare_outputs_works_in_chunks_and_keeps_allclose_semantics(monkeypatch):
     """Large outputs are compared in float64 chunks (a real LM's logits are 30M elements): a
     difference in the last chunk, NaNs, infinities and padding behave as torch.allclose does."""

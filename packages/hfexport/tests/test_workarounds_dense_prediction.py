@@ -145,3 +145,39 @@ def test_eomt_captures_its_mask_branch_and_matches_eager_at_another_batch():
     assert got.masks_queries_logits.shape == (3, 10, 16, 16)
     for name in ("masks_queries_logits", "class_queries_logits"):
         torch.testing.assert_close(got[name], expected[name], atol=1e-4, rtol=1e-4)
+
+
+def test_depth_pro_program_takes_another_batch_and_matches_eager():
+    """issue 28: DepthPro's patch encoder counted its patches with len(), which fixed the batch
+    (Eq(batch, 2)); with the patch the batch stays symbolic and the numbers are eager's."""
+    name = f"{dense_prediction.__name__}.depth_pro_patch_counts_stay_symbolic"
+    entry = next(e for e in registry.entries(dense_prediction.KEY, kind="patch") if e.name == name)
+    assert entry.paths == dense_prediction.DEPTH_PRO_PATCH_ENCODER_TARGETS
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    model, inputs = tiny_model("depth_pro", "depth-estimation")
+    assert dense_prediction.capture_key(model) == dense_prediction.KEY
+    module = importlib.import_module("transformers.models.depth_pro.modeling_depth_pro")
+    dynamic = {"pixel_values": {0: torch.export.Dim.AUTO}}
+    with torch.no_grad():
+        with apply_patches(dense_prediction.KEY):
+            program = torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+        assert "len" not in module.__dict__  # the global is gone again
+        for batch in (1, 3):
+            grown = {
+                "pixel_values": torch.randn(batch, 3, 32, 32, generator=torch.Generator().manual_seed(batch))
+            }
+            expected = model(**grown).predicted_depth
+            got = program.module()(**grown).predicted_depth
+            assert got.shape == expected.shape == (batch, 64, 64)
+            assert float(expected.abs().max()) > 1e-2  # not a parity of zeros
+            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.extended  # ~5 s quiet; says when transformers' DepthPro no longer needs the patch
+def test_depth_pro_program_fixes_the_batch_without_the_patch():
+    model, inputs = tiny_model("depth_pro", "depth-estimation")
+    dynamic = {"pixel_values": {0: torch.export.Dim.AUTO}}
+    with torch.no_grad():
+        program = torch.export.export(model, (), dict(inputs), dynamic_shapes=dynamic, strict=False)
+    assert not program.range_constraints  # Eq(batch, 2): no symbol left

@@ -15,6 +15,8 @@ validation keeps such axes at their size (:func:`hfexport.validation.derive_seco
 from __future__ import annotations
 
 import math
+import operator
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -225,12 +227,26 @@ def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | N
     if not code:
         return None
     inputs = {"L": {k: _Sized(v) for k, v in shapes.items()}}
-    scope = {"__builtins__": {}, "max": max, "min": min, "math": math}  # torch writes ceil as math.ceil
+    # torch writes ceil as math.ceil, a float size as torch.sym_float (DepthPro's image pyramid:
+    # math.trunc(0.25 * torch.sym_float(width)) == 8)
+    scope = {"__builtins__": {}, "max": max, "min": min, "math": math, "torch": _GUARD_TORCH}
     try:
         return all(bool(eval(expr, scope, inputs)) for expr in _compiled(tuple(code)))
     except Exception:  # a guard outside shape arithmetic: undecided
         return None
 
+
+#: The ``torch`` names a guard expression calls, on plain Python numbers (torch's own ``sym_*``
+#: functions are the same operations on concrete ints and floats).
+_GUARD_TORCH = types.SimpleNamespace(
+    sym_float=float,
+    sym_int=int,
+    sym_max=max,
+    sym_min=min,
+    sym_sqrt=math.sqrt,
+    sym_not=operator.not_,
+    sym_ite=lambda condition, then, otherwise: then if condition else otherwise,
+)
 
 _COMPILED: dict[tuple[str, ...], list[Any]] = {}
 

@@ -12,10 +12,12 @@ batch axes) are worked around by the core capture itself, see :mod:`hfexport.wor
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from hfexport.registry import register_patch
@@ -27,6 +29,7 @@ __all__ = [
     "adaptive_bins",
     "custom_translations_may_take_complex_inputs",
     "eager_experts_as_grouped_matmul",
+    "identity_constants_match_exactly",
     "rewrite_rules_forget_the_graph",
     "split_of_run_time_chunks_not_folded",
 ]
@@ -147,6 +150,53 @@ def rewrite_rules_forget_the_graph(original: Callable[..., Any]) -> Callable[...
     match.__doc__ = original.__doc__
     match.__wrapped__ = original  # type: ignore[attr-defined]
     return match
+
+
+#: the constants a rewrite pattern names as the identity of an operation (``x + 0``, ``x * 1``):
+#: the no-op rules drop the operation, which is exact only when the graph's constant is that value
+IDENTITY_CONSTANTS: frozenset[float] = frozenset({0.0, 1.0})
+
+
+@register_patch(
+    "onnx",
+    "onnxscript.rewriter._matcher.SimplePatternMatcher._match_constant",
+    description=(
+        "a rewrite pattern's constant 0 or 1 matches only exactly 0 or 1, not within the default abs_tol 1e-8 / "
+        "rel_tol 1e-5: the no-op rule Add(x, 0) -> x dropped CHMv2's `+ 1e-8` shift and its depth moved by 5.6e-2"
+    ),
+    # no upstream issue found: the URL names the tolerances of the pattern constant
+    issue="https://github.com/microsoft/onnxscript/blob/main/onnxscript/rewriter/_pattern_ir.py",
+    versions={"onnxscript": ">=0.5"},
+)
+def identity_constants_match_exactly(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``SimplePatternMatcher._match_constant`` so an identity constant matches exactly.
+
+    A pattern's scalar constant (``onnxscript.rewriter._pattern_ir.Constant``) matches a graph
+    constant within ``math.isclose(rel_tol=1e-5, abs_tol=1e-8)``. For the optimizer's no-op rules
+    (``x + 0``, ``x - 0``, ``x * 1``, ``x / 1`` -> ``x``, run by ``ONNXProgram.optimize()``) that
+    removes operations that are not no-ops: CHMv2's depth head adds ``1e-8`` to its shift so a
+    pixel whose bin logits are all 0 gets uniform weights; with the ``Add`` dropped the weights
+    are ``0 / 0`` clamped, and the depth moved by 5.6e-2 (2.1e-3 relative) on the tiny model while
+    the translated graph matched eager to 3e-5. When the pattern's value (every element of a list
+    value) is 0 or 1 (:data:`IDENTITY_CONSTANTS`) and the original accepted the graph constant,
+    the wrapper also requires the graph constant to equal it exactly; other constants keep the
+    original's tolerance (fusion patterns that name 0.044715 or sqrt(2) still match).
+    """
+
+    @functools.wraps(original)
+    def match_constant(self: Any, pattern_constant: Any, value: Any) -> bool:
+        if not original(self, pattern_constant, value):
+            return False
+        expected = pattern_constant.value
+        wanted = list(expected) if isinstance(expected, (list, tuple)) else [expected]
+        if not all(isinstance(v, (int, float)) and float(v) in IDENTITY_CONSTANTS for v in wanted):
+            return True
+        got = np.asarray(value.const_value.numpy()).reshape(-1)
+        if got.size != len(wanted) or any(float(g) != float(w) for g, w in zip(got, wanted, strict=True)):
+            return self.fail(f"Constant value mismatch: expected exactly {expected}, got {got.tolist()}.")
+        return True
+
+    return match_constant
 
 
 def _is_unknown_scalar_split(node: Any) -> bool:

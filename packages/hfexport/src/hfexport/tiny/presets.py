@@ -14,7 +14,7 @@ tasks come from transformers' auto mappings. ``attn_implementation`` (optional) 
 default ``"sdpa"``. ``init="variance_preserving"`` (optional) redraws the built model's weight
 matrices at fan-in scale and sets its batch-norm scales to 1 (:func:`hfexport.tiny.models.
 variance_preserving_init`), for types whose upstream initializer makes the activations vanish
-through deep convolution stacks. ``reason`` says why the entry exists.
+through deep convolution stacks (or grow, as DepthPro's fusion stages and head do). ``reason`` says why the entry exists.
 """
 
 from __future__ import annotations
@@ -455,7 +455,12 @@ PRESETS.update(
         "depth_pro": Preset(
             config={"intermediate_hook_ids": [1, 0]},
             reason="the patch encoder taps hidden states intermediate_hook_ids (default [11, 5] of 24 "
-            "layers), past the 2-layer tiny stack (IndexError); the tiny stack's layers 1 and 0",
+            "layers), past the 2-layer tiny stack (IndexError); the tiny stack's layers 1 and 0. Weights "
+            "redrawn variance-preserving: with the configured draw the fusion stages and the head grow "
+            "the activations to a depth of 813 (std 101) on 32x32 noise, where float32 reordering alone "
+            "(torch's own run_decompositions) moves near-zero depths by 1.4e-3, over the 1e-4 atol; "
+            "redrawn, the depth peaks at 0.61 and the same reordering moves it by 5e-7",
+            init="variance_preserving",
         ),
         "sapiens2": Preset(
             config={

@@ -14,6 +14,10 @@ against runs the original code.
   size symbolic: it guards ``trunc(sqrt((height // p) * (width // p))) == 4`` and the program only
   takes the sample's image size. The patch hands the stage the grid the embeddings were built on,
   ``(height // patch_size, width // patch_size)``.
+- :func:`depth_pro_patch_counts_stay_symbolic`: DepthPro's patch encoder counts the patches of
+  each pyramid level with Python's ``len()``, which must return an int: ``torch.export`` fixes the
+  batch (``Eq(batch, 2)``) and the program takes the sample's batch only. While the encoder runs,
+  the count is the patch tensor's leading size instead (symbolic while tracing).
 - :func:`eomt_mask_probabilities_as_numbers` with the input preparer
   :func:`eomt_mask_probabilities_before_capture`: EoMT's forward decides per query block whether to
   build the masked attention from the values of its ``attn_mask_probs`` buffer (``probs[i] > 0``,
@@ -24,8 +28,10 @@ against runs the original code.
 
 from __future__ import annotations
 
+import builtins
 import contextvars
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,11 +44,13 @@ from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
     "DENSE_PREDICTION_MODULES",
+    "DEPTH_PRO_PATCH_ENCODER_TARGETS",
     "DPT_HEAD_TARGETS",
     "DPT_REASSEMBLE_TARGETS",
     "EOMT_FORWARD_TARGETS",
     "KEY",
     "capture_key",
+    "depth_pro_patch_counts_stay_symbolic",
     "dpt_head_records_patch_grid",
     "dpt_patch_grid_from_image",
     "eomt_mask_probabilities_as_numbers",
@@ -59,6 +67,7 @@ DENSE_PREDICTION_MODULES: tuple[str, ...] = (
     "transformers.models.dpt.modeling_dpt",
     "transformers.models.eomt.modeling_eomt",
     "transformers.models.eomt_dinov3.modeling_eomt_dinov3",
+    "transformers.models.depth_pro.modeling_depth_pro",
 )
 
 _TRANSFORMERS = {"transformers": ">=5.23,<6"}
@@ -189,6 +198,65 @@ def dpt_patch_grid_from_image(original: Callable[..., Any]) -> Callable[..., Any
         if grid is not None and patch_height is None and patch_width is None:
             patch_height, patch_width = grid
         return original(self, hidden_states, patch_height, patch_width)
+
+    return forward
+
+
+# --------------------------------------------------------------------------------------------
+# DepthPro: the patch counts of the image pyramid
+# --------------------------------------------------------------------------------------------
+
+#: the encoder whose forward counts each pyramid level's patches with ``len()``
+DEPTH_PRO_PATCH_ENCODER_TARGETS: tuple[str, ...] = (
+    "transformers.models.depth_pro.modeling_depth_pro.DepthProPatchEncoder.forward",
+)
+
+
+def _leading_size(obj: Any) -> Any:
+    """``len()`` that answers a tensor's leading size as it is (a ``SymInt`` while tracing)."""
+    if isinstance(obj, torch.Tensor):
+        if obj.dim() == 0:
+            raise TypeError("len() of a 0-d tensor")
+        return obj.shape[0]
+    return builtins.len(obj)
+
+
+@register_patch(
+    BACKEND,
+    *DEPTH_PRO_PATCH_ENCODER_TARGETS,
+    description=(
+        "DepthPro: the patch encoder counts each pyramid level's patches as the patch tensor's leading size, "
+        "not len(), whose int result made torch.export fix the batch to the sample's (no upstream issue found)"
+    ),
+    issue="https://github.com/huggingface/transformers/blob/v5.0.0/src/transformers/models/depth_pro/modeling_depth_pro.py",
+    versions=_TRANSFORMERS,
+)
+def depth_pro_patch_counts_stay_symbolic(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``DepthProPatchEncoder.forward`` while capturing.
+
+    The encoder cuts each scaled image of its pyramid into ``[batch * patches, 3, p, p]`` patches,
+    records every level's count as ``len(level)`` and later splits the encoded patches by those
+    counts (``torch.split_with_sizes``). ``len()`` must return a Python int, so on a symbolic batch
+    ``torch.export`` evaluates the count to the sample's and installs ``Eq(batch, 2)``: the program
+    refuses every other batch. While the original forward runs, the replacement binds the name
+    ``len`` in the modeling module's globals to :func:`_leading_size` (a tensor's ``shape[0]``,
+    symbolic while tracing; anything else the builtin's answer) and removes it afterwards, also on
+    error. The split sizes are the same numbers as eager's.
+    """
+    module = sys.modules[original.__module__]
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        had = "len" in module.__dict__
+        saved = module.__dict__.get("len")
+        module.len = _leading_size  # type: ignore[attr-defined]
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            if had:
+                module.len = saved  # type: ignore[attr-defined]
+            else:
+                del module.len
 
     return forward
 
