@@ -257,3 +257,26 @@ def test_packed_attention_patch_matches_both_projection_layouts():
             with apply_patches(vision_language.KEY):
                 got = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    # InstructBLIP (its Q-Former instruction a dynamic text axis of the image features): 28 s loaded
+    ["blip-2", pytest.param("instructblip", marks=pytest.mark.extended)],
+)
+def test_inner_language_model_generate_is_split_and_generates_like_generate(model_type):
+    # BLIP-2's / InstructBLIP's generate() encodes the image, merges it at the image tokens and calls
+    # its language model's generate(), never its own forward (was: "called the top-level forward 0
+    # time(s)"); the inner OPTForCausalLM's forward calls are the prefill and decode steps
+    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
+
+    model, inputs = tiny_model(model_type, TASK)
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    assert parts["decode"][0] is model.language_model
+    assert parts["language_model"][0] is model.language_model.get_decoder()
+    assert list(parts.plan.features) == [str(model.config.image_token_id)]
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
