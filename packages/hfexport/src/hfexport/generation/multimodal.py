@@ -555,13 +555,14 @@ def decompose_multimodal(
     except RuntimeError as exc:
         if not generator_is_part or "bypasses its forward" not in str(exc):
             raise
-        # the inner generative model is the split's language model itself (Kosmos-2's
-        # Kosmos2TextForCausalLM): it merges the image features inside its own forward
+        # the inner generative model is the split's language model itself and takes the image
+        # features as an input of its own (Kosmos-2's image_embeds at image_embeds_position_mask,
+        # BLIP's cross-attention encoder_hidden_states), not merged at placeholder token ids
         raise RuntimeError(
             f"{type(model).__name__}.generate() hands the image features to {type(generator).__name__}.generate(), "
-            "which is also the split's language model and merges them inside its forward (at "
-            "image_embeds_position_mask, not at placeholder token ids): no embed_tokens / language_model / "
-            "lm_head split applies"
+            "which is also the split's language model and takes them as an input of its own (image_embeds, "
+            "encoder_hidden_states), not at placeholder token ids: the embed_tokens / language_model / lm_head "
+            "split does not apply (an image_encoder + prefill/decode split of that inner model is not built yet)"
         ) from exc
     calls, outputs = recording.capture.calls, recording.capture.outputs
     _drop_unused_modalities(layout, parts, calls)
