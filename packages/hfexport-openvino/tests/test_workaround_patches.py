@@ -97,3 +97,27 @@ def test_grouped_query_attention_is_captured_with_repeated_heads():
     assert [k.get("enable_gqa", False) for k in _sdpa_kwargs(patched)] == [False]
     x2 = torch.randn(1, 16, 32)
     torch.testing.assert_close(patched.module()(x2), model(x2), rtol=1e-5, atol=1e-6)
+
+
+class _ItemSizedView(torch.nn.Module):
+    """A size read out of an int32 tensor (MiniMax-M3-VL's per-image patch counts from its grid)."""
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        n = counts[0].item()
+        torch._check(n * 4 == x.shape[1])
+        return x.view(2, n, 4) * 2.0
+
+
+def test_scalar_sizes_are_read_from_int64_tensors():
+    # OpenVINO kept the int32 element type of such a size, and MiniMax-M3-VL's image encoder failed
+    # to convert ("failed FX node(s): view_13 (aten.view.default)": an i32 size among i64 constants)
+    from hfexport.registry import apply_fx_node_fixes
+
+    x, counts = torch.randn(2, 12), torch.tensor([3], dtype=torch.int32)
+    program = torch.export.export(_ItemSizedView(), (x, counts), strict=False).run_decompositions()
+    applied = apply_fx_node_fixes("openvino", program.graph_module)
+    assert "hfexport_openvino.workarounds.fx_fixes.scalar_sizes_from_int64" in applied
+    (item,) = [n for n in program.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+    assert item.args[0].target is torch.ops.aten._to_copy.default
+    assert item.args[0].meta["val"].dtype == torch.int64
+    torch.testing.assert_close(program.module()(x, counts), x.view(2, 3, 4) * 2.0)
