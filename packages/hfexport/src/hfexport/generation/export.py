@@ -174,7 +174,7 @@ def _encoder_shapes(
     ``get_image_features`` as one component (:class:`hfexport.generation.multimodal.ImageFeatures`)
     varies along the image axis only: the image size is the model's (its position embeddings);
     a text it also reads (InstructBLIP's Q-Former instruction ``qformer_input_ids``, whose role has
-    a sequence axis) varies along that axis too."""
+    a sequence axis) varies along that axis too, up to the model's maximum positions."""
     from hfexport.generation.multimodal import ImageFeatures
 
     features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
@@ -192,13 +192,18 @@ def _encoder_shapes(
         return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, leading_axis_only))
     from torch.export import Dim
 
-    from hfexport.conventions import TEXT, input_role
+    from hfexport.conventions import TEXT, input_role, max_positions
+
+    # bounded by the model's positions, so a backend that plans memory (ExecuTorch) does not plan
+    # the text at the sample's length
+    limit, _ = max_positions(getattr(module, "config", None))
+    text_axis = Dim.AUTO(min=1, max=int(limit)) if limit else Dim.AUTO
 
     def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
         role = input_role(path, tensor.dim())
         axes = leading_axis_only(path, tensor) or {}
         if role is not None and role.modality == TEXT and role.sequence_axis is not None:
-            axes[role.sequence_axis] = Dim.AUTO
+            axes[role.sequence_axis] = text_axis
         return axes or None
 
     return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
