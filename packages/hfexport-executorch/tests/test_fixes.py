@@ -410,3 +410,33 @@ def test_a_transposed_sample_input_is_captured_in_row_major_memory():
     assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
     (out,) = exporter.runner(program)(inputs).values()
     assert torch.equal(out, model(**inputs))
+
+
+class _ConcatByEmpty(torch.nn.Module):
+    """Mistral-4's ``expand_kv``: one tensor made by ``new_empty`` and filled by two slice copies."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = a.new_empty(*a.shape[:-1], a.shape[-1] + b.shape[-1])
+        out[..., : a.shape[-1]].copy_(a)
+        out[..., a.shape[-1] :].copy_(b)
+        return out * 2.0
+
+
+def test_dynamic_empty_as_full_keeps_batch_and_length_dynamic_through_to_edge():
+    """Without the fix to_edge pins batch and length to the sample's (2, 8): ``_empty_dim_order``
+    takes ``int[] size`` (issue 28, Mistral-4's prefill refused batch 3)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    a, b = torch.randn(2, 4, 8, 16), torch.randn(2, 4, 8, 8)
+    batch, length = Dim("batch", min=1, max=8), Dim("length", min=1, max=64)
+    shapes = ({0: batch, 2: length}, {0: batch, 2: length})
+    program = torch.export.export(_ConcatByEmpty(), (a, b), dynamic_shapes=shapes, strict=False)
+    applied = apply_fx_node_fixes("executorch", program.graph_module)
+    assert "hfexport_executorch.workarounds.fx_fixes.dynamic_empty_as_full" in applied
+    assert not [n for n in program.graph.nodes if n.target is torch.ops.aten.new_empty.default]
+    edge = to_edge_transform_and_lower(program)
+    uppers = sorted(int(r.upper) for r in edge.exported_program().range_constraints.values())
+    assert uppers == [8, 64]
+    a3, b3 = torch.randn(3, 4, 11, 16), torch.randn(3, 4, 11, 8)
+    actual = edge.exported_program().module()(a3, b3)
+    torch.testing.assert_close(actual, torch.cat([a3, b3], dim=-1) * 2.0)

@@ -57,3 +57,67 @@ def test_reference_grid_leaves_no_sym_float_for_the_frontend():
     with apply_patches("openvino"):
         assert _sym_float_nodes(owner) == []
     assert _sym_float_nodes(owner)  # the original is back
+
+
+class _GroupedQueryAttention(torch.nn.Module):
+    """transformers' SDPA integration over 4 query heads and 2 key/value heads, no mask (LFM3-VL's
+    vision encoder)."""
+
+    is_causal = False
+    num_key_value_groups = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q = torch.nn.Linear(32, 32)
+        self.kv = torch.nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        length = x.shape[1]
+        q = self.q(x).view(1, length, 4, 8).transpose(1, 2)
+        k, v = self.kv(x).view(1, length, 2, 16).transpose(1, 2).split(8, dim=-1)
+        out, _ = sdpa_attention_forward(self, q, k.contiguous(), v.contiguous(), None, scaling=8**-0.5)
+        return out.reshape(1, length, 32)
+
+
+def _sdpa_kwargs(program: torch.export.ExportedProgram) -> list[dict]:
+    return [dict(n.kwargs) for n in program.graph.nodes if "scaled_dot_product_attention" in str(n.target)]
+
+
+def test_grouped_query_attention_is_captured_with_repeated_heads():
+    # enable_gqa=True SDPA: the OpenVINO CPU plugin's snippet failed LFM3-VL's vision encoder at run
+    # time ("Incompatible MatMul batch dimension. Can't merge dim 4 with dim 2")
+    torch.manual_seed(0)
+    model, x = _GroupedQueryAttention().eval(), torch.randn(1, 16, 32)
+    plain = torch.export.export(model, (x,), strict=False)
+    assert [k.get("enable_gqa") for k in _sdpa_kwargs(plain)] == [True]
+    with apply_patches("openvino"):
+        patched = torch.export.export(model, (x,), strict=False)
+    assert [k.get("enable_gqa", False) for k in _sdpa_kwargs(patched)] == [False]
+    x2 = torch.randn(1, 16, 32)
+    torch.testing.assert_close(patched.module()(x2), model(x2), rtol=1e-5, atol=1e-6)
+
+
+class _ItemSizedView(torch.nn.Module):
+    """A size read out of an int32 tensor (MiniMax-M3-VL's per-image patch counts from its grid)."""
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        n = counts[0].item()
+        torch._check(n * 4 == x.shape[1])
+        return x.view(2, n, 4) * 2.0
+
+
+def test_scalar_sizes_are_read_from_int64_tensors():
+    # OpenVINO kept the int32 element type of such a size, and MiniMax-M3-VL's image encoder failed
+    # to convert ("failed FX node(s): view_13 (aten.view.default)": an i32 size among i64 constants)
+    from hfexport.registry import apply_fx_node_fixes
+
+    x, counts = torch.randn(2, 12), torch.tensor([3], dtype=torch.int32)
+    program = torch.export.export(_ItemSizedView(), (x, counts), strict=False).run_decompositions()
+    applied = apply_fx_node_fixes("openvino", program.graph_module)
+    assert "hfexport_openvino.workarounds.fx_fixes.scalar_sizes_from_int64" in applied
+    (item,) = [n for n in program.graph.nodes if n.target is torch.ops.aten._local_scalar_dense.default]
+    assert item.args[0].target is torch.ops.aten._to_copy.default
+    assert item.args[0].meta["val"].dtype == torch.int64
+    torch.testing.assert_close(program.module()(x, counts), x.view(2, 3, 4) * 2.0)

@@ -180,6 +180,9 @@ def test_old_call_sites_agree_with_the_table():
         # issue 28: image sizes per image (LLaVA-NeXT, Pixtral), Qwen3-VL's DeepStack placeholder mask
         "image_sizes",
         "visual_pos_masks",
+        # issue 28: InstructBLIP's Q-Former instruction
+        "qformer_input_ids",
+        "qformer_attention_mask",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

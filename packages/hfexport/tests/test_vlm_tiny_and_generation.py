@@ -257,3 +257,65 @@ def test_packed_attention_patch_matches_both_projection_layouts():
             with apply_patches(vision_language.KEY):
                 got = attention(hidden, bounds, position_embeddings=(angles.cos(), angles.sin()))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    # InstructBLIP (its Q-Former instruction a dynamic text axis of the image features): 28 s loaded
+    ["blip-2", pytest.param("instructblip", marks=pytest.mark.extended)],
+)
+def test_inner_language_model_generate_is_split_and_generates_like_generate(model_type):
+    # BLIP-2's / InstructBLIP's generate() encodes the image, merges it at the image tokens and calls
+    # its language model's generate(), never its own forward (was: "called the top-level forward 0
+    # time(s)"); the inner OPTForCausalLM's forward calls are the prefill and decode steps
+    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
+
+    model, inputs = tiny_model(model_type, TASK)
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["image_encoder", "embed_tokens", "language_model", "lm_head", "decode"]
+    assert parts["decode"][0] is model.language_model
+    assert parts["language_model"][0] is model.language_model.get_decoder()
+    assert list(parts.plan.features) == [str(model.config.image_token_id)]
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+
+
+def test_packed_attention_patch_matches_minimax_m3_vl_and_exports_for_any_image_count():
+    # MiniMax-M3-VL attends per image in a loop over torch.split(lengths.tolist()): the capture read
+    # each length as an unbacked size, which ExecuTorch's memory planning could not guard on (u223 < 1)
+    from torch.export import Dim
+
+    from hfexport.capture import capture_patch_key
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import vision_language
+
+    model, _ = tiny_model("minimax_m3_vl", TASK)
+    attention = next(m for m in model.modules() if type(m).__name__ == "MiniMaxM3VLVisionAttention")
+    assert capture_patch_key(attention) == vision_language.KEY
+
+    def sample(bounds, seed):
+        gen = torch.Generator().manual_seed(seed)
+        hidden = torch.randn(bounds[-1], attention.embed_dim, generator=gen)
+        angles = torch.randn(bounds[-1], attention.head_dim, generator=gen)
+        return hidden, torch.tensor(bounds, dtype=torch.int32), angles.cos(), angles.sin()
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention = attention
+
+        def forward(self, hidden, cu_seqlens, cos, sin):
+            return self.attention(hidden, cu_seqlens, position_embeddings=(cos, sin))[0]
+
+    rows, cuts = Dim("rows", min=2), Dim("cuts", min=4)
+    shapes = {"hidden": {0: rows}, "cu_seqlens": {0: cuts}, "cos": {0: rows}, "sin": {0: rows}}
+    with apply_patches(vision_language.KEY), torch.no_grad():
+        program = torch.export.export(Wrapped(), sample([0, 2, 5, 8], 0), dynamic_shapes=shapes)
+    for bounds in ([0, 2, 5, 8], [0, 4, 8, 12], [0, 3, 6, 9, 12]):
+        hidden, cu, cos, sin = sample(bounds, len(bounds))
+        with torch.no_grad():
+            expected = attention(hidden, cu, position_embeddings=(cos, sin))[0]
+            got = program.module()(hidden, cu, cos, sin)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -181,7 +181,8 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
         the batch up to the backend's batch bound; the new tokens, the mask and a growing cache's
         positions up to the model's maximum positions, or, with a static cache, up to
         ``max_cache_len - 1`` (transformers pads a shorter mask to the cache length and the trace keeps
-        that branch; the runner never feeds the last generated token back). A static cache's tensors
+        that branch; the runner never feeds the last generated token back). A sparse-attention indexer's 3-D
+        ``indexer_keys`` [batch, positions, dim] grow on axis 1 like the cache. A static cache's tensors
         vary along the batch only. A multimodal model's ``embed_tokens`` and ``language_model`` get the
     same batch and length bounds on their prompt inputs (``input``, ``inputs_embeds``, the mask and
     positions). Axes of size 1 in the sample stay static. Explicit
@@ -236,6 +237,10 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
             return axes({0: batch, 1: length}, tensor)
         if key == "cache" and tensor.dim() == 4:
             return axes({0: batch} if static else {0: batch, 2: length}, tensor)
+        if key == "cache" and tensor.dim() == 3 and path.endswith("keys"):
+            # a sparse-attention indexer's keys [batch, positions, head dim] (dots3_note's
+            # cache.layers.N.indexer_keys, issue 28): positions on axis 1
+            return axes({0: batch} if static else {0: batch, 1: length}, tensor)
         return None
 
     _, prepared, _ = prepare_for_export(module, kwargs)

@@ -125,6 +125,7 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
     in_paths, out_paths = program_io_paths(program)
     flags = program_output_flags(program)
     _drop_flag_parameters(ov_model, program, flags)
+    _drop_constant_parameters(ov_model, program, len(in_paths))
     if len(ov_model.inputs) != len(in_paths) or len(ov_model.outputs) != len(out_paths):
         raise RuntimeError(
             f"the OpenVINO model has {len(ov_model.inputs)} inputs / {len(ov_model.outputs)} outputs, the "
@@ -181,6 +182,36 @@ def _drop_flag_parameters(
             continue
         if not any(target for output in parameter.outputs() for target in output.get_target_inputs()):
             ov_model.remove_parameter(parameter)
+
+
+def _drop_constant_parameters(
+    ov_model: Any, program: torch.export.ExportedProgram, tensor_inputs: int
+) -> None:
+    """Remove the parameters ``openvino.convert_model`` made of the program's other constant
+    (non-tensor) inputs, those that are not output flags: a Mixture-of-Experts language model's
+    ``output_router_logits=False`` (Qwen3-VL-MoE, Qwen3.5-MoE, GLM-4.5V's text model, issue 28).
+
+    OpenVINO 2026.4 turns every ``ConstantArgument`` user input into a model parameter of dynamic
+    element type and rank that nothing reads; the model then has more inputs than the program has
+    tensor inputs and the runtime would ask for a value no caller has. Only unread parameters of
+    dynamic element type are removed, and no more of them than the model has inputs in excess, so a
+    tensor input the graph happens not to read is kept (its name is the program's).
+    """
+    excess = len(ov_model.inputs) - tensor_inputs
+    if excess <= 0:
+        return
+    if not any(
+        s.kind == InputKind.USER_INPUT and not isinstance(s.arg, TensorArgument)
+        for s in program.graph_signature.input_specs
+    ):
+        return
+    for parameter in list(ov_model.get_parameters()):
+        if excess <= 0:
+            break
+        unread = not any(target for output in parameter.outputs() for target in output.get_target_inputs())
+        if unread and parameter.get_element_type().is_dynamic():
+            ov_model.remove_parameter(parameter)
+            excess -= 1
 
 
 def io_names_from_model(ov_model: Any) -> IoNames:

@@ -26,6 +26,7 @@ __all__ = [
     "bound_unbounded_dynamic_ranges",
     "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
+    "dynamic_empty_as_full",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
@@ -198,6 +199,59 @@ def contiguous_attention_outputs(gm: torch.fx.GraphModule, node: torch.fx.Node) 
     clone.meta = {k: v for k, v in node.meta.items() if k != "val"}
     if isinstance(val, torch.Tensor):
         clone.meta["val"] = val.clone(memory_format=torch.contiguous_format)
+    return True
+
+
+_EMPTY_OPS = (torch.ops.aten.new_empty.default, torch.ops.aten.empty.memory_format)
+
+
+def _has_symbolic_size(size: Any) -> bool:
+    return isinstance(size, (list, tuple)) and any(isinstance(s, torch.fx.Node) for s in size)
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "an uninitialised tensor of a dynamic size (aten.new_empty / aten.empty.memory_format, Mistral-4's "
+        "key_states = kv.new_empty(...) filled by two slice copies) is created with aten.full(size, 0) instead: "
+        "to_edge turns empty into dim_order_ops._empty_dim_order, whose schema takes int[] size, not SymInt[], so "
+        "the conversion evaluates every symbolic size and pins batch and sequence to the sample's (executorch 1.4.1)"
+    ),
+    # no upstream issue filed yet; the schema is visible in the registry module
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/passes/dim_order_ops_registry.py",
+    versions={"executorch": ">=1.3"},
+)
+def dynamic_empty_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Rewrite ``aten.new_empty(x, size)`` / ``aten.empty.memory_format(size)`` with a symbolic
+    element in ``size`` to ``aten.full(size, 0)`` of the same dtype and device.
+
+    ExecuTorch's ``MemoryFormatOpsPass`` (run by ``to_edge``) replaces ``aten.empty.memory_format``
+    by ``dim_order_ops._empty_dim_order``, declared ``_empty_dim_order(int[] size, ...)`` in
+    ``exir/passes/dim_order_ops_registry.py`` (executorch 1.4.1): calling it on symbolic sizes
+    guards each to its hint (``Eq(s43, 2)``), so the whole program becomes static at the sample's
+    batch and length and the runtime refuses a larger input ("input_ids dimension 0 is 3, above the
+    upper bound 2", issue 28: Mistral-4's ``expand_kv``). ``aten.full`` takes ``SymInt[]`` and has no
+    memory format. An empty tensor's contents are undefined, so zeros are one valid content: the
+    values the model computes are unchanged.
+
+    Returns:
+        True when the node was replaced.
+    """
+    if node.target not in _EMPTY_OPS:
+        return False
+    size = node.args[1] if node.target is torch.ops.aten.new_empty.default else node.args[0]
+    if not _has_symbolic_size(size):
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        return False
+    with gm.graph.inserting_before(node):
+        full = gm.graph.call_function(
+            torch.ops.aten.full.default, (list(size), 0), {"dtype": val.dtype, "device": val.device}
+        )
+    full.meta = dict(node.meta)  # same fake value: shape, dtype, device, contiguous strides
+    node.replace_all_uses_with(full)
+    gm.graph.erase_node(node)
     return True
 
 

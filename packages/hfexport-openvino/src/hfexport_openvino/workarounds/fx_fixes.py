@@ -52,6 +52,7 @@ __all__ = [
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
+    "scalar_sizes_from_int64",
     "squeeze_static_unit_axes",
     "sym_min_max_as_tensor_ops",
     "sym_mod_as_floordiv",
@@ -100,6 +101,46 @@ def drop_empty_cat_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     if not any(getattr(x, "meta", {}).get("val", torch.empty(0)).dim() > 1 for x in kept):
         return False
     node.args = (kept, *node.args[1:])
+    return True
+
+
+_NARROW_INTEGERS = (torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "read a symbolic size out of an int64 tensor: aten._local_scalar_dense (tensor.item() / tolist()) "
+        "of an int32 tensor (MiniMax-M3-VL's per-image patch counts from grid_thw) becomes an i32 element "
+        "of a shape list whose other elements are i64, and OpenVINO's SequenceMark concat refuses to merge "
+        "the element types (failed FX node(s): aten.view.default)"
+    ),
+    # no upstream issue filed yet; reproduces with openvino 2026.4.1's torch.export frontend
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/core/src/op/concat.cpp",
+    versions={"openvino": ">=2026.0"},
+)
+def scalar_sizes_from_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Insert ``aten._to_copy(x, dtype=int64)`` before ``aten._local_scalar_dense(x)`` when ``x``
+    is a narrower integer tensor.
+
+    The scalar is a Python int (a ``SymInt``) in the program either way; only OpenVINO's frontend
+    keeps the tensor's element type for it, and a ``view`` whose size list mixes it with int64
+    constants fails to convert. The cast changes no value (every int32 fits in int64).
+
+    Returns:
+        True when the cast was inserted.
+    """
+    if node.target is not torch.ops.aten._local_scalar_dense.default or not node.args:
+        return False
+    source = node.args[0]
+    val = getattr(source, "meta", {}).get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype not in _NARROW_INTEGERS:
+        return False
+    with gm.graph.inserting_before(node):
+        cast = gm.graph.call_function(torch.ops.aten._to_copy.default, (source,), {"dtype": torch.int64})
+    cast.meta = {k: v for k, v in source.meta.items() if k != "val"}
+    cast.meta["val"] = val.to(torch.int64)
+    node.args = (cast, *node.args[1:])
     return True
 
 

@@ -5,6 +5,9 @@
   ``arange(size) + 0.5`` instead of ``linspace(0.5, size - 0.5, size)``, whose end point, a
   symbolic size minus a float, puts ``sym_float`` nodes in the program; OpenVINO's FX frontend has
   no conversion rule for them (``failed FX node(s): sym_float``).
+- :func:`grouped_query_attention_with_repeated_heads`: grouped-query attention captured with
+  repeated key/value heads instead of ``enable_gqa=True``, whose SDPA the CPU plugin fails to run
+  (LFM3-VL's vision encoder).
 """
 
 from __future__ import annotations
@@ -17,7 +20,13 @@ import torch
 
 from hfexport.registry import register_patch
 
-__all__ = ["BACKEND", "REFERENCE_GRID_TARGETS", "reference_grid_from_arange", "reference_points"]
+__all__ = [
+    "BACKEND",
+    "REFERENCE_GRID_TARGETS",
+    "grouped_query_attention_with_repeated_heads",
+    "reference_grid_from_arange",
+    "reference_points",
+]
 
 #: Registry key of these patches (the backend's own: installed for its capture only).
 BACKEND = "openvino"
@@ -100,3 +109,34 @@ def reference_grid_from_arange(original: Callable[..., Any]) -> Callable[..., An
     float32 values (linspace's step here is exactly 1), integer arithmetic on the symbol only.
     """
     return functools.wraps(original)(reference_points)
+
+
+@register_patch(
+    BACKEND,
+    "transformers.integrations.sdpa_attention.use_gqa_in_sdpa",
+    description=(
+        "grouped-query attention without a mask is captured with its key/value heads repeated (repeat_kv) "
+        "instead of scaled_dot_product_attention(enable_gqa=True), which the OpenVINO CPU plugin's SDPA "
+        'snippet fails at run time ("Incompatible MatMul batch dimension. Can\'t merge dim 4 with dim 2"; '
+        "LFM3-VL's vision encoder)"
+    ),
+    # no upstream issue filed yet; reproduces with openvino 2026.4.1 on CPU
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/common/snippets/src/shape_inference/shape_infer_instances.cpp",
+    versions={"openvino": ">=2026.0", "transformers": ">=5.0,<6"},
+)
+def grouped_query_attention_with_repeated_heads(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace transformers' ``use_gqa_in_sdpa`` while capturing: it answers False.
+
+    transformers' SDPA integration passes ``enable_gqa=True`` (fewer key/value heads than query
+    heads) when the call has no mask, and repeats the key/value heads itself (``repeat_kv``)
+    otherwise. OpenVINO 2026.4 converts the GQA form, but the CPU plugin's fused SDPA snippet then
+    fails shape inference at the first inference (an LFM3-VL vision encoder with 4 query and 2
+    key/value heads: "Incompatible MatMul batch dimension. Can't merge dim 4 with dim 2", issue 28).
+    The repeated heads are the same keys and values, so the outputs are those of the GQA call.
+    """
+
+    @functools.wraps(original)
+    def use_gqa_in_sdpa(attention_mask: Any, key: torch.Tensor, value: torch.Tensor) -> bool:
+        return False
+
+    return use_gqa_in_sdpa

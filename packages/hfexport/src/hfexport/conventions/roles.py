@@ -245,6 +245,10 @@ def _builtin_roles() -> list[InputRole]:
         # Qwen3-VL's DeepStack: where the image tokens sit, bool [batch, seq] (issue 28)
         _text("visual_pos_masks", "modality_types"),
         InputRole("cache_position", TEXT, "cache_positions", None, None, None, (), 1),
+        # InstructBLIP's Q-Former instruction [batch, instruction length] (issue 28): a text of its
+        # own, read by the image features only, whose length varies apart from the prompt's
+        InputRole("qformer_input_ids", TEXT, "ids", 0, 1, QUERIES, (), 2),
+        InputRole("qformer_attention_mask", TEXT, "mask", 0, 1, QUERIES, (), 2),
         _text("decoder_attention_mask", "mask", sequence=DECODER),
         _text("decoder_position_ids", "positions", sequence=DECODER),
         InputRole("pixel_mask", IMAGE, "mask", 0, None, None, (1, 2), 3),

@@ -172,7 +172,9 @@ def _encoder_shapes(
     the other axes (``pixel_values``' patch size ``C * T * P * P``, the 2 rotary coordinates) are
     fixed by the model, so they are kept static instead of ``Dim.AUTO``. Likewise the model's own
     ``get_image_features`` as one component (:class:`hfexport.generation.multimodal.ImageFeatures`)
-    varies along the image axis only: the image size is the model's (its position embeddings)."""
+    varies along the image axis only: the image size is the model's (its position embeddings);
+    a text it also reads (InstructBLIP's Q-Former instruction ``qformer_input_ids``, whose role has
+    a sequence axis) varies along that axis too, up to the model's maximum positions."""
     from hfexport.generation.multimodal import ImageFeatures
 
     features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
@@ -186,7 +188,25 @@ def _encoder_shapes(
     from hfexport.inputs import prepare_for_export
 
     _, prepared, _ = prepare_for_export(module, kwargs)
-    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, leading_axis_only))
+    if not features:
+        return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, leading_axis_only))
+    from torch.export import Dim
+
+    from hfexport.conventions import TEXT, input_role, max_positions
+
+    # bounded by the model's positions, so a backend that plans memory (ExecuTorch) does not plan
+    # the text at the sample's length
+    limit, _ = max_positions(getattr(module, "config", None))
+    text_axis = Dim.AUTO(min=1, max=int(limit)) if limit else Dim.AUTO
+
+    def rule(path: str, tensor: torch.Tensor) -> dict[int, Any] | None:
+        role = input_role(path, tensor.dim())
+        axes = leading_axis_only(path, tensor) or {}
+        if role is not None and role.modality == TEXT and role.sequence_axis is not None:
+            axes[role.sequence_axis] = text_axis
+        return axes or None
+
+    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
 
 
 #: Model types whose generation state is a recurrence (conv / SSM / RWKV / RG-LRU state), not a

@@ -33,6 +33,7 @@ __all__ = [
     "decompose_multimodal",
     "find_multimodal_layout",
     "image_feature_rows",
+    "inner_generator",
     "is_multimodal",
     "link_inputs",
 ]
@@ -134,7 +135,7 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     get_decoder = getattr(model, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
     if _is_submodule(model, decoder):
-        layout.language_model = decoder
+        layout.language_model = _base_decoder(decoder)
     head = getattr(model, "lm_head", None)
     if head is None and callable(getattr(model, "get_output_embeddings", None)):
         head = model.get_output_embeddings()
@@ -144,6 +145,41 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     if _is_submodule(model, embed):
         layout.embed_tokens = embed
     return layout
+
+
+def _base_decoder(decoder: torch.nn.Module) -> torch.nn.Module:
+    """The text decoder without its LM head: ``decoder.get_decoder()`` when ``decoder`` is itself a
+    causal LM with an output embedding (BLIP-2's ``get_decoder()`` returns its ``OPTForCausalLM``,
+    InstructBLIP's the ``OPTDecoder`` inside it), else ``decoder``; the split's language model
+    returns hidden states and the LM head is a component of its own."""
+    get_head = getattr(decoder, "get_output_embeddings", None)
+    get_inner = getattr(decoder, "get_decoder", None)
+    if not (callable(get_head) and callable(get_inner)):
+        return decoder
+    try:
+        head, inner = get_head(), get_inner()
+    except (TypeError, ValueError, AttributeError, NotImplementedError):
+        return decoder
+    if head is None or not _is_submodule(decoder, inner):
+        return decoder
+    return inner
+
+
+def inner_generator(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The child of ``model`` that is a generative model of its own (``GenerationMixin``), or
+    ``None``.
+
+    BLIP-2, InstructBLIP and Kosmos-2 override ``generate``: it encodes the image and calls the
+    inner language model's ``generate`` (``language_model`` / ``text_model``) with the embeddings,
+    never the model's own forward. That inner model's forward calls are then the prefill and
+    decode steps (:data:`hfexport.generation.recording.GENERATOR`).
+    """
+    from transformers import GenerationMixin
+
+    for child in model.children():
+        if isinstance(child, GenerationMixin) and isinstance(child, torch.nn.Module):
+            return child
+    return None
 
 
 def is_multimodal(model: torch.nn.Module) -> bool:
@@ -485,7 +521,7 @@ def decompose_multimodal(
     """
     from hfexport.generation.components import Decomposition, describe_components, token_ids_of
     from hfexport.generation.plan import GenerationPlan
-    from hfexport.generation.recording import record_generation
+    from hfexport.generation.recording import GENERATOR, record_generation
     from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
 
     layout = find_multimodal_layout(model)
@@ -503,15 +539,31 @@ def decompose_multimodal(
         # never the language model's own forward (issue 28)
         parts = {k: v for k, v in parts.items() if k != "language_model"}
         parts[TEXT_ENCODER] = text_encoder
-    recording = record_generation(
-        model,
-        inputs,
-        generation_config=generation_config,
-        multi_token_decode=multi_token_decode,
-        submodules=parts,
-        record_outputs=True,
-        decoder_masks={"language_model": layout.language_model} if text_encoder is None else None,
-    )
+    generator = inner_generator(model)
+    generator_is_part = generator is not None and any(generator is part for part in parts.values())
+    recorded = dict(parts) if generator is None or generator_is_part else {**parts, GENERATOR: generator}
+    try:
+        recording = record_generation(
+            model,
+            inputs,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            submodules=recorded,
+            record_outputs=True,
+            decoder_masks={"language_model": layout.language_model} if text_encoder is None else None,
+        )
+    except RuntimeError as exc:
+        if not generator_is_part or "bypasses its forward" not in str(exc):
+            raise
+        # the inner generative model is the split's language model itself and takes the image
+        # features as an input of its own (Kosmos-2's image_embeds at image_embeds_position_mask,
+        # BLIP's cross-attention encoder_hidden_states), not merged at placeholder token ids
+        raise RuntimeError(
+            f"{type(model).__name__}.generate() hands the image features to {type(generator).__name__}.generate(), "
+            "which is also the split's language model and takes them as an input of its own (image_embeds, "
+            "encoder_hidden_states), not at placeholder token ids: the embed_tokens / language_model / lm_head "
+            "split does not apply (an image_encoder + prefill/decode split of that inner model is not built yet)"
+        ) from exc
     calls, outputs = recording.capture.calls, recording.capture.outputs
     _drop_unused_modalities(layout, parts, calls)
     missing = [name for name in parts if not calls[name]]
@@ -597,7 +649,9 @@ def decompose_multimodal(
     if layout.lm_head is not None and calls["lm_head"]:
         components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
     if include_decode:
-        components["decode"] = (model, _without_unread_token_types(model, recording.decode))
+        # the inner language model when the model's generate hands the embeddings to its generate
+        stepper = generator if recording.caller == GENERATOR and generator is not None else model
+        components["decode"] = (stepper, _without_unread_token_types(stepper, recording.decode))
     plan.components = list(components)
     decomposition = Decomposition(components, plan, model)
     describe_components(decomposition)

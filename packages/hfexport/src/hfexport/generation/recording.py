@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "GENERATOR",
     "CallRecorder",
     "GenerateCapture",
     "GenerationRecording",
@@ -33,6 +34,11 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: ``submodules`` label of an inner generative model whose own ``generate`` the model's ``generate``
+#: calls after encoding the image (BLIP-2, InstructBLIP, Kosmos-2: :func:`record_generation` takes
+#: its forward calls as the prefill and decode calls when the top-level forward is never called)
+GENERATOR = "generator"
 
 #: Kwargs ``generate`` adds that select outputs rather than feed the computation; they are dropped
 #: from captured calls (a decode graph must return the logits of every new position).
@@ -299,6 +305,9 @@ class GenerationRecording:
         capture: the raw :class:`GenerateCapture` (submodule calls and outputs included).
         cache_kind: ``"static"`` when the cache is preallocated (``StaticCache``), else ``"dynamic"``.
         max_cache_len: the static cache length, or ``None``.
+        caller: the label whose forward calls ``prefill`` and ``decode`` are: ``"model"`` (the
+            top-level forward) or :data:`GENERATOR` (an inner language model's, when the model's
+            ``generate`` never calls its own forward and ``submodules`` names that inner model).
     """
 
     prefill: dict[str, Any]
@@ -307,6 +316,7 @@ class GenerationRecording:
     capture: GenerateCapture
     cache_kind: str
     max_cache_len: int | None
+    caller: str = "model"
 
 
 def _cache_of(kwargs: Mapping[str, Any]) -> Any:
@@ -357,7 +367,8 @@ def record_generation(
         generation_config: a ``GenerationConfig`` (copied); ``cache_implementation="static"`` with
             ``max_cache_len`` selects a static cache.
         multi_token_decode: merge two decode steps into one two-token call.
-        submodules: extra modules whose calls to record (labels other than ``"model"``).
+        submodules: extra modules whose calls to record (labels other than ``"model"``); the label
+            :data:`GENERATOR` names an inner language model whose calls stand in for the top-level ones.
         record_outputs: also record outputs.
         decoder_masks: ``{label: module}`` of recorded submodules that are decoders taking the
             same 2-D padding mask (e.g. a multimodal model's language model).
@@ -369,7 +380,8 @@ def record_generation(
         ValueError: a static cache without ``max_cache_len``; ``inputs`` without ``input_ids`` or
             ``inputs_embeds``.
         RuntimeError: ``generate`` failed (names the model and input keys), or it made fewer
-            top-level forward calls than the window needs (its ``generate`` bypasses ``forward``).
+            top-level forward calls than the window needs (its ``generate`` bypasses ``forward``)
+            and no :data:`GENERATOR` submodule made enough either.
     """
     from hfexport.generation.decode import merge_decode_steps
     from hfexport.registry import apply_patches
@@ -403,6 +415,11 @@ def record_generation(
             record_outputs=record_outputs,
         )
     top = capture.calls["model"]
+    caller = "model"
+    if len(top) < window and len(capture.calls.get(GENERATOR) or []) >= window:
+        # the model's generate encodes the image and hands the embeddings to an inner language
+        # model's generate (BLIP-2, InstructBLIP, Kosmos-2): its forward calls are the steps
+        top, caller = capture.calls[GENERATOR], GENERATOR
     if len(top) < window:
         raise RuntimeError(
             f"{type(model).__name__}.generate() called the top-level forward {len(top)} time(s) for {window} new "
@@ -417,6 +434,8 @@ def record_generation(
             else int(inputs["inputs_embeds"].shape[0])
         )
         labelled = [("model", model), *dict(decoder_masks or {}).items()]
+        if caller == GENERATOR and submodules is not None:
+            labelled.append((GENERATOR, submodules[GENERATOR]))
         for label, module in labelled:
             if not _accepts(module, "attention_mask"):
                 continue
@@ -441,4 +460,5 @@ def record_generation(
         capture=capture,
         cache_kind="static" if static else "dynamic",
         max_cache_len=max_len,
+        caller=caller,
     )

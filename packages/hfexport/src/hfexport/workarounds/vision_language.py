@@ -10,6 +10,9 @@ afterwards; the eager model the exporter validates against runs the original cod
   attention over packed windows and images is one SDPA call with a block-diagonal mask
   (:func:`block_diagonal_mask`) instead of a Python loop over ``torch.split(lengths.tolist())``,
   so the image encoder's program serves any window count.
+- :func:`packed_vision_attention_with_out_proj`: the same for MiniMax-M3-VL's vision attention
+  (separate q / k / v projections, ``out_proj``, a ``(output, weights)`` result), whose per-image
+  loop left unbacked sizes that ExecuTorch's memory planning could not guard on.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "block_diagonal_mask",
     "capture_key",
     "packed_vision_attention_as_one_masked_call",
+    "packed_vision_attention_with_out_proj",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -39,7 +43,7 @@ BACKEND = KEY
 
 #: transformers modeling modules whose models the capture patches of this module concern
 VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
-    f"transformers.models.{name}.modeling_{name}" for name in ("qwen2_5_vl", "qwen2_5_omni")
+    f"transformers.models.{name}.modeling_{name}" for name in ("qwen2_5_vl", "qwen2_5_omni", "minimax_m3_vl")
 )
 
 
@@ -127,5 +131,59 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
             query, key, value, attn_mask=mask, scale=self.scaling
         )
         return self.proj(out.transpose(1, 2).reshape(length, -1))
+
+    return forward
+
+
+@register_patch(
+    KEY,
+    "transformers.models.minimax_m3_vl.modeling_minimax_m3_vl.MiniMaxM3VLVisionAttention.forward",
+    description=(
+        "MiniMax-M3-VL's vision attention over packed images is one SDPA call with a block-diagonal mask instead "
+        "of a Python loop over torch.split(lengths.tolist()), whose unbacked per-image sizes ExecuTorch's memory "
+        "planning could not guard on (u223 < 1)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/158786",
+    versions={"transformers": ">=5.0,<6"},
+)
+def packed_vision_attention_with_out_proj(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace MiniMax-M3-VL's vision attention ``forward`` while capturing.
+
+    As in :func:`packed_vision_attention_as_one_masked_call`: without flash attention transformers
+    attends per image in a loop over ``torch.split(tensor, lengths.tolist())``; the capture reads
+    every length as an unbacked symbol (``u223``) and ExecuTorch's memory planning fails on them
+    ("Could not guard on data-dependent expression u223 < 1", issue 28). The replacement attends once
+    over the packed ``[patches, hidden]`` sequence masked to :func:`block_diagonal_mask` and returns
+    ``(output, None)`` like the original without attention weights (the values differ by float
+    rounding only). Flash attention runs the original.
+    """
+    from transformers.utils.generic import is_flash_attention_requested
+
+    rotary = original.__globals__["apply_rotary_pos_emb_vision"]
+
+    @functools.wraps(original)
+    def forward(
+        self: Any,
+        hidden_states: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        max_seqlen: int | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        if is_flash_attention_requested(self.config):
+            return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
+        length = hidden_states.shape[0]
+        query, key, value = (
+            proj(hidden_states).view(length, self.num_heads, self.head_dim)
+            for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+        cos, sin = position_embeddings
+        query, key = rotary(query, key, cos, sin)
+        query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
+        mask = block_diagonal_mask(cu_seqlens, length)
+        out = torch.nn.functional.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, scale=self.scaling
+        )
+        return self.out_proj(out.transpose(1, 2).reshape(length, -1)), None
 
     return forward

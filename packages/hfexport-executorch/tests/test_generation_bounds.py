@@ -1,0 +1,40 @@
+"""Bounded dynamic axes of generation components (issue 28): a sparse-attention indexer's 3-D
+``indexer_keys`` cache grows on its positions axis like the 4-D keys and values (dots3_note's
+decode was planned at the sample's 12 positions and refused 13)."""
+
+from __future__ import annotations
+
+import torch
+
+from hfexport.config import ExecutorchConfig
+from hfexport.generation.plan import GenerationPlan
+from hfexport_executorch.generation import component_config
+
+
+class _LanguageModel(torch.nn.Module):
+    def forward(self, inputs_embeds: torch.Tensor, cache: dict) -> torch.Tensor:
+        layer = cache["layers"][0]
+        return inputs_embeds.sum() + layer["keys"].sum() + layer["indexer_keys"].sum()
+
+
+def test_indexer_keys_grow_on_the_positions_axis():
+    cache = {
+        "layers": [
+            {
+                "keys": torch.randn(2, 4, 12, 8),
+                "values": torch.randn(2, 4, 12, 8),
+                "indexer_keys": torch.randn(2, 12, 16),
+                "conv_state": torch.randn(2, 6, 3),
+            }
+        ]
+    }
+    kwargs = {"inputs_embeds": torch.randn(2, 12, 8), "cache": cache}
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    config = component_config(
+        "language_model", _LanguageModel(), kwargs, plan, ExecutorchConfig(dynamic=True)
+    )
+    layer = config.dynamic_shapes["cache"]["layers"][0]
+    assert sorted(layer["indexer_keys"]) == [0, 1]
+    assert layer["indexer_keys"][1].max == layer["keys"][2].max > 12
+    assert sorted(layer["keys"]) == [0, 2]
+    assert layer["conv_state"] is None  # another 3-D state: no positions axis
