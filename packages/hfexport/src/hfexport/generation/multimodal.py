@@ -351,6 +351,10 @@ class ImageFeatures(torch.nn.Module):
 
     ``forward(**inputs)`` returns the features ``[rows, hidden]``: a list of per-image tensors (as
     transformers 5 returns them) is concatenated, so the number of images stays a dynamic axis.
+    When the result also holds DeepStack features (Granite-Docling: one per tapped vision layer,
+    each split per image), it returns ``{"features": [rows, hidden], "deepstack_features":
+    [[rows, hidden], ...]}``, each concatenated the same way, so the language model's
+    ``deepstack_visual_embeds`` can be linked to them (issue 28).
     """
 
     def __init__(
@@ -362,9 +366,13 @@ class ImageFeatures(torch.nn.Module):
         self.input_names = list(inputs)
         self.config = getattr(owner, "config", None)
 
-    def forward(self, **kwargs: Any) -> torch.Tensor:
+    def forward(self, **kwargs: Any) -> torch.Tensor | dict[str, Any]:
         out = self._owner.get_image_features(**kwargs)
-        return image_feature_rows(out)
+        rows = image_feature_rows(out)
+        deepstack = None if isinstance(out, torch.Tensor) else getattr(out, "deepstack_features", None)
+        if not deepstack:
+            return rows
+        return {"features": rows, "deepstack_features": [image_feature_rows(d) for d in deepstack]}
 
 
 def image_feature_rows(out: Any) -> torch.Tensor:
@@ -559,11 +567,10 @@ def decompose_multimodal(
             raise
         module, kwargs = fallback
         with torch.no_grad():
-            rows = module(**kwargs)
+            produced = {"image_encoder": _flat(module(**kwargs))}
         components.clear()
         plan.links.clear()
         plan.vision_grid.clear()
-        produced = {"image_encoder": {"": rows}}
         try:
             plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {})
             plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)

@@ -1,0 +1,121 @@
+"""Image encoders that filter padding images in Python keep no fixed image batch (issue 28, vlsplit)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hfexport.capture import capture_patch_key
+from hfexport.generation.multimodal import _image_features_component, find_multimodal_layout
+from hfexport.registry import apply_patches
+from hfexport.testing import tiny_model
+from hfexport.workarounds import vision_language
+
+TASK = "image-text-to-text"
+
+
+def _image_features(model_type: str):
+    model, inputs = tiny_model(model_type, TASK)
+    module, kwargs = _image_features_component(model, find_multimodal_layout(model), inputs)
+    return module, kwargs
+
+
+class _Named(torch.nn.Module):
+    """The image-features component with named inputs (``torch.export`` keys dynamic shapes by name)."""
+
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, pixel_values: torch.Tensor, pixel_attention_mask: torch.Tensor | None = None):
+        extra = {} if pixel_attention_mask is None else {"pixel_attention_mask": pixel_attention_mask}
+        return self.inner(pixel_values=pixel_values, **extra)
+
+
+def _other_batch(kwargs: dict, batch: int) -> dict:
+    gen = torch.Generator().manual_seed(batch)
+    out = {"pixel_values": torch.randn(batch, *kwargs["pixel_values"].shape[1:], generator=gen)}
+    if "pixel_attention_mask" in kwargs:
+        mask = kwargs["pixel_attention_mask"]
+        out["pixel_attention_mask"] = torch.ones(batch, *mask.shape[1:], dtype=mask.dtype)
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["smolvlm", "idefics2", "granite_docling"])
+def test_image_encoder_serves_another_image_batch(model_type):
+    # transformers drops padding images by boolean indexing and splits the features per row with
+    # .tolist(): captured as is, the encoder keeps the sample's batch of 2 (Guard failed:
+    # pixel_values.size()[0] == 2); the capture patch encodes every image of the batch
+    from torch.export import Dim
+
+    module, kwargs = _image_features(model_type)
+    key = capture_patch_key(module)
+    assert key == vision_language.KEY
+    assert int(kwargs["pixel_values"].shape[0]) == 2
+    shapes = {name: {0: Dim.AUTO} for name in kwargs}
+    with apply_patches(key), torch.no_grad():
+        program = torch.export.export(_Named(module), (), dict(kwargs), dynamic_shapes=shapes)
+    for batch in (3, 5):
+        inputs = _other_batch(kwargs, batch)
+        with torch.no_grad():
+            expected = module(**inputs)  # the original code, padding filter and all
+            got = program.module()(**inputs)
+        expected = expected if isinstance(expected, dict) else {"features": expected}
+        got = got if isinstance(got, dict) else {"features": got}
+        assert got["features"].shape[0] == expected["features"].shape[0] > 0
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_tiled_encoder_returns_its_deepstack_features():
+    # Granite-Docling's language model takes one DeepStack feature per tapped vision layer: the
+    # image-features component returns them next to the features, concatenated over tiles
+    module, kwargs = _image_features("granite_docling")
+    with torch.no_grad():
+        out = module(**kwargs)
+    assert set(out) == {"features", "deepstack_features"}
+    rows, hidden = out["features"].shape
+    assert len(out["deepstack_features"]) == len(module.config.vision_config.deepstack_visual_indexes)
+    assert all(tuple(d.shape) == (rows, hidden) for d in out["deepstack_features"])
+
+
+def test_naflex_encoder_serves_another_image_count_and_aspect():
+    # LFM2-VL drops its padding token slots by boolean indexing and splits per image with
+    # .tolist() (Guard failed: spatial_shapes.size()[0] == 2); the patch gathers the same tokens
+    # with index arithmetic, for images of any patch grid that fill the padded patch count
+    from torch.export import Dim
+
+    model, inputs = tiny_model("lfm2_vl", TASK)
+    module = model.model
+
+    class Features(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, pixel_values, spatial_shapes, pixel_attention_mask):
+            out = self.inner.get_image_features(pixel_values, spatial_shapes, pixel_attention_mask)
+            return torch.cat(list(out.pooler_output))
+
+    wrapped = Features()
+    names = ("pixel_values", "spatial_shapes", "pixel_attention_mask")
+    kwargs = {name: inputs[name] for name in names}
+    assert vision_language.capture_key(wrapped) == vision_language.KEY
+    with apply_patches(vision_language.KEY), torch.no_grad():
+        program = torch.export.export(
+            wrapped, (), kwargs, dynamic_shapes={name: {0: Dim.AUTO} for name in names}
+        )
+    patches, dim = inputs["pixel_values"].shape[1:]
+    gen = torch.Generator().manual_seed(3)
+    for grids in ([[4, 4], [2, 8], [8, 2]], [[2, 8]]):  # 16 patches each, three aspects
+        count = len(grids)
+        other = {
+            "pixel_values": torch.randn(count, patches, dim, generator=gen),
+            "spatial_shapes": torch.tensor(grids, dtype=torch.int64),
+            "pixel_attention_mask": torch.ones(count, patches, dtype=torch.int64),
+        }
+        with torch.no_grad():
+            expected = wrapped(**other)
+            got = program.module()(**other)
+        factor = model.config.downsample_factor
+        assert got.shape[0] == count * patches // factor**2
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
