@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hfexport.capture import capture_patch_key
+from hfexport.generation.image_prompts import other_image_prompt
 from hfexport.generation.multimodal import _image_features_component, find_multimodal_layout
 from hfexport.registry import apply_patches
 from hfexport.testing import tiny_model
@@ -16,7 +17,7 @@ TASK = "image-text-to-text"
 
 def _image_features(model_type: str):
     model, inputs = tiny_model(model_type, TASK)
-    module, kwargs = _image_features_component(model, find_multimodal_layout(model), inputs)
+    module, kwargs, _, _ = _image_features_component(model, find_multimodal_layout(model), inputs)
     return module, kwargs
 
 
@@ -119,3 +120,92 @@ def test_naflex_encoder_serves_another_image_count_and_aspect():
         factor = model.config.downsample_factor
         assert got.shape[0] == count * patches // factor**2
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_grid_tower_behind_an_unnamed_projector_serves_another_image_size():
+    # HyperCLOVAX-Vision-V2: a Qwen2.5-VL tower behind `projector` (no conventional name), so the
+    # image features are one component; it gets the tower's precomputed grid inputs (rotary
+    # positions, cu_seqlens, window index) and returns the features unsplit (no .tolist())
+    from torch.export import Dim
+
+    from hfexport.generation.vision_inputs import vision_grid_inputs
+
+    model, inputs = tiny_model("hyperclovax_vision_v2", TASK)
+    module, kwargs, settings, derived = _image_features_component(
+        model, find_multimodal_layout(model), inputs
+    )
+    assert settings is not None and settings["window_index"]
+    assert set(derived) == {"position_ids", "cu_seqlens", "window_index", "cu_window_seqlens"}
+    assert set(derived.values()) == {"image_grid_thw"}
+    names = list(kwargs)
+
+    class Named(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(
+            self, pixel_values, image_grid_thw, position_ids, cu_seqlens, window_index, cu_window_seqlens
+        ):
+            return self.inner(
+                pixel_values=pixel_values,
+                image_grid_thw=image_grid_thw,
+                position_ids=position_ids,
+                cu_seqlens=cu_seqlens,
+                window_index=window_index,
+                cu_window_seqlens=cu_window_seqlens,
+            )
+
+    def grid_values(prompt):
+        values = {"pixel_values": prompt["pixel_values"], "image_grid_thw": prompt["image_grid_thw"]}
+        return {**values, **vision_grid_inputs(prompt["image_grid_thw"], settings)}
+
+    # taller and wider images: more patches and windows (the sample's single window would be
+    # specialised by torch.export's 0/1 rule, so the program is captured at the first larger one)
+    larger = other_image_prompt(model, inputs)
+    largest = other_image_prompt(model, larger)
+    captured, checked = grid_values(larger), grid_values(largest)
+    assert checked["pixel_values"].shape[0] > captured["pixel_values"].shape[0]
+    assert checked["cu_window_seqlens"].shape[0] > captured["cu_window_seqlens"].shape[0] > 2
+    shapes = {name: ({0: Dim.AUTO} if name != "image_grid_thw" else None) for name in names}
+    with apply_patches(capture_patch_key(module)), torch.no_grad():
+        program = torch.export.export(Named(), (), captured, dynamic_shapes=shapes)
+    with torch.no_grad():
+        expected = module(**checked)
+        got = program.module()(**checked)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_row_separated_mrope_positions_match_hunyuan_vl():
+    # HunYuan-VL ends each merged row with a separator token and rotates (column, row, image
+    # ordinal) over sequence positions; the runner's Qwen2-VL layout refused its image blocks
+    # ("an image block of 8 tokens does not match its grid 1x4x4")
+    from hfexport.generation.multimodal import _mrope_layout
+    from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
+
+    model, inputs = tiny_model("hunyuan_vl", TASK)
+    merge = model.config.vision_config.spatial_merge_size
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        expected, deltas = model.model.get_rope_index(
+            prompt["input_ids"],
+            mm_token_type_ids=prompt["mm_token_type_ids"],
+            image_grid_thw=prompt["image_grid_thw"],
+            attention_mask=prompt["attention_mask"],
+        )
+        channels = expected.shape[0]
+        got, got_deltas = row_separated_mrope_position_ids(
+            prompt["input_ids"],
+            prompt["mm_token_type_ids"],
+            prompt["image_grid_thw"],
+            merge,
+            prompt["attention_mask"],
+            channels,
+        )
+        assert torch.equal(got, expected) and torch.equal(got_deltas, deltas)
+        assert int((got[-1] != torch.arange(got.shape[-1])).sum()) > 0  # the image block is rotated apart
+        layout = _mrope_layout(prompt, expected, {"spatial_merge_size": merge, "channels": channels}, {})
+        assert layout == "row_separated"
+        with pytest.raises(ValueError, match="does not match its grid"):
+            mrope_position_ids(
+                prompt["input_ids"], prompt["mm_token_type_ids"], prompt["image_grid_thw"], merge
+            )

@@ -6,8 +6,8 @@ around ``torch.export.export`` only when the captured module holds a module of o
 files of :data:`VISION_LANGUAGE_MODULES` (:func:`capture_key`), and puts the original back
 afterwards; the eager model the exporter validates against runs the original code.
 
-- :func:`packed_vision_attention_as_one_masked_call`: Qwen2.5-VL's (and Qwen2.5-Omni's) vision
-  attention over packed windows and images is one SDPA call with a block-diagonal mask
+- :func:`packed_vision_attention_as_one_masked_call`: Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE
+  4.5's) vision attention over packed windows and images is one SDPA call with a block-diagonal mask
   (:func:`block_diagonal_mask`) instead of a Python loop over ``torch.split(lengths.tolist())``,
   so the image encoder's program serves any window count.
 - :func:`image_batch_without_padding_filter`: Idefics2's, Idefics3's and SmolVLM's
@@ -19,6 +19,9 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`naflex_tokens_without_padding_filter`: LFM2-VL's ``get_image_features`` gathers every
   image's downsampled tokens for images that fill their patch grid, without boolean-indexing the
   padding token slots and splitting per image with ``.tolist()``.
+- :func:`projected_grid_features_unsplit`: HyperCLOVAX-Vision-V2's ``get_image_features``
+  returns the projected features of all images as one tensor instead of splitting them per
+  image with ``.tolist()`` of ``image_grid_thw``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "image_batch_without_padding_filter",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
+    "projected_grid_features_unsplit",
     "tiles_without_padding_filter",
 ]
 
@@ -60,6 +64,8 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
         "smolvlm",
         "granite_docling",
         "lfm2_vl",
+        "exaone4_5",
+        "hyperclovax_vision_v2",
     )
 )
 
@@ -98,6 +104,7 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     KEY,
     "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward",
     "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniVisionAttention.forward",
+    "transformers.models.exaone4_5.modeling_exaone4_5.Exaone4_5_VisionAttention.forward",
     description=(
         "a windowed vision encoder's attention over packed windows is one SDPA call with a block-diagonal mask "
         "instead of a Python loop over torch.split(lengths.tolist()), which keeps the sample's window count"
@@ -106,7 +113,7 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     versions={"transformers": ">=5.0,<6"},
 )
 def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace Qwen2.5-VL's (and Qwen2.5-Omni's) vision attention ``forward`` while capturing.
+    """Replace Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE 4.5's) vision attention ``forward`` while capturing.
 
     Without flash attention, transformers splits the packed ``[patches, hidden]`` sequence at
     ``cu_seqlens`` (images, or 2x2-merged-patch windows in the windowed layers) with
@@ -133,7 +140,12 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
         if is_flash_attention_requested(self.config) or position_embeddings is None:
             return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         length = hidden_states.shape[0]
-        if hasattr(self, "qkv"):  # Qwen2.5-VL: one fused projection
+        if hasattr(self, "qkv") and hasattr(self, "q_dim"):  # EXAONE 4.5: fused, grouped-query
+            query, key, value = (
+                t.reshape(length, -1, self.head_dim)
+                for t in self.qkv(hidden_states).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+            )
+        elif hasattr(self, "qkv"):  # Qwen2.5-VL: one fused projection
             qkv = self.qkv(hidden_states).reshape(length, 3, self.num_heads, -1).permute(1, 0, 2, 3)
             query, key, value = qkv.unbind(0)
         else:  # Qwen2.5-Omni: q, k and v projections
@@ -142,6 +154,9 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
             )
         cos, sin = position_embeddings
         query, key = rotary(query, key, cos, sin)
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:  # each key/value head serves `groups` consecutive query heads (repeat_kv)
+            key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
         query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
         mask = block_diagonal_mask(cu_seqlens, length)
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -321,6 +336,39 @@ def naflex_tokens_without_padding_filter(original: Callable[..., Any]) -> Callab
         grid = hidden.reshape(-1, width)[index.permute(2, 0, 1, 3).reshape(factor, -1)]
         features = self.multi_modal_projector(grid.unsqueeze(0))
         outputs.pooler_output = [features.reshape(-1, features.shape[-1])]
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.hyperclovax_vision_v2.modeling_hyperclovax_vision_v2.HyperCLOVAXVisionV2Model.get_image_features",
+    description=(
+        "return the projected image features of all images as one tensor instead of splitting them per image "
+        "with .tolist() of image_grid_thw, which torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def projected_grid_features_unsplit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace HyperCLOVAX-Vision-V2's ``get_image_features`` while capturing.
+
+    transformers splits the projected features per image with sizes read from ``image_grid_thw``
+    (``.tolist()``, data-dependent: ``Could not extract specialized integer``, issue 28). The
+    replacement returns them unsplit, as a one-element ``pooler_output`` tuple: the concatenation
+    of transformers' pieces, which is what the model and the generation runner consume. The
+    precomputed-kwargs handling (``image_``-prefixed names) and ``return_dict`` stay as upstream.
+    """
+    from transformers.utils.generic import accepts_precomputed_kwargs, can_return_tuple
+
+    @accepts_precomputed_kwargs(modality="image")
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        outputs = self.vision_model(pixel_values, grid_thw=image_grid_thw, return_dict=True, **kwargs)
+        outputs.pooler_output = (self.projector(outputs.pooler_output),)
         return outputs
 
     return functools.wraps(original)(get_image_features)
