@@ -209,3 +209,64 @@ def test_row_separated_mrope_positions_match_hunyuan_vl():
             mrope_position_ids(
                 prompt["input_ids"], prompt["mm_token_type_ids"], prompt["image_grid_thw"], merge
             )
+
+
+def _apertus_codes():
+    model, inputs = tiny_model("apertus1p5", TASK)
+    inner = model.model
+
+    class Codes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixel_values, image_sizes):
+            return torch.cat(list(self.inner.get_image_features(pixel_values, image_sizes).pooler_output))
+
+    return model, inputs, Codes()
+
+
+def test_vq_image_tokenizer_patch_keeps_the_codes_and_the_prefill_drops_image_outputs():
+    # Apertus 1.5 crops each image to image_sizes (.tolist()) and tokenizes it alone in a Python
+    # loop (Eq(u4*u5, 1) in the tokenizer's GroupNorm); the patch tokenizes the batch at once,
+    # and the whole-model prefill leaves the per-image encoder outputs out of its output
+    from hfexport.generation.parts import WithoutModalityOutputs
+
+    model, inputs, codes = _apertus_codes()
+    images, _, height, width = inputs["pixel_values"].shape
+    assert images == 2 and torch.equal(inputs["image_sizes"], torch.tensor([[height, width]] * images))
+    assert vision_language.capture_key(codes) == vision_language.KEY
+    kwargs = {"pixel_values": inputs["pixel_values"], "image_sizes": inputs["image_sizes"]}
+    with torch.no_grad():
+        expected = codes(**kwargs)
+        with apply_patches(vision_language.KEY):
+            got = codes(**kwargs)
+            patched = model.model.get_image_features(**kwargs)
+    assert len(patched.pooler_output) == 1
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    with torch.no_grad():
+        full = model(**inputs)
+        pruned = WithoutModalityOutputs(model)(**inputs)
+    assert full.image_outputs is not None and "image_outputs" not in pruned
+    torch.testing.assert_close(pruned.logits, full.logits)
+
+
+@pytest.mark.extended  # 40 s on 2 loaded cores: tracing the VQ encoder
+def test_vq_image_tokenizer_serves_another_image_count():
+    # the captured tokenizer serves 3 images (the sample has 2)
+    from torch.export import Dim
+
+    _, inputs, codes = _apertus_codes()
+    kwargs = {"pixel_values": inputs["pixel_values"], "image_sizes": inputs["image_sizes"]}
+    _, _, height, width = kwargs["pixel_values"].shape
+    with apply_patches(vision_language.KEY), torch.no_grad():
+        program = torch.export.export(codes, (), kwargs, dynamic_shapes={k: {0: Dim.AUTO} for k in kwargs})
+    gen = torch.Generator().manual_seed(3)
+    other = {
+        "pixel_values": torch.rand(3, *kwargs["pixel_values"].shape[1:], generator=gen) * 2 - 1,
+        "image_sizes": torch.tensor([[height, width]] * 3),
+    }
+    with torch.no_grad():
+        expected = codes(**other)
+        got = program.module()(**other)
+    torch.testing.assert_close(got, expected)

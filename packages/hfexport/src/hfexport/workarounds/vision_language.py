@@ -22,6 +22,9 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`projected_grid_features_unsplit`: HyperCLOVAX-Vision-V2's ``get_image_features``
   returns the projected features of all images as one tensor instead of splitting them per
   image with ``.tolist()`` of ``image_grid_thw``.
+- :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
+  batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
+  images that fill ``pixel_values`` (no padding).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ __all__ = [
     "block_diagonal_mask",
     "capture_key",
     "image_batch_without_padding_filter",
+    "image_codes_of_unpadded_batch",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "projected_grid_features_unsplit",
@@ -66,6 +70,7 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
         "lfm2_vl",
         "exaone4_5",
         "hyperclovax_vision_v2",
+        "apertus1p5",
     )
 )
 
@@ -370,5 +375,48 @@ def projected_grid_features_unsplit(original: Callable[..., Any]) -> Callable[..
         outputs = self.vision_model(pixel_values, grid_thw=image_grid_thw, return_dict=True, **kwargs)
         outputs.pooler_output = (self.projector(outputs.pooler_output),)
         return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.apertus1p5.modeling_apertus1p5.Apertus1p5Model.get_image_features",
+    description=(
+        "tokenize the image batch in one vision-tokenizer call instead of cropping each image to image_sizes "
+        "(.tolist()) in a Python loop, which fixes the image count and size; images fill pixel_values"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def image_codes_of_unpadded_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace Apertus 1.5's ``get_image_features`` while capturing.
+
+    transformers crops each image of ``pixel_values`` ``[images, channels, height, width]`` to its
+    ``image_sizes`` row (``.tolist()``) and runs the VQ tokenizer once per image: the crop sizes
+    are data-dependent (``Could not guard on data-dependent expression Eq(u4*u5, 1)`` in the
+    tokenizer's GroupNorm) and the loop keeps the sample's image count (issue 28). The replacement
+    tokenizes the whole batch at once (the tokenizer's convolutions and group norms work per
+    image, so each image's codes are those of its own call) and embeds the codes of all images as
+    one ``[images * codes, hidden]`` tensor (a one-element ``pooler_output``). That is
+    transformers' result when every image fills ``pixel_values`` (``image_sizes`` equal to its
+    height and width, one image size per prompt); padded images would be tokenized with their
+    padding. The whole-model prefill that runs it drops ``image_outputs`` from its output
+    (:class:`hfexport.generation.parts.WithoutModalityOutputs`).
+    """
+    import importlib
+
+    from transformers.utils.generic import can_return_tuple
+
+    # ``original`` is wrapped by transformers' decorators: the output class from its modeling file
+    output_class = importlib.import_module(original.__module__).Apertus1p5VisionTokenizerModelOutput
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_sizes: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        codes = self.vision_tokenizer.encode(pixel_values).image_tokens
+        tokens = codes.reshape(-1) + self.config.image_token_offset
+        return output_class(image_tokens=[tokens], pooler_output=(self.get_input_embeddings()(tokens),))
 
     return functools.wraps(original)(get_image_features)
