@@ -270,3 +270,12 @@ def test_vq_image_tokenizer_serves_another_image_count():
         expected = codes(**other)
         got = program.module()(**other)
     torch.testing.assert_close(got, expected)
+
+
+def test_grid_inputs_are_left_out_when_the_tower_computes_them_otherwise():
+    # MiniMax-M3-VL's tower reads no precomputed grid inputs the way the Qwen helpers compute them
+    # (its features differ with them): the image-features component then takes none
+    model, inputs = tiny_model("minimax_m3_vl", TASK)
+    _, kwargs, settings, derived = _image_features_component(model, find_multimodal_layout(model), inputs)
+    assert settings is None and derived == {}
+    assert set(kwargs) == {"pixel_values", "image_grid_thw"}

@@ -407,7 +407,9 @@ def _image_features_component(
     call takes ``image_grid_thw`` (HyperCLOVAX-Vision-V2: a Qwen2.5-VL tower behind a projector
     the layout does not name), the kwargs also carry the tower's precomputed rotary position ids,
     ``cu_seqlens`` and window index (``get_image_features`` hands them down through ``**kwargs``),
-    and ``derived`` maps each of them to ``"image_grid_thw"`` for :func:`link_inputs`.
+    and ``derived`` maps each of them to ``"image_grid_thw"`` for :func:`link_inputs`, provided the
+    features come out the same with them as without (otherwise none are added, ``settings`` is
+    ``None``).
     """
     import inspect
 
@@ -430,11 +432,18 @@ def _image_features_component(
     grid = "image_grid_thw"
     settings = vision_grid_settings(encoder) if encoder is not None and grid in kwargs else None
     derived: dict[str, str] = {}
+    parts = {**layout.encoders, **layout.projectors}
     if settings is not None:
         extra = vision_grid_inputs(kwargs[grid], settings)
-        kwargs.update({k: v for k, v in extra.items() if k not in kwargs})
-        derived = {k: grid for k in extra}
-    parts = {**layout.encoders, **layout.projectors}
+        given = {**kwargs, **{k: v for k, v in extra.items() if k not in kwargs}}
+        # kept only when the tower reads them as computed here (MiniMax-M3-VL's tower does not)
+        with torch.no_grad():
+            plain = _flat(ImageFeatures(owner, parts, list(kwargs))(**kwargs))
+            precomputed = _flat(ImageFeatures(owner, parts, list(given))(**given))
+        if plain.keys() == precomputed.keys() and all(_equal(plain[k], precomputed[k]) for k in plain):
+            kwargs, derived = given, {k: grid for k in extra}
+        else:
+            settings = None
     return ImageFeatures(owner, parts, list(kwargs)), kwargs, settings, derived
 
 
