@@ -240,14 +240,18 @@ def test_windowed_vision_attention_exports_for_any_window_count():
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_attention_patch_matches_both_projection_layouts():
-    # Qwen2.5-VL projects q, k, v with one fused qkv; Qwen2.5-Omni's vision tower with three
+def test_packed_attention_patch_matches_every_projection_layout():
+    # Qwen2.5-VL projects q, k, v with one fused qkv; Qwen2.5-Omni's vision tower with three;
+    # EXAONE 4.5's fused qkv holds fewer key/value heads than query heads (grouped-query)
     from hfexport.registry import apply_patches
     from hfexport.workarounds import vision_language
 
     omni, _ = tiny_model("qwen2_5_omni_thinker", TASK)
     qwen, _ = tiny_model("qwen2_5_vl", TASK)
-    for attention in (omni.model.visual.blocks[0].attn, qwen.model.visual.blocks[0].attn):
+    exaone, _ = tiny_model("exaone4_5", TASK)
+    grouped = exaone.model.visual.blocks[0].attn
+    assert grouped.num_key_value_heads < grouped.num_heads
+    for attention in (omni.model.visual.blocks[0].attn, qwen.model.visual.blocks[0].attn, grouped):
         gen = torch.Generator().manual_seed(0)
         hidden = torch.randn(12, attention.dim, generator=gen)
         angles = torch.randn(12, attention.head_dim, generator=gen)

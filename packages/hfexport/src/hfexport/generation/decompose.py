@@ -21,6 +21,7 @@ import torch
 
 from hfexport.generation.components import Decomposition, describe_components, token_ids_of
 from hfexport.generation.multimodal import decompose_multimodal, is_multimodal
+from hfexport.generation.parts import WithoutModalityOutputs
 from hfexport.generation.plan import GenerationPlan
 from hfexport.generation.recording import record_generation
 from hfexport.generation.recurrent import decompose_recurrent, is_recurrent_state_model
@@ -107,6 +108,7 @@ def decompose_prefill_decode(
     recording = record_generation(
         model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
     )
+    recorded_keys = set(recording.prefill) - {MM_ENCODER_OUTPUTS}
     recording.prefill = _raw_modality_inputs(model, recording.prefill, inputs)
     recording.decode = _raw_modality_inputs(model, recording.decode, None)
     encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
@@ -119,8 +121,11 @@ def decompose_prefill_decode(
         components=["prefill", "decode"],
         token_ids=token_ids_of(model),
     )
+    prefill: torch.nn.Module = model
+    if recording.prefill.keys() - recorded_keys:  # it takes the raw images: no encoder outputs out
+        prefill = WithoutModalityOutputs(model)
     decomposition = Decomposition(
-        {"prefill": (model, recording.prefill), "decode": (model, recording.decode)}, plan, model
+        {"prefill": (prefill, recording.prefill), "decode": (model, recording.decode)}, plan, model
     )
     describe_components(decomposition)
     return decomposition

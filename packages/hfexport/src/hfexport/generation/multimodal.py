@@ -387,6 +387,10 @@ class ImageFeatures(torch.nn.Module):
 
     ``forward(**inputs)`` returns the features ``[rows, hidden]``: a list of per-image tensors (as
     transformers 5 returns them) is concatenated, so the number of images stays a dynamic axis.
+    When the result also holds DeepStack features (Granite-Docling: one per tapped vision layer,
+    each split per image), it returns ``{"features": [rows, hidden], "deepstack_features":
+    [[rows, hidden], ...]}``, each concatenated the same way, so the language model's
+    ``deepstack_visual_embeds`` can be linked to them (issue 28).
     """
 
     def __init__(
@@ -398,9 +402,13 @@ class ImageFeatures(torch.nn.Module):
         self.input_names = list(inputs)
         self.config = getattr(owner, "config", None)
 
-    def forward(self, **kwargs: Any) -> torch.Tensor:
+    def forward(self, **kwargs: Any) -> torch.Tensor | dict[str, Any]:
         out = self._owner.get_image_features(**kwargs)
-        return image_feature_rows(out)
+        rows = image_feature_rows(out)
+        deepstack = None if isinstance(out, torch.Tensor) else getattr(out, "deepstack_features", None)
+        if not deepstack:
+            return rows
+        return {"features": rows, "deepstack_features": [image_feature_rows(d) for d in deepstack]}
 
 
 def image_feature_rows(out: Any) -> torch.Tensor:
@@ -427,9 +435,21 @@ def image_feature_rows(out: Any) -> torch.Tensor:
 
 def _image_features_component(
     model: torch.nn.Module, layout: MultimodalLayout, inputs: Mapping[str, Any]
-) -> tuple[ImageFeatures, dict[str, Any]] | None:
-    """``(ImageFeatures, kwargs)`` over the model's ``get_image_features``, or ``None`` when it has none."""
+) -> tuple[ImageFeatures, dict[str, Any], dict[str, Any] | None, dict[str, str]] | None:
+    """``(ImageFeatures, kwargs, grid settings, derived)`` over the model's ``get_image_features``,
+    or ``None`` when it has none.
+
+    When the image encoder is a Qwen-style patch-grid tower (:func:`vision_grid_settings`) and the
+    call takes ``image_grid_thw`` (HyperCLOVAX-Vision-V2: a Qwen2.5-VL tower behind a projector
+    the layout does not name), the kwargs also carry the tower's precomputed rotary position ids,
+    ``cu_seqlens`` and window index (``get_image_features`` hands them down through ``**kwargs``),
+    and ``derived`` maps each of them to ``"image_grid_thw"`` for :func:`link_inputs`, provided the
+    features come out the same with them as without (otherwise none are added, ``settings`` is
+    ``None``).
+    """
     import inspect
+
+    from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
 
     for owner in (model, getattr(model, "model", None)):
         getter = getattr(owner, "get_image_features", None) if owner is not None else None
@@ -444,8 +464,23 @@ def _image_features_component(
     kwargs = {k: v for k, v in inputs.items() if k in params and isinstance(v, torch.Tensor)}
     if "pixel_values" not in kwargs:
         return None
+    encoder = layout.encoders.get("image_encoder")
+    grid = "image_grid_thw"
+    settings = vision_grid_settings(encoder) if encoder is not None and grid in kwargs else None
+    derived: dict[str, str] = {}
     parts = {**layout.encoders, **layout.projectors}
-    return ImageFeatures(owner, parts, list(kwargs)), kwargs
+    if settings is not None:
+        extra = vision_grid_inputs(kwargs[grid], settings)
+        given = {**kwargs, **{k: v for k, v in extra.items() if k not in kwargs}}
+        # kept only when the tower reads them as computed here (MiniMax-M3-VL's tower does not)
+        with torch.no_grad():
+            plain = _flat(ImageFeatures(owner, parts, list(kwargs))(**kwargs))
+            precomputed = _flat(ImageFeatures(owner, parts, list(given))(**given))
+        if plain.keys() == precomputed.keys() and all(_equal(plain[k], precomputed[k]) for k in plain):
+            kwargs, derived = given, {k: grid for k in extra}
+        else:
+            settings = None
+    return ImageFeatures(owner, parts, list(kwargs)), kwargs, settings, derived
 
 
 def _text_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -486,6 +521,39 @@ def _drop_unused_modalities(
             "generate() did not call %s: left out of the components (a modality the prompt lacks)", dropped
         )
     return dropped
+
+
+def _mrope_layout(
+    inputs: Mapping[str, Any],
+    recorded: torch.Tensor,
+    mrope: Mapping[str, Any],
+    features: Mapping[str, Any],
+) -> str | None:
+    """``"row_separated"`` when the prefill's recorded M-RoPE positions are HunYuan-VL's layout
+    (:func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`) and not Qwen2-VL's,
+    ``None`` (the Qwen2-VL default) otherwise; decided by value on the sample prompt (issue 28)."""
+    from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
+
+    ids, grid = inputs.get("input_ids"), inputs.get("image_grid_thw")
+    if not isinstance(ids, torch.Tensor) or not isinstance(grid, torch.Tensor):
+        return None
+    types = inputs.get("mm_token_type_ids")
+    if not isinstance(types, torch.Tensor):
+        types = torch.zeros_like(ids)
+        for token in features:
+            types = types.masked_fill(ids == int(token), 1)
+    mask, merge, channels = inputs.get("attention_mask"), mrope["spatial_merge_size"], mrope["channels"]
+    try:
+        qwen, _ = mrope_position_ids(ids, types, grid, merge, mask)
+        if torch.equal(qwen[-channels:], recorded.to(qwen.dtype)):
+            return None
+    except ValueError:
+        pass
+    try:
+        rows, _ = row_separated_mrope_position_ids(ids, types, grid, merge, mask, channels)
+    except ValueError:
+        return None
+    return "row_separated" if torch.equal(rows, recorded.to(rows.dtype)) else None
 
 
 def decompose_multimodal(
@@ -609,15 +677,16 @@ def decompose_multimodal(
         fallback = _image_features_component(model, layout, inputs)
         if fallback is None or text is None:
             raise
-        module, kwargs = fallback
+        module, kwargs, settings, derived = fallback
         with torch.no_grad():
-            rows = module(**kwargs)
+            produced = {"image_encoder": _flat(module(**kwargs))}
         components.clear()
         plan.links.clear()
         plan.vision_grid.clear()
-        produced = {"image_encoder": {"": rows}}
+        if settings is not None:
+            plan.vision_grid["image_encoder"] = settings
         try:
-            plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {})
+            plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {}, derived)
             plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
         except ValueError as again:
             raise ValueError(f"{exc}; nor do the model's get_image_features outputs: {again}") from exc
@@ -646,6 +715,9 @@ def decompose_multimodal(
                 f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size"
             )
         plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
+        rope_layout = _mrope_layout(inputs, position_ids, plan.mrope, plan.features)
+        if rope_layout is not None:
+            plan.mrope["layout"] = rope_layout
     if layout.lm_head is not None and calls["lm_head"]:
         components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
     if include_decode:

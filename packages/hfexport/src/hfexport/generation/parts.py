@@ -25,6 +25,7 @@ __all__ = [
     "OUTPUT_NAME",
     "ComponentModule",
     "FunctionalCacheModule",
+    "WithoutModalityOutputs",
     "exportable_module",
     "mark_transformed_source",
     "transformed_source_of",
@@ -73,6 +74,34 @@ def exportable_module(module: torch.nn.Module, parent_config: Any) -> torch.nn.M
     if not isinstance(parent_config, PreTrainedConfig):
         return module
     return ComponentModule(module, parent_config)
+
+
+class WithoutModalityOutputs(torch.nn.Module):
+    """A whole-model prefill that takes the raw images, without the encoder outputs in its output.
+
+    transformers 5 returns the encoded images next to the logits (``image_outputs``: one
+    ``pooler_output`` and one ``image_tokens`` entry per image, Apertus 1.5), an output tree whose
+    length is the sample's image count; the generation runner reads the logits and the cache only.
+    ``forward`` returns the model's output without ``image_outputs`` / ``audio_outputs`` (issue 28).
+
+    Args:
+        model: the ``PreTrainedModel`` (its parameters are shared, not copied).
+    """
+
+    #: model output fields dropped
+    DROPPED: tuple[str, ...] = ("image_outputs", "audio_outputs")
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.config = model.config
+
+    def forward(self, **kwargs: Any) -> Any:
+        output = self.model(**kwargs)
+        if not any(output.get(name) is not None for name in self.DROPPED if hasattr(output, "get")):
+            return output
+        kept = {k: v for k, v in output.items() if k not in self.DROPPED}
+        return type(output)(**kept)
 
 
 class FunctionalCacheModule(torch.nn.Module):

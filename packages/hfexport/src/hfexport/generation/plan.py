@@ -230,7 +230,9 @@ class GenerationPlan:
             output as in :attr:`links`.
         vision_grid: ``{component: settings}`` for Qwen-style vision encoders (see
             :func:`hfexport.generation.vision_inputs.vision_grid_settings`).
-        mrope: ``{"spatial_merge_size": m}`` when the language model takes M-RoPE position ids.
+        mrope: ``{"spatial_merge_size": m, "channels": c}`` when the language model takes M-RoPE position ids
+            (``c`` rotary axes), with ``"layout": "row_separated"`` for HunYuan-VL's layout (see
+            :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`; Qwen2-VL's without it).
         io: ``{component: ComponentIO}``.
     """
 

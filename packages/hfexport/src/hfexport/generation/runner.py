@@ -350,7 +350,7 @@ class GenerationRunner:
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
-        from hfexport.generation.vision_inputs import mrope_position_ids
+        from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
 
         plan = self.plan
         embeds, produced = self._multimodal_embeddings(ids, inputs, mask)
@@ -363,14 +363,25 @@ class GenerationRunner:
             grid = inputs.get("image_grid_thw")
             if grid is None:
                 grid = torch.zeros(0, 3, dtype=torch.int64)
-            positions, _ = mrope_position_ids(
-                ids,
-                torch.as_tensor(token_types),
-                torch.as_tensor(grid),
-                plan.mrope["spatial_merge_size"],
-                mask,
-            )
-            positions = positions[-int(plan.mrope.get("channels", 4)) :]
+            channels = int(plan.mrope.get("channels", 4))
+            if plan.mrope.get("layout") == "row_separated":  # HunYuan-VL (issue 28)
+                positions, _ = row_separated_mrope_position_ids(
+                    ids,
+                    torch.as_tensor(token_types),
+                    torch.as_tensor(grid),
+                    plan.mrope["spatial_merge_size"],
+                    mask,
+                    channels,
+                )
+            else:
+                positions, _ = mrope_position_ids(
+                    ids,
+                    torch.as_tensor(token_types),
+                    torch.as_tensor(grid),
+                    plan.mrope["spatial_merge_size"],
+                    mask,
+                )
+            positions = positions[-channels:]
         else:
             positions = _text_positions(mask)
         values = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}

@@ -32,6 +32,7 @@ __all__ = [
     "mrope_position_ids",
     "prepare_mrope_position_ids",
     "prepare_vision_grid_inputs",
+    "row_separated_mrope_position_ids",
     "vision_grid_inputs",
     "vision_grid_settings",
 ]
@@ -284,3 +285,84 @@ def mrope_position_ids(
         deltas[b, 0] = (int(positions.max()) + 1 if positions.numel() else 0) - len(types)
     text = _text_positions(attention_mask, batch, length, device)
     return torch.cat([text[None], out], dim=0), deltas
+
+
+def row_separated_mrope_position_ids(
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    image_grid_thw: torch.Tensor,
+    spatial_merge_size: int,
+    attention_mask: torch.Tensor | None = None,
+    channels: int = 4,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """M-RoPE position ids of a prompt with images in HunYuan-VL's layout, without the model.
+
+    Every axis starts at the token's sequence position (padded positions skipped, 0). Inside an
+    image block the last three axes are overwritten with the merged grid's column, row and the
+    image's ordinal in the prompt: the vision merger ends each of the ``h`` merged rows with a
+    separator token, so the grid spans ``h x (w + 1)`` tokens, optionally wrapped in a begin and
+    an end token (a block of ``h * (w + 1) + 2`` tokens), which keep their sequence positions.
+    Text after an image continues at its sequence position, so the decode offset is 0.
+
+    Args:
+        input_ids: int64 ``[batch, seq]``.
+        mm_token_type_ids: ``[batch, seq]``: 0 for text, 1 for image tokens.
+        image_grid_thw: int64 ``[num_images, 3]`` (patch grid per image, before merging), images in
+            prompt order.
+        spatial_merge_size: the vision encoder's merge size.
+        attention_mask: ``[batch, seq]`` padding mask or ``None``.
+        channels: the number of rotary axes the language model takes (at least 3).
+
+    Returns:
+        ``(position_ids, deltas)``: int64 ``[channels, batch, seq]`` and ``[batch, 1]`` (the offset
+        between the largest position and the prompt length, 0 unless an image ends the prompt).
+
+    Raises:
+        ValueError: fewer than 3 channels; more image blocks than ``image_grid_thw`` rows; an image
+            block whose length is neither ``h * (w + 1)`` nor that plus 2.
+    """
+    if channels < 3:
+        raise ValueError(f"row-separated M-RoPE needs at least 3 rotary axes, got channels={channels}")
+    batch, length = input_ids.shape
+    device = input_ids.device
+    out = torch.zeros(channels, batch, length, dtype=torch.int64, device=device)
+    deltas = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+    grids = iter([tuple(int(x) for x in row) for row in image_grid_thw.tolist()])
+    merge = int(spatial_merge_size)
+    image = 0
+    for b in range(batch):
+        keep = (
+            attention_mask[b].bool() if attention_mask is not None else torch.ones(length, dtype=torch.bool)
+        )
+        types = mm_token_type_ids[b][keep].tolist()
+        count = len(types)
+        rows = torch.arange(count, device=device).expand(channels, count).clone()
+        i = 0
+        while i < count:
+            j = i
+            while j < count and types[j] == types[i]:
+                j += 1
+            if types[i] == 1:
+                try:
+                    _, h, w = next(grids)
+                except StopIteration:
+                    raise ValueError("the prompt has more image blocks than image_grid_thw rows") from None
+                gh, gw = h // merge, w // merge
+                tokens = gh * (gw + 1)
+                if j - i not in (tokens, tokens + 2):
+                    raise ValueError(
+                        f"an image block of {j - i} tokens does not match its grid {h}x{w} (merge {merge} -> "
+                        f"{gh} rows of {gw} tokens and a separator: {tokens}, or {tokens + 2} with begin/end)"
+                    )
+                start = i + (j - i - tokens) // 2
+                row, column = torch.meshgrid(
+                    torch.arange(gh, device=device), torch.arange(gw + 1, device=device), indexing="ij"
+                )
+                rows[channels - 3, start : start + tokens] = column.flatten()
+                rows[channels - 2, start : start + tokens] = row.flatten()
+                rows[channels - 1, start : start + tokens] = image
+                image += 1
+            i = j
+        out[:, b, keep] = rows
+        deltas[b, 0] = (int(rows.max()) + 1 if count else 0) - count
+    return out, deltas

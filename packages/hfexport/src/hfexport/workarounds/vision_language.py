@@ -6,13 +6,28 @@ around ``torch.export.export`` only when the captured module holds a module of o
 files of :data:`VISION_LANGUAGE_MODULES` (:func:`capture_key`), and puts the original back
 afterwards; the eager model the exporter validates against runs the original code.
 
-- :func:`packed_vision_attention_as_one_masked_call`: Qwen2.5-VL's (and Qwen2.5-Omni's) vision
-  attention over packed windows and images is one SDPA call with a block-diagonal mask
+- :func:`packed_vision_attention_as_one_masked_call`: Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE
+  4.5's) vision attention over packed windows and images is one SDPA call with a block-diagonal mask
   (:func:`block_diagonal_mask`) instead of a Python loop over ``torch.split(lengths.tolist())``,
   so the image encoder's program serves any window count.
 - :func:`packed_vision_attention_with_out_proj`: the same for MiniMax-M3-VL's vision attention
   (separate q / k / v projections, ``out_proj``, a ``(output, weights)`` result), whose per-image
   loop left unbacked sizes that ExecuTorch's memory planning could not guard on.
+- :func:`image_batch_without_padding_filter`: Idefics2's, Idefics3's and SmolVLM's
+  ``get_image_features`` encode every image of ``pixel_values`` ``[batch, images, ...]`` instead of
+  boolean-indexing the non-padding ones and splitting the features with ``.tolist()``; the
+  exported image encoder takes real images only (no all-zero padding images).
+- :func:`tiles_without_padding_filter`: Granite-Docling's ``get_image_features`` the same way for
+  its tiles (``pixel_attention_mask`` ``[batch, tiles]`` all True).
+- :func:`naflex_tokens_without_padding_filter`: LFM2-VL's ``get_image_features`` gathers every
+  image's downsampled tokens for images that fill their patch grid, without boolean-indexing the
+  padding token slots and splitting per image with ``.tolist()``.
+- :func:`projected_grid_features_unsplit`: HyperCLOVAX-Vision-V2's ``get_image_features``
+  returns the projected features of all images as one tensor instead of splitting them per
+  image with ``.tolist()`` of ``image_grid_thw``.
+- :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
+  batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
+  images that fill ``pixel_values`` (no padding).
 """
 
 from __future__ import annotations
@@ -33,8 +48,13 @@ __all__ = [
     "VISION_LANGUAGE_MODULES",
     "block_diagonal_mask",
     "capture_key",
+    "image_batch_without_padding_filter",
+    "image_codes_of_unpadded_batch",
+    "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "packed_vision_attention_with_out_proj",
+    "projected_grid_features_unsplit",
+    "tiles_without_padding_filter",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -43,7 +63,20 @@ BACKEND = KEY
 
 #: transformers modeling modules whose models the capture patches of this module concern
 VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
-    f"transformers.models.{name}.modeling_{name}" for name in ("qwen2_5_vl", "qwen2_5_omni", "minimax_m3_vl")
+    f"transformers.models.{name}.modeling_{name}"
+    for name in (
+        "qwen2_5_vl",
+        "qwen2_5_omni",
+        "idefics2",
+        "idefics3",
+        "smolvlm",
+        "granite_docling",
+        "lfm2_vl",
+        "exaone4_5",
+        "hyperclovax_vision_v2",
+        "apertus1p5",
+        "minimax_m3_vl",
+    )
 )
 
 
@@ -81,6 +114,7 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     KEY,
     "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VLVisionAttention.forward",
     "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniVisionAttention.forward",
+    "transformers.models.exaone4_5.modeling_exaone4_5.Exaone4_5_VisionAttention.forward",
     description=(
         "a windowed vision encoder's attention over packed windows is one SDPA call with a block-diagonal mask "
         "instead of a Python loop over torch.split(lengths.tolist()), which keeps the sample's window count"
@@ -89,7 +123,7 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     versions={"transformers": ">=5.0,<6"},
 )
 def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Replace Qwen2.5-VL's (and Qwen2.5-Omni's) vision attention ``forward`` while capturing.
+    """Replace Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE 4.5's) vision attention ``forward`` while capturing.
 
     Without flash attention, transformers splits the packed ``[patches, hidden]`` sequence at
     ``cu_seqlens`` (images, or 2x2-merged-patch windows in the windowed layers) with
@@ -116,7 +150,12 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
         if is_flash_attention_requested(self.config) or position_embeddings is None:
             return original(self, hidden_states, cu_seqlens, position_embeddings, max_seqlen, **kwargs)
         length = hidden_states.shape[0]
-        if hasattr(self, "qkv"):  # Qwen2.5-VL: one fused projection
+        if hasattr(self, "qkv") and hasattr(self, "q_dim"):  # EXAONE 4.5: fused, grouped-query
+            query, key, value = (
+                t.reshape(length, -1, self.head_dim)
+                for t in self.qkv(hidden_states).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+            )
+        elif hasattr(self, "qkv"):  # Qwen2.5-VL: one fused projection
             qkv = self.qkv(hidden_states).reshape(length, 3, self.num_heads, -1).permute(1, 0, 2, 3)
             query, key, value = qkv.unbind(0)
         else:  # Qwen2.5-Omni: q, k and v projections
@@ -125,6 +164,9 @@ def packed_vision_attention_as_one_masked_call(original: Callable[..., Any]) -> 
             )
         cos, sin = position_embeddings
         query, key = rotary(query, key, cos, sin)
+        groups = query.shape[1] // key.shape[1]
+        if groups > 1:  # each key/value head serves `groups` consecutive query heads (repeat_kv)
+            key, value = (t.repeat_interleave(groups, dim=1) for t in (key, value))
         query, key, value = (t.transpose(0, 1).unsqueeze(0) for t in (query, key, value))
         mask = block_diagonal_mask(cu_seqlens, length)
         out = torch.nn.functional.scaled_dot_product_attention(
@@ -187,3 +229,253 @@ def packed_vision_attention_with_out_proj(original: Callable[..., Any]) -> Calla
         return self.out_proj(out.transpose(1, 2).reshape(length, -1)), None
 
     return forward
+
+
+#: the Idefics-family modeling file whose patch mask keeps only fully unpadded patches (the others
+#: keep a patch with any unpadded pixel), and whose connector (perceiver resampler) takes that mask
+_FULL_PATCH_RULE = "transformers.models.idefics2.modeling_idefics2"
+
+
+@register_patch(
+    KEY,
+    "transformers.models.idefics2.modeling_idefics2.Idefics2Model.get_image_features",
+    "transformers.models.idefics3.modeling_idefics3.Idefics3Model.get_image_features",
+    "transformers.models.smolvlm.modeling_smolvlm.SmolVLMModel.get_image_features",
+    description=(
+        "encode every image of pixel_values [batch, images, ...] instead of boolean-indexing the non-padding "
+        "images and splitting per row with .tolist(), which fixes the sample's image batch; no padding images"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def image_batch_without_padding_filter(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace Idefics2's / Idefics3's / SmolVLM's ``get_image_features`` while capturing.
+
+    transformers drops all-zero padding images with ``pixel_values[real_images_inds]`` (a
+    data-dependent image count) and splits the connector's output per batch row with
+    ``.split(counts.tolist())``: the captured image encoder keeps the sample's batch
+    (``Guard failed: pixel_values.size()[0] == 2``, issue 28). The replacement flattens
+    ``[batch, images, channels, height, width]`` to ``[batch * images, ...]`` and encodes every
+    image, returning the features of all of them as one ``[images * tokens, hidden]`` tensor
+    (``pooler_output``, a one-element list). For inputs without padding images (what the
+    processor returns for one image per row, and every prompt the generation runner builds) this
+    is the same computation; a prompt with padding images gets feature rows for them too, which
+    the runner refuses (its placeholder count no longer matches).
+    """
+    from transformers.utils.generic import can_return_tuple
+
+    full_patches = original.__module__ == _FULL_PATCH_RULE
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any,
+        pixel_values: torch.Tensor,
+        pixel_attention_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        batch, images, channels, height, width = pixel_values.shape
+        pixel_values = pixel_values.to(dtype=self.dtype).reshape(batch * images, channels, height, width)
+        if pixel_attention_mask is None:
+            pixel_attention_mask = torch.ones(
+                (batch * images, height, width), dtype=torch.bool, device=pixel_values.device
+            )
+        else:
+            pixel_attention_mask = pixel_attention_mask.reshape(batch * images, height, width)
+        patch = self.config.vision_config.patch_size
+        subgrid = pixel_attention_mask.unfold(1, patch, patch).unfold(2, patch, patch).sum(dim=(-1, -2))
+        patch_mask = (subgrid == patch * patch) if full_patches else (subgrid > 0)
+        outputs = self.vision_model(
+            pixel_values=pixel_values, patch_attention_mask=patch_mask, return_dict=True, **kwargs
+        )
+        hidden = outputs.last_hidden_state
+        if full_patches:
+            features = self.connector(hidden, attention_mask=patch_mask.reshape(batch * images, -1))
+        else:
+            features = self.connector(hidden)
+        outputs.pooler_output = [features.reshape(-1, features.shape[-1])]
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.granite_docling.modeling_granite_docling.GraniteDoclingModel.get_image_features",
+    description=(
+        "encode every tile of pixel_values [batch, tiles, ...] instead of boolean-indexing the real tiles and "
+        "splitting per row with .tolist(), which fixes the sample's batch; no padding tiles"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def tiles_without_padding_filter(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace Granite-Docling's ``get_image_features`` while capturing.
+
+    transformers selects the real tiles with ``pixel_values[pixel_attention_mask]`` and splits the
+    features per batch row with ``torch.split(sizes.tolist())``: the captured image encoder keeps
+    the sample's batch (``Guard failed: pixel_attention_mask.size()[0] == 2``, issue 28). The
+    replacement encodes every tile of ``[batch, tiles, channels, height, width]`` and returns the
+    features (and each DeepStack feature) as one tensor over all tiles: the same computation when
+    ``pixel_attention_mask`` is all True (one image per row, what the generation runner builds).
+    A model with a density router (its routing reads per-row tile counts) runs the original.
+    """
+    from transformers.utils.generic import can_return_tuple
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any,
+        pixel_values: torch.Tensor,
+        pixel_attention_mask: torch.Tensor,
+        tile_fine_mask: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        if self.density_router is not None:
+            return original(self, pixel_values, pixel_attention_mask, tile_fine_mask, **kwargs)
+        fine = tile_fine_mask is not None
+        outputs = self.vision_model(
+            pixel_values=pixel_values.flatten(0, 1).to(self.dtype), fine=fine, return_dict=True, **kwargs
+        )
+        outputs.pooler_output = (outputs.pooler_output,)
+        if outputs.deepstack_features is not None:
+            outputs.deepstack_features = [(features,) for features in outputs.deepstack_features]
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.lfm2_vl.modeling_lfm2_vl.Lfm2VlModel.get_image_features",
+    description=(
+        "gather every image's downsampled NaFlex tokens without boolean-indexing the padding slots and "
+        "splitting per image with .tolist(), which fixes the sample's image count; images fill their patch grid"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def naflex_tokens_without_padding_filter(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace LFM2-VL's ``get_image_features`` while capturing.
+
+    transformers lays every image's ``factor x factor`` patch blocks side by side in one grid for
+    the projector's pixel unshuffle, then drops the padding token slots with a boolean index (a
+    data-dependent count) and splits per image with ``.tolist()``: the captured image encoder keeps
+    the sample's image count (``Guard failed: spatial_shapes.size()[0] == 2``, issue 28). The
+    replacement builds the same grid from ``spatial_shapes`` with tensor index arithmetic, token
+    ``t`` of image ``i`` reading the patch rows ``(t // (w_i / factor)) * factor + dy`` and
+    columns ``(t % (w_i / factor)) * factor + dx``, and returns the projector's rows for every
+    slot as one ``[images * tokens, hidden]`` tensor. That equals transformers' result when each
+    image fills its patch grid (``h_i * w_i`` = the padded patch count, ``pixel_attention_mask``
+    all ones: every image of one size, as the generation runner's prompts have); a batch with
+    padded images gets rows for the padding slots, which the runner refuses (placeholder count).
+    """
+    from transformers.utils.generic import can_return_tuple
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any,
+        pixel_values: torch.Tensor,
+        spatial_shapes: torch.Tensor,
+        pixel_attention_mask: torch.Tensor,
+        **kwargs: Any,
+    ) -> Any:
+        outputs = self.vision_tower(
+            pixel_values=pixel_values,
+            spatial_shapes=spatial_shapes,
+            pixel_attention_mask=pixel_attention_mask,
+            return_dict=True,
+            **kwargs,
+        )
+        hidden = outputs.last_hidden_state
+        images, patches, width = hidden.shape
+        factor = int(self.config.downsample_factor)
+        device = hidden.device
+        columns = spatial_shapes[:, 1].to(torch.int64)  # patch columns of each image [images]
+        per_row = columns // factor  # token blocks per patch row
+        token = torch.arange(patches // (factor * factor), device=device)
+        offset = torch.arange(factor, device=device)
+        top = ((token[None] // per_row[:, None]) * factor)[..., None] + offset  # [images, tokens, dy]
+        left = ((token[None] % per_row[:, None]) * factor)[..., None] + offset  # [images, tokens, dx]
+        index = top[..., :, None] * columns[:, None, None, None] + left[..., None, :]
+        index = index + (torch.arange(images, device=device) * patches)[:, None, None, None]
+        grid = hidden.reshape(-1, width)[index.permute(2, 0, 1, 3).reshape(factor, -1)]
+        features = self.multi_modal_projector(grid.unsqueeze(0))
+        outputs.pooler_output = [features.reshape(-1, features.shape[-1])]
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.hyperclovax_vision_v2.modeling_hyperclovax_vision_v2.HyperCLOVAXVisionV2Model.get_image_features",
+    description=(
+        "return the projected image features of all images as one tensor instead of splitting them per image "
+        "with .tolist() of image_grid_thw, which torch.export cannot trace"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def projected_grid_features_unsplit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace HyperCLOVAX-Vision-V2's ``get_image_features`` while capturing.
+
+    transformers splits the projected features per image with sizes read from ``image_grid_thw``
+    (``.tolist()``, data-dependent: ``Could not extract specialized integer``, issue 28). The
+    replacement returns them unsplit, as a one-element ``pooler_output`` tuple: the concatenation
+    of transformers' pieces, which is what the model and the generation runner consume. The
+    precomputed-kwargs handling (``image_``-prefixed names) and ``return_dict`` stay as upstream.
+    """
+    from transformers.utils.generic import accepts_precomputed_kwargs, can_return_tuple
+
+    @accepts_precomputed_kwargs(modality="image")
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        outputs = self.vision_model(pixel_values, grid_thw=image_grid_thw, return_dict=True, **kwargs)
+        outputs.pooler_output = (self.projector(outputs.pooler_output),)
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.apertus1p5.modeling_apertus1p5.Apertus1p5Model.get_image_features",
+    description=(
+        "tokenize the image batch in one vision-tokenizer call instead of cropping each image to image_sizes "
+        "(.tolist()) in a Python loop, which fixes the image count and size; images fill pixel_values"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def image_codes_of_unpadded_batch(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace Apertus 1.5's ``get_image_features`` while capturing.
+
+    transformers crops each image of ``pixel_values`` ``[images, channels, height, width]`` to its
+    ``image_sizes`` row (``.tolist()``) and runs the VQ tokenizer once per image: the crop sizes
+    are data-dependent (``Could not guard on data-dependent expression Eq(u4*u5, 1)`` in the
+    tokenizer's GroupNorm) and the loop keeps the sample's image count (issue 28). The replacement
+    tokenizes the whole batch at once (the tokenizer's convolutions and group norms work per
+    image, so each image's codes are those of its own call) and embeds the codes of all images as
+    one ``[images * codes, hidden]`` tensor (a one-element ``pooler_output``). That is
+    transformers' result when every image fills ``pixel_values`` (``image_sizes`` equal to its
+    height and width, one image size per prompt); padded images would be tokenized with their
+    padding. The whole-model prefill that runs it drops ``image_outputs`` from its output
+    (:class:`hfexport.generation.parts.WithoutModalityOutputs`).
+    """
+    import importlib
+
+    from transformers.utils.generic import can_return_tuple
+
+    # ``original`` is wrapped by transformers' decorators: the output class from its modeling file
+    output_class = importlib.import_module(original.__module__).Apertus1p5VisionTokenizerModelOutput
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_sizes: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        codes = self.vision_tokenizer.encode(pixel_values).image_tokens
+        tokens = codes.reshape(-1) + self.config.image_token_offset
+        return output_class(image_tokens=[tokens], pooler_output=(self.get_input_embeddings()(tokens),))
+
+    return functools.wraps(original)(get_image_features)
