@@ -253,3 +253,36 @@ def test_deepseek_vl_aligner_is_its_projector_and_generates_like_generate() -> N
         max_new_tokens=4,
     )
     assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rows_per_image"),
+    [("llava_next", 36), pytest.param("mistral3", 4, marks=pytest.mark.extended)],  # 10 s each
+)
+def test_image_sizes_read_as_values_give_a_per_image_encoder(model_type, rows_per_image) -> None:
+    # issue 28: LLaVA-NeXT's anyres picks each image's tile grid and crop from image_sizes, Pixtral
+    # (Mistral3) its patch grid; taking them as a graph input failed capture ("Could not guard on
+    # data-dependent expression"). The size is a constant of a one-image component instead, which
+    # the runner calls per image (so the image count stays free) and which refuses another size.
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+    from hfexport.generation.multimodal import SizedImageFeatures
+
+    model, inputs = tiny_model(model_type, "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, SizedImageFeatures) and list(kwargs) == ["pixel_values"]
+    assert tuple(kwargs["pixel_values"].shape) == (1, *inputs["pixel_values"].shape[1:])
+    assert parts.plan.per_image == {"image_encoder": {"image_sizes": [32, 32]}}
+    program = torch.export.export(module, (), dict(kwargs), strict=False)
+    with torch.no_grad():
+        assert torch.equal(program.module()(**kwargs), module(**kwargs))
+        assert tuple(module(**kwargs).shape) == (rows_per_image, model.config.text_config.hidden_size)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    other = other_image_prompt(model, inputs)  # one more image, a longer prompt
+    for prompt in (inputs, other):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, prompt["input_ids"].shape
+    resized = {**inputs, "image_sizes": torch.tensor([[32, 32], [32, 16]])}
+    with pytest.raises(ValueError, match=r"exported for images of size \[32, 32\].* of size \[\[32, 16\]\]"):
+        runner.generate(max_new_tokens=1, **resized)

@@ -172,9 +172,17 @@ def _encoder_shapes(
     the other axes (``pixel_values``' patch size ``C * T * P * P``, the 2 rotary coordinates) are
     fixed by the model, so they are kept static instead of ``Dim.AUTO``. Likewise the model's own
     ``get_image_features`` as one component (:class:`hfexport.generation.multimodal.ImageFeatures`)
-    varies along the image axis only: the image size is the model's (its position embeddings)."""
+    varies along the image axis only: the image size is the model's (its position embeddings); an
+    image encoder of :attr:`GenerationPlan.per_image` takes one image of one size, all axes static."""
     from hfexport.generation.multimodal import ImageFeatures
 
+    if (
+        name in plan.per_image
+        and getattr(config, "dynamic", False)
+        and not getattr(config, "dynamic_shapes", None)
+    ):
+        # one image of one size per call (the image size is read as values): nothing varies
+        return config.replace(dynamic=False)
     features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
     if (
         (name not in plan.vision_grid and not features)

@@ -231,6 +231,12 @@ class GenerationPlan:
         vision_grid: ``{component: settings}`` for Qwen-style vision encoders (see
             :func:`hfexport.generation.vision_inputs.vision_grid_settings`).
         mrope: ``{"spatial_merge_size": m}`` when the language model takes M-RoPE position ids.
+        per_image: multimodal only: ``{component: {"image_sizes": [height, width]}}`` for an image
+            encoder exported for one image of one size (LLaVA-NeXT's anyres, Pixtral: the model
+            reads the image sizes as values; see
+            :class:`hfexport.generation.multimodal.SizedImageFeatures`). The runner calls it once
+            per image (each input cut to that image) and concatenates the outputs; a prompt whose
+            ``image_sizes`` hold another size is refused.
         io: ``{component: ComponentIO}``.
     """
 
@@ -246,6 +252,7 @@ class GenerationPlan:
     language_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     vision_grid: dict[str, dict[str, Any]] = field(default_factory=dict)
     mrope: dict[str, Any] | None = None
+    per_image: dict[str, dict[str, Any]] = field(default_factory=dict)
     io: dict[str, ComponentIO] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

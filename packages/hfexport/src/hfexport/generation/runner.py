@@ -332,7 +332,10 @@ class GenerationRunner:
                     if not derived:
                         derived = vision_grid_inputs(values[source["grid"]], plan.vision_grid[component])
                     values[path] = derived[source["key"]]
-            produced[component] = self._call(component, values, {})
+            if component in plan.per_image:
+                produced[component] = self._call_per_image(component, values, prompt)
+            else:
+                produced[component] = self._call(component, values, {})
         embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
         for token, source in plan.features.items():
             features = _output(produced, source["component"], source["output"])
@@ -346,6 +349,53 @@ class GenerationRunner:
                 )
             embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
         return embeds, produced
+
+    def _call_per_image(
+        self, component: str, values: Mapping[str, torch.Tensor], prompt: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """Call an image encoder exported for one image of one size (:attr:`GenerationPlan.per_image`)
+        once per image and concatenate its outputs along axis 0.
+
+        Each input is cut to one image (``[i : i + 1]``) and, where the prompt's tensor is larger
+        than the graph's on a later axis (the padding of a batch of images: LLaVA-NeXT's tiles,
+        Pixtral's padded sides), cut to the graph's size there, as the model does itself.
+
+        Raises:
+            ValueError: the prompt's ``image_sizes`` are missing or hold another size than the one
+                the component was exported for, or the inputs disagree on the number of images.
+        """
+        size = [int(v) for v in self.plan.per_image[component]["image_sizes"]]
+        given = prompt.get("image_sizes")
+        if given is None:
+            raise ValueError(
+                f"the {component} was exported for images of size {size} and needs image_sizes; pass it to generate()"
+            )
+        sizes = torch.as_tensor(given).reshape(-1, 2)
+        other = sorted({tuple(int(v) for v in row) for row in sizes.tolist()} - {tuple(size)})
+        if other:
+            raise ValueError(
+                f"the {component} was exported for images of size {size} (height, width) and the prompt has images "
+                f"of size {[list(o) for o in other]}; resize them, or export with sample images of that size"
+            )
+        counts = {int(v.shape[0]) for v in values.values()}
+        if len(counts) != 1 or counts != {int(sizes.shape[0])}:
+            raise ValueError(
+                f"the {component}'s inputs hold {sorted(counts)} images but image_sizes has {int(sizes.shape[0])} rows"
+            )
+        shapes = {
+            leaf["path"]: leaf["shape"] for leaf in self.plan.io[component].leaves if leaf.get("tensor")
+        }
+        outputs: list[dict[str, torch.Tensor]] = []
+        for i in range(int(sizes.shape[0])):
+            one: dict[str, torch.Tensor] = {}
+            for path, tensor in values.items():
+                piece = tensor[i : i + 1]
+                recorded = shapes.get(path)
+                if recorded is not None and len(recorded) == piece.dim():
+                    piece = piece[(slice(None), *(slice(0, int(n)) for n in recorded[1:]))]
+                one[path] = piece
+            outputs.append(self._call(component, one, {}))
+        return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
 
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
