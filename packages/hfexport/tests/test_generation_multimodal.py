@@ -286,3 +286,28 @@ def test_image_sizes_read_as_values_give_a_per_image_encoder(model_type, rows_pe
     resized = {**inputs, "image_sizes": torch.tensor([[32, 32], [32, 16]])}
     with pytest.raises(ValueError, match=r"exported for images of size \[32, 32\].* of size \[\[32, 16\]\]"):
         runner.generate(max_new_tokens=1, **resized)
+
+
+def test_an_image_prompted_encoder_decoder_generates_from_pixel_values_alone() -> None:
+    # issue 28: VisionEncoderDecoder's prompt is an image and a decoder prompt, no input_ids;
+    # recording refused it ("generation inputs must be a dict with input_ids") and the tiny model
+    # had no decoder start for generate() to begin with
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+
+    model, inputs = tiny_model("vision-encoder-decoder", "image-text-to-text")
+    assert sorted(inputs) == ["decoder_input_ids", "pixel_values"]
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"] and "pixel_values" in parts["encoder"][1]
+    assert parts.plan.token_ids["decoder_start_token_id"] == 0
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    other = other_image_prompt(model, inputs)
+    assert {k: tuple(v.shape) for k, v in other.items()} == {
+        "pixel_values": (3, 3, 32, 32),
+        "decoder_input_ids": (3, 10),
+    }
+    parity = compare_with_generate(runner, model, other, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+    assert parity.sequences.shape[1] == other["decoder_input_ids"].shape[1] + 3
+    with pytest.raises(ValueError, match="the encoder's own inputs are needed"):
+        runner.generate(None, max_new_tokens=1)

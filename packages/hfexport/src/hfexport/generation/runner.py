@@ -182,7 +182,7 @@ class GenerationRunner:
     # -- the loop ----------------------------------------------------------------------------------
     def generate(
         self,
-        input_ids: torch.Tensor | list[int] | list[list[int]],
+        input_ids: torch.Tensor | list[int] | list[list[int]] | None,
         attention_mask: torch.Tensor | None = None,
         *,
         max_new_tokens: int = 20,
@@ -192,7 +192,9 @@ class GenerationRunner:
 
         Args:
             input_ids: int64 ``[batch, seq]`` (or a list of ids for one prompt). Left padding is
-                expressed by ``attention_mask``.
+                expressed by ``attention_mask``. ``None`` for an encoder-decoder whose encoder
+                reads another input alone (VisionEncoderDecoder: ``pixel_values=``, with an
+                optional ``decoder_input_ids=`` prompt).
             attention_mask: ``[batch, seq]`` (1 = token, 0 = padding); ``None`` means no padding.
             max_new_tokens: how many tokens to generate at most (>= 1).
             **inputs: other generate-style inputs the components need: for multimodal models
@@ -205,10 +207,14 @@ class GenerationRunner:
 
         Raises:
             ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
-                ``max_new_tokens``; a mask whose shape differs from ``input_ids``.
+                ``max_new_tokens``; a mask whose shape differs from ``input_ids``; no
+                ``input_ids`` for a plan other than an encoder-decoder's.
             KeyError: a component needs an input that was not given.
         """
-        ids = torch.as_tensor(input_ids, dtype=torch.int64)
+        if input_ids is None:
+            ids = self._encoder_only_prompt(inputs)
+        else:
+            ids = torch.as_tensor(input_ids, dtype=torch.int64)
         if ids.dim() == 1:
             ids = ids[None]
         if max_new_tokens < 1:
@@ -240,6 +246,29 @@ class GenerationRunner:
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, decoder_prompt, encoded=encoded)
         logits, cache, positions, state = self._prefill(ids, mask, inputs)
         return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
+
+    def _encoder_only_prompt(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The empty ``[batch, 0]`` token prompt of an encoder-decoder run from its encoder's other
+        inputs alone (VisionEncoderDecoder's ``pixel_values``), the batch read from them.
+
+        Raises:
+            ValueError: not an encoder-decoder plan, or no encoder input with a batch axis given.
+        """
+        if self.plan.architecture != "encoder_decoder":
+            raise ValueError(f"input_ids is required: this plan is {self.plan.architecture!r}")
+        batch = next(
+            (
+                int(torch.as_tensor(v).shape[0])
+                for k, v in inputs.items()
+                if k != "decoder_input_ids" and isinstance(v, torch.Tensor) and v.dim() >= 1
+            ),
+            None,
+        )
+        if batch is None:
+            raise ValueError(
+                "without input_ids the encoder's own inputs are needed (pixel_values=... for an image encoder)"
+            )
+        return torch.zeros(batch, 0, dtype=torch.int64)
 
     def _prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
