@@ -311,3 +311,18 @@ def test_an_image_prompted_encoder_decoder_generates_from_pixel_values_alone() -
     assert parity.sequences.shape[1] == other["decoder_input_ids"].shape[1] + 3
     with pytest.raises(ValueError, match="the encoder's own inputs are needed"):
         runner.generate(None, max_new_tokens=1)
+
+
+@pytest.mark.extended  # 28 s under load (T5Gemma 2's generate records three components)
+def test_an_encoder_decoder_prefill_taking_the_images_gets_them_from_the_runner() -> None:
+    # issue 28: T5Gemma 2's prefill (the whole model's first decoder step) takes pixel_values next
+    # to the encoder outputs, as generate() passes them; the runner fed only the decoder ids and
+    # mask (KeyError: "component 'prefill' takes input 'pixel_values'")
+    from hfexport.generation import GenerationRunner, compare_with_generate
+
+    model, inputs = tiny_model("t5gemma2", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"] and "pixel_values" in parts["prefill"][1]
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5

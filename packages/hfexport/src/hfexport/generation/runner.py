@@ -552,7 +552,7 @@ class GenerationRunner:
             prompt = prompt.expand(ids.shape[0], -1) if prompt.shape[0] == 1 else prompt
             starts = bool((prompt[:, :1] == int(start)).any()) if prompt.shape[1] else False
             decoder_ids = prompt if starts else torch.cat([decoder_ids, prompt], dim=1)
-        return self._run_decoder(decoder_ids, mask, max_new_tokens, encoded)
+        return self._run_decoder(decoder_ids, mask, max_new_tokens, encoded, inputs)
 
     def _run_decoder(
         self,
@@ -560,10 +560,13 @@ class GenerationRunner:
         mask: torch.Tensor,
         max_new_tokens: int,
         encoded: Mapping[str, torch.Tensor],
+        prompt: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
         """The decoder steps of an encoder-decoder: ``prefill`` on ``decoder_ids`` (the start token,
-        or a given decoder prompt), then ``decode`` per token; ``[batch, len(decoder_ids) + n]``."""
-        values = {"decoder_input_ids": decoder_ids, "attention_mask": mask}
+        or a given decoder prompt), then ``decode`` per token; ``[batch, len(decoder_ids) + n]``.
+        The prefill also gets the prompt's other inputs, as ``generate`` passes them (T5Gemma 2's
+        prefill takes ``pixel_values`` next to the encoder outputs; issue 28)."""
+        values = {**dict(prompt or {}), "decoder_input_ids": decoder_ids, "attention_mask": mask}
         out = self._call("prefill", values, {}, encoded)
         positions = torch.zeros_like(decoder_ids)
         return self._decode_loop(
