@@ -182,8 +182,8 @@ def bidirectional_prompt_mask_as_eager_runs_it(original: Callable[..., Any]) -> 
     drops the mask (the check reads the mask's values), so the exported language model was causal
     where ``model.generate`` is bidirectional (0.63 apart on the tiny model, issue 28). The
     replacement returns, for such a configuration under SDPA and a query of 1 or of every key,
-    ``where(no padding, all keys, the causal mask)``: eager's choice made in the graph. Any
-    other configuration, implementation, or mask form runs the original's result as is.
+    ``the causal mask | no padding`` (every key when nothing is padded): eager's choice made in the
+    graph. Any other configuration, implementation, or mask form runs the original's result as is.
     """
 
     @functools.wraps(original)
@@ -206,10 +206,9 @@ def bidirectional_prompt_mask_as_eager_runs_it(original: Callable[..., Any]) -> 
         query, keys = inputs_embeds.shape[1], mask.shape[-1]
         if not (query == 1 or query == keys):  # eager materialises the mask here too
             return mask
-        everything = torch.ones_like(mask)
         if attention_mask is None:
-            return everything
-        unpadded = attention_mask.bool().all()
-        return torch.where(unpadded, everything, mask)
+            return torch.ones_like(mask)
+        # an or, not a where: onnxruntime has no Where kernel for bool tensors
+        return mask | attention_mask.bool().all()
 
     return create_causal_mask
