@@ -386,3 +386,37 @@ def test_an_epsilon_added_is_not_dropped_as_a_no_op_add():
     adds = sum(node.op_type == "Add" for node in model.graph)
     rewrite(model)
     assert sum(node.op_type == "Add" for node in model.graph) == adds - 1
+
+
+class _SqueezeRows(torch.nn.Module):
+    """``squeeze(0)`` of a ``[tokens, hidden]`` tensor: a no-op in PyTorch (Mistral3's image features)."""
+
+    def forward(self, x):
+        return (x * 2).squeeze(0).squeeze(1)
+
+
+def test_squeeze_of_a_non_unit_axis_runs_in_onnxruntime_with_the_fix():
+    """issue 28: Mistral3 / Mistral-Large-4's image encoder failed ONNX validation (ShapeInferenceError:
+    Dimension of input 0 must be 1 instead of 4): onnxscript emits Squeeze for squeeze(0) of a
+    4-row tensor, which ONNX refuses (onnx/onnx#3764)."""
+    import onnxruntime as ort
+
+    name = f"{fx_fixes.__name__}.squeeze_of_a_non_unit_axis_dropped"
+    assert name in {e.name for e in registry.entries("onnx", kind="fx_node_fix")}
+    model, x = _SqueezeRows(), torch.randn(4, 1, 8)
+
+    def session(program):
+        proto = torch.onnx.export(program, dynamo=True, optimize=False).model_proto.SerializeToString()
+        return ort.InferenceSession(proto)
+
+    with pytest.raises(Exception, match="must be 1"):
+        session(torch.export.export(model, (x,))).run(None, {"x": x.numpy()})
+    program = torch.export.export(model, (x,))
+    squeezes = [n for n in program.graph.nodes if n.target is torch.ops.aten.squeeze.dim]
+    assert [fx_fixes.squeeze_of_a_non_unit_axis_dropped(program.graph_module, n) for n in squeezes] == [
+        True,
+        False,
+    ]
+    (got,) = session(program).run(None, {"x": x.numpy()})
+    assert got.shape == (4, 8)  # the size-1 axis is still squeezed
+    torch.testing.assert_close(torch.from_numpy(got), model(x), atol=0, rtol=0)

@@ -253,3 +253,76 @@ def test_deepseek_vl_aligner_is_its_projector_and_generates_like_generate() -> N
         max_new_tokens=4,
     )
     assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rows_per_image"),
+    [("llava_next", 36), pytest.param("mistral3", 4, marks=pytest.mark.extended)],  # 10 s each
+)
+def test_image_sizes_read_as_values_give_a_per_image_encoder(model_type, rows_per_image) -> None:
+    # issue 28: LLaVA-NeXT's anyres picks each image's tile grid and crop from image_sizes, Pixtral
+    # (Mistral3) its patch grid; taking them as a graph input failed capture ("Could not guard on
+    # data-dependent expression"). The size is a constant of a one-image component instead, which
+    # the runner calls per image (so the image count stays free) and which refuses another size.
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+    from hfexport.generation.multimodal import SizedImageFeatures
+
+    model, inputs = tiny_model(model_type, "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, SizedImageFeatures) and list(kwargs) == ["pixel_values"]
+    assert tuple(kwargs["pixel_values"].shape) == (1, *inputs["pixel_values"].shape[1:])
+    assert parts.plan.per_image == {"image_encoder": {"image_sizes": [32, 32]}}
+    program = torch.export.export(module, (), dict(kwargs), strict=False)
+    with torch.no_grad():
+        assert torch.equal(program.module()(**kwargs), module(**kwargs))
+        assert tuple(module(**kwargs).shape) == (rows_per_image, model.config.text_config.hidden_size)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    other = other_image_prompt(model, inputs)  # one more image, a longer prompt
+    for prompt in (inputs, other):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, prompt["input_ids"].shape
+    resized = {**inputs, "image_sizes": torch.tensor([[32, 32], [32, 16]])}
+    with pytest.raises(ValueError, match=r"exported for images of size \[32, 32\].* of size \[\[32, 16\]\]"):
+        runner.generate(max_new_tokens=1, **resized)
+
+
+def test_an_image_prompted_encoder_decoder_generates_from_pixel_values_alone() -> None:
+    # issue 28: VisionEncoderDecoder's prompt is an image and a decoder prompt, no input_ids;
+    # recording refused it ("generation inputs must be a dict with input_ids") and the tiny model
+    # had no decoder start for generate() to begin with
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+
+    model, inputs = tiny_model("vision-encoder-decoder", "image-text-to-text")
+    assert sorted(inputs) == ["decoder_input_ids", "pixel_values"]
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"] and "pixel_values" in parts["encoder"][1]
+    assert parts.plan.token_ids["decoder_start_token_id"] == 0
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    other = other_image_prompt(model, inputs)
+    assert {k: tuple(v.shape) for k, v in other.items()} == {
+        "pixel_values": (3, 3, 32, 32),
+        "decoder_input_ids": (3, 10),
+    }
+    parity = compare_with_generate(runner, model, other, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+    assert parity.sequences.shape[1] == other["decoder_input_ids"].shape[1] + 3
+    with pytest.raises(ValueError, match="the encoder's own inputs are needed"):
+        runner.generate(None, max_new_tokens=1)
+
+
+@pytest.mark.extended  # 28 s under load (T5Gemma 2's generate records three components)
+def test_an_encoder_decoder_prefill_taking_the_images_gets_them_from_the_runner() -> None:
+    # issue 28: T5Gemma 2's prefill (the whole model's first decoder step) takes pixel_values next
+    # to the encoder outputs, as generate() passes them; the runner fed only the decoder ids and
+    # mask (KeyError: "component 'prefill' takes input 'pixel_values'")
+    from hfexport.generation import GenerationRunner, compare_with_generate
+
+    model, inputs = tiny_model("t5gemma2", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"] and "pixel_values" in parts["prefill"][1]
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5

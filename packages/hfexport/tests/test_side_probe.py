@@ -181,3 +181,25 @@ def test_the_fake_probe_leaves_no_fake_tensor_in_transformers_lru_caches():
     assert not isinstance(out, FakeTensor)
     assert out.shape == (2, 1 + model.config.num_register_tokens + 100, model.config.hidden_size)
     assert torch.isfinite(out).all()
+
+
+class CachedConv(ConvOnly):
+    """Writes the image features into the cache it is given, as a prefill does."""
+
+    def forward(self, pixel_values, cache):
+        features = self.conv(pixel_values).flatten(2)[:, None]  # [batch, 1 head, 4, h * w]
+        keys, _ = cache.update(features, features, 0)
+        return keys.mean()
+
+
+def test_the_probe_leaves_the_given_cache_as_it_was():
+    # issue 28: GIT's prefill takes pixel_values and an empty cache; the probe's fake run filled
+    # the cache in place, so capture traced 2 layers of fake keys/values against the empty cache's
+    # dynamic shapes ("Node arity mismatch; expected 4, but got 0")
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    inputs = {**_pixels(), "cache": cache}
+    assert model_fixed_image_sides(CachedConv(), inputs, AUTO) == []  # convolutions take any side
+    assert not any(getattr(layer, "is_initialized", False) for layer in cache.layers)
+    assert CachedConv()(**inputs).shape == ()  # the probe ran the forward on the sample

@@ -323,3 +323,41 @@ def test_packed_attention_patch_matches_minimax_m3_vl_and_exports_for_any_image_
             expected = attention(hidden, cu, position_embeddings=(cos, sin))[0]
             got = program.module()(hidden, cu, cos, sin)
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_paligemma_language_model_traces_the_mask_eager_sdpa_runs():
+    # issue 28: PaliGemma's Gemma attends bidirectionally (use_bidirectional_attention) but builds a
+    # causal mask, which eager SDPA drops on an unpadded prompt (every key seen) and a trace keeps:
+    # the exported language model was causal where generate() is not (0.63 apart)
+    from hfexport.capture import capture_patch_key
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds import vision_language
+
+    model, _ = tiny_model("paligemma", TASK)
+    language_model = model.model.language_model
+    assert language_model.config.use_bidirectional_attention
+    key = capture_patch_key(language_model)
+    assert key == vision_language.KEY
+
+    class Prefill(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.language_model = language_model
+
+        def forward(self, inputs_embeds, attention_mask):
+            return self.language_model(
+                inputs_embeds=inputs_embeds, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
+
+    embeds = torch.randn(2, 6, language_model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    unpadded = torch.ones(2, 6, dtype=torch.int64)
+    padded = unpadded.clone()
+    padded[0, :2] = 0  # left padding: eager applies the causal mask
+    with torch.no_grad():
+        plain = torch.export.export(Prefill(), (embeds, unpadded))
+        with apply_patches(key):
+            patched = torch.export.export(Prefill(), (embeds, unpadded))
+        for mask in (unpadded, padded):
+            expected = Prefill()(embeds, mask)
+            torch.testing.assert_close(patched.module()(embeds, mask), expected, atol=1e-5, rtol=1e-5)
+        assert (plain.module()(embeds, unpadded) - Prefill()(embeds, unpadded)).abs().max() > 1e-2  # causal

@@ -171,9 +171,15 @@ def _probe(
 ) -> str:
     """Run ``model(**inputs)`` on fake tensors, the sides in ``grow`` multiplied by
     :data:`SIDE_GROWTH`; ``""`` when it runs, else the first line of the error. Leaves no fake
-    tensor behind in the model's method caches."""
+    tensor behind in the model's method caches, nor in the non-tensor inputs (caches are copied)."""
+    import copy
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    # a cache object is updated in place by the forward: the probe gets its own copy, so the
+    # capture after it still sees the sample's cache (an empty prefill cache stays empty: GIT's
+    # prefill, issue 28, was traced with fake layers the probe had filled: "Node arity mismatch")
+    inputs = {k: v if isinstance(v, torch.Tensor) else copy.deepcopy(v) for k, v in inputs.items()}
     try:
         with (
             _quiet_fake_kernels(),

@@ -14,7 +14,11 @@ import torch
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.assertions import drop_runtime_assertions
 
-__all__ = ["runtime_assertions_dropped_before_translation", "scalar_minus_integer_tensor_in_float"]
+__all__ = [
+    "runtime_assertions_dropped_before_translation",
+    "scalar_minus_integer_tensor_in_float",
+    "squeeze_of_a_non_unit_axis_dropped",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,5 +95,48 @@ def scalar_minus_integer_tensor_in_float(gm: torch.fx.GraphModule, node: torch.f
     node.replace_input_with(operand, cast)
     logger.debug(
         "rsub.Scalar on %s: operand cast to %s before translation", operand_val.dtype, result_val.dtype
+    )
+    return True
+
+
+@register_fx_node_fix(
+    "onnx",
+    description=(
+        "aten.squeeze.dim of an axis whose size is known and not 1 (a no-op in PyTorch: Mistral3's "
+        "image_features.squeeze(0) on [tokens, hidden]) is removed: onnxscript translates it to an ONNX Squeeze, "
+        "which requires the axis to be 1 (onnxruntime: ShapeInferenceError 'Dimension of input 0 must be 1')"
+    ),
+    issue="https://github.com/onnx/onnx/issues/3764",
+    versions={"onnxscript": ">=0.5"},  # aten_squeeze_dim of onnxscript 0.7.2 still emits Squeeze as is
+)
+def squeeze_of_a_non_unit_axis_dropped(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.squeeze.dim(x, d)`` (or ``squeeze.dims``) by ``x`` when none of the squeezed
+    axes can be 1.
+
+    PyTorch's ``squeeze(d)`` leaves a tensor whose axis ``d`` is not 1 unchanged; ONNX's Squeeze
+    refuses it (onnx/onnx#3764), and onnxscript's ``aten_squeeze_dim`` emits Squeeze without
+    looking at the size. An axis whose size is a symbol (not known to be >= 2) is left to the
+    translation.
+
+    Returns:
+        True when the node was removed (its users take ``x``); False for any other node, or when an
+        axis may be 1.
+    """
+    targets = (torch.ops.aten.squeeze.dim, torch.ops.aten.squeeze.dims)
+    if node.op != "call_function" or node.target not in targets or len(node.args) < 2:
+        return False
+    source = node.args[0]
+    value = getattr(source, "meta", {}).get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return False
+    dims = node.args[1] if isinstance(node.args[1], (list, tuple)) else [node.args[1]]
+    for dim in dims:
+        size = value.shape[int(dim) % value.dim()]
+        if not isinstance(size, int) or size == 1:
+            return False
+    node.replace_all_uses_with(source)
+    node.graph.erase_node(node)
+    logger.debug(
+        "squeeze of axes %s of a %s tensor: a no-op, removed before translation", dims, tuple(value.shape)
     )
     return True

@@ -174,9 +174,17 @@ def _encoder_shapes(
     ``get_image_features`` as one component (:class:`hfexport.generation.multimodal.ImageFeatures`)
     varies along the image axis only: the image size is the model's (its position embeddings);
     a text it also reads (InstructBLIP's Q-Former instruction ``qformer_input_ids``, whose role has
-    a sequence axis) varies along that axis too, up to the model's maximum positions."""
+    a sequence axis) varies along that axis too, up to the model's maximum positions; an image
+    encoder of :attr:`GenerationPlan.per_image` takes one image of one size, all axes static."""
     from hfexport.generation.multimodal import ImageFeatures
 
+    if (
+        name in plan.per_image
+        and getattr(config, "dynamic", False)
+        and not getattr(config, "dynamic_shapes", None)
+    ):
+        # one image of one size per call (the image size is read as values): nothing varies
+        return config.replace(dynamic=False)
     features = isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
     if (
         (name not in plan.vision_grid and not features)

@@ -65,6 +65,15 @@ def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -
     return out
 
 
+def _image_encoder_decoder(model: torch.nn.Module, inputs: Mapping[str, Any]) -> bool:
+    """True for an encoder-decoder whose prompt is an image alone (``pixel_values``, optionally a
+    decoder prompt): VisionEncoderDecoder."""
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and isinstance(
+        inputs.get("pixel_values"), torch.Tensor
+    )
+
+
 def other_image_prompt(
     model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1
 ) -> dict[str, torch.Tensor]:
@@ -73,6 +82,8 @@ def other_image_prompt(
     - a model with ``image_grid_thw`` (Qwen2-VL, GLM-4V, Kimi-K2.5 and alike): one image with a patch grid
       ``2 * merge`` patches taller and ``merge`` wider than the sample's first image (so another
       number of image tokens), inside a prompt of other length (batch 1);
+    - an encoder-decoder prompted with an image alone (VisionEncoderDecoder): one more image and
+      a decoder prompt 2 tokens longer;
     - any other model: :func:`hfexport.sample_inputs.make_inputs` with one more row (one more
       image) and a prompt 5 text tokens longer, i.e. the same image size, more images, a longer
       prompt.
@@ -87,10 +98,18 @@ def other_image_prompt(
         A dict of CPU tensors with the same keys as ``inputs`` that ``model.generate`` accepts.
 
     Raises:
-        ValueError: ``inputs`` has no ``input_ids`` (not a text prompt).
+        ValueError: ``inputs`` has no ``input_ids`` (not a text prompt) and is not an image-only
+            encoder-decoder prompt.
     """
     from hfexport.sample_inputs import make_inputs
 
+    if "input_ids" not in inputs and _image_encoder_decoder(model, inputs):
+        # an image-only prompt (VisionEncoderDecoder): one more image, a longer decoder prompt
+        batch = int(inputs["pixel_values"].shape[0])
+        decoder = inputs.get("decoder_input_ids")
+        length = int(decoder.shape[1]) + 2 if isinstance(decoder, torch.Tensor) else 8
+        other = make_inputs(model, "image-text-to-text", batch_size=batch + 1, seq_len=length, seed=seed)
+        return {k: v for k, v in other.items() if k in inputs}
     if "input_ids" not in inputs:
         raise ValueError(
             f"inputs {sorted(inputs)} hold no input_ids; pass the generate-style inputs of a prompt"

@@ -30,6 +30,7 @@ __all__ = [
     "TEXT_ENCODER",
     "ImageFeatures",
     "MultimodalLayout",
+    "SizedImageFeatures",
     "decompose_multimodal",
     "find_multimodal_layout",
     "image_feature_rows",
@@ -411,6 +412,82 @@ class ImageFeatures(torch.nn.Module):
         return {"features": rows, "deepstack_features": [image_feature_rows(d) for d in deepstack]}
 
 
+#: ``get_image_features`` inputs a model reads as values, not only as shapes: LLaVA-NeXT's anyres
+#: picks each image's tile grid and unpadding crop from ``image_sizes``, Pixtral (Mistral3) its
+#: patch grid and the patch merger's split. A graph taking them as tensors guards on unbacked
+#: values (issue 28), so :class:`SizedImageFeatures` holds the size as a constant instead.
+SIZE_INPUTS: tuple[str, ...] = ("image_sizes",)
+
+
+class SizedImageFeatures(ImageFeatures):
+    """The model's ``get_image_features`` for one image of one fixed size (a resolution class).
+
+    LLaVA-NeXT, -Video, -OneVision (anyres) and Mistral3 / LightOnOCR (Pixtral) read
+    ``image_sizes`` as Python values: the size picks the tile grid, the unpadding crop or the
+    patch grid, so the number of feature rows and the graph itself depend on it. The size is held
+    here as a constant and the component takes the other inputs of *one* image
+    (``pixel_values`` ``[1, ...]``); the runner calls it once per image of the prompt, so the number
+    of images stays free, and refuses an image of another size (see
+    :attr:`hfexport.generation.plan.GenerationPlan.per_image`). This is the runtimes' own
+    approach (one vision graph per resolution class).
+
+    Args:
+        owner: the module defining ``get_image_features``.
+        parts: ``{name: module}`` of the encoders and projectors it calls.
+        inputs: the keyword names of the per-image tensor inputs (``["pixel_values"]``).
+        image_size: ``(height, width)`` of the images this component serves.
+
+    ``forward(**inputs)`` returns the image's features ``[rows, hidden]``.
+    """
+
+    def __init__(
+        self,
+        owner: torch.nn.Module,
+        parts: Mapping[str, torch.nn.Module],
+        inputs: list[str],
+        image_size: tuple[int, int],
+    ) -> None:
+        super().__init__(owner, parts, inputs)
+        self.image_size = (int(image_size[0]), int(image_size[1]))
+
+    def forward(self, **kwargs: Any) -> torch.Tensor:
+        out = self._owner.get_image_features(**kwargs, image_sizes=[list(self.image_size)])
+        return image_feature_rows(out)
+
+
+def sized_image_features(
+    module: ImageFeatures, kwargs: Mapping[str, Any]
+) -> tuple[SizedImageFeatures, dict[str, Any], list[int]] | None:
+    """The one-image, fixed-size form of an :class:`ImageFeatures` component whose inputs hold
+    :data:`SIZE_INPUTS`, or ``None`` when they hold none.
+
+    Args:
+        module: the component over the model's ``get_image_features``.
+        kwargs: its recorded inputs, ``image_sizes`` int64 ``[images, 2]`` (height, width) among them.
+
+    Returns:
+        ``(component, one_image_kwargs, [height, width])``: every other input cut to its first
+        image (``[1, ...]``).
+
+    Raises:
+        ValueError: the sample's images are not all of one size (the component serves one
+            resolution class: pass images of one size).
+    """
+    name = next((k for k in SIZE_INPUTS if isinstance(kwargs.get(k), torch.Tensor)), None)
+    if name is None:
+        return None
+    sizes = kwargs[name].reshape(-1, 2)
+    if sizes.shape[0] == 0 or not bool((sizes == sizes[:1]).all()):
+        raise ValueError(
+            f"the sample images have sizes {sizes.tolist()}; the image encoder is exported for one image size "
+            f"(its {name} are read as values), so give sample images of one size"
+        )
+    size = [int(v) for v in sizes[0].tolist()]
+    names = [k for k in module.input_names if k != name]
+    one = {k: kwargs[k][:1] for k in names}
+    return SizedImageFeatures(module._owner, dict(module.parts), names, (size[0], size[1])), one, size
+
+
 def image_feature_rows(out: Any) -> torch.Tensor:
     """The features of a ``get_image_features`` result as one ``[rows, hidden]`` tensor.
 
@@ -678,15 +755,29 @@ def decompose_multimodal(
         if fallback is None or text is None:
             raise
         module, kwargs, settings, derived = fallback
-        with torch.no_grad():
-            produced = {"image_encoder": _flat(module(**kwargs))}
         components.clear()
         plan.links.clear()
         plan.vision_grid.clear()
         if settings is not None:
             plan.vision_grid["image_encoder"] = settings
+        sized = sized_image_features(module, kwargs) if settings is None else None
         try:
-            plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {}, derived)
+            if sized is None:
+                with torch.no_grad():
+                    produced = {"image_encoder": _flat(module(**kwargs))}
+                plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {}, derived)
+            else:
+                # the image size is read as values (anyres, Pixtral): one image of one size per call
+                module, one, size = sized
+                images = int(kwargs[module.input_names[0]].shape[0])
+                with torch.no_grad():
+                    rows = torch.cat(
+                        [module(**{k: kwargs[k][i : i + 1] for k in one}) for i in range(images)]
+                    )
+                plan.links["image_encoder"] = {k: {"from": "prompt", "key": k} for k in one}
+                plan.per_image["image_encoder"] = {"image_sizes": size}
+                kwargs = one
+                produced = {"image_encoder": {"": rows}}
             plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)
         except ValueError as again:
             raise ValueError(f"{exc}; nor do the model's get_image_features outputs: {again}") from exc

@@ -88,7 +88,7 @@ def compare_with_generate(
         reference = model.generate(**dict(inputs), generation_config=config)
     extra = {k: v for k, v in inputs.items() if k not in _PROMPT_KEYS}
     sequences = runner.generate(
-        inputs["input_ids"], inputs.get("attention_mask"), max_new_tokens=max_new_tokens, **extra
+        inputs.get("input_ids"), inputs.get("attention_mask"), max_new_tokens=max_new_tokens, **extra
     )
     mismatch = None
     length = min(sequences.shape[1], reference.sequences.shape[1])

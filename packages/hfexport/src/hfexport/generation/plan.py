@@ -233,6 +233,12 @@ class GenerationPlan:
         mrope: ``{"spatial_merge_size": m, "channels": c}`` when the language model takes M-RoPE position ids
             (``c`` rotary axes), with ``"layout": "row_separated"`` for HunYuan-VL's layout (see
             :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`; Qwen2-VL's without it).
+        per_image: multimodal only: ``{component: {"image_sizes": [height, width]}}`` for an image
+            encoder exported for one image of one size (LLaVA-NeXT's anyres, Pixtral: the model
+            reads the image sizes as values; see
+            :class:`hfexport.generation.multimodal.SizedImageFeatures`). The runner calls it once
+            per image (each input cut to that image) and concatenates the outputs; a prompt whose
+            ``image_sizes`` hold another size is refused.
         io: ``{component: ComponentIO}``.
     """
 
@@ -248,6 +254,7 @@ class GenerationPlan:
     language_inputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     vision_grid: dict[str, dict[str, Any]] = field(default_factory=dict)
     mrope: dict[str, Any] | None = None
+    per_image: dict[str, dict[str, Any]] = field(default_factory=dict)
     io: dict[str, ComponentIO] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -378,7 +378,7 @@ def record_generation(
 
     Raises:
         ValueError: a static cache without ``max_cache_len``; ``inputs`` without ``input_ids`` or
-            ``inputs_embeds``.
+            ``inputs_embeds`` (an encoder-decoder's: nor ``input_features`` / ``pixel_values``).
         RuntimeError: ``generate`` failed (names the model and input keys), or it made fewer
             top-level forward calls than the window needs (its ``generate`` bypasses ``forward``)
             and no :data:`GENERATOR` submodule made enough either.
@@ -387,11 +387,16 @@ def record_generation(
     from hfexport.registry import apply_patches
     from hfexport.workarounds.generation import BACKEND
 
-    if not isinstance(inputs, Mapping) or not (
-        {"input_ids", "inputs_embeds", "input_features"} & set(inputs)
-    ):
+    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    # an encoder-decoder's prompt may be its encoder's input alone: audio features (Whisper) or
+    # an image (VisionEncoderDecoder: pixel_values and a decoder prompt; issue 28)
+    prompt_keys = {"input_ids", "inputs_embeds", "input_features"} | (
+        {"pixel_values"} if encoder_decoder else set()
+    )
+    if not isinstance(inputs, Mapping) or not (prompt_keys & set(inputs)):
         raise ValueError(
-            "generation inputs must be a dict with input_ids (int64 [batch, seq]) or inputs_embeds; "
+            "generation inputs must be a dict with input_ids (int64 [batch, seq]) or inputs_embeds "
+            "(an encoder-decoder: or its encoder's input_features / pixel_values); "
             f"got {sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__}"
         )
     static_requested = getattr(generation_config, "cache_implementation", None) == "static"
@@ -400,7 +405,6 @@ def record_generation(
             "a static cache needs its length: pass GenerationConfig(cache_implementation='static', "
             "max_cache_len=N) with N >= prompt length + the tokens you will generate"
         )
-    encoder_decoder = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
     # An encoder-decoder's first decode step sees a self-attention cache of one position (the start
     # token), which a dynamic export would specialise: skip it so the recorded past is >= 2.
     skip = 1 if encoder_decoder else 0

@@ -182,7 +182,7 @@ class GenerationRunner:
     # -- the loop ----------------------------------------------------------------------------------
     def generate(
         self,
-        input_ids: torch.Tensor | list[int] | list[list[int]],
+        input_ids: torch.Tensor | list[int] | list[list[int]] | None,
         attention_mask: torch.Tensor | None = None,
         *,
         max_new_tokens: int = 20,
@@ -192,7 +192,9 @@ class GenerationRunner:
 
         Args:
             input_ids: int64 ``[batch, seq]`` (or a list of ids for one prompt). Left padding is
-                expressed by ``attention_mask``.
+                expressed by ``attention_mask``. ``None`` for an encoder-decoder whose encoder
+                reads another input alone (VisionEncoderDecoder: ``pixel_values=``, with an
+                optional ``decoder_input_ids=`` prompt).
             attention_mask: ``[batch, seq]`` (1 = token, 0 = padding); ``None`` means no padding.
             max_new_tokens: how many tokens to generate at most (>= 1).
             **inputs: other generate-style inputs the components need: for multimodal models
@@ -205,10 +207,14 @@ class GenerationRunner:
 
         Raises:
             ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
-                ``max_new_tokens``; a mask whose shape differs from ``input_ids``.
+                ``max_new_tokens``; a mask whose shape differs from ``input_ids``; no
+                ``input_ids`` for a plan other than an encoder-decoder's.
             KeyError: a component needs an input that was not given.
         """
-        ids = torch.as_tensor(input_ids, dtype=torch.int64)
+        if input_ids is None:
+            ids = self._encoder_only_prompt(inputs)
+        else:
+            ids = torch.as_tensor(input_ids, dtype=torch.int64)
         if ids.dim() == 1:
             ids = ids[None]
         if max_new_tokens < 1:
@@ -240,6 +246,29 @@ class GenerationRunner:
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, decoder_prompt, encoded=encoded)
         logits, cache, positions, state = self._prefill(ids, mask, inputs)
         return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
+
+    def _encoder_only_prompt(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The empty ``[batch, 0]`` token prompt of an encoder-decoder run from its encoder's other
+        inputs alone (VisionEncoderDecoder's ``pixel_values``), the batch read from them.
+
+        Raises:
+            ValueError: not an encoder-decoder plan, or no encoder input with a batch axis given.
+        """
+        if self.plan.architecture != "encoder_decoder":
+            raise ValueError(f"input_ids is required: this plan is {self.plan.architecture!r}")
+        batch = next(
+            (
+                int(torch.as_tensor(v).shape[0])
+                for k, v in inputs.items()
+                if k != "decoder_input_ids" and isinstance(v, torch.Tensor) and v.dim() >= 1
+            ),
+            None,
+        )
+        if batch is None:
+            raise ValueError(
+                "without input_ids the encoder's own inputs are needed (pixel_values=... for an image encoder)"
+            )
+        return torch.zeros(batch, 0, dtype=torch.int64)
 
     def _prefill(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
@@ -332,7 +361,10 @@ class GenerationRunner:
                     if not derived:
                         derived = vision_grid_inputs(values[source["grid"]], plan.vision_grid[component])
                     values[path] = derived[source["key"]]
-            produced[component] = self._call(component, values, {})
+            if component in plan.per_image:
+                produced[component] = self._call_per_image(component, values, prompt)
+            else:
+                produced[component] = self._call(component, values, {})
         embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
         for token, source in plan.features.items():
             features = _output(produced, source["component"], source["output"])
@@ -346,6 +378,53 @@ class GenerationRunner:
                 )
             embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
         return embeds, produced
+
+    def _call_per_image(
+        self, component: str, values: Mapping[str, torch.Tensor], prompt: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """Call an image encoder exported for one image of one size (:attr:`GenerationPlan.per_image`)
+        once per image and concatenate its outputs along axis 0.
+
+        Each input is cut to one image (``[i : i + 1]``) and, where the prompt's tensor is larger
+        than the graph's on a later axis (the padding of a batch of images: LLaVA-NeXT's tiles,
+        Pixtral's padded sides), cut to the graph's size there, as the model does itself.
+
+        Raises:
+            ValueError: the prompt's ``image_sizes`` are missing or hold another size than the one
+                the component was exported for, or the inputs disagree on the number of images.
+        """
+        size = [int(v) for v in self.plan.per_image[component]["image_sizes"]]
+        given = prompt.get("image_sizes")
+        if given is None:
+            raise ValueError(
+                f"the {component} was exported for images of size {size} and needs image_sizes; pass it to generate()"
+            )
+        sizes = torch.as_tensor(given).reshape(-1, 2)
+        other = sorted({tuple(int(v) for v in row) for row in sizes.tolist()} - {tuple(size)})
+        if other:
+            raise ValueError(
+                f"the {component} was exported for images of size {size} (height, width) and the prompt has images "
+                f"of size {[list(o) for o in other]}; resize them, or export with sample images of that size"
+            )
+        counts = {int(v.shape[0]) for v in values.values()}
+        if len(counts) != 1 or counts != {int(sizes.shape[0])}:
+            raise ValueError(
+                f"the {component}'s inputs hold {sorted(counts)} images but image_sizes has {int(sizes.shape[0])} rows"
+            )
+        shapes = {
+            leaf["path"]: leaf["shape"] for leaf in self.plan.io[component].leaves if leaf.get("tensor")
+        }
+        outputs: list[dict[str, torch.Tensor]] = []
+        for i in range(int(sizes.shape[0])):
+            one: dict[str, torch.Tensor] = {}
+            for path, tensor in values.items():
+                piece = tensor[i : i + 1]
+                recorded = shapes.get(path)
+                if recorded is not None and len(recorded) == piece.dim():
+                    piece = piece[(slice(None), *(slice(0, int(n)) for n in recorded[1:]))]
+                one[path] = piece
+            outputs.append(self._call(component, one, {}))
+        return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
 
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
@@ -484,7 +563,7 @@ class GenerationRunner:
             prompt = prompt.expand(ids.shape[0], -1) if prompt.shape[0] == 1 else prompt
             starts = bool((prompt[:, :1] == int(start)).any()) if prompt.shape[1] else False
             decoder_ids = prompt if starts else torch.cat([decoder_ids, prompt], dim=1)
-        return self._run_decoder(decoder_ids, mask, max_new_tokens, encoded)
+        return self._run_decoder(decoder_ids, mask, max_new_tokens, encoded, inputs)
 
     def _run_decoder(
         self,
@@ -492,10 +571,13 @@ class GenerationRunner:
         mask: torch.Tensor,
         max_new_tokens: int,
         encoded: Mapping[str, torch.Tensor],
+        prompt: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
         """The decoder steps of an encoder-decoder: ``prefill`` on ``decoder_ids`` (the start token,
-        or a given decoder prompt), then ``decode`` per token; ``[batch, len(decoder_ids) + n]``."""
-        values = {"decoder_input_ids": decoder_ids, "attention_mask": mask}
+        or a given decoder prompt), then ``decode`` per token; ``[batch, len(decoder_ids) + n]``.
+        The prefill also gets the prompt's other inputs, as ``generate`` passes them (T5Gemma 2's
+        prefill takes ``pixel_values`` next to the encoder outputs; issue 28)."""
+        values = {**dict(prompt or {}), "decoder_input_ids": decoder_ids, "attention_mask": mask}
         out = self._call("prefill", values, {}, encoded)
         positions = torch.zeros_like(decoder_ids)
         return self._decode_loop(

@@ -949,6 +949,12 @@ PRESETS.update(
             )
             for mt in ("blip-2", "instructblip", "instructblipvideo")
         },
+        "vision-encoder-decoder": Preset(
+            config={"decoder_start_token_id": 0, "pad_token_id": 0},
+            reason="the composite config names no decoder start (released checkpoints such as TrOCR set "
+            "one), so generate() cannot start the decoder; the padding id 0 starts it, as T5's does, "
+            "and is the first id of the sample decoder prompt (issue 28)",
+        ),
         "aria": Preset(
             config={"projector_patch_to_query_dict": {16: 4}},
             reason="its projector maps the vision tower's patch count to a query count through "

@@ -28,6 +28,10 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
   batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
   images that fill ``pixel_values`` (no padding).
+- :func:`bidirectional_prompt_mask_as_eager_runs_it`: PaliGemma's Gemma language model attends
+  bidirectionally (``use_bidirectional_attention``) but builds a causal mask, which eager SDPA
+  skips on an unpadded prompt (its attention then sees every key) and the trace always keeps; the
+  traced mask now makes the same choice in the graph.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
+    "BIDIRECTIONAL_PROMPT_MODULES",
     "CAPTURE",
     "KEY",
     "VISION_LANGUAGE_MODULES",
+    "bidirectional_prompt_mask_as_eager_runs_it",
     "block_diagonal_mask",
     "capture_key",
     "image_batch_without_padding_filter",
@@ -80,6 +86,22 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
 )
 
 
+#: modeling modules whose causal mask a bidirectional configuration (PaliGemma's language model,
+#: ``use_bidirectional_attention=True``) runs through :func:`bidirectional_prompt_mask_as_eager_runs_it`
+BIDIRECTIONAL_PROMPT_MODULES: tuple[str, ...] = tuple(
+    f"transformers.models.{name}.modeling_{name}" for name in ("paligemma", "gemma", "gemma2")
+)
+
+
+def _bidirectional_language_model(module: torch.nn.Module) -> bool:
+    """A submodule of :data:`BIDIRECTIONAL_PROMPT_MODULES` whose config attends bidirectionally."""
+    return any(
+        type(sub).__module__ in BIDIRECTIONAL_PROMPT_MODULES
+        and bool(getattr(getattr(sub, "config", None), "use_bidirectional_attention", False))
+        for sub in module.modules()
+    )
+
+
 def capture_key(module: torch.nn.Module) -> str:
     """The registry key :func:`hfexport.capture.capture` installs patches from for ``module``.
 
@@ -89,10 +111,13 @@ def capture_key(module: torch.nn.Module) -> str:
     Returns:
         :data:`KEY` (``"capture.vision_language"``: the ``"capture"`` entries and this module's)
         when ``module`` or one of its submodules is defined in one of
-        :data:`VISION_LANGUAGE_MODULES`; ``"capture"`` otherwise, so other models' reports do not
-        list these patches.
+        :data:`VISION_LANGUAGE_MODULES`, or is a module of :data:`BIDIRECTIONAL_PROMPT_MODULES`
+        configured with ``use_bidirectional_attention`` (PaliGemma's language model); ``"capture"``
+        otherwise, so other models' reports do not list these patches.
     """
-    return KEY if holds_module_from(module, VISION_LANGUAGE_MODULES) else CAPTURE
+    if holds_module_from(module, VISION_LANGUAGE_MODULES) or _bidirectional_language_model(module):
+        return KEY
+    return CAPTURE
 
 
 def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
@@ -479,3 +504,61 @@ def image_codes_of_unpadded_batch(original: Callable[..., Any]) -> Callable[...,
         return output_class(image_tokens=[tokens], pooler_output=(self.get_input_embeddings()(tokens),))
 
     return functools.wraps(original)(get_image_features)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.gemma.modeling_gemma.create_causal_mask",
+    "transformers.models.gemma2.modeling_gemma2.create_causal_mask",
+    "transformers.models.paligemma.modeling_paligemma.create_causal_mask",
+    description=(
+        "a language model configured with use_bidirectional_attention (PaliGemma's) builds a causal mask that eager "
+        "SDPA skips on an unpadded prompt (is_causal=False: every key is seen) and a trace always materialises; the "
+        "traced mask takes every key where the prompt has no padding, as eager does"
+    ),
+    # the same construct as Gemma 4's: use_bidirectional_attention without config.is_causal=False, so the
+    # mask helpers build a causal mask for non-causal attention layers
+    issue="https://github.com/huggingface/transformers/issues/46077",
+    versions={"transformers": ">=5.0,<6"},
+)
+def bidirectional_prompt_mask_as_eager_runs_it(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``create_causal_mask`` in the Gemma / Gemma 2 / PaliGemma modeling files while capturing.
+
+    PaliGemma's configuration sets its text model's ``use_bidirectional_attention`` (the image and
+    prompt prefix attend both ways), so the attention layers run with ``is_causal=False``; the
+    language model still builds its mask with ``create_causal_mask``. Eager SDPA drops that mask
+    when nothing is padded and the query spans the keys (``_ignore_causal_mask_sdpa``) and then
+    attends to every key, bidirectionally; with padding it applies the causal mask. A trace never
+    drops the mask (the check reads the mask's values), so the exported language model was causal
+    where ``model.generate`` is bidirectional (0.63 apart on the tiny model, issue 28). The
+    replacement returns, for such a configuration under SDPA and a query of 1 or of every key,
+    ``the causal mask | no padding`` (every key when nothing is padded): eager's choice made in the
+    graph. Any other configuration, implementation, or mask form runs the original's result as is.
+    """
+
+    @functools.wraps(original)
+    def create_causal_mask(
+        config: Any, inputs_embeds: torch.Tensor, attention_mask: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        mask = original(config, inputs_embeds, attention_mask, *args, **kwargs)
+        if (
+            not getattr(config, "use_bidirectional_attention", False)
+            or getattr(config, "_attn_implementation", None) != "sdpa"
+            or not isinstance(mask, torch.Tensor)
+            or mask.dtype != torch.bool
+            or mask.dim() != 4
+        ):
+            return mask
+        if attention_mask is not None and not (
+            isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2
+        ):
+            return mask
+        query, keys = inputs_embeds.shape[1], mask.shape[-1]
+        if not (query == 1 or query == keys):  # eager materialises the mask here too
+            return mask
+        if attention_mask is None:
+            return torch.ones_like(mask)
+        # an or, not a where: onnxruntime has no Where kernel for bool tensors
+        return mask | attention_mask.bool().all()
+
+    return create_causal_mask
