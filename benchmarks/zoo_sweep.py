@@ -97,8 +97,9 @@ FAMILY_NOTES: dict[str, str] = {
     "OneFormer).",
     "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (81%, target 85%): "
     "donut-swin's program plans more memory than loads (error 0x21: a size bound still overestimated), mobilevit "
-    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), convnextv2, pp_lcnet and efficientnet "
-    "differ at the second shape (cause not found), swin timed out under load.",
+    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; convnextv2, "
+    "pp_lcnet and efficientnet differ at the second shape: their captured programs match eager exactly there, so "
+    "the difference arises in ExecuTorch's lowering or runtime kernels (not yet located).",
     "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`. depth_pro splits the image "
     "into patches and merges them by the image size (scale factors 0.25, 0.5, Python loops over the patch "
     "grid), so its image sides are model-fixed (the second shape varies the batch only); its tiny weights are "
@@ -122,12 +123,18 @@ FAMILY_NOTES: dict[str, str] = {
     "frame count (at most 5000) dominates planned memory, so the memory budget narrows the inputs to the "
     "sample size (static) and, with the bounds kept, one tensor plans 68 GB.",
     "vision-language": "`export_for_generation` components (image encoder, projector, language model prefill "
-    "and decode) at two shapes, then greedy generation from the components against `model.generate`. The "
-    "commonest misses: image encoders that split per image in Python (`.tolist()`, per-image loops: idefics2/3, "
-    "smolvlm, granite_docling, lfm2_vl, kimi_k25, LLaVA-NeXT's and Pixtral's `image_sizes`) keep the sample's "
-    "image count; models whose `generate()` calls an inner language model's `generate` (blip, blip-2, "
-    "instructblip, kosmos-2); tiny configs transformers' own defaults leave incomplete (no vision config, no "
-    "image token id, PIL-only timm towers).",
+    "and decode) at two shapes, then greedy generation from the components against `model.generate`. Image "
+    "encoders that read `image_sizes` as values (LLaVA-NeXT anyres, Pixtral: mistral3, lighton_ocr) are exported "
+    "for one image of the sample's size and called once per image (any image count; another size is refused). "
+    "Remaining dynamo misses: kimi_k25, hy_v4_vl and cosmos3_edge read their grid sizes as values in per-image "
+    "position-embedding interpolation and attention loops (the sample's image count stays fixed); blip and "
+    "kosmos-2 hand the image to their inner language model's `generate()` as an input of its own (no "
+    "placeholder tokens to merge at: that split is not built yet); kosmos-2.5, minicpm_ocr/v4_6/v4_7 and "
+    "nemotron_h_omni need processor-side image inputs (flattened patches, NaViT-packed `target_sizes`, "
+    "`image_grid_hw`) and image token ids their tiny configs lack; glm5_next's sample prompt fills one indexer "
+    "pool and one linear-attention chunk, which the trace fixes at 1 (needs a sample prompt over 64 tokens). "
+    "Types without a tiny model: transformers' own defaults leave the config incomplete (no vision config, no "
+    "image token id) or the tower needs PIL (timm wrappers).",
 }
 # issue 28, first half of the families not swept: task heads, sentence embeddings, dual encoders, audio
 FAMILIES.update(
