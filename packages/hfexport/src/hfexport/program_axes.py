@@ -15,6 +15,7 @@ validation keeps such axes at their size (:func:`hfexport.validation.derive_seco
 from __future__ import annotations
 
 import math
+import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -209,6 +210,10 @@ class _Sized:
         return self._shape
 
 
+#: the ``torch.*`` functions torch's guard printer writes (``torch.utils._sympy.printers``), on ints
+_GUARD_TORCH = types.SimpleNamespace(sym_float=float, _sym_sqrt=math.sqrt)
+
+
 def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | None:
     """Whether the input guards ``torch.export`` recorded for ``program`` (its ``_guards_code``,
     the Python expressions its module asserts before running) hold for inputs of ``shapes``.
@@ -225,7 +230,9 @@ def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | N
     if not code:
         return None
     inputs = {"L": {k: _Sized(v) for k, v in shapes.items()}}
-    scope = {"__builtins__": {}, "max": max, "min": min, "math": math}  # torch writes ceil as math.ceil
+    # torch writes ceil as math.ceil, a float of a size as torch.sym_float (DINOv3's patch-center
+    # coordinates: ceil((height // 8 - 0.5) / 1.0)) and a square root as torch._sym_sqrt
+    scope = {"__builtins__": {}, "max": max, "min": min, "math": math, "torch": _GUARD_TORCH}
     try:
         return all(bool(eval(expr, scope, inputs)) for expr in _compiled(tuple(code)))
     except Exception:  # a guard outside shape arithmetic: undecided
