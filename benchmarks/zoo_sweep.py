@@ -100,7 +100,9 @@ FAMILY_NOTES: dict[str, str] = {
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
     "OneFormer). EoMT and EoMT-DINOv3 fold their patch tokens back to the config's grid, so they take one image "
     "size (the second shape varies the batch). mobilevit's ExecuTorch miss is image classification's: a Python "
-    "`pow` on sizes reaches memory planning (no ExecuTorch operator).",
+    "`pow` on sizes reaches memory planning (no ExecuTorch operator); rf_detr's ExecuTorch method does not load "
+    "(error 0x21, memory allocation: the planned arena is more than the runtime gets), as donut-swin's in image "
+    "classification.",
     "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (81%, target 85%): "
     "donut-swin's program plans more memory than loads (error 0x21: a size bound still overestimated), mobilevit "
     "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), convnextv2, pp_lcnet and efficientnet "
