@@ -89,12 +89,20 @@ FAMILY_NOTES: dict[str, str] = {
     "heads build timm-free: a tiny transformers resnet stands in for timm's resnet50; 10 queries). The RT-DETR "
     "family's tiny models (rt_detr, rt_detr_v2, d_fine, deimv2, pp_doclayout_*) get variance-preserving weights: "
     "upstream's N(0, 0.01) conv and batch-norm init shrank the features to 1e-6..1e-18, every query scored the "
-    "prior bias and top-k chose among exact ties.",
+    "prior bias and top-k chose among exact ties. ExecuTorch misses explained: the pp_ocr* text detectors' stride-32 "
+    "backbones end in a 1x1 feature map at the 32x32 tiny sample, and their ExecuTorch program is memory-planned for "
+    "image sides up to 32 (input [8, 3, 32, 32]) though its bounds say 128, so the 64x64 second shape is refused "
+    "(dynamo, ONNX and OpenVINO take it); export with a sample of 64 px or more (the lowering step that fixes the "
+    "sides is not pinned down yet).",
     "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
     "(`input_ids`): per-patch query logits and boxes.",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
-    "OneFormer).",
+    "OneFormer). EoMT and EoMT-DINOv3 fold their patch tokens back to the config's grid, so they take one image "
+    "size (the second shape varies the batch). mobilevit's ExecuTorch miss is image classification's: a Python "
+    "`pow` on sizes reaches memory planning (no ExecuTorch operator); rf_detr's ExecuTorch method does not load "
+    "(error 0x21, memory allocation: the planned arena is more than the runtime gets), as donut-swin's in image "
+    "classification.",
     "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (81%, target 85%): "
     "donut-swin's program plans more memory than loads (error 0x21: a size bound still overestimated), mobilevit "
     "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; convnextv2, "

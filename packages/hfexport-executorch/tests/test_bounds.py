@@ -167,3 +167,24 @@ def test_estimate_peak_bytes_takes_unbacked_sizes_at_the_largest_bound():
     peak = bounds.estimate_peak_bytes(program, {symbol: 32})
     assert peak >= 32 * 4 * 4 + 32 * 4 * 4  # x and at least as many picked rows as the bound
     assert peak <= 8 * 32 * 4 * 4
+
+
+def test_estimate_peak_bytes_takes_a_size_undefined_at_the_bounds_at_the_sample():
+    # issue 28 sweep: Mask2Former's pixel decoder has a size x // (m // 4) whose m (a padding
+    # remainder) is below 4 at the 4x image-side bound; the memory_budget stage raised
+    # ZeroDivisionError on every ExecuTorch export of mask2former
+    import torch
+
+    class Grouped(torch.nn.Module):
+        def forward(self, x):
+            n = x.shape[1]
+            return x[:, : n // (n // 4)] * 2  # [2, n // (n // 4)] float32: 4 at the sample 16
+
+    program = torch.export.export(
+        Grouped(), (torch.randn(2, 16),), dynamic_shapes=({1: Dim.AUTO(min=4, max=64)},)
+    )
+    (symbol,) = list(program.range_constraints)
+    # the peak is x with the slice, or the slice with the product (4 columns each at the sample);
+    # at n = 2 their size divides by 2 // 4 = 0: it is taken at the sample, 4 columns
+    assert bounds.estimate_peak_bytes(program, {symbol: 16}) == (2 * 16 + 2 * 4) * 4
+    assert bounds.estimate_peak_bytes(program, {symbol: 2}) == (2 * 4 + 2 * 4) * 4

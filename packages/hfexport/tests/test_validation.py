@@ -605,6 +605,38 @@ def test_guards_written_with_torch_sym_float_are_evaluated():
     assert (width["status"], width["max"], width["note"]) == ("static", 32, "model-fixed")
 
 
+def test_guards_written_with_torch_sym_float_are_evaluated_and_fix_eomt_dinov3_image_sides():
+    """issue 28: EoMT-DINOv3 folds its patch tokens to the config's grid (``reshape(b, -1, *grid)``),
+    so only the sample's image size runs; the guard saying so sits next to DINOv3's patch-center
+    guards, written with ``torch.sym_float``. Those were not evaluated, the sides stayed "dynamic
+    [8, inf]" and the second shape doubled them (eager reference: "expected input[3, 256, 4, 4] to
+    have 64 channels")."""
+    from hfexport.capture import capture
+    from hfexport.config import DynamoConfig
+    from hfexport.program_axes import guards_accept
+    from hfexport.report import ExportReport
+    from hfexport.testing import tiny_model
+    from hfexport.workarounds.dense_prediction import eomt_mask_probabilities_before_capture
+
+    model, inputs = tiny_model("eomt_dinov3", "image-segmentation")
+    inputs = eomt_mask_probabilities_before_capture(model, inputs)
+    report = ExportReport(export_format="dynamo")
+    program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    assert any("torch.sym_float" in guard for guard in program._guards_code)
+    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
+    assert guards_accept(program, {"pixel_values": (2, 3, 64, 64)}) is False
+    sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.dynamic_axes}
+    assert sides["image height"] == sides["image width"] == ("static", 32, "model-fixed")
+    second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)
+    assert second is not None, reason
+    assert tuple(second["pixel_values"].shape) == (3, 3, 32, 32)
+    with torch.no_grad():
+        got, expected = program.module()(**second), model(**second)
+    torch.testing.assert_close(
+        got["masks_queries_logits"], expected.masks_queries_logits, atol=1e-4, rtol=1e-4
+    )
+
+
 def test_compare_outputs_works_in_chunks_and_keeps_allclose_semantics(monkeypatch):
     """Large outputs are compared in float64 chunks (a real LM's logits are 30M elements): a
     difference in the last chunk, NaNs, infinities and padding behave as torch.allclose does."""

@@ -118,3 +118,21 @@ def test_oneformer_gets_its_task_prompt():
     with torch.no_grad():
         out = model(**inputs)
     assert tuple(out.class_queries_logits.shape) == (2, model.config.num_queries, model.config.num_labels + 1)
+
+
+def test_tipsv2_dpt_tiny_weights_keep_the_logits_in_float32_range():
+    """issue 28: upstream's kaiming-normal (fan_out) init of every Linear and Conv, the ViT backbone's
+    included, grew the tiny model's segmentation logits to 538, and ONNX, OpenVINO and ExecuTorch
+    missed eager on them; the preset redraws the weights variance-preserving."""
+    import torch
+
+    from hfexport.tiny.presets import PRESETS
+
+    assert PRESETS["tipsv2_dpt"].init == "variance_preserving"
+    model, inputs = tiny_model("tipsv2_dpt", "image-segmentation", check_eager=True)
+    with torch.no_grad():
+        logits = model(**inputs).logits
+        reference = model.double()(pixel_values=inputs["pixel_values"].double()).logits
+    assert tuple(logits.shape) == (2, model.config.num_labels, 32, 32)
+    assert 0.1 < float(logits.abs().max()) < 10.0  # was 538
+    assert float((logits.double() - reference).abs().max()) < 1e-4  # float32 rounding stays small

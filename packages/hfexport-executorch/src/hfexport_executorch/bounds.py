@@ -599,7 +599,8 @@ def estimate_peak_bytes(ep: torch.export.ExportedProgram, bounds: Mapping[sympy.
         ep: the captured or lowered program.
         bounds: value for each free symbol; symbols not given take their sample size, and
             unbacked (data-dependent) symbols their finite upper bound, else the largest value
-            in ``bounds``.
+            in ``bounds``. A size that divides by zero at ``bounds`` (undefined there) is taken at
+            the sample sizes.
 
     Returns:
         The estimated peak, in bytes.
@@ -613,7 +614,13 @@ def estimate_peak_bytes(ep: torch.export.ExportedProgram, bounds: Mapping[sympy.
 
     @functools.cache
     def evaluate(expr: sympy.Expr) -> int:
-        value = expr.xreplace(subs)
+        try:
+            value = expr.xreplace(subs)
+        except ZeroDivisionError:
+            # a size the model's arithmetic leaves undefined at these bounds (Mask2Former's pixel
+            # decoder: x // (m // 4) with m a padding remainder that is below 4 at side 128): the
+            # program cannot run there, so the size is taken at the sample
+            return int(shape_env.optimization_hint(expr, fallback=unbacked_fallback)) if shape_env else 0
         if value.is_number:
             return int(value)
         if shape_env is None:

@@ -227,8 +227,9 @@ def guards_accept(program: Any, shapes: Mapping[str, Sequence[int]]) -> bool | N
     if not code:
         return None
     inputs = {"L": {k: _Sized(v) for k, v in shapes.items()}}
-    # torch writes ceil as math.ceil, a float size as torch.sym_float (DepthPro's image pyramid:
-    # math.trunc(0.25 * torch.sym_float(width)) == 8)
+    # torch writes ceil as math.ceil, a float of a size as torch.sym_float (DepthPro's image pyramid:
+    # math.trunc(0.25 * torch.sym_float(width)) == 8; DINOv3's patch-center coordinates) and a square
+    # root as torch._sym_sqrt
     scope = {"__builtins__": {}, "max": max, "min": min, "math": math, "torch": _GUARD_TORCH}
     try:
         return all(bool(eval(expr, scope, inputs)) for expr in _compiled(tuple(code)))
@@ -244,6 +245,7 @@ _GUARD_TORCH = types.SimpleNamespace(
     sym_max=max,
     sym_min=min,
     sym_sqrt=math.sqrt,
+    _sym_sqrt=math.sqrt,
     sym_not=operator.not_,
     sym_ite=lambda condition, then, otherwise: then if condition else otherwise,
 )

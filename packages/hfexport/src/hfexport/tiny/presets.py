@@ -856,6 +856,14 @@ PRESETS.update(
             "raises without a window) while the default config leaves sliding_window None and every layer "
             "full attention; one sliding (32-token window) and one full layer, as the checkpoints mix them",
         ),
+        "tipsv2_dpt": Preset(
+            config={},
+            reason="upstream's _init_weights draws every Linear and Conv weight, the ViT backbone's "
+            "included, kaiming-normal (fan_out, ReLU gain), which grows the activations layer by layer: "
+            "the tiny model's segmentation logits reached 538 and float32 runtimes (ONNX, OpenVINO, "
+            "ExecuTorch) missed eager beyond tolerance; weights redrawn variance-preserving",
+            init="variance_preserving",
+        ),
         "pp_doclayout_v2": Preset(
             config={"class_thresholds": [0.5] * _NUM_LABELS, "class_order": list(range(_NUM_LABELS))},
             reason="the forward looks up a score threshold and a reading-order category per class in "
