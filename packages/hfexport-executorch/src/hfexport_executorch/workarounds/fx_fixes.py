@@ -367,6 +367,19 @@ def layer_norm_in_float32(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool
     return True
 
 
+def _size_argument(
+    gm: torch.fx.GraphModule, source: torch.fx.Node, dim: int, size: int | torch.SymInt
+) -> torch.fx.Node | int:
+    """``source.size(dim)`` as an operator argument, at the graph's insertion point: an
+    ``aten.sym_size.int`` node (its ``meta["val"]`` the symbolic size) when the size is symbolic,
+    else the int."""
+    if not isinstance(size, torch.SymInt):
+        return int(size)
+    node = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
+    node.meta["val"] = size
+    return node
+
+
 @register_fx_node_fix(
     "executorch",
     description=(
@@ -405,11 +418,7 @@ def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     dim = int(dim) % max(val.dim(), 1)
     size = val.shape[dim] if val.dim() else 1
     with gm.graph.inserting_before(node):
-        if isinstance(size, torch.SymInt):
-            k: object = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
-            k.meta["val"] = size  # type: ignore[attr-defined]
-        else:
-            k = int(size)
+        k = _size_argument(gm, source, dim, size)
         topk = gm.graph.call_function(torch.ops.aten.topk.default, (source, k, dim, bool(descending), True))
     topk.meta.update({key: value for key, value in node.meta.items()})
     node.replace_all_uses_with(topk)
@@ -490,11 +499,7 @@ def left_crop_of_constant_pad_as_pad_and_slice(gm: torch.fx.GraphModule, node: t
         if not _never_negative(amount_val + size):
             continue
         with gm.graph.inserting_before(node):
-            if isinstance(size, torch.SymInt):
-                size_node: object = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, dim))
-                size_node.meta["val"] = size  # type: ignore[attr-defined]
-            else:
-                size_node = int(size)
+            size_node = _size_argument(gm, source, dim, size)
             widened = gm.graph.call_function(operator.add, (amount, size_node))
             widened.meta["val"] = amount_val + size
             pad[index] = widened
