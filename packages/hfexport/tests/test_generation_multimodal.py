@@ -286,6 +286,13 @@ def test_image_sizes_read_as_values_give_a_per_image_encoder(model_type, rows_pe
     resized = {**inputs, "image_sizes": torch.tensor([[32, 32], [32, 16]])}
     with pytest.raises(ValueError, match=r"exported for images of size \[32, 32\].* of size \[\[32, 16\]\]"):
         runner.generate(max_new_tokens=1, **resized)
+    if inputs["pixel_values"].dim() == 5:  # tiles of another pixel size: eager refuses them too
+        pixels = inputs["pixel_values"]
+        larger = torch.nn.functional.pad(pixels.flatten(0, 1), (0, 16, 0, 16)).unflatten(0, pixels.shape[:2])
+        with pytest.raises(
+            ValueError, match=r"exported for tiles of \[32, 32\] pixels .* tiles of \[48, 48\]"
+        ):
+            runner.generate(max_new_tokens=1, **{**inputs, "pixel_values": larger})
 
 
 def test_an_image_prompted_encoder_decoder_generates_from_pixel_values_alone() -> None:

@@ -387,11 +387,14 @@ class GenerationRunner:
 
         Each input is cut to one image (``[i : i + 1]``) and, where the prompt's tensor is larger
         than the graph's on a later axis (the padding of a batch of images: LLaVA-NeXT's tiles,
-        Pixtral's padded sides), cut to the graph's size there, as the model does itself.
+        Pixtral's padded sides), cut to the graph's size there, as the model does itself. The pixel
+        sides of a tiled input (5-D ``[images, tiles, channels, height, width]``: every tile is
+        resized to the model's crop size) must equal the graph's: they are never cut.
 
         Raises:
             ValueError: the prompt's ``image_sizes`` are missing or hold another size than the one
-                the component was exported for, or the inputs disagree on the number of images.
+                the component was exported for, the inputs disagree on the number of images, or
+                a tiled input's tiles have other pixel sides than the graph's.
         """
         size = [int(v) for v in self.plan.per_image[component]["image_sizes"]]
         given = prompt.get("image_sizes")
@@ -421,6 +424,12 @@ class GenerationRunner:
                 piece = tensor[i : i + 1]
                 recorded = shapes.get(path)
                 if recorded is not None and len(recorded) == piece.dim():
+                    if piece.dim() == 5 and list(piece.shape[-2:]) != [int(n) for n in recorded[-2:]]:
+                        raise ValueError(
+                            f"the {component} was exported for tiles of {[int(n) for n in recorded[-2:]]} pixels "
+                            f"(height, width) and the prompt's {path} has tiles of {list(piece.shape[-2:])}; "
+                            "resize the tiles to the model's crop size, as its image processor does"
+                        )
                     piece = piece[(slice(None), *(slice(0, int(n)) for n in recorded[1:]))]
                 one[path] = piece
             outputs.append(self._call(component, one, {}))
