@@ -93,7 +93,10 @@ FAMILY_NOTES: dict[str, str] = {
     "backbones end in a 1x1 feature map at the 32x32 tiny sample, and their ExecuTorch program is memory-planned for "
     "image sides up to 32 (input [8, 3, 32, 32]) though its bounds say 128, so the 64x64 second shape is refused "
     "(dynamo, ONNX and OpenVINO take it); export with a sample of 64 px or more (the lowering step that fixes the "
-    "sides is not pinned down yet).",
+    "sides is not pinned down yet). ExecuTorch misses (63%, target 85%): the pp_ocr* detectors' stride-32 backbones end in a 1x1 map at the 32 px tiny sample and "
+    "the program is memory-planned for sides up to 32, so the 64 px second shape is refused (a 64 px sample passes); dab-detr "
+    "fails XNNPACK's ChannelsLastTaggedReshapePass; rf_detr's method fails to load (0x21, memory); pp_doclayout_v2's reading-order "
+    "logits tie among equal integer keys.",
     "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
     "(`input_ids`): per-patch query logits and boxes.",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
