@@ -333,3 +333,42 @@ def test_an_encoder_decoder_prefill_taking_the_images_gets_them_from_the_runner(
     runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
     assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+
+
+def test_a_text_only_prompt_skips_the_image_components_like_generate() -> None:
+    # a text-only turn of a vision-language chat: generate() embeds the text alone; the runner
+    # refused it ("the image_encoder needs 'pixel_values'"). Now the encoder and projector are left
+    # out, and placeholder tokens without their image still raise, naming the missing input.
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import text_only_prompt
+
+    model, inputs = tiny_model("llava", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    placeholders = [int(t) for t in parts.plan.features]
+    text = text_only_prompt(inputs, placeholders)
+    assert set(text) == {"input_ids", "attention_mask"}
+    assert text["input_ids"].shape == inputs["input_ids"].shape
+    assert not torch.isin(text["input_ids"], torch.tensor(placeholders)).any()
+    parity = compare_with_generate(runner, model, text, max_new_tokens=4)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+    with pytest.raises(
+        ValueError, match=r"placeholder tokens .* none of the image inputs \['pixel_values'\]"
+    ):
+        runner.generate(inputs["input_ids"], inputs["attention_mask"], max_new_tokens=1)
+
+
+def test_a_text_only_prompt_refuses_a_language_model_taking_image_features_as_inputs() -> None:
+    # Qwen3-VL's language model takes the DeepStack features of the image encoder as inputs of
+    # its own: the exported language model has no image-free path, which the error says
+    from hfexport.generation import GenerationRunner
+    from hfexport.generation.image_prompts import text_only_prompt
+
+    model, inputs = tiny_model("qwen3_vl", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    text = text_only_prompt(inputs, [int(t) for t in parts.plan.features])
+    with pytest.raises(ValueError, match=r"takes 'deepstack_visual_embeds.0' from the image_encoder"):
+        runner.generate(max_new_tokens=1, **text)
+    with pytest.raises(ValueError, match="placeholder tokens only"):
+        text_only_prompt({"input_ids": torch.tensor([[7, 7]])}, [7])

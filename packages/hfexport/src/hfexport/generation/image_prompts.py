@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["other_image_prompt"]
+__all__ = ["other_image_prompt", "text_only_prompt"]
 
 
 def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
@@ -131,3 +131,42 @@ def other_image_prompt(
         model, "image-text-to-text", batch_size=batch + 1, seq_len=max(text_len, 1) + 5, seed=seed
     )
     return {k: v for k, v in other.items() if k in inputs} if set(inputs) <= set(other) else other
+
+
+def text_only_prompt(
+    inputs: Mapping[str, Any], placeholder_ids: list[int] | set[int]
+) -> dict[str, torch.Tensor]:
+    """The text part of an image + prompt sample: a prompt that carries no image.
+
+    Each placeholder token is replaced by the first other token of its row (so the prompt keeps
+    its length and padding) and every image input (``pixel_values``, ``image_grid_thw``,
+    ``image_sizes``, ``mm_token_type_ids`` ...) is dropped: what a user sends for a text-only turn
+    of a vision-language chat, which ``model.generate`` runs through the language model alone.
+
+    Args:
+        inputs: generate-style inputs with int64 ``input_ids [batch, seq]`` and optionally
+            ``attention_mask [batch, seq]``.
+        placeholder_ids: the image placeholder token ids (``GenerationPlan.features``' keys).
+
+    Returns:
+        ``{"input_ids": [batch, seq], "attention_mask": [batch, seq]}`` (int64).
+
+    Raises:
+        ValueError: ``inputs`` hold no ``input_ids``, or a row holds placeholder tokens only.
+    """
+    if inputs.get("input_ids") is None:
+        raise ValueError(
+            "the sample holds no input_ids: a text-only prompt needs a text prompt to start from"
+        )
+    ids = torch.as_tensor(inputs["input_ids"]).clone()
+    placeholders = torch.zeros_like(ids, dtype=torch.bool)
+    for token in placeholder_ids:
+        placeholders |= ids == int(token)
+    for row in range(ids.shape[0]):
+        others = ids[row][~placeholders[row]]
+        if others.numel() == 0:
+            raise ValueError(f"row {row} of input_ids holds image placeholder tokens only")
+        ids[row][placeholders[row]] = others[0]
+    mask = inputs.get("attention_mask")
+    mask = torch.ones_like(ids) if mask is None else torch.as_tensor(mask).clone()
+    return {"input_ids": ids, "attention_mask": mask}

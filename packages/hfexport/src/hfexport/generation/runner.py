@@ -209,7 +209,10 @@ class GenerationRunner:
             ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
                 ``max_new_tokens``; a mask whose shape differs from ``input_ids``; no
                 ``input_ids`` for a plan other than an encoder-decoder's.
-            KeyError: a component needs an input that was not given.
+            KeyError: a component needs an input that was not given (a component given none of its
+                prompt inputs is left out instead: a text-only prompt of a vision-language model).
+            ValueError (multimodal): placeholder tokens without the image inputs they stand for, or a
+                text-only prompt for a language model that takes image features as its own inputs.
         """
         if input_ids is None:
             ids = self._encoder_only_prompt(inputs)
@@ -344,7 +347,10 @@ class GenerationRunner:
             **inputs,
         }
         produced: dict[str, dict[str, torch.Tensor]] = {}
+        skipped = self._components_without_inputs(prompt)
         for component, links in plan.links.items():
+            if component in skipped:
+                continue
             values: dict[str, Any] = {}
             derived: dict[str, torch.Tensor] = {}
             for path, source in links.items():
@@ -367,9 +373,17 @@ class GenerationRunner:
                 produced[component] = self._call(component, values, {})
         embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
         for token, source in plan.features.items():
-            features = _output(produced, source["component"], source["output"])
             where = ids == int(token)
             count = int(where.sum())
+            if source["component"] in skipped:
+                if count:
+                    raise ValueError(
+                        f"the prompt has {count} placeholder tokens {token} but none of the image inputs "
+                        f"{self._prompt_inputs_of(source['component'])} they stand for; pass them to generate(), "
+                        "or drop the placeholder tokens for a text-only prompt"
+                    )
+                continue
+            features = _output(produced, source["component"], source["output"])
             flat = features.reshape(-1, features.shape[-1])
             if count != flat.shape[0]:
                 raise ValueError(
@@ -378,6 +392,39 @@ class GenerationRunner:
                 )
             embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
         return embeds, produced
+
+    def _components_without_inputs(self, prompt: Mapping[str, Any]) -> set[str]:
+        """The encoder and projector components a text-only prompt leaves out.
+
+        A component is left out when the prompt gives none of the inputs it reads from the prompt
+        (an image encoder without ``pixel_values``), or when it reads an output of a component
+        left out (the projector after that encoder): ``model.generate`` then embeds the text
+        alone. A component given some of its prompt inputs but not all still raises (a
+        ``KeyError`` naming the missing one) when it is called.
+        """
+        skipped: set[str] = set()
+        for component, links in self.plan.links.items():
+            from_prompt = [link["key"] for link in links.values() if link["from"] == "prompt"]
+            upstream = {link["component"] for link in links.values() if link["from"] == "component"}
+            if (from_prompt and all(prompt.get(key) is None for key in from_prompt)) or upstream & skipped:
+                skipped.add(component)
+        return skipped
+
+    def _prompt_inputs_of(self, component: str) -> list[str]:
+        """The prompt inputs ``component`` reads, itself or through the components it reads from."""
+        keys: set[str] = set()
+        pending, seen = [component], set()
+        while pending:
+            name = pending.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            for link in self.plan.links.get(name, {}).values():
+                if link["from"] == "prompt":
+                    keys.add(link["key"])
+                elif link["from"] == "component":
+                    pending.append(link["component"])
+        return sorted(keys)
 
     def _call_per_image(
         self, component: str, values: Mapping[str, torch.Tensor], prompt: Mapping[str, Any]
@@ -473,7 +520,14 @@ class GenerationRunner:
         else:
             positions = _text_positions(mask)
         values = {"inputs_embeds": embeds, "attention_mask": mask, "position_ids": positions}
+        skipped = self._components_without_inputs({"input_ids": ids, **inputs})
         for path, source in plan.language_inputs.items():  # DeepStack (Qwen3-VL) and the like
+            if source.get("component") in skipped:
+                raise ValueError(
+                    f"the language_model takes {path!r} from the {source['component']}, which this text-only "
+                    "prompt does not run (the export holds no image-free language model path); pass an image, "
+                    "or export the text model alone for text-only prompts"
+                )
             if source["from"] == "placeholders":
                 where = torch.zeros_like(ids, dtype=torch.bool)
                 for token in plan.features:

@@ -472,21 +472,29 @@ def check_image_text_generation(
         max_new_tokens: greedy tokens per prompt.
         atol: the largest allowed logit difference per generated position.
 
+    A third prompt, ``"text"``, is the sample's text with no image (placeholders replaced,
+    :func:`hfexport.generation.image_prompts.text_only_prompt`): ``model.generate`` runs it through
+    the language model alone and so must the components. It is left out where the language model
+    takes an encoder output as its own input (DeepStack), which has no image-free path.
+
     Returns:
-        ``{"parts": GenerationArtifacts, "shapes": {"sample" | "second": {input: shape}},
-        "max_logit_diff": {"sample" | "second": float}}``.
+        ``{"parts": GenerationArtifacts, "shapes": {"sample" | "second" [| "text"]: {input: shape}},
+        "max_logit_diff": {"sample" | "second" [| "text"]: float}}``.
 
     Raises:
         AssertionError: a component did not validate, or the tokens (or logits) of either prompt
             differ from ``model.generate(do_sample=False)``'s.
     """
     from hfexport.generation import GenerationRunner, callers_from_exporter, compare_with_generate
-    from hfexport.generation.image_prompts import other_image_prompt
+    from hfexport.generation.image_prompts import other_image_prompt, text_only_prompt
 
     parts = exporter.export_for_generation(model, dict(inputs), config)
     worst_validation(parts)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
     prompts = {"sample": dict(inputs), "second": other_image_prompt(model, inputs)}
+    takes_encoder_outputs = any(s.get("from") == "component" for s in parts.plan.language_inputs.values())
+    if parts.plan.features and not takes_encoder_outputs and "input_ids" in inputs:
+        prompts["text"] = text_only_prompt(inputs, [int(t) for t in parts.plan.features])
     diffs: dict[str, float] = {}
     for label, prompt in prompts.items():
         parity = compare_with_generate(runner, model, prompt, max_new_tokens=max_new_tokens)
@@ -549,5 +557,5 @@ def check_vision_language_case(exporter: Any, config: Any, model_type: str) -> d
         assert got == expected, (label, got, expected)
     for name, value in plan_facts.items():
         assert getattr(parts.plan, name) == value, (name, getattr(parts.plan, name))
-    assert set(result["max_logit_diff"]) == {"sample", "second"}
+    assert set(result["max_logit_diff"]) == {"sample", "second", "text"}
     return result
