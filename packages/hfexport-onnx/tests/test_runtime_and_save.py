@@ -30,6 +30,23 @@ def test_runner_reports_missing_inputs(program):
         runner({"inputs_embeds": inputs["inputs_embeds"]})
 
 
+def test_runner_names_an_axis_the_graph_holds_static(program):
+    # the hidden axis of inputs_embeds is the model's (static in the graph); ONNX Runtime's own
+    # error ("Got invalid dimensions for input") named neither the leaf path nor what to do
+    _exporter, onnx_program, _model, inputs = program
+    runner = OnnxRuntimeRunner(onnx_program)
+    embeds = inputs["inputs_embeds"]
+    hidden = embeds.shape[-1]
+    wider = torch.zeros(*embeds.shape[:-1], hidden + 3)
+    with pytest.raises(
+        ValueError,
+        match=rf"input 'inputs_embeds' axis 2 is {hidden + 3}, .* fixed at {hidden} .* export again",
+    ):
+        runner({**inputs, "inputs_embeds": wider})
+    with pytest.raises(ValueError, match=r"input 'inputs_embeds' has 2 axes .* the ONNX graph takes 3"):
+        runner({**inputs, "inputs_embeds": embeds[0]})
+
+
 def test_runner_ignores_inputs_the_graph_does_not_take(program):
     _exporter, onnx_program, model, inputs = program
     got = OnnxRuntimeRunner(onnx_program)({**inputs, "unused_extra": torch.zeros(3)})

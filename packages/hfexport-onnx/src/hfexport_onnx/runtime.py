@@ -217,6 +217,12 @@ class OnnxRuntimeRunner:
         self.io_names: IoNames | None = io_names_from_metadata(metadata)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
+        # a dim named by a number ("8": a size the program fixed, written as a dim_param) is static
+        # too, but ONNX Runtime does not check it: a wrong size fails deeper with a kernel's message
+        self._input_shapes = {
+            i.name: [int(d) if isinstance(d, str) and d.isdigit() else d for d in i.shape]
+            for i in self.session.get_inputs()
+        }
 
     def _serialize(self, ir_model: Any) -> str | bytes:
         import onnx_ir as ir
@@ -280,6 +286,38 @@ class OnnxRuntimeRunner:
             path = path.removesuffix(COLLISION_SUFFIX)
         return path
 
+    def _check_static_axes(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Refuse a feed whose rank or static axis sizes differ from the graph input's.
+
+        ONNX Runtime refuses them too, with its own message ("Got invalid dimensions for input"),
+        or, for a fixed size the graph writes as a named dim (``"8"``), fails later in a kernel
+        ("MatMul dimension mismatch"); this one names the input's leaf path, the axis, the size the graph was exported with and
+        what to do (an axis the model fixes at export: an image side a vision tower computes its
+        patch grid from, a sequence axis a model loops over).
+
+        Raises:
+            ValueError: a feed's rank differs from the graph input's, or an axis the graph holds
+                static has another size.
+        """
+        for name, array in feeds.items():
+            shape = self._input_shapes.get(name)
+            if shape is None:
+                continue
+            path = self._input_path(name)
+            if len(shape) != array.ndim:
+                raise ValueError(
+                    f"input {path!r} has {array.ndim} axes {list(array.shape)}; the ONNX graph takes {len(shape)} "
+                    f"({['?' if not isinstance(d, int) else d for d in shape]})"
+                )
+            for axis, (want, got) in enumerate(zip(shape, array.shape)):
+                if isinstance(want, int) and want != got:
+                    raise ValueError(
+                        f"input {path!r} axis {axis} is {got}, but the ONNX graph was exported with that axis fixed "
+                        f"at {want} (shape {['?' if not isinstance(d, int) else d for d in shape]}: the model fixed it "
+                        f"at capture); give inputs of that size (resize images to the exported size), or export "
+                        "again with sample inputs of the size you serve"
+                    )
+
     def feeds(self, forward_kwargs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Map forward kwargs to the session's feeds ``{graph input name: ndarray}``.
 
@@ -289,7 +327,9 @@ class OnnxRuntimeRunner:
 
         Raises:
             ValueError: a graph input has no matching leaf tensor in ``forward_kwargs``; the
-                message lists what the graph needs and what was given.
+                message lists what the graph needs and what was given. A tensor whose rank or
+                static axis sizes differ from the graph input's (the message names the axis and
+                the exported size).
             hfexport.errors.UnsupportedInputError: an output flag differs from its exported value.
         """
         from hfexport.inputs.flags import check_output_flags
@@ -310,6 +350,7 @@ class OnnxRuntimeRunner:
                 f"the ONNX model needs input(s) {missing}, missing from the given inputs {sorted(leaves)}; "
                 f"it takes {[self._input_path(n) for n in self.input_names]}"
             )
+        self._check_static_axes(feeds)
         unused = sorted(set(leaves) - {self._input_path(n) for n in self.input_names})
         if unused:
             logger.debug("inputs not taken by the ONNX graph (unused by the model): %s", unused)
