@@ -14,10 +14,47 @@ from hfexport_dynamo import DynamoExporter
 # backend: hfexport.testing.generation.VISION_LANGUAGE_CASES
 
 
-def test_llava_components_generate_like_generate_at_two_image_prompt_shapes():
+def test_llava_components_generate_like_generate_at_two_image_prompt_shapes(tmp_path):
     # exported once with dynamic=True at 2 images + 24 tokens; greedy generation from the dynamo components
     # equals model.generate there and at 3 images + 29 tokens (one more image, a longer prompt)
-    check_vision_language_case(DynamoExporter(), DynamoConfig(dynamic=True), "llava")
+    result = check_vision_language_case(DynamoExporter(), DynamoConfig(dynamic=True), "llava")
+    _check_hfexport_generate_with_image_inputs(result["parts"], tmp_path)
+
+
+def _check_hfexport_generate_with_image_inputs(parts, tmp_path):
+    # `hfexport generate` had no image input: a vision-language folder could not be run from the CLI.
+    # --inputs FILE.safetensors gives the image processor's tensors; without it the prompt is text only.
+    import torch
+    from safetensors.torch import save_file
+    from typer.testing import CliRunner
+
+    from hfexport.cli import app
+    from hfexport.generation import save_components
+    from hfexport.generation.image_prompts import text_only_prompt
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("llava")  # the case's model: same seed, same weights
+    save_components(DynamoExporter(), parts, tmp_path / "out", model=model)
+    ids = inputs["input_ids"][:1]
+    pixels = inputs["pixel_values"][: inputs["pixel_values"].shape[0] // inputs["input_ids"].shape[0]]
+    save_file({"pixel_values": pixels.contiguous()}, tmp_path / "image.safetensors")
+    text = text_only_prompt({"input_ids": ids}, [int(t) for t in parts.plan.features])["input_ids"]
+    for prompt, extra in ((ids, ["--inputs", str(tmp_path / "image.safetensors")]), (text, [])):
+        with torch.no_grad():
+            expected = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                max_new_tokens=4,
+                do_sample=False,
+                **({"pixel_values": pixels} if extra else {}),
+            )[0, prompt.shape[1] :].tolist()
+        args = ["generate", str(tmp_path / "out"), "--input-ids", ",".join(map(str, prompt[0].tolist()))]
+        result = CliRunner().invoke(app, [*args, "--max-new-tokens", "4", *extra])
+        assert result.exit_code == 0, result.output
+        assert "tokens: " + " ".join(map(str, expected)) in result.output
+    save_file({"input_ids": ids.contiguous()}, tmp_path / "ids.safetensors")
+    result = CliRunner().invoke(app, [*args[:3], "1,2", "--inputs", str(tmp_path / "ids.safetensors")])
+    assert result.exit_code == 2 and "the prompt comes from --prompt or --input-ids" in result.output
 
 
 @pytest.mark.extended

@@ -1181,6 +1181,37 @@ def _print_failure_details(verbose: bool, log_file: Path | None) -> None:
     err_console.print(hint, style="dim")
 
 
+def _generate_inputs(path: Path | None) -> dict[str, Any]:
+    """The named tensors of ``--inputs`` (a safetensors file), read before any model is loaded.
+
+    Raises:
+        typer.BadParameter: the file is missing or not a safetensors file, or it holds
+            ``input_ids`` / ``attention_mask`` (the prompt comes from --prompt or --input-ids).
+    """
+    if path is None:
+        return {}
+    hint = "--inputs"
+    if not path.is_file():
+        raise typer.BadParameter(f"{path} is not a file", param_hint=hint)
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(path)
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise typer.BadParameter(
+            f"{path} is not a safetensors file ({exc}); save the tensors with safetensors.torch.save_file",
+            param_hint=hint,
+        ) from None
+    prompt_keys = sorted({"input_ids", "attention_mask"} & set(tensors))
+    if prompt_keys:
+        raise typer.BadParameter(
+            f"{path} holds {prompt_keys}: the prompt comes from --prompt or --input-ids; leave them out of the file",
+            param_hint=hint,
+        )
+    return dict(tensors)
+
+
 def _generation_folder(output_dir: Path) -> dict[str, Any]:
     """The generation manifest of ``output_dir``, read without torch.
 
@@ -1347,11 +1378,24 @@ def generate_command(
         str | None, typer.Option("--input-ids", help="Comma-separated token ids, e.g. 1,2,3.")
     ] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Tokens to generate (at least 1).")] = 20,
+    inputs_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--inputs",
+            metavar="FILE.safetensors",
+            help="Other generate inputs as named tensors (pixel_values, image_grid_thw, image_sizes ...), "
+            "e.g. an image processor's output saved with safetensors.torch.save_file; batch 1.",
+        ),
+    ] = None,
     verbose: Annotated[
         bool, typer.Option("--verbose", "-v", help="Debug logging; tracebacks on failure.")
     ] = False,
 ) -> None:
     """Run greedy generation over exported components and print the tokens (and text).
+
+    A vision-language folder (`export --task image-text-to-text`) takes the image through
+    --inputs (the image processor's tensors, saved with safetensors) and its placeholder tokens in
+    the prompt; without --inputs the prompt is a text-only turn.
 
     Arguments are checked before anything is loaded: a usage error exits with code 2, a failure
     while loading or generating prints "generate failed: ..." and exits with code 1. Generation
@@ -1363,6 +1407,7 @@ def generate_command(
     if (prompt is None) == (input_ids is None):
         raise typer.BadParameter("pass exactly one of --prompt or --input-ids")
     manifest = _generation_folder(output_dir)
+    extra = _generate_inputs(inputs_file)
     vocab_size = _vocab_size(output_dir, manifest)
     has_tokenizer = any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json"))
     ids: list[int] = []
@@ -1401,7 +1446,7 @@ def generate_command(
             )
         from hfexport.generation import generate_from_dir
 
-        tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens)
+        tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens, **extra)
         console.print("tokens: " + " ".join(map(str, tokens)))
         if tokenizer is None and has_tokenizer:
             from transformers import AutoTokenizer
