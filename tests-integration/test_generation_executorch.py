@@ -172,3 +172,11 @@ def test_t5_padded_batch_matches_generate(exporter):
     worst_validation(parts)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
     compare_with_generate(runner, model, prompt, max_new_tokens=NEW_TOKENS).check(ATOL)
+    # a prompt longer than the sample's: the prefill's and decode's encoder outputs were planned at
+    # the sample's source length ("encoder_outputs.last_hidden_state dimension 1 is 17, above the
+    # upper bound 8"); they now share the source mask's bound
+    ids = inputs["input_ids"]
+    longer = torch.cat([ids[:1], ids[:1, 1:]], dim=1)[:, : 2 * ids.shape[1] - 1]
+    assert longer.shape[1] > ids.shape[1]
+    longer_prompt = {"input_ids": longer, "attention_mask": torch.ones_like(longer)}
+    compare_with_generate(runner, model, longer_prompt, max_new_tokens=NEW_TOKENS).check(ATOL)

@@ -188,3 +188,24 @@ def test_estimate_peak_bytes_takes_a_size_undefined_at_the_bounds_at_the_sample(
     # at n = 2 their size divides by 2 // 4 = 0: it is taken at the sample, 4 columns
     assert bounds.estimate_peak_bytes(program, {symbol: 16}) == (2 * 16 + 2 * 4) * 4
     assert bounds.estimate_peak_bytes(program, {symbol: 2}) == (2 * 4 + 2 * 4) * 4
+
+
+def test_encoder_outputs_run_along_the_source_sequence():
+    # an encoder-decoder's prefill and decode take the encoder outputs [batch, source, hidden]; their
+    # source axis had no role and was planned at the sample's length, so a prompt longer than the
+    # sample's failed at run time ("encoder_outputs.last_hidden_state dimension 1 is 17, above the
+    # upper bound 8"); now it shares the source mask's role and bound
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("t5", "text2text-generation")
+    parts = decompose_for_generation(model, inputs)
+    for component in ("prefill", "decode"):
+        module, kwargs = parts[component]
+        plan = bounds.plan_dynamic_shapes(module, kwargs, ExecutorchConfig(dynamic=True))
+        axes = _by_axis(plan)
+        source = axes[("attention_mask", 1)]
+        assert (source.role, source.max) == ("sequence", bounds.DEFAULT_MAX_SEQUENCE)
+        outputs = axes[("encoder_outputs.0", 1)]
+        assert (outputs.role, outputs.max) == ("sequence", source.max), component
+        assert plan.dynamic_shapes["encoder_outputs"][0][1] is plan.dynamic_shapes["attention_mask"][1]
+        assert axes[("encoder_outputs.0", 2)].role == "other"  # hidden: the model's

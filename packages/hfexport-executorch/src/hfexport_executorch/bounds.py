@@ -216,6 +216,11 @@ def axis_role(path: str, tensor: torch.Tensor, axis: int, top_level: Mapping[str
     if nested:
         if axis == 0:
             return ROLE_BATCH
+        # an encoder-decoder's encoder outputs [batch, source, hidden] run along the source sequence
+        # (the encoder's input length, as its attention mask): planned at the sample's length (role
+        # "other"), a prompt longer than the sample's did not fit the prefill's and decode's plan
+        if key == "encoder_outputs" and tensor.dim() == 3 and axis == 1:
+            return ROLE_SEQUENCE
         return ROLE_CACHE_SEQUENCE if tensor.dim() == 4 and axis == 2 else ROLE_OTHER
     role = input_role(key, tensor.dim(), present=top_level)
     if role is None or role.batch_axis is None:
