@@ -72,3 +72,10 @@ def test_image_features_taken_by_a_prefill_vary_with_the_batch_and_the_prompt():
     assert sorted(shapes["image_embeds"]) == [0] and shapes["image_embeds"][0].max > 2
     mask, ids = shapes["image_embeds_position_mask"], shapes["input_ids"]
     assert sorted(mask) == [0, 1] and mask[1].max == ids[1].max > 24
+    # no second shape derived by rule: the features' batch would grow apart from the prompt's
+    assert (
+        component_config(
+            "prefill", _Step(), kwargs, plan, ExecutorchConfig(dynamic=True)
+        ).validate_second_shape
+        is False
+    )
