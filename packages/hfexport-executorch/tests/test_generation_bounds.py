@@ -38,3 +38,44 @@ def test_indexer_keys_grow_on_the_positions_axis():
     assert layer["indexer_keys"][1].max == layer["keys"][2].max > 12
     assert sorted(layer["keys"]) == [0, 2]
     assert layer["conv_state"] is None  # another 3-D state: no positions axis
+
+
+class _Step(torch.nn.Module):
+    def forward(self, input_ids, attention_mask, image_embeds, image_embeds_position_mask):
+        return image_embeds.sum() + input_ids.sum() + attention_mask.sum() + image_embeds_position_mask.sum()
+
+
+def test_image_features_taken_by_a_prefill_vary_with_the_batch_and_the_prompt():
+    # Kosmos-2's prefill takes image_embeds [batch, image tokens, hidden] and the token-aligned
+    # image_embeds_position_mask [batch, seq] as inputs of its own (BLIP's steps: the cross-attended
+    # encoder_hidden_states): they have no role, and were planned at the sample's batch of 2, so a
+    # prompt of 3 images failed at run time (issue 28)
+    kwargs = {
+        "input_ids": torch.ones(2, 24, dtype=torch.int64),
+        "attention_mask": torch.ones(2, 24, dtype=torch.int64),
+        "image_embeds": torch.randn(2, 16, 8),
+        "image_embeds_position_mask": torch.ones(2, 24, dtype=torch.int64),
+    }
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    plan.step_inputs = {
+        "prefill": {
+            "image_embeds": {
+                "from": "component",
+                "component": "image_encoder",
+                "output": "",
+                "drop_first": False,
+            },
+            "image_embeds_position_mask": {"from": "prompt", "key": "image_embeds_position_mask"},
+        }
+    }
+    shapes = component_config("prefill", _Step(), kwargs, plan, ExecutorchConfig(dynamic=True)).dynamic_shapes
+    assert sorted(shapes["image_embeds"]) == [0] and shapes["image_embeds"][0].max > 2
+    mask, ids = shapes["image_embeds_position_mask"], shapes["input_ids"]
+    assert sorted(mask) == [0, 1] and mask[1].max == ids[1].max > 24
+    # no second shape derived by rule: the features' batch would grow apart from the prompt's
+    assert (
+        component_config(
+            "prefill", _Step(), kwargs, plan, ExecutorchConfig(dynamic=True)
+        ).validate_second_shape
+        is False
+    )

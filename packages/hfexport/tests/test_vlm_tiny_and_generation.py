@@ -361,3 +361,113 @@ def test_paligemma_language_model_traces_the_mask_eager_sdpa_runs():
             expected = Prefill()(embeds, mask)
             torch.testing.assert_close(patched.module()(embeds, mask), expected, atol=1e-5, rtol=1e-5)
         assert (plain.module()(embeds, unpadded) - Prefill()(embeds, unpadded)).abs().max() > 1e-2  # causal
+
+
+def _parity_on_two_prompts(model, inputs, parts):
+    from hfexport.generation import GenerationRunner, compare_with_generate
+
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    for prompt in (inputs, other_image_prompt(model, inputs)):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+
+
+def test_cross_attending_text_decoder_is_split_with_the_image_features_as_a_step_input():
+    # BLIP: generate() hands the vision tower's output to BlipTextLMHeadModel.generate() as the
+    # cross-attention's encoder_hidden_states, an input of every step (was: "the embed_tokens /
+    # language_model / lm_head split does not apply"); it drops the prompt's closing [SEP] and
+    # writes its BOS into the caller's input_ids in place
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("blip", TASK)
+    given = inputs["input_ids"].clone()
+    parts = decompose_for_generation(model, inputs)
+    assert torch.equal(inputs["input_ids"], given)  # recorded on copies
+    assert list(parts) == ["image_encoder", "prefill", "decode"]
+    assert parts["prefill"][0] is model.text_decoder and parts["decode"][0] is model.text_decoder
+    plan = parts.plan
+    text = model.config.text_config
+    assert plan.prompt_edit == {"drop_last": 1, "first_token": text.bos_token_id}
+    features = {
+        "from": "component",
+        "component": "image_encoder",
+        "output": "last_hidden_state",
+        "drop_first": False,
+    }
+    assert plan.step_inputs == {
+        "prefill": {"encoder_hidden_states": features},
+        "decode": {"encoder_hidden_states": features},
+    }
+    # the all-ones mask over the image features is built by the forward itself: no graph input
+    assert "encoder_attention_mask" not in parts["prefill"][1]
+    assert plan.token_ids["eos_token_id"] == [text.sep_token_id]
+    _parity_on_two_prompts(model, inputs, parts)
+
+
+@pytest.mark.parametrize(
+    "model_type",
+    # Kosmos-2 (its generate() calls the text model's generate(), not its own forward) goes the
+    # way BLIP goes (covered by default), Kosmos-2.5 through its own forward
+    ["kosmos-2.5", pytest.param("kosmos-2", marks=pytest.mark.extended)],
+)
+def test_text_model_taking_image_embeds_is_split_with_the_image_features_in_its_prefill(model_type):
+    # Kosmos-2 / -2.5: the text model places image_embeds (the vision tower's output normalised and
+    # projected: the model's get_image_features as one component) at image_embeds_position_mask,
+    # in the prefill only; Kosmos-2.5's own forward does it (was: generate() never called
+    # ['image_encoder'], then a language_model taking input_ids the runner cannot supply)
+    from hfexport.generation import decompose_for_generation
+    from hfexport.generation.multimodal import ImageEmbeds
+
+    model, inputs = tiny_model(model_type, TASK)
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["image_encoder", "prefill", "decode"]
+    assert isinstance(parts["image_encoder"][0], ImageEmbeds)
+    assert parts["decode"][0] is model.text_model
+    assert parts.plan.step_inputs == {
+        "prefill": {
+            "image_embeds": {
+                "from": "component",
+                "component": "image_encoder",
+                "output": "",
+                "drop_first": False,
+            },
+            "image_embeds_position_mask": {"from": "prompt", "key": "image_embeds_position_mask"},
+        },
+        "decode": {},
+    }
+    assert parts.plan.prompt_edit == {}
+    _parity_on_two_prompts(model, inputs, parts)
+
+
+def test_flattened_patch_images_and_their_mask_make_an_image_prompt():
+    # Pix2Struct: an image-to-text encoder-decoder whose images are flattened patches, each row its
+    # 1-based row and column then 16x16x3 pixels (was: eager fails "You have to specify
+    # flattened_patches"); its text config turns the cache off, which generate() records with on
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model("pix2struct", TASK, check_eager=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "flattened_patches": (2, 16, 770),
+        "attention_mask": (2, 16),
+        "decoder_input_ids": (2, 8),
+    }
+    rows, cols = inputs["flattened_patches"][0, :, 0], inputs["flattened_patches"][0, :, 1]
+    assert rows.tolist() == [float(r) for r in range(1, 5) for _ in range(4)]
+    assert cols.tolist() == [float(c) for _ in range(4) for c in range(1, 5)]
+    parts = decompose_for_generation(model, inputs)
+    assert list(parts) == ["encoder", "prefill", "decode"]
+    assert parts["decode"][1]["decoder_input_ids"].shape[1] == 1  # a cached step, one token
+    _parity_on_two_prompts(model, inputs, parts)
+
+
+def test_a_prompt_rewrite_the_runner_cannot_repeat_is_refused():
+    from hfexport.generation.multimodal import _prompt_edit
+
+    given = torch.tensor([[5, 6, 7, 8], [5, 9, 10, 11]])
+    assert _prompt_edit({"input_ids": given}, {"input_ids": given.clone()}) == {}
+    assert _prompt_edit({"input_ids": given}, {"input_ids": torch.tensor([[1, 6, 7], [1, 9, 10]])}) == {
+        "drop_last": 1,
+        "first_token": 1,
+    }
+    with pytest.raises(ValueError, match="rewrites the prompt in a way the runner cannot repeat"):
+        _prompt_edit({"input_ids": given}, {"input_ids": torch.tensor([[5, 7, 6, 8], [5, 9, 10, 11]])})

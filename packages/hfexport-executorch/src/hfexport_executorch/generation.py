@@ -185,7 +185,10 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
         ``indexer_keys`` [batch, positions, dim] grow on axis 1 like the cache. A static cache's tensors
         vary along the batch only. A multimodal model's ``embed_tokens`` and ``language_model`` get the
     same batch and length bounds on their prompt inputs (``input``, ``inputs_embeds``, the mask and
-    positions). Axes of size 1 in the sample stay static. Explicit
+    positions); so do the ``prefill`` and ``decode`` of a language model that takes the image features
+    as an input of its own (:attr:`~hfexport.generation.plan.GenerationPlan.step_inputs`: the
+    features vary along the batch, a token-aligned prompt input along the batch and the prompt).
+    Axes of size 1 in the sample stay static. Explicit
         ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
         are left to the backend's roles, which fit them.
     """
@@ -199,6 +202,11 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     # ``input`` and the language model's ``inputs_embeds`` have no role the backend bounds, and
     # would be planned at the sample's prompt length (issue 28)
     prompt_component = plan.architecture == "multimodal" and name in _MULTIMODAL_PROMPT_COMPONENTS
+    # the steps of a language model that takes the image features as an input of its own (BLIP's
+    # encoder_hidden_states, Kosmos-2's image_embeds and image_embeds_position_mask): those inputs
+    # have no role either, and were planned at the sample's batch and prompt length (issue 28)
+    step_inputs = dict(getattr(plan, "step_inputs", {}).get(name) or {})
+    prompt_component = prompt_component or bool(step_inputs)
     if name in getattr(plan, "vision_grid", {}) and getattr(config, "dynamic", False):
         return _bounded_patch_axis(module, kwargs, config)
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
@@ -241,10 +249,23 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
             # a sparse-attention indexer's keys [batch, positions, head dim] (dots3_note's
             # cache.layers.N.indexer_keys, issue 28): positions on axis 1
             return axes({0: batch} if static else {0: batch, 1: length}, tensor)
+        if path in step_inputs:
+            # a prompt input aligned with the tokens ([batch, seq]: Kosmos-2's
+            # image_embeds_position_mask) varies with the prompt; the image features per prompt
+            # ([batch, image tokens, hidden]) along the batch only (their token count is the model's)
+            text = step_inputs[path].get("from") == "prompt" and tensor.dim() == 2
+            return axes({0: batch, 1: length} if text else {0: batch}, tensor)
         return None
 
     _, prepared, _ = prepare_for_export(module, kwargs)
-    return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
+    shapes = dynamic_shapes_by_rule(prepared, rule)
+    if any(source.get("from") == "component" for source in step_inputs.values()):
+        # the image features a step takes have no input role, so a derived second shape grows their
+        # batch apart from the prompt's (BLIP: 4 against 3) and eager refuses it; the steps are
+        # checked at a second image prompt by greedy generation instead, as without bounds (where
+        # the second shape is skipped for want of a rule)
+        return config.replace(dynamic_shapes=shapes, validate_second_shape=False)
+    return config.replace(dynamic_shapes=shapes)
 
 
 class ExecutorchGenerationSupport(GenerationSupport):

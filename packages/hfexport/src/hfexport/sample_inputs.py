@@ -225,6 +225,10 @@ def modality(model: PreTrainedModel, task: str | None = None) -> str:
     if isinstance(main, (list, tuple)):  # OneFormer: ["pixel_values", "task_inputs"], the first is the data
         main = main[0] if main else "input_ids"
     params = _forward_params(model)
+    if task == "image-text-to-text" and "flattened_patches" in params:
+        # Pix2Struct (an image-to-text encoder-decoder) and Kosmos-2.5 take their images as
+        # flattened patches, as their processor lays them out (issue 28)
+        return "image+text" if "input_ids" in params else "image"
     if task == "image-text-to-text" and {"pixel_values", "input_ids"} <= params:
         # asked for explicitly: images and a prompt, also where the image is the main input (BLIP,
         # BLIP-2, InstructBLIP) or no placeholder token marks it (GIT prepends the image; issue 28)
@@ -271,10 +275,13 @@ def _count_image_tokens(
     pixel_values: torch.Tensor,
     extra: Mapping[str, torch.Tensor] | None = None,
     images: int | None = None,
+    *,
+    patches: bool = False,
 ) -> int | None:
     """Image tokens per image the model's vision tower produces, by running it once (with the
     image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes); ``images`` is
-    the image count when ``pixel_values``' first axis is not (flattened patches)."""
+    the image count when ``pixel_values``' first axis is not (flattened patches); ``patches``
+    passes the images as ``flattened_patches`` (Pix2Struct-style towers: Kosmos-2.5)."""
     getter = getattr(model, "get_image_features", None)
     if getter is None and hasattr(model, "model"):
         getter = getattr(model.model, "get_image_features", None)
@@ -284,7 +291,8 @@ def _count_image_tokens(
         try:
             params = _forward_params_of(getter)
             taken = {k: v for k, v in (extra or {}).items() if k != "pixel_values" and k in params}
-            out = getter(pixel_values=pixel_values, **taken)
+            image = {"flattened_patches" if patches else "pixel_values": pixel_values}
+            out = getter(**image, **taken)
         except Exception:
             return None
     if hasattr(out, "pooler_output") and out.pooler_output is not None:
@@ -426,6 +434,23 @@ def _flat_patch_inputs(
     return n
 
 
+def _flattened_patches(config: PretrainedConfig, b: int, gen: torch.Generator) -> torch.Tensor | None:
+    """Pix2Struct-style images (Pix2Struct, Kosmos-2.5; issue 28): ``flattened_patches`` float32
+    ``[b, 16, 2 + patch_embed_hidden_size]``, a 4x4 grid of patches per image, each row its
+    1-based row and column index (0 marks padding) then the patch's pixels, as the Pix2Struct image
+    processor lays them out; ``None`` when the vision config names no patch width."""
+    vision = _sub(config, "vision_config")
+    width = getattr(vision, "patch_embed_hidden_size", None)
+    if not isinstance(width, int) or isinstance(width, bool):
+        return None
+    rows, cols = FLAT_PATCH_GRID
+    index = torch.stack(
+        torch.meshgrid(torch.arange(1, rows + 1), torch.arange(1, cols + 1), indexing="ij"), dim=-1
+    ).reshape(1, rows * cols, 2)
+    pixels = torch.randn(b, rows * cols, width, generator=gen, dtype=torch.float32)
+    return torch.cat([index.to(torch.float32).expand(b, -1, -1), pixels], dim=-1)
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -436,7 +461,13 @@ def _generic_inputs(
         return _image_text_pair_inputs(model, b, s, gen)
     kind = modality(model, task)
     inputs: dict[str, torch.Tensor] = {}
-    if kind == "image" or kind == "image+text":
+    patches = _flattened_patches(config, b, gen) if "flattened_patches" in params else None
+    if patches is not None and kind in ("image", "image+text"):
+        inputs["flattened_patches"] = patches
+        if kind == "image" and "attention_mask" in params:
+            # Pix2Struct: the mask is over the patches (the decoder prompt has its own)
+            inputs["attention_mask"] = torch.ones(b, patches.shape[1], dtype=torch.int64)
+    elif kind == "image" or kind == "image+text":
         channels, size = _image_shape(config)
         inputs["pixel_values"] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
     if kind == "image" and "task_inputs" in params and getattr(config, "task_seq_len", None):
@@ -481,6 +512,9 @@ def _generic_inputs(
                 _qformer_inputs(config, inputs, b, s, gen)
             queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
             n = None
+            if "flattened_patches" in inputs:
+                # Kosmos-2.5: its latent queries are the image's tokens, whatever the patch count
+                n = _count_image_tokens(model, inputs["flattened_patches"], patches=True)
             if "image_sizes" in params and isinstance(getattr(config, "image_grid_pinpoints", None), list):
                 # "anyres" (LLaVA-NeXT, -Video, -OneVision): each image a base tile and the tiles of
                 # its best-fitting grid resolution, [batch, tiles, channels, size, size] (issue 28)
@@ -491,7 +525,7 @@ def _generic_inputs(
                 n = _count_image_tokens(model, tiled, sizes)
                 if n:
                     inputs.update(pixel_values=tiled, **sizes)
-            if not n:
+            if not n and "pixel_values" in inputs:
                 n = _count_image_tokens(model, inputs["pixel_values"], queries)
             if not n and "image_sizes" in params:
                 # a vision tower that needs each image's (height, width) (Mistral3 / Pixtral; issue 28)
@@ -513,7 +547,7 @@ def _generic_inputs(
                     if n:
                         inputs["pixel_values"] = grouped
                         inputs.update(tiles)
-            if not n:
+            if not n and "pixel_values" in inputs:
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
             image_token = _image_token_id(config)

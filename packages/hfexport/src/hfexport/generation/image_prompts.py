@@ -65,13 +65,19 @@ def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -
     return out
 
 
-def _image_encoder_decoder(model: torch.nn.Module, inputs: Mapping[str, Any]) -> bool:
-    """True for an encoder-decoder whose prompt is an image alone (``pixel_values``, optionally a
-    decoder prompt): VisionEncoderDecoder."""
+#: the image input of an encoder-decoder prompted with an image alone: VisionEncoderDecoder's
+#: pixels, Pix2Struct's flattened patches (issue 28)
+IMAGE_PROMPT_KEYS = ("pixel_values", "flattened_patches")
+
+
+def _image_encoder_decoder(model: torch.nn.Module, inputs: Mapping[str, Any]) -> str | None:
+    """The image input's name for an encoder-decoder whose prompt is an image alone
+    (:data:`IMAGE_PROMPT_KEYS`, optionally a decoder prompt: VisionEncoderDecoder, Pix2Struct),
+    else ``None``."""
     config = getattr(model, "config", None)
-    return bool(getattr(config, "is_encoder_decoder", False)) and isinstance(
-        inputs.get("pixel_values"), torch.Tensor
-    )
+    if not getattr(config, "is_encoder_decoder", False):
+        return None
+    return next((k for k in IMAGE_PROMPT_KEYS if isinstance(inputs.get(k), torch.Tensor)), None)
 
 
 def other_image_prompt(
@@ -82,8 +88,8 @@ def other_image_prompt(
     - a model with ``image_grid_thw`` (Qwen2-VL, GLM-4V, Kimi-K2.5 and alike): one image with a patch grid
       ``2 * merge`` patches taller and ``merge`` wider than the sample's first image (so another
       number of image tokens), inside a prompt of other length (batch 1);
-    - an encoder-decoder prompted with an image alone (VisionEncoderDecoder): one more image and
-      a decoder prompt 2 tokens longer;
+    - an encoder-decoder prompted with an image alone (VisionEncoderDecoder, Pix2Struct): one more
+      image and a decoder prompt 2 tokens longer;
     - any other model: :func:`hfexport.sample_inputs.make_inputs` with one more row (one more
       image) and a prompt 5 text tokens longer, i.e. the same image size, more images, a longer
       prompt.
@@ -103,9 +109,10 @@ def other_image_prompt(
     """
     from hfexport.sample_inputs import make_inputs
 
-    if "input_ids" not in inputs and _image_encoder_decoder(model, inputs):
-        # an image-only prompt (VisionEncoderDecoder): one more image, a longer decoder prompt
-        batch = int(inputs["pixel_values"].shape[0])
+    image_key = _image_encoder_decoder(model, inputs) if "input_ids" not in inputs else None
+    if image_key is not None:
+        # an image-only prompt (VisionEncoderDecoder, Pix2Struct): one more image, a longer decoder prompt
+        batch = int(inputs[image_key].shape[0])
         decoder = inputs.get("decoder_input_ids")
         length = int(decoder.shape[1]) + 2 if isinstance(decoder, torch.Tensor) else 8
         other = make_inputs(model, "image-text-to-text", batch_size=batch + 1, seq_len=length, seed=seed)

@@ -28,6 +28,7 @@ from hfexport.tensors import get_leaf_tensors
 __all__ = [
     "PROJECTOR_NAMES",
     "TEXT_ENCODER",
+    "ImageEmbeds",
     "ImageFeatures",
     "MultimodalLayout",
     "SizedImageFeatures",
@@ -539,7 +540,7 @@ def _image_features_component(
     except (TypeError, ValueError):
         return None
     kwargs = {k: v for k, v in inputs.items() if k in params and isinstance(v, torch.Tensor)}
-    if "pixel_values" not in kwargs:
+    if "pixel_values" not in kwargs and "flattened_patches" not in kwargs:  # Kosmos-2.5's patches
         return None
     encoder = layout.encoders.get("image_encoder")
     grid = "image_grid_thw"
@@ -633,6 +634,260 @@ def _mrope_layout(
     return "row_separated" if torch.equal(rows, recorded.to(rows.dtype)) else None
 
 
+class ImageEmbeds(ImageFeatures):
+    """The model's own ``get_image_features`` as one component, its result kept in the layout the
+    language model takes it in (``[images, tokens, hidden]``: Kosmos-2's ``image_embeds``) rather
+    than flattened to rows: for a language model that takes the image features as an input of its
+    own instead of at placeholder tokens (see :func:`_decompose_inner_generator`).
+
+    ``forward(**inputs)`` returns the ``pooler_output`` (transformers 5), else the
+    ``last_hidden_state``, else the tensor ``get_image_features`` returns.
+
+    Raises:
+        TypeError: (on call) the result holds no tensor.
+    """
+
+    def forward(self, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        out = self._owner.get_image_features(**kwargs)
+        for attr in ("pooler_output", "last_hidden_state", "image_embeds"):
+            value = getattr(out, attr, None)
+            if isinstance(value, torch.Tensor) and not isinstance(out, torch.Tensor):
+                return value
+        if isinstance(out, torch.Tensor):
+            return out
+        raise TypeError(f"get_image_features returned {type(out).__name__}, which holds no feature tensor")
+
+
+#: step inputs the runner builds itself for an inner language model's prefill and decode calls
+STEP_RUNNER_INPUTS = frozenset(
+    {"input_ids", "attention_mask", "position_ids", "token_type_ids", "mm_token_type_ids"}
+)
+
+
+def _step_tensors(kwargs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """The tensor inputs of a prefill/decode call other than :data:`STEP_RUNNER_INPUTS` and the cache."""
+    return {
+        path: value
+        for path, value in _flat(kwargs).items()
+        if path not in STEP_RUNNER_INPUTS and path.split(".")[0] not in ("cache", "past_key_values")
+    }
+
+
+def _prompt_edit(inputs: Mapping[str, Any], prefill: Mapping[str, Any]) -> dict[str, int]:
+    """How ``generate`` rewrote the prompt ids before the inner language model's prefill (see
+    :attr:`hfexport.generation.plan.GenerationPlan.prompt_edit`), told by value.
+
+    Raises:
+        ValueError: the prefill's ids are neither the prompt's nor a prefix of it with a constant
+            first token (the message shows both shapes).
+    """
+    given, seen = inputs.get("input_ids"), prefill.get("input_ids")
+    if not isinstance(given, torch.Tensor) or not isinstance(seen, torch.Tensor) or _equal(given, seen):
+        return {}
+    length = int(seen.shape[-1])
+    edit: dict[str, int] = {}
+    if seen.shape[0] == given.shape[0] and 0 < length <= given.shape[-1]:
+        if length < given.shape[-1]:
+            edit["drop_last"] = int(given.shape[-1]) - length
+        first = seen[:, :1]
+        if bool(torch.equal(seen[:, 1:], given[:, 1:length])) and bool((first == first[0, 0]).all()):
+            if not torch.equal(first, given[:, :1]):
+                edit["first_token"] = int(first[0, 0])
+            return edit
+    raise ValueError(
+        f"the language model's prefill took input_ids {tuple(seen.shape)} that are not the prompt's "
+        f"{tuple(given.shape)}, nor a prefix of it with one first token: generate() rewrites the prompt in a way "
+        "the runner cannot repeat"
+    )
+
+
+def _filled_in_masks(
+    generator: torch.nn.Module, prefill: dict[str, Any], steps: Mapping[str, torch.Tensor]
+) -> list[str]:
+    """The all-ones ``*attention_mask`` step inputs (BLIP's ``encoder_attention_mask`` over the image
+    features) whose absence gives the same logits: the forward builds them itself, so they are no
+    graph input (each runtime would have to be fed and, for ExecuTorch, plan it)."""
+    import copy
+
+    names = [
+        path
+        for path, value in steps.items()
+        if path.endswith("attention_mask")
+        and path in prefill
+        and not value.is_floating_point()
+        and bool((value == 1).all())
+    ]
+    if not names:
+        return []
+    with torch.no_grad():
+        full = generator(**copy.deepcopy(prefill)).logits
+        without = generator(**copy.deepcopy({k: v for k, v in prefill.items() if k not in names})).logits
+    return names if torch.equal(full, without) else []
+
+
+def _takes_image_input(calls: list[Mapping[str, Any]]) -> bool:
+    """True when an inner language model's first recorded call takes the image features as an
+    input of its own: a floating point tensor other than ``inputs_embeds`` and the cache, and no
+    ``inputs_embeds`` (Kosmos-2.5's ``image_embeds``; BLIP-2's OPT takes merged ``inputs_embeds``)."""
+    if not calls:
+        return False
+    tensors = _step_tensors(calls[0])
+    if isinstance(calls[0].get("inputs_embeds"), torch.Tensor):
+        return False
+    return any(v.is_floating_point() for k, v in tensors.items() if k != "inputs_embeds")
+
+
+def _decompose_inner_generator(
+    model: torch.nn.Module,
+    layout: MultimodalLayout,
+    inputs: Mapping[str, Any],
+    generator: torch.nn.Module,
+    *,
+    generation_config: Any = None,
+    multi_token_decode: bool = False,
+    steps_from_generator: bool = False,
+) -> Any:
+    """Split a model whose ``generate`` encodes the image and hands the features to an inner
+    language model's ``generate`` as an input of that model's own (issue 28): BLIP's text decoder
+    cross-attends to them (``encoder_hidden_states``, a per-prompt constant input of every step),
+    Kosmos-2's text model places ``image_embeds`` at ``image_embeds_position_mask`` in its prefill.
+
+    Components: the image encoder (and projectors) whose outputs the steps take, or the model's
+    ``get_image_features`` as one :class:`ImageEmbeds` component when no recorded output equals
+    them (Kosmos-2 normalises and projects after its vision tower); ``prefill`` and ``decode``, the
+    inner model's first and later forward calls. :attr:`GenerationPlan.step_inputs` says where each
+    step's other inputs come from, :attr:`GenerationPlan.prompt_edit` how ``generate`` rewrote the
+    prompt; the end-of-sequence and padding ids are the ones the model hands to the inner
+    ``generate`` (BLIP: ``[SEP]`` ends a caption).
+
+    Args:
+        steps_from_generator: take the inner model's forward calls as the steps although the
+            model's own forward is called too (Kosmos-2.5: the forward computes the image features
+            and calls the inner model with them).
+
+    Returns:
+        A :class:`hfexport.generation.decompose.Decomposition` ``{"image_encoder" [| projectors] |
+        "prefill" | "decode": (module, kwargs)}`` with its plan.
+
+    Raises:
+        ValueError: a step input matches no prompt input nor image feature (the message names it),
+            or the prompt was rewritten in a way the runner cannot repeat.
+        RuntimeError: ``generate`` failed, or the inner model's forward was not called.
+    """
+    from hfexport.generation.components import Decomposition, describe_components, token_ids_of
+    from hfexport.generation.plan import GenerationPlan
+    from hfexport.generation.recording import GENERATOR, record_generation
+
+    parts: dict[str, torch.nn.Module] = {
+        name: module
+        for name, module in {**layout.encoders, **layout.projectors}.items()
+        if module is not generator
+    }
+    handed: dict[str, Any] = {}
+    original = generator.generate
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        # the end-of-sequence / padding ids the model's generate hands to the inner one
+        handed.update({k: kwargs[k] for k in ("eos_token_id", "pad_token_id") if kwargs.get(k) is not None})
+        return original(*args, **kwargs)
+
+    generator.generate = spy  # type: ignore[method-assign]
+    try:
+        recording = record_generation(
+            model,
+            # on copies: BLIP's generate writes its BOS into the prompt's input_ids in place
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()},
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            submodules={**parts, GENERATOR: generator},
+            record_outputs=True,
+            steps_from=GENERATOR if steps_from_generator else None,
+        )
+    finally:
+        del generator.generate
+    if recording.caller != GENERATOR:
+        raise RuntimeError(
+            f"{type(model).__name__}.generate() did not step {type(generator).__name__}'s forward; nothing to split"
+        )
+    calls, outputs = recording.capture.calls, recording.capture.outputs
+    _drop_unused_modalities(layout, parts, calls)
+    missing = [name for name in parts if not calls[name]]
+    if missing:
+        raise ValueError(
+            f"generate() never called {missing} of {type(model).__name__}; check that the inputs carry the "
+            "modality (pixel_values) and its placeholder tokens"
+        )
+    token_ids = token_ids_of(generator)
+    token_ids.update(token_ids_of(model))
+    for key, value in handed.items():
+        value = value.tolist() if isinstance(value, torch.Tensor) else value
+        token_ids[key] = (
+            [int(v) for v in value] if key == "eos_token_id" and isinstance(value, list) else value
+        )
+        if key == "eos_token_id" and not isinstance(value, list):
+            token_ids[key] = [int(value)]
+    plan = GenerationPlan(
+        architecture="multimodal",
+        model_class=type(model).__name__,
+        cache_kind=recording.cache_kind,
+        max_cache_len=recording.max_cache_len,
+        multi_token_decode=multi_token_decode,
+        token_ids=token_ids,
+    )
+    prefill, decode = dict(recording.prefill), dict(recording.decode)
+    plan.prompt_edit = _prompt_edit(inputs, prefill)
+    prompt = dict(inputs)
+    if plan.prompt_edit:
+        length = int(prefill["input_ids"].shape[-1])
+        prompt["input_ids"] = prefill["input_ids"]
+        if isinstance(inputs.get("attention_mask"), torch.Tensor):
+            prompt["attention_mask"] = inputs["attention_mask"][:, :length]
+    steps = {"prefill": _step_tensors(prefill), "decode": _step_tensors(decode)}
+    dropped = _filled_in_masks(generator, prefill, steps["prefill"])
+    if dropped:
+        prefill = {k: v for k, v in prefill.items() if k not in dropped}
+        decode = {k: v for k, v in decode.items() if k not in dropped}
+        steps = {
+            step: {k: v for k, v in values.items() if k not in dropped} for step, values in steps.items()
+        }
+    components: dict[str, tuple[torch.nn.Module, dict[str, Any]]] = {}
+    produced: dict[str, dict[str, torch.Tensor]] = {}
+    try:
+        for name, module in parts.items():
+            kwargs = calls[name][0]
+            plan.links[name] = link_inputs(name, kwargs, prompt, produced)
+            produced[name] = _flat(outputs[name][0])
+            components[name] = (module, kwargs)
+        plan.step_inputs = {
+            step: link_inputs(step, values, prompt, produced) for step, values in steps.items()
+        }
+    except ValueError as exc:
+        # a step between the vision tower and the language model (Kosmos-2's normalisation and
+        # projection): the model's get_image_features as one component
+        fallback = _image_features_component(model, layout, inputs)
+        if fallback is None or fallback[2] is not None:
+            raise
+        features, kwargs, _, _ = fallback
+        module = ImageEmbeds(features._owner, dict(features.parts), features.input_names)
+        with torch.no_grad():
+            produced = {"image_encoder": {"": module(**kwargs)}}
+        try:
+            plan.links = {"image_encoder": link_inputs("image_encoder", kwargs, prompt, {})}
+            plan.step_inputs = {
+                step: link_inputs(step, values, prompt, produced) for step, values in steps.items()
+            }
+        except ValueError as again:
+            raise ValueError(f"{exc}; nor do the model's get_image_features outputs: {again}") from exc
+        components = {"image_encoder": (module, kwargs)}
+        logger.info("%s: image features exported as one component (%s)", type(model).__name__, exc)
+    components["prefill"] = (generator, prefill)
+    components["decode"] = (generator, decode)
+    plan.components = list(components)
+    decomposition = Decomposition(components, plan, model)
+    describe_components(decomposition)
+    return decomposition
+
+
 def decompose_multimodal(
     model: torch.nn.Module,
     inputs: Mapping[str, Any],
@@ -687,10 +942,17 @@ def decompose_multimodal(
     generator = inner_generator(model)
     generator_is_part = generator is not None and any(generator is part for part in parts.values())
     recorded = dict(parts) if generator is None or generator_is_part else {**parts, GENERATOR: generator}
+    if generator_is_part:
+        # BLIP's generate writes its BOS into the caller's input_ids in place: record on copies, so
+        # the prompt the runner rewrites is told from the one given
+        inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        given = dict(inputs)
     try:
         recording = record_generation(
             model,
-            inputs,
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+            if generator_is_part
+            else inputs,
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
             submodules=recorded,
@@ -703,13 +965,31 @@ def decompose_multimodal(
         # the inner generative model is the split's language model itself and takes the image
         # features as an input of its own (Kosmos-2's image_embeds at image_embeds_position_mask,
         # BLIP's cross-attention encoder_hidden_states), not merged at placeholder token ids
-        raise RuntimeError(
-            f"{type(model).__name__}.generate() hands the image features to {type(generator).__name__}.generate(), "
-            "which is also the split's language model and takes them as an input of its own (image_embeds, "
-            "encoder_hidden_states), not at placeholder token ids: the embed_tokens / language_model / lm_head "
-            "split does not apply (an image_encoder + prefill/decode split of that inner model is not built yet)"
-        ) from exc
+        assert generator is not None
+        return _decompose_inner_generator(
+            model,
+            layout,
+            given,
+            generator,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+        )
     calls, outputs = recording.capture.calls, recording.capture.outputs
+    generator_label = next((name for name, part in recorded.items() if part is generator), None)
+    if generator_label is not None and _takes_image_input(calls.get(generator_label) or []):
+        # the model's forward computes the image features and hands them to its inner language
+        # model as an input of that model's own (Kosmos-2.5's image_embeds): that model's calls
+        # are the steps
+        assert generator is not None
+        return _decompose_inner_generator(
+            model,
+            layout,
+            inputs,
+            generator,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            steps_from_generator=True,
+        )
     _drop_unused_modalities(layout, parts, calls)
     missing = [name for name in parts if not calls[name]]
     if [m for m in missing if m != "lm_head"]:

@@ -239,6 +239,19 @@ class GenerationPlan:
             :class:`hfexport.generation.multimodal.SizedImageFeatures`). The runner calls it once
             per image (each input cut to that image) and concatenates the outputs; a prompt whose
             ``image_sizes`` hold another size is refused.
+        step_inputs: multimodal only, for a language model that takes the image features as an
+            input of its own (issue 28: BLIP's text decoder cross-attends to them as
+            ``encoder_hidden_states`` at every step, Kosmos-2's places ``image_embeds`` at
+            ``image_embeds_position_mask`` in the prefill): ``{"prefill" | "decode": {input_path:
+            source}}`` for the step's inputs other than the token ids, the padding mask, the
+            position ids and the cache, which the runner builds itself; a source is as in
+            :attr:`links`. Empty for a model whose features replace placeholder token embeddings.
+        prompt_edit: multimodal only: how the model's ``generate`` rewrites the prompt before its
+            language model's prefill: ``{"drop_last": n}`` (the last ``n`` tokens and mask columns
+            are left out) and ``{"first_token": id}`` (the first token of every row is replaced);
+            BLIP's ``generate`` drops the processor's closing ``[SEP]`` and puts its BOS first. The
+            runner applies it and returns the rewritten prompt followed by the new tokens, as
+            ``generate`` does. Empty when the prompt is taken as given.
         io: ``{component: ComponentIO}``.
     """
 
@@ -255,6 +268,8 @@ class GenerationPlan:
     vision_grid: dict[str, dict[str, Any]] = field(default_factory=dict)
     mrope: dict[str, Any] | None = None
     per_image: dict[str, dict[str, Any]] = field(default_factory=dict)
+    step_inputs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    prompt_edit: dict[str, int] = field(default_factory=dict)
     io: dict[str, ComponentIO] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -180,7 +180,8 @@ class GenerateCapture:
 
 
 def _window_config(model: Any, generation_config: Any, new_tokens: int) -> Any:
-    """A copy of the generation config that greedily produces exactly ``new_tokens`` tokens."""
+    """A copy of the generation config that greedily produces exactly ``new_tokens`` tokens, with
+    the cache on."""
     from transformers import GenerationConfig
 
     base = generation_config if generation_config is not None else getattr(model, "generation_config", None)
@@ -191,6 +192,10 @@ def _window_config(model: Any, generation_config: Any, new_tokens: int) -> Any:
     config.num_beams = 1
     config.num_return_sequences = 1
     config.return_dict_in_generate = False
+    # the split's decode step reads the cache: a generation config that turns it off (Pix2Struct's
+    # text config defaults to use_cache=False; issue 28) would record steps that re-read the whole
+    # decoder prompt; greedy search gives the same tokens either way
+    config.use_cache = True
     # sampling-only knobs would only produce warnings under greedy search
     for name in ("temperature", "top_p", "top_k", "min_p", "typical_p"):
         if hasattr(config, name):
@@ -348,6 +353,7 @@ def record_generation(
     submodules: Mapping[str, torch.nn.Module] | None = None,
     record_outputs: bool = False,
     decoder_masks: Mapping[str, torch.nn.Module] | None = None,
+    steps_from: str | None = None,
 ) -> GenerationRecording:
     """Record the prefill and decode calls of one short greedy ``generate`` run.
 
@@ -372,13 +378,17 @@ def record_generation(
         record_outputs: also record outputs.
         decoder_masks: ``{label: module}`` of recorded submodules that are decoders taking the
             same 2-D padding mask (e.g. a multimodal model's language model).
+        steps_from: a ``submodules`` label (:data:`GENERATOR`) whose forward calls are the prefill
+            and decode steps even when the top-level forward made enough calls (Kosmos-2.5's forward
+            computes the image features and calls its text model with them; issue 28).
 
     Returns:
         A :class:`GenerationRecording`.
 
     Raises:
         ValueError: a static cache without ``max_cache_len``; ``inputs`` without ``input_ids`` or
-            ``inputs_embeds`` (an encoder-decoder's: nor ``input_features`` / ``pixel_values``).
+            ``inputs_embeds`` (an encoder-decoder's: nor ``input_features`` / ``pixel_values`` /
+            ``flattened_patches``).
         RuntimeError: ``generate`` failed (names the model and input keys), or it made fewer
             top-level forward calls than the window needs (its ``generate`` bypasses ``forward``)
             and no :data:`GENERATOR` submodule made enough either.
@@ -391,12 +401,12 @@ def record_generation(
     # an encoder-decoder's prompt may be its encoder's input alone: audio features (Whisper) or
     # an image (VisionEncoderDecoder: pixel_values and a decoder prompt; issue 28)
     prompt_keys = {"input_ids", "inputs_embeds", "input_features"} | (
-        {"pixel_values"} if encoder_decoder else set()
+        {"pixel_values", "flattened_patches"} if encoder_decoder else set()
     )
     if not isinstance(inputs, Mapping) or not (prompt_keys & set(inputs)):
         raise ValueError(
             "generation inputs must be a dict with input_ids (int64 [batch, seq]) or inputs_embeds "
-            "(an encoder-decoder: or its encoder's input_features / pixel_values); "
+            "(an encoder-decoder: or its encoder's input_features / pixel_values / flattened_patches); "
             f"got {sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__}"
         )
     static_requested = getattr(generation_config, "cache_implementation", None) == "static"
@@ -420,7 +430,9 @@ def record_generation(
         )
     top = capture.calls["model"]
     caller = "model"
-    if len(top) < window and len(capture.calls.get(GENERATOR) or []) >= window:
+    if steps_from is not None and len(capture.calls.get(steps_from) or []) >= window:
+        top, caller = capture.calls[steps_from], steps_from
+    elif len(top) < window and len(capture.calls.get(GENERATOR) or []) >= window:
         # the model's generate encodes the image and hands the embeddings to an inner language
         # model's generate (BLIP-2, InstructBLIP, Kosmos-2): its forward calls are the steps
         top, caller = capture.calls[GENERATOR], GENERATOR
@@ -438,8 +450,8 @@ def record_generation(
             else int(inputs["inputs_embeds"].shape[0])
         )
         labelled = [("model", model), *dict(decoder_masks or {}).items()]
-        if caller == GENERATOR and submodules is not None:
-            labelled.append((GENERATOR, submodules[GENERATOR]))
+        if caller != "model" and submodules is not None:
+            labelled.append((caller, submodules[caller]))
         for label, module in labelled:
             if not _accepts(module, "attention_mask"):
                 continue

@@ -196,6 +196,8 @@ class GenerationRunner:
                 reads another input alone (VisionEncoderDecoder: ``pixel_values=``, with an
                 optional ``decoder_input_ids=`` prompt).
             attention_mask: ``[batch, seq]`` (1 = token, 0 = padding); ``None`` means no padding.
+                Without ``input_ids``: the encoder input's own mask (Pix2Struct's ``[batch,
+                patches]``), passed to the encoder and the decoder steps as given.
             max_new_tokens: how many tokens to generate at most (>= 1).
             **inputs: other generate-style inputs the components need: for multimodal models
                 ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids`` ...
@@ -227,7 +229,12 @@ class GenerationRunner:
             if attention_mask is None
             else torch.as_tensor(attention_mask).to(torch.int64)
         )
-        if mask.shape != ids.shape:
+        if input_ids is None and attention_mask is not None:
+            # an encoder-decoder prompted with an image alone whose mask is over the image's
+            # patches (Pix2Struct's flattened patches): the encoder's, and the decoder's
+            # cross-attention mask, as generate() passes it
+            pass
+        elif mask.shape != ids.shape:
             raise ValueError(
                 f"attention_mask {tuple(mask.shape)} must have the shape of input_ids {tuple(ids.shape)}"
             )
@@ -241,6 +248,13 @@ class GenerationRunner:
                 )
         if arch == "encoder_decoder":
             return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
+        if (
+            arch == "multimodal"
+            and "prefill" in self.plan.components
+            and "encoder" not in self.plan.components
+        ):
+            # the language model takes the image features as an input of its own (BLIP, Kosmos-2)
+            return self._generate_with_image_inputs(ids, mask, max_new_tokens, inputs)
         if arch == "multimodal" and "encoder" in self.plan.components:
             # encoder-decoder language model (Florence-2): the merged embeddings feed the text encoder
             embeds, _ = self._multimodal_embeddings(ids, inputs, mask)
@@ -338,6 +352,38 @@ class GenerationRunner:
         Returns:
             ``(embeddings [batch, seq, hidden], {component: its outputs})``.
         """
+        plan = self.plan
+        produced = self._run_image_components(ids, inputs, mask)
+        embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
+        for token, source in plan.features.items():
+            where = ids == int(token)
+            count = int(where.sum())
+            if source["component"] not in produced and source["component"] in plan.links:
+                if count:
+                    raise ValueError(
+                        f"the prompt has {count} placeholder tokens {token} but none of the image inputs "
+                        f"{self._prompt_inputs_of(source['component'])} they stand for; pass them to generate(), "
+                        "or drop the placeholder tokens for a text-only prompt"
+                    )
+                continue
+            features = _output(produced, source["component"], source["output"])
+            flat = features.reshape(-1, features.shape[-1])
+            if count != flat.shape[0]:
+                raise ValueError(
+                    f"the prompt has {count} placeholder tokens {token} but the {source['component']} produced "
+                    f"{flat.shape[0]} feature rows"
+                )
+            embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
+        return embeds, produced
+
+    def _run_image_components(
+        self, ids: torch.Tensor, inputs: Mapping[str, Any], mask: torch.Tensor | None = None
+    ) -> dict[str, dict[str, torch.Tensor]]:
+        """Run the encoders and projectors of the plan's links in order: ``{component: its outputs}``.
+
+        Raises:
+            KeyError: a component needs a prompt input that was not given.
+        """
         from hfexport.generation.vision_inputs import vision_grid_inputs
 
         plan = self.plan
@@ -371,27 +417,64 @@ class GenerationRunner:
                 produced[component] = self._call_per_image(component, values, prompt)
             else:
                 produced[component] = self._call(component, values, {})
-        embeds = _only(self._call("embed_tokens", {"input": ids, "input_ids": ids}, {}), "embed_tokens")
-        for token, source in plan.features.items():
-            where = ids == int(token)
-            count = int(where.sum())
-            if source["component"] in skipped:
-                if count:
-                    raise ValueError(
-                        f"the prompt has {count} placeholder tokens {token} but none of the image inputs "
-                        f"{self._prompt_inputs_of(source['component'])} they stand for; pass them to generate(), "
-                        "or drop the placeholder tokens for a text-only prompt"
-                    )
-                continue
-            features = _output(produced, source["component"], source["output"])
-            flat = features.reshape(-1, features.shape[-1])
-            if count != flat.shape[0]:
+        return produced
+
+    def _generate_with_image_inputs(
+        self, ids: torch.Tensor, mask: torch.Tensor, max_new_tokens: int, inputs: Mapping[str, Any]
+    ) -> torch.Tensor:
+        """Generate with a language model that takes the image features as an input of its own
+        (:attr:`GenerationPlan.step_inputs`: BLIP's cross-attended ``encoder_hidden_states`` at every
+        step, Kosmos-2's ``image_embeds`` in the prefill): the prompt rewritten as ``generate``
+        rewrites it (:attr:`GenerationPlan.prompt_edit`), the image components, ``prefill``, then
+        ``decode`` per token with the step inputs linked to it.
+
+        Returns:
+            int64 ``[batch, rewritten prompt length + n]``.
+
+        Raises:
+            KeyError: a step or image component needs a prompt input that was not given.
+            ValueError: the prompt is too short for the rewrite.
+        """
+        plan = self.plan
+        drop = int(plan.prompt_edit.get("drop_last", 0))
+        if drop:
+            if ids.shape[1] <= drop:
                 raise ValueError(
-                    f"the prompt has {count} placeholder tokens {token} but the {source['component']} produced "
-                    f"{flat.shape[0]} feature rows"
+                    f"{plan.model_class}.generate() leaves out the last {drop} prompt token(s); the prompt has "
+                    f"{ids.shape[1]}: give the prompt as its processor builds it"
                 )
-            embeds = embeds.masked_scatter(where[..., None], flat.to(embeds.dtype))
-        return embeds, produced
+            ids, mask = ids[:, :-drop], mask[:, :-drop]
+        if plan.prompt_edit.get("first_token") is not None:
+            ids = ids.clone()
+            ids[:, 0] = int(plan.prompt_edit["first_token"])
+        produced = self._run_image_components(ids, inputs, mask)
+        prompt = {"input_ids": ids, "attention_mask": mask, **inputs}
+
+        def linked(step: str) -> dict[str, torch.Tensor]:
+            values: dict[str, torch.Tensor] = {}
+            for path, source in plan.step_inputs.get(step, {}).items():
+                if source["from"] == "prompt":
+                    if prompt.get(source["key"]) is None:
+                        raise KeyError(f"the {step} step needs {source['key']!r}; pass it to generate()")
+                    values[path] = torch.as_tensor(prompt[source["key"]])
+                else:
+                    tensor = _output(produced, source["component"], source["output"])
+                    values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
+            return values
+
+        positions = _text_positions(mask)
+        values = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, **linked("prefill")}
+        out = self._call("prefill", values, {})
+        return self._decode_loop(
+            ids,
+            mask,
+            out["logits"][:, -1, :],
+            self._cache_from(out),
+            positions,
+            max_new_tokens,
+            {},
+            constants=linked("decode"),
+        )
 
     def _components_without_inputs(self, prompt: Mapping[str, Any]) -> set[str]:
         """The encoder and projector components a text-only prompt leaves out.
@@ -555,6 +638,7 @@ class GenerationRunner:
         token_key: str = "input_ids",
         encoder: Mapping[str, torch.Tensor] | None = None,
         grow_mask: bool = True,
+        constants: Mapping[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         eos = torch.tensor(self.plan.eos_token_ids, dtype=torch.int64)
         pad = self.plan.token_ids.get("pad_token_id")
@@ -591,6 +675,7 @@ class GenerationRunner:
                 "token_type_ids": token_types[:, -1:]
                 if token_types is not None
                 else torch.zeros(batch, 1, dtype=torch.int64),
+                **dict(constants or {}),
             }
             out = self._call("decode", values, cache, encoder)
             logits = out["logits"][:, -1, :]

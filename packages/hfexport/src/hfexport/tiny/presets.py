@@ -963,6 +963,16 @@ PRESETS.update(
             "one), so generate() cannot start the decoder; the padding id 0 starts it, as T5's does, "
             "and is the first id of the sample decoder prompt (issue 28)",
         ),
+        **{
+            mt: Preset(
+                config={"latent_query_num": 16, "text_config": {"layers": 2, "attention_heads": 4}},
+                reason="the text config names its depth and heads layers / attention_heads, which the "
+                "generic shrink does not know (24 layers of 32 or 16 two-wide heads); and the image's "
+                "latent queries are its tokens in the prompt: Kosmos-2.5's 2048 made a prompt of over "
+                "2048 tokens (16, as Kosmos-2's 64 shrunk)",
+            )
+            for mt in ("kosmos-2", "kosmos-2.5")
+        },
         "aria": Preset(
             config={"projector_patch_to_query_dict": {16: 4}},
             reason="its projector maps the vision tower's patch count to a query count through "
