@@ -486,7 +486,8 @@ def check_image_text_generation(
     parts = exporter.export_for_generation(model, dict(inputs), config)
     worst_validation(parts)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
-    prompts = {"sample": dict(inputs), "second": other_image_prompt(model, inputs)}
+    second = other_image_prompt(model, inputs, same_image_size=bool(parts.plan.per_image))
+    prompts = {"sample": dict(inputs), "second": second}
     diffs: dict[str, float] = {}
     for label, prompt in prompts.items():
         parity = compare_with_generate(runner, model, prompt, max_new_tokens=max_new_tokens)
