@@ -567,6 +567,10 @@ def capture(
                     getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
                 ),
             )
+        if key == _vision_language_workarounds.FIXED_GRID_KEY:
+            dropped = _vision_language_workarounds.drop_constant_reads(program)
+            if report is not None and dropped:
+                report.extra["dropped_constant_reads"] = dropped
     if report is not None:
         # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's and SigLIP's image size)
         from hfexport.conventions.config_lookups import max_positions

@@ -65,6 +65,7 @@ __all__ = [
     "bidirectional_prompt_mask_as_eager_runs_it",
     "block_diagonal_mask",
     "capture_key",
+    "drop_constant_reads",
     "image_batch_without_padding_filter",
     "image_codes_of_unpadded_batch",
     "key_pools_padded_to_the_selection",
@@ -147,6 +148,29 @@ def _holds_fixed_grid_features(module: torch.nn.Module) -> bool:
     from hfexport.generation.multimodal import SizedGridImageFeatures
 
     return any(isinstance(sub, SizedGridImageFeatures) for sub in module.modules())
+
+
+def drop_constant_reads(program: Any) -> int:
+    """Remove the nodes of ``program`` whose results nothing uses, after a capture under
+    :data:`FIXED_GRID_KEY` (called by :func:`hfexport.capture.capture`).
+
+    The grid's values were read at capture (``.tolist()``: ``aten.unbind`` and ``aten.item`` of
+    the constant grid), which leaves those reads in the graph with unused results. A later
+    retrace of the program (the ONNX translation's decompositions) fakes the constant again
+    without its values and fails on them (``Could not extract specialized integer``); without
+    the reads the constant is read by nothing.
+
+    Args:
+        program: the ``torch.export.ExportedProgram`` just captured (changed in place).
+
+    Returns:
+        The number of nodes removed.
+    """
+    graph = program.graph_module.graph
+    before = len(graph.nodes)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return before - len(graph.nodes)
 
 
 @register_patch(
