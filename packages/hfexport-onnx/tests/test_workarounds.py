@@ -425,7 +425,8 @@ def test_squeeze_of_a_non_unit_axis_runs_in_onnxruntime_with_the_fix():
 class _RepeatByCounts(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         counts = torch.tensor([2, 1, 3])
-        return x[torch.repeat_interleave(counts, output_size=6)]
+        # .self_Tensor, which the translation's decompositions turn into .Tensor(counts, output_size=6)
+        return x.repeat_interleave(counts, dim=0, output_size=6) * 2
 
 
 def test_repeat_interleave_with_output_size_translates_with_the_fix():

@@ -146,7 +146,7 @@ def squeeze_of_a_non_unit_axis_dropped(gm: torch.fx.GraphModule, node: torch.fx.
 @register_fx_node_fix(
     "onnx",
     description=(
-        "aten.repeat_interleave.Tensor(repeats, output_size=n) loses its output_size hint (the result is the same): "
+        "aten.repeat_interleave(..., output_size=n) loses its output_size hint (the result is the same): "
         "onnxscript's aten_repeat_interleave_Tensor takes no such argument (Kimi-K2.5's position-embedding "
         "interpolation indices: TypeError: got an unexpected keyword argument 'output_size')"
     ),
@@ -154,7 +154,8 @@ def squeeze_of_a_non_unit_axis_dropped(gm: torch.fx.GraphModule, node: torch.fx.
     versions={"onnxscript": ">=0.5"},
 )
 def repeat_interleave_without_output_size(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Drop the ``output_size`` keyword of ``aten.repeat_interleave.Tensor(repeats, output_size=n)``.
+    """Drop the ``output_size`` keyword of ``aten.repeat_interleave.Tensor(repeats, output_size=n)``
+    (and of ``.self_Tensor`` / ``.self_int``, which the translation's decompositions turn into it).
 
     ``output_size`` only tells PyTorch the total ``repeats.sum()`` in advance (no device sync); the
     values are the same without it. onnxscript's translation of the overload has no such parameter
@@ -164,7 +165,12 @@ def repeat_interleave_without_output_size(gm: torch.fx.GraphModule, node: torch.
     Returns:
         True when the keyword was removed; False for any other node.
     """
-    if node.op != "call_function" or node.target is not torch.ops.aten.repeat_interleave.Tensor:
+    overloads = (
+        torch.ops.aten.repeat_interleave.Tensor,
+        torch.ops.aten.repeat_interleave.self_Tensor,  # decomposed into .Tensor(..., output_size)
+        torch.ops.aten.repeat_interleave.self_int,
+    )
+    if node.op != "call_function" or node.target not in overloads:
         return False
     if "output_size" not in node.kwargs:
         return False
