@@ -52,6 +52,7 @@ __all__ = [
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
+    "index_add_as_scatter_add",
     "scalar_sizes_from_int64",
     "squeeze_static_unit_axes",
     "sym_min_max_as_tensor_ops",
@@ -141,6 +142,56 @@ def scalar_sizes_from_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     cast.meta = {k: v for k, v in source.meta.items() if k != "val"}
     cast.meta["val"] = val.to(torch.int64)
     node.args = (cast, *node.args[1:])
+    return True
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "aten.index_add (Kimi-K2.5's temporal merge of the vision tower's patches) as aten.scatter_add with "
+        "the index expanded over the source's other axes: the torch.export frontend has no rule for index_add "
+        "(failed FX node(s): index_add)"
+    ),
+    issue="https://github.com/openvinotoolkit/openvino/issues/35628",
+    versions={"openvino": ">=2026.0"},
+)
+def index_add_as_scatter_add(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.index_add(x, dim, index, source, alpha=1)`` by
+    ``aten.scatter_add(x, dim, index', source)``, ``index'`` the 1-D ``index`` placed on axis
+    ``dim`` and expanded to ``source``'s shape (the same sums: each ``source`` slice ``i`` along
+    ``dim`` is added at ``x``'s slice ``index[i]``).
+
+    Only for a static ``source`` shape and ``alpha`` 1 (the one-grid image encoders of issue 28
+    have both); other nodes are left to the frontend.
+
+    Returns:
+        True when the node was replaced.
+    """
+    if node.target is not torch.ops.aten.index_add.default or len(node.args) < 4:
+        return False
+    if node.kwargs.get("alpha", 1) != 1 or (len(node.args) > 4 and node.args[4] != 1):
+        return False
+    base, dim, index, source = node.args[:4]
+    source_val = getattr(source, "meta", {}).get("val")
+    index_val = getattr(index, "meta", {}).get("val")
+    if not isinstance(source_val, torch.Tensor) or not isinstance(index_val, torch.Tensor):
+        return False
+    shape = list(source_val.shape)
+    if not all(isinstance(n, int) for n in shape) or index_val.dim() != 1:
+        return False
+    axis = int(dim) % len(shape)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    graph = gm.graph
+    with graph.inserting_before(node):
+        placed = graph.call_function(torch.ops.aten.view.default, (index, view))
+        placed.meta["val"] = index_val.view(view)
+        expanded = graph.call_function(torch.ops.aten.expand.default, (placed, shape))
+        expanded.meta["val"] = placed.meta["val"].expand(shape)
+        scatter = graph.call_function(torch.ops.aten.scatter_add.default, (base, axis, expanded, source))
+    scatter.meta = dict(node.meta)
+    node.replace_all_uses_with(scatter)
+    graph.erase_node(node)
     return True
 
 
