@@ -569,5 +569,7 @@ def test_antialiased_bilinear_fix_lets_openvino_convert_a_position_grid_resize()
         assert entry.func(program.graph_module, nodes[0]) is True
         program.graph_module.recompile()
         # f32 inference (the CPU plugin may otherwise compute the products in bf16)
-        compiled = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        compiled = ov.Core().compile_model(
+            ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+        )
         np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-6)

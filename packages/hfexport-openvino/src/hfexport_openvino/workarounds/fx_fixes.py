@@ -49,10 +49,10 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 
 __all__ = [
     "BACKEND",
+    "antialiased_bilinear_as_matmuls",
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
-    "antialiased_bilinear_as_matmuls",
     "index_add_as_scatter_add",
     "scalar_sizes_from_int64",
     "squeeze_static_unit_axes",
@@ -216,20 +216,38 @@ def _resize_weights(graph: torch.fx.Graph, fake_mode: Any, size_in: int, size_ou
     source = _call(graph, fake_mode, torch.ops.aten.arange.default, size_in, dtype=torch.float32)
     target = _call(graph, fake_mode, torch.ops.aten.arange.default, size_out, dtype=torch.float32)
     centre = _call(
-        graph, fake_mode, torch.ops.aten.mul.Tensor, _call(graph, fake_mode, torch.ops.aten.add.Tensor, target, 0.5), scale
+        graph,
+        fake_mode,
+        torch.ops.aten.mul.Tensor,
+        _call(graph, fake_mode, torch.ops.aten.add.Tensor, target, 0.5),
+        scale,
     )
     offset = _call(
         graph,
         fake_mode,
         torch.ops.aten.sub.Tensor,
-        _call(graph, fake_mode, torch.ops.aten.unsqueeze.default, _call(graph, fake_mode, torch.ops.aten.add.Tensor, source, 0.5), 0),
+        _call(
+            graph,
+            fake_mode,
+            torch.ops.aten.unsqueeze.default,
+            _call(graph, fake_mode, torch.ops.aten.add.Tensor, source, 0.5),
+            0,
+        ),
         _call(graph, fake_mode, torch.ops.aten.unsqueeze.default, centre, 1),
     )
     distance = _call(
-        graph, fake_mode, torch.ops.aten.mul.Tensor, _call(graph, fake_mode, torch.ops.aten.abs.default, offset), widen
+        graph,
+        fake_mode,
+        torch.ops.aten.mul.Tensor,
+        _call(graph, fake_mode, torch.ops.aten.abs.default, offset),
+        widen,
     )
     triangle = _call(
-        graph, fake_mode, torch.ops.aten.clamp_min.default, _call(graph, fake_mode, torch.ops.aten.rsub.Scalar, distance, 1.0), 0.0
+        graph,
+        fake_mode,
+        torch.ops.aten.clamp_min.default,
+        _call(graph, fake_mode, torch.ops.aten.rsub.Scalar, distance, 1.0),
+        0.0,
     )
     total = _call(graph, fake_mode, torch.ops.aten.sum.dim_IntList, triangle, [1], True)
     return _call(graph, fake_mode, torch.ops.aten.div.Tensor, triangle, total)
