@@ -288,13 +288,35 @@ def antialiased_bilinear_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Nod
     fake_mode = getattr(value, "fake_mode", None)
     if fake_mode is None or not all(isinstance(n, int) for n in sizes) or value.dtype != torch.float32:
         return False
+    n, c, h, w = value.shape
+    h_out, w_out = sizes[2], sizes[3]
+    aten = torch.ops.aten
     graph = gm.graph
     with graph.inserting_before(node):
-        rows = _resize_weights(graph, fake_mode, sizes[0], sizes[2])
-        columns = _resize_weights(graph, fake_mode, sizes[1], sizes[3])
-        tall = _call(graph, fake_mode, torch.ops.aten.matmul.default, rows, x)
-        flipped = _call(graph, fake_mode, torch.ops.aten.permute.default, columns, [1, 0])
-        out = _call(graph, fake_mode, torch.ops.aten.matmul.default, tall, flipped)
+        rows = _resize_weights(graph, fake_mode, h, h_out)
+        columns = _resize_weights(graph, fake_mode, w, w_out)
+
+        def flat(t: torch.fx.Node, order: list[int], shape: list[int]) -> torch.fx.Node:
+            moved = _call(graph, fake_mode, aten.permute.default, t, order)
+            dense = _call(graph, fake_mode, aten.clone.default, moved, memory_format=torch.contiguous_format)
+            return _call(graph, fake_mode, aten.view.default, dense, shape)
+
+        # 2-D products (aten.mm): the frontend refused aten.matmul of these operands
+        tall = _call(graph, fake_mode, aten.mm.default, rows, flat(x, [2, 0, 1, 3], [h, n * c * w]))
+        back = flat(tall, [1, 0], [n * c * w, h_out])  # rows of (n, c, w), columns h_out
+        back = flat(
+            _call(graph, fake_mode, aten.view.default, back, [n, c, w, h_out]),
+            [0, 1, 3, 2],
+            [n * c * h_out, w],
+        )
+        wide = _call(
+            graph,
+            fake_mode,
+            aten.mm.default,
+            back,
+            _call(graph, fake_mode, aten.permute.default, columns, [1, 0]),
+        )
+        out = _call(graph, fake_mode, aten.view.default, wide, [n, c, h_out, w_out])
     node.replace_all_uses_with(out)
     graph.erase_node(node)
     return True
