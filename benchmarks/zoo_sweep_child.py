@@ -194,7 +194,8 @@ def generation_cell(backend: str, model_type: str, task: str) -> dict[str, Any]:
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
     shapes = {"sample": inputs}
     try:
-        shapes["second"] = other_image_prompt(model, inputs)
+        # an image encoder exported for one image size serves more images of that size
+        shapes["second"] = other_image_prompt(model, inputs, same_image_size=bool(parts.plan.per_image))
     except Exception as exc:
         return failed("generate", f"no second image prompt: {type(exc).__name__}: {exc}")
     for label, prompt in shapes.items():

@@ -420,3 +420,29 @@ def test_squeeze_of_a_non_unit_axis_runs_in_onnxruntime_with_the_fix():
     (got,) = session(program).run(None, {"x": x.numpy()})
     assert got.shape == (4, 8)  # the size-1 axis is still squeezed
     torch.testing.assert_close(torch.from_numpy(got), model(x), atol=0, rtol=0)
+
+
+class _RepeatByCounts(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        counts = torch.tensor([2, 1, 3])
+        # .self_Tensor, which the translation's decompositions turn into .Tensor(counts, output_size=6)
+        return x.repeat_interleave(counts, dim=0, output_size=6) * 2
+
+
+def test_repeat_interleave_with_output_size_translates_with_the_fix():
+    """issue 28: Kimi-K2.5's image encoder (exported for one patch grid) computes its position
+    interpolation indices with repeat_interleave(counts, output_size=n); onnxscript's translation
+    has no output_size parameter (TypeError, microsoft/onnxscript#2687)."""
+    import onnxruntime as ort
+
+    name = f"{fx_fixes.__name__}.repeat_interleave_without_output_size"
+    assert name in {e.name for e in registry.entries("onnx", kind="fx_node_fix")}
+    model, x = _RepeatByCounts(), torch.randn(3, 4)
+    with pytest.raises(Exception, match="output_size"):
+        torch.onnx.export(torch.export.export(model, (x,)), dynamo=True, optimize=False)
+    program = torch.export.export(model, (x,))
+    nodes = [n for n in program.graph.nodes if n.op == "call_function"]
+    assert sum(fx_fixes.repeat_interleave_without_output_size(program.graph_module, n) for n in nodes) == 1
+    proto = torch.onnx.export(program, dynamo=True, optimize=False).model_proto.SerializeToString()
+    (got,) = ort.InferenceSession(proto).run(None, {"x": x.numpy()})
+    torch.testing.assert_close(torch.from_numpy(got), model(x), atol=0, rtol=0)

@@ -514,3 +514,62 @@ def test_squeeze_fix_leaves_a_squeeze_of_static_axes_alone():
     program = torch.export.export(Static(), (torch.rand(1, 4, 1),))
     (node,) = [n for n in program.graph_module.graph.nodes if "aten.squeeze" in str(n.target)]
     assert entry.func(program.graph_module, node) is False  # no symbolic axis: nothing OpenVINO misreads
+
+
+def test_index_add_fix_lets_openvino_convert_a_temporal_merge():
+    """issue 28: Kimi-K2.5's one-grid image encoder merges its patches with index_add, which
+    OpenVINO's torch.export frontend failed to convert (openvinotoolkit/openvino#35628); the fix
+    writes it as scatter_add over the expanded index."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("index_add_as_scatter_add")]
+
+    class Merge(torch.nn.Module):
+        def forward(self, x):
+            index = torch.tensor([2, 0, 1, 2, 0, 3])
+            return x.new_zeros(4, x.shape[1]).index_add(0, index, x * 2)
+
+    x = torch.rand(6, 5)
+    program = torch.export.export(Merge(), (x,))
+    nodes = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.index_add.default]
+    assert len(nodes) == 1
+    with pytest.raises(Exception, match="index_add"):
+        ov.convert_model(program)
+    assert entry.func(program.graph_module, nodes[0]) is True
+    program.graph_module.recompile()
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+    np.testing.assert_allclose(compiled(x.numpy())[0], Merge()(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_antialiased_bilinear_fix_lets_openvino_convert_a_position_grid_resize():
+    """issue 28: Cosmos3-Edge's one-grid image encoder resizes its learned position grid with
+    F.interpolate(antialias=True); OpenVINO's torch.export frontend has no rule for
+    aten._upsample_bilinear2d_aa. The fix writes it as two products with the filter weights."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("antialiased_bilinear_as_matmuls")]
+
+    class Resize(torch.nn.Module):
+        def __init__(self, size):
+            super().__init__()
+            self.size = size
+
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x, size=self.size, mode="bilinear", antialias=True) * 2
+
+    for size in ((3, 5), (11, 4)):  # shrinking and growing
+        model, x = Resize(size), torch.rand(1, 3, 8, 6)
+        # the node fixes see the decomposed graph (the exporter decomposes before them)
+        program = torch.export.export(model, (x,)).run_decompositions()
+        target = torch.ops.aten._upsample_bilinear2d_aa.default
+        nodes = [n for n in program.graph_module.graph.nodes if n.target is target]
+        assert len(nodes) == 1
+        with pytest.raises(Exception, match="_upsample_bilinear2d_aa"):
+            ov.convert_model(program)
+        assert entry.func(program.graph_module, nodes[0]) is True
+        program.graph_module.recompile()
+        # f32 inference (the CPU plugin may otherwise compute the products in bf16)
+        compiled = ov.Core().compile_model(
+            ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
+        )
+        np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-6)

@@ -259,3 +259,42 @@ def test_a_transposed_slice_gets_one_transpose_per_consumer():
     assert not any(
         R.sliced_transpose_per_consumer(gm, n) for n in list(gm.graph.nodes) if n.op == "call_function"
     )
+
+
+def test_kda_chunks_as_a_scan_matches_the_loop_and_exports_for_any_chunk_count():
+    # GLM-5-Next's chunked Kimi delta attention loops over 64-token chunks in Python: a one-chunk
+    # sample was specialised (Guard failed: inputs_embeds.size()[1] <= 64, issue 28); here a one-chunk
+    # sample of 3 tokens serves 4, 5 and 23 (several chunks)
+    from torch.export import Dim
+    from transformers.models.glm5_next import modeling_glm5_next
+
+    original = modeling_glm5_next.chunk_kimi_delta_attention
+    scanned = R.kda_chunks_as_a_scan(original)
+
+    def split(x):
+        batch, length = x.shape[:2]
+        q, k, v, g = (x[..., 8 * i : 8 * (i + 1)].reshape(batch, length, 2, 4) for i in range(4))
+        return q, k, v, -g.abs() * 0.5, x[..., 32:34].sigmoid()
+
+    class Attention(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, x):
+            # chunks of 4 (the models use 64): the same construct, a short trace
+            return self.fn(*split(x), chunk_size=4, output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+    def sample(length):
+        return torch.randn(1, length, 34, generator=torch.Generator().manual_seed(length))
+
+    shapes = ({1: Dim("length", min=2, max=512)},)
+    with pytest.raises(Exception, match="Constraints violated"):
+        torch.export.export(Attention(original), (sample(3),), dynamic_shapes=shapes)
+    program = torch.export.export(Attention(scanned), (sample(3),), dynamic_shapes=shapes)
+    for length in (3, 4, 5, 23):
+        expected, expected_state = Attention(original)(sample(length))
+        for fn in (Attention(scanned), program.module()):
+            got, state = fn(sample(length))
+            torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(state, expected_state, atol=2e-6, rtol=1e-5)

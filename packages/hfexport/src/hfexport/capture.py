@@ -85,13 +85,15 @@ def capture_patch_key(module: torch.nn.Module) -> str:
         module: the module about to be captured (a model, or a wrapper holding one).
 
     Returns:
-        The ``KEY`` (``"capture.<family>"``) of the first family of :data:`CAPTURE_SCOPES` whose
-        modeling files define ``module`` or one of its submodules, else ``"capture"`` (the
+        The ``KEY`` (``"capture.<family>"``, or a scope of it the family chooses, such as
+        ``"capture.vision_language.fixed_grid"``) of the first family of :data:`CAPTURE_SCOPES`
+        whose modeling files define ``module`` or one of its submodules, else ``"capture"`` (the
         patches every model gets).
     """
     for scope in CAPTURE_SCOPES:
-        if scope.capture_key(module) == scope.KEY:
-            return scope.KEY
+        key = scope.capture_key(module)
+        if isinstance(key, str) and (key == scope.KEY or key.startswith(f"{scope.KEY}.")):
+            return key
     return _time_series_workarounds.CAPTURE
 
 
@@ -565,6 +567,10 @@ def capture(
                     getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
                 ),
             )
+        if key == _vision_language_workarounds.FIXED_GRID_KEY:
+            dropped = _vision_language_workarounds.drop_constant_reads(program)
+            if report is not None and dropped:
+                report.extra["dropped_constant_reads"] = dropped
     if report is not None:
         # which axes asked dynamic stayed dynamic, and which the model fixed (ViT's and SigLIP's image size)
         from hfexport.conventions.config_lookups import max_positions

@@ -15,6 +15,7 @@ from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.assertions import drop_runtime_assertions
 
 __all__ = [
+    "repeat_interleave_without_output_size",
     "runtime_assertions_dropped_before_translation",
     "scalar_minus_integer_tensor_in_float",
     "squeeze_of_a_non_unit_axis_dropped",
@@ -139,4 +140,40 @@ def squeeze_of_a_non_unit_axis_dropped(gm: torch.fx.GraphModule, node: torch.fx.
     logger.debug(
         "squeeze of axes %s of a %s tensor: a no-op, removed before translation", dims, tuple(value.shape)
     )
+    return True
+
+
+@register_fx_node_fix(
+    "onnx",
+    description=(
+        "aten.repeat_interleave(..., output_size=n) loses its output_size hint (the result is the same): "
+        "onnxscript's aten_repeat_interleave_Tensor takes no such argument (Kimi-K2.5's position-embedding "
+        "interpolation indices: TypeError: got an unexpected keyword argument 'output_size')"
+    ),
+    issue="https://github.com/microsoft/onnxscript/issues/2687",
+    versions={"onnxscript": ">=0.5"},
+)
+def repeat_interleave_without_output_size(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Drop the ``output_size`` keyword of ``aten.repeat_interleave.Tensor(repeats, output_size=n)``
+    (and of ``.self_Tensor`` / ``.self_int``, which the translation's decompositions turn into it).
+
+    ``output_size`` only tells PyTorch the total ``repeats.sum()`` in advance (no device sync); the
+    values are the same without it. onnxscript's translation of the overload has no such parameter
+    and raised ``TypeError`` (an image tower exported for one patch grid computes its interpolation
+    indices with it, ``transformers.vision_utils.get_vision_interpolation_indices_and_weights``).
+
+    Returns:
+        True when the keyword was removed; False for any other node.
+    """
+    overloads = (
+        torch.ops.aten.repeat_interleave.Tensor,
+        torch.ops.aten.repeat_interleave.self_Tensor,  # decomposed into .Tensor(..., output_size)
+        torch.ops.aten.repeat_interleave.self_int,
+    )
+    if node.op != "call_function" or node.target not in overloads:
+        return False
+    if "output_size" not in node.kwargs:
+        return False
+    node.kwargs = {k: v for k, v in node.kwargs.items() if k != "output_size"}
+    logger.debug("repeat_interleave.Tensor: output_size dropped before translation")
     return True

@@ -49,9 +49,11 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 
 __all__ = [
     "BACKEND",
+    "antialiased_bilinear_as_matmuls",
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
+    "index_add_as_scatter_add",
     "scalar_sizes_from_int64",
     "squeeze_static_unit_axes",
     "sym_min_max_as_tensor_ops",
@@ -141,6 +143,182 @@ def scalar_sizes_from_int64(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     cast.meta = {k: v for k, v in source.meta.items() if k != "val"}
     cast.meta["val"] = val.to(torch.int64)
     node.args = (cast, *node.args[1:])
+    return True
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "aten.index_add (Kimi-K2.5's temporal merge of the vision tower's patches) as aten.scatter_add with "
+        "the index expanded over the source's other axes: the torch.export frontend has no rule for index_add "
+        "(failed FX node(s): index_add)"
+    ),
+    issue="https://github.com/openvinotoolkit/openvino/issues/35628",
+    versions={"openvino": ">=2026.0"},
+)
+def index_add_as_scatter_add(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.index_add(x, dim, index, source, alpha=1)`` by
+    ``aten.scatter_add(x, dim, index', source)``, ``index'`` the 1-D ``index`` placed on axis
+    ``dim`` and expanded to ``source``'s shape (the same sums: each ``source`` slice ``i`` along
+    ``dim`` is added at ``x``'s slice ``index[i]``).
+
+    Only for a static ``source`` shape and ``alpha`` 1 (the one-grid image encoders of issue 28
+    have both); other nodes are left to the frontend.
+
+    Returns:
+        True when the node was replaced.
+    """
+    if node.target is not torch.ops.aten.index_add.default or len(node.args) < 4:
+        return False
+    if node.kwargs.get("alpha", 1) != 1 or (len(node.args) > 4 and node.args[4] != 1):
+        return False
+    base, dim, index, source = node.args[:4]
+    source_val = getattr(source, "meta", {}).get("val")
+    index_val = getattr(index, "meta", {}).get("val")
+    if not isinstance(source_val, torch.Tensor) or not isinstance(index_val, torch.Tensor):
+        return False
+    shape = list(source_val.shape)
+    if not all(isinstance(n, int) for n in shape) or index_val.dim() != 1:
+        return False
+    axis = int(dim) % len(shape)
+    view = [1] * len(shape)
+    view[axis] = shape[axis]
+    graph = gm.graph
+    with graph.inserting_before(node):
+        placed = graph.call_function(torch.ops.aten.view.default, (index, view))
+        placed.meta["val"] = index_val.view(view)
+        expanded = graph.call_function(torch.ops.aten.expand.default, (placed, shape))
+        expanded.meta["val"] = placed.meta["val"].expand(shape)
+        scatter = graph.call_function(torch.ops.aten.scatter_add.default, (base, axis, expanded, source))
+    scatter.meta = dict(node.meta)
+    node.replace_all_uses_with(scatter)
+    graph.erase_node(node)
+    return True
+
+
+def _call(graph: torch.fx.Graph, fake_mode: Any, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
+    """A new ``call_function`` node with its ``meta["val"]`` computed under ``fake_mode``."""
+    node = graph.call_function(target, args, kwargs)
+
+    def val(a: Any) -> Any:
+        return a.meta["val"] if isinstance(a, torch.fx.Node) else a
+
+    with fake_mode:
+        node.meta["val"] = target(*[val(a) for a in args], **{k: val(v) for k, v in kwargs.items()})
+    return node
+
+
+def _resize_weights(graph: torch.fx.Graph, fake_mode: Any, size_in: int, size_out: int) -> torch.fx.Node:
+    """``[size_out, size_in]`` float32: the rows of an antialiased bilinear resize (half-pixel
+    centres), each a triangle filter widened by the downscale factor, normalised to sum 1."""
+    scale = size_in / size_out
+    widen = 1 / scale if scale >= 1 else 1.0
+    source = _call(graph, fake_mode, torch.ops.aten.arange.default, size_in, dtype=torch.float32)
+    target = _call(graph, fake_mode, torch.ops.aten.arange.default, size_out, dtype=torch.float32)
+    centre = _call(
+        graph,
+        fake_mode,
+        torch.ops.aten.mul.Tensor,
+        _call(graph, fake_mode, torch.ops.aten.add.Tensor, target, 0.5),
+        scale,
+    )
+    offset = _call(
+        graph,
+        fake_mode,
+        torch.ops.aten.sub.Tensor,
+        _call(
+            graph,
+            fake_mode,
+            torch.ops.aten.unsqueeze.default,
+            _call(graph, fake_mode, torch.ops.aten.add.Tensor, source, 0.5),
+            0,
+        ),
+        _call(graph, fake_mode, torch.ops.aten.unsqueeze.default, centre, 1),
+    )
+    distance = _call(
+        graph,
+        fake_mode,
+        torch.ops.aten.mul.Tensor,
+        _call(graph, fake_mode, torch.ops.aten.abs.default, offset),
+        widen,
+    )
+    triangle = _call(
+        graph,
+        fake_mode,
+        torch.ops.aten.clamp_min.default,
+        _call(graph, fake_mode, torch.ops.aten.rsub.Scalar, distance, 1.0),
+        0.0,
+    )
+    total = _call(graph, fake_mode, torch.ops.aten.sum.dim_IntList, triangle, [1], True)
+    return _call(graph, fake_mode, torch.ops.aten.div.Tensor, triangle, total)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "aten._upsample_bilinear2d_aa of a static size (Cosmos3-Edge's learned position grid resized to its one "
+        "patch grid) as two matrix products with the antialiased bilinear weights: the torch.export frontend has no "
+        "rule for it (failed FX node(s): _upsample_bilinear2d_aa)"
+    ),
+    # the TorchScript frontend has the rule (openvino#18617); the torch.export frontend's table lacks it
+    issue="https://github.com/openvinotoolkit/openvino/pull/18617",
+    versions={"openvino": ">=2026.0"},
+)
+def antialiased_bilinear_as_matmuls(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten._upsample_bilinear2d_aa(x, [h_out, w_out], align_corners=False)`` of a
+    static ``[n, c, h, w]`` input by ``W_h @ x @ W_w^T``.
+
+    The antialiased resize is separable: each output row (column) is a normalised triangle-filter
+    average of the input rows (columns) around its half-pixel centre, the filter widened by the
+    scale when shrinking (:func:`_resize_weights`, equal to PyTorch's to float32 rounding). Only
+    for ``align_corners=False`` without explicit scales and static sizes; other nodes are left to
+    the frontend.
+
+    Returns:
+        True when the node was replaced.
+    """
+    if node.target is not torch.ops.aten._upsample_bilinear2d_aa.default or len(node.args) < 3:
+        return False
+    x, size, align = node.args[:3]
+    scales = [a for a in node.args[3:] if a is not None] + [v for v in node.kwargs.values() if v is not None]
+    value = getattr(x, "meta", {}).get("val")
+    if align or scales or not isinstance(value, torch.Tensor) or value.dim() != 4:
+        return False
+    sizes = [*value.shape[2:], *size]
+    fake_mode = getattr(value, "fake_mode", None)
+    if fake_mode is None or not all(isinstance(n, int) for n in sizes) or value.dtype != torch.float32:
+        return False
+    n, c, h, w = value.shape
+    h_out, w_out = sizes[2], sizes[3]
+    aten = torch.ops.aten
+    graph = gm.graph
+    with graph.inserting_before(node):
+        rows = _resize_weights(graph, fake_mode, h, h_out)
+        columns = _resize_weights(graph, fake_mode, w, w_out)
+
+        def flat(t: torch.fx.Node, order: list[int], shape: list[int]) -> torch.fx.Node:
+            moved = _call(graph, fake_mode, aten.permute.default, t, order)
+            dense = _call(graph, fake_mode, aten.clone.default, moved, memory_format=torch.contiguous_format)
+            return _call(graph, fake_mode, aten.view.default, dense, shape)
+
+        # 2-D products (aten.mm): the frontend refused aten.matmul of these operands
+        tall = _call(graph, fake_mode, aten.mm.default, rows, flat(x, [2, 0, 1, 3], [h, n * c * w]))
+        back = flat(tall, [1, 0], [n * c * w, h_out])  # rows of (n, c, w), columns h_out
+        back = flat(
+            _call(graph, fake_mode, aten.view.default, back, [n, c, w, h_out]),
+            [0, 1, 3, 2],
+            [n * c * h_out, w],
+        )
+        wide = _call(
+            graph,
+            fake_mode,
+            aten.mm.default,
+            back,
+            _call(graph, fake_mode, aten.permute.default, columns, [1, 0]),
+        )
+        out = _call(graph, fake_mode, aten.view.default, wide, [n, c, h_out, w_out])
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
     return True
 
 

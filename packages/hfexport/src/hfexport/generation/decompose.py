@@ -175,6 +175,8 @@ def decompose_for_generation(
     inputs: Mapping[str, Any],
     generation_config: Any = None,
     multi_token_decode: bool = False,
+    *,
+    per_image_grid: bool = False,
 ) -> Decomposition:
     """Decompose ``model`` into the components of an exported greedy generation loop.
 
@@ -184,6 +186,8 @@ def decompose_for_generation(
             the processor's outputs, e.g. ``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``).
         generation_config: optional ``GenerationConfig`` (copied; cache settings kept).
         multi_token_decode: capture a two-token decode step.
+        per_image_grid: multimodal models: export the image features for one image of the
+            sample's patch grid (see :func:`hfexport.generation.multimodal.decompose_multimodal`).
 
     Returns:
         A :class:`Decomposition`: ``prefill`` / ``decode`` for decoder-only models; ``encoder`` /
@@ -206,6 +210,7 @@ def decompose_for_generation(
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
             include_decode=True,
+            per_image_grid=per_image_grid,
         )
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False):
         return _decompose_encoder_decoder(model, inputs, generation_config, multi_token_decode)

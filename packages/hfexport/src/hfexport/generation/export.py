@@ -282,6 +282,11 @@ def export_components(
             only ``decode`` when it is a multi-token graph: the runner then prefills through it.
         decomposition: reuse an existing decomposition instead of recording a new one.
 
+    An image encoder whose capture fails on a data-dependent value while its prompt holds a patch
+    grid (``image_grid_thw`` read as values by the tower) is exported once more, for one image of
+    the sample's grid (:class:`hfexport.generation.multimodal.SizedGridImageFeatures`, a
+    re-recorded decomposition); the runner then calls it once per image of that grid.
+
     Returns:
         :class:`GenerationArtifacts` ``{component: artifact}`` with ``.plan`` and ``.reports``.
 
@@ -302,63 +307,85 @@ def export_components(
         decomposition = decompose_for_generation(
             model, inputs, generation_config=generation_config, multi_token_decode=multi_token_decode
         )
-    plan = decomposition.plan
-    names = list(decomposition)
-    if components is not None:
-        unknown = [c for c in components if c not in names]
-        if unknown or not components:
-            raise ValueError(
-                f"components={list(components)} names unknown components {unknown}; the model has {names}"
-            )
-        names = [n for n in names if n in components]
-        plan = dataclasses.replace(plan, components=names, io={n: plan.io[n] for n in names})
-    if (
-        plan.architecture == "decoder"
-        and plan.cache_kind == "dynamic"
-        and "prefill" not in names
-        and not exporter.generation_support.supports_empty_growing_cache
-    ):
-        raise ValueError(
-            f"the {exporter.export_format} runtime cannot run a decode graph on an empty growing cache, so it "
-            "cannot serve the prefill: export the 'prefill' component too, or use a static cache"
-        )
-    configs = resolve_component_configs(config, names)
-    parent_config = getattr(model, "config", None)
-    sources = _SourceCopies(exporter, model)
-    artifacts: dict[str, Any] = {}
-    reports: dict[str, Any] = {}
-    resolved_configs: dict[str, Any] = {}
-    for name in names:
-        module, kwargs = decomposition[name]
-        exportable = exportable_module(module, parent_config)
-        exportable = exporter.generation_support.prepare_component(name, exportable, kwargs, plan)
-        try:
-            resolved = exporter._resolve_config(configs[name])
-            resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
-            resolved = exporter.generation_support.component_config(name, exportable, kwargs, plan, resolved)
-            resolved_configs[name] = resolved
-            source = sources.component(name, module, kwargs, plan, resolved)
-            artifact = exporter.export(exportable, kwargs, resolved, component=name, source=source)
-            reports[name] = exporter.last_report
-            if (
-                name == "decode"
-                and plan.multi_token_decode
-                and resolved.is_dynamic
-                and getattr(resolved, "validate", True)
-            ):
-                validate_decode_lengths(
-                    exporter, artifact, exportable, kwargs, resolved, plan, exporter.last_report
+    per_image_grid = False
+    while True:
+        plan = decomposition.plan
+        names = list(decomposition)
+        if components is not None:
+            unknown = [c for c in components if c not in names]
+            if unknown or not components:
+                raise ValueError(
+                    f"components={list(components)} names unknown components {unknown}; the model has {names}"
                 )
-        except Exception as exc:
-            keys = sorted(kwargs)
-            raise ComponentExportError(
-                f"exporting generation component {name!r} ({type(module).__name__}) with inputs {keys} to "
-                f"{exporter.export_format} failed: {type(exc).__name__}: {exc}",
-                component=name,
-                model_class=type(module).__name__,
-                input_keys=keys,
-            ) from exc
-        artifacts[name] = artifact
+            names = [n for n in names if n in components]
+            plan = dataclasses.replace(plan, components=names, io={n: plan.io[n] for n in names})
+        if (
+            plan.architecture == "decoder"
+            and plan.cache_kind == "dynamic"
+            and "prefill" not in names
+            and not exporter.generation_support.supports_empty_growing_cache
+        ):
+            raise ValueError(
+                f"the {exporter.export_format} runtime cannot run a decode graph on an empty growing cache, so it "
+                "cannot serve the prefill: export the 'prefill' component too, or use a static cache"
+            )
+        configs = resolve_component_configs(config, names)
+        parent_config = getattr(model, "config", None)
+        sources = _SourceCopies(exporter, model)
+        artifacts: dict[str, Any] = {}
+        reports: dict[str, Any] = {}
+        resolved_configs: dict[str, Any] = {}
+        for name in names:
+            module, kwargs = decomposition[name]
+            exportable = exportable_module(module, parent_config)
+            exportable = exporter.generation_support.prepare_component(name, exportable, kwargs, plan)
+            try:
+                resolved = exporter._resolve_config(configs[name])
+                resolved = _encoder_shapes(name, exportable, kwargs, plan, resolved)
+                resolved = exporter.generation_support.component_config(
+                    name, exportable, kwargs, plan, resolved
+                )
+                resolved_configs[name] = resolved
+                source = sources.component(name, module, kwargs, plan, resolved)
+                artifact = exporter.export(exportable, kwargs, resolved, component=name, source=source)
+                reports[name] = exporter.last_report
+                if (
+                    name == "decode"
+                    and plan.multi_token_decode
+                    and resolved.is_dynamic
+                    and getattr(resolved, "validate", True)
+                ):
+                    validate_decode_lengths(
+                        exporter, artifact, exportable, kwargs, resolved, plan, exporter.last_report
+                    )
+            except Exception as exc:
+                if _grid_read_as_values(name, exc, plan, inputs, per_image_grid):
+                    # retried once below with the image encoder exported for one image of one grid
+                    sources.release()
+                    break
+                keys = sorted(kwargs)
+                raise ComponentExportError(
+                    f"exporting generation component {name!r} ({type(module).__name__}) with inputs {keys} to "
+                    f"{exporter.export_format} failed: {type(exc).__name__}: {exc}",
+                    component=name,
+                    model_class=type(module).__name__,
+                    input_keys=keys,
+                ) from exc
+            artifacts[name] = artifact
+        else:
+            break
+        per_image_grid = True
+        logger.info(
+            "%s: the image tower reads image_grid_thw as values; exporting it for one image of the sample's grid",
+            type(model).__name__,
+        )
+        decomposition = decompose_for_generation(
+            model,
+            inputs,
+            generation_config=generation_config,
+            multi_token_decode=multi_token_decode,
+            per_image_grid=True,
+        )
     sources.release()
     # the manifest records what each graph takes: float inputs (caches, pixel values) in the
     # component's config.dtype, so the runner casts to it and builds empty caches in it
@@ -376,6 +403,29 @@ def export_components(
     result = GenerationArtifacts(artifacts, plan, reports, exporter.export_format)
     _record_greedy_parity(exporter, result, model, inputs, resolved_configs, generation_config)
     return result
+
+
+def _grid_read_as_values(
+    name: str, exc: BaseException, plan: GenerationPlan, inputs: Mapping[str, Any], retried: bool
+) -> bool:
+    """True when the image encoder's export failed on a data-dependent value and its prompt holds a
+    patch grid (``image_grid_thw``) that the encoder is not yet exported per image for: a tower
+    that reads the grid as Python values (HunYuan-V4-VL's and Cosmos3-Edge's position embeddings
+    resized with ``F.interpolate`` to each grid, Kimi-K2.5's per-grid frame index; issue 28) is
+    then exported for one image of the sample's grid instead."""
+    from hfexport.generation.multimodal import GRID_INPUTS
+
+    if retried or name != "image_encoder" or plan.architecture != "multimodal" or name in plan.per_image:
+        return False
+    if not any(isinstance(inputs.get(k), torch.Tensor) for k in GRID_INPUTS):
+        return False
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = f"{type(seen).__name__}: {seen}"
+        if "GuardOnDataDependentSymNode" in text or "data-dependent expression" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 #: New tokens of the greedy run that a gated (reduced-precision or quantized) generation export is

@@ -17,23 +17,27 @@ import torch
 __all__ = ["other_image_prompt", "text_only_prompt"]
 
 
-def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -> dict[str, torch.Tensor]:
+def _grid_prompt(
+    model: torch.nn.Module, inputs: Mapping[str, Any], seed: int, same_size: bool = False
+) -> dict[str, torch.Tensor]:
     """One image of another patch grid inside a longer prompt (``image_grid_thw`` models: Qwen-VL,
     GLM-4V, Kimi-K2.5, HunYuan-VL), its image tokens counted by the vision tower itself (HunYuan-VL
     adds row separators to the merged patches) and wrapped in the start/end ids where the config
-    has them."""
+    has them; with ``same_size``, two images of the sample's first grid instead."""
     from hfexport.sample_inputs import _count_image_tokens, _merge_side, grid_image_ids
 
     config = model.config
     merge = _merge_side(config.vision_config)
     grid = inputs["image_grid_thw"]
     old_h, old_w = (int(v) for v in grid[0, 1:])
-    thw = (1, old_h + 2 * merge, old_w + merge)  # a taller and wider image: another image token count
+    # a taller and wider image (another image token count), or two of the sample's size
+    thw = (1, old_h, old_w) if same_size else (1, old_h + 2 * merge, old_w + merge)
+    images = 2 if same_size else 1
     patches = thw[0] * thw[1] * thw[2]
     gen = torch.Generator().manual_seed(seed)
-    pixel_values = torch.randn(patches, *inputs["pixel_values"].shape[1:], generator=gen)
-    grid_thw = torch.tensor([thw], dtype=torch.int64)
-    tokens = _count_image_tokens(model, pixel_values, {"image_grid_thw": grid_thw}, images=1)
+    pixel_values = torch.randn(images * patches, *inputs["pixel_values"].shape[1:], generator=gen)
+    grid_thw = torch.tensor([thw] * images, dtype=torch.int64)
+    tokens = _count_image_tokens(model, pixel_values[:patches], {"image_grid_thw": grid_thw[:1]}, images=1)
     if not tokens:
         tokens = patches // (merge * merge)
     image_ids = grid_image_ids(config, tokens)
@@ -51,9 +55,12 @@ def _grid_prompt(model: torch.nn.Module, inputs: Mapping[str, Any], seed: int) -
     }
     vocab = int(config.get_text_config().vocab_size)
     high = min([t for t in special if t >= 3] + [vocab])
-    before, after = 5, 4
-    text = torch.randint(3, high, (1, before + after), generator=gen)
-    ids = torch.cat([text[:, :before], torch.tensor([image_ids]), text[:, before:]], dim=1)
+    before, after, between = 5, 4, 2  # text between two images keeps their blocks apart
+    text = torch.randint(3, high, (1, before + after + between * (images - 1)), generator=gen)
+    pieces = [text[:, :before], torch.tensor([image_ids])]
+    for i in range(images - 1):
+        pieces += [text[:, before + i * between : before + (i + 1) * between], torch.tensor([image_ids])]
+    ids = torch.cat([*pieces, text[:, before + between * (images - 1) :]], dim=1)
     out = {
         "input_ids": ids,
         "attention_mask": torch.ones_like(ids),
@@ -81,15 +88,17 @@ def _image_encoder_decoder(model: torch.nn.Module, inputs: Mapping[str, Any]) ->
 
 
 def other_image_prompt(
-    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1
+    model: torch.nn.Module, inputs: Mapping[str, Any], *, seed: int = 1, same_image_size: bool = False
 ) -> dict[str, torch.Tensor]:
     """Generate-style inputs of another shape than ``inputs`` for the same vision-language model.
 
     - a model with ``image_grid_thw`` (Qwen2-VL, GLM-4V, Kimi-K2.5 and alike): one image with a patch grid
       ``2 * merge`` patches taller and ``merge`` wider than the sample's first image (so another
-      number of image tokens), inside a prompt of other length (batch 1);
-    - an encoder-decoder prompted with an image alone (VisionEncoderDecoder, Pix2Struct): one more
-      image and a decoder prompt 2 tokens longer;
+      number of image tokens), inside a prompt of other length (batch 1); with
+      ``same_image_size`` (an image encoder exported for one grid,
+      :attr:`hfexport.generation.plan.GenerationPlan.per_image`), two images of the sample's grid;
+    - an encoder-decoder prompted with an image alone (VisionEncoderDecoder, Pix2Struct): one more image and
+      a decoder prompt 2 tokens longer;
     - any other model: :func:`hfexport.sample_inputs.make_inputs` with one more row (one more
       image) and a prompt 5 text tokens longer, i.e. the same image size, more images, a longer
       prompt.
@@ -99,6 +108,8 @@ def other_image_prompt(
         inputs: its sample generate-style inputs (``input_ids`` ``[batch, seq]``, ``pixel_values``
             ``[images, channels, height, width]`` or ``[patches, patch_dim]``, ...).
         seed: seed of the random ids and pixel values.
+        same_image_size: keep the sample's image size (patch-grid models only; the others keep it
+            anyway).
 
     Returns:
         A dict of CPU tensors with the same keys as ``inputs`` that ``model.generate`` accepts.
@@ -124,7 +135,7 @@ def other_image_prompt(
     from hfexport.sample_inputs import _has_patch_grid
 
     if "image_grid_thw" in inputs and _has_patch_grid(model.config):
-        return _grid_prompt(model, inputs, seed)
+        return _grid_prompt(model, inputs, seed, same_size=same_image_size)
     batch, seq = (int(v) for v in inputs["input_ids"].shape)
     images = inputs.get("pixel_values")
     text_len = seq

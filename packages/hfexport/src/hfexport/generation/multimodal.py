@@ -31,6 +31,7 @@ __all__ = [
     "ImageEmbeds",
     "ImageFeatures",
     "MultimodalLayout",
+    "SizedGridImageFeatures",
     "SizedImageFeatures",
     "decompose_multimodal",
     "find_multimodal_layout",
@@ -489,6 +490,90 @@ def sized_image_features(
     return SizedImageFeatures(module._owner, dict(module.parts), names, (size[0], size[1])), one, size
 
 
+#: ``get_image_features`` grid inputs (``[images, 3]``: temporal, height and width patches per
+#: image) that a tower may read as values (HunYuan-V4-VL, Cosmos3-Edge, Kimi-K2.5: position
+#: embeddings resized to each grid with ``F.interpolate``, per-image patch mergers); such a tower
+#: is exported for one grid by :class:`SizedGridImageFeatures`.
+GRID_INPUTS: tuple[str, ...] = ("image_grid_thw",)
+
+
+class SizedGridImageFeatures(ImageFeatures):
+    """The model's ``get_image_features`` for one image of one fixed patch grid.
+
+    The packed-patch counterpart of :class:`SizedImageFeatures`: a tower that reads
+    ``image_grid_thw`` as Python values (``F.interpolate(size=(h, w))`` of its learned position
+    grid, a per-image merger reshaped to ``(h, w)``, ``.tolist()`` splits) is exported for the
+    sample's first grid, held here as a constant; the component takes the packed patches of *one*
+    image (``pixel_values`` ``[t * h * w, patch_dim]``) and the runner calls it once per image,
+    refusing an image of another grid (:attr:`hfexport.generation.plan.GenerationPlan.per_image`).
+    Captured under the ``capture.vision_language.fixed_grid`` patches, which let the fake tensors
+    of ``torch.export`` keep the grid's values (:mod:`hfexport.workarounds.vision_language`).
+
+    Args:
+        owner: the module defining ``get_image_features``.
+        parts: ``{name: module}`` of the encoders and projectors it calls.
+        inputs: the keyword names of the per-image tensor inputs (``["pixel_values"]``).
+        grid: ``(t, h, w)`` patches of the images this component serves.
+        grid_name: the keyword the grid is passed as (``"image_grid_thw"``).
+
+    ``forward(**inputs)`` returns the image's features ``[rows, hidden]``.
+    """
+
+    def __init__(
+        self,
+        owner: torch.nn.Module,
+        parts: Mapping[str, torch.nn.Module],
+        inputs: list[str],
+        grid: tuple[int, int, int],
+        grid_name: str = "image_grid_thw",
+    ) -> None:
+        super().__init__(owner, parts, inputs)
+        self.grid = tuple(int(v) for v in grid)
+        self.grid_name = grid_name
+
+    def forward(self, **kwargs: Any) -> torch.Tensor:
+        grid = torch.tensor([list(self.grid)], dtype=torch.int64)
+        return image_feature_rows(self._owner.get_image_features(**kwargs, **{self.grid_name: grid}))
+
+
+def sized_grid_image_features(
+    module: ImageFeatures, kwargs: Mapping[str, Any]
+) -> tuple[SizedGridImageFeatures, dict[str, Any], list[int]] | None:
+    """The one-image, fixed-grid form of an :class:`ImageFeatures` component whose inputs hold
+    one of :data:`GRID_INPUTS`, or ``None`` when they hold none.
+
+    Args:
+        module: the component over the model's ``get_image_features``.
+        kwargs: its recorded inputs: ``image_grid_thw`` int64 ``[images, 3]`` and the packed
+            ``pixel_values`` ``[sum(t * h * w), patch_dim]``.
+
+    Returns:
+        ``(component, one_image_kwargs, [t, h, w])``: ``pixel_values`` cut to the first image's
+        ``t * h * w`` patches.
+
+    Raises:
+        ValueError: the sample's images do not all have one grid (the component serves one grid:
+            give sample images of one size).
+    """
+    name = next((k for k in GRID_INPUTS if isinstance(kwargs.get(k), torch.Tensor)), None)
+    if name is None:
+        return None
+    grids = kwargs[name].reshape(-1, 3)
+    if grids.shape[0] == 0 or not bool((grids == grids[:1]).all()):
+        raise ValueError(
+            f"the sample images have patch grids {grids.tolist()}; the image encoder is exported for one grid "
+            f"(its {name} is read as values), so give sample images of one size"
+        )
+    grid = [int(v) for v in grids[0].tolist()]
+    patches = grid[0] * grid[1] * grid[2]
+    names = [k for k in module.input_names if k != name]
+    one = {k: kwargs[k][:patches] for k in names}
+    component = SizedGridImageFeatures(
+        module._owner, dict(module.parts), names, (grid[0], grid[1], grid[2]), name
+    )
+    return component, one, grid
+
+
 def image_feature_rows(out: Any) -> torch.Tensor:
     """The features of a ``get_image_features`` result as one ``[rows, hidden]`` tensor.
 
@@ -512,7 +597,7 @@ def image_feature_rows(out: Any) -> torch.Tensor:
 
 
 def _image_features_component(
-    model: torch.nn.Module, layout: MultimodalLayout, inputs: Mapping[str, Any]
+    model: torch.nn.Module, layout: MultimodalLayout, inputs: Mapping[str, Any], *, precompute: bool = True
 ) -> tuple[ImageFeatures, dict[str, Any], dict[str, Any] | None, dict[str, str]] | None:
     """``(ImageFeatures, kwargs, grid settings, derived)`` over the model's ``get_image_features``,
     or ``None`` when it has none.
@@ -523,7 +608,7 @@ def _image_features_component(
     ``cu_seqlens`` and window index (``get_image_features`` hands them down through ``**kwargs``),
     and ``derived`` maps each of them to ``"image_grid_thw"`` for :func:`link_inputs`, provided the
     features come out the same with them as without (otherwise none are added, ``settings`` is
-    ``None``).
+    ``None``). ``precompute=False`` (a tower exported for one grid) adds none.
     """
     import inspect
 
@@ -544,7 +629,9 @@ def _image_features_component(
         return None
     encoder = layout.encoders.get("image_encoder")
     grid = "image_grid_thw"
-    settings = vision_grid_settings(encoder) if encoder is not None and grid in kwargs else None
+    settings = (
+        vision_grid_settings(encoder) if precompute and encoder is not None and grid in kwargs else None
+    )
     derived: dict[str, str] = {}
     parts = {**layout.encoders, **layout.projectors}
     if settings is not None:
@@ -608,8 +695,10 @@ def _mrope_layout(
     features: Mapping[str, Any],
 ) -> str | None:
     """``"row_separated"`` when the prefill's recorded M-RoPE positions are HunYuan-VL's layout
-    (:func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`) and not Qwen2-VL's,
-    ``None`` (the Qwen2-VL default) otherwise; decided by value on the sample prompt (issue 28)."""
+    (:func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`),
+    ``"newline_column"`` when they are Qwen2-VL's over a grid one column wider (HunYuan-V4-VL's
+    newline token per merged row, ``mrope_position_ids(newline_columns=1)``), ``None`` (the
+    Qwen2-VL default) otherwise; decided by value on the sample prompt (issue 28)."""
     from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
 
     ids, grid = inputs.get("input_ids"), inputs.get("image_grid_thw")
@@ -625,6 +714,12 @@ def _mrope_layout(
         qwen, _ = mrope_position_ids(ids, types, grid, merge, mask)
         if torch.equal(qwen[-channels:], recorded.to(qwen.dtype)):
             return None
+    except ValueError:
+        pass
+    try:
+        newline, _ = mrope_position_ids(ids, types, grid, merge, mask, newline_columns=1)
+        if torch.equal(newline[-channels:], recorded.to(newline.dtype)):
+            return "newline_column"
     except ValueError:
         pass
     try:
@@ -895,6 +990,7 @@ def decompose_multimodal(
     generation_config: Any = None,
     multi_token_decode: bool = False,
     include_decode: bool = False,
+    per_image_grid: bool = False,
 ) -> Any:
     """Record the kwargs of every multimodal part from one short greedy ``generate`` run.
 
@@ -905,6 +1001,10 @@ def decompose_multimodal(
         generation_config: optional ``GenerationConfig`` (cache settings are kept; copied).
         multi_token_decode: capture a two-token decode step (with ``include_decode``).
         include_decode: also return the ``decode`` component (the whole model at a decode step).
+        per_image_grid: export the image features for one image of the sample's patch grid
+            (:class:`SizedGridImageFeatures`), for a tower that reads ``image_grid_thw`` as values
+            (:func:`hfexport.generation.export.export_components` retries with it when the grid
+            tower's capture fails on a data-dependent value).
 
     Returns:
         A :class:`hfexport.generation.decompose.Decomposition`:
@@ -1013,6 +1113,8 @@ def decompose_multimodal(
     if isinstance(embeds_in, torch.Tensor) and "embed_tokens" in parts and "input_ids" in inputs:
         text = next(iter(_flat(outputs["embed_tokens"][0]).values()))
     try:
+        if per_image_grid:
+            raise ValueError("the image tower reads its patch grid as values: one image of one grid per call")
         for name in [*layout.encoders, *layout.projectors]:
             module = parts[name]
             kwargs = calls[name][0]
@@ -1031,18 +1133,36 @@ def decompose_multimodal(
     except ValueError as exc:
         # a step between the recorded parts (InternVL's pixel shuffle ...): one component running
         # the model's own get_image_features instead (issue 28)
-        fallback = _image_features_component(model, layout, inputs)
+        fallback = _image_features_component(model, layout, inputs, precompute=not per_image_grid)
         if fallback is None or text is None:
             raise
         module, kwargs, settings, derived = fallback
         components.clear()
         plan.links.clear()
         plan.vision_grid.clear()
+        plan.per_image.clear()
         if settings is not None:
             plan.vision_grid["image_encoder"] = settings
         sized = sized_image_features(module, kwargs) if settings is None else None
+        gridded = sized_grid_image_features(module, kwargs) if per_image_grid and sized is None else None
         try:
-            if sized is None:
+            if gridded is not None:
+                # the patch grid is read as values (HunYuan-V4-VL, Cosmos3-Edge): one image per call
+                module, one, grid = gridded
+                patches = grid[0] * grid[1] * grid[2]
+                images = int(kwargs[module.grid_name].shape[0])
+                with torch.no_grad():
+                    rows = torch.cat(
+                        [
+                            module(**{k: kwargs[k][i * patches : (i + 1) * patches] for k in one})
+                            for i in range(images)
+                        ]
+                    )
+                plan.links["image_encoder"] = {k: {"from": "prompt", "key": k} for k in one}
+                plan.per_image["image_encoder"] = {module.grid_name: grid}
+                kwargs = one
+                produced = {"image_encoder": {"": rows}}
+            elif sized is None:
                 with torch.no_grad():
                     produced = {"image_encoder": _flat(module(**kwargs))}
                 plan.links["image_encoder"] = link_inputs("image_encoder", kwargs, inputs, {}, derived)

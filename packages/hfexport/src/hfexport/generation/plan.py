@@ -232,13 +232,17 @@ class GenerationPlan:
             :func:`hfexport.generation.vision_inputs.vision_grid_settings`).
         mrope: ``{"spatial_merge_size": m, "channels": c}`` when the language model takes M-RoPE position ids
             (``c`` rotary axes), with ``"layout": "row_separated"`` for HunYuan-VL's layout (see
-            :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`; Qwen2-VL's without it).
+            :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`), ``"newline_column"``
+            for HunYuan-V4-VL's (Qwen2-VL's over a grid one column wider; Qwen2-VL's without it).
         per_image: multimodal only: ``{component: {"image_sizes": [height, width]}}`` for an image
             encoder exported for one image of one size (LLaVA-NeXT's anyres, Pixtral: the model
             reads the image sizes as values; see
             :class:`hfexport.generation.multimodal.SizedImageFeatures`). The runner calls it once
             per image (each input cut to that image) and concatenates the outputs; a prompt whose
-            ``image_sizes`` hold another size is refused.
+            ``image_sizes`` hold another size is refused. ``{component: {"image_grid_thw": [t, h,
+            w]}}`` likewise for a tower that reads its patch grid as values (HunYuan-V4-VL,
+            Cosmos3-Edge: :class:`hfexport.generation.multimodal.SizedGridImageFeatures`): the packed
+            ``pixel_values`` are cut into ``t * h * w`` rows per image, another grid is refused.
         step_inputs: multimodal only, for a language model that takes the image features as an
             input of its own (issue 28: BLIP's text decoder cross-attends to them as
             ``encoder_hidden_states`` at every step, Kosmos-2's places ``image_embeds`` at

@@ -526,6 +526,8 @@ class GenerationRunner:
                 the component was exported for, the inputs disagree on the number of images, or
                 a tiled input's tiles have other pixel sides than the graph's.
         """
+        if "image_grid_thw" in self.plan.per_image[component]:
+            return self._call_per_grid(component, values, prompt)
         size = [int(v) for v in self.plan.per_image[component]["image_sizes"]]
         given = prompt.get("image_sizes")
         if given is None:
@@ -565,6 +567,49 @@ class GenerationRunner:
             outputs.append(self._call(component, one, {}))
         return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
 
+    def _call_per_grid(
+        self, component: str, values: Mapping[str, torch.Tensor], prompt: Mapping[str, Any]
+    ) -> dict[str, torch.Tensor]:
+        """Call an image encoder exported for one image of one patch grid (``per_image`` holds
+        ``{"image_grid_thw": [t, h, w]}``) once per image and concatenate its outputs along axis 0.
+
+        The packed inputs (``pixel_values`` ``[sum(t * h * w), patch_dim]``) are cut into
+        ``t * h * w`` rows per image, in the order of the prompt's ``image_grid_thw`` rows.
+
+        Raises:
+            ValueError: the prompt's ``image_grid_thw`` is missing or holds another grid than the one
+                the component was exported for (resize the image), or the packed inputs do not hold
+                ``t * h * w`` rows per image.
+        """
+        grid = [int(v) for v in self.plan.per_image[component]["image_grid_thw"]]
+        given = prompt.get("image_grid_thw")
+        if given is None:
+            raise ValueError(
+                f"the {component} was exported for images of patch grid {grid} and needs image_grid_thw; "
+                "pass it to generate()"
+            )
+        grids = torch.as_tensor(given).reshape(-1, 3)
+        other = sorted({tuple(int(v) for v in row) for row in grids.tolist()} - {tuple(grid)})
+        if other:
+            raise ValueError(
+                f"the {component} was exported for images of patch grid {grid} (temporal, height, width) and the "
+                f"prompt has images of grid {[list(o) for o in other]}; resize the images to the sample's size, "
+                "or export with sample images of that size"
+            )
+        patches = grid[0] * grid[1] * grid[2]
+        images = int(grids.shape[0])
+        for path, tensor in values.items():
+            if int(tensor.shape[0]) != images * patches:
+                raise ValueError(
+                    f"the {component}'s input {path} has {int(tensor.shape[0])} rows; {images} images of grid "
+                    f"{grid} take {images * patches}"
+                )
+        outputs = [
+            self._call(component, {p: t[i * patches : (i + 1) * patches] for p, t in values.items()}, {})
+            for i in range(images)
+        ]
+        return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
+
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
@@ -598,6 +643,7 @@ class GenerationRunner:
                     torch.as_tensor(grid),
                     plan.mrope["spatial_merge_size"],
                     mask,
+                    newline_columns=1 if plan.mrope.get("layout") == "newline_column" else 0,
                 )
             positions = positions[-channels:]
         else:

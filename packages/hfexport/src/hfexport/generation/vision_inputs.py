@@ -205,6 +205,7 @@ def mrope_position_ids(
     image_grid_thw: torch.Tensor,
     spatial_merge_size: int,
     attention_mask: torch.Tensor | None = None,
+    newline_columns: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """M-RoPE position ids of a prompt with images (Qwen2-VL layout), without the model.
 
@@ -221,6 +222,10 @@ def mrope_position_ids(
             the order they appear over ``(batch, seq)``.
         spatial_merge_size: the vision encoder's merge size.
         attention_mask: ``[batch, seq]`` padding mask or ``None``.
+        newline_columns: columns the image block has past its merged grid's width: 1 for
+            HunYuan-V4-VL, whose merger ends each merged row with a newline token, so an image of
+            ``h x w`` merged patches spans ``h x (w + 1)`` tokens laid out as a grid of that width
+            (issue 28); 0 (Qwen2-VL) otherwise.
 
     Returns:
         ``(position_ids, deltas)``: int64 ``[4, batch, seq]`` (row 0: text positions from the mask,
@@ -263,7 +268,7 @@ def mrope_position_ids(
                     t, h, w = next(grid_iter)
                 except StopIteration:
                     raise ValueError("the prompt has more image blocks than image_grid_thw rows") from None
-                gh, gw = h // merge, w // merge
+                gh, gw = h // merge, w // merge + int(newline_columns)
                 if t * gh * gw != j - i:
                     raise ValueError(
                         f"an image block of {j - i} tokens does not match its grid {t}x{h}x{w} "

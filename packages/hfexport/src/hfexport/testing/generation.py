@@ -491,7 +491,8 @@ def check_image_text_generation(
     parts = exporter.export_for_generation(model, dict(inputs), config)
     worst_validation(parts)
     runner = GenerationRunner(parts.plan, callers_from_exporter(exporter, parts))
-    prompts = {"sample": dict(inputs), "second": other_image_prompt(model, inputs)}
+    second = other_image_prompt(model, inputs, same_image_size=bool(parts.plan.per_image))
+    prompts = {"sample": dict(inputs), "second": second}
     takes_encoder_outputs = any(s.get("from") == "component" for s in parts.plan.language_inputs.values())
     if parts.plan.features and not takes_encoder_outputs and "input_ids" in inputs:
         prompts["text"] = text_only_prompt(inputs, [int(t) for t in parts.plan.features])

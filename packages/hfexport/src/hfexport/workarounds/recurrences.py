@@ -72,11 +72,13 @@ __all__ = [
     "CHUNK",
     "CONSTANT_PAD_TARGETS",
     "FORMS",
+    "KDA_CHUNK_TARGETS",
     "MAMBA2_CHUNK_SCAN_TARGETS",
     "MAMBA_SCAN_TARGETS",
     "RG_LRU_TARGETS",
     "RWKV_TARGETS",
     "constant_pad_without_negative_widths",
+    "kda_chunks_as_a_scan",
     "linear_recurrence",
     "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
@@ -112,6 +114,13 @@ RWKV_TARGETS: tuple[str, ...] = ("transformers.models.rwkv.modeling_rwkv.rwkv_li
 MAMBA2_CHUNK_SCAN_TARGETS: tuple[str, ...] = tuple(
     f"transformers.models.{name}.modeling_{name}.mamba2_chunk_scan"
     for name in ("mamba2", "bamba", "falcon_h1", "granitemoehybrid", "nemotron_h", "zamba2")
+)
+#: The chunked Kimi delta attention (KDA) of GLM-5-Next's linear-attention layers: a Python loop
+#: over the 64-token chunks that capture unrolls (the language model kept the sample's chunk
+#: count: ``Guard failed: inputs_embeds.size()[1] <= 64``, issue 28). kimi_linear and
+#: bailing_hybrid hold verbatim copies; they are not listed until their cells are re-run with it.
+KDA_CHUNK_TARGETS: tuple[str, ...] = (
+    "transformers.models.glm5_next.modeling_glm5_next.chunk_kimi_delta_attention",
 )
 #: RecurrentGemma's RG-LRU loop.
 RG_LRU_TARGETS: tuple[str, ...] = (
@@ -764,6 +773,113 @@ def _mamba2_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 _mamba2_factory.__name__ = _mamba2_factory.__qualname__ = "mamba2_chunk_scan_whole_chunks"
 
 
+def kda_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``chunk_kimi_delta_attention`` (GLM-5-Next) while capturing: the loop over chunks as
+    torch's scan higher-order op, the sequence padded in front.
+
+    Upstream pads the sequence at the end to whole chunks of ``chunk_size`` (64) tokens, solves each
+    chunk's delta rule in closed form (a triangular forward substitution over its positions) and
+    carries the ``[batch, heads, key_dim, value_dim]`` state from chunk to chunk in a Python loop,
+    which capture unrolls for the sample's chunk count. Here the same per-chunk terms are computed
+    for all chunks at once and the state is carried by ``scan`` over the chunk axis, so the program
+    serves any length. The padding goes in front (zero keys, values, gates and betas leave the
+    state unchanged and add nothing to later tokens' attention), so the chunk count is one floor
+    division torch.export keeps symbolic (an end padding's modulo would have to be proved
+    divisible), and it spans one chunk more than needed, so the count is never 1 (a one-chunk
+    sample would be specialised). Only the chunk boundaries move: equal to upstream up to float
+    rounding (about 3e-7 in float32).
+
+    Returns:
+        ``(core_attn_out [batch, length, heads, value_dim] in the query's dtype, final state
+        [batch, heads, key_dim, value_dim] float32 or None)``, as upstream.
+    """
+    import inspect
+    import sys
+
+    l2norm = sys.modules[inspect.unwrap(original).__module__].l2norm  # the modeling file's own
+
+    @functools.wraps(original)
+    def chunk_kimi_delta_attention(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        chunk_size: int = 64,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dtype = query.dtype
+        q, k, v, b, g = (
+            x.transpose(1, 2).contiguous().to(torch.float32) for x in (query, key, value, beta, g)
+        )
+        if use_qk_l2norm_in_kernel:
+            q, k = l2norm(q, dim=-1, eps=1e-6), l2norm(k, dim=-1, eps=1e-6)
+        batch, heads, length, key_dim = k.shape
+        value_dim = v.shape[-1]
+        size = int(chunk_size)
+        # one more chunk than the tokens fill, so the count is never 1 (which torch.export would
+        # specialise at a one-chunk sample), written as one floor division: the padded length is
+        # then size * chunks, divisible by both as torch.export must prove (as for Mamba2 above)
+        chunks = (length + 2 * size - 1) // size
+        pad = size * chunks - length
+
+        def chunked(x: torch.Tensor) -> torch.Tensor:
+            """``[batch, heads, length, d] -> [batch, heads, chunks, size, d]``, zero steps in front."""
+            return F.pad(x, [0, 0, pad, 0]).reshape(batch, heads, -1, size, x.shape[-1])
+
+        q = chunked(q * (1 / (query.shape[-1] ** 0.5)))
+        k, v, g = chunked(k), chunked(v), chunked(g)
+        b = chunked(b[..., None])
+        k_beta, v_beta = k * b, v * b
+        g = g.cumsum(dim=-2)  # per-channel log-decay accumulated inside each chunk
+        device = q.device
+        upper = torch.ones(size, size, dtype=torch.bool, device=device).triu(0)
+        strictly_upper = torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+        # (i, j, c): decay of channel c from position j to i within a chunk (j <= i), else 0
+        decay = (
+            (g[..., :, None, :] - g[..., None, :, :])
+            .masked_fill(strictly_upper[..., None], float("-inf"))
+            .exp()
+        )
+        system = -(k_beta[..., :, None, :] * k[..., None, :, :] * decay).sum(-1).masked_fill(upper, 0)
+        for i in range(1, size):  # forward substitution of the unit lower-triangular system
+            row = system[..., i, :i].clone()
+            system[..., i, :i] = row + (row[..., None] * system[..., :i, :i].clone()).sum(-2)
+        system = system + torch.eye(size, dtype=system.dtype, device=device)
+        u = system @ v_beta
+        w = system @ (k_beta * g.exp())
+        state = (
+            torch.zeros(batch, heads, key_dim, value_dim, dtype=u.dtype, device=device)
+            if initial_state is None
+            else initial_state.to(u)
+        )
+
+        def step(carry: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+            q_c, k_c, u_c, g_c, w_c, decay_c = xs
+            future = torch.ones(size, size, dtype=torch.bool, device=q_c.device).triu(1)
+            intra = (q_c[..., :, None, :] * k_c[..., None, :, :] * decay_c).sum(-1).masked_fill(future, 0)
+            fresh = u_c - w_c @ carry
+            out = (q_c * g_c.exp()) @ carry + intra @ fresh
+            last = g_c[..., -1:, :]
+            carry = (
+                carry * last.exp().transpose(-1, -2) + (k_c * (last - g_c).exp()).transpose(-1, -2) @ fresh
+            )
+            return carry, out
+
+        xs = tuple(x.movedim(2, 0) for x in (q, k, u, g, w, decay))
+        state, out = _scan(step, state, xs)
+        # the real steps by index (a slice from a symbolic start leaves guards torch.export cannot prove)
+        real = torch.arange(length, device=device) + pad
+        out = out.movedim(0, 2).flatten(2, 3).index_select(2, real)
+        out = out.transpose(1, 2).contiguous().to(dtype)
+        return out, (state if output_final_state else None)
+
+    return chunk_kimi_delta_attention
+
+
 def register_recurrences(backend: str, *, form: str) -> None:
     """Register the three recurrence patches under ``backend`` in ``form``, and Mamba2's padded call.
 
@@ -809,6 +925,17 @@ def register_recurrences(backend: str, *, form: str) -> None:
         issue="https://github.com/huggingface/transformers/pull/43737",
         versions=_VERSIONS,
     )(_rg_lru_factory(form))
+    if form == "scan":
+        register_patch(
+            backend,
+            *KDA_CHUNK_TARGETS,
+            description=(
+                "GLM-5-Next's chunked Kimi delta attention with its loop over 64-token chunks as torch's scan "
+                "higher-order op (padded in front), which capture unrolled (Guard failed: inputs_embeds.size()[1] <= 64)"
+            ),
+            issue="https://github.com/pytorch/pytorch/issues/146835",
+            versions={"transformers": ">=5.24,<6"},
+        )(kda_chunks_as_a_scan)
     register_patch(
         backend,
         *MAMBA2_CHUNK_SCAN_TARGETS,

@@ -28,6 +28,16 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
   batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
   images that fill ``pixel_values`` (no padding).
+- :func:`small_constants_keep_their_values` (key :data:`FIXED_GRID_KEY`, a scope of :data:`KEY`,
+  chosen for an image encoder exported for one patch grid,
+  :class:`hfexport.generation.multimodal.SizedGridImageFeatures`): the fake tensors of
+  ``torch.export`` keep the values of small constant tensors (the grid ``[1, 3]`` and what is
+  computed from it), so a tower that reads its grid with ``.tolist()`` / ``int()`` gets Python
+  ints instead of unbacked symbols.
+- :func:`key_pools_padded_to_the_selection`: GLM-5-Next's sparse-attention indexer scores keys
+  pooled in blocks of ``index_kpool``; its pools are padded with never-selectable ones up to
+  the selection budget and not filtered by value, so one graph serves prompts of one pool and of
+  many (the sample's single pool was specialised: ``Guard failed: inputs_embeds.size()[1] <= 16``).
 - :func:`bidirectional_prompt_mask_as_eager_runs_it`: PaliGemma's Gemma language model attends
   bidirectionally (``use_bidirectional_attention``) but builds a causal mask, which eager SDPA
   skips on an unpadded prompt (its attention then sees every key) and the trace always keeps; the
@@ -49,23 +59,32 @@ from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 __all__ = [
     "BIDIRECTIONAL_PROMPT_MODULES",
     "CAPTURE",
+    "FIXED_GRID_KEY",
     "KEY",
     "VISION_LANGUAGE_MODULES",
     "bidirectional_prompt_mask_as_eager_runs_it",
     "block_diagonal_mask",
     "capture_key",
+    "drop_constant_reads",
     "image_batch_without_padding_filter",
     "image_codes_of_unpadded_batch",
+    "key_pools_padded_to_the_selection",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "packed_vision_attention_with_out_proj",
     "projected_grid_features_unsplit",
+    "small_constants_keep_their_values",
     "tiles_without_padding_filter",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
 KEY = f"{CAPTURE}.vision_language"
 BACKEND = KEY
+#: Registry key of the patches for an image encoder exported for one patch grid (a scope of :data:`KEY`).
+FIXED_GRID_KEY = f"{KEY}.fixed_grid"
+#: Elements up to which a tensor built from constants keeps its values while capturing under
+#: :data:`FIXED_GRID_KEY` (torch keeps 1): a grid ``[images, 3]`` and the sizes derived from it.
+SMALL_CONSTANT_NUMEL = 64
 
 #: transformers modeling modules whose models the capture patches of this module concern
 VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
@@ -82,6 +101,7 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
         "hyperclovax_vision_v2",
         "apertus1p5",
         "minimax_m3_vl",
+        "glm5_next",
     )
 )
 
@@ -112,12 +132,76 @@ def capture_key(module: torch.nn.Module) -> str:
         :data:`KEY` (``"capture.vision_language"``: the ``"capture"`` entries and this module's)
         when ``module`` or one of its submodules is defined in one of
         :data:`VISION_LANGUAGE_MODULES`, or is a module of :data:`BIDIRECTIONAL_PROMPT_MODULES`
-        configured with ``use_bidirectional_attention`` (PaliGemma's language model); ``"capture"``
-        otherwise, so other models' reports do not list these patches.
+        configured with ``use_bidirectional_attention`` (PaliGemma's language model);
+        :data:`FIXED_GRID_KEY` when ``module`` holds an image encoder exported for one patch grid
+        (:class:`hfexport.generation.multimodal.SizedGridImageFeatures`); ``"capture"`` otherwise,
+        so other models' reports do not list these patches.
     """
+    if _holds_fixed_grid_features(module):
+        return FIXED_GRID_KEY
     if holds_module_from(module, VISION_LANGUAGE_MODULES) or _bidirectional_language_model(module):
         return KEY
     return CAPTURE
+
+
+def _holds_fixed_grid_features(module: torch.nn.Module) -> bool:
+    from hfexport.generation.multimodal import SizedGridImageFeatures
+
+    return any(isinstance(sub, SizedGridImageFeatures) for sub in module.modules())
+
+
+def drop_constant_reads(program: Any) -> int:
+    """Remove the nodes of ``program`` whose results nothing uses, after a capture under
+    :data:`FIXED_GRID_KEY` (called by :func:`hfexport.capture.capture`).
+
+    The grid's values were read at capture (``.tolist()``: ``aten.unbind`` and ``aten.item`` of
+    the constant grid), which leaves those reads in the graph with unused results. A later
+    retrace of the program (the ONNX translation's decompositions) fakes the constant again
+    without its values and fails on them (``Could not extract specialized integer``); without
+    the reads the constant is read by nothing.
+
+    Args:
+        program: the ``torch.export.ExportedProgram`` just captured (changed in place).
+
+    Returns:
+        The number of nodes removed.
+    """
+    graph = program.graph_module.graph
+    before = len(graph.nodes)
+    graph.eliminate_dead_code()
+    program.graph_module.recompile()
+    return before - len(graph.nodes)
+
+
+@register_patch(
+    FIXED_GRID_KEY,
+    "torch._subclasses.fake_tensor.CONSTANT_NUMEL_LIMIT",
+    "torch.fx.experimental.proxy_tensor.CONSTANT_NUMEL_LIMIT",
+    description=(
+        "fake and proxy tensors keep the values of constant tensors up to 64 elements (torch keeps 1), so an "
+        "image tower exported for one patch grid reads the grid's values instead of unbacked symbols"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/136642",
+    versions={"torch": ">=2.5"},
+)
+def small_constants_keep_their_values(original: int) -> int:
+    """The constant-propagation limit of fake (and proxy) tensors while capturing an image encoder
+    exported for one patch grid (:class:`hfexport.generation.multimodal.SizedGridImageFeatures`).
+
+    Such a component builds its grid (``[1, 3]``: temporal, height and width patches) from Python
+    constants and hands it to the model's ``get_image_features``; HunYuan-V4-VL, Cosmos3-Edge and
+    Kimi-K2.5 read it with ``.tolist()`` to size ``F.interpolate`` of their learned position grid,
+    a per-image merger or a split. torch's fake tensors keep the values of a constant tensor of one
+    element only, so the reads became unbacked symbols (``Could not extract specialized integer
+    from data-dependent expression u0``, issue 28). With a limit of :data:`SMALL_CONSTANT_NUMEL`
+    elements the grid and the sizes computed from it keep their values: the graph is specialised
+    to that grid, as the component is meant to be. Values computed from the inputs are not
+    constants and stay symbolic.
+
+    Returns:
+        ``max(original, SMALL_CONSTANT_NUMEL)``.
+    """
+    return max(int(original), SMALL_CONSTANT_NUMEL)
 
 
 def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
@@ -562,3 +646,73 @@ def bidirectional_prompt_mask_as_eager_runs_it(original: Callable[..., Any]) -> 
         return mask | attention_mask.bool().all()
 
     return create_causal_mask
+
+
+@register_patch(
+    KEY,
+    "transformers.models.glm5_next.modeling_glm5_next.Glm5NextTextIndexer.get_pooled_states",
+    description=(
+        "the sparse-attention indexer's key pools are padded with never-selectable pools up to its selection "
+        "budget and not filtered by value, so the pool count is never 1 (specialised) nor data-dependent"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.24,<6"},
+)
+def key_pools_padded_to_the_selection(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace GLM-5-Next's ``Glm5NextTextIndexer.get_pooled_states`` while capturing.
+
+    The indexer (DeepSeek sparse attention over key pools) groups the keys from the first real one
+    into pools of ``index_kpool`` tokens, scores the pools and keeps the best
+    ``index_topk // index_kpool``. Upstream returns ``ceil(length / index_kpool)`` pools, then
+    drops those invalid in every batch row (``pool_keys[:, keep]``, a size read from values). A
+    sample prompt of one pool (up to ``index_kpool`` tokens) made that count 1, which
+    ``torch.export`` specialises: the language model refused a longer prompt (``Guard failed:
+    inputs_embeds.size()[1] <= 16``, issue 28).
+
+    The replacement returns ``ceil(length / index_kpool) + index_topk // index_kpool`` pools: the
+    real ones, then pools wholly past the last key (all their slots invalid: index ``-1``, zero
+    key, never valid), and drops none. The pool count is then at least the selection budget, so
+    the indexer's ``min(budget, pools)`` is the budget whatever the length. An invalid pool is
+    never selectable upstream either (its score is masked, its indices become ``-1``), so the
+    selected keys are the same (up to the order ``topk`` gives pools of exactly equal scores);
+    only the ``-1`` padding of the index list moves (the attention mask built from it is the same).
+
+    Returns:
+        ``(pool_keys [batch, pools, head_dim], pool_indices int64 [batch, pools, index_kpool],
+        pool_valid bool [batch, pools])``, as upstream.
+    """
+
+    @functools.wraps(original)
+    def get_pooled_states(
+        self: Any, packed_states: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        keys, gate_scores, valid = packed_states.split([self.head_dim, self.head_dim, 1], dim=-1)
+        valid = valid.squeeze(-1).bool()
+        batch, length = keys.shape[0], keys.shape[1]
+        size = int(self.index_kpool)
+        pools = (length + size - 1) // size + int(self.index_topk) // size
+        device = keys.device
+        # pools start at each row's first valid key (left padding skipped); none valid: past the end
+        first = torch.where(
+            valid.any(-1),
+            valid.long().argmax(-1),
+            torch.full((batch,), length, dtype=torch.long, device=device),
+        )
+        # slot j of pool i is first + i * size + j (an outer sum, not a view of a flat range, whose
+        # divisibility guard torch.export cannot prove for a symbolic pool count)
+        offsets = (
+            torch.arange(pools, device=device)[:, None] * size + torch.arange(size, device=device)[None, :]
+        )
+        slots = first[:, None, None] + offsets[None]
+        rows = torch.arange(batch, device=device)[:, None, None]
+        clamped = slots.clamp(0, length - 1)
+        filled = valid[rows, clamped] & (slots < length)
+        pool_valid = filled.all(-1)
+        # a learned softmax gate over each pool's valid slots; pools of no valid slot weigh nothing
+        gate = gate_scores[rows, clamped].float() + self.index_kpool_compress_ape.float()[None, None]
+        gate = gate.masked_fill(~filled[..., None], float("-inf"))
+        weights = torch.nan_to_num(gate.softmax(dim=2)).to(keys.dtype)
+        pool_keys = (weights * keys[rows, clamped]).sum(dim=2)
+        return pool_keys, slots.masked_fill(~filled, -1), pool_valid
+
+    return get_pooled_states
