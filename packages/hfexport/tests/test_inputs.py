@@ -441,4 +441,3 @@ def test_scoring_heads_turn_the_cache_off_unless_the_inputs_set_it(model_type, t
     if expected:
         _, _, explicit = prepare_for_export(model, {**inputs, "use_cache": True})
         assert explicit == {"use_cache": True}  # the caller's choice wins
-
