@@ -271,19 +271,25 @@ def _count_image_tokens(
     pixel_values: torch.Tensor,
     extra: Mapping[str, torch.Tensor] | None = None,
     images: int | None = None,
+    always: tuple[str, ...] = (),
+    getter_name: str = "get_image_features",
 ) -> int | None:
     """Image tokens per image the model's vision tower produces, by running it once (with the
-    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes); ``images`` is
-    the image count when ``pixel_values``' first axis is not (flattened patches)."""
-    getter = getattr(model, "get_image_features", None)
+    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes, and those named
+    in ``always`` even where the getter only forwards ``**kwargs``: MiniCPM-V's); ``images`` is
+    the image count when ``pixel_values``' first axis is not (flattened patches); ``getter_name``
+    the feature getter (``get_video_features`` for a video-only model: InstructBLIP-Video)."""
+    getter = getattr(model, getter_name, None)
     if getter is None and hasattr(model, "model"):
-        getter = getattr(model.model, "get_image_features", None)
+        getter = getattr(model.model, getter_name, None)
     if getter is None:
         return None
     with torch.no_grad():
         try:
             params = _forward_params_of(getter)
-            taken = {k: v for k, v in (extra or {}).items() if k != "pixel_values" and k in params}
+            taken = {
+                k: v for k, v in (extra or {}).items() if k != "pixel_values" and (k in params or k in always)
+            }
             out = getter(pixel_values=pixel_values, **taken)
         except Exception:
             return None
@@ -426,6 +432,126 @@ def _flat_patch_inputs(
     return n
 
 
+#: the inputs giving each packed image's patch grid ``(height, width)``, with the layout of the
+#: packed ``pixel_values`` the model's image processor gives next to them (issue 28)
+PACKED_GRID_INPUTS: dict[str, str] = {
+    # MiniCPM-V 4.6 / 4.7, MiniCPM-o OCR: the images' patches side by side along the last axis of one
+    # row, [1, channels, patch, patches * patch] (NaViT packing), grids int32 [images, 2]
+    "target_sizes": "row",
+    # Nemotron-H Omni (RADIO): the images' flattened patches one after the other,
+    # [patches, channels * patch**2], grids int64 [images, 2]
+    "image_grid_hw": "flat",
+}
+
+
+def _packed_grid_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> int | None:
+    """Images as their processor packs them, each described by its patch grid (issue 28): one image
+    per prompt of a ``2k x 2k`` patch grid, ``k`` the config's ``image_size // patch_size`` (an image
+    of twice the configured side, so the window and merge steps of the tower have more than one
+    window per side), in the layout of :data:`PACKED_GRID_INPUTS`:
+
+    * ``target_sizes`` (MiniCPM-V): ``pixel_values`` ``[1, channels, patch, b * 4k**2 * patch]``
+      float32, ``target_sizes`` ``[b, 2]`` int32;
+    * ``image_grid_hw`` (Nemotron-H Omni): ``pixel_values`` ``[b * 4k**2, channels * patch**2]``
+      float32, ``image_grid_hw`` ``[b, 2]`` int64.
+
+    On success replaces ``inputs["pixel_values"]``, adds the grid input and returns the image tokens
+    per image the vision tower gives for that grid; else leaves ``inputs`` alone and returns ``None``.
+    """
+    params = _forward_params(model)
+    name = next((k for k in PACKED_GRID_INPUTS if k in params), None)
+    if name is None:
+        return None
+    vision = _sub(model.config, "vision_config")
+    side = getattr(vision, "patch_size", None)
+    if isinstance(side, list | tuple):
+        side = side[0]
+    if not isinstance(side, int) or isinstance(side, bool) or side < 1:
+        return None
+    channels, size = _image_shape(model.config)
+    grid = 2 * max(size // side, 1)
+    patches = grid * grid
+    if PACKED_GRID_INPUTS[name] == "row":
+        pixel_values = torch.randn(1, channels, side, b * patches * side, generator=gen, dtype=torch.float32)
+        sizes = torch.tensor([[grid, grid]] * b, dtype=torch.int32)
+    else:
+        pixel_values = torch.randn(b * patches, channels * side * side, generator=gen, dtype=torch.float32)
+        sizes = torch.tensor([[grid, grid]] * b, dtype=torch.int64)
+    n = _count_image_tokens(model, pixel_values, {name: sizes}, images=b, always=(name,))
+    if not n:
+        return None
+    inputs["pixel_values"] = pixel_values
+    inputs[name] = sizes
+    return n
+
+
+#: frames per video of the sample prompts of video-language models (InstructBLIP-Video's processor
+#: samples 4 frames per video)
+VIDEO_FRAMES = 4
+
+
+def _video_inputs(
+    model: PreTrainedModel,
+    inputs: dict[str, torch.Tensor],
+    b: int,
+    gen: torch.Generator,
+    extra: Mapping[str, Any],
+) -> int | None:
+    """Images as the 5-D ``pixel_values`` of a tower that reads frames or tubelets (issue 28), tried
+    in this order (the first the model's feature getter runs on is kept):
+
+    * frames (InstructBLIP-Video): ``[b, 4, channels, size, size]`` float32, one 4-frame video per
+      prompt (:data:`VIDEO_FRAMES`), through ``get_image_features`` or ``get_video_features``;
+    * tubelets (Inkling): ``[16 * b, temporal_patch_size, patch_size, patch_size, channels]`` float32,
+      a 4x4 patch grid per image with each patch repeated over the temporal axis's frames and channels
+      last (the layout its image processor gives).
+
+    ``extra`` holds the other inputs the getter takes (InstructBLIP's Q-Former instruction). On
+    success replaces ``inputs["pixel_values"]`` and returns the image tokens per prompt; else leaves
+    ``inputs`` alone and returns ``None``.
+    """
+    channels, size = _image_shape(model.config)
+    frames = torch.randn(b, VIDEO_FRAMES, channels, size, size, generator=gen, dtype=torch.float32)
+    for getter in ("get_image_features", "get_video_features"):
+        n = _count_image_tokens(model, frames, extra, getter_name=getter)
+        if n:
+            inputs["pixel_values"] = frames
+            return n
+    vision = _sub(model.config, "vision_config")
+    side = getattr(vision, "patch_size", None)
+    temporal = getattr(vision, "temporal_patch_size", None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (side, temporal)):
+        return None
+    patches = FLAT_PATCH_GRID[0] * FLAT_PATCH_GRID[1]
+    one = torch.randn(b * patches, 1, side, side, channels, generator=gen, dtype=torch.float32)
+    tubelets = one.expand(-1, temporal, -1, -1, -1).contiguous()
+    n = _count_image_tokens(model, tubelets, extra, images=b)
+    if not n:
+        return None
+    inputs["pixel_values"] = tubelets
+    return n
+
+
+def _second_resolution_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> None:
+    """A second view of each image at another resolution, for forwards that take one (issue 28):
+    ``<prefix>_pixel_values`` ``[b, channels, size, size]`` float32 with the sides of the
+    configuration's ``<prefix>_vision_config`` (DeepSeek-VL hybrid: ``high_res_pixel_values`` for
+    its SAM tower next to the SigLIP tower's ``pixel_values``; its processor gives both views of
+    every image). Changes ``inputs`` in place."""
+    config = model.config
+    for name in sorted(_forward_params(model)):
+        prefix = name[: -len("_pixel_values")] if name.endswith("_pixel_values") else None
+        sub = getattr(config, f"{prefix}_vision_config", None) if prefix else None
+        if sub is None or name in inputs:
+            continue
+        channels, size = _image_shape(sub)
+        inputs[name] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -480,8 +606,14 @@ def _generic_inputs(
             if "qformer_input_ids" in params:
                 _qformer_inputs(config, inputs, b, s, gen)
             queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
-            n = None
-            if "image_sizes" in params and isinstance(getattr(config, "image_grid_pinpoints", None), list):
+            _second_resolution_inputs(model, inputs, b, gen)
+            queries.update({k: v for k, v in inputs.items() if k.endswith("_pixel_values")})
+            n = _packed_grid_inputs(model, inputs, b, gen)
+            if (
+                not n
+                and "image_sizes" in params
+                and isinstance(getattr(config, "image_grid_pinpoints", None), list)
+            ):
                 # "anyres" (LLaVA-NeXT, -Video, -OneVision): each image a base tile and the tiles of
                 # its best-fitting grid resolution, [batch, tiles, channels, size, size] (issue 28)
                 channels, size = _image_shape(config)
@@ -516,6 +648,9 @@ def _generic_inputs(
             if not n:
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
+            if not n:
+                # a tower reading frames or tubelets: 5-D pixel_values (issue 28)
+                n = _video_inputs(model, inputs, b, gen, queries)
             image_token = _image_token_id(config)
             if n and image_token is not None:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)

@@ -238,7 +238,10 @@ class GenerationPlan:
             reads the image sizes as values; see
             :class:`hfexport.generation.multimodal.SizedImageFeatures`). The runner calls it once
             per image (each input cut to that image) and concatenates the outputs; a prompt whose
-            ``image_sizes`` hold another size is refused.
+            ``image_sizes`` hold another size is refused. A packed-patch tower (MiniCPM-V,
+            Nemotron-H Omni) has ``{"grid": [height, width], "grid_input": name}`` instead: one
+            image of one patch grid per call, its share of the packed ``pixel_values`` cut by the
+            prompt's grid input (see :class:`hfexport.generation.multimodal.GridImageFeatures`).
         io: ``{component: ComponentIO}``.
     """
 

@@ -969,6 +969,24 @@ PRESETS.update(
             "projector_patch_to_query_dict, whose defaults know only 1225 and 4900 patches (980 and "
             "980x2 pixel images); the tiny 32x32 image in 8x8 patches has 16: 4 queries",
         ),
+        **{
+            mt: Preset(
+                config={"insert_layer_id": 0},
+                reason="the window-attention merger sits after vision layer insert_layer_id (6), which the "
+                "2-layer tiny tower never reaches, while get_image_features halves target_sizes as if it "
+                "had run: the merger then read a quarter of the patches per image and the second image's "
+                "features from the first image's patches; the merger after the first layer, as the "
+                "checkpoints place it inside their 27 layers",
+            )
+            for mt in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
+        },
+        "nemotron_h_omni": Preset(
+            config={"vision_hidden_size": 64, "projector_hidden_size": 128},
+            reason="the projector's width comes from the top-level vision_hidden_size (1280) and "
+            "projector_hidden_size (4096), not from the vision config the generic shrink narrows to 64 "
+            "channels: the projector's norm (1280 * 4 wide) refused the tiny tower's pixel-shuffled "
+            "features (256 wide); the tower's 64 channels and a 128-wide projector",
+        ),
         "glm4v_moe": Preset(
             config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
             reason=_GLM4V_MROPE + " (partial_rotary_factor 0.5: a rotary half of 4)",
