@@ -199,7 +199,9 @@ def _forward_params(model: torch.nn.Module) -> set[str]:
 
 
 def _image_token_id(config: PretrainedConfig) -> int | None:
-    for attr in ("image_token_id", "image_token_index"):
+    """The image placeholder id, else the video one (InstructBLIP-Video places its frames' features
+    at ``video_token_index`` only); ``None`` when the config has neither."""
+    for attr in ("image_token_id", "image_token_index", "video_token_id", "video_token_index"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -666,6 +668,11 @@ def _generic_inputs(
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
+        image_token = _image_token_id(config)
+        if kind == "image+text" and "mm_token_type_ids" in params and image_token is not None:
+            # the processor's modality per token (1 on image tokens), which multimodal rotary
+            # positions read (MiniCPM-V 4.7; issue 28)
+            inputs["mm_token_type_ids"] = (input_ids == int(image_token)).to(torch.int64)
         if kind == "text":
             _layout_extras(model, inputs, b, s, gen)
     eos = getattr(config, "eos_token_id", None)

@@ -955,8 +955,19 @@ PRESETS.update(
                 "forward cannot place the Q-Former's query outputs in the prompt; a special id at the "
                 "top of the tiny vocabulary, and 4 queries instead of 32 (4 image tokens per image)",
             )
-            for mt in ("blip-2", "instructblip", "instructblipvideo")
+            for mt in ("blip-2", "instructblip")
         },
+        "instructblipvideo": Preset(
+            config={"video_token_index": 250, "num_query_tokens": 4},
+            reason="the default config has no video_token_index (released checkpoints set one), the id "
+            "its forward places the Q-Former's query outputs at (it reads no image token): a special id "
+            "at the top of the tiny vocabulary, and 4 queries instead of 32 (4 tokens per frame)",
+        ),
+        "deepseek_vl_hybrid": Preset(
+            config={"high_res_vision_config": {"global_attn_indexes": [1]}},
+            reason="the high-resolution SAM tower's features are read at the layer global_attn_indexes[0] "
+            "(2 of [2, 5, 8, 11]), past the 2-layer tiny tower (IndexError); its last layer, global",
+        ),
         "vision-encoder-decoder": Preset(
             config={"decoder_start_token_id": 0, "pad_token_id": 0},
             reason="the composite config names no decoder start (released checkpoints such as TrOCR set "
