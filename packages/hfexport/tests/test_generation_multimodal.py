@@ -403,3 +403,15 @@ def test_grid_values_are_numbers_at_capture() -> None:
     pixels = torch.randn(1, 1, 6)
     program = torch.export.export(module, (), {"pixel_values": pixels}, strict=False)
     assert torch.equal(program.module()(pixel_values=pixels), pixels.flatten(1).T * 6)
+
+
+def test_a_causal_lm_inside_the_model_gives_its_base_model_and_head() -> None:
+    # issue 28: Nemotron-H Omni's language_model is a causal LM whose decoder is its base model
+    # and whose head is not on the multimodal model: the split took the whole causal LM as the
+    # language model (logits, no last_hidden_state) and found no lm_head (runner: KeyError)
+    from hfexport.generation.multimodal import find_multimodal_layout
+
+    model, _ = tiny_model("nemotron_h_omni", "image-text-to-text")
+    layout = find_multimodal_layout(model)
+    assert layout.language_model is model.language_model.model
+    assert layout.lm_head is model.language_model.lm_head

@@ -142,6 +142,10 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     head = getattr(model, "lm_head", None)
     if head is None and callable(getattr(model, "get_output_embeddings", None)):
         head = model.get_output_embeddings()
+    if head is None and decoder is not None and layout.language_model is not decoder:
+        # the head of the causal LM the split's language model was taken out of (Nemotron-H
+        # Omni keeps it there, not on the multimodal model; issue 28)
+        head = decoder.get_output_embeddings()
     if _is_submodule(model, head):
         layout.lm_head = head
     embed = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
@@ -163,7 +167,8 @@ def _base_decoder(decoder: torch.nn.Module) -> torch.nn.Module:
         head, inner = get_head(), get_inner()
     except (TypeError, ValueError, AttributeError, NotImplementedError):
         return decoder
-    if head is None or not _is_submodule(decoder, inner):
+    if head is None or inner is decoder or not any(inner is m for m in decoder.modules()):
+        # (the inner decoder may be the causal LM's base model: Nemotron-H Omni's NemotronHModel)
         return decoder
     return inner
 
