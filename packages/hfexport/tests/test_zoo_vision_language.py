@@ -273,6 +273,18 @@ def test_minicpm_tower_runs_its_window_merger() -> None:
         ("instructblipvideo", {"pixel_values": (2, 4, 3, 32, 32)}),
         # eager: the same: 16 tubelets of 2 frames per image, channels last
         ("inkling_mm_model", {"pixel_values": (32, 2, 8, 8, 3)}),
+        # eager: `aspect_ratio_ids` must be provided if `pixel_values` is provided; then IndexError
+        # (intermediate vision layers and cross-attention layers past the tiny towers: preset)
+        (
+            "mllama",
+            {
+                "pixel_values": (2, 1, 4, 3, 32, 32),
+                "aspect_ratio_ids": (2, 1),
+                "aspect_ratio_mask": (2, 1, 4),
+                "cross_attention_mask": (2, 9, 1, 4),
+                "input_ids": (2, 9),
+            },
+        ),
     ],
 )
 def test_video_and_two_resolution_towers_get_their_inputs(model_type, extra) -> None:

@@ -536,6 +536,41 @@ def _video_inputs(
     return n
 
 
+def _aspect_ratio_tile_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> bool:
+    """Mllama's tiled images (issue 28), as its processor gives them for one image of the tile
+    size per prompt: ``pixel_values`` ``[b, 1, max_num_tiles, channels, size, size]`` float32 (the
+    first tile the image, the others padding), ``aspect_ratio_ids`` ``[b, 1]`` int64 (1: the
+    1x1 ratio, the first of ``supported_aspect_ratios``) and ``aspect_ratio_mask`` ``[b, 1,
+    max_num_tiles]`` int64 (1 on the first tile). The prompt's ``cross_attention_mask`` is added by
+    :func:`_cross_attention_mask` once the prompt's length is known. Returns whether the forward
+    takes such inputs (``inputs`` is changed in place then)."""
+    params = _forward_params(model)
+    vision = _sub(model.config, "vision_config")
+    tiles = getattr(vision, "max_num_tiles", None)
+    if "aspect_ratio_ids" not in params or not isinstance(tiles, int):
+        return False
+    channels, size = _image_shape(model.config)
+    inputs["pixel_values"] = torch.randn(
+        b, 1, tiles, channels, size, size, generator=gen, dtype=torch.float32
+    )
+    inputs["aspect_ratio_ids"] = torch.ones(b, 1, dtype=torch.int64)
+    mask = torch.zeros(b, 1, tiles, dtype=torch.int64)
+    mask[..., 0] = 1
+    inputs["aspect_ratio_mask"] = mask
+    return True
+
+
+def _cross_attention_mask(inputs: dict[str, torch.Tensor]) -> None:
+    """Mllama's ``cross_attention_mask`` ``[b, seq, 1, max_num_tiles]`` int64: every token attends
+    to the image's real tiles (``aspect_ratio_mask``), as its processor marks a prompt whose image
+    token comes first. Changes ``inputs`` in place."""
+    tiles = inputs["aspect_ratio_mask"]  # [b, 1, tiles]
+    seq = int(inputs["input_ids"].shape[1])
+    inputs["cross_attention_mask"] = tiles[:, None].expand(-1, seq, -1, -1).contiguous()
+
+
 def _second_resolution_inputs(
     model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
 ) -> None:
@@ -611,6 +646,10 @@ def _generic_inputs(
             _second_resolution_inputs(model, inputs, b, gen)
             queries.update({k: v for k, v in inputs.items() if k.endswith("_pixel_values")})
             n = _packed_grid_inputs(model, inputs, b, gen)
+            tiled = not n and _aspect_ratio_tile_inputs(model, inputs, b, gen)
+            if tiled:
+                # cross-attended, not merged: one image token per image marks where it goes (Mllama)
+                n = 1
             if (
                 not n
                 and "image_sizes" in params
@@ -668,6 +707,8 @@ def _generic_inputs(
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
+        if "aspect_ratio_mask" in inputs and "cross_attention_mask" in params:
+            _cross_attention_mask(inputs)
         image_token = _image_token_id(config)
         if kind == "image+text" and "mm_token_type_ids" in params and image_token is not None:
             # the processor's modality per token (1 on image tokens), which multimodal rotary

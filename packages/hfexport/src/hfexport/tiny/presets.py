@@ -991,6 +991,21 @@ PRESETS.update(
             )
             for mt in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
         },
+        "mllama": Preset(
+            config={
+                "vision_config": {
+                    "num_global_layers": 1,
+                    "intermediate_layers_indices": [0, 1],
+                    "vision_output_dim": 64 * 3,
+                },
+                "text_config": {"cross_attention_layers": [1]},
+            },
+            reason="the vision tower reads intermediate layers [3, 7, 15, 23, 30] and the text model puts "
+            "cross-attention at layers [3, 8, ..., 38], past the 2-layer tiny towers (IndexError), with 8 "
+            "global vision layers; the projector's input, vision_output_dim, is the tower's width times "
+            "the intermediate layers plus one (7680 = 1280 * 6): one global layer, layers 0 and 1 read "
+            "(64 * 3 wide) and the second text layer cross-attending",
+        ),
         "nemotron_h_omni": Preset(
             config={"vision_hidden_size": 64, "projector_hidden_size": 128},
             reason="the projector's width comes from the top-level vision_hidden_size (1280) and "
