@@ -402,16 +402,23 @@ class ImageFeatures(torch.nn.Module):
     """
 
     def __init__(
-        self, owner: torch.nn.Module, parts: Mapping[str, torch.nn.Module], inputs: list[str]
+        self,
+        owner: torch.nn.Module,
+        parts: Mapping[str, torch.nn.Module],
+        inputs: list[str],
+        getter: str = "get_image_features",
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_owner", owner)
         self.parts = torch.nn.ModuleDict(dict(parts))
         self.input_names = list(inputs)
         self.config = getattr(owner, "config", None)
+        #: the owner's feature getter: ``get_image_features``, or ``get_video_features`` for a
+        #: video-only model (InstructBLIP-Video; issue 28)
+        self.getter = getter
 
     def forward(self, **kwargs: Any) -> torch.Tensor | dict[str, Any]:
-        out = self._owner.get_image_features(**kwargs)
+        out = getattr(self._owner, self.getter)(**kwargs)
         rows = image_feature_rows(out)
         deepstack = None if isinstance(out, torch.Tensor) else getattr(out, "deepstack_features", None)
         if not deepstack:
@@ -683,8 +690,22 @@ def _image_features_component(
     from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
 
     params: Mapping[str, Any] = {}
+    getter: Any = None
+    # get_video_features: a video-only model's (InstructBLIP-Video's frames; issue 28)
+    getter_name = next(
+        (
+            name
+            for name in ("get_image_features", "get_video_features")
+            if any(
+                callable(getattr(o, name, None))
+                for o in (model, getattr(model, "model", None))
+                if o is not None
+            )
+        ),
+        "get_image_features",
+    )
     for owner in (model, getattr(model, "model", None)):
-        getter = getattr(owner, "get_image_features", None) if owner is not None else None
+        getter = getattr(owner, getter_name, None) if owner is not None else None
         if not callable(getter):
             continue
         try:
@@ -717,7 +738,7 @@ def _image_features_component(
             kwargs, derived = given, {k: grid for k in extra}
         else:
             settings = None
-    return ImageFeatures(owner, parts, list(kwargs)), kwargs, settings, derived
+    return ImageFeatures(owner, parts, list(kwargs), getter_name), kwargs, settings, derived
 
 
 def _text_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
