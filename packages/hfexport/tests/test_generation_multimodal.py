@@ -415,3 +415,37 @@ def test_a_causal_lm_inside_the_model_gives_its_base_model_and_head() -> None:
     layout = find_multimodal_layout(model)
     assert layout.language_model is model.language_model.model
     assert layout.lm_head is model.language_model.lm_head
+
+
+@pytest.mark.parametrize(
+    ("model_type", "getter", "image_inputs"),
+    [
+        # decompose: cannot tell where input 'pixel_values' (8, 3, 32, 32) of the image_encoder
+        # comes from (the frames are flattened before the tower, and there is no get_image_features)
+        (
+            "instructblipvideo",
+            "get_video_features",
+            ["pixel_values", "qformer_input_ids", "qformer_attention_mask"],
+        ),
+        # decompose: the sample inputs give ['high_res_pixel_values'], which ComponentModule.forward
+        # does not take (an input without a role)
+        pytest.param(
+            "deepseek_vl_hybrid",
+            "get_image_features",
+            ["pixel_values", "high_res_pixel_values"],
+            marks=pytest.mark.extended,  # 6-15 s: its SAM tower
+        ),
+    ],
+)
+def test_video_and_two_view_image_features_become_one_component(model_type, getter, image_inputs) -> None:
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.multimodal import ImageFeatures
+
+    model, inputs = tiny_model(model_type, "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, ImageFeatures) and module.getter == getter
+    assert sorted(kwargs) == sorted(image_inputs)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
