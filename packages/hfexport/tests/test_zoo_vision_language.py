@@ -273,6 +273,10 @@ def test_minicpm_tower_runs_its_window_merger() -> None:
         ("instructblipvideo", {"pixel_values": (2, 4, 3, 32, 32)}),
         # eager: the same: 16 tubelets of 2 frames per image, channels last
         ("inkling_mm_model", {"pixel_values": (32, 2, 8, 8, 3)}),
+        # eager: Exactly 1 of pixel_values, image_encoder_embeddings or perceiver_embeddings has to
+        # be not-None (the 4-D images were refused); images grouped per prompt, every token
+        # cross-attending to its image
+        ("idefics", {"pixel_values": (2, 1, 3, 32, 32), "image_attention_mask": (2, 8, 1)}),
         # eager: `aspect_ratio_ids` must be provided if `pixel_values` is provided; then IndexError
         # (intermediate vision layers and cross-attention layers past the tiny towers: preset)
         (

@@ -650,6 +650,11 @@ def _generic_inputs(
             if tiled:
                 # cross-attended, not merged: one image token per image marks where it goes (Mllama)
                 n = 1
+            elif not n and "image_attention_mask" in params:
+                # IDEFICS: images grouped per prompt, [batch, images, channels, h, w], cross-attended
+                # by the tokens image_attention_mask marks (set below); no placeholder id to insert
+                inputs["pixel_values"] = inputs["pixel_values"][:, None]
+                n = 1
             if (
                 not n
                 and "image_sizes" in params
@@ -709,6 +714,11 @@ def _generic_inputs(
             inputs["attention_mask"] = torch.ones_like(input_ids)
         if "aspect_ratio_mask" in inputs and "cross_attention_mask" in params:
             _cross_attention_mask(inputs)
+        if kind == "image+text" and "image_attention_mask" in params and inputs["pixel_values"].dim() == 5:
+            # IDEFICS: every token attends to the prompt's image, [batch, seq, images] int64 ones (its
+            # processor marks the tokens from the image's on)
+            images = int(inputs["pixel_values"].shape[1])
+            inputs["image_attention_mask"] = torch.ones(b, int(input_ids.shape[1]), images, dtype=torch.int64)
         image_token = _image_token_id(config)
         if kind == "image+text" and "mm_token_type_ids" in params and image_token is not None:
             # the processor's modality per token (1 on image tokens), which multimodal rotary
