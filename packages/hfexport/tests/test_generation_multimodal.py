@@ -372,3 +372,119 @@ def test_a_text_only_prompt_refuses_a_language_model_taking_image_features_as_in
         runner.generate(max_new_tokens=1, **text)
     with pytest.raises(ValueError, match="placeholder tokens only"):
         text_only_prompt({"input_ids": torch.tensor([[7, 7]])}, [7])
+
+
+@pytest.mark.extended  # 15-30 s: decomposition, export and generation of tiny MiniCPM-V
+def test_packed_patch_grids_read_as_values_give_a_per_image_encoder() -> None:
+    # issue 28: MiniCPM-V packs every image's patches side by side in one row and reads each
+    # image's patch grid (target_sizes) as values (window index, position ids, the merger's split);
+    # the grid as a graph input failed capture ("Could not extract specialized integer from
+    # data-dependent expression u0"), and a constant grid tensor too (a lifted constant is a fake
+    # tensor). The grid is a constant whose derived values are computed outside the trace, the
+    # component takes one image's share of the row, and the runner cuts the prompt's row per image.
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.image_prompts import other_image_prompt
+    from hfexport.generation.multimodal import GridImageFeatures
+
+    model, inputs = tiny_model("minicpmv4_6", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, GridImageFeatures) and list(kwargs) == ["pixel_values"]
+    assert tuple(kwargs["pixel_values"].shape) == (1, 3, 8, 64 * 8)  # one 8x8-patch image of the row
+    assert parts.plan.per_image == {"image_encoder": {"grid": [8, 8], "grid_input": "target_sizes"}}
+    program = torch.export.export(module, (), dict(kwargs), strict=False)
+    with torch.no_grad():
+        assert torch.equal(program.module()(**kwargs), module(**kwargs))
+        assert tuple(module(**kwargs).shape) == (4, model.config.text_config.hidden_size)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    other = other_image_prompt(model, inputs)  # one more image, a longer prompt
+    assert other["target_sizes"].shape[0] == 3
+    for prompt in (inputs, other):
+        parity = compare_with_generate(runner, model, prompt, max_new_tokens=3)
+        assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, prompt["input_ids"].shape
+    regridded = {**inputs, "target_sizes": torch.tensor([[8, 8], [4, 16]], dtype=torch.int32)}
+    with pytest.raises(ValueError, match=r"exported for images of a \[8, 8\] patch grid .* \[\[4, 16\]\]"):
+        runner.generate(max_new_tokens=1, **regridded)
+
+
+def test_split_packed_images_cuts_each_layout_by_its_grids() -> None:
+    from hfexport.generation.multimodal import split_packed_images
+
+    grids = torch.tensor([[2, 2], [2, 4]])
+    flat = torch.arange(12 * 3).reshape(12, 3)  # image_grid_hw: patches one after the other
+    pieces = split_packed_images({"pixel_values": flat}, "image_grid_hw", grids)
+    assert [p["pixel_values"].tolist() for p in pieces] == [flat[:4].tolist(), flat[4:].tolist()]
+    row = torch.arange(2 * 12 * 2).reshape(1, 2, 12 * 2)  # target_sizes: patches 2 wide along the row
+    pieces = split_packed_images({"pixel_values": row}, "target_sizes", grids)
+    assert [tuple(p["pixel_values"].shape) for p in pieces] == [(1, 2, 8), (1, 2, 16)]
+    assert torch.equal(torch.cat([p["pixel_values"] for p in pieces], dim=-1), row)
+    with pytest.raises(ValueError, match="not a whole number per patch of the 12 patches"):
+        split_packed_images({"pixel_values": flat[:11]}, "image_grid_hw", grids)
+
+
+def test_grid_values_are_numbers_at_capture() -> None:
+    # issue 28: a tower reading its patch grid as values (tolist, boolean indexing by a mask built
+    # from it: MiniCPM-V's window index) captured from a constant grid tensor failed with
+    # GuardOnDataDependentSymNode; the grid's derived values are computed outside the trace
+    from hfexport.generation.multimodal import GridImageFeatures
+
+    class Tower(torch.nn.Module):
+        def get_image_features(self, pixel_values, target_sizes):
+            (height, width), *_ = target_sizes.tolist()
+            index = torch.nn.functional.pad(torch.arange(height * width), (0, 2), value=-100)
+            kept = index[index != -100]  # a size only the values tell
+            bounds = torch.unique_consecutive(torch.tensor([0, 0, height * width]))  # as its windows
+            lengths = (bounds[1:] - bounds[:-1]).tolist()  # as MiniCPM-V's per-image attention split
+            (rows,) = torch.split(pixel_values.flatten(1)[:, kept].T, lengths)
+            return rows * target_sizes.prod()
+
+    module = GridImageFeatures(Tower(), {}, ["pixel_values"], "target_sizes", (2, 3))
+    pixels = torch.randn(1, 1, 6)
+    program = torch.export.export(module, (), {"pixel_values": pixels}, strict=False)
+    assert torch.equal(program.module()(pixel_values=pixels), pixels.flatten(1).T * 6)
+
+
+def test_a_causal_lm_inside_the_model_gives_its_base_model_and_head() -> None:
+    # issue 28: Nemotron-H Omni's language_model is a causal LM whose decoder is its base model
+    # and whose head is not on the multimodal model: the split took the whole causal LM as the
+    # language model (logits, no last_hidden_state) and found no lm_head (runner: KeyError)
+    from hfexport.generation.multimodal import find_multimodal_layout
+
+    model, _ = tiny_model("nemotron_h_omni", "image-text-to-text")
+    layout = find_multimodal_layout(model)
+    assert layout.language_model is model.language_model.model
+    assert layout.lm_head is model.language_model.lm_head
+
+
+@pytest.mark.parametrize(
+    ("model_type", "getter", "image_inputs"),
+    [
+        # decompose: cannot tell where input 'pixel_values' (8, 3, 32, 32) of the image_encoder
+        # comes from (the frames are flattened before the tower, and there is no get_image_features)
+        (
+            "instructblipvideo",
+            "get_video_features",
+            ["pixel_values", "qformer_input_ids", "qformer_attention_mask"],
+        ),
+        # decompose: the sample inputs give ['high_res_pixel_values'], which ComponentModule.forward
+        # does not take (an input without a role)
+        pytest.param(
+            "deepseek_vl_hybrid",
+            "get_image_features",
+            ["pixel_values", "high_res_pixel_values"],
+            marks=pytest.mark.extended,  # 6-15 s: its SAM tower
+        ),
+    ],
+)
+def test_video_and_two_view_image_features_become_one_component(model_type, getter, image_inputs) -> None:
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.multimodal import ImageFeatures
+
+    model, inputs = tiny_model(model_type, "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["image_encoder"]
+    assert isinstance(module, ImageFeatures) and module.getter == getter
+    assert sorted(kwargs) == sorted(image_inputs)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5

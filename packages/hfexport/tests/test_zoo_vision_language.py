@@ -225,3 +225,72 @@ def test_kosmos2_prompt_marks_the_image_positions():
     assert mask.shape == inputs["input_ids"].shape == (2, 8 + queries)
     assert mask.sum(dim=1).tolist() == [queries, queries]
     assert mask[:, 1 : 1 + queries].eq(1).all()
+
+
+@pytest.mark.parametrize(
+    ("model_type", "grid_input", "pixel_shape", "image_tokens"),
+    [
+        # decompose: generate() never called ['image_encoder'] (no image_token_id in the default
+        # config: the forward skipped the image; the sample had 4-D images and no target_sizes)
+        ("minicpmv4_6", "target_sizes", (1, 3, 8, 2 * 64 * 8), 4),
+        # the same, and the projector's norm refused the tower's features (5120 vs 256 wide)
+        ("nemotron_h_omni", "image_grid_hw", (2 * 64, 3 * 8 * 8), 16),
+    ],
+)
+def test_packed_patch_towers_get_their_grids_and_an_image_token(
+    model_type, grid_input, pixel_shape, image_tokens
+):
+    model, inputs = tiny_model(model_type, TASK, check_eager=True)
+    token = model.config.image_token_id
+    assert token == 255  # set by the tiny builder: the config's default is None
+    assert tuple(inputs["pixel_values"].shape) == pixel_shape
+    assert inputs[grid_input].tolist() == [[8, 8], [8, 8]]
+    assert (inputs["input_ids"] == token).sum(-1).tolist() == [image_tokens, image_tokens]
+    with torch.no_grad():
+        features = model.get_image_features(
+            pixel_values=inputs["pixel_values"], **{grid_input: inputs[grid_input]}
+        )
+    assert [tuple(f.shape) for f in features.pooler_output] == [(image_tokens, 64)] * 2
+
+
+def test_minicpm_tower_runs_its_window_merger() -> None:
+    # the merger after vision layer 6 of 2 never ran while get_image_features halved target_sizes
+    # as if it had: the second image's features came from the first image's patches
+    model, inputs = tiny_model("minicpmv4_6", TASK)
+    pixels, grids = inputs["pixel_values"], inputs["target_sizes"]
+    with torch.no_grad():
+        both = model.get_image_features(pixels, grids).pooler_output
+        second = model.get_image_features(pixels[..., 64 * 8 :], grids[1:]).pooler_output
+    assert torch.equal(both[1], second[0])
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        # eager: Both pixel_values and high_res_pixel_values should be specified at the same time
+        ("deepseek_vl_hybrid", {"high_res_pixel_values": (2, 3, 32, 32), "pixel_values": (2, 3, 32, 32)}),
+        # eager: not enough values to unpack (expected 5, got 4): one 4-frame video per prompt
+        ("instructblipvideo", {"pixel_values": (2, 4, 3, 32, 32)}),
+        # eager: the same: 16 tubelets of 2 frames per image, channels last
+        ("inkling_mm_model", {"pixel_values": (32, 2, 8, 8, 3)}),
+        # eager: Exactly 1 of pixel_values, image_encoder_embeddings or perceiver_embeddings has to
+        # be not-None (the 4-D images were refused); images grouped per prompt, every token
+        # cross-attending to its image
+        ("idefics", {"pixel_values": (2, 1, 3, 32, 32), "image_attention_mask": (2, 8, 1)}),
+        # eager: `aspect_ratio_ids` must be provided if `pixel_values` is provided; then IndexError
+        # (intermediate vision layers and cross-attention layers past the tiny towers: preset)
+        (
+            "mllama",
+            {
+                "pixel_values": (2, 1, 4, 3, 32, 32),
+                "aspect_ratio_ids": (2, 1),
+                "aspect_ratio_mask": (2, 1, 4),
+                "cross_attention_mask": (2, 9, 1, 4),
+                "input_ids": (2, 9),
+            },
+        ),
+    ],
+)
+def test_video_and_two_resolution_towers_get_their_inputs(model_type, extra) -> None:
+    _, inputs = tiny_model(model_type, TASK, check_eager=True)
+    assert {k: tuple(inputs[k].shape) for k in extra} == extra

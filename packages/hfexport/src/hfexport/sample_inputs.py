@@ -199,7 +199,9 @@ def _forward_params(model: torch.nn.Module) -> set[str]:
 
 
 def _image_token_id(config: PretrainedConfig) -> int | None:
-    for attr in ("image_token_id", "image_token_index"):
+    """The image placeholder id, else the video one (InstructBLIP-Video places its frames' features
+    at ``video_token_index`` only); ``None`` when the config has neither."""
+    for attr in ("image_token_id", "image_token_index", "video_token_id", "video_token_index"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -277,20 +279,27 @@ def _count_image_tokens(
     images: int | None = None,
     *,
     patches: bool = False,
+    always: tuple[str, ...] = (),
+    getter_name: str = "get_image_features",
 ) -> int | None:
     """Image tokens per image the model's vision tower produces, by running it once (with the
-    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes); ``images`` is
+    image inputs of ``extra``, e.g. ``image_sizes``, that the feature getter takes, and those named
+    in ``always`` even where the getter only forwards ``**kwargs``: MiniCPM-V's); ``images`` is
     the image count when ``pixel_values``' first axis is not (flattened patches); ``patches``
-    passes the images as ``flattened_patches`` (Pix2Struct-style towers: Kosmos-2.5)."""
-    getter = getattr(model, "get_image_features", None)
+    passes the images as ``flattened_patches`` (Pix2Struct-style towers: Kosmos-2.5);
+    ``getter_name`` the feature getter (``get_video_features`` for a video-only model:
+    InstructBLIP-Video)."""
+    getter = getattr(model, getter_name, None)
     if getter is None and hasattr(model, "model"):
-        getter = getattr(model.model, "get_image_features", None)
+        getter = getattr(model.model, getter_name, None)
     if getter is None:
         return None
     with torch.no_grad():
         try:
             params = _forward_params_of(getter)
-            taken = {k: v for k, v in (extra or {}).items() if k != "pixel_values" and k in params}
+            taken = {
+                k: v for k, v in (extra or {}).items() if k != "pixel_values" and (k in params or k in always)
+            }
             image = {"flattened_patches" if patches else "pixel_values": pixel_values}
             out = getter(**image, **taken)
         except Exception:
@@ -451,6 +460,161 @@ def _flattened_patches(config: PretrainedConfig, b: int, gen: torch.Generator) -
     return torch.cat([index.to(torch.float32).expand(b, -1, -1), pixels], dim=-1)
 
 
+#: the inputs giving each packed image's patch grid ``(height, width)``, with the layout of the
+#: packed ``pixel_values`` the model's image processor gives next to them (issue 28)
+PACKED_GRID_INPUTS: dict[str, str] = {
+    # MiniCPM-V 4.6 / 4.7, MiniCPM-o OCR: the images' patches side by side along the last axis of one
+    # row, [1, channels, patch, patches * patch] (NaViT packing), grids int32 [images, 2]
+    "target_sizes": "row",
+    # Nemotron-H Omni (RADIO): the images' flattened patches one after the other,
+    # [patches, channels * patch**2], grids int64 [images, 2]
+    "image_grid_hw": "flat",
+}
+
+
+def _packed_grid_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> int | None:
+    """Images as their processor packs them, each described by its patch grid (issue 28): one image
+    per prompt of a ``2k x 2k`` patch grid, ``k`` the config's ``image_size // patch_size`` (an image
+    of twice the configured side, so the window and merge steps of the tower have more than one
+    window per side), in the layout of :data:`PACKED_GRID_INPUTS`:
+
+    * ``target_sizes`` (MiniCPM-V): ``pixel_values`` ``[1, channels, patch, b * 4k**2 * patch]``
+      float32, ``target_sizes`` ``[b, 2]`` int32;
+    * ``image_grid_hw`` (Nemotron-H Omni): ``pixel_values`` ``[b * 4k**2, channels * patch**2]``
+      float32, ``image_grid_hw`` ``[b, 2]`` int64.
+
+    On success replaces ``inputs["pixel_values"]``, adds the grid input and returns the image tokens
+    per image the vision tower gives for that grid; else leaves ``inputs`` alone and returns ``None``.
+    """
+    params = _forward_params(model)
+    name = next((k for k in PACKED_GRID_INPUTS if k in params), None)
+    if name is None:
+        return None
+    vision = _sub(model.config, "vision_config")
+    side = getattr(vision, "patch_size", None)
+    if isinstance(side, list | tuple):
+        side = side[0]
+    if not isinstance(side, int) or isinstance(side, bool) or side < 1:
+        return None
+    channels, size = _image_shape(model.config)
+    grid = 2 * max(size // side, 1)
+    patches = grid * grid
+    if PACKED_GRID_INPUTS[name] == "row":
+        pixel_values = torch.randn(1, channels, side, b * patches * side, generator=gen, dtype=torch.float32)
+        sizes = torch.tensor([[grid, grid]] * b, dtype=torch.int32)
+    else:
+        pixel_values = torch.randn(b * patches, channels * side * side, generator=gen, dtype=torch.float32)
+        sizes = torch.tensor([[grid, grid]] * b, dtype=torch.int64)
+    n = _count_image_tokens(model, pixel_values, {name: sizes}, images=b, always=(name,))
+    if not n:
+        return None
+    inputs["pixel_values"] = pixel_values
+    inputs[name] = sizes
+    return n
+
+
+#: frames per video of the sample prompts of video-language models (InstructBLIP-Video's processor
+#: samples 4 frames per video)
+VIDEO_FRAMES = 4
+
+
+def _video_inputs(
+    model: PreTrainedModel,
+    inputs: dict[str, torch.Tensor],
+    b: int,
+    gen: torch.Generator,
+    extra: Mapping[str, Any],
+) -> int | None:
+    """Images as the 5-D ``pixel_values`` of a tower that reads frames or tubelets (issue 28), tried
+    in this order (the first the model's feature getter runs on is kept):
+
+    * frames (InstructBLIP-Video): ``[b, 4, channels, size, size]`` float32, one 4-frame video per
+      prompt (:data:`VIDEO_FRAMES`), through ``get_image_features`` or ``get_video_features``;
+    * tubelets (Inkling): ``[16 * b, temporal_patch_size, patch_size, patch_size, channels]`` float32,
+      a 4x4 patch grid per image with each patch repeated over the temporal axis's frames and channels
+      last (the layout its image processor gives).
+
+    ``extra`` holds the other inputs the getter takes (InstructBLIP's Q-Former instruction). On
+    success replaces ``inputs["pixel_values"]`` and returns the image tokens per prompt; else leaves
+    ``inputs`` alone and returns ``None``.
+    """
+    channels, size = _image_shape(model.config)
+    frames = torch.randn(b, VIDEO_FRAMES, channels, size, size, generator=gen, dtype=torch.float32)
+    for getter in ("get_image_features", "get_video_features"):
+        n = _count_image_tokens(model, frames, extra, getter_name=getter)
+        if n:
+            inputs["pixel_values"] = frames
+            return n
+    vision = _sub(model.config, "vision_config")
+    side = getattr(vision, "patch_size", None)
+    temporal = getattr(vision, "temporal_patch_size", None)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (side, temporal)):
+        return None
+    patches = FLAT_PATCH_GRID[0] * FLAT_PATCH_GRID[1]
+    one = torch.randn(b * patches, 1, side, side, channels, generator=gen, dtype=torch.float32)
+    tubelets = one.expand(-1, temporal, -1, -1, -1).contiguous()
+    n = _count_image_tokens(model, tubelets, extra, images=b)
+    if not n:
+        return None
+    inputs["pixel_values"] = tubelets
+    return n
+
+
+def _aspect_ratio_tile_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> bool:
+    """Mllama's tiled images (issue 28), as its processor gives them for one image of the tile
+    size per prompt: ``pixel_values`` ``[b, 1, max_num_tiles, channels, size, size]`` float32 (the
+    first tile the image, the others padding), ``aspect_ratio_ids`` ``[b, 1]`` int64 (1: the
+    1x1 ratio, the first of ``supported_aspect_ratios``) and ``aspect_ratio_mask`` ``[b, 1,
+    max_num_tiles]`` int64 (1 on the first tile). The prompt's ``cross_attention_mask`` is added by
+    :func:`_cross_attention_mask` once the prompt's length is known. Returns whether the forward
+    takes such inputs (``inputs`` is changed in place then)."""
+    params = _forward_params(model)
+    vision = _sub(model.config, "vision_config")
+    tiles = getattr(vision, "max_num_tiles", None)
+    if "aspect_ratio_ids" not in params or not isinstance(tiles, int):
+        return False
+    channels, size = _image_shape(model.config)
+    inputs["pixel_values"] = torch.randn(
+        b, 1, tiles, channels, size, size, generator=gen, dtype=torch.float32
+    )
+    inputs["aspect_ratio_ids"] = torch.ones(b, 1, dtype=torch.int64)
+    mask = torch.zeros(b, 1, tiles, dtype=torch.int64)
+    mask[..., 0] = 1
+    inputs["aspect_ratio_mask"] = mask
+    return True
+
+
+def _cross_attention_mask(inputs: dict[str, torch.Tensor]) -> None:
+    """Mllama's ``cross_attention_mask`` ``[b, seq, 1, max_num_tiles]`` int64: every token attends
+    to the image's real tiles (``aspect_ratio_mask``), as its processor marks a prompt whose image
+    token comes first. Changes ``inputs`` in place."""
+    tiles = inputs["aspect_ratio_mask"]  # [b, 1, tiles]
+    seq = int(inputs["input_ids"].shape[1])
+    inputs["cross_attention_mask"] = tiles[:, None].expand(-1, seq, -1, -1).contiguous()
+
+
+def _second_resolution_inputs(
+    model: PreTrainedModel, inputs: dict[str, torch.Tensor], b: int, gen: torch.Generator
+) -> None:
+    """A second view of each image at another resolution, for forwards that take one (issue 28):
+    ``<prefix>_pixel_values`` ``[b, channels, size, size]`` float32 with the sides of the
+    configuration's ``<prefix>_vision_config`` (DeepSeek-VL hybrid: ``high_res_pixel_values`` for
+    its SAM tower next to the SigLIP tower's ``pixel_values``; its processor gives both views of
+    every image). Changes ``inputs`` in place."""
+    config = model.config
+    for name in sorted(_forward_params(model)):
+        prefix = name[: -len("_pixel_values")] if name.endswith("_pixel_values") else None
+        sub = getattr(config, f"{prefix}_vision_config", None) if prefix else None
+        if sub is None or name in inputs:
+            continue
+        channels, size = _image_shape(sub)
+        inputs[name] = torch.randn(b, channels, size, size, generator=gen, dtype=torch.float32)
+
+
 def _generic_inputs(
     model: PreTrainedModel, task: str | None, b: int, s: int, gen: torch.Generator
 ) -> dict[str, torch.Tensor]:
@@ -511,11 +675,28 @@ def _generic_inputs(
             if "qformer_input_ids" in params:
                 _qformer_inputs(config, inputs, b, s, gen)
             queries = {k: v for k, v in inputs.items() if k.startswith("qformer_")}
+            _second_resolution_inputs(model, inputs, b, gen)
+            queries.update({k: v for k, v in inputs.items() if k.endswith("_pixel_values")})
             n = None
             if "flattened_patches" in inputs:
                 # Kosmos-2.5: its latent queries are the image's tokens, whatever the patch count
                 n = _count_image_tokens(model, inputs["flattened_patches"], patches=True)
-            if "image_sizes" in params and isinstance(getattr(config, "image_grid_pinpoints", None), list):
+            if not n:
+                n = _packed_grid_inputs(model, inputs, b, gen)
+            tiled = not n and _aspect_ratio_tile_inputs(model, inputs, b, gen)
+            if tiled:
+                # cross-attended, not merged: one image token per image marks where it goes (Mllama)
+                n = 1
+            elif not n and "image_attention_mask" in params:
+                # IDEFICS: images grouped per prompt, [batch, images, channels, h, w], cross-attended
+                # by the tokens image_attention_mask marks (set below); no placeholder id to insert
+                inputs["pixel_values"] = inputs["pixel_values"][:, None]
+                n = 1
+            if (
+                not n
+                and "image_sizes" in params
+                and isinstance(getattr(config, "image_grid_pinpoints", None), list)
+            ):
                 # "anyres" (LLaVA-NeXT, -Video, -OneVision): each image a base tile and the tiles of
                 # its best-fitting grid resolution, [batch, tiles, channels, size, size] (issue 28)
                 channels, size = _image_shape(config)
@@ -550,6 +731,9 @@ def _generic_inputs(
             if not n and "pixel_values" in inputs:
                 # a tower taking each image as a sequence of flattened patches (issue 28)
                 n = _flat_patch_inputs(model, inputs, b, gen)
+            if not n:
+                # a tower reading frames or tubelets: 5-D pixel_values (issue 28)
+                n = _video_inputs(model, inputs, b, gen, queries)
             image_token = _image_token_id(config)
             if n and image_token is not None:
                 image_ids = torch.full((b, n), int(image_token), dtype=torch.int64)
@@ -565,6 +749,18 @@ def _generic_inputs(
         inputs["input_ids"] = input_ids
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones_like(input_ids)
+        if "aspect_ratio_mask" in inputs and "cross_attention_mask" in params:
+            _cross_attention_mask(inputs)
+        if kind == "image+text" and "image_attention_mask" in params and inputs["pixel_values"].dim() == 5:
+            # IDEFICS: every token attends to the prompt's image, [batch, seq, images] int64 ones (its
+            # processor marks the tokens from the image's on)
+            images = int(inputs["pixel_values"].shape[1])
+            inputs["image_attention_mask"] = torch.ones(b, int(input_ids.shape[1]), images, dtype=torch.int64)
+        image_token = _image_token_id(config)
+        if kind == "image+text" and "mm_token_type_ids" in params and image_token is not None:
+            # the processor's modality per token (1 on image tokens), which multimodal rotary
+            # positions read (MiniCPM-V 4.7; issue 28)
+            inputs["mm_token_type_ids"] = (input_ids == int(image_token)).to(torch.int64)
         if kind == "text":
             _layout_extras(model, inputs, b, s, gen)
     eos = getattr(config, "eos_token_id", None)

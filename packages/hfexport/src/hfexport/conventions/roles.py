@@ -265,6 +265,9 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("window_index", IMAGE, "grid", None, None, None, (), 1),
         InputRole("cu_window_seqlens", IMAGE, "grid", None, None, None, (), 1),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
+        # DeepSeek-VL hybrid's second view of each image, for its high-resolution SAM tower
+        # [images, channels, height, width] (issue 28): images as pixel_values, sides the tower's
+        InputRole("high_res_pixel_values", IMAGE, "pixels", 0, None, None, (2, 3), 4),
         InputRole("video_grid_thw", VIDEO, "grid", None, None, None, (), 2),
         InputRole("encoder_outputs", STATE, "encoder_outputs", 0, None, None, (), None),
         InputRole("cache", STATE, "cache", None, None, None, (), None),

@@ -28,6 +28,7 @@ from hfexport.tensors import get_leaf_tensors
 __all__ = [
     "PROJECTOR_NAMES",
     "TEXT_ENCODER",
+    "GridImageFeatures",
     "ImageEmbeds",
     "ImageFeatures",
     "MultimodalLayout",
@@ -39,6 +40,7 @@ __all__ = [
     "inner_generator",
     "is_multimodal",
     "link_inputs",
+    "split_packed_images",
 ]
 
 logger = logging.getLogger(__name__)
@@ -142,6 +144,10 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
     head = getattr(model, "lm_head", None)
     if head is None and callable(getattr(model, "get_output_embeddings", None)):
         head = model.get_output_embeddings()
+    if head is None and decoder is not None and layout.language_model is not decoder:
+        # the head of the causal LM the split's language model was taken out of (Nemotron-H
+        # Omni keeps it there, not on the multimodal model; issue 28)
+        head = decoder.get_output_embeddings()
     if _is_submodule(model, head):
         layout.lm_head = head
     embed = model.get_input_embeddings() if callable(getattr(model, "get_input_embeddings", None)) else None
@@ -163,7 +169,8 @@ def _base_decoder(decoder: torch.nn.Module) -> torch.nn.Module:
         head, inner = get_head(), get_inner()
     except (TypeError, ValueError, AttributeError, NotImplementedError):
         return decoder
-    if head is None or not _is_submodule(decoder, inner):
+    if head is None or inner is decoder or not any(inner is m for m in decoder.modules()):
+        # (the inner decoder may be the causal LM's base model: Nemotron-H Omni's NemotronHModel)
         return decoder
     return inner
 
@@ -397,16 +404,23 @@ class ImageFeatures(torch.nn.Module):
     """
 
     def __init__(
-        self, owner: torch.nn.Module, parts: Mapping[str, torch.nn.Module], inputs: list[str]
+        self,
+        owner: torch.nn.Module,
+        parts: Mapping[str, torch.nn.Module],
+        inputs: list[str],
+        getter: str = "get_image_features",
     ) -> None:
         super().__init__()
         object.__setattr__(self, "_owner", owner)
         self.parts = torch.nn.ModuleDict(dict(parts))
         self.input_names = list(inputs)
         self.config = getattr(owner, "config", None)
+        #: the owner's feature getter: ``get_image_features``, or ``get_video_features`` for a
+        #: video-only model (InstructBLIP-Video; issue 28)
+        self.getter = getter
 
     def forward(self, **kwargs: Any) -> torch.Tensor | dict[str, Any]:
-        out = self._owner.get_image_features(**kwargs)
+        out = getattr(self._owner, self.getter)(**kwargs)
         rows = image_feature_rows(out)
         deepstack = None if isinstance(out, torch.Tensor) else getattr(out, "deepstack_features", None)
         if not deepstack:
@@ -457,9 +471,139 @@ class SizedImageFeatures(ImageFeatures):
         return image_feature_rows(out)
 
 
+#: ``get_image_features`` inputs giving each packed image's patch grid ``(height, width)``, read as
+#: values (the tower splits the packed patches per image with ``.tolist()``, builds windows and
+#: position ids from them), with the axis of ``pixel_values`` along which the images' patches are
+#: packed and the grid's dtype: Nemotron-H Omni's ``image_grid_hw`` (flattened patches one after
+#: the other, ``[patches, channels * patch**2]``), MiniCPM-V's ``target_sizes`` (patches side by
+#: side in one row, ``[1, channels, patch, patches * patch]``) (issue 28)
+GRID_SIZE_INPUTS: dict[str, tuple[int, torch.dtype]] = {
+    "image_grid_hw": (0, torch.int64),
+    "target_sizes": (-1, torch.int32),
+}
+
+
+class _KnownValues(torch.overrides.TorchFunctionMode):
+    """Computes on real tensors, outside the trace, every call whose tensor arguments all hold
+    values known at capture (a patch grid held as a constant, and what is computed from it and
+    from Python numbers alone: window indices, position ids, sequence boundaries), so that the
+    tower's reads of them as Python values (``tolist()``, ``item()``, ``bool()``) and the sizes
+    they select (boolean indexing) are numbers, not data-dependent symbols (torch.export gives
+    ``GuardOnDataDependentSymNode`` otherwise: a lifted constant is a fake tensor whose values it
+    does not track). A known tensor that meets a traced one enters the graph as a constant.
+
+    Calls with a traced tensor or a symbolic number among their arguments run as traced.
+    """
+
+    def __init__(self, known: list[torch.Tensor]) -> None:
+        super().__init__()
+        # id -> tensor; the tensors are kept alive so that their ids are not reused
+        self.known: dict[int, torch.Tensor] = {id(t): t for t in known}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        import torch.utils._pytree as pytree
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        kwargs = kwargs or {}
+        leaves = pytree.tree_leaves((args, kwargs))
+        symbolic = any(isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool) for v in leaves)
+        if symbolic or not all(id(v) in self.known for v in leaves if isinstance(v, torch.Tensor)):
+            return func(*args, **kwargs)
+        with _disable_current_modes():
+            out = func(*args, **kwargs)
+        for value in pytree.tree_leaves(out):
+            if isinstance(value, torch.Tensor):
+                self.known[id(value)] = value
+        return out
+
+
+class GridImageFeatures(ImageFeatures):
+    """The model's ``get_image_features`` for one image of one fixed patch grid.
+
+    The packed-patch towers of :data:`GRID_SIZE_INPUTS` read each image's grid as Python values,
+    so the component holds the grid as a constant (``[[height, width]]``) and takes one image's
+    share of ``pixel_values``; the runner calls it once per image (see
+    :func:`split_packed_images`). The image count stays free; another grid is refused.
+
+    Args:
+        owner: the module defining ``get_image_features``.
+        parts: ``{name: module}`` of the encoders and projectors it calls.
+        inputs: the keyword names of the per-image tensor inputs (``["pixel_values"]``).
+        grid_input: the name of the grid input (``"image_grid_hw"`` or ``"target_sizes"``).
+        grid: ``(height, width)`` in patches of the images this component serves.
+
+    ``forward(**inputs)`` returns the image's features ``[rows, hidden]``.
+    """
+
+    def __init__(
+        self,
+        owner: torch.nn.Module,
+        parts: Mapping[str, torch.nn.Module],
+        inputs: list[str],
+        grid_input: str,
+        grid: tuple[int, int],
+    ) -> None:
+        super().__init__(owner, parts, inputs)
+        self.grid_input = grid_input
+        self.grid = (int(grid[0]), int(grid[1]))
+
+    def forward(self, **kwargs: Any) -> torch.Tensor:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        dtype = GRID_SIZE_INPUTS[self.grid_input][1]
+        with _disable_current_modes():
+            grid = torch.tensor([list(self.grid)], dtype=dtype)
+        # the grid's values, and those of every tensor computed from it alone, are read as Python
+        # values where the tower reads them (issue 28)
+        with _KnownValues([grid]):
+            out = self._owner.get_image_features(**kwargs, **{self.grid_input: grid})
+        return image_feature_rows(out)
+
+
+def split_packed_images(
+    values: Mapping[str, torch.Tensor], grid_input: str, grids: torch.Tensor
+) -> list[dict[str, torch.Tensor]]:
+    """Cut packed image inputs into one dict per image, by the images' patch grids.
+
+    Args:
+        values: the image encoder's inputs other than the grid: ``pixel_values`` with the images'
+            patches packed along the axis :data:`GRID_SIZE_INPUTS` names for ``grid_input``
+            (``[patches, D]`` or ``[1, C, P, patches * P]``); inputs of another layout are cut to
+            image ``i`` along axis 0 (``[i : i + 1]``).
+        grid_input: ``"image_grid_hw"`` or ``"target_sizes"``.
+        grids: int ``[images, 2]``, each image's ``(height, width)`` in patches.
+
+    Returns:
+        ``[{name: tensor}]``, one per image, in order.
+
+    Raises:
+        ValueError: ``pixel_values``' packed axis is not a whole multiple of the grids' patch count.
+    """
+    axis = GRID_SIZE_INPUTS[grid_input][0]
+    patches = [int(h) * int(w) for h, w in grids.reshape(-1, 2).tolist()]
+    total = sum(patches)
+    out: list[dict[str, torch.Tensor]] = [{} for _ in patches]
+    for name, tensor in values.items():
+        if name != "pixel_values":
+            for i in range(len(patches)):
+                out[i][name] = tensor[i : i + 1]
+            continue
+        length = int(tensor.shape[axis])
+        if total == 0 or length % total:
+            raise ValueError(
+                f"{name} holds {length} values along axis {axis}, not a whole number per patch of the "
+                f"{total} patches {grid_input} describes"
+            )
+        unit = length // total
+        pieces = torch.split(tensor, [n * unit for n in patches], dim=axis)
+        for i, piece in enumerate(pieces):
+            out[i][name] = piece
+    return out
+
+
 def sized_image_features(
     module: ImageFeatures, kwargs: Mapping[str, Any]
-) -> tuple[SizedImageFeatures, dict[str, Any], list[int]] | None:
+) -> tuple[SizedImageFeatures | GridImageFeatures, dict[str, Any], list[int]] | None:
     """The one-image, fixed-size form of an :class:`ImageFeatures` component whose inputs hold
     :data:`SIZE_INPUTS`, or ``None`` when they hold none.
 
@@ -474,7 +618,24 @@ def sized_image_features(
     Raises:
         ValueError: the sample's images are not all of one size (the component serves one
             resolution class: pass images of one size).
+
+    Packed-patch towers (:data:`GRID_SIZE_INPUTS`) get a :class:`GridImageFeatures` and the first
+    image's share of the packed inputs (:func:`split_packed_images`); ``[height, width]`` is then
+    the patch grid.
     """
+    grid_name = next((k for k in GRID_SIZE_INPUTS if isinstance(kwargs.get(k), torch.Tensor)), None)
+    if grid_name is not None:
+        grids = kwargs[grid_name].reshape(-1, 2)
+        if grids.shape[0] == 0 or not bool((grids == grids[:1]).all()):
+            raise ValueError(
+                f"the sample images have patch grids {grids.tolist()}; the image encoder is exported for one "
+                f"patch grid (its {grid_name} are read as values), so give sample images of one size"
+            )
+        grid = [int(v) for v in grids[0].tolist()]
+        names = [k for k in module.input_names if k != grid_name]
+        one = split_packed_images({k: kwargs[k] for k in names}, grid_name, grids)[0]
+        component = GridImageFeatures(module._owner, dict(module.parts), names, grid_name, (grid[0], grid[1]))
+        return component, one, grid
     name = next((k for k in SIZE_INPUTS if isinstance(kwargs.get(k), torch.Tensor)), None)
     if name is None:
         return None
@@ -614,16 +775,36 @@ def _image_features_component(
 
     from hfexport.generation.vision_inputs import vision_grid_inputs, vision_grid_settings
 
+    params: Mapping[str, Any] = {}
+    getter: Any = None
+    # get_video_features: a video-only model's (InstructBLIP-Video's frames; issue 28)
+    getter_name = next(
+        (
+            name
+            for name in ("get_image_features", "get_video_features")
+            if any(
+                callable(getattr(o, name, None))
+                for o in (model, getattr(model, "model", None))
+                if o is not None
+            )
+        ),
+        "get_image_features",
+    )
     for owner in (model, getattr(model, "model", None)):
-        getter = getattr(owner, "get_image_features", None) if owner is not None else None
-        if callable(getter):
+        getter = getattr(owner, getter_name, None) if owner is not None else None
+        if not callable(getter):
+            continue
+        try:
+            params = inspect.signature(getter).parameters
+        except (TypeError, ValueError):
+            return None
+        if "pixel_values" in params:
             break
+        # a getter that only forwards *args / **kwargs to its base model's (MiniCPM-V): the base
+        # model's names the inputs (issue 28)
     else:
-        return None
-    try:
-        params = inspect.signature(getter).parameters
-    except (TypeError, ValueError):
-        return None
+        if not callable(getter):
+            return None
     kwargs = {k: v for k, v in inputs.items() if k in params and isinstance(v, torch.Tensor)}
     if "pixel_values" not in kwargs and "flattened_patches" not in kwargs:  # Kosmos-2.5's patches
         return None
@@ -645,7 +826,7 @@ def _image_features_component(
             kwargs, derived = given, {k: grid for k in extra}
         else:
             settings = None
-    return ImageFeatures(owner, parts, list(kwargs)), kwargs, settings, derived
+    return ImageFeatures(owner, parts, list(kwargs), getter_name), kwargs, settings, derived
 
 
 def _text_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
@@ -1169,13 +1350,18 @@ def decompose_multimodal(
             else:
                 # the image size is read as values (anyres, Pixtral): one image of one size per call
                 module, one, size = sized
-                images = int(kwargs[module.input_names[0]].shape[0])
+                if isinstance(module, GridImageFeatures):
+                    grids = kwargs[module.grid_input]
+                    pieces = split_packed_images({k: kwargs[k] for k in one}, module.grid_input, grids)
+                    entry: dict[str, Any] = {"grid": size, "grid_input": module.grid_input}
+                else:
+                    images = int(kwargs[module.input_names[0]].shape[0])
+                    pieces = [{k: kwargs[k][i : i + 1] for k in one} for i in range(images)]
+                    entry = {"image_sizes": size}
                 with torch.no_grad():
-                    rows = torch.cat(
-                        [module(**{k: kwargs[k][i : i + 1] for k in one}) for i in range(images)]
-                    )
+                    rows = torch.cat([module(**piece) for piece in pieces])
                 plan.links["image_encoder"] = {k: {"from": "prompt", "key": k} for k in one}
-                plan.per_image["image_encoder"] = {"image_sizes": size}
+                plan.per_image["image_encoder"] = entry
                 kwargs = one
                 produced = {"image_encoder": {"": rows}}
             plan.features = feature_sources(embeds_in, text, inputs["input_ids"], produced)

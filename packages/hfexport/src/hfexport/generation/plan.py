@@ -243,6 +243,10 @@ class GenerationPlan:
             w]}}`` likewise for a tower that reads its patch grid as values (HunYuan-V4-VL,
             Cosmos3-Edge: :class:`hfexport.generation.multimodal.SizedGridImageFeatures`): the packed
             ``pixel_values`` are cut into ``t * h * w`` rows per image, another grid is refused.
+            A packed-patch tower (MiniCPM-V,
+            Nemotron-H Omni) has ``{"grid": [height, width], "grid_input": name}`` instead: one
+            image of one patch grid per call, its share of the packed ``pixel_values`` cut by the
+            prompt's grid input (see :class:`hfexport.generation.multimodal.GridImageFeatures`).
         step_inputs: multimodal only, for a language model that takes the image features as an
             input of its own (issue 28: BLIP's text decoder cross-attends to them as
             ``encoder_hidden_states`` at every step, Kosmos-2's places ``image_embeds`` at

@@ -526,9 +526,12 @@ class GenerationRunner:
                 the component was exported for, the inputs disagree on the number of images, or
                 a tiled input's tiles have other pixel sides than the graph's.
         """
-        if "image_grid_thw" in self.plan.per_image[component]:
+        entry = self.plan.per_image[component]
+        if "grid_input" in entry:
+            return self._call_per_packed_grid(component, values, prompt, entry)
+        if "image_grid_thw" in entry:
             return self._call_per_grid(component, values, prompt)
-        size = [int(v) for v in self.plan.per_image[component]["image_sizes"]]
+        size = [int(v) for v in entry["image_sizes"]]
         given = prompt.get("image_sizes")
         if given is None:
             raise ValueError(
@@ -608,6 +611,40 @@ class GenerationRunner:
             self._call(component, {p: t[i * patches : (i + 1) * patches] for p, t in values.items()}, {})
             for i in range(images)
         ]
+        return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
+
+    def _call_per_packed_grid(
+        self,
+        component: str,
+        values: Mapping[str, torch.Tensor],
+        prompt: Mapping[str, Any],
+        entry: Mapping[str, Any],
+    ) -> dict[str, torch.Tensor]:
+        """Call an image encoder exported for one image of one patch grid (a packed-patch tower:
+        :data:`hfexport.generation.multimodal.GRID_SIZE_INPUTS`) once per image of the prompt, its
+        ``pixel_values`` cut by the prompt's grids (:func:`~hfexport.generation.multimodal.split_packed_images`),
+        and concatenate its outputs along axis 0.
+
+        Raises:
+            ValueError: the prompt has no grid input or holds another grid than the exported one.
+        """
+        from hfexport.generation.multimodal import split_packed_images
+
+        name = str(entry["grid_input"])
+        grid = [int(v) for v in entry["grid"]]
+        given = prompt.get(name)
+        if given is None:
+            raise ValueError(
+                f"the {component} was exported for images of a {grid} patch grid and needs {name}; pass it to generate()"
+            )
+        grids = torch.as_tensor(given).reshape(-1, 2)
+        other = sorted({tuple(int(v) for v in row) for row in grids.tolist()} - {tuple(grid)})
+        if other:
+            raise ValueError(
+                f"the {component} was exported for images of a {grid} patch grid (height, width) and the prompt has "
+                f"{[list(o) for o in other]}; resize the images, or export with sample images of that size"
+            )
+        outputs = [self._call(component, one, {}) for one in split_packed_images(values, name, grids)]
         return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
 
     def _prefill_multimodal(

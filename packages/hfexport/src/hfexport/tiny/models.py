@@ -24,11 +24,13 @@ from hfexport.tiny.catalog import (
     shrunk_config,
 )
 from hfexport.tiny.presets import PRESETS
+from hfexport.tiny.shrink import _vocab_sizes, special_token_ids
 
 __all__ = [
     "CLASSIFICATION_PAD_TOKEN_ID",
     "DEGENERATE_MAX_ABS",
     "check_runs_eagerly",
+    "set_missing_image_token",
     "tiny_model",
     "variance_preserving_init",
 ]
@@ -52,6 +54,43 @@ def _set_missing_pad_token(config: Any) -> None:
             cfg.pad_token_id = CLASSIFICATION_PAD_TOKEN_ID
 
 
+#: the placeholder-id attributes of vision-language configurations (issue 28)
+IMAGE_TOKEN_ATTRIBUTES = ("image_token_id", "image_token_index")
+
+
+def set_missing_image_token(config: Any) -> int | None:
+    """Give a vision-language ``config`` whose image placeholder id is ``None`` one (issue 28).
+
+    Some configurations declare ``image_token_id`` with a ``None`` default that only released
+    checkpoints fill in (MiniCPM-V 4.6 / 4.7, MiniCPM-o OCR, Nemotron-H Omni); their forward then
+    skips the image features altogether (``image_token_id is not None`` guards the merge), so a
+    tiny model of the default configuration never reads its image. The id given is the largest one
+    below the smallest vocabulary of the configuration tree that is no special id yet, so it sits
+    with the other special ids at the top of the tiny vocabulary, above the ids the sample prompts
+    draw (:mod:`hfexport.sample_inputs` draws below the lowest special id >= 3).
+
+    Args:
+        config: a (shrunk) ``PretrainedConfig``; changed in place.
+
+    Returns:
+        The id set, or ``None`` when the configuration has no ``None`` placeholder attribute (or
+        no vocabulary, or no free id >= 3 in it): nothing is changed then.
+    """
+    name = next(
+        (a for a in IMAGE_TOKEN_ATTRIBUTES if a in config.to_dict() and getattr(config, a, 0) is None),
+        None,
+    )
+    sizes = _vocab_sizes(config)
+    if name is None or not sizes:
+        return None
+    taken = special_token_ids(config)
+    free = [i for i in range(min(sizes) - 1, 2, -1) if i not in taken]
+    if not free:
+        return None
+    setattr(config, name, free[0])
+    return free[0]
+
+
 def _build(
     model_type: str,
     task: str | None,
@@ -67,6 +106,8 @@ def _build(
     config = shrunk_config(model_type, **overrides)
     if task == "text-classification" and "pad_token_id" not in overrides:
         _set_missing_pad_token(config)
+    if task == "image-text-to-text" and model_type not in SUPPORTED_MODEL_TYPES:
+        set_missing_image_token(config)
     preset = PRESETS.get(model_type)
     if model_type in SUPPORTED_MODEL_TYPES:  # hand-written: built exactly as always
         if attn_implementation is None:

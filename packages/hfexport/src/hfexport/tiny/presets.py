@@ -955,8 +955,19 @@ PRESETS.update(
                 "forward cannot place the Q-Former's query outputs in the prompt; a special id at the "
                 "top of the tiny vocabulary, and 4 queries instead of 32 (4 image tokens per image)",
             )
-            for mt in ("blip-2", "instructblip", "instructblipvideo")
+            for mt in ("blip-2", "instructblip")
         },
+        "instructblipvideo": Preset(
+            config={"video_token_index": 250, "num_query_tokens": 4},
+            reason="the default config has no video_token_index (released checkpoints set one), the id "
+            "its forward places the Q-Former's query outputs at (it reads no image token): a special id "
+            "at the top of the tiny vocabulary, and 4 queries instead of 32 (4 tokens per frame)",
+        ),
+        "deepseek_vl_hybrid": Preset(
+            config={"high_res_vision_config": {"global_attn_indexes": [1]}},
+            reason="the high-resolution SAM tower's features are read at the layer global_attn_indexes[0] "
+            "(2 of [2, 5, 8, 11]), past the 2-layer tiny tower (IndexError); its last layer, global",
+        ),
         "vision-encoder-decoder": Preset(
             config={"decoder_start_token_id": 0, "pad_token_id": 0},
             reason="the composite config names no decoder start (released checkpoints such as TrOCR set "
@@ -978,6 +989,39 @@ PRESETS.update(
             reason="its projector maps the vision tower's patch count to a query count through "
             "projector_patch_to_query_dict, whose defaults know only 1225 and 4900 patches (980 and "
             "980x2 pixel images); the tiny 32x32 image in 8x8 patches has 16: 4 queries",
+        ),
+        **{
+            mt: Preset(
+                config={"insert_layer_id": 0},
+                reason="the window-attention merger sits after vision layer insert_layer_id (6), which the "
+                "2-layer tiny tower never reaches, while get_image_features halves target_sizes as if it "
+                "had run: the merger then read a quarter of the patches per image and the second image's "
+                "features from the first image's patches; the merger after the first layer, as the "
+                "checkpoints place it inside their 27 layers",
+            )
+            for mt in ("minicpm_ocr", "minicpmv4_6", "minicpmv4_7")
+        },
+        "mllama": Preset(
+            config={
+                "vision_config": {
+                    "num_global_layers": 1,
+                    "intermediate_layers_indices": [0, 1],
+                    "vision_output_dim": 64 * 3,
+                },
+                "text_config": {"cross_attention_layers": [1]},
+            },
+            reason="the vision tower reads intermediate layers [3, 7, 15, 23, 30] and the text model puts "
+            "cross-attention at layers [3, 8, ..., 38], past the 2-layer tiny towers (IndexError), with 8 "
+            "global vision layers; the projector's input, vision_output_dim, is the tower's width times "
+            "the intermediate layers plus one (7680 = 1280 * 6): one global layer, layers 0 and 1 read "
+            "(64 * 3 wide) and the second text layer cross-attending",
+        ),
+        "nemotron_h_omni": Preset(
+            config={"vision_hidden_size": 64, "projector_hidden_size": 128},
+            reason="the projector's width comes from the top-level vision_hidden_size (1280) and "
+            "projector_hidden_size (4096), not from the vision config the generic shrink narrows to 64 "
+            "channels: the projector's norm (1280 * 4 wide) refused the tiny tower's pixel-shuffled "
+            "features (256 wide); the tower's 64 channels and a 128-wide projector",
         ),
         "glm4v_moe": Preset(
             config={"text_config": {"rope_parameters": {"mrope_section": [1, 1, 2]}}},
