@@ -798,7 +798,7 @@ def _image_features_component(
             params = inspect.signature(getter).parameters
         except (TypeError, ValueError):
             return None
-        if "pixel_values" in params:
+        if "pixel_values" in params or "flattened_patches" in params:  # Kosmos-2.5's patches
             break
         # a getter that only forwards *args / **kwargs to its base model's (MiniCPM-V): the base
         # model's names the inputs (issue 28)
@@ -1223,7 +1223,7 @@ def decompose_multimodal(
     generator = inner_generator(model)
     generator_is_part = generator is not None and any(generator is part for part in parts.values())
     recorded = dict(parts) if generator is None or generator_is_part else {**parts, GENERATOR: generator}
-    if generator_is_part:
+    if generator is not None:
         # BLIP's generate writes its BOS into the caller's input_ids in place: record on copies, so
         # the prompt the runner rewrites is told from the one given
         inputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
@@ -1232,7 +1232,7 @@ def decompose_multimodal(
         recording = record_generation(
             model,
             {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-            if generator_is_part
+            if generator is not None
             else inputs,
             generation_config=generation_config,
             multi_token_decode=multi_token_decode,
