@@ -50,6 +50,7 @@ __all__ = [
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "stride_order_without_data_dependent_guards",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
@@ -242,6 +243,83 @@ def exact_quotients_in_upper_bounds(original: Callable[..., Any]) -> Callable[..
         return bound
 
     return eval_upper_bound
+
+
+def _stride_order(first: Any, second: Any) -> int:
+    """-1 when stride ``first`` is known to be larger than ``second`` (it goes first in a dim order),
+    1 when known smaller, 0 when known equal or undecided by these rules; guards on nothing.
+
+    Both strides are non-zero (ExecuTorch checks that before sorting), so a stride that is a known
+    multiple of the other is at least as large: ``u * s`` against ``s`` is decided although ``u``
+    has no range (an unbacked output length).
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    if guard_or_false(first == second):
+        return 0
+    if guard_or_false(first > second) or guard_or_false(first % second == 0):
+        return -1
+    if guard_or_false(first < second) or guard_or_false(second % first == 0):
+        return 1
+    return 0
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    "executorch.exir.tensor_layout.dim_order_from_stride",
+    "executorch.exir.emit._emitter.dim_order_from_stride",
+    "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
+    description=(
+        "order strides holding an unbacked size by divisibility both ways: ExecuTorch's stride sort decides "
+        "s < u*s but guards on u*s < s (VITS's predicted frame count: 'Could not guard on data-dependent "
+        "expression 8*u70 < 8' in memory planning)"
+    ),
+    # executorch 1.4.1 exir/tensor.py: the comparison of pytorch/executorch#19516 tries divisibility one way only
+    issue="https://github.com/pytorch/executorch/pull/19516",
+    versions={"executorch": ">=1.3"},
+)
+def stride_order_without_data_dependent_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``dim_order_from_stride`` (strides -> dim order, largest stride first) for unbacked sizes.
+
+    ExecuTorch's comparator of two strides ``a < b`` answers a statically known inequality, then
+    "``a`` divides ``b`` and they differ" as true, and otherwise evaluates ``a < b``, which guards.
+    With an unbacked size ``u`` (VITS's frame count, the ``.item()`` of the predicted durations' sum)
+    a contiguous ``[batch, u, s]`` tensor has strides ``(u*s, s, 1)``; the sort asks ``u*s < s`` as
+    well as ``s < u*s``, and the first raises ``GuardOnDataDependentSymNode`` in memory planning.
+    The wrapper calls the original and, only when it raises that error, sorts again with
+    :func:`_stride_order` (a stable sort, largest stride first; divisibility counts both ways,
+    which is sound because ExecuTorch refuses zero strides); strides it cannot order re-raise the
+    original error.
+
+    Returns:
+        A function of a stride tuple returning the dim order (a tuple of ints).
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    @functools.wraps(original)
+    def dim_order_from_stride(stride: Any) -> Any:
+        try:
+            return original(stride)
+        except GuardOnDataDependentSymNode:
+            strides = list(stride)
+            for i, first in enumerate(strides):
+                for second in strides[i + 1 :]:
+                    if _stride_order(first, second) == 0 and not _known_equal(first, second):
+                        raise
+            order = sorted(
+                range(len(strides)),
+                key=functools.cmp_to_key(lambda i, j: _stride_order(strides[i], strides[j])),
+            )
+            return tuple(order)
+
+    return dim_order_from_stride
+
+
+def _known_equal(first: Any, second: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return bool(guard_or_false(first == second))
 
 
 def _dynamic_dims(node: Any) -> int:
