@@ -129,10 +129,9 @@ FAMILY_NOTES: dict[str, str] = {
     "waveform; one data-dependent frame count, at most 5000); csm, pocket_tts, gradium_phonon_tts, higgs_audio_v2 "
     "and vibevoice their backbone's teacher-forced forward; types without a forward (bark, qwen2_5_omni: "
     "generate only) are 'eager fails'; qwen3_omni_moe's default talker config lacks attributes its model reads "
-    "(unbuildable at any size). ExecuTorch misses explained: vits' duration-predictor spline indexes with a "
-    "boolean mask (a data-dependent element count memory planning cannot bound); fastspeech2_conformer's "
-    "frame count (at most 5000) dominates planned memory, so the memory budget narrows the inputs to the "
-    "sample size (static) and, with the bounds kept, one tensor plans 68 GB.",
+    "(unbuildable at any size). On ExecuTorch the data-dependent frame counts are bounded: vits' by the default "
+    "sequence bound (4096 frames), fastspeech2_conformer's (at most 5000) narrowed by the memory budget "
+    "(the tiny model: 1250 frames, batch at most 4, 256 phonemes), so a longer utterance is refused at run time (report.extra['memory_budget']).",
     "vision-language": "`export_for_generation` components (image encoder, projector, language model prefill "
     "and decode) at two shapes, then greedy generation from the components against `model.generate`. Image "
     "encoders that read `image_sizes` as values (LLaVA-NeXT anyres, Pixtral: mistral3, lighton_ocr) are exported "
