@@ -798,3 +798,55 @@ def test_stride_order_by_divisibility_orders_multiples_and_refuses_unrelated_siz
     assert order((6, 3, 1)) == (0, 1, 2)
     with pytest.raises(GuardOnDataDependentSymNode):
         order((u, v, 1))
+
+
+class ToyResponseNorm(torch.nn.Module):
+    """ConvNeXt V2's global response norm on ``[batch, H, W, C]``: norms ``[batch, 1, 1, C]`` divided by
+    their mean ``[batch, 1, 1, 1]`` (a broadcasting div), then a plain div of equal shapes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(x, ord=2, dim=(1, 2), keepdim=True)
+        scale = norms / (norms.mean(dim=-1, keepdim=True) + 1e-6)
+        return (x * scale) / (x.abs() + 1.0)
+
+
+def _div_nodes(dynamic: bool) -> list:
+    dims = {"x": {0: Dim("batch", min=1, max=8), 1: Dim("h", min=2, max=64), 2: Dim("w", min=2, max=64)}}
+    program = torch.export.export(
+        ToyResponseNorm(), (), {"x": torch.randn(2, 8, 8, 16)}, dynamic_shapes=dims if dynamic else None
+    )
+    return [n for n in program.graph.nodes if n.target == torch.ops.aten.div.Tensor]
+
+
+def test_only_a_broadcasting_div_over_dynamic_sizes_is_declined():
+    from hfexport_executorch.workarounds.patches import _broadcasts_over_a_dynamic_size
+
+    broadcast, same_shape = _div_nodes(dynamic=True)
+    assert _broadcasts_over_a_dynamic_size(broadcast)  # [b, 1, 1, 16] / [b, 1, 1, 1]
+    assert not _broadcasts_over_a_dynamic_size(same_shape)  # [b, h, w, 16] / [b, h, w, 16]
+    assert not any(_broadcasts_over_a_dynamic_size(n) for n in _div_nodes(dynamic=False))
+
+
+@pytest.mark.extended  # two tiny ConvNeXt V2 ExecuTorch exports: about a minute on 2 cores
+def test_convnextv2_second_shape_matches_eager_only_with_the_broadcast_div_patch():
+    from hfexport.errors import ExportValidationError
+    from hfexport.registry import unregister
+    from hfexport.testing import tiny_model
+    from hfexport_executorch import ExecutorchExporter
+
+    def export() -> None:
+        model, inputs = tiny_model("convnextv2", "image-classification")
+        ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
+
+    export()  # the 64 px second shape validates (logits within atol 1e-4)
+    name = "hfexport_executorch.workarounds.patches.broadcast_div_stays_portable"
+    removed = unregister("patch", name)
+    assert removed
+    try:
+        with pytest.raises(ExportValidationError, match="second shape"):
+            export()
+    finally:
+        from hfexport import registry
+
+        for entry in removed:
+            registry._REGISTRY.add(entry)
