@@ -579,8 +579,8 @@ def max_dim_only_over_spatial_axes(original: Callable[..., Any]) -> Callable[...
 
 
 def _broadcasts_over_a_dynamic_size(node: Any) -> bool:
-    """True when the operands of ``node`` have different shapes (one is broadcast) and one has a
-    symbolic size."""
+    """True when the operands of ``node`` have the same rank, one has a symbolic size, and one is
+    broadcast along an axis (size 1 against another size: ``[b, 1, 1, C] / [b, 1, 1, 1]``)."""
     shapes = []
     for arg in node.args[:2]:
         value = arg.meta.get("val") if hasattr(arg, "meta") else None
@@ -593,10 +593,9 @@ def _broadcasts_over_a_dynamic_size(node: Any) -> bool:
     def is_one(size: Any) -> bool:  # a literal 1: no guard on symbolic sizes
         return isinstance(size, int) and size == 1
 
-    broadcast = len(shapes[0]) != len(shapes[1]) or any(
-        is_one(a) != is_one(b) for a, b in zip(shapes[0], shapes[1], strict=True)
-    )
-    return symbolic and broadcast
+    if not symbolic or len(shapes[0]) != len(shapes[1]) or not shapes[0]:
+        return False  # a scalar or lower-rank divisor (x / sqrt(d)) is not the partition the bug needs
+    return any(is_one(a) != is_one(b) for a, b in zip(shapes[0], shapes[1], strict=True))
 
 
 @register_patch(
