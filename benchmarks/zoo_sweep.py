@@ -106,14 +106,13 @@ FAMILY_NOTES: dict[str, str] = {
     "`pow` on sizes reaches memory planning (no ExecuTorch operator); rf_detr's ExecuTorch method does not load "
     "(error 0x21, memory allocation: the planned arena is more than the runtime gets), as donut-swin's in image "
     "classification.",
-    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (81%, target 85%): "
+    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (84%, target 85%): "
     "donut-swin's program plans more memory than loads (error 0x21: a size bound still overestimated), mobilevit "
-    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; convnextv2, "
-    "pp_lcnet and efficientnet differ at the second shape: their captured programs match eager exactly there. "
-    "For convnextv2 it is XNNPACK's runtime: the partition of its global response norm (div, then a broadcast mul "
-    "over `[batch, 1, 1, channels]`) is 1e-3 off at the 64 px second shape only after the same loaded method ran "
-    "the 32 px sample (a freshly loaded method at 64 px is exact, as are portable kernels); pp_lcnet and "
-    "efficientnet are not bisected yet.",
+    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; pp_lcnet "
+    "and efficientnet differ at the second shape: their captured programs match eager exactly there (convnextv2 "
+    "had the same symptom: its global response norm's "
+    "broadcasting div chained into a mul is 1e-3 off after the loaded method ran a smaller input; that div now stays "
+    "portable); theirs is not bisected yet.",
     "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`. depth_pro splits the image "
     "into patches and merges them by the image size (scale factors 0.25, 0.5, Python loops over the patch "
     "grid), so its image sides are model-fixed (the second shape varies the batch only); its tiny weights are "
