@@ -106,11 +106,13 @@ FAMILY_NOTES: dict[str, str] = {
     "`pow` on sizes reaches memory planning (no ExecuTorch operator); rf_detr's ExecuTorch method does not load "
     "(error 0x21, memory allocation: the planned arena is more than the runtime gets), as donut-swin's in image "
     "classification.",
-    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (81%, target 85%): "
+    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses (84%, target 85%): "
     "donut-swin's program plans more memory than loads (error 0x21: a size bound still overestimated), mobilevit "
-    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; convnextv2, "
-    "pp_lcnet and efficientnet differ at the second shape: their captured programs match eager exactly there, so "
-    "the difference arises in ExecuTorch's lowering or runtime kernels (not yet located).",
+    "gets a Python `pow` on sizes during lowering (no ExecuTorch operator), swin timed out under load; pp_lcnet "
+    "and efficientnet differ at the second shape: their captured programs match eager exactly there (convnextv2 "
+    "had the same symptom: its global response norm's "
+    "broadcasting div chained into a mul is 1e-3 off after the loaded method ran a smaller input; that div now stays "
+    "portable); theirs is not bisected yet.",
     "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`. depth_pro splits the image "
     "into patches and merges them by the image size (scale factors 0.25, 0.5, Python loops over the patch "
     "grid), so its image sides are model-fixed (the second shape varies the batch only); its tiny weights are "
@@ -129,10 +131,9 @@ FAMILY_NOTES: dict[str, str] = {
     "waveform; one data-dependent frame count, at most 5000); csm, pocket_tts, gradium_phonon_tts, higgs_audio_v2 "
     "and vibevoice their backbone's teacher-forced forward; types without a forward (bark, qwen2_5_omni: "
     "generate only) are 'eager fails'; qwen3_omni_moe's default talker config lacks attributes its model reads "
-    "(unbuildable at any size). ExecuTorch misses explained: vits' duration-predictor spline indexes with a "
-    "boolean mask (a data-dependent element count memory planning cannot bound); fastspeech2_conformer's "
-    "frame count (at most 5000) dominates planned memory, so the memory budget narrows the inputs to the "
-    "sample size (static) and, with the bounds kept, one tensor plans 68 GB.",
+    "(unbuildable at any size). On ExecuTorch the data-dependent frame counts are bounded: vits' by the default "
+    "sequence bound (4096 frames), fastspeech2_conformer's (at most 5000) narrowed by the memory budget "
+    "(the tiny model: 1250 frames, batch at most 4, 256 phonemes), so a longer utterance is refused at run time (report.extra['memory_budget']).",
     "vision-language": "`export_for_generation` components (image encoder, projector, language model prefill "
     "and decode) at two shapes, then greedy generation from the components against `model.generate`. Image "
     "encoders that read `image_sizes` as values (LLaVA-NeXT anyres, Pixtral: mistral3, lighton_ocr) are exported "

@@ -209,3 +209,53 @@ def test_encoder_outputs_run_along_the_source_sequence():
         assert (outputs.role, outputs.max) == ("sequence", source.max), component
         assert plan.dynamic_shapes["encoder_outputs"][0][1] is plan.dynamic_shapes["attention_mask"][1]
         assert axes[("encoder_outputs.0", 2)].role == "other"  # hidden: the model's
+
+
+class _ToyFrames:
+    """FastSpeech 2-like: a data-dependent frame count ``u`` (the summed durations' ``.item()``,
+    declared at most 4096 by a ``torch._check``) and a quadratic ``[batch, u, u]`` activation."""
+
+    @staticmethod
+    def module():
+        import torch
+
+        class Frames(torch.nn.Module):
+            def forward(self, input_ids):
+                count = (input_ids.abs() > -1).sum(dim=(1, 2)).max().item()  # batch-independent: seq * 16
+                torch._check(count >= 2)
+                torch._check(count <= 4096)
+                frames = torch.arange(count, dtype=input_ids.dtype)
+                scores = frames.view(1, -1, 1) * frames.view(1, 1, -1)  # [1, u, u]
+                return input_ids.sum(-1, keepdim=True) + scores.sum(-1, keepdim=True)[:, :1]
+
+        return Frames().eval()
+
+
+def _frames_program(toy_inputs):
+    inputs = toy_inputs(batch=2, seq=6)
+    program, plan = _captured(_ToyFrames.module(), inputs, {"input_ids": {0: Dim.AUTO, 1: Dim.AUTO}})
+    return program, bounds.collect_symbols(program, inputs, plan)
+
+
+def test_a_data_dependent_quadratic_size_narrows_every_input_axis_to_its_sample(toy_inputs):
+    # what fastspeech2_conformer's ExecuTorch cell hit: a 5000-frame attention kept the estimate above the
+    # budget, the inputs were narrowed to the sample and the program came out static
+    program, symbols = _frames_program(toy_inputs)
+    outcome = bounds.fit_memory_budget(program, symbols, 1 << 20)
+    assert not outcome.fits
+    assert sorted(info.upper for info in symbols) == sorted(info.hint for info in symbols) == [2, 6]
+
+
+def test_the_budget_narrows_a_data_dependent_size_before_input_axes_reach_their_sample(toy_inputs):
+    program, symbols = _frames_program(toy_inputs)
+    unbacked = bounds.data_dependent_symbols(program)
+    assert [str(u) for u in unbacked] == [str(u) for u in program.range_constraints if str(u).startswith("u")]
+    # [u, u] float32 at u = 4096 is 64 MiB; 1 MiB needs u <= 512 (the others are a few kB)
+    outcome = bounds.fit_memory_budget(program, symbols, 1 << 20, unbacked)
+    assert outcome.fits
+    role = {info.role: info for info in symbols}
+    assert (role["sequence"].upper, role["batch"].upper) == (256, 4)
+    assert outcome.narrowed[str(unbacked[0])] == (4096, 256)
+    assert program.range_constraints[unbacked[0]].upper == 256
+    # a symbol bounded after capture by a default rule is not the model's bound: left alone
+    assert bounds.data_dependent_symbols(program, bounded_by_fix=[str(unbacked[0])]) == []

@@ -735,3 +735,118 @@ def test_relative_shift_plans_its_true_bound_and_runs_at_the_bound_with_the_patc
         expected = ToyRelativeShift()(x)
         assert out.shape == (batch, seq, seq)
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+class ToyFrameGrid(torch.nn.Module):
+    """VITS-like: the frame count is the ``.item()`` of the summed durations (an unbacked size ``u``),
+    and the output ``[batch, u, seq]`` has strides ``(u*seq, seq, 1)``."""
+
+    def forward(self, x: torch.Tensor, durations: torch.Tensor) -> torch.Tensor:
+        frames_count = durations.sum(1).max().item()
+        torch._check(frames_count <= 64)
+        frames = torch.arange(frames_count, dtype=x.dtype)
+        return (x.unsqueeze(-1) * frames).transpose(1, 2) + 1.0
+
+
+def _frame_grid_manager(patched: bool):
+    from executorch.exir import to_edge
+
+    dims = {0: Dim("batch", min=1, max=8), 1: Dim("seq", min=2, max=32)}
+    program = torch.export.export(
+        ToyFrameGrid(), (torch.randn(2, 8), torch.full((2, 8), 2)), dynamic_shapes=(dims, dims)
+    )
+    with apply_patches("executorch") if patched else contextlib.nullcontext():
+        return to_edge(program).to_executorch()
+
+
+def test_stride_sort_guards_on_an_unbacked_frame_count_without_the_patch():
+    # Documents executorch 1.4.1's stride comparison (pytorch/executorch#19516 decides divisibility one
+    # way only): when this plans, stride_order_without_data_dependent_guards can be retired.
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    with pytest.raises(GuardOnDataDependentSymNode, match="data-dependent expression u"):
+        _frame_grid_manager(patched=False)
+
+
+def test_unbacked_frame_count_plans_and_matches_eager_with_the_patch():
+    from executorch.runtime import Runtime
+
+    manager = _frame_grid_manager(patched=True)  # the loaded program reads the manager's buffer
+    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    for batch, seq, duration in ((2, 8, 2), (3, 20, 1), (1, 2, 32)):
+        x, durations = torch.randn(batch, seq), torch.full((batch, seq), duration)
+        (out,) = method.execute([x, durations])
+        expected = ToyFrameGrid()(x, durations)
+        assert out.shape == (batch, seq * duration, seq)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_stride_order_by_divisibility_orders_multiples_and_refuses_unrelated_sizes():
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode, ShapeEnv
+
+    from hfexport_executorch.workarounds.patches import stride_order_without_data_dependent_guards
+
+    shape_env = ShapeEnv()
+    u, v = shape_env.create_unbacked_symint(), shape_env.create_unbacked_symint()
+
+    def original(stride):
+        return tuple(sorted(range(len(stride)), key=lambda i: stride[i], reverse=True))  # guards
+
+    order = stride_order_without_data_dependent_guards(original)
+    assert order((8, 1, 8 * u)) == (2, 0, 1)
+    assert order((u, 4 * u, 1)) == (1, 0, 2)
+    assert order((6, 3, 1)) == (0, 1, 2)
+    with pytest.raises(GuardOnDataDependentSymNode):
+        order((u, v, 1))
+
+
+class ToyResponseNorm(torch.nn.Module):
+    """ConvNeXt V2's global response norm on ``[batch, H, W, C]``: norms ``[batch, 1, 1, C]`` divided by
+    their mean ``[batch, 1, 1, 1]`` (a broadcasting div), then a plain div of equal shapes."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norms = torch.linalg.vector_norm(x, ord=2, dim=(1, 2), keepdim=True)
+        scale = norms / (norms.mean(dim=-1, keepdim=True) + 1e-6)
+        return (x * scale) / (x.abs() + 1.0)
+
+
+def _div_nodes(dynamic: bool) -> list:
+    dims = {"x": {0: Dim("batch", min=1, max=8), 1: Dim("h", min=2, max=64), 2: Dim("w", min=2, max=64)}}
+    program = torch.export.export(
+        ToyResponseNorm(), (), {"x": torch.randn(2, 8, 8, 16)}, dynamic_shapes=dims if dynamic else None
+    )
+    return [n for n in program.graph.nodes if n.target == torch.ops.aten.div.Tensor]
+
+
+def test_only_a_broadcasting_div_over_dynamic_sizes_is_declined():
+    from hfexport_executorch.workarounds.patches import _broadcasts_over_a_dynamic_size
+
+    broadcast, same_shape = _div_nodes(dynamic=True)
+    assert _broadcasts_over_a_dynamic_size(broadcast)  # [b, 1, 1, 16] / [b, 1, 1, 1]
+    assert not _broadcasts_over_a_dynamic_size(same_shape)  # [b, h, w, 16] / [b, h, w, 16]
+    assert not any(_broadcasts_over_a_dynamic_size(n) for n in _div_nodes(dynamic=False))
+
+
+@pytest.mark.extended  # two tiny ConvNeXt V2 ExecuTorch exports: about a minute on 2 cores
+def test_convnextv2_second_shape_matches_eager_only_with_the_broadcast_div_patch():
+    from hfexport.errors import ExportValidationError
+    from hfexport.registry import unregister
+    from hfexport.testing import tiny_model
+    from hfexport_executorch import ExecutorchExporter
+
+    def export() -> None:
+        model, inputs = tiny_model("convnextv2", "image-classification")
+        ExecutorchExporter().export(model, inputs, ExecutorchConfig(dynamic=True))
+
+    export()  # the 64 px second shape validates (logits within atol 1e-4)
+    name = "hfexport_executorch.workarounds.patches.broadcast_div_stays_portable"
+    removed = unregister("patch", name)
+    assert removed
+    try:
+        with pytest.raises(ExportValidationError, match="second shape"):
+            export()
+    finally:
+        from hfexport import registry
+
+        for entry in removed:
+            registry._REGISTRY.add(entry)

@@ -85,6 +85,7 @@ __all__ = [
     "SymbolInfo",
     "axis_role",
     "collect_symbols",
+    "data_dependent_symbols",
     "estimate_peak_bytes",
     "fit_memory_budget",
     "model_max_positions",
@@ -118,6 +119,8 @@ ROLE_CACHE_SEQUENCE = "cache_sequence"
 ROLE_SIGNAL = "signal"
 ROLE_SPATIAL = "spatial"
 ROLE_FRAMES = "frames"
+#: a size computed from tensor values (an unbacked symbol), not an input axis
+ROLE_DATA_DEPENDENT = "data-dependent"
 ROLE_OTHER = "other"
 _SEQUENCE_ROLES = (
     ROLE_SEQUENCE,
@@ -705,16 +708,31 @@ _BUDGET_WARNED = False
 
 
 def fit_memory_budget(
-    ep: torch.export.ExportedProgram, symbols: list[SymbolInfo], budget: int
+    ep: torch.export.ExportedProgram,
+    symbols: list[SymbolInfo],
+    budget: int,
+    data_dependent: Iterable[sympy.Symbol] = (),
 ) -> BudgetResult:
     """Narrow hfexport-chosen bounds until the estimated activation peak fits ``budget`` (step 2).
 
     Mutates ``ep`` (range constraints and shape env) and the ``upper`` of ``symbols``.
 
+    The phases: sequence-like axes down to ``min(SEQUENCE_FLOOR, bound)``, batch axes down to
+    ``min(BATCH_FLOOR, bound)``, then the ``data_dependent`` sizes down to
+    ``min(SEQUENCE_FLOOR, bound)``, then sequences and batches down to their sample sizes. A
+    data-dependent size (FastSpeech 2's frame count, declared at most 5000 by a ``torch._check``)
+    has no sample to fall back to: before it was narrowable, its quadratic attention kept the
+    estimate above the budget until every input axis sat at its sample size (a static program).
+    A program so narrowed refuses, at run time, an input whose data-dependent size exceeds the new
+    bound (ExecuTorch's bounded resize fails); the bound is in ``narrowed``.
+
     Args:
         ep: the captured program, every symbol bounded.
         symbols: from :func:`collect_symbols`.
         budget: bytes.
+        data_dependent: unbacked symbols of ``ep`` (sizes computed from tensor values) whose finite
+            upper bound the budget may narrow; the caller passes those the model itself bounds
+            (a ``torch._check``), not those bounded by a default rule.
 
     Returns:
         A :class:`BudgetResult`. When even the smallest allowed bounds exceed the budget, the
@@ -732,9 +750,12 @@ def fit_memory_budget(
     free = [s for s in bounded if s.source != SOURCE_USER]
     seq = [s for s in free if s.role in _SEQUENCE_ROLES]
     batch = [s for s in free if s.role == ROLE_BATCH]
+    unbacked = _data_dependent_infos(ep, data_dependent)
+    original.update({s.symbol: s.upper for s in unbacked})
     phases = [
         (seq, lambda s: max(s.hint, min(SEQUENCE_FLOOR, original[s.symbol]))),
         (batch, lambda s: max(s.hint, min(BATCH_FLOOR, original[s.symbol]))),
+        (unbacked, lambda s: max(s.lower, min(SEQUENCE_FLOOR, original[s.symbol]))),
         (seq, lambda s: s.hint),
         (batch, lambda s: s.hint),
     ]
@@ -745,8 +766,14 @@ def fit_memory_budget(
                 break
             for s in movable:
                 s.upper = max(floor(s), int(s.upper) // 2)  # type: ignore[arg-type]
+                if s in unbacked:
+                    # the estimate reads unbacked sizes from the shape env's ranges
+                    set_symbol_upper_bound(ep, s.symbol, int(s.upper))  # type: ignore[arg-type]
             estimate = estimate_peak_bytes(ep, current())
     narrowed = {}
+    for s in unbacked:
+        if s.upper != original[s.symbol]:
+            narrowed[str(s.symbol)] = (int(original[s.symbol]), int(s.upper))  # type: ignore[arg-type]
     for s in bounded:
         if s.upper != original[s.symbol]:
             set_symbol_upper_bound(ep, s.symbol, int(s.upper))  # type: ignore[arg-type]
@@ -762,6 +789,42 @@ def fit_memory_budget(
             budget / 2**20,
         )
     return BudgetResult(budget, before, estimate, narrowed, fits)
+
+
+def _data_dependent_infos(
+    ep: torch.export.ExportedProgram, symbols: Iterable[sympy.Symbol]
+) -> list[SymbolInfo]:
+    """A :class:`SymbolInfo` (role ``"data-dependent"``, no input axis) per unbacked symbol of
+    ``symbols`` that ``ep`` ranges with a finite upper bound."""
+    out = []
+    for symbol in symbols:
+        value_range = ep.range_constraints.get(symbol)
+        upper = _finite(value_range.upper) if value_range is not None else None
+        if upper is None or not free_unbacked_symbols(symbol):
+            continue
+        lower = int(value_range.lower) if value_range.lower.is_finite else 0
+        out.append(SymbolInfo(symbol, [], ROLE_DATA_DEPENDENT, lower, int(upper), lower, "captured range"))
+    return out
+
+
+def data_dependent_symbols(
+    ep: torch.export.ExportedProgram, bounded_by_fix: Iterable[str] = ()
+) -> list[sympy.Symbol]:
+    """The unbacked symbols of ``ep`` (sizes computed from tensor values, ``u0``...) that the captured
+    program ranges with a finite upper bound of its own (a ``torch._check`` in the model or a capture
+    patch), leaving out those named in ``bounded_by_fix`` (bounded after capture by a default rule).
+
+    Returns:
+        The symbols, in ``ep.range_constraints`` order: what :func:`fit_memory_budget` may narrow.
+    """
+    skip = set(bounded_by_fix)
+    return [
+        symbol
+        for symbol, value_range in ep.range_constraints.items()
+        if free_unbacked_symbols(symbol)
+        and str(symbol) not in skip
+        and _finite(value_range.upper) is not None
+    ]
 
 
 def is_unbounded(upper: Any) -> bool:

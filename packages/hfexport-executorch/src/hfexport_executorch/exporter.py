@@ -193,7 +193,8 @@ class ExecutorchExporter(HfExporter):
                     if str(info.symbol) in session.bounded_by_fix:
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
                 budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
-                outcome = bounds.fit_memory_budget(program, symbols, budget)
+                unbacked = bounds.data_dependent_symbols(program, session.bounded_by_fix)
+                outcome = bounds.fit_memory_budget(program, symbols, budget, unbacked)
                 report.dynamic_bounds = _bounds_report(symbols, dynamic)
                 report.extra["memory_budget"] = {
                     "budget_bytes": outcome.budget,

@@ -35,6 +35,7 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
+    "broadcast_div_stays_portable",
     "circular_pad_as_concat",
     "circular_pad_without_empty",
     "conv1d_with_one_dynamic_dim_only",
@@ -50,6 +51,7 @@ __all__ = [
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "stride_order_without_data_dependent_guards",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
@@ -242,6 +244,83 @@ def exact_quotients_in_upper_bounds(original: Callable[..., Any]) -> Callable[..
         return bound
 
     return eval_upper_bound
+
+
+def _stride_order(first: Any, second: Any) -> int:
+    """-1 when stride ``first`` is known to be larger than ``second`` (it goes first in a dim order),
+    1 when known smaller, 0 when known equal or undecided by these rules; guards on nothing.
+
+    Both strides are non-zero (ExecuTorch checks that before sorting), so a stride that is a known
+    multiple of the other is at least as large: ``u * s`` against ``s`` is decided although ``u``
+    has no range (an unbacked output length).
+    """
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    if guard_or_false(first == second):
+        return 0
+    if guard_or_false(first > second) or guard_or_false(first % second == 0):
+        return -1
+    if guard_or_false(first < second) or guard_or_false(second % first == 0):
+        return 1
+    return 0
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    "executorch.exir.tensor_layout.dim_order_from_stride",
+    "executorch.exir.emit._emitter.dim_order_from_stride",
+    "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
+    description=(
+        "order strides holding an unbacked size by divisibility both ways: ExecuTorch's stride sort decides "
+        "s < u*s but guards on u*s < s (VITS's predicted frame count: 'Could not guard on data-dependent "
+        "expression 8*u70 < 8' in memory planning)"
+    ),
+    # executorch 1.4.1 exir/tensor.py: the comparison of pytorch/executorch#19516 tries divisibility one way only
+    issue="https://github.com/pytorch/executorch/pull/19516",
+    versions={"executorch": ">=1.3"},
+)
+def stride_order_without_data_dependent_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``dim_order_from_stride`` (strides -> dim order, largest stride first) for unbacked sizes.
+
+    ExecuTorch's comparator of two strides ``a < b`` answers a statically known inequality, then
+    "``a`` divides ``b`` and they differ" as true, and otherwise evaluates ``a < b``, which guards.
+    With an unbacked size ``u`` (VITS's frame count, the ``.item()`` of the predicted durations' sum)
+    a contiguous ``[batch, u, s]`` tensor has strides ``(u*s, s, 1)``; the sort asks ``u*s < s`` as
+    well as ``s < u*s``, and the first raises ``GuardOnDataDependentSymNode`` in memory planning.
+    The wrapper calls the original and, only when it raises that error, sorts again with
+    :func:`_stride_order` (a stable sort, largest stride first; divisibility counts both ways,
+    which is sound because ExecuTorch refuses zero strides); strides it cannot order re-raise the
+    original error.
+
+    Returns:
+        A function of a stride tuple returning the dim order (a tuple of ints).
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    @functools.wraps(original)
+    def dim_order_from_stride(stride: Any) -> Any:
+        try:
+            return original(stride)
+        except GuardOnDataDependentSymNode:
+            strides = list(stride)
+            for i, first in enumerate(strides):
+                for second in strides[i + 1 :]:
+                    if _stride_order(first, second) == 0 and not _known_equal(first, second):
+                        raise
+            order = sorted(
+                range(len(strides)),
+                key=functools.cmp_to_key(lambda i, j: _stride_order(strides[i], strides[j])),
+            )
+            return tuple(order)
+
+    return dim_order_from_stride
+
+
+def _known_equal(first: Any, second: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+    return bool(guard_or_false(first == second))
 
 
 def _dynamic_dims(node: Any) -> int:
@@ -493,6 +572,62 @@ def max_dim_only_over_spatial_axes(original: Callable[..., Any]) -> Callable[...
                 "max.dim %s stays on portable kernels: XNNPACK pools over dim 2 or 3 with keepdim only",
                 node.name,
             )
+            return False
+        return True
+
+    return check_constraints
+
+
+def _broadcasts_over_a_dynamic_size(node: Any) -> bool:
+    """True when the operands of ``node`` have the same rank, one has a symbolic size, and one is
+    broadcast along an axis (size 1 against another size: ``[b, 1, 1, C] / [b, 1, 1, 1]``)."""
+    shapes = []
+    for arg in node.args[:2]:
+        value = arg.meta.get("val") if hasattr(arg, "meta") else None
+        if isinstance(value, torch.Tensor):
+            shapes.append(tuple(value.shape))
+    if len(shapes) != 2:
+        return False
+    symbolic = any(isinstance(size, torch.SymInt) for shape in shapes for size in shape)
+
+    def is_one(size: Any) -> bool:  # a literal 1: no guard on symbolic sizes
+        return isinstance(size, int) and size == 1
+
+    if not symbolic or len(shapes[0]) != len(shapes[1]) or not shapes[0]:
+        return False  # a scalar or lower-rank divisor (x / sqrt(d)) is not the partition the bug needs
+    return any(is_one(a) != is_one(b) for a, b in zip(shapes[0], shapes[1], strict=True))
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.DivConfig.check_constraints",
+    description=(
+        "keep a broadcasting div.Tensor over dynamic sizes out of XNNPACK: after the loaded method runs a smaller "
+        "input, a partition chaining it into a broadcast mul returns values 1e-3 off at a larger one (ConvNeXt V2's "
+        "global response norm at the 64 px second shape; a freshly loaded method is exact)"
+    ),
+    # no upstream issue found; bisected on executorch 1.4.1: every XNNPACK config but DivConfig is exact, div and
+    # mul each alone are exact, div + mul in one partition are not (after a reshape to a larger input only)
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/partition/config/generic_node_configs.py",
+    versions={"executorch": ">=1.3"},
+)
+def broadcast_div_stays_portable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``DivConfig.check_constraints`` to decline a broadcasting division over dynamic sizes.
+
+    ConvNeXt V2's global response norm divides the per-channel norms ``[batch, 1, 1, C]`` by their
+    mean ``[batch, 1, 1, 1]`` and multiplies the ``[batch, H, W, C]`` features by the quotient. XNNPACK
+    puts the div and the mul in one partition; run first at the 32 px sample and then at 64 px, the
+    loaded method's logits are 1.2e-3 off eager (fp32 eager is 1.6e-7 off float64), while a method
+    loaded fresh at 64 px, portable kernels, and partitions holding the div or the mul alone are exact.
+    The wrapper leaves such a div to the portable kernel; every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if _broadcasts_over_a_dynamic_size(node):
+            logger.debug("div %s stays on portable kernels: it broadcasts over a dynamic size", node.name)
             return False
         return True
 
