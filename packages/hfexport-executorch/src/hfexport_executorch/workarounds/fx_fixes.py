@@ -24,6 +24,7 @@ __all__ = [
     "BOUNDED_META_KEY",
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
+    "bucketize_as_comparison_count",
     "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
@@ -305,6 +306,56 @@ def quantized_embedding_without_padding_idx(gm: torch.fx.GraphModule, node: torc
     return True
 
 
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "count the boundaries below each value (unsqueeze, gt/ge, sum) instead of aten.bucketize: bucketize is not "
+        "core ATen (to_edge: SpecViolationError) and the runtime has no kernel for it; the Idefics2/Idefics3 vision "
+        "embeddings (aria, idefics2, idefics3, smolvlm) bucket the patch coordinates of each image"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/20270",
+    # executorch 1.4.1: not in the core ATen opset, no bucketize in kernels/portable (pytorch/executorch#20287
+    # adds a portable kernel after 1.4.1; to_edge still refuses the op without a compile_config exception)
+    versions={"executorch": ">=1.3"},
+)
+def bucketize_as_comparison_count(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.bucketize.Tensor(x, boundaries, out_int32=False, right=False)`` by
+    ``(x.unsqueeze(-1) > boundaries).to(dtype).sum(-1)`` (``>=`` when ``right=True``).
+
+    For sorted 1-D ``boundaries`` of length ``m``, ``bucketize`` returns for each element of ``x``
+    the index ``i`` in ``[0, m]`` with ``boundaries[i-1] < x <= boundaries[i]`` (``right=False``) or
+    ``boundaries[i-1] <= x < boundaries[i]`` (``right=True``): the number of boundaries strictly
+    below ``x``, or at or below it. The count is what this fix computes, in ``x``'s shape and
+    int64 (int32 with ``out_int32=True``), as ``bucketize`` returns it. ``aten.bucketize`` is not in
+    the core ATen opset, so ``to_edge`` refuses it (``SpecViolationError``), and the ExecuTorch 1.4.1
+    runtime has no kernel for it (https://github.com/pytorch/executorch/issues/20270). The
+    comparison materialises an ``x.numel() x m`` boolean tensor, small for position buckets (the
+    Idefics3 vision embeddings compare each patch row/column coordinate with ``num_patches_per_side
+    - 1`` boundaries). One difference: a NaN in ``x`` counts 0 here where ``bucketize`` gives ``m``.
+
+    Returns:
+        True when the node was rewritten (``boundaries`` a 1-D tensor node).
+    """
+    if node.target is not torch.ops.aten.bucketize.Tensor:
+        return False
+    source, boundaries = node.args[0], node.args[1]
+    options = dict(zip(("out_int32", "right"), node.args[2:], strict=False)) | dict(node.kwargs)
+    b_val = boundaries.meta.get("val") if isinstance(boundaries, torch.fx.Node) else None
+    if not isinstance(source, torch.fx.Node) or not isinstance(b_val, torch.Tensor) or b_val.dim() != 1:
+        return False
+    dtype = torch.int32 if options.get("out_int32", False) else torch.int64
+    compare = torch.ops.aten.ge.Tensor if options.get("right", False) else torch.ops.aten.gt.Tensor
+    aten = torch.ops.aten
+    with gm.graph.inserting_before(node):
+        column = insert_call(gm.graph, aten.unsqueeze.default, (source, -1), like=node)
+        below = insert_call(gm.graph, compare, (column, boundaries), like=node)
+        counted = insert_call(gm.graph, aten._to_copy.default, (below,), {"dtype": dtype}, like=node)
+        total = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [-1]), {"dtype": dtype}, like=node)
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
+
+
 _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 
 
@@ -383,9 +434,10 @@ def _size_argument(
 @register_fx_node_fix(
     "executorch",
     description=(
-        "rewrite aten.sort (not stable) as aten.topk over the whole axis: the ExecuTorch runtime has no sort kernel "
-        "(portable or optimized), so a .pte with sort fails to load (Missing operator: aten::sort.values); jetmoe's "
-        "router sorts its expert assignment"
+        "rewrite aten.sort and aten.argsort (not stable) as aten.topk over the whole axis: the ExecuTorch runtime has "
+        "no sort kernel (portable or optimized), so a .pte with sort fails to load (Missing operator: "
+        "aten::sort.values, error 0x14; to_edge decomposes argsort into sort); jetmoe's router sorts its expert "
+        "assignment, the Qwen2.5-VL / EXAONE 4.5 / HyperCLOVAX-Vision-V2 window attention argsorts its window index"
     ),
     issue="https://github.com/pytorch/executorch/issues/11320",
     # executorch 1.4.1 kernels/portable/functions.yaml: topk.values, no sort
@@ -393,7 +445,8 @@ def _size_argument(
 )
 def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replace ``aten.sort.default(x, dim=-1, descending=False)`` by ``aten.topk(x, k=x.size(dim), dim,
-    largest=descending, sorted=True)``.
+    largest=descending, sorted=True)``, and ``aten.argsort.default(x, dim=-1, descending=False)`` by
+    the indices of that ``topk``.
 
     Both return ``(values, indices)`` with the same shapes and dtypes (values of ``x``'s dtype,
     indices int64), the values ordered the same way along ``dim``. The ExecuTorch runtime ships
@@ -402,26 +455,45 @@ def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     ``aten::sort.values`` (error 0x14). ``aten.sort.default`` is not stable either, so the order of
     equal elements (and with it their indices) is unspecified in both; ``aten.sort.stable`` with
     ``stable=True`` is left alone. With a dynamic ``dim`` the ``k`` is the symbolic size
-    (``aten.sym_size.int``).
+    (``aten.sym_size.int``). ``aten.argsort`` is not core ATen and ``to_edge`` decomposes it into
+    ``aten.sort`` after this fix ran, so it is rewritten here too (``argsort.stable`` only with
+    ``stable=False``): the Qwen2.5-VL vision tower (and EXAONE 4.5's, HyperCLOVAX-Vision-V2's)
+    restores the patch order with ``torch.argsort(window_index)``, whose values are distinct, so
+    the order of ties does not arise (issue 28: its image encoder failed to load, error 0x14).
 
     Returns:
         True when the node was rewritten.
     """
-    if node.target is not torch.ops.aten.sort.default:
+    aten = torch.ops.aten
+    if node.target is aten.argsort.stable:
+        if node.kwargs.get("stable", False):
+            return False
+    elif node.target not in (aten.sort.default, aten.argsort.default):
         return False
     source = node.args[0]
     val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return False
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
-    descending = node.args[2] if len(node.args) > 2 else node.kwargs.get("descending", False)
+    positional = node.args[1:] if node.target is not aten.argsort.stable else ()
+    dim = positional[0] if len(positional) > 0 else node.kwargs.get("dim", -1)
+    descending = positional[1] if len(positional) > 1 else node.kwargs.get("descending", False)
     dim = int(dim) % max(val.dim(), 1)
     size = val.shape[dim] if val.dim() else 1
     with gm.graph.inserting_before(node):
         k = _size_argument(gm, source, dim, size)
         topk = gm.graph.call_function(torch.ops.aten.topk.default, (source, k, dim, bool(descending), True))
-    topk.meta.update({key: value for key, value in node.meta.items()})
-    node.replace_all_uses_with(topk)
+    if node.target is aten.sort.default:
+        topk.meta.update({key: value for key, value in node.meta.items()})
+        node.replace_all_uses_with(topk)
+    else:  # argsort: the indices of the topk
+        indices = node.meta.get("val")
+        topk.meta.update({key: value for key, value in node.meta.items() if key != "val"})
+        if isinstance(indices, torch.Tensor):
+            topk.meta["val"] = (val.new_empty(indices.shape), indices)
+        with gm.graph.inserting_after(topk):
+            index = gm.graph.call_function(operator.getitem, (topk, 1))
+        index.meta = dict(node.meta)
+        node.replace_all_uses_with(index)
     gm.graph.erase_node(node)
     return True
 
