@@ -279,3 +279,32 @@ def test_grid_inputs_are_left_out_when_the_tower_computes_them_otherwise():
     _, kwargs, settings, derived = _image_features_component(model, find_multimodal_layout(model), inputs)
     assert settings is None and derived == {}
     assert set(kwargs) == {"pixel_values", "image_grid_thw"}
+
+
+def test_step3p7_rotary_grid_is_read_from_the_image_shape_without_unbacked_sizes():
+    # Step3p7's tower built grid_thw from pixel_values' shape and read it back with .tolist(): the
+    # captured image encoder had unbacked grid sides (ExecuTorch memory planning: Could not guard on
+    # data-dependent expression u68 < 1); the capture patch takes the grid from the shape
+    module, kwargs = _image_features("step3p7")
+    key = capture_patch_key(module)
+    assert key == vision_language.KEY
+    pixels = kwargs["pixel_values"]
+    with apply_patches(key), torch.no_grad():
+        program = torch.export.export(_Named(module), (), {"pixel_values": pixels})
+    unbacked = [str(s) for s in program.range_constraints if str(s).startswith("u")]
+    assert unbacked == []
+    other = torch.randn(*pixels.shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = module(pixel_values=other)
+        got = program.module()(pixel_values=other)
+    expected = expected if isinstance(expected, dict) else {"features": expected}
+    got = got if isinstance(got, dict) else {"features": got}
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert vision_language.grid_position_ids(2, 3).tolist() == [
+        [0, 0],
+        [0, 1],
+        [0, 2],
+        [1, 0],
+        [1, 1],
+        [1, 2],
+    ]

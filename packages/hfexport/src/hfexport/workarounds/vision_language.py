@@ -28,6 +28,10 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
   batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
   images that fill ``pixel_values`` (no padding).
+- :func:`rotary_grid_from_the_image_shape`: Step3p7's vision tower computes its 2-D rotary
+  position ids from the patch grid of ``pixel_values``' shape, not from a ``grid_thw`` tensor it
+  builds and reads back with ``.tolist()`` (unbacked sizes ExecuTorch's memory planning cannot
+  guard on).
 - :func:`bidirectional_prompt_mask_as_eager_runs_it`: PaliGemma's Gemma language model attends
   bidirectionally (``use_bidirectional_attention``) but builds a causal mask, which eager SDPA
   skips on an unpadded prompt (its attention then sees every key) and the trace always keeps; the
@@ -54,12 +58,14 @@ __all__ = [
     "bidirectional_prompt_mask_as_eager_runs_it",
     "block_diagonal_mask",
     "capture_key",
+    "grid_position_ids",
     "image_batch_without_padding_filter",
     "image_codes_of_unpadded_batch",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "packed_vision_attention_with_out_proj",
     "projected_grid_features_unsplit",
+    "rotary_grid_from_the_image_shape",
     "tiles_without_padding_filter",
 ]
 
@@ -82,6 +88,7 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
         "hyperclovax_vision_v2",
         "apertus1p5",
         "minimax_m3_vl",
+        "step3p7",
     )
 )
 
@@ -252,6 +259,69 @@ def packed_vision_attention_with_out_proj(original: Callable[..., Any]) -> Calla
             query, key, value, attn_mask=mask, scale=self.scaling
         )
         return self.out_proj(out.transpose(1, 2).reshape(length, -1)), None
+
+    return forward
+
+
+def grid_position_ids(height: Any, width: Any, device: Any = None) -> torch.Tensor:
+    """Int64 ``[height * width, 2]``: the (row, column) of each patch of a ``height x width`` grid in
+    raster order, what ``transformers.vision_utils.get_vision_position_ids`` returns for one image
+    of one frame with ``spatial_merge_size=1``; ``height`` and ``width`` may be symbolic sizes."""
+    rows = torch.arange(height, device=device)[:, None].expand(height, width)
+    columns = torch.arange(width, device=device)[None, :].expand(height, width)
+    return torch.stack([rows.reshape(-1), columns.reshape(-1)], dim=-1)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.step3p7.modeling_step3p7.Step3p7VisionModel.forward",
+    description=(
+        "Step3p7's vision tower takes its 2-D rotary position ids from the patch grid of pixel_values' shape instead "
+        "of a grid_thw tensor built from that shape and read back with .tolist(), whose unbacked sizes ExecuTorch's "
+        "memory planning could not guard on (u68 < 1)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def rotary_grid_from_the_image_shape(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``Step3p7VisionModel.forward`` while capturing.
+
+    The tower builds ``grid_thw = torch.tensor([[1, grid_h, grid_w]])`` from ``pixel_values``'
+    height and width and hands it to ``get_vision_position_ids``, which reads it back with
+    ``.tolist()``: the capture turns the grid sides into unbacked symbols (``u1 x u2`` position
+    ids), and ExecuTorch's memory planning fails on them ("Could not guard on data-dependent
+    expression u68 < 1", issue 28). During the call the wrapper gives the modeling module a
+    ``get_vision_position_ids`` that returns :func:`grid_position_ids` of the grid read from
+    ``pixel_values``' shape (symbolic sizes, the same ids: the tower always asks for one image
+    with ``spatial_merge_size=1``), and puts the helper back afterwards. Any other call (several
+    grid rows, a merge size above 1, precomputed ids in ``kwargs``) goes to the helper.
+    """
+    import importlib
+
+    modeling = importlib.import_module("transformers.models.step3p7.modeling_step3p7")
+
+    @functools.wraps(original)
+    def forward(self: Any, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        helper = modeling.get_vision_position_ids
+        patch = self.embeddings.patch_size
+        grid_h, grid_w = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
+
+        def position_ids(
+            grid_thw: torch.Tensor,
+            spatial_merge_size: Any = 1,
+            include_temporal: bool = False,
+            kwargs: dict | None = None,
+        ) -> torch.Tensor:
+            precomputed = kwargs is not None and kwargs.get("position_ids") is not None
+            if precomputed or include_temporal or spatial_merge_size != 1 or grid_thw.shape[0] != 1:
+                return helper(grid_thw, spatial_merge_size, include_temporal=include_temporal, kwargs=kwargs)
+            return grid_position_ids(grid_h, grid_w, device=grid_thw.device)
+
+        modeling.get_vision_position_ids = position_ids
+        try:
+            return original(self, pixel_values, **kwargs)
+        finally:
+            modeling.get_vision_position_ids = helper
 
     return forward
 
