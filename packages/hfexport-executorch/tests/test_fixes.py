@@ -541,3 +541,38 @@ def test_stable_argsort_is_left_to_the_runtime():
     ep = torch.export.export(Stable(), (torch.tensor([[3, 1, 1, 2]]),))
     assert apply_fx_node_fixes("executorch", ep.graph_module) == []
     assert any(n.target is torch.ops.aten.argsort.stable for n in ep.graph.nodes)
+
+
+class GridRepeat(torch.nn.Module):
+    """Repeats each image's grid width once per patch and adds it to the patches, as the Qwen3-VL
+    position-embedding interpolation does (the repeats sum to the patch count)."""
+
+    def forward(self, input_ids: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        counts = grid[:, 0] * grid[:, 1]
+        widths = torch.repeat_interleave(grid[:, 1], counts)
+        starts = torch.repeat_interleave(torch.nn.functional.pad(counts.cumsum(0)[:-1], (1, 0)), counts)
+        within = torch.arange(counts.sum()) - starts
+        return input_ids + (within % widths)[:, None].to(input_ids.dtype)
+
+
+def test_repeat_interleave_as_cumulative_count_lowers_and_matches_eager():
+    # the qwen3_vl image encoder failed in to_edge: "SpecViolationError: Operator
+    # torch._ops.aten.repeat_interleave.Tensor is not in Core ATen opset"
+    from torch.export import Dim
+
+    from hfexport_executorch import ExecutorchExporter
+
+    model = GridRepeat().eval()
+    grid = torch.tensor([[2, 3], [1, 4]])
+    inputs = {"input_ids": torch.randn(10, 4, generator=torch.Generator().manual_seed(0)), "grid": grid}
+    patches = Dim("patches", min=2, max=256)
+    exporter = ExecutorchExporter()
+    config = ExecutorchConfig(dynamic=True, dynamic_shapes={"input_ids": {0: patches}, "grid": None})
+    exporter.export(model, inputs, config)
+    report = exporter.last_report
+    fixes = report.applied["fx_node_fixes"]
+    assert "hfexport_executorch.workarounds.fx_fixes.repeat_interleave_as_cumulative_count" in fixes
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows

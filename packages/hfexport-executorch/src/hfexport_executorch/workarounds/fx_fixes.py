@@ -31,6 +31,7 @@ __all__ = [
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
+    "repeat_interleave_as_cumulative_count",
     "runtime_assertions_dropped_before_edge",
     "sort_as_topk",
     "unit_lower_triangular_solve_as_matmuls",
@@ -352,6 +353,100 @@ def bucketize_as_comparison_count(gm: torch.fx.GraphModule, node: torch.fx.Node)
         counted = insert_call(gm.graph, aten._to_copy.default, (below,), {"dtype": dtype}, like=node)
         total = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [-1]), {"dtype": dtype}, like=node)
     node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _input_size_node(gm: torch.fx.GraphModule, size: torch.SymInt) -> torch.fx.Node | None:
+    """An ``aten.sym_size.int`` node (inserted at the graph's insertion point) reading ``size`` off the
+    first placeholder with an axis of exactly that symbolic size, or ``None`` when no input has one."""
+    expr = size.node.expr
+    for placeholder in gm.graph.find_nodes(op="placeholder"):
+        val = placeholder.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for dim, extent in enumerate(val.shape):
+            if isinstance(extent, torch.SymInt) and extent.node.expr == expr:
+                return _size_argument(gm, placeholder, dim, extent)
+    return None
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "repeat_interleave with tensor repeats as an index_select of cumulative counts (arange, cumsum, ge, sum): "
+        "to_edge decomposes it into aten.repeat_interleave.Tensor, which is not core ATen (SpecViolationError); "
+        "the Qwen3-VL vision position-embedding interpolation repeats each image's grid per patch"
+    ),
+    # the runtime has a repeat_interleave.Tensor_out kernel (that PR), but the op is not core ATen in torch 2.13,
+    # so the edge verifier of executorch 1.4.1 refuses it before any kernel is looked up
+    issue="https://github.com/pytorch/executorch/pull/7264",
+    versions={"executorch": ">=1.3"},
+)
+def repeat_interleave_as_cumulative_count(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.repeat_interleave.self_Tensor(x, repeats, dim)`` (1-D ``repeats``) by
+    ``x.index_select(dim, index)`` and ``aten.repeat_interleave.Tensor(repeats)`` by ``index``, with
+    ``index = (arange(n)[:, None] >= repeats.cumsum(0)[None, :]).sum(-1)``.
+
+    Output row ``i`` of a repeat-interleave comes from the source row whose cumulative repeat count
+    first exceeds ``i``, i.e. from the number of cumulative counts at or below ``i``; ``n`` is the
+    output length (the sum of ``repeats``). ``torch.export`` records ``n`` as a size of the output
+    (transformers' ``get_vision_interpolation_indices_and_weights`` repeats per-image grid sides
+    once per patch, and the trace identifies their sum with the patch axis of the encoder's input);
+    ``to_edge`` then decomposes the op into ``aten.repeat_interleave.Tensor`` + ``index_select``, and
+    ``aten.repeat_interleave.Tensor`` is not in the core ATen opset (``SpecViolationError``, issue 28:
+    the Qwen3-VL image encoder). The rewrite uses core operators only, and the values are the
+    same. ``index`` is int64 ``[n]``; the comparison is ``[n, len(repeats)]`` booleans (patches x
+    images). Applies only when ``n`` is an int or a size of one of the program's inputs (read with
+    ``aten.sym_size.int``); ``x`` must be 1-D when ``dim`` is None.
+
+    Returns:
+        True when the node was rewritten.
+    """
+    aten = torch.ops.aten
+    if node.target is aten.repeat_interleave.self_Tensor:
+        source, repeats = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    elif node.target is aten.repeat_interleave.Tensor:
+        source, repeats, dim = None, node.args[0], 0
+    else:
+        return False
+    r_val = repeats.meta.get("val") if isinstance(repeats, torch.fx.Node) else None
+    out_val = node.meta.get("val")
+    if not isinstance(r_val, torch.Tensor) or r_val.dim() != 1 or not isinstance(out_val, torch.Tensor):
+        return False
+    if source is not None:
+        s_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(s_val, torch.Tensor) or (dim is None and s_val.dim() != 1):
+            return False
+        dim = 0 if dim is None else int(dim) % s_val.dim()
+    length = out_val.shape[dim]
+    with gm.graph.inserting_before(node):
+        if isinstance(length, torch.SymInt):
+            size = _input_size_node(gm, length)
+            if size is None:
+                return False
+        else:
+            size = int(length)
+        positions = gm.graph.call_function(
+            aten.arange.start_step, (0, size, 1), {"dtype": torch.int64, "device": out_val.device}
+        )
+        positions.meta["val"] = out_val.new_empty((length,), dtype=torch.int64)
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in node.meta:
+                positions.meta[key] = node.meta[key]
+        ends = insert_call(gm.graph, aten.cumsum.default, (repeats, 0), {"dtype": torch.int64}, like=node)
+        column = insert_call(gm.graph, aten.unsqueeze.default, (positions, 1), like=node)
+        row = insert_call(gm.graph, aten.unsqueeze.default, (ends, 0), like=node)
+        passed = insert_call(gm.graph, aten.ge.Tensor, (column, row), like=node)
+        counted = insert_call(gm.graph, aten._to_copy.default, (passed,), {"dtype": torch.int64}, like=node)
+        index = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [1]), {"dtype": torch.int64}, like=node)
+        result = (
+            index
+            if source is None
+            else insert_call(gm.graph, aten.index_select.default, (source, dim, index), like=node)
+        )
+    node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
     return True
 
