@@ -28,6 +28,9 @@ afterwards; the eager model the exporter validates against runs the original cod
 - :func:`image_codes_of_unpadded_batch`: Apertus 1.5's ``get_image_features`` tokenizes the image
   batch in one call instead of cropping each image to its ``image_sizes`` in a Python loop, for
   images that fill ``pixel_values`` (no padding).
+- :func:`merged_grid_features_unsplit`: MiniMax-M3-VL's ``get_image_features`` returns the
+  projected features of all images as one tensor instead of splitting them per image with
+  ``.tolist()`` of ``image_grid_thw``.
 - :func:`rotary_grid_from_the_image_shape`: Step3p7's vision tower computes its 2-D rotary
   position ids from the patch grid of ``pixel_values``' shape, not from a ``grid_thw`` tensor it
   builds and reads back with ``.tolist()`` (unbacked sizes ExecuTorch's memory planning cannot
@@ -61,6 +64,7 @@ __all__ = [
     "grid_position_ids",
     "image_batch_without_padding_filter",
     "image_codes_of_unpadded_batch",
+    "merged_grid_features_unsplit",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "packed_vision_attention_with_out_proj",
@@ -261,6 +265,41 @@ def packed_vision_attention_with_out_proj(original: Callable[..., Any]) -> Calla
         return self.out_proj(out.transpose(1, 2).reshape(length, -1)), None
 
     return forward
+
+
+@register_patch(
+    KEY,
+    "transformers.models.minimax_m3_vl.modeling_minimax_m3_vl.MiniMaxM3VLModel.get_image_features",
+    description=(
+        "return MiniMax-M3-VL's projected image features of all images as one tensor instead of splitting them "
+        "per image with .tolist() of image_grid_thw (an unbacked size ExecuTorch's memory planning could not "
+        "guard on: u91 < 1)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def merged_grid_features_unsplit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace MiniMax-M3-VL's ``get_image_features`` while capturing.
+
+    transformers splits the projected, spatially merged features per image with sizes read from
+    ``image_grid_thw`` (``.tolist()``): the capture reads each size as an unbacked symbol and
+    ExecuTorch's memory planning fails on it ("Could not guard on data-dependent expression
+    u91 < 1", issue 28). The replacement returns the features unsplit, as a one-element
+    ``pooler_output`` tuple (the concatenation of transformers' pieces, what the model scatters
+    into the prompt and the generation runner consumes); the vision tower's other outputs are
+    unchanged.
+    """
+    from transformers.utils.generic import can_return_tuple
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        outputs = self.vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw, **kwargs)
+        outputs.pooler_output = (self.multi_modal_projector(outputs.last_hidden_state.squeeze(0)),)
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
 
 
 def grid_position_ids(height: Any, width: Any, device: Any = None) -> torch.Tensor:
