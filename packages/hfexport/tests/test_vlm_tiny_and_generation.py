@@ -190,6 +190,29 @@ def test_block_diagonal_mask_keeps_rows_in_their_packed_segment():
     mask = block_diagonal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)
     segment = torch.tensor([0, 0, 1, 1, 1])
     assert torch.equal(mask, segment[:, None] == segment[None, :])
+    assert bool(block_diagonal_mask(torch.tensor([0, 3], dtype=torch.int32), 3).all())
+
+
+class _PackedAttention(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        from hfexport.workarounds.vision_language import block_diagonal_mask
+
+        return block_diagonal_mask(cu_seqlens, hidden.shape[0]).float() @ hidden
+
+
+def test_block_diagonal_mask_keeps_a_one_segment_sample_dynamic():
+    # captured on one window ([0, length]), the mask once specialised the boundary count to 2:
+    # ExecuTorch planned exaone4_5's / hyperclovax_vision_v2's cu_window_seqlens for one window and
+    # refused the second prompt's 4 ("dimension 0 is 5, above the upper bound 2")
+    from torch.export import Dim
+
+    hidden, cu = torch.randn(16, 3), torch.tensor([0, 16], dtype=torch.int32)
+    bound = Dim.AUTO(min=1, max=4096)
+    program = torch.export.export(_PackedAttention(), (hidden, cu), dynamic_shapes=({0: bound}, {0: bound}))
+    boundaries = [n for n in program.graph.nodes if n.op == "placeholder"][1].meta["val"].shape[0]
+    assert isinstance(boundaries, torch.SymInt)
+    other, cu_other = torch.randn(10, 3), torch.tensor([0, 4, 6, 10], dtype=torch.int32)
+    torch.testing.assert_close(program.module()(other, cu_other), _PackedAttention()(other, cu_other))
 
 
 def test_windowed_vision_attention_exports_for_any_window_count():

@@ -135,14 +135,17 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     """Bool ``[length, length]``: True where query and key rows lie in the same packed segment.
 
     ``cu_seqlens`` holds the segment boundaries ``[0, b1, ..., length]`` (int); a row's segment is
-    the number of inner boundaries at or below it: a 1 scattered at each inner boundary, summed
-    cumulatively. No ``.tolist()``, no ``searchsorted``, and no broadcast against the boundaries
-    (whose count is 0 or 1 for a one-window sample, which ``torch.export`` would specialise), so it
-    traces on a dynamic segment count and every runtime has its operators.
+    the number of boundaries at or below it: a 1 scattered at every boundary (into ``length + 1``
+    slots, so the closing boundary lands in the last, dropped slot), summed cumulatively. No
+    ``.tolist()``, no ``searchsorted``, no broadcast against the boundaries, and no slice of them
+    that is empty for a one-segment sample (``cu_seqlens[1:-1]`` of ``[0, length]`` made
+    ``torch.export`` specialise the boundary count to 2: ExecuTorch planned Qwen2.5-VL's
+    ``cu_window_seqlens`` for one window and refused 4, issue 28), so it traces on a dynamic
+    segment count and every runtime has its operators.
     """
-    inner = cu_seqlens[1:-1].to(torch.int64)
-    starts = torch.zeros(length, dtype=torch.int64, device=cu_seqlens.device)
-    segment = starts.scatter_add(0, inner, torch.ones_like(inner)).cumsum(0)
+    bounds = cu_seqlens.to(torch.int64)
+    marks = torch.zeros(length + 1, dtype=torch.int64, device=cu_seqlens.device)
+    segment = marks.scatter_add(0, bounds, torch.ones_like(bounds)).cumsum(0)[:length]
     return segment[:, None] == segment[None, :]
 
 
