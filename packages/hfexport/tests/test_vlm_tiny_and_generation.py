@@ -384,3 +384,33 @@ def test_paligemma_language_model_traces_the_mask_eager_sdpa_runs():
             expected = Prefill()(embeds, mask)
             torch.testing.assert_close(patched.module()(embeds, mask), expected, atol=1e-5, rtol=1e-5)
         assert (plain.module()(embeds, unpadded) - Prefill()(embeds, unpadded)).abs().max() > 1e-2  # causal
+
+
+def test_window_index_is_tied_to_the_patch_count_while_capturing():
+    # without the check the permuted patch count was traced as s98*(s47//(s47//4)), which
+    # bound_sympy cannot bound: ExecuTorch planned exaone4_5's / hyperclovax_vision_v2's window
+    # buffers at the sample's size and the second prompt's image failed (aten::full.out, error 0x12)
+    from torch.export import Dim
+
+    from hfexport.capture import capture_patch_key
+    from hfexport.registry import apply_patches
+
+    model, _ = tiny_model("qwen2_5_vl", TASK)
+    tower = model.model.visual
+    unit = tower.spatial_merge_unit
+
+    class Permute(torch.nn.Module):
+        def forward(self, hidden: torch.Tensor, window_index: torch.Tensor) -> torch.Tensor:
+            return tower.permute_input_for_window_attn(hidden, window_index, seq_len=hidden.shape[0])
+
+    hidden, window_index = torch.randn(4 * unit, 3), torch.tensor([2, 0, 3, 1])
+    bound = Dim.AUTO(min=1, max=4096)
+    with apply_patches(capture_patch_key(tower)):
+        program = torch.export.export(
+            Permute(), (hidden, window_index), dynamic_shapes=({0: bound}, {0: bound})
+        )
+    rows, windows = (n.meta["val"].shape[0] for n in program.graph.nodes if n.op == "placeholder")
+    assert isinstance(windows, torch.SymInt) and rows.node.expr == unit * windows.node.expr
+    other, order = torch.randn(6 * unit, 3), torch.tensor([5, 4, 0, 1, 3, 2])
+    expected = tower.permute_input_for_window_attn(other, order, seq_len=other.shape[0])
+    torch.testing.assert_close(program.module()(other, order), expected)

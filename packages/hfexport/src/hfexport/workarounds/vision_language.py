@@ -10,6 +10,8 @@ afterwards; the eager model the exporter validates against runs the original cod
   4.5's) vision attention over packed windows and images is one SDPA call with a block-diagonal mask
   (:func:`block_diagonal_mask`) instead of a Python loop over ``torch.split(lengths.tolist())``,
   so the image encoder's program serves any window count.
+- :func:`window_index_counts_merged_patches`: the window index of those towers has one entry per
+  merged patch (a ``torch._check``), so the permuted patch count is traced as a bounded polynomial.
 - :func:`packed_vision_attention_with_out_proj`: the same for MiniMax-M3-VL's vision attention
   (separate q / k / v projections, ``out_proj``, a ``(output, weights)`` result), whose per-image
   loop left unbacked sizes that ExecuTorch's memory planning could not guard on.
@@ -71,6 +73,7 @@ __all__ = [
     "projected_grid_features_unsplit",
     "rotary_grid_from_the_image_shape",
     "tiles_without_padding_filter",
+    "window_index_counts_merged_patches",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -366,6 +369,48 @@ def rotary_grid_from_the_image_shape(original: Callable[..., Any]) -> Callable[.
             modeling.get_vision_position_ids = helper
 
     return forward
+
+
+@register_patch(
+    KEY,
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel.permute_input_for_window_attn",
+    "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniVisionEncoder.permute_input_for_window_attn",
+    "transformers.models.exaone4_5.modeling_exaone4_5.Exaone4_5_VisionModel.permute_input_for_window_attn",
+    description=(
+        "tell the capture that a windowed vision tower's window index has one entry per merged patch "
+        "(torch._check(len(window_index) * merge unit == patches)): otherwise the permuted patch count is traced as "
+        "s98*(s47//(s47//4)), which bound_sympy cannot bound (a divisor that reaches 0), and ExecuTorch planned "
+        "every window buffer at the sample's size"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/8766",
+    versions={"transformers": ">=5.0,<6"},
+)
+def window_index_counts_merged_patches(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE 4.5's) ``permute_input_for_window_attn``
+    while capturing.
+
+    The tower reorders its ``[patches, hidden]`` rows window by window:
+    ``x.reshape(patches // unit, unit, -1)[window_index].reshape(patches, -1)`` (``unit`` the
+    ``spatial_merge_size ** 2`` patches of one merged token). The precomputed ``window_index``
+    input has one entry per merged token, but nothing in the graph says so: the trace writes the
+    permuted row count as ``windows * (patches // (patches // 4))``, whose interval bound is
+    unbounded (``patches // 4`` reaches 0 at the lower end of its range), so ExecuTorch's memory
+    planning fell back to the sample's size for every tensor of that length and the second
+    prompt's image failed (``aten::full.out``: "Failed to resize output tensor", error 0x12,
+    issue 28). ``torch._check(len(window_index) * unit == patches)`` states the invariant; the
+    capture then writes the patch count as ``unit * windows`` and every size is a polynomial with
+    a finite bound. In eager mode the check holds and costs nothing.
+    """
+
+    @functools.wraps(original)
+    def permute_input_for_window_attn(
+        self: Any, input_tensor: torch.Tensor, window_index: torch.Tensor, seq_len: Any
+    ) -> torch.Tensor:
+        unit = int(self.spatial_merge_unit)
+        torch._check(window_index.shape[0] * unit == input_tensor.shape[0])
+        return original(self, input_tensor, window_index, seq_len=seq_len)
+
+    return permute_input_for_window_attn
 
 
 #: the Idefics-family modeling file whose patch mask keeps only fully unpadded patches (the others
