@@ -440,3 +440,139 @@ def test_dynamic_empty_as_full_keeps_batch_and_length_dynamic_through_to_edge():
     a3, b3 = torch.randn(3, 4, 11, 16), torch.randn(3, 4, 11, 8)
     actual = edge.exported_program().module()(a3, b3)
     torch.testing.assert_close(actual, torch.cat([a3, b3], dim=-1) * 2.0)
+
+
+class PatchBuckets(torch.nn.Module):
+    """Buckets fractional patch coordinates into position ids, as the Idefics3 vision embeddings do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(16, 3)
+
+    def forward(
+        self, input_ids: torch.Tensor
+    ) -> torch.Tensor:  # float coordinates in [0, 1), as the toys' input_ids
+        coords = input_ids
+        boundaries = torch.arange(0.25, 1.0, 0.25)
+        rows = torch.bucketize(coords, boundaries, right=True)
+        cols = torch.bucketize(coords.flip(-1), boundaries)  # right=False
+        narrow = torch.bucketize(coords, boundaries, out_int32=True, right=True).to(torch.int64)
+        return self.table(rows * 4 + cols) + narrow[..., None]
+
+
+def test_bucketize_as_comparison_count_lowers_and_the_pte_matches_eager_at_two_shapes():
+    # aria / idefics2 / idefics3 / smolvlm image encoders failed in to_edge:
+    # "SpecViolationError: Operator torch._ops.aten.bucketize.Tensor is not in Core ATen opset"
+    from hfexport_executorch import ExecutorchExporter
+
+    model = PatchBuckets().eval()
+    # values on the boundaries too, where right=True and right=False differ
+    coords = torch.tensor([[0.0, 0.25, 0.3, 0.5, 0.75, 0.99], [0.1, 0.2, 0.25, 0.6, 0.7, 0.8]])
+    exporter = ExecutorchExporter()
+    exporter.export(model, {"input_ids": coords}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.bucketize_as_comparison_count"
+        in report.applied["fx_node_fixes"]
+    )
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+
+
+def test_bucketize_as_comparison_count_gives_bucketize_indices_and_dtypes():
+    boundaries = torch.tensor([0.25, 0.5, 0.75])
+    x = torch.tensor([[-1.0, 0.25, 0.4, 0.5, 0.9, 2.0]])
+    for right in (False, True):
+        for out_int32 in (False, True):
+
+            class Bucket(torch.nn.Module):
+                def forward(self, values: torch.Tensor, right=right, out_int32=out_int32) -> torch.Tensor:
+                    return torch.bucketize(values, boundaries, out_int32=out_int32, right=right)
+
+            ep = torch.export.export(Bucket(), (x,))
+            applied = apply_fx_node_fixes("executorch", ep.graph_module)
+            assert any(name.endswith("bucketize_as_comparison_count") for name in applied), applied
+            assert not any(n.target is torch.ops.aten.bucketize.Tensor for n in ep.graph.nodes)
+            ep.graph_module.recompile()
+            got, expected = ep.module()(x), torch.bucketize(x, boundaries, out_int32=out_int32, right=right)
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (
+                right,
+                out_int32,
+                got,
+                expected,
+            )
+
+
+class WindowRestore(torch.nn.Module):
+    """Permutes rows by a window index and restores their order with argsort, as Qwen2.5-VL's vision tower does."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        window_index = torch.arange(input_ids.shape[1]).flip(0)  # distinct values, like the window index
+        windowed = input_ids[:, window_index] * 2.0
+        restored = windowed[:, torch.argsort(window_index)]
+        descending = torch.argsort(input_ids, dim=-1, descending=True)
+        return restored + descending.to(restored.dtype)
+
+
+def test_argsort_as_topk_indices_lets_the_pte_load_and_matches_eager_at_two_shapes():
+    # qwen2_5_vl / exaone4_5 / hyperclovax_vision_v2 image encoders failed to load: to_edge decomposes
+    # aten.argsort into aten.sort, which the runtime has no kernel for ("Missing operator: aten::sort.values")
+    from hfexport_executorch import ExecutorchExporter
+
+    model = WindowRestore().eval()
+    inputs = {"input_ids": torch.randn(2, 5, generator=torch.Generator().manual_seed(0))}
+    exporter = ExecutorchExporter()
+    exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert "hfexport_executorch.workarounds.fx_fixes.sort_as_topk" in report.applied["fx_node_fixes"]
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+
+
+def test_stable_argsort_is_left_to_the_runtime():
+    class Stable(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.argsort(x, stable=True)
+
+    ep = torch.export.export(Stable(), (torch.tensor([[3, 1, 1, 2]]),))
+    assert apply_fx_node_fixes("executorch", ep.graph_module) == []
+    assert any(n.target is torch.ops.aten.argsort.stable for n in ep.graph.nodes)
+
+
+class GridRepeat(torch.nn.Module):
+    """Repeats each image's grid width once per patch and adds it to the patches, as the Qwen3-VL
+    position-embedding interpolation does (the repeats sum to the patch count)."""
+
+    def forward(self, input_ids: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+        counts = grid[:, 0] * grid[:, 1]
+        widths = torch.repeat_interleave(grid[:, 1], counts)
+        starts = torch.repeat_interleave(torch.nn.functional.pad(counts.cumsum(0)[:-1], (1, 0)), counts)
+        within = torch.arange(counts.sum()) - starts
+        return input_ids + (within % widths)[:, None].to(input_ids.dtype)
+
+
+def test_repeat_interleave_as_cumulative_count_lowers_and_matches_eager():
+    # the qwen3_vl image encoder failed in to_edge: "SpecViolationError: Operator
+    # torch._ops.aten.repeat_interleave.Tensor is not in Core ATen opset"
+    from torch.export import Dim
+
+    from hfexport_executorch import ExecutorchExporter
+
+    model = GridRepeat().eval()
+    grid = torch.tensor([[2, 3], [1, 4]])
+    inputs = {"input_ids": torch.randn(10, 4, generator=torch.Generator().manual_seed(0)), "grid": grid}
+    patches = Dim("patches", min=2, max=256)
+    exporter = ExecutorchExporter()
+    config = ExecutorchConfig(dynamic=True, dynamic_shapes={"input_ids": {0: patches}, "grid": None})
+    exporter.export(model, inputs, config)
+    report = exporter.last_report
+    fixes = report.applied["fx_node_fixes"]
+    assert "hfexport_executorch.workarounds.fx_fixes.repeat_interleave_as_cumulative_count" in fixes
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows

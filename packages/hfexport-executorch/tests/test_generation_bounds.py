@@ -79,3 +79,34 @@ def test_image_features_taken_by_a_prefill_vary_with_the_batch_and_the_prompt():
         ).validate_second_shape
         is False
     )
+
+
+class _DeepstackLanguageModel(torch.nn.Module):
+    def forward(
+        self, inputs_embeds: torch.Tensor, deepstack_visual_embeds: list, cache: dict
+    ) -> torch.Tensor:
+        return (
+            inputs_embeds.sum()
+            + sum(d.sum() for d in deepstack_visual_embeds)
+            + cache["layers"][0]["keys"].sum()
+        )
+
+
+def test_deepstack_inputs_are_bounded_like_the_prompt():
+    # Granite-Docling's language model was planned at the sample's 2 image-token rows of its
+    # DeepStack inputs and refused a second prompt with 3 ("deepstack_visual_embeds.0 dimension 0 is 3,
+    # above the upper bound 2")
+    cache = {"layers": [{"keys": torch.randn(1, 4, 12, 8), "values": torch.randn(1, 4, 12, 8)}]}
+    kwargs = {
+        "inputs_embeds": torch.randn(1, 12, 8),
+        "deepstack_visual_embeds": [torch.randn(2, 8), torch.randn(2, 8)],
+        "cache": cache,
+    }
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    config = component_config(
+        "language_model", _DeepstackLanguageModel(), kwargs, plan, ExecutorchConfig(dynamic=True)
+    )
+    length = config.dynamic_shapes["inputs_embeds"][1]
+    for taps in config.dynamic_shapes["deepstack_visual_embeds"]:
+        assert sorted(taps) == [0]
+        assert taps[0].max == length.max > 12 and taps[0].min == 1

@@ -33,3 +33,38 @@ def test_constant_input_parameter_is_dropped():
     assert [p.get_any_name() for p in model.inputs] == ["x", "y"]
     out = OpenvinoRunner(model)({"x": x, "output_router_logits": False, "y": y})
     torch.testing.assert_close(out["out"], x * 2.0 + y)
+
+
+class _PrecomputedEncoder(torch.nn.Module):
+    """A decoder step that takes the images but reads the precomputed encoder output only
+    (T5Gemma-2's prefill), with a constant flag after them."""
+
+    def forward(
+        self,
+        pixel_values: torch.Tensor,
+        attention_mask: torch.Tensor,
+        encoder_hidden: torch.Tensor,
+        output_router_logits: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        return {"out": encoder_hidden * attention_mask[..., None].float()}
+
+
+def test_unread_tensor_input_left_out_does_not_shift_the_names():
+    # OpenVINO 2026.4 leaves the unread pixel_values out of the model and keeps the constant as an
+    # unread dynamic-rank parameter: named by position, pixel_values went to the mask and the CPU
+    # plugin refused the dynamic-rank parameter (T5Gemma-2's prefill: "Check
+    # '!shape.rank().is_dynamic()' failed")
+    pixels, mask, hidden = torch.randn(2, 3, 8, 8), torch.ones(2, 5, dtype=torch.int64), torch.randn(2, 5, 4)
+    kwargs = {
+        "pixel_values": pixels,
+        "attention_mask": mask,
+        "encoder_hidden": hidden,
+        "output_router_logits": False,
+    }
+    program = torch.export.export(_PrecomputedEncoder(), (), kwargs, strict=False)
+    model = ov.convert_model(program)
+    names = name_model_io(model, program)
+    assert list(names.inputs) == ["attention_mask", "encoder_hidden"]
+    assert [p.get_any_name() for p in model.inputs] == ["attention_mask", "encoder_hidden"]
+    out = OpenvinoRunner(model)(kwargs)
+    torch.testing.assert_close(out["out"], hidden * mask[..., None].float())

@@ -272,10 +272,70 @@ def test_vq_image_tokenizer_serves_another_image_count():
     torch.testing.assert_close(got, expected)
 
 
-def test_grid_inputs_are_left_out_when_the_tower_computes_them_otherwise():
-    # MiniMax-M3-VL's tower reads no precomputed grid inputs the way the Qwen helpers compute them
-    # (its features differ with them): the image-features component then takes none
+def test_grid_inputs_are_left_out_when_the_tower_computes_them_otherwise(monkeypatch):
+    # a tower that does not read the precomputed grid inputs the way they are computed here (its
+    # features differ with them) gets none: the image-features component then takes the grid only
+    from hfexport.generation import vision_inputs
+
     model, inputs = tiny_model("minimax_m3_vl", TASK)
+    computed = vision_inputs.vision_grid_inputs
+
+    def shuffled(grid_thw, settings):
+        out = computed(grid_thw, settings)
+        out["position_ids"] = out["position_ids"].flip(0)
+        return out
+
+    monkeypatch.setattr(vision_inputs, "vision_grid_inputs", shuffled)
     _, kwargs, settings, derived = _image_features_component(model, find_multimodal_layout(model), inputs)
     assert settings is None and derived == {}
     assert set(kwargs) == {"pixel_values", "image_grid_thw"}
+
+
+def test_minimax_tower_takes_temporal_rotary_ids_and_clip_segments_precomputed():
+    # MiniMax-M3-VL's tower reads [patches, 3] rotary ids (a frame column) and one attention segment
+    # per clip: computed so, they give its features, and the component takes them precomputed, so
+    # its program has no grid read back with .tolist() (ExecuTorch: Could not guard on u91 < 1)
+    model, inputs = tiny_model("minimax_m3_vl", TASK)
+    module, kwargs, settings, derived = _image_features_component(
+        model, find_multimodal_layout(model), inputs
+    )
+    assert settings is not None and settings["include_temporal"] is True
+    assert derived == {"position_ids": "image_grid_thw", "cu_seqlens": "image_grid_thw"}
+    patches = kwargs["pixel_values"].shape[0]
+    assert tuple(kwargs["position_ids"].shape) == (patches, 3)
+    key = capture_patch_key(module)
+    with apply_patches(key), torch.no_grad():
+        program = torch.export.export(module, (), dict(kwargs), strict=False)
+    assert [str(s) for s in program.range_constraints if str(s).startswith("u")] == []
+    with torch.no_grad():
+        expected = module(**kwargs)
+    torch.testing.assert_close(program.module()(**kwargs), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_step3p7_rotary_grid_is_read_from_the_image_shape_without_unbacked_sizes():
+    # Step3p7's tower built grid_thw from pixel_values' shape and read it back with .tolist(): the
+    # captured image encoder had unbacked grid sides (ExecuTorch memory planning: Could not guard on
+    # data-dependent expression u68 < 1); the capture patch takes the grid from the shape
+    module, kwargs = _image_features("step3p7")
+    key = capture_patch_key(module)
+    assert key == vision_language.KEY
+    pixels = kwargs["pixel_values"]
+    with apply_patches(key), torch.no_grad():
+        program = torch.export.export(_Named(module), (), {"pixel_values": pixels})
+    unbacked = [str(s) for s in program.range_constraints if str(s).startswith("u")]
+    assert unbacked == []
+    other = torch.randn(*pixels.shape, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = module(pixel_values=other)
+        got = program.module()(pixel_values=other)
+    expected = expected if isinstance(expected, dict) else {"features": expected}
+    got = got if isinstance(got, dict) else {"features": got}
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert vision_language.grid_position_ids(2, 3).tolist() == [
+        [0, 0],
+        [0, 1],
+        [0, 2],
+        [1, 0],
+        [1, 1],
+        [1, 2],
+    ]

@@ -190,6 +190,29 @@ def test_block_diagonal_mask_keeps_rows_in_their_packed_segment():
     mask = block_diagonal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)
     segment = torch.tensor([0, 0, 1, 1, 1])
     assert torch.equal(mask, segment[:, None] == segment[None, :])
+    assert bool(block_diagonal_mask(torch.tensor([0, 3], dtype=torch.int32), 3).all())
+
+
+class _PackedAttention(torch.nn.Module):
+    def forward(self, hidden: torch.Tensor, cu_seqlens: torch.Tensor) -> torch.Tensor:
+        from hfexport.workarounds.vision_language import block_diagonal_mask
+
+        return block_diagonal_mask(cu_seqlens, hidden.shape[0]).float() @ hidden
+
+
+def test_block_diagonal_mask_keeps_a_one_segment_sample_dynamic():
+    # captured on one window ([0, length]), the mask once specialised the boundary count to 2:
+    # ExecuTorch planned exaone4_5's / hyperclovax_vision_v2's cu_window_seqlens for one window and
+    # refused the second prompt's 4 ("dimension 0 is 5, above the upper bound 2")
+    from torch.export import Dim
+
+    hidden, cu = torch.randn(16, 3), torch.tensor([0, 16], dtype=torch.int32)
+    bound = Dim.AUTO(min=1, max=4096)
+    program = torch.export.export(_PackedAttention(), (hidden, cu), dynamic_shapes=({0: bound}, {0: bound}))
+    boundaries = [n for n in program.graph.nodes if n.op == "placeholder"][1].meta["val"].shape[0]
+    assert isinstance(boundaries, torch.SymInt)
+    other, cu_other = torch.randn(10, 3), torch.tensor([0, 4, 6, 10], dtype=torch.int32)
+    torch.testing.assert_close(program.module()(other, cu_other), _PackedAttention()(other, cu_other))
 
 
 def test_windowed_vision_attention_exports_for_any_window_count():
@@ -471,3 +494,33 @@ def test_a_prompt_rewrite_the_runner_cannot_repeat_is_refused():
     }
     with pytest.raises(ValueError, match="rewrites the prompt in a way the runner cannot repeat"):
         _prompt_edit({"input_ids": given}, {"input_ids": torch.tensor([[5, 7, 6, 8], [5, 9, 10, 11]])})
+
+
+def test_window_index_is_tied_to_the_patch_count_while_capturing():
+    # without the check the permuted patch count was traced as s98*(s47//(s47//4)), which
+    # bound_sympy cannot bound: ExecuTorch planned exaone4_5's / hyperclovax_vision_v2's window
+    # buffers at the sample's size and the second prompt's image failed (aten::full.out, error 0x12)
+    from torch.export import Dim
+
+    from hfexport.capture import capture_patch_key
+    from hfexport.registry import apply_patches
+
+    model, _ = tiny_model("qwen2_5_vl", TASK)
+    tower = model.model.visual
+    unit = tower.spatial_merge_unit
+
+    class Permute(torch.nn.Module):
+        def forward(self, hidden: torch.Tensor, window_index: torch.Tensor) -> torch.Tensor:
+            return tower.permute_input_for_window_attn(hidden, window_index, seq_len=hidden.shape[0])
+
+    hidden, window_index = torch.randn(4 * unit, 3), torch.tensor([2, 0, 3, 1])
+    bound = Dim.AUTO(min=1, max=4096)
+    with apply_patches(capture_patch_key(tower)):
+        program = torch.export.export(
+            Permute(), (hidden, window_index), dynamic_shapes=({0: bound}, {0: bound})
+        )
+    rows, windows = (n.meta["val"].shape[0] for n in program.graph.nodes if n.op == "placeholder")
+    assert isinstance(windows, torch.SymInt) and rows.node.expr == unit * windows.node.expr
+    other, order = torch.randn(6 * unit, 3), torch.tensor([5, 4, 0, 1, 3, 2])
+    expected = tower.permute_input_for_window_attn(other, order, seq_len=other.shape[0])
+    torch.testing.assert_close(program.module()(other, order), expected)

@@ -187,8 +187,10 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     same batch and length bounds on their prompt inputs (``input``, ``inputs_embeds``, the mask and
     positions); so do the ``prefill`` and ``decode`` of a language model that takes the image features
     as an input of its own (:attr:`~hfexport.generation.plan.GenerationPlan.step_inputs`: the
-    features vary along the batch, a token-aligned prompt input along the batch and the prompt).
-    Axes of size 1 in the sample stay static. Explicit
+    features vary along the batch, a token-aligned prompt input along the batch and the prompt),
+    and the image-token axis of the language model's DeepStack inputs
+    (``deepstack_visual_embeds.<layer>`` ``[image tokens, hidden]``) gets the length bound, as the
+    image tokens are part of the prompt. Axes of size 1 in the sample stay static. Explicit
         ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
         are left to the backend's roles, which fit them.
     """
@@ -230,6 +232,7 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
         limit = int(positions or DEFAULT_MAX_SEQUENCE)
     batch = Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH)
     length = Dim.AUTO(min=1, max=limit)
+    image_tokens = Dim.AUTO(min=1, max=limit)
 
     def axes(pairs: dict[int, Any], tensor: torch.Tensor) -> dict[int, Any] | None:
         kept = {axis: dim for axis, dim in pairs.items() if tensor.shape[axis] > 1}
@@ -243,6 +246,11 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
             return axes({0: batch, 1: length} if tensor.dim() == 2 else {1: batch, 2: length}, tensor)
         if key == "attention_mask" and tensor.dim() == 2:
             return axes({0: batch, 1: length}, tensor)
+        if prompt_component and key == "deepstack_visual_embeds":
+            # [image tokens, hidden] per tapped vision layer (Granite-Docling, Qwen3-VL): the image
+            # tokens are part of the prompt, so they are bounded by its length (planned at the
+            # sample's 2 rows, a 3-tile second prompt was refused, issue 28)
+            return axes({0: image_tokens}, tensor) if tensor.dim() == 2 else None
         if key == "cache" and tensor.dim() == 4:
             return axes({0: batch} if static else {0: batch, 2: length}, tensor)
         if key == "cache" and tensor.dim() == 3 and path.endswith("keys"):

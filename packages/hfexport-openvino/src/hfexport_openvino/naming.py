@@ -126,6 +126,8 @@ def name_model_io(ov_model: Any, program: torch.export.ExportedProgram) -> IoNam
     flags = program_output_flags(program)
     _drop_flag_parameters(ov_model, program, flags)
     _drop_constant_parameters(ov_model, program, len(in_paths))
+    if not _inputs_line_up(ov_model, program):
+        in_paths = _without_unread_inputs(ov_model, program, in_paths)
     if len(ov_model.inputs) != len(in_paths) or len(ov_model.outputs) != len(out_paths):
         raise RuntimeError(
             f"the OpenVINO model has {len(ov_model.inputs)} inputs / {len(ov_model.outputs)} outputs, the "
@@ -212,6 +214,75 @@ def _drop_constant_parameters(
         if unread and parameter.get_element_type().is_dynamic():
             ov_model.remove_parameter(parameter)
             excess -= 1
+
+
+def _tensor_placeholders(program: torch.export.ExportedProgram) -> list[torch.fx.Node]:
+    """The placeholder nodes of the program's tensor user inputs, in input order."""
+    by_name = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
+    return [
+        by_name[s.arg.name]
+        for s in program.graph_signature.input_specs
+        if s.kind == InputKind.USER_INPUT and isinstance(s.arg, TensorArgument) and s.arg.name in by_name
+    ]
+
+
+def _inputs_line_up(ov_model: Any, program: torch.export.ExportedProgram) -> bool:
+    """Whether the model's parameters match the program's tensor inputs one by one (count, a static
+    element type, the rank): the condition for naming them by position."""
+    placeholders = _tensor_placeholders(program)
+    if len(ov_model.inputs) != len(placeholders):
+        return False
+    for port, node in zip(ov_model.inputs, placeholders):
+        val = node.meta.get("val")
+        rank = port.get_partial_shape().rank
+        if port.get_element_type().is_dynamic() or not isinstance(val, torch.Tensor):
+            return False
+        if rank.is_static and rank.get_length() != val.dim():
+            return False
+    return True
+
+
+def _without_unread_inputs(
+    ov_model: Any, program: torch.export.ExportedProgram, in_paths: list[str]
+) -> list[str]:
+    """Line the model's parameters up with the program's inputs when the conversion dropped tensor
+    inputs the graph never reads and kept parameters of constant inputs instead.
+
+    OpenVINO 2026.4 leaves a tensor input the graph does not read out of the model (T5Gemma-2's
+    prefill takes ``pixel_values`` and reads the precomputed ``encoder_outputs`` only), yet turns an
+    empty cache and the ``use_cache`` constant into unread parameters of dynamic element type and
+    rank: the counts still agreed, the names went to the wrong parameters (``pixel_values`` on the
+    mask) and the CPU plugin refused the dynamic-rank parameter at compile time ("Check
+    '!shape.rank().is_dynamic()' failed", issue 28). Here every unread parameter of dynamic element
+    type is removed (no program tensor input has one) and the unread tensor inputs are left out of
+    the names, provided the model then lines up with the remaining inputs; otherwise nothing is
+    changed (the caller's count check reports the mismatch). The runtime feeds and checks the
+    model's inputs only, so callers may still pass the left-out inputs.
+
+    Returns:
+        The input paths to name the model's parameters with, in order.
+    """
+    placeholders = _tensor_placeholders(program)
+    if len(placeholders) != len(in_paths):
+        return in_paths
+    read = [(path, node) for path, node in zip(in_paths, placeholders) if node.users]
+    parameters = list(ov_model.get_parameters())
+    removable = {
+        index
+        for index, parameter in enumerate(parameters)
+        if parameter.get_element_type().is_dynamic()
+        and not any(target for output in parameter.outputs() for target in output.get_target_inputs())
+    }
+    kept = [parameter for index, parameter in enumerate(parameters) if index not in removable]
+    if len(kept) != len(read):
+        return in_paths
+    for parameter, (_, node) in zip(kept, read):
+        rank = parameter.get_partial_shape().rank
+        if rank.is_static and rank.get_length() != node.meta["val"].dim():
+            return in_paths
+    for index in sorted(removable):
+        ov_model.remove_parameter(parameters[index])
+    return [path for path, _ in read]
 
 
 def io_names_from_model(ov_model: Any) -> IoNames:

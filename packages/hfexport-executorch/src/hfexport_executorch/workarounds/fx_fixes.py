@@ -24,12 +24,14 @@ __all__ = [
     "BOUNDED_META_KEY",
     "BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
+    "bucketize_as_comparison_count",
     "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
+    "repeat_interleave_as_cumulative_count",
     "runtime_assertions_dropped_before_edge",
     "sort_as_topk",
     "unit_lower_triangular_solve_as_matmuls",
@@ -305,6 +307,150 @@ def quantized_embedding_without_padding_idx(gm: torch.fx.GraphModule, node: torc
     return True
 
 
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "count the boundaries below each value (unsqueeze, gt/ge, sum) instead of aten.bucketize: bucketize is not "
+        "core ATen (to_edge: SpecViolationError) and the runtime has no kernel for it; the Idefics2/Idefics3 vision "
+        "embeddings (aria, idefics2, idefics3, smolvlm) bucket the patch coordinates of each image"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/20270",
+    # executorch 1.4.1: not in the core ATen opset, no bucketize in kernels/portable (pytorch/executorch#20287
+    # adds a portable kernel after 1.4.1; to_edge still refuses the op without a compile_config exception)
+    versions={"executorch": ">=1.3"},
+)
+def bucketize_as_comparison_count(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.bucketize.Tensor(x, boundaries, out_int32=False, right=False)`` by
+    ``(x.unsqueeze(-1) > boundaries).to(dtype).sum(-1)`` (``>=`` when ``right=True``).
+
+    For sorted 1-D ``boundaries`` of length ``m``, ``bucketize`` returns for each element of ``x``
+    the index ``i`` in ``[0, m]`` with ``boundaries[i-1] < x <= boundaries[i]`` (``right=False``) or
+    ``boundaries[i-1] <= x < boundaries[i]`` (``right=True``): the number of boundaries strictly
+    below ``x``, or at or below it. The count is what this fix computes, in ``x``'s shape and
+    int64 (int32 with ``out_int32=True``), as ``bucketize`` returns it. ``aten.bucketize`` is not in
+    the core ATen opset, so ``to_edge`` refuses it (``SpecViolationError``), and the ExecuTorch 1.4.1
+    runtime has no kernel for it (https://github.com/pytorch/executorch/issues/20270). The
+    comparison materialises an ``x.numel() x m`` boolean tensor, small for position buckets (the
+    Idefics3 vision embeddings compare each patch row/column coordinate with ``num_patches_per_side
+    - 1`` boundaries). One difference: a NaN in ``x`` counts 0 here where ``bucketize`` gives ``m``.
+
+    Returns:
+        True when the node was rewritten (``boundaries`` a 1-D tensor node).
+    """
+    if node.target is not torch.ops.aten.bucketize.Tensor:
+        return False
+    source, boundaries = node.args[0], node.args[1]
+    options = dict(zip(("out_int32", "right"), node.args[2:], strict=False)) | dict(node.kwargs)
+    b_val = boundaries.meta.get("val") if isinstance(boundaries, torch.fx.Node) else None
+    if not isinstance(source, torch.fx.Node) or not isinstance(b_val, torch.Tensor) or b_val.dim() != 1:
+        return False
+    dtype = torch.int32 if options.get("out_int32", False) else torch.int64
+    compare = torch.ops.aten.ge.Tensor if options.get("right", False) else torch.ops.aten.gt.Tensor
+    aten = torch.ops.aten
+    with gm.graph.inserting_before(node):
+        column = insert_call(gm.graph, aten.unsqueeze.default, (source, -1), like=node)
+        below = insert_call(gm.graph, compare, (column, boundaries), like=node)
+        counted = insert_call(gm.graph, aten._to_copy.default, (below,), {"dtype": dtype}, like=node)
+        total = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [-1]), {"dtype": dtype}, like=node)
+    node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _input_size_node(gm: torch.fx.GraphModule, size: torch.SymInt) -> torch.fx.Node | None:
+    """An ``aten.sym_size.int`` node (inserted at the graph's insertion point) reading ``size`` off the
+    first placeholder with an axis of exactly that symbolic size, or ``None`` when no input has one."""
+    expr = size.node.expr
+    for placeholder in gm.graph.find_nodes(op="placeholder"):
+        val = placeholder.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for dim, extent in enumerate(val.shape):
+            if isinstance(extent, torch.SymInt) and extent.node.expr == expr:
+                return _size_argument(gm, placeholder, dim, extent)
+    return None
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "repeat_interleave with tensor repeats as an index_select of cumulative counts (arange, cumsum, ge, sum): "
+        "to_edge decomposes it into aten.repeat_interleave.Tensor, which is not core ATen (SpecViolationError); "
+        "the Qwen3-VL vision position-embedding interpolation repeats each image's grid per patch"
+    ),
+    # the runtime has a repeat_interleave.Tensor_out kernel (that PR), but the op is not core ATen in torch 2.13,
+    # so the edge verifier of executorch 1.4.1 refuses it before any kernel is looked up
+    issue="https://github.com/pytorch/executorch/pull/7264",
+    versions={"executorch": ">=1.3"},
+)
+def repeat_interleave_as_cumulative_count(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.repeat_interleave.self_Tensor(x, repeats, dim)`` (1-D ``repeats``) by
+    ``x.index_select(dim, index)`` and ``aten.repeat_interleave.Tensor(repeats)`` by ``index``, with
+    ``index = (arange(n)[:, None] >= repeats.cumsum(0)[None, :]).sum(-1)``.
+
+    Output row ``i`` of a repeat-interleave comes from the source row whose cumulative repeat count
+    first exceeds ``i``, i.e. from the number of cumulative counts at or below ``i``; ``n`` is the
+    output length (the sum of ``repeats``). ``torch.export`` records ``n`` as a size of the output
+    (transformers' ``get_vision_interpolation_indices_and_weights`` repeats per-image grid sides
+    once per patch, and the trace identifies their sum with the patch axis of the encoder's input);
+    ``to_edge`` then decomposes the op into ``aten.repeat_interleave.Tensor`` + ``index_select``, and
+    ``aten.repeat_interleave.Tensor`` is not in the core ATen opset (``SpecViolationError``, issue 28:
+    the Qwen3-VL image encoder). The rewrite uses core operators only, and the values are the
+    same. ``index`` is int64 ``[n]``; the comparison is ``[n, len(repeats)]`` booleans (patches x
+    images). Applies only when ``n`` is an int or a size of one of the program's inputs (read with
+    ``aten.sym_size.int``); ``x`` must be 1-D when ``dim`` is None.
+
+    Returns:
+        True when the node was rewritten.
+    """
+    aten = torch.ops.aten
+    if node.target is aten.repeat_interleave.self_Tensor:
+        source, repeats = node.args[0], node.args[1]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+    elif node.target is aten.repeat_interleave.Tensor:
+        source, repeats, dim = None, node.args[0], 0
+    else:
+        return False
+    r_val = repeats.meta.get("val") if isinstance(repeats, torch.fx.Node) else None
+    out_val = node.meta.get("val")
+    if not isinstance(r_val, torch.Tensor) or r_val.dim() != 1 or not isinstance(out_val, torch.Tensor):
+        return False
+    if source is not None:
+        s_val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(s_val, torch.Tensor) or (dim is None and s_val.dim() != 1):
+            return False
+        dim = 0 if dim is None else int(dim) % s_val.dim()
+    length = out_val.shape[dim]
+    with gm.graph.inserting_before(node):
+        if isinstance(length, torch.SymInt):
+            size = _input_size_node(gm, length)
+            if size is None:
+                return False
+        else:
+            size = int(length)
+        positions = gm.graph.call_function(
+            aten.arange.start_step, (0, size, 1), {"dtype": torch.int64, "device": out_val.device}
+        )
+        positions.meta["val"] = out_val.new_empty((length,), dtype=torch.int64)
+        for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+            if key in node.meta:
+                positions.meta[key] = node.meta[key]
+        ends = insert_call(gm.graph, aten.cumsum.default, (repeats, 0), {"dtype": torch.int64}, like=node)
+        column = insert_call(gm.graph, aten.unsqueeze.default, (positions, 1), like=node)
+        row = insert_call(gm.graph, aten.unsqueeze.default, (ends, 0), like=node)
+        passed = insert_call(gm.graph, aten.ge.Tensor, (column, row), like=node)
+        counted = insert_call(gm.graph, aten._to_copy.default, (passed,), {"dtype": torch.int64}, like=node)
+        index = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [1]), {"dtype": torch.int64}, like=node)
+        result = (
+            index
+            if source is None
+            else insert_call(gm.graph, aten.index_select.default, (source, dim, index), like=node)
+        )
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
+    return True
+
+
 _REDUCED_FLOATS = (torch.float16, torch.bfloat16)
 
 
@@ -383,9 +529,10 @@ def _size_argument(
 @register_fx_node_fix(
     "executorch",
     description=(
-        "rewrite aten.sort (not stable) as aten.topk over the whole axis: the ExecuTorch runtime has no sort kernel "
-        "(portable or optimized), so a .pte with sort fails to load (Missing operator: aten::sort.values); jetmoe's "
-        "router sorts its expert assignment"
+        "rewrite aten.sort and aten.argsort (not stable) as aten.topk over the whole axis: the ExecuTorch runtime has "
+        "no sort kernel (portable or optimized), so a .pte with sort fails to load (Missing operator: "
+        "aten::sort.values, error 0x14; to_edge decomposes argsort into sort); jetmoe's router sorts its expert "
+        "assignment, the Qwen2.5-VL / EXAONE 4.5 / HyperCLOVAX-Vision-V2 window attention argsorts its window index"
     ),
     issue="https://github.com/pytorch/executorch/issues/11320",
     # executorch 1.4.1 kernels/portable/functions.yaml: topk.values, no sort
@@ -393,7 +540,8 @@ def _size_argument(
 )
 def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     """Replace ``aten.sort.default(x, dim=-1, descending=False)`` by ``aten.topk(x, k=x.size(dim), dim,
-    largest=descending, sorted=True)``.
+    largest=descending, sorted=True)``, and ``aten.argsort.default(x, dim=-1, descending=False)`` by
+    the indices of that ``topk``.
 
     Both return ``(values, indices)`` with the same shapes and dtypes (values of ``x``'s dtype,
     indices int64), the values ordered the same way along ``dim``. The ExecuTorch runtime ships
@@ -402,26 +550,45 @@ def sort_as_topk(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     ``aten::sort.values`` (error 0x14). ``aten.sort.default`` is not stable either, so the order of
     equal elements (and with it their indices) is unspecified in both; ``aten.sort.stable`` with
     ``stable=True`` is left alone. With a dynamic ``dim`` the ``k`` is the symbolic size
-    (``aten.sym_size.int``).
+    (``aten.sym_size.int``). ``aten.argsort`` is not core ATen and ``to_edge`` decomposes it into
+    ``aten.sort`` after this fix ran, so it is rewritten here too (``argsort.stable`` only with
+    ``stable=False``): the Qwen2.5-VL vision tower (and EXAONE 4.5's, HyperCLOVAX-Vision-V2's)
+    restores the patch order with ``torch.argsort(window_index)``, whose values are distinct, so
+    the order of ties does not arise (issue 28: its image encoder failed to load, error 0x14).
 
     Returns:
         True when the node was rewritten.
     """
-    if node.target is not torch.ops.aten.sort.default:
+    aten = torch.ops.aten
+    if node.target is aten.argsort.stable:
+        if node.kwargs.get("stable", False):
+            return False
+    elif node.target not in (aten.sort.default, aten.argsort.default):
         return False
     source = node.args[0]
     val = source.meta.get("val") if isinstance(source, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return False
-    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", -1)
-    descending = node.args[2] if len(node.args) > 2 else node.kwargs.get("descending", False)
+    positional = node.args[1:] if node.target is not aten.argsort.stable else ()
+    dim = positional[0] if len(positional) > 0 else node.kwargs.get("dim", -1)
+    descending = positional[1] if len(positional) > 1 else node.kwargs.get("descending", False)
     dim = int(dim) % max(val.dim(), 1)
     size = val.shape[dim] if val.dim() else 1
     with gm.graph.inserting_before(node):
         k = _size_argument(gm, source, dim, size)
         topk = gm.graph.call_function(torch.ops.aten.topk.default, (source, k, dim, bool(descending), True))
-    topk.meta.update({key: value for key, value in node.meta.items()})
-    node.replace_all_uses_with(topk)
+    if node.target is aten.sort.default:
+        topk.meta.update({key: value for key, value in node.meta.items()})
+        node.replace_all_uses_with(topk)
+    else:  # argsort: the indices of the topk
+        indices = node.meta.get("val")
+        topk.meta.update({key: value for key, value in node.meta.items() if key != "val"})
+        if isinstance(indices, torch.Tensor):
+            topk.meta["val"] = (val.new_empty(indices.shape), indices)
+        with gm.graph.inserting_after(topk):
+            index = gm.graph.call_function(operator.getitem, (topk, 1))
+        index.meta = dict(node.meta)
+        node.replace_all_uses_with(index)
     gm.graph.erase_node(node)
     return True
 

@@ -63,7 +63,9 @@ def vision_grid_settings(module: Any) -> dict[str, Any] | None:
         ``{"spatial_merge_size": int, "window_size": int | None, "patch_size": int | None,
         "position_ids": bool, "cu_seqlens": bool, "window_index": bool}``: the booleans say which
         precomputed kwargs the encoder's ``forward`` reads (through the ``transformers.vision_utils``
-        helpers, which pop them from ``**kwargs`` when given).
+        helpers, which pop them from ``**kwargs`` when given). A tower whose ``include_temporal`` /
+        ``merge_temporal`` attribute is True (MiniMax-M3-VL: ``[patches, 3]`` rotary ids with the
+        frame index, one attention segment per clip) adds that key set to True.
     """
     reads = _forward_reads(type(module))
     if not reads:
@@ -74,7 +76,7 @@ def vision_grid_settings(module: Any) -> dict[str, Any] | None:
         return None
     window = getattr(module, "window_size", None) or getattr(config, "window_size", None)
     patch = getattr(module, "patch_size", None) or getattr(config, "patch_size", None)
-    return {
+    settings = {
         "spatial_merge_size": int(merge),
         "window_size": int(window) if window is not None else None,
         "patch_size": int(patch) if patch is not None else None,
@@ -82,6 +84,11 @@ def vision_grid_settings(module: Any) -> dict[str, Any] | None:
         "cu_seqlens": bool({"get_vision_attention_seqlens", "get_vision_cu_seqlens"} & reads),
         "window_index": "get_vision_window_index" in reads and window is not None and patch is not None,
     }
+    # MiniMax-M3-VL's tower: rotary ids with a temporal column, one attention segment per clip
+    for flag in ("include_temporal", "merge_temporal"):
+        if getattr(module, flag, False) is True:
+            settings[flag] = True
+    return settings
 
 
 def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -93,7 +100,8 @@ def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> d
             manifests).
 
     Returns:
-        A subset of ``{"position_ids": int64 [num_patches, 2], "cu_seqlens": int32 [segments + 1],
+        A subset of ``{"position_ids": int64 [num_patches, 2] ([num_patches, 3] with
+        ``include_temporal``), "cu_seqlens": int32 [segments + 1],
         "window_index": int64 [num_merged_patches], "cu_window_seqlens": int32 [windows + 1]}``,
         as the encoder's ``forward`` reads them (computed with ``transformers.vision_utils``).
     """
@@ -102,9 +110,13 @@ def vision_grid_inputs(grid_thw: torch.Tensor, settings: Mapping[str, Any]) -> d
     out: dict[str, torch.Tensor] = {}
     merge = int(settings["spatial_merge_size"])
     if settings.get("position_ids"):
-        out["position_ids"] = vision_utils.get_vision_position_ids(grid_thw, merge)
+        out["position_ids"] = vision_utils.get_vision_position_ids(
+            grid_thw, merge, include_temporal=bool(settings.get("include_temporal", False))
+        )
     if settings.get("cu_seqlens"):
-        out["cu_seqlens"] = vision_utils.get_vision_cu_seqlens(grid_thw)
+        out["cu_seqlens"] = vision_utils.get_vision_cu_seqlens(
+            grid_thw, merge_temporal=bool(settings.get("merge_temporal", False))
+        )
     if settings.get("window_index"):
         index, cu_window = vision_utils.get_vision_window_index(
             grid_thw,

@@ -10,6 +10,8 @@ afterwards; the eager model the exporter validates against runs the original cod
   4.5's) vision attention over packed windows and images is one SDPA call with a block-diagonal mask
   (:func:`block_diagonal_mask`) instead of a Python loop over ``torch.split(lengths.tolist())``,
   so the image encoder's program serves any window count.
+- :func:`window_index_counts_merged_patches`: the window index of those towers has one entry per
+  merged patch (a ``torch._check``), so the permuted patch count is traced as a bounded polynomial.
 - :func:`packed_vision_attention_with_out_proj`: the same for MiniMax-M3-VL's vision attention
   (separate q / k / v projections, ``out_proj``, a ``(output, weights)`` result), whose per-image
   loop left unbacked sizes that ExecuTorch's memory planning could not guard on.
@@ -38,6 +40,13 @@ afterwards; the eager model the exporter validates against runs the original cod
   pooled in blocks of ``index_kpool``; its pools are padded with never-selectable ones up to
   the selection budget and not filtered by value, so one graph serves prompts of one pool and of
   many (the sample's single pool was specialised: ``Guard failed: inputs_embeds.size()[1] <= 16``).
+- :func:`merged_grid_features_unsplit`: MiniMax-M3-VL's ``get_image_features`` returns the
+  projected features of all images as one tensor instead of splitting them per image with
+  ``.tolist()`` of ``image_grid_thw``.
+- :func:`rotary_grid_from_the_image_shape`: Step3p7's vision tower computes its 2-D rotary
+  position ids from the patch grid of ``pixel_values``' shape, not from a ``grid_thw`` tensor it
+  builds and reads back with ``.tolist()`` (unbacked sizes ExecuTorch's memory planning cannot
+  guard on).
 - :func:`bidirectional_prompt_mask_as_eager_runs_it`: PaliGemma's Gemma language model attends
   bidirectionally (``use_bidirectional_attention``) but builds a causal mask, which eager SDPA
   skips on an unpadded prompt (its attention then sees every key) and the trace always keeps; the
@@ -66,15 +75,19 @@ __all__ = [
     "block_diagonal_mask",
     "capture_key",
     "drop_constant_reads",
+    "grid_position_ids",
     "image_batch_without_padding_filter",
     "image_codes_of_unpadded_batch",
     "key_pools_padded_to_the_selection",
+    "merged_grid_features_unsplit",
     "naflex_tokens_without_padding_filter",
     "packed_vision_attention_as_one_masked_call",
     "packed_vision_attention_with_out_proj",
     "projected_grid_features_unsplit",
+    "rotary_grid_from_the_image_shape",
     "small_constants_keep_their_values",
     "tiles_without_padding_filter",
+    "window_index_counts_merged_patches",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -102,6 +115,7 @@ VISION_LANGUAGE_MODULES: tuple[str, ...] = tuple(
         "apertus1p5",
         "minimax_m3_vl",
         "glm5_next",
+        "step3p7",
     )
 )
 
@@ -208,14 +222,17 @@ def block_diagonal_mask(cu_seqlens: torch.Tensor, length: Any) -> torch.Tensor:
     """Bool ``[length, length]``: True where query and key rows lie in the same packed segment.
 
     ``cu_seqlens`` holds the segment boundaries ``[0, b1, ..., length]`` (int); a row's segment is
-    the number of inner boundaries at or below it: a 1 scattered at each inner boundary, summed
-    cumulatively. No ``.tolist()``, no ``searchsorted``, and no broadcast against the boundaries
-    (whose count is 0 or 1 for a one-window sample, which ``torch.export`` would specialise), so it
-    traces on a dynamic segment count and every runtime has its operators.
+    the number of boundaries at or below it: a 1 scattered at every boundary (into ``length + 1``
+    slots, so the closing boundary lands in the last, dropped slot), summed cumulatively. No
+    ``.tolist()``, no ``searchsorted``, no broadcast against the boundaries, and no slice of them
+    that is empty for a one-segment sample (``cu_seqlens[1:-1]`` of ``[0, length]`` made
+    ``torch.export`` specialise the boundary count to 2: ExecuTorch planned Qwen2.5-VL's
+    ``cu_window_seqlens`` for one window and refused 4, issue 28), so it traces on a dynamic
+    segment count and every runtime has its operators.
     """
-    inner = cu_seqlens[1:-1].to(torch.int64)
-    starts = torch.zeros(length, dtype=torch.int64, device=cu_seqlens.device)
-    segment = starts.scatter_add(0, inner, torch.ones_like(inner)).cumsum(0)
+    bounds = cu_seqlens.to(torch.int64)
+    marks = torch.zeros(length + 1, dtype=torch.int64, device=cu_seqlens.device)
+    segment = marks.scatter_add(0, bounds, torch.ones_like(bounds)).cumsum(0)[:length]
     return segment[:, None] == segment[None, :]
 
 
@@ -338,6 +355,146 @@ def packed_vision_attention_with_out_proj(original: Callable[..., Any]) -> Calla
         return self.out_proj(out.transpose(1, 2).reshape(length, -1)), None
 
     return forward
+
+
+@register_patch(
+    KEY,
+    "transformers.models.minimax_m3_vl.modeling_minimax_m3_vl.MiniMaxM3VLModel.get_image_features",
+    description=(
+        "return MiniMax-M3-VL's projected image features of all images as one tensor instead of splitting them "
+        "per image with .tolist() of image_grid_thw (an unbacked size ExecuTorch's memory planning could not "
+        "guard on: u91 < 1)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def merged_grid_features_unsplit(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace MiniMax-M3-VL's ``get_image_features`` while capturing.
+
+    transformers splits the projected, spatially merged features per image with sizes read from
+    ``image_grid_thw`` (``.tolist()``): the capture reads each size as an unbacked symbol and
+    ExecuTorch's memory planning fails on it ("Could not guard on data-dependent expression
+    u91 < 1", issue 28). The replacement returns the features unsplit, as a one-element
+    ``pooler_output`` tuple (the concatenation of transformers' pieces, what the model scatters
+    into the prompt and the generation runner consumes); the vision tower's other outputs are
+    unchanged.
+    """
+    from transformers.utils.generic import can_return_tuple
+
+    @can_return_tuple
+    def get_image_features(
+        self: Any, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor, **kwargs: Any
+    ) -> Any:
+        outputs = self.vision_tower(pixel_values=pixel_values, grid_thw=image_grid_thw, **kwargs)
+        outputs.pooler_output = (self.multi_modal_projector(outputs.last_hidden_state.squeeze(0)),)
+        return outputs
+
+    return functools.wraps(original)(get_image_features)
+
+
+def grid_position_ids(height: Any, width: Any, device: Any = None) -> torch.Tensor:
+    """Int64 ``[height * width, 2]``: the (row, column) of each patch of a ``height x width`` grid in
+    raster order, what ``transformers.vision_utils.get_vision_position_ids`` returns for one image
+    of one frame with ``spatial_merge_size=1``; ``height`` and ``width`` may be symbolic sizes."""
+    rows = torch.arange(height, device=device)[:, None].expand(height, width)
+    columns = torch.arange(width, device=device)[None, :].expand(height, width)
+    return torch.stack([rows.reshape(-1), columns.reshape(-1)], dim=-1)
+
+
+@register_patch(
+    KEY,
+    "transformers.models.step3p7.modeling_step3p7.Step3p7VisionModel.forward",
+    description=(
+        "Step3p7's vision tower takes its 2-D rotary position ids from the patch grid of pixel_values' shape instead "
+        "of a grid_thw tensor built from that shape and read back with .tolist(), whose unbacked sizes ExecuTorch's "
+        "memory planning could not guard on (u68 < 1)"
+    ),
+    issue="https://github.com/pytorch/pytorch/issues/126685",
+    versions={"transformers": ">=5.0,<6"},
+)
+def rotary_grid_from_the_image_shape(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``Step3p7VisionModel.forward`` while capturing.
+
+    The tower builds ``grid_thw = torch.tensor([[1, grid_h, grid_w]])`` from ``pixel_values``'
+    height and width and hands it to ``get_vision_position_ids``, which reads it back with
+    ``.tolist()``: the capture turns the grid sides into unbacked symbols (``u1 x u2`` position
+    ids), and ExecuTorch's memory planning fails on them ("Could not guard on data-dependent
+    expression u68 < 1", issue 28). During the call the wrapper gives the modeling module a
+    ``get_vision_position_ids`` that returns :func:`grid_position_ids` of the grid read from
+    ``pixel_values``' shape (symbolic sizes, the same ids: the tower always asks for one image
+    with ``spatial_merge_size=1``), and puts the helper back afterwards. Any other call (several
+    grid rows, a merge size above 1, precomputed ids in ``kwargs``) goes to the helper.
+    """
+    import importlib
+
+    modeling = importlib.import_module("transformers.models.step3p7.modeling_step3p7")
+
+    @functools.wraps(original)
+    def forward(self: Any, pixel_values: torch.Tensor, **kwargs: Any) -> Any:
+        helper = modeling.get_vision_position_ids
+        patch = self.embeddings.patch_size
+        grid_h, grid_w = pixel_values.shape[-2] // patch, pixel_values.shape[-1] // patch
+
+        def position_ids(
+            grid_thw: torch.Tensor,
+            spatial_merge_size: Any = 1,
+            include_temporal: bool = False,
+            kwargs: dict | None = None,
+        ) -> torch.Tensor:
+            precomputed = kwargs is not None and kwargs.get("position_ids") is not None
+            if precomputed or include_temporal or spatial_merge_size != 1 or grid_thw.shape[0] != 1:
+                return helper(grid_thw, spatial_merge_size, include_temporal=include_temporal, kwargs=kwargs)
+            return grid_position_ids(grid_h, grid_w, device=grid_thw.device)
+
+        modeling.get_vision_position_ids = position_ids
+        try:
+            return original(self, pixel_values, **kwargs)
+        finally:
+            modeling.get_vision_position_ids = helper
+
+    return forward
+
+
+@register_patch(
+    KEY,
+    "transformers.models.qwen2_5_vl.modeling_qwen2_5_vl.Qwen2_5_VisionTransformerPretrainedModel.permute_input_for_window_attn",
+    "transformers.models.qwen2_5_omni.modeling_qwen2_5_omni.Qwen2_5OmniVisionEncoder.permute_input_for_window_attn",
+    "transformers.models.exaone4_5.modeling_exaone4_5.Exaone4_5_VisionModel.permute_input_for_window_attn",
+    description=(
+        "tell the capture that a windowed vision tower's window index has one entry per merged patch "
+        "(torch._check(len(window_index) * merge unit == patches)): otherwise the permuted patch count is traced as "
+        "s98*(s47//(s47//4)), which bound_sympy cannot bound (a divisor that reaches 0), and ExecuTorch planned "
+        "every window buffer at the sample's size"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/8766",
+    versions={"transformers": ">=5.0,<6"},
+)
+def window_index_counts_merged_patches(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap Qwen2.5-VL's (and Qwen2.5-Omni's, EXAONE 4.5's) ``permute_input_for_window_attn``
+    while capturing.
+
+    The tower reorders its ``[patches, hidden]`` rows window by window:
+    ``x.reshape(patches // unit, unit, -1)[window_index].reshape(patches, -1)`` (``unit`` the
+    ``spatial_merge_size ** 2`` patches of one merged token). The precomputed ``window_index``
+    input has one entry per merged token, but nothing in the graph says so: the trace writes the
+    permuted row count as ``windows * (patches // (patches // 4))``, whose interval bound is
+    unbounded (``patches // 4`` reaches 0 at the lower end of its range), so ExecuTorch's memory
+    planning fell back to the sample's size for every tensor of that length and the second
+    prompt's image failed (``aten::full.out``: "Failed to resize output tensor", error 0x12,
+    issue 28). ``torch._check(len(window_index) * unit == patches)`` states the invariant; the
+    capture then writes the patch count as ``unit * windows`` and every size is a polynomial with
+    a finite bound. In eager mode the check holds and costs nothing.
+    """
+
+    @functools.wraps(original)
+    def permute_input_for_window_attn(
+        self: Any, input_tensor: torch.Tensor, window_index: torch.Tensor, seq_len: Any
+    ) -> torch.Tensor:
+        unit = int(self.spatial_merge_unit)
+        torch._check(window_index.shape[0] * unit == input_tensor.shape[0])
+        return original(self, input_tensor, window_index, seq_len=seq_len)
+
+    return permute_input_for_window_attn
 
 
 #: the Idefics-family modeling file whose patch mask keeps only fully unpadded patches (the others
