@@ -45,11 +45,13 @@ __all__ = [
     "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
+    "layout_tags_without_size_guards",
     "max_dim_only_over_spatial_axes",
     "node_comparison_cache_per_export",
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "provably_dense_in_order",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
@@ -560,6 +562,79 @@ _XNNPACK_PASS_NEEDS: dict[str, Callable[[frozenset[str]], bool]] = {
     "ConvertToLinearPass": _has_linear_rewrite,
     "DimOrderOpsRevertPass": _has_dim_order_ops,
 }
+
+
+def _has_symbolic_layout(tensor: Any) -> bool:
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    return any(isinstance(size, torch.SymInt) for size in (*tensor.shape, *tensor.stride()))
+
+
+def provably_dense_in_order(tensor: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """True when ``tensor``'s strides are dense with axes ``order`` from innermost to outermost for
+    every size in the shape env's ranges, decided with ``statically_known_true`` (no guard).
+
+    Axes of size 1 (provably) are skipped, as in torch's contiguity rules; an axis whose size or
+    stride is not provably what the order needs answers False. ``order`` ``(3, 2, 1, 0)`` is NCHW
+    contiguity of a 4-D tensor, ``(1, 3, 2, 0)`` channels-last (NHWC).
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    expected: Any = 1
+    for axis in order:
+        size = tensor.shape[axis]
+        if statically_known_true(size == 1):
+            continue
+        if not statically_known_true(tensor.stride()[axis] == expected):
+            return False
+        expected = expected * size
+    return True
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass._is_nhwc_tensor",
+    description=(
+        "XNNPACK's ChannelsLastTaggedReshapePass asks tensor.is_contiguous(channels_last) of symbolic tensors, which "
+        "guards on the sample sizes: a PP-OCR detector traced on 32x32 images left lowering with its image sides "
+        "narrowed from [1, 128] to [1, 32] (1x1 stride-32 map) and its .pte refused a 64x64 image; decided without guards"
+    ),
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/_passes/channels_last_tagged_reshape_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def layout_tags_without_size_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ChannelsLastTaggedReshapePass._is_nhwc_tensor`` (a static method) for symbolic tensors.
+
+    The pass (executorch 1.3-1.4.1) tags each node of an XNNPACK partition NCHW or NHWC by asking
+    its fake value ``is_contiguous(memory_format=torch.channels_last)`` and ``is_contiguous()``.
+    On symbolic sizes both answers are guarded at the trace hints and the guards refine the shape
+    env's ranges: the size-1 tests of a stride-32 feature map that is 1x1 in a 32x32 sample install
+    ``(side - 1) // 32 + 1 == 1``, i.e. ``side <= 32``. Memory planning then evaluates every
+    upper bound in that narrowed shape env, so a program exported for image sides in [1, 128]
+    (PP-OCRv5/v6 text detectors, ``pixel_values`` planned ``[8, 3, 32, 32]``) refused a 64x64
+    image at run time, although ``range_constraints`` still said 128. (Inductor's concat layout
+    check hit the same guard, https://github.com/pytorch/pytorch/pull/181845; torch's
+    ``*_or_false`` contiguity helpers still guard on backed sizes, so they do not help here.) For a
+    4-D tensor with a symbolic size or stride the wrapper decides both layouts with
+    :func:`provably_dense_in_order` (``statically_known_true`` only: no guard is installed, the
+    ranges stay), and "both layouts" still reads as NCHW; concrete tensors and other ranks get the
+    original rule. A layout that cannot be proven for every size is read as not NHWC: the pass then
+    converts where an NHWC operator needs it, which is correct for either layout.
+
+    Returns:
+        The replacement ``(tensor) -> bool``: True when ``tensor`` is channels-last (NHWC) and not
+        also contiguous (NCHW).
+    """
+
+    @functools.wraps(original)
+    def is_nhwc_tensor(tensor: torch.Tensor) -> bool:
+        if not _has_symbolic_layout(tensor) or tensor.dim() != 4:
+            return bool(original(tensor))
+        nhwc = provably_dense_in_order(tensor, (1, 3, 2, 0))
+        nchw = provably_dense_in_order(tensor, (3, 2, 1, 0))
+        return nhwc and not nchw
+
+    return is_nhwc_tensor
 
 
 @register_patch(

@@ -1,0 +1,121 @@
+"""Object-detection and image-segmentation programs on ExecuTorch (issue 28): the XNNPACK layout
+tags keep the image sides' ranges, symbolic-size powers become products."""
+
+from __future__ import annotations
+
+import operator
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.utils._sympy.value_ranges import ValueRanges
+
+import hfexport_executorch  # noqa: F401  (registers the patches)
+from hfexport.registry import apply_patches
+
+
+def _pooled_feature_map(side: int = 32, upper: int = 128):
+    """A fake ``[2, 4, side // 32, side // 32]`` feature map (1x1 at the 32-pixel sample) of an image
+    whose sides range over ``[1, upper]``; returns ``(map, shape_env, height symbol)``."""
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    dynamic = [DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]
+    image = mode.from_tensor(
+        torch.empty(2, 4, side, side), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic)
+    )
+    height = image.shape[2].node.expr
+    for size in image.shape[2:]:
+        env.var_to_range[size.node.expr] = ValueRanges(1, upper)
+    with mode:
+        pooled = torch.nn.functional.max_pool2d(image, 32, 32, ceil_mode=True)
+    return pooled, env, height
+
+
+def _is_nhwc(tensor: torch.Tensor) -> bool:
+    from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import (
+        ChannelsLastTaggedReshapePass,
+    )
+
+    return ChannelsLastTaggedReshapePass._is_nhwc_tensor(tensor)
+
+
+def test_xnnpack_layout_tag_narrows_the_image_side_to_the_sample_without_the_patch():
+    # Documents the fault layout_tags_without_size_guards works around (executorch 1.4.1): when
+    # the range survives unpatched, the patch can be retired.
+    pooled, env, height = _pooled_feature_map()
+    assert _is_nhwc(pooled) is False
+    assert env.var_to_range[height] == ValueRanges(1, 32)
+
+
+def test_xnnpack_layout_tag_keeps_the_image_side_range_with_the_patch():
+    pooled, env, height = _pooled_feature_map()
+    with apply_patches("executorch.xnnpack"):
+        assert _is_nhwc(pooled) is False  # contiguous (NCHW), as upstream answers at the sample
+    assert env.var_to_range[height] == ValueRanges(1, 128)
+    # a symbolic channels-last image is NHWC, still without narrowing its sides
+    env = ShapeEnv()
+    dynamic = [DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]
+    image = FakeTensorMode(shape_env=env).from_tensor(
+        torch.empty(2, 4, 32, 32).contiguous(memory_format=torch.channels_last),
+        symbolic_context=StatelessSymbolicContext(dynamic_sizes=dynamic),
+    )
+    for size in image.shape[2:]:
+        env.var_to_range[size.node.expr] = ValueRanges(1, 128)
+    with apply_patches("executorch.xnnpack"):
+        assert _is_nhwc(image) is True
+        # concrete tensors keep upstream's answers: NHWC only when channels-last and not also contiguous
+        assert _is_nhwc(torch.empty(2, 4, 8, 8).contiguous(memory_format=torch.channels_last)) is True
+        assert _is_nhwc(torch.empty(2, 4, 8, 8)) is False
+        assert _is_nhwc(torch.empty(2, 4, 1, 1).contiguous(memory_format=torch.channels_last)) is False
+    assert env.var_to_range[image.shape[2].node.expr] == ValueRanges(1, 128)
+
+
+def _pow_graph(exponent: object) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph()
+    side = graph.placeholder("side")
+    power = graph.call_function(operator.pow, (side, exponent))
+    graph.output(graph.call_function(operator.add, (power, 1)))
+    return torch.fx.GraphModule(torch.nn.Module(), graph)
+
+
+def test_executorch_prim_ops_have_no_pow():
+    # why symbolic_powers_as_products exists: the emitter's table of symbolic-int operators
+    from executorch.exir.passes.executorch_prim_ops_registry import is_sym_op
+
+    assert not is_sym_op(operator.pow)
+    assert is_sym_op(operator.mul)
+
+
+@pytest.mark.parametrize("exponent", [1, 2, 3])
+def test_symbolic_powers_become_products_of_the_same_value(exponent):
+    from hfexport_executorch.workarounds.edge_passes import symbolic_powers_as_products
+
+    gm = _pow_graph(exponent)
+    assert symbolic_powers_as_products(gm) == 1
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert operator.pow not in targets
+    assert targets.count(operator.mul) == exponent - 1
+    for side in (1, 5, 17):
+        assert gm(side) == side**exponent + 1
+
+
+@pytest.mark.parametrize("exponent", [0, -1, 0.5, "k"])
+def test_powers_without_a_positive_literal_exponent_are_left(exponent):
+    from hfexport_executorch.workarounds.edge_passes import symbolic_powers_as_products
+
+    gm = _pow_graph(exponent)
+    assert symbolic_powers_as_products(gm) == 0
+    assert operator.pow in [n.target for n in gm.graph.nodes]
+
+
+def test_the_power_pass_is_registered_and_run_before_memory_planning():
+    from hfexport import registry
+    from hfexport_executorch.workarounds import edge_passes
+
+    names = [e.name for e in registry.active_entries(edge_passes.KIND, "executorch.xnnpack")]
+    assert f"{edge_passes.__name__}.symbolic_powers_as_products" in names
+    passes = edge_passes.edge_passes("executorch.xnnpack")
+    gm = _pow_graph(2)
+    result = passes[names.index(f"{edge_passes.__name__}.symbolic_powers_as_products")](gm)
+    assert result.modified and result.graph_module(3) == 10
