@@ -119,3 +119,28 @@ def test_the_power_pass_is_registered_and_run_before_memory_planning():
     gm = _pow_graph(2)
     result = passes[names.index(f"{edge_passes.__name__}.symbolic_powers_as_products")](gm)
     assert result.modified and result.graph_module(3) == 10
+
+
+def test_exact_quotients_cancel_over_inner_floor_divisions():
+    """MobileViT's attention views: (X**2 * Y**2)//(X*Y) patches, X = (side - 1)//16 + 1. bound_sympy
+    bounds it at 4096 for sides up to 128 while the tensor it views is planned for X*Y <= 64, so the
+    view ran past the planned arena (method load failed with 0x21, MemoryAllocationFailed)."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+    from torch.utils._sympy.value_ranges import bound_sympy
+
+    from hfexport_executorch.workarounds.patches import exact_floor_divisions, tighter_upper_bound
+
+    height, width = sympy.symbols("s0 s1", integer=True, positive=True)
+    ranges = {height: ValueRanges(1, 128), width: ValueRanges(1, 128)}
+    rows, cols = FloorDiv(height - 1, 16) + 1, FloorDiv(width - 1, 16) + 1
+    patches = FloorDiv(rows**2 * cols**2, rows * cols)
+    assert int(bound_sympy(patches, ranges).upper) == 4096  # the planner's answer without the rewrite
+    assert tighter_upper_bound(patches, ranges) == 64
+    assert sympy.expand(exact_floor_divisions(patches) - rows * cols) == 0
+    for h, w in ((1, 1), (32, 48), (127, 128)):
+        point = {height: h, width: w}
+        assert exact_floor_divisions(patches).subs(point) == patches.subs(point)
+    # inexact quotients over inner floor divisions are kept
+    assert exact_floor_divisions(FloorDiv(rows, 2)) == FloorDiv(rows, 2)
+    assert exact_floor_divisions(FloorDiv(rows * cols + 1, rows)) == FloorDiv(rows * cols + 1, rows)

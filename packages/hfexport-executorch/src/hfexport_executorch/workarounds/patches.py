@@ -1009,9 +1009,11 @@ def partition_copies_share_the_weights(original: Any) -> Any:
 def exact_floor_divisions(expr: Any) -> Any:
     """``expr`` with every ``FloorDiv(a, b)`` whose divisor divides its dividend as polynomials
     replaced by the quotient: ``(s**2)//s`` becomes ``s``, ``((2*s - 1)*((s**2)//s))//s`` becomes
-    ``2*s - 1`` (innermost first). A quotient that is a polynomial with integer coefficients is an
-    integer for every integer value of its symbols, so the floor changes nothing and the rewrite is
-    exact; any other ``FloorDiv`` (``s//2``, ``(s + 1)//s``) is kept.
+    ``2*s - 1`` (innermost first). Inner floor divisions that remain count as integer generators:
+    ``(X**2 * Y**2)//(X*Y)`` with ``X = (s - 1)//16 + 1`` becomes ``X*Y``. A quotient that is a
+    polynomial with integer coefficients is an integer for every integer value of its generators, so
+    the floor changes nothing and the rewrite is exact; any other ``FloorDiv`` (``s//2``,
+    ``(s + 1)//s``) is kept.
 
     Args:
         expr: a sympy expression of size symbols (a ``SymInt``'s ``node.expr``).
@@ -1026,7 +1028,11 @@ def exact_floor_divisions(expr: Any) -> Any:
         base, divisor = division.args
         if divisor == 0:
             return division
-        value = sympy.cancel(base / divisor)
+        # inner floor divisions are integers: cancel over them as opaque integer generators, so
+        # MobileViT's (X**2 * Y**2)//(X*Y) with X = (side - 1)//16 + 1 cancels to X*Y too
+        inner = base.atoms(FloorDiv) | divisor.atoms(FloorDiv)
+        generators = {atom: sympy.Dummy(integer=True) for atom in inner}
+        value = sympy.cancel(base.xreplace(generators) / divisor.xreplace(generators))
         symbols = sorted(value.free_symbols, key=str)
         if not symbols:
             return value if value.is_Integer else division
@@ -1034,7 +1040,7 @@ def exact_floor_divisions(expr: Any) -> Any:
             return division
         if not all(coefficient.is_Integer for coefficient in sympy.Poly(value, *symbols).coeffs()):
             return division
-        return value
+        return value.xreplace({dummy: atom for atom, dummy in generators.items()})
 
     if not expr.has(FloorDiv):
         return expr
