@@ -144,3 +144,39 @@ def test_exact_quotients_cancel_over_inner_floor_divisions():
     # inexact quotients over inner floor divisions are kept
     assert exact_floor_divisions(FloorDiv(rows, 2)) == FloorDiv(rows, 2)
     assert exact_floor_divisions(FloorDiv(rows * cols + 1, rows)) == FloorDiv(rows * cols + 1, rows)
+
+
+def _dim_order(stride):
+    from executorch.exir import tensor as exir_tensor
+
+    return tuple(exir_tensor.dim_order_from_stride(stride))
+
+
+def _width(pooled: torch.Tensor):
+    (symbol,) = pooled.shape[3].node.expr.free_symbols
+    return symbol
+
+
+def test_tensor_spec_dim_order_narrows_the_image_side_without_the_patch():
+    # Documents the fault dim_order_without_size_guards works around (executorch 1.4.1): the
+    # strides' sort compares the 1x1 map's width stride with 1 and guards at the sample
+    pooled, env, _ = _pooled_feature_map()
+    assert _dim_order(pooled.stride()) == (0, 1, 2, 3)
+    assert env.var_to_range[_width(pooled)] == ValueRanges(1, 32)
+
+
+def test_tensor_spec_dim_order_keeps_the_image_side_range_with_the_patch():
+    pooled, env, height = _pooled_feature_map()
+    with apply_patches("executorch"):
+        assert _dim_order(pooled.stride()) == (0, 1, 2, 3)
+        last = FakeTensorMode(shape_env=env).from_tensor(
+            torch.empty(2, 4, 32, 32).contiguous(memory_format=torch.channels_last),
+            symbolic_context=StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]
+            ),
+        )
+        assert _dim_order(last.stride()) == (0, 2, 3, 1)
+        # concrete strides: upstream's answer
+        assert _dim_order((96, 1, 12, 3)) == (0, 2, 3, 1)
+    assert env.var_to_range[height] == ValueRanges(1, 128)
+    assert env.var_to_range[_width(pooled)] == ValueRanges(1, 128)

@@ -39,6 +39,7 @@ __all__ = [
     "circular_pad_without_empty",
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
+    "dim_order_without_size_guards",
     "edge_verifier_accepts_symbolic_min_max",
     "exact_floor_divisions",
     "exact_quotients_in_upper_bounds",
@@ -635,6 +636,65 @@ def layout_tags_without_size_guards(original: Callable[..., Any]) -> Callable[..
         return nhwc and not nchw
 
     return is_nhwc_tensor
+
+
+def _stride_order_without_guards(stride: Any) -> tuple[int, ...]:
+    """Axes sorted by decreasing stride, comparing with ``statically_known_true`` only: strides not
+    provably different keep their order (Python's sort is stable), as equal strides do upstream."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    def smaller(a: Any, b: Any) -> bool:
+        return bool(statically_known_true(a < b))
+
+    order = list(range(len(stride)))
+    # insertion sort by decreasing stride: stable, and only proven comparisons move an axis
+    for i in range(1, len(order)):
+        j = i
+        while j > 0 and smaller(stride[order[j - 1]], stride[order[j]]):
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    return tuple(order)
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    description=(
+        "ExecuTorch's TensorSpec derives a dim order by sorting symbolic strides with guard_or_true comparisons, "
+        "which guard at the sample: SpecPropPass narrowed a PP-OCR detector's image width from [1, 128] to "
+        "[1, 32] (a 1x1 stride-32 map) before memory planning; strides are ordered without guards"
+    ),
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/tensor.py",
+    versions={"executorch": ">=1.3"},
+)
+def dim_order_without_size_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``executorch.exir.tensor.dim_order_from_stride`` for symbolic strides.
+
+    ``to_executorch`` runs ``SpecPropPass`` first, which builds a ``TensorSpec`` for every node;
+    its dim order comes from sorting the strides with a comparator that ends in
+    ``guard_or_true(a != b)`` and ``a < b`` (executorch 1.3-1.4.1). On backed symbolic strides
+    these guard at the trace hints: the contiguous strides ``(C*h*w, h*w, w, 1)`` of a map that is
+    1x1 in the sample compare ``w`` with ``1`` and install ``w == 1``, i.e. the image width
+    ``<= 32`` for a stride-32 map of a 32x32 sample. Memory planning then bounds every size in
+    that narrowed range (PP-OCR text detectors: ``pixel_values`` planned ``[8, 3, 32, 32]``
+    although the program was captured for sides up to 128) and the ``.pte`` refuses larger images.
+    For strides with a symbolic entry the wrapper orders axes by decreasing stride using proven
+    comparisons only (``statically_known_true``), keeping the given order where no order is
+    proven, which is what upstream's stable sort returns for equal strides; concrete strides get
+    the original. A dim order is only a layout tag here: tensors outside delegates are contiguous
+    in the edge program, for which both answers agree.
+
+    Returns:
+        The replacement ``(stride) -> tuple`` of axis indices, outermost first.
+    """
+
+    @functools.wraps(original)
+    def dim_order_from_stride(stride: Any) -> Any:
+        if not any(isinstance(value, torch.SymInt) for value in stride):
+            return original(stride)
+        return _stride_order_without_guards(stride)
+
+    return dim_order_from_stride
 
 
 @register_patch(
