@@ -180,3 +180,38 @@ def test_tensor_spec_dim_order_keeps_the_image_side_range_with_the_patch():
         assert _dim_order((96, 1, 12, 3)) == (0, 2, 3, 1)
     assert env.var_to_range[height] == ValueRanges(1, 128)
     assert env.var_to_range[_width(pooled)] == ValueRanges(1, 128)
+
+
+class _ToyDetector(torch.nn.Module):
+    """A pooled map broadcast against the full-resolution map, with dynamic image sides."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        features = self.conv(pixel_values)
+        return features * features.mean((2, 3), keepdim=True)
+
+
+def test_memory_planning_runs_size_oblivious_for_dynamic_image_sides(monkeypatch):
+    import torch.fx.experimental._config as fx_config
+
+    from hfexport.config import ExecutorchConfig
+    from hfexport_executorch import ExecutorchExporter, lowering
+
+    seen = []
+    original = lowering.plan_memory
+
+    def recording(*args, **kwargs):
+        seen.append(fx_config.backed_size_oblivious)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(lowering, "plan_memory", recording)
+    model = _ToyDetector().eval()
+    exporter = ExecutorchExporter()
+    config = ExecutorchConfig(dynamic=True, validate=False)  # the flag is the point; validation is slow
+    exporter.export(model, {"pixel_values": torch.randn(2, 3, 32, 32)}, config)
+    sides = [(a["meaning"], a["status"]) for a in exporter.last_report.dynamic_axes if a["axis"] >= 2]
+    assert sides == [("image height", "dynamic"), ("image width", "dynamic")]
+    assert seen == [True]
