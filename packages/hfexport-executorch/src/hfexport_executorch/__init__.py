@@ -17,6 +17,6 @@ from hfexport_executorch.__about__ import __version__
 from hfexport_executorch.exporter import ExecutorchExporter
 from hfexport_executorch.layouts import LLM_RUNNER as _LLM_RUNNER  # noqa: F401  (register the layouts)
 from hfexport_executorch.versions import MIN_VERSIONS, SUPPORTED, TESTED_VERSIONS
-from hfexport_executorch.workarounds import fx_fixes, patches  # noqa: F401  (register the workarounds)
+from hfexport_executorch.workarounds import edge_passes, fx_fixes, patches  # noqa: F401  (register the workarounds)
 
 __all__ = ["MIN_VERSIONS", "SUPPORTED", "TESTED_VERSIONS", "ExecutorchExporter", "__version__"]

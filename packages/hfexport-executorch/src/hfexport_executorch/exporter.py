@@ -210,7 +210,10 @@ class ExecutorchExporter(HfExporter):
                     from hfexport_executorch.quantize import quantized_op_counts
 
                     report.quantization["ops"] = quantized_op_counts(edge)
-            with report.stage("memory_planning"):
+            # to_executorch re-runs each delegate's graph on fake tensors (SpecPropPass), whose
+            # broadcasting checks guard a 1x1 map at the sample as the re-trace of to_edge did
+            # (PP-LCNetV4's text detector: image sides narrowed to 32), so it runs under the same flag
+            with report.stage("memory_planning"), _size_oblivious_if_image_sides(report):
                 fuse = quantization is not None and quantization.embedding_bits is not None
                 manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
@@ -386,7 +389,10 @@ def _size_oblivious_if_image_sides(report: ExportReport) -> Iterator[None]:
     in the sample (ConvNeXt's last stage on 32x32 images) stays symbolic. ``to_edge`` re-traces the
     program for its decompositions; without the flag that re-trace takes such a map as the
     constant 1 (the layer norm of ConvNeXt's last stage came out ``[batch, 1, 1, 128]``, planned for
-    1x1 and refused a 64x64 image at run time), so the lowering runs under the same flag.
+    1x1 and refused a 64x64 image at run time), so the lowering runs under the same flag. So does
+    memory planning: ``to_executorch``'s ``SpecPropPass`` runs each delegate's graph on fake tensors
+    again, and a broadcast against a map that is 1x1 in the sample guarded the image sides to the
+    sample's 32 (PP-OCRv6's small text detector planned ``pixel_values`` at ``[8, 3, 32, 32]``).
     """
     import torch.fx.experimental._config as fx_config
 

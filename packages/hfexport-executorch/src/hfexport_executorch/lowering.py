@@ -4,7 +4,8 @@
   partitioners; returns the ``EdgeProgramManager``.
 - :func:`delegation_summary`: how much of the program the delegate took (for the report).
 - :func:`plan_memory`: ``EdgeProgramManager.to_executorch`` with a ``MemoryPlanningPass`` built
-  from the config's ``alloc_graph_input``, ``alloc_graph_output`` and ``alloc_mutable_buffers``;
+  from the config's ``alloc_graph_input``, ``alloc_graph_output`` and ``alloc_mutable_buffers``,
+  after the registered edge passes (:mod:`hfexport_executorch.workarounds.edge_passes`);
   returns the ``ExecutorchProgramManager``.
 - :func:`planned_memory_bytes`: the size of the memory-planned arena of the emitted program.
 """
@@ -140,7 +141,7 @@ def memory_planning_pass(config: Any) -> MemoryPlanningPass:
 def plan_memory(
     edge: EdgeProgramManager, config: Any, *, quant_fusion: bool = False
 ) -> ExecutorchProgramManager:
-    """Run ExecuTorch memory planning and emission on ``edge``.
+    """Run the registered edge passes, then ExecuTorch memory planning and emission on ``edge``.
 
     Args:
         edge: the lowered edge program.
@@ -157,8 +158,13 @@ def plan_memory(
     Returns:
         The ``ExecutorchProgramManager``.
     """
+    from hfexport_executorch.workarounds.edge_passes import edge_passes
+
+    backend = getattr(config, "backend", None)
     backend_config = ExecutorchBackendConfig(
-        memory_planning_pass=memory_planning_pass(config), do_quant_fusion_and_const_prop=quant_fusion
+        passes=edge_passes(f"executorch.{backend}" if backend else "executorch"),
+        memory_planning_pass=memory_planning_pass(config),
+        do_quant_fusion_and_const_prop=quant_fusion,
     )
     return edge.to_executorch(backend_config)
 

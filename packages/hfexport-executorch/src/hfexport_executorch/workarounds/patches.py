@@ -40,17 +40,20 @@ __all__ = [
     "circular_pad_without_empty",
     "conv1d_with_one_dynamic_dim_only",
     "conv_layout_without_size_guard",
+    "dim_order_without_size_guards",
     "edge_verifier_accepts_symbolic_min_max",
     "exact_floor_divisions",
     "exact_quotients_in_upper_bounds",
     "gated_delta_rule_keeps_the_triangular_solve",
     "gelu_tanh_stays_portable",
     "keep_dynamic_dims_in_list_returning_ops",
+    "layout_tags_without_size_guards",
     "max_dim_only_over_spatial_axes",
     "node_comparison_cache_per_export",
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "provably_dense_in_order",
     "stride_order_without_data_dependent_guards",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
@@ -267,7 +270,9 @@ def _stride_order(first: Any, second: Any) -> int:
 
 @register_patch(
     "executorch",
-    "executorch.exir.tensor.dim_order_from_stride",
+    # (exir.tensor's own binding, the one TensorSpec calls, is dim_order_without_size_guards'
+    # target, which orders symbolic strides without any guard; these are the modules that
+    # imported the function by name)
     "executorch.exir.tensor_layout.dim_order_from_stride",
     "executorch.exir.emit._emitter.dim_order_from_stride",
     "executorch.exir.passes.replace_view_copy_with_view_pass.dim_order_from_stride",
@@ -697,6 +702,138 @@ _XNNPACK_PASS_NEEDS: dict[str, Callable[[frozenset[str]], bool]] = {
 }
 
 
+def _has_symbolic_layout(tensor: Any) -> bool:
+    if not isinstance(tensor, torch.Tensor):
+        return False
+    return any(isinstance(size, torch.SymInt) for size in (*tensor.shape, *tensor.stride()))
+
+
+def provably_dense_in_order(tensor: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """True when ``tensor``'s strides are dense with axes ``order`` from innermost to outermost for
+    every size in the shape env's ranges, decided with ``statically_known_true`` (no guard).
+
+    Axes of size 1 (provably) are skipped, as in torch's contiguity rules; an axis whose size or
+    stride is not provably what the order needs answers False. ``order`` ``(3, 2, 1, 0)`` is NCHW
+    contiguity of a 4-D tensor, ``(1, 3, 2, 0)`` channels-last (NHWC).
+    """
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    expected: Any = 1
+    for axis in order:
+        size = tensor.shape[axis]
+        if statically_known_true(size == 1):
+            continue
+        if not statically_known_true(tensor.stride()[axis] == expected):
+            return False
+        expected = expected * size
+    return True
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass._is_nhwc_tensor",
+    description=(
+        "XNNPACK's ChannelsLastTaggedReshapePass asks tensor.is_contiguous(channels_last) of symbolic tensors, which "
+        "guards on the sample sizes: a PP-OCR detector traced on 32x32 images left lowering with its image sides "
+        "narrowed from [1, 128] to [1, 32] (1x1 stride-32 map) and its .pte refused a 64x64 image; decided without guards"
+    ),
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/_passes/channels_last_tagged_reshape_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def layout_tags_without_size_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ChannelsLastTaggedReshapePass._is_nhwc_tensor`` (a static method) for symbolic tensors.
+
+    The pass (executorch 1.3-1.4.1) tags each node of an XNNPACK partition NCHW or NHWC by asking
+    its fake value ``is_contiguous(memory_format=torch.channels_last)`` and ``is_contiguous()``.
+    On symbolic sizes both answers are guarded at the trace hints and the guards refine the shape
+    env's ranges: the size-1 tests of a stride-32 feature map that is 1x1 in a 32x32 sample install
+    ``(side - 1) // 32 + 1 == 1``, i.e. ``side <= 32``. Memory planning then evaluates every
+    upper bound in that narrowed shape env, so a program exported for image sides in [1, 128]
+    (PP-OCRv5/v6 text detectors, ``pixel_values`` planned ``[8, 3, 32, 32]``) refused a 64x64
+    image at run time, although ``range_constraints`` still said 128. (Inductor's concat layout
+    check hit the same guard, https://github.com/pytorch/pytorch/pull/181845; torch's
+    ``*_or_false`` contiguity helpers still guard on backed sizes, so they do not help here.) For a
+    4-D tensor with a symbolic size or stride the wrapper decides both layouts with
+    :func:`provably_dense_in_order` (``statically_known_true`` only: no guard is installed, the
+    ranges stay), and "both layouts" still reads as NCHW; concrete tensors and other ranks get the
+    original rule. A layout that cannot be proven for every size is read as not NHWC: the pass then
+    converts where an NHWC operator needs it, which is correct for either layout.
+
+    Returns:
+        The replacement ``(tensor) -> bool``: True when ``tensor`` is channels-last (NHWC) and not
+        also contiguous (NCHW).
+    """
+
+    @functools.wraps(original)
+    def is_nhwc_tensor(tensor: torch.Tensor) -> bool:
+        if not _has_symbolic_layout(tensor) or tensor.dim() != 4:
+            return bool(original(tensor))
+        nhwc = provably_dense_in_order(tensor, (1, 3, 2, 0))
+        nchw = provably_dense_in_order(tensor, (3, 2, 1, 0))
+        return nhwc and not nchw
+
+    return is_nhwc_tensor
+
+
+def _stride_order_without_guards(stride: Any) -> tuple[int, ...]:
+    """Axes sorted by decreasing stride, comparing with ``statically_known_true`` only: strides not
+    provably different keep their order (Python's sort is stable), as equal strides do upstream."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    def smaller(a: Any, b: Any) -> bool:
+        return bool(statically_known_true(a < b))
+
+    order = list(range(len(stride)))
+    # insertion sort by decreasing stride: stable, and only proven comparisons move an axis
+    for i in range(1, len(order)):
+        j = i
+        while j > 0 and smaller(stride[order[j - 1]], stride[order[j]]):
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    return tuple(order)
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.tensor.dim_order_from_stride",
+    description=(
+        "ExecuTorch's TensorSpec derives a dim order by sorting symbolic strides with guard_or_true comparisons, "
+        "which guard at the sample: SpecPropPass narrowed a PP-OCR detector's image width from [1, 128] to "
+        "[1, 32] (a 1x1 stride-32 map) before memory planning; strides are ordered without guards"
+    ),
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/tensor.py",
+    versions={"executorch": ">=1.3"},
+)
+def dim_order_without_size_guards(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``executorch.exir.tensor.dim_order_from_stride`` for symbolic strides.
+
+    ``to_executorch`` runs ``SpecPropPass`` first, which builds a ``TensorSpec`` for every node;
+    its dim order comes from sorting the strides with a comparator that ends in
+    ``guard_or_true(a != b)`` and ``a < b`` (executorch 1.3-1.4.1). On backed symbolic strides
+    these guard at the trace hints: the contiguous strides ``(C*h*w, h*w, w, 1)`` of a map that is
+    1x1 in the sample compare ``w`` with ``1`` and install ``w == 1``, i.e. the image width
+    ``<= 32`` for a stride-32 map of a 32x32 sample. Memory planning then bounds every size in
+    that narrowed range (PP-OCR text detectors: ``pixel_values`` planned ``[8, 3, 32, 32]``
+    although the program was captured for sides up to 128) and the ``.pte`` refuses larger images.
+    For strides with a symbolic entry the wrapper orders axes by decreasing stride using proven
+    comparisons only (``statically_known_true``), keeping the given order where no order is
+    proven, which is what upstream's stable sort returns for equal strides; concrete strides get
+    the original. A dim order is only a layout tag here: tensors outside delegates are contiguous
+    in the edge program, for which both answers agree.
+
+    Returns:
+        The replacement ``(stride) -> tuple`` of axis indices, outermost first.
+    """
+
+    @functools.wraps(original)
+    def dim_order_from_stride(stride: Any) -> Any:
+        if not any(isinstance(value, torch.SymInt) for value in stride):
+            return original(stride)
+        return _stride_order_without_guards(stride)
+
+    return dim_order_from_stride
+
+
 @register_patch(
     "executorch.xnnpack",
     "executorch.backends.xnnpack._passes._transform",
@@ -1069,9 +1206,11 @@ def partition_copies_share_the_weights(original: Any) -> Any:
 def exact_floor_divisions(expr: Any) -> Any:
     """``expr`` with every ``FloorDiv(a, b)`` whose divisor divides its dividend as polynomials
     replaced by the quotient: ``(s**2)//s`` becomes ``s``, ``((2*s - 1)*((s**2)//s))//s`` becomes
-    ``2*s - 1`` (innermost first). A quotient that is a polynomial with integer coefficients is an
-    integer for every integer value of its symbols, so the floor changes nothing and the rewrite is
-    exact; any other ``FloorDiv`` (``s//2``, ``(s + 1)//s``) is kept.
+    ``2*s - 1`` (innermost first). Inner floor divisions that remain count as integer generators:
+    ``(X**2 * Y**2)//(X*Y)`` with ``X = (s - 1)//16 + 1`` becomes ``X*Y``. A quotient that is a
+    polynomial with integer coefficients is an integer for every integer value of its generators, so
+    the floor changes nothing and the rewrite is exact; any other ``FloorDiv`` (``s//2``,
+    ``(s + 1)//s``) is kept.
 
     Args:
         expr: a sympy expression of size symbols (a ``SymInt``'s ``node.expr``).
@@ -1086,7 +1225,11 @@ def exact_floor_divisions(expr: Any) -> Any:
         base, divisor = division.args
         if divisor == 0:
             return division
-        value = sympy.cancel(base / divisor)
+        # inner floor divisions are integers: cancel over them as opaque integer generators, so
+        # MobileViT's (X**2 * Y**2)//(X*Y) with X = (side - 1)//16 + 1 cancels to X*Y too
+        inner = base.atoms(FloorDiv) | divisor.atoms(FloorDiv)
+        generators = {atom: sympy.Dummy(integer=True) for atom in inner}
+        value = sympy.cancel(base.xreplace(generators) / divisor.xreplace(generators))
         symbols = sorted(value.free_symbols, key=str)
         if not symbols:
             return value if value.is_Integer else division
@@ -1094,7 +1237,7 @@ def exact_floor_divisions(expr: Any) -> Any:
             return division
         if not all(coefficient.is_Integer for coefficient in sympy.Poly(value, *symbols).coeffs()):
             return division
-        return value
+        return value.xreplace({dummy: atom for atom, dummy in generators.items()})
 
     if not expr.has(FloorDiv):
         return expr
