@@ -78,11 +78,13 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
     # the patches stage lists what it installed per key: parent key first, then the xnnpack scope
     installed = next(s for s in exporter.last_report.stages if s.name == "patches").data
     assert list(installed) == ["executorch", "executorch.xnnpack"]
-    # the xnnpack scope: the partitioner rules, the preprocess pass skipping, the layout tags without
-    # size guards and the core's shared dense-experts MoE forward
+    # the xnnpack scope: the partitioner rules (a broadcasting div kept portable among them), the
+    # preprocess pass skipping, the layout tags without size guards and the core's shared
+    # dense-experts MoE forward
     assert sorted(installed["executorch.xnnpack"]) == [
         "hfexport.workarounds.moe.dense_experts_for_every_implementation",
         "hfexport_executorch.workarounds.patches.batch_norm_1d_with_one_dynamic_dim_only",
+        "hfexport_executorch.workarounds.patches.broadcast_div_stays_portable",
         "hfexport_executorch.workarounds.patches.conv1d_with_one_dynamic_dim_only",
         "hfexport_executorch.workarounds.patches.gelu_tanh_stays_portable",
         "hfexport_executorch.workarounds.patches.layout_tags_without_size_guards",
