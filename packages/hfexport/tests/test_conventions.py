@@ -114,6 +114,8 @@ def test_names_with_filters_in_table_order():
         "image_sizes",
         "window_index",
         "cu_window_seqlens",
+        # issue 28: DeepSeek-VL hybrid's second, high-resolution view of each image
+        "high_res_pixel_values",
     }
 
 
@@ -152,6 +154,8 @@ def test_old_call_sites_agree_with_the_table():
         # new in the table, batch on axis 0 as well
         "moe_mm_token_type_ids",
         "pixel_values_videos",
+        # issue 28: DeepSeek-VL hybrid's second, high-resolution view of each image
+        "high_res_pixel_values",
         # issue 28: time-series forecasters and speecht5's teacher-forced frames
         "past_values",
         "past_time_features",
