@@ -151,7 +151,9 @@ FAMILY_NOTES: dict[str, str] = {
     "position interpolation and patch merging (needs the one-grid encoder); florence2's projector fails in the "
     "XNNPACK delegate at run time (0x10) on the tiny model's 1x1 feature map; lfm3_vl's image encoder gets a "
     "size bound beyond int32; minicpm_ocr/v4_6's Qwen3.5 language model fails its second shape (0x12); "
-    "nemotron_h_omni's hybrid cache flattens into more decode outputs than recorded. "
+    "nemotron_h_omni's hybrid cache flattens into more decode outputs than recorded; hy_v4_vl's one-grid image "
+    "encoder differs from eager on XNNPACK and kimi_k25's does not load (0x14: an operator without a runtime "
+    "kernel), neither located yet; the types failing dynamo fail the other backends at the same step. "
     "Types without a tiny model: transformers' own defaults leave the config incomplete (no vision config, no "
     "image token id) or the tower needs PIL and timm (timm wrappers: fast_vlm, gemma3n, perception_lm).",
 }
