@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.export import Dim
 
@@ -66,3 +67,26 @@ def test_llava_second_shape_keeps_the_image_tokens():
         "input_ids sequence: dynamic [2, 128]",
         "attention_mask sequence: dynamic [2, 128]",
     ]
+
+
+def test_a_shape_guard_failure_is_a_value_error_saying_what_to_do():
+    # fresh-user trial: an image of another size than the export's fixed side raised torch's bare
+    # "AssertionError: Guard failed: pixel_values.size()[2] == 32" from the program's module
+
+    from hfexport_dynamo.runtime import ProgramRunner
+
+    class FixedSide(torch.nn.Module):
+        def forward(self, pixel_values):
+            return pixel_values.reshape(pixel_values.shape[0], -1) @ torch.ones(3 * 32 * 32, 2)
+
+    batch = torch.export.Dim("batch", min=1, max=8)
+    program = torch.export.export(
+        FixedSide(),
+        (),
+        {"pixel_values": torch.randn(2, 3, 32, 32)},
+        dynamic_shapes={"pixel_values": {0: batch}},
+    )
+    runner = ProgramRunner(program)
+    assert runner({"pixel_values": torch.ones(3, 3, 32, 32)})[""].shape == (3, 2)
+    with pytest.raises(ValueError, match=r"\[1, 3, 48, 48\].*Guard failed.*resize images"):
+        runner({"pixel_values": torch.ones(1, 3, 48, 48)})

@@ -524,3 +524,31 @@ def test_window_index_is_tied_to_the_patch_count_while_capturing():
     other, order = torch.randn(6 * unit, 3), torch.tensor([5, 4, 0, 1, 3, 2])
     expected = tower.permute_input_for_window_attn(other, order, seq_len=other.shape[0])
     torch.testing.assert_close(program.module()(other, order), expected)
+
+
+def test_blip_text_only_prompt_and_new_token_start_after_its_prompt_rewrite():
+    # fresh-user trial: a text-only prompt of BLIP (its language model takes the image as an input of
+    # its own) raised KeyError('image_encoder'); and generate_from_dir / `hfexport generate` cut the new
+    # tokens at the given prompt's length although BLIP's rewrite drops its closing [SEP], so the first
+    # new token was lost
+    from hfexport.generation import GenerationRunner, decompose_for_generation
+    from hfexport.generation.persist import new_tokens_start
+    from hfexport.testing.generation import eager_component_callers
+
+    model, inputs = tiny_model("blip", TASK)
+    parts = decompose_for_generation(model, inputs)
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    ids = inputs["input_ids"][:1]
+    with pytest.raises(
+        ValueError, match=r"takes .* from the image_encoder.* no image-free path; pass the image"
+    ):
+        runner.generate(ids, max_new_tokens=2)
+    sequences = runner.generate(ids, max_new_tokens=3, pixel_values=inputs["pixel_values"][:1])
+    start = new_tokens_start(parts.plan, ids.shape[1])
+    assert parts.plan.prompt_edit.get("drop_last") == 1 and start == ids.shape[1] - 1
+    with torch.no_grad():
+        expected = model.generate(
+            input_ids=ids, pixel_values=inputs["pixel_values"][:1], max_new_tokens=3, do_sample=False
+        )
+    assert sequences[0, start:].tolist() == expected[0, start:].tolist()
+    assert sequences.shape[1] - start == expected.shape[1] - start

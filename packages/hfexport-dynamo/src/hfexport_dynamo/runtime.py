@@ -82,7 +82,14 @@ class ProgramRunner:
             return self._module
 
     def __call__(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-        """Run the program on forward kwargs ``inputs``; return its leaf tensors by path."""
+        """Run the program on forward kwargs ``inputs``; return its leaf tensors by path.
+
+        Raises:
+            UnsupportedInputError: inputs missing or not taken by the program.
+            ValueError: an input breaks one of the program's shape guards (an axis the capture
+                fixed): the message names the shapes and what to do
+                (:func:`hfexport.generation.runner.shape_guard_error`).
+        """
         flat = takes_flat_inputs(self.program)
         inputs = fill_output_flags(inputs, self.output_flags)
         kwargs = flat_inputs(inputs) if flat else dict(inputs)
@@ -98,5 +105,13 @@ class ProgramRunner:
                     "(None where the sample had None)."
                 )
         with torch.no_grad():
-            outputs = self.module(**kwargs)
+            try:
+                outputs = self.module(**kwargs)
+            except AssertionError as exc:  # torch's "Guard failed: ..." on a shape the capture fixed
+                from hfexport.generation.runner import shape_guard_error
+
+                error = shape_guard_error(exc, kwargs)
+                if error is None:
+                    raise
+                raise error from exc
         return {leaf_path(name): value for name, value in get_leaf_tensors(outputs).items()}

@@ -39,6 +39,7 @@ __all__ = [
     "generate_from_dir",
     "load_components",
     "load_runner",
+    "new_tokens_start",
     "read_manifest",
     "save_components",
 ]
@@ -271,6 +272,19 @@ def load_runner(
     return exporter.generation_support.generation_runner(plan, callers, **runner_kwargs)
 
 
+def new_tokens_start(plan: GenerationPlan, prompt_length: int) -> int:
+    """Where the new tokens begin in a sequence :meth:`GenerationRunner.generate` returns for one
+    prompt of ``prompt_length`` tokens.
+
+    ``1`` for an encoder-decoder (the decoder start token comes first); else the prompt's length as
+    the runner returns it: shortened by the plan's prompt rewrite (``prompt_edit["drop_last"]``:
+    BLIP's ``generate`` drops the processor's closing ``[SEP]``), which the runner repeats.
+    """
+    if plan.architecture == "encoder_decoder":
+        return 1
+    return prompt_length - int((plan.prompt_edit or {}).get("drop_last", 0))
+
+
 def generate_from_dir(
     output_dir: str | os.PathLike[str],
     input_ids: Sequence[int] | torch.Tensor,
@@ -308,5 +322,5 @@ def generate_from_dir(
         )
     runner = load_runner(output_dir, exporter=exporter)
     sequences = runner.generate(ids[None], max_new_tokens=max_new_tokens, **inputs)
-    start = 1 if runner.plan.architecture == "encoder_decoder" else ids.numel()
+    start = new_tokens_start(runner.plan, ids.numel())
     return [int(t) for t in sequences[0, start:].tolist()]

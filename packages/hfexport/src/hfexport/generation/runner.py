@@ -26,7 +26,13 @@ import torch
 from hfexport.generation.plan import GenerationPlan
 from hfexport.tensors import get_leaf_tensors
 
-__all__ = ["Caller", "GenerationRunner", "callers_from_exporter", "exported_program_caller"]
+__all__ = [
+    "Caller",
+    "GenerationRunner",
+    "callers_from_exporter",
+    "exported_program_caller",
+    "shape_guard_error",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +53,8 @@ def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
 
     Raises (on call):
         UnsupportedInputError: a flag differs from the value the program was exported with.
+        ValueError: the inputs break one of the program's shape guards ("Guard failed: ..."), with
+            the input shapes and what to do (torch raises a bare ``AssertionError``).
     """
     from hfexport.inputs.flags import fill_output_flags, program_output_flags
 
@@ -55,9 +63,40 @@ def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
 
     def call(kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         with torch.no_grad():
-            return get_leaf_tensors(module(**fill_output_flags(kwargs, flags)))
+            try:
+                return get_leaf_tensors(module(**fill_output_flags(kwargs, flags)))
+            except AssertionError as exc:
+                error = shape_guard_error(exc, kwargs)
+                if error is None:
+                    raise
+                raise error from exc
 
     return call
+
+
+def shape_guard_error(exc: AssertionError, inputs: Mapping[str, Any]) -> ValueError | None:
+    """The user-facing error for an ``ExportedProgram`` refusing inputs on a shape guard.
+
+    ``program.module()`` checks the captured shape conditions on every call and raises a bare
+    ``AssertionError("Guard failed: pixel_values.size()[2] == 32")`` when an input breaks one.
+
+    Args:
+        exc: the error the program's module raised.
+        inputs: the forward kwargs it was called with (their leaf shapes go into the message).
+
+    Returns:
+        A ``ValueError`` naming the input shapes, the guard and what to do, or ``None`` when
+        ``exc`` is not a guard failure (re-raise it as it is).
+    """
+    if "Guard failed" not in str(exc):
+        return None
+    shapes = {k: list(v.shape) for k, v in get_leaf_tensors(dict(inputs)).items()}
+    return ValueError(
+        f"the inputs {shapes} break a shape condition the program was captured with ({exc}): an axis the "
+        "model fixed at export (an image side its vision tower computes its grid from) or a size outside "
+        "the exported range; give inputs of the exported sizes (resize images to the sample's size), or "
+        "export again with sample inputs of the size you serve"
+    )
 
 
 def callers_from_exporter(exporter: Any, artifacts: Mapping[str, Any]) -> dict[str, Caller]:
@@ -458,6 +497,13 @@ class GenerationRunner:
                         raise KeyError(f"the {step} step needs {source['key']!r}; pass it to generate()")
                     values[path] = torch.as_tensor(prompt[source["key"]])
                 else:
+                    if source["component"] not in produced:
+                        raise ValueError(
+                            f"the {step} step takes {path!r} from the {source['component']}, which this prompt "
+                            f"gives none of the image inputs {self._prompt_inputs_of(source['component'])} for: "
+                            "this model's language model takes the image as an input of its own and its export "
+                            "has no image-free path; pass the image"
+                        )
                     tensor = _output(produced, source["component"], source["output"])
                     values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
             return values
