@@ -61,8 +61,8 @@ class ProgramRunner:
         UnsupportedInputError: the kwargs miss an input the program was exported with, or add
             one it was not exported with (the message lists both sets); an output flag differs
             from its captured value (the message names it).
-        AssertionError: an input shape violates the program's shape guards (torch's message,
-            e.g. ``Guard failed: input_ids.size()[0] == 1``).
+        ValueError: an input shape violates the program's shape guards (the input shapes, torch's
+            guard, e.g. ``Guard failed: input_ids.size()[0] == 1``, and what to do).
     """
 
     def __init__(self, program: torch.export.ExportedProgram) -> None:
