@@ -127,6 +127,33 @@ def _output(produced: Mapping[str, Mapping[str, torch.Tensor]], component: str, 
     )
 
 
+def _exported_size_rows(
+    component: str, prompt: Mapping[str, Any], key: str, exported: list[int], what: str, axes: str
+) -> torch.Tensor:
+    """The prompt's per-image sizes ``prompt[key]`` as int rows ``[images, len(exported)]``, checked
+    against the one size a per-image component was exported for (``image_sizes``,
+    ``image_grid_thw``, a packed tower's grid input).
+
+    Raises:
+        ValueError: ``key`` is missing from the prompt, or a row holds another size than
+            ``exported`` (resize the image, or export with sample images of that size).
+    """
+    given = prompt.get(key)
+    if given is None:
+        raise ValueError(
+            f"the {component} was exported for images of {what} {exported} and needs {key}; pass it"
+        )
+    rows = torch.as_tensor(given).reshape(-1, len(exported))
+    other = sorted({tuple(int(v) for v in row) for row in rows.tolist()} - {tuple(exported)})
+    if other:
+        raise ValueError(
+            f"the {component} was exported for images of {what} {exported} {axes} and the prompt has images of "
+            f"{what} {[list(o) for o in other]}; resize them to the exported size, or export with sample images "
+            "of that size"
+        )
+    return rows
+
+
 def _text_positions(mask: torch.Tensor) -> torch.Tensor:
     mask = mask.to(torch.int64)
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
@@ -578,18 +605,7 @@ class GenerationRunner:
         if "image_grid_thw" in entry:
             return self._call_per_grid(component, values, prompt)
         size = [int(v) for v in entry["image_sizes"]]
-        given = prompt.get("image_sizes")
-        if given is None:
-            raise ValueError(
-                f"the {component} was exported for images of size {size} and needs image_sizes; pass it to generate()"
-            )
-        sizes = torch.as_tensor(given).reshape(-1, 2)
-        other = sorted({tuple(int(v) for v in row) for row in sizes.tolist()} - {tuple(size)})
-        if other:
-            raise ValueError(
-                f"the {component} was exported for images of size {size} (height, width) and the prompt has images "
-                f"of size {[list(o) for o in other]}; resize them, or export with sample images of that size"
-            )
+        sizes = _exported_size_rows(component, prompt, "image_sizes", size, "size", "(height, width)")
         counts = {int(v.shape[0]) for v in values.values()}
         if len(counts) != 1 or counts != {int(sizes.shape[0])}:
             raise ValueError(
@@ -631,20 +647,9 @@ class GenerationRunner:
                 ``t * h * w`` rows per image.
         """
         grid = [int(v) for v in self.plan.per_image[component]["image_grid_thw"]]
-        given = prompt.get("image_grid_thw")
-        if given is None:
-            raise ValueError(
-                f"the {component} was exported for images of patch grid {grid} and needs image_grid_thw; "
-                "pass it to generate()"
-            )
-        grids = torch.as_tensor(given).reshape(-1, 3)
-        other = sorted({tuple(int(v) for v in row) for row in grids.tolist()} - {tuple(grid)})
-        if other:
-            raise ValueError(
-                f"the {component} was exported for images of patch grid {grid} (temporal, height, width) and the "
-                f"prompt has images of grid {[list(o) for o in other]}; resize the images to the sample's size, "
-                "or export with sample images of that size"
-            )
+        grids = _exported_size_rows(
+            component, prompt, "image_grid_thw", grid, "patch grid", "(temporal, height, width)"
+        )
         patches = grid[0] * grid[1] * grid[2]
         images = int(grids.shape[0])
         for path, tensor in values.items():
@@ -678,18 +683,7 @@ class GenerationRunner:
 
         name = str(entry["grid_input"])
         grid = [int(v) for v in entry["grid"]]
-        given = prompt.get(name)
-        if given is None:
-            raise ValueError(
-                f"the {component} was exported for images of a {grid} patch grid and needs {name}; pass it to generate()"
-            )
-        grids = torch.as_tensor(given).reshape(-1, 2)
-        other = sorted({tuple(int(v) for v in row) for row in grids.tolist()} - {tuple(grid)})
-        if other:
-            raise ValueError(
-                f"the {component} was exported for images of a {grid} patch grid (height, width) and the prompt has "
-                f"{[list(o) for o in other]}; resize the images, or export with sample images of that size"
-            )
+        grids = _exported_size_rows(component, prompt, name, grid, "patch grid", "(height, width)")
         outputs = [self._call(component, one, {}) for one in split_packed_images(values, name, grids)]
         return {key: torch.cat([out[key] for out in outputs], dim=0) for key in outputs[0]}
 
