@@ -603,3 +603,32 @@ def test_usage_of_the_supervised_child_names_the_console_script():
     assert proc.returncode == 2
     assert "Usage: hfexport export [OPTIONS]" in proc.stdout + proc.stderr
     assert "python -m" not in proc.stdout + proc.stderr
+
+
+def test_generate_inputs_with_a_tensor_no_component_takes_is_a_usage_error(tmp_path):
+    # an unknown key of --inputs was silently ignored (a misspelt pixel_values gave a text-only run)
+    import torch
+    from safetensors.torch import save_file
+
+    folder = _generation_folder(tmp_path)
+    manifest = json.loads((folder / "generation_manifest.json").read_text())
+    manifest["plan"] = {
+        "architecture": "multimodal",
+        "model_class": "Kosmos2ForConditionalGeneration",
+        "components": ["image_encoder", "prefill", "decode"],
+        "links": {"image_encoder": {"pixel_values": {"from": "prompt", "key": "pixel_values"}}},
+        "step_inputs": {
+            "prefill": {"image_embeds_position_mask": {"from": "prompt", "key": "image_embeds_position_mask"}}
+        },
+    }
+    (folder / "generation_manifest.json").write_text(json.dumps(manifest))
+    image = tmp_path / "image.safetensors"
+    save_file(
+        {"pixel_value": torch.zeros(1, 3, 4, 4), "image_embeds_position_mask": torch.zeros(1, 2)}, image
+    )
+    result = _invoke(["generate", str(folder), "--input-ids", "1,2", "--inputs", str(image)])
+    assert result.exit_code == 2, result.output
+    assert (
+        f"Invalid value for --inputs: {image} holds ['pixel_value'], which no exported component of this "
+        "Kosmos2ForConditionalGeneration takes; the components take: image_embeds_position_mask, pixel_values."
+    ) in _text(result.output)

@@ -92,8 +92,14 @@ def test_errors_name_what_is_missing() -> None:
     with pytest.raises(ValueError, match=r"no caller for component\(s\) \['decode'\]"):
         GenerationRunner(plan, {"prefill": Scripted([[1]])})
     runner, _ = _runner([[1], [1]])
-    with pytest.raises(KeyError, match=r"takes input 'extra\.scale'"):
+    # a ValueError naming the component, the input and both ways to pass it (it was a KeyError whose
+    # advice named generate() alone, also for `hfexport generate` users)
+    with pytest.raises(
+        ValueError, match=r"component 'prefill' takes the input 'extra\.scale', which was not given"
+    ) as err:
         runner.generate(torch.tensor([[3, 4, 5], [3, 4, 5]]), max_new_tokens=1)
+    assert "keyword argument extra.scale=..." in str(err.value)
+    assert "`hfexport generate --inputs FILE.safetensors` as the tensor named 'extra.scale'" in str(err.value)
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         runner.generate(torch.tensor([[3]]), max_new_tokens=0)
     with pytest.raises(ValueError, match="must have the shape of input_ids"):
@@ -116,3 +122,18 @@ def test_plan_round_trips_through_json() -> None:
         GenerationPlan.from_dict({**plan.to_dict(), "extra": 1})
     with pytest.raises(ValueError, match="cache_kind="):
         _plan(cache_kind="paged")
+
+
+def test_unknown_input_keys_are_refused_with_the_keys_the_components_take() -> None:
+    runner, scripted = _runner([[1], [1]])
+    ids = torch.tensor([[3, 4, 5], [3, 4, 5]])
+    # it was silently ignored: a misspelt or unused tensor gave tokens as if it had not been passed
+    with pytest.raises(
+        ValueError,
+        match=r"takes the input\(s\) \['pixel_value'\]; the components take: extra, extra\.scale\.",
+    ):
+        runner.generate(ids, max_new_tokens=1, extra={"scale": torch.ones(2)}, pixel_value=torch.ones(2, 3))
+    assert scripted.calls == []  # refused before any component ran
+    # the nested input by its leaf path (what a safetensors file of `hfexport generate --inputs` holds)
+    out = runner.generate(ids, max_new_tokens=1, **{"extra.scale": torch.ones(2)})
+    assert out.shape == (2, 4) and scripted.calls[0]["extra"]["scale"].tolist() == [1.0, 1.0]

@@ -1212,6 +1212,36 @@ def _generate_inputs(path: Path | None) -> dict[str, Any]:
     return dict(tensors)
 
 
+def _check_input_keys(path: Path | None, tensors: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """Refuse tensors of ``--inputs`` that no exported component takes (they were ignored).
+
+    The keys the components take come from the manifest's generation plan
+    (:func:`hfexport.generation.runner.accepted_input_keys`); a manifest without a readable plan
+    is left to the loader to report.
+
+    Raises:
+        typer.BadParameter: a tensor name outside those keys; the message lists the keys taken.
+    """
+    if not tensors or not isinstance(manifest.get("plan"), dict):
+        return
+    from hfexport.generation.plan import GenerationPlan
+    from hfexport.generation.runner import accepted_input_keys
+
+    try:
+        plan = GenerationPlan.from_dict(manifest["plan"])
+    except (TypeError, ValueError, KeyError):
+        return
+    accepted = accepted_input_keys(plan)
+    unknown = sorted(set(tensors) - accepted)
+    if unknown:
+        takes = ", ".join(sorted(accepted)) or "none (the prompt alone: drop --inputs)"
+        raise typer.BadParameter(
+            f"{path} holds {unknown}, which no exported component of this {plan.model_class} takes; the "
+            f"components take: {takes}. Save only those tensors in the file",
+            param_hint="--inputs",
+        )
+
+
 def _generation_folder(output_dir: Path) -> dict[str, Any]:
     """The generation manifest of ``output_dir``, read without torch.
 
@@ -1408,6 +1438,7 @@ def generate_command(
         raise typer.BadParameter("pass exactly one of --prompt or --input-ids")
     manifest = _generation_folder(output_dir)
     extra = _generate_inputs(inputs_file)
+    _check_input_keys(inputs_file, extra, manifest)
     vocab_size = _vocab_size(output_dir, manifest)
     has_tokenizer = any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json"))
     ids: list[int] = []

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from hfexport.conventions import TEXT, names_with
-from hfexport.generation.runner import GenerationRunner
+from hfexport.generation.runner import GenerationRunner, accepted_input_keys
 
 __all__ = ["GenerationParity", "compare_with_generate"]
 
@@ -86,7 +86,10 @@ def compare_with_generate(
     config.return_dict_in_generate = True
     with torch.no_grad():
         reference = model.generate(**dict(inputs), generation_config=config)
-    extra = {k: v for k, v in inputs.items() if k not in _PROMPT_KEYS}
+    # model.generate takes the whole sample; the runner refuses inputs no exported component reads
+    # (a processor's token_type_ids the split leaves unused), so only those it reads are passed
+    accepted = accepted_input_keys(runner.plan) if isinstance(runner, GenerationRunner) else None
+    extra = {k: v for k, v in inputs.items() if k not in _PROMPT_KEYS and (accepted is None or k in accepted)}
     sequences = runner.generate(
         inputs.get("input_ids"), inputs.get("attention_mask"), max_new_tokens=max_new_tokens, **extra
     )

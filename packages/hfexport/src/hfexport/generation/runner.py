@@ -27,10 +27,15 @@ from hfexport.generation.plan import GenerationPlan
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
+    "SHORTEST_PROMPT",
     "Caller",
     "GenerationRunner",
+    "ShapeGuardError",
+    "accepted_input_keys",
     "callers_from_exporter",
+    "check_input_keys",
     "exported_program_caller",
+    "how_to_pass",
     "shape_guard_error",
 ]
 
@@ -40,6 +45,100 @@ Caller = Callable[[dict[str, Any]], Mapping[str, Any]]
 
 _CACHE_PREFIX = "cache."
 _ENCODER_PREFIX = "encoder_outputs."
+
+#: inputs the runner builds itself for a text decoder or an encoder-decoder's steps (from the
+#: prompt, the cache and the encoder's outputs): never a ``**inputs`` key of :meth:`GenerationRunner.generate`
+_RUNNER_BUILT = frozenset({"input_ids", "attention_mask", "position_ids", "cache", "encoder_outputs"})
+
+
+#: the fewest prompt tokens an export takes: a captured program gives every dynamic axis traced at
+#: size >= 2 the lower end 2 (``torch.export`` specialises sizes 0 and 1), and the decode step of
+#: a 1-token prompt reads a cache of 1 position (a 2-token prompt for a plan whose
+#: :attr:`GenerationPlan.prompt_edit` drops tokens: BLIP's minimum is 3)
+SHORTEST_PROMPT = 2
+
+
+def _shortest_reason(plan: GenerationPlan) -> str:
+    drop = int(plan.prompt_edit.get("drop_last", 0))
+    if not drop:
+        return " (the exported steps take 2 positions or more)"
+    return (
+        f" ({plan.model_class}.generate() leaves out the last {drop} prompt token(s), and the exported steps "
+        "take 2 positions or more: a processor-built prompt of the special tokens and at least one word)"
+    )
+
+
+class ShapeGuardError(ValueError):
+    """An exported program refused its inputs on a shape condition it was captured with (a
+    ``ValueError``; see :func:`shape_guard_error`)."""
+
+
+def how_to_pass(key: str) -> str:
+    """The two ways to give the generate input ``key`` (a tensor): the Python keyword argument and
+    the command line's ``--inputs`` file (the advice of the runner's missing-input errors)."""
+    return (
+        f"pass it to generate() / generate_from_dir() as the keyword argument {key}=..., or with "
+        f"`hfexport generate --inputs FILE.safetensors` as the tensor named {key!r} in that file"
+    )
+
+
+def _missing_input(component: str, key: str, detail: str = "") -> ValueError:
+    """The ``ValueError`` of a component input the caller did not give."""
+    return ValueError(
+        f"the {component} takes the input {key!r}, which was not given{detail}; {how_to_pass(key)}"
+    )
+
+
+def accepted_input_keys(plan: GenerationPlan) -> set[str]:
+    """The ``**inputs`` keys :meth:`GenerationRunner.generate` reads for ``plan`` (besides
+    ``input_ids`` and ``attention_mask``, its own arguments).
+
+    Those are the prompt inputs of the image encoders and of the language model's steps
+    (:attr:`GenerationPlan.links`, :attr:`GenerationPlan.step_inputs`: ``pixel_values``,
+    Kosmos-2's ``image_embeds_position_mask`` ...), the per-image sizes the runner cuts images by
+    (``image_sizes``, ``image_grid_thw``, a packed grid input), the M-RoPE inputs
+    (``image_grid_thw``, ``mm_token_type_ids``), ``decoder_input_ids`` for a model with an
+    encoder, and for a text decoder or encoder-decoder every top-level input of its components the
+    runner does not build itself (``token_type_ids``, T5Gemma 2's ``pixel_values`` ...; a nested
+    input by its leaf path, ``extra.scale``, and its top-level name, ``extra``).
+    """
+    keys: set[str] = set()
+    for sources in (*plan.links.values(), *plan.step_inputs.values()):
+        keys.update(str(s["key"]) for s in sources.values() if s.get("from") == "prompt")
+    for entry in plan.per_image.values():
+        keys.update(k for k in ("image_sizes", "image_grid_thw") if k in entry)
+        if "grid_input" in entry:
+            keys.add(str(entry["grid_input"]))
+    if plan.mrope is not None:
+        keys.update(("image_grid_thw", "mm_token_type_ids"))
+    if plan.architecture == "encoder_decoder" or "encoder" in plan.components:
+        keys.add("decoder_input_ids")
+    if plan.architecture != "multimodal":
+        for io in plan.io.values():
+            for leaf in io.leaves:
+                path = str(leaf["path"])
+                top = path.split(".", 1)[0]
+                if leaf["tensor"] and top not in _RUNNER_BUILT:
+                    keys.update((path, top))
+    return keys
+
+
+def check_input_keys(plan: GenerationPlan, inputs: Mapping[str, Any]) -> None:
+    """Refuse ``**inputs`` of :meth:`GenerationRunner.generate` that no exported component reads.
+
+    Raises:
+        ValueError: a key (with a value other than ``None``) outside :func:`accepted_input_keys`;
+            the message lists the keys the components take.
+    """
+    accepted = accepted_input_keys(plan)
+    unknown = sorted(k for k, v in inputs.items() if v is not None and k not in accepted)
+    if unknown:
+        takes = ", ".join(sorted(accepted)) or "none besides input_ids and attention_mask"
+        raise ValueError(
+            f"no exported component of this {plan.model_class} takes the input(s) {unknown}; the components "
+            f"take: {takes}. Leave the others out (with `hfexport generate --inputs FILE.safetensors`: out of "
+            "the file)"
+        )
 
 
 def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
@@ -74,7 +173,7 @@ def exported_program_caller(program: torch.export.ExportedProgram) -> Caller:
     return call
 
 
-def shape_guard_error(exc: AssertionError, inputs: Mapping[str, Any]) -> ValueError | None:
+def shape_guard_error(exc: AssertionError, inputs: Mapping[str, Any]) -> ShapeGuardError | None:
     """The user-facing error for an ``ExportedProgram`` refusing inputs on a shape guard.
 
     ``program.module()`` checks the captured shape conditions on every call and raises a bare
@@ -85,13 +184,13 @@ def shape_guard_error(exc: AssertionError, inputs: Mapping[str, Any]) -> ValueEr
         inputs: the forward kwargs it was called with (their leaf shapes go into the message).
 
     Returns:
-        A ``ValueError`` naming the input shapes, the guard and what to do, or ``None`` when
-        ``exc`` is not a guard failure (re-raise it as it is).
+        A :class:`ShapeGuardError` (a ``ValueError``) naming the input shapes, the guard and what to
+        do, or ``None`` when ``exc`` is not a guard failure (re-raise it as it is).
     """
     if "Guard failed" not in str(exc):
         return None
     shapes = {k: list(v.shape) for k, v in get_leaf_tensors(dict(inputs)).items()}
-    return ValueError(
+    return ShapeGuardError(
         f"the inputs {shapes} break a shape condition the program was captured with ({exc}): an axis the "
         "model fixed at export (an image side its vision tower computes its grid from) or a size outside "
         "the exported range; give inputs of the exported sizes (resize images to the sample's size), or "
@@ -215,10 +314,9 @@ class GenerationRunner:
                 and path[len(_ENCODER_PREFIX) :] in encoder
             ):
                 return encoder[path[len(_ENCODER_PREFIX) :]]
-            raise KeyError(
-                f"component {component!r} takes input {path!r}, which the runner cannot supply "
-                f"(it has {sorted(k for k, v in values.items() if v is not None)}, cache {sorted(cache)[:4]}...); "
-                "pass it to generate() as a keyword argument"
+            given = sorted(k for k, v in values.items() if v is not None)
+            raise _missing_input(
+                f"component {component!r}", path, f" (the runner has {given}, cache {sorted(cache)[:4]}...)"
             )
 
         kwargs = io.build(value_of)
@@ -277,11 +375,17 @@ class GenerationRunner:
             ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
                 ``max_new_tokens``; a mask whose shape differs from ``input_ids``; no
                 ``input_ids`` for a plan other than an encoder-decoder's.
-            KeyError: a component needs an input that was not given (a component given none of its
-                prompt inputs is left out instead: a text-only prompt of a vision-language model).
+            ValueError: a component needs an input that was not given, named with the component and
+                how to pass it (a component given none of its prompt inputs is left out instead: a
+                text-only prompt of a vision-language model); a key of ``inputs`` that no component
+                takes (:func:`check_input_keys`, the message lists the keys they take).
+            ShapeGuardError (a ``ValueError``): an exported program refused the inputs on a shape
+                condition; for a prompt shorter than :data:`SHORTEST_PROMPT` (plus the tokens the
+                plan's ``prompt_edit`` drops: BLIP 3) the message says the minimum.
             ValueError (multimodal): placeholder tokens without the image inputs they stand for, or a
                 text-only prompt for a language model that takes image features as its own inputs.
         """
+        check_input_keys(self.plan, inputs)
         if input_ids is None:
             ids = self._encoder_only_prompt(inputs)
         else:
@@ -312,23 +416,36 @@ class GenerationRunner:
                     f"the static cache holds {self.plan.max_cache_len} positions but this run needs {needed} "
                     f"(prompt {ids.shape[1]} + {max_new_tokens} new tokens); export with a larger max_cache_len"
                 )
-        if arch == "encoder_decoder":
-            return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
-        if (
-            arch == "multimodal"
-            and "prefill" in self.plan.components
-            and "encoder" not in self.plan.components
-        ):
-            # the language model takes the image features as an input of its own (BLIP, Kosmos-2)
-            return self._generate_with_image_inputs(ids, mask, max_new_tokens, inputs)
-        if arch == "multimodal" and "encoder" in self.plan.components:
-            # encoder-decoder language model (Florence-2): the merged embeddings feed the text encoder
-            embeds, _ = self._multimodal_embeddings(ids, inputs, mask)
-            encoded = self._call("encoder", {"inputs_embeds": embeds, "attention_mask": mask}, {})
-            decoder_prompt = {k: v for k, v in inputs.items() if k == "decoder_input_ids"}
-            return self._generate_encoder_decoder(ids, mask, max_new_tokens, decoder_prompt, encoded=encoded)
-        logits, cache, positions, state = self._prefill(ids, mask, inputs)
-        return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
+        try:
+            if arch == "encoder_decoder":
+                return self._generate_encoder_decoder(ids, mask, max_new_tokens, inputs)
+            if (
+                arch == "multimodal"
+                and "prefill" in self.plan.components
+                and "encoder" not in self.plan.components
+            ):
+                # the language model takes the image features as an input of its own (BLIP, Kosmos-2)
+                return self._generate_with_image_inputs(ids, mask, max_new_tokens, inputs)
+            if arch == "multimodal" and "encoder" in self.plan.components:
+                # encoder-decoder language model (Florence-2): the merged embeddings feed the text encoder
+                embeds, _ = self._multimodal_embeddings(ids, inputs, mask)
+                encoded = self._call("encoder", {"inputs_embeds": embeds, "attention_mask": mask}, {})
+                decoder_prompt = {k: v for k, v in inputs.items() if k == "decoder_input_ids"}
+                return self._generate_encoder_decoder(
+                    ids, mask, max_new_tokens, decoder_prompt, encoded=encoded
+                )
+            logits, cache, positions, state = self._prefill(ids, mask, inputs)
+            return self._decode_loop(ids, mask, logits, cache, positions, max_new_tokens, state)
+        except ShapeGuardError as exc:
+            # a dynamic axis traced at >= 2 keeps 2 as its lower end in an ExportedProgram: a 1-token
+            # prompt (BLIP: 3 tokens, as its generate() drops the closing [SEP]) breaks the decode's guard
+            shortest = SHORTEST_PROMPT + int(self.plan.prompt_edit.get("drop_last", 0))
+            if input_ids is not None and ids.shape[1] < shortest:
+                raise ShapeGuardError(
+                    f"the prompt has {ids.shape[1]} token(s); this export takes prompts of at least {shortest} "
+                    f"tokens{_shortest_reason(self.plan)}: give a longer prompt ({exc})"
+                ) from exc
+            raise
 
     def _encoder_only_prompt(self, inputs: Mapping[str, Any]) -> torch.Tensor:
         """The empty ``[batch, 0]`` token prompt of an encoder-decoder run from its encoder's other
@@ -428,8 +545,9 @@ class GenerationRunner:
                 if count:
                     raise ValueError(
                         f"the prompt has {count} placeholder tokens {token} but none of the image inputs "
-                        f"{self._prompt_inputs_of(source['component'])} they stand for; pass them to generate(), "
-                        "or drop the placeholder tokens for a text-only prompt"
+                        f"{self._prompt_inputs_of(source['component'])} they stand for; pass them to generate() as "
+                        "keyword arguments (with `hfexport generate`: as tensors of those names in the --inputs "
+                        "FILE.safetensors), or drop the placeholder tokens for a text-only prompt"
                     )
                 continue
             features = _output(produced, source["component"], source["output"])
@@ -448,7 +566,7 @@ class GenerationRunner:
         """Run the encoders and projectors of the plan's links in order: ``{component: its outputs}``.
 
         Raises:
-            KeyError: a component needs a prompt input that was not given.
+            ValueError: a component needs a prompt input that was not given (named, with how to pass it).
         """
         from hfexport.generation.vision_inputs import vision_grid_inputs
 
@@ -469,7 +587,7 @@ class GenerationRunner:
                 kind = source["from"]
                 if kind == "prompt":
                     if prompt.get(source["key"]) is None:
-                        raise KeyError(f"the {component} needs {source['key']!r}; pass it to generate()")
+                        raise _missing_input(component, source["key"])
                     values[path] = torch.as_tensor(prompt[source["key"]])
                 elif kind == "component":
                     tensor = _output(produced, source["component"], source["output"])
@@ -498,7 +616,8 @@ class GenerationRunner:
             int64 ``[batch, rewritten prompt length + n]``.
 
         Raises:
-            KeyError: a step or image component needs a prompt input that was not given.
+            ValueError: a step or image component needs a prompt input that was not given (named,
+                with the component and how to pass it).
             ValueError: the prompt is too short for the rewrite.
         """
         plan = self.plan
@@ -521,7 +640,7 @@ class GenerationRunner:
             for path, source in plan.step_inputs.get(step, {}).items():
                 if source["from"] == "prompt":
                     if prompt.get(source["key"]) is None:
-                        raise KeyError(f"the {step} step needs {source['key']!r}; pass it to generate()")
+                        raise _missing_input(f"{step} step", source["key"])
                     values[path] = torch.as_tensor(prompt[source["key"]])
                 else:
                     if source["component"] not in produced:
@@ -529,7 +648,8 @@ class GenerationRunner:
                             f"the {step} step takes {path!r} from the {source['component']}, which this prompt "
                             f"gives none of the image inputs {self._prompt_inputs_of(source['component'])} for: "
                             "this model's language model takes the image as an input of its own and its export "
-                            "has no image-free path; pass the image"
+                            "has no image-free path; pass the image (generate(pixel_values=...), or `hfexport "
+                            "generate --inputs FILE.safetensors` holding it)"
                         )
                     tensor = _output(produced, source["component"], source["output"])
                     values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
@@ -556,7 +676,7 @@ class GenerationRunner:
         (an image encoder without ``pixel_values``), or when it reads an output of a component
         left out (the projector after that encoder): ``model.generate`` then embeds the text
         alone. A component given some of its prompt inputs but not all still raises (a
-        ``KeyError`` naming the missing one) when it is called.
+        ``ValueError`` naming the missing one) when it is called.
         """
         skipped: set[str] = set()
         for component, links in self.plan.links.items():
