@@ -163,8 +163,9 @@ def test_declared_flags_follow_field_order_with_the_quantization_group():
     assert flag_for_field(flags, "quantization.method") == "--quantize"
     assert flag_for_field(flags, "quantization.per_channel") == "--per-tensor"
     assert flag_for_field(flags, "external_data") is None
-    assert [d.cli.flag for d in declared_flags(ExecutorchConfig)][-3:] == [
+    assert [d.cli.flag for d in declared_flags(ExecutorchConfig)][-4:] == [
         "--backend",
+        "--max-dynamic-bytes",
         "--no-custom-ops",
         "--kv-cache-dtype",
     ]
@@ -347,3 +348,25 @@ def test_a_formats_help_names_its_own_quantization_methods_and_the_options_they_
     )
     assert result.exit_code == 2 and "No such option" not in result.output, result.output
     assert "group_size" in _text(result.output)
+
+
+def test_max_dynamic_bytes_has_a_flag_taking_byte_sizes():
+    # the memory budget's remedy (a larger ExecutorchConfig.max_dynamic_bytes) had no command-line form
+    for text, size in (
+        ("4GiB", 4 * 2**30),
+        ("512mib", 512 * 2**20),
+        ("2GB", 2 * 10**9),
+        ("1073741824", 2**30),
+    ):
+        config = config_from_flags(ExecutorchConfig, "executorch", {"--max-dynamic-bytes": text})
+        assert config.max_dynamic_bytes == size, text
+    assert config_from_flags(ExecutorchConfig, "executorch", {}).max_dynamic_bytes is None
+    known = [d for c in (DynamoConfig, ExecutorchConfig) for d in declared_flags(c)]
+    for bad in ("4 lots", "0", "-1GiB", "GiB"):
+        with pytest.raises(
+            FlagError, match=r"is not a positive byte size; allowed: a number of bytes"
+        ) as info:
+            config_from_flags(ExecutorchConfig, "executorch", {"--max-dynamic-bytes": bad}, known)
+        assert info.value.flag == "--max-dynamic-bytes"
+    with pytest.raises(FlagError, match="--max-dynamic-bytes applies to executorch, not dynamo"):
+        config_from_flags(DynamoConfig, "dynamo", {"--max-dynamic-bytes": "4GiB"}, known)

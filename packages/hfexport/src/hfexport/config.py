@@ -540,6 +540,34 @@ def parse_quality_gates(items: list[str]) -> dict[str, float]:
     return out
 
 
+#: byte-size suffixes :func:`parse_byte_size` reads (binary and decimal units; case-insensitive)
+BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_byte_size(value: str) -> int:
+    """A byte count from the command line: ``"1073741824"``, ``"4GiB"``, ``"512MiB"``, ``"2GB"``.
+
+    Units (case-insensitive): ``B``, ``KB``/``MB``/``GB`` (powers of 1000), ``KiB``/``MiB``/``GiB``
+    (powers of 1024); a fraction is allowed with a unit (``1.5GiB``) and rounded down to bytes.
+
+    Raises:
+        ValueError: not a number with one of those units, or not positive.
+    """
+    text = str(value).strip().replace(" ", "")
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    unit = text[len(number) :].lower()
+    try:
+        size = int(float(number) * BYTE_UNITS[unit])
+    except (KeyError, ValueError):
+        size = 0
+    if size <= 0 or not number:
+        raise ValueError(
+            f"{value!r} is not a positive byte size; allowed: a number of bytes or a number with a unit "
+            "(KiB, MiB, GiB, KB, MB, GB), e.g. 4GiB"
+        )
+    return size
+
+
 def parse_ort_fusion_target(value: str) -> str:
     """``--ort-fusions``'s value as ``OnnxConfig.ort_fusions`` (one of :data:`ORT_FUSION_TARGETS`).
 
@@ -1377,7 +1405,20 @@ class ExecutorchConfig(CaptureConfig):
     alloc_graph_input: bool = True
     alloc_graph_output: bool = True
     alloc_mutable_buffers: bool = True
-    max_dynamic_bytes: int | None = None
+    max_dynamic_bytes: int | None = field(
+        default=None,
+        metadata={
+            CLI: CliFlag(
+                "--max-dynamic-bytes",
+                "Memory budget of the planned activations at the dynamic axes' upper bounds, e.g. 4GiB "
+                "(default 1 GiB); hfexport's default bounds (sequence, batch) are halved until the "
+                "estimate fits, so a larger budget keeps longer prompts.",
+                metavar="SIZE",
+                parse=parse_byte_size,
+                elsewhere="--max-dynamic-bytes applies to executorch, not {format}",
+            )
+        },
+    )
     output_path: str | None = None
     custom_ops: bool = field(
         default=True,
