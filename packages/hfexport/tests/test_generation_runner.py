@@ -137,3 +137,124 @@ def test_unknown_input_keys_are_refused_with_the_keys_the_components_take() -> N
     # the nested input by its leaf path (what a safetensors file of `hfexport generate --inputs` holds)
     out = runner.generate(ids, max_new_tokens=1, **{"extra.scale": torch.ones(2)})
     assert out.shape == (2, 4) and scripted.calls[0]["extra"]["scale"].tolist() == [1.0, 1.0]
+
+
+class Guarded(Scripted):
+    """A decode step captured with a cache of at least 2 positions: ``program.module()`` refuses a
+    shorter one on its guard (the ``ShapeGuardError`` of an ``ExportedProgram`` caller)."""
+
+    def __call__(self, kwargs):
+        from hfexport.generation.runner import shape_guard_error
+
+        if kwargs["input_ids"].shape[1] == 1 and kwargs["attention_mask"].shape[1] < 3:  # a decode step
+            raise shape_guard_error(AssertionError("Guard failed: attention_mask.size()[1] >= 3"), kwargs)
+        return super().__call__(kwargs)
+
+
+def _image_input_plan(image_step_inputs: bool = True, **changes) -> GenerationPlan:
+    """A language model taking the image as an input of its own (Kosmos-2's prefill: the image
+    encoder's output and the prompt's ``image_embeds_position_mask``; BLIP's prompt rewrite)."""
+    step = {
+        "input_ids": torch.zeros(1, 3, dtype=torch.int64),
+        "attention_mask": torch.ones(1, 3, dtype=torch.int64),
+        "position_ids": torch.zeros(1, 3, dtype=torch.int64),
+    }
+    prefill = {**step, "image_embeds": torch.zeros(1, 2, 4), "image_embeds_position_mask": torch.zeros(1, 3)}
+    if not image_step_inputs:
+        prefill = step
+    values = {
+        "architecture": "multimodal",
+        "model_class": "Kosmos2ForConditionalGeneration",
+        "components": ["image_encoder", "prefill", "decode"],
+        "token_ids": {"eos_token_id": [EOS], "pad_token_id": PAD},
+        "links": {"image_encoder": {"pixel_values": {"from": "prompt", "key": "pixel_values"}}},
+        "step_inputs": {
+            "prefill": {
+                "image_embeds": {
+                    "from": "component",
+                    "component": "image_encoder",
+                    "output": "",
+                    "drop_first": False,
+                },
+                "image_embeds_position_mask": {"from": "prompt", "key": "image_embeds_position_mask"},
+            },
+            "decode": {},
+        },
+        "io": {
+            "image_encoder": ComponentIO.from_kwargs({"pixel_values": torch.zeros(1, 3, 4, 4)}, [""]),
+            "prefill": ComponentIO.from_kwargs(prefill, ["logits", "cache.past"]),
+            "decode": ComponentIO.from_kwargs(
+                {**step, "cache": {"past": torch.zeros(1, 1)}}, ["logits", "cache.past"]
+            ),
+        },
+    }
+    values.update(changes)
+    return GenerationPlan(**values)
+
+
+def test_a_missing_step_input_is_a_value_error_naming_the_input_the_step_and_how_to_pass_it() -> None:
+    # it was a bare KeyError("the prefill step needs 'image_embeds_position_mask'; pass it to generate()")
+    plan = _image_input_plan()
+    prefill = Scripted([[5, 6]])
+    callers = {
+        "image_encoder": lambda kwargs: {"": torch.ones(1, 2, 4)},
+        "prefill": prefill,
+        "decode": prefill,
+    }
+    runner = GenerationRunner(plan, callers)
+    pixels = torch.zeros(1, 3, 4, 4)
+    with pytest.raises(
+        ValueError,
+        match=r"^the prefill step takes the input 'image_embeds_position_mask', which was not given; ",
+    ) as err:
+        runner.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=1, pixel_values=pixels)
+    assert "keyword argument image_embeds_position_mask=..." in str(err.value)
+    assert (
+        "`hfexport generate --inputs FILE.safetensors` as the tensor named 'image_embeds_position_mask'"
+        in str(err.value)
+    )
+    out = runner.generate(
+        torch.tensor([[3, 4, 5]]),
+        max_new_tokens=1,
+        pixel_values=pixels,
+        image_embeds_position_mask=torch.ones(1, 3),
+    )
+    assert out.tolist() == [[3, 4, 5, 5]] and prefill.calls[0]["image_embeds"].shape == (1, 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("prompt_edit", "short", "shortest", "why"),
+    [
+        ({}, [3], 2, r"\(the exported steps take 2 positions or more\)"),
+        # BLIP: generate() drops the processor's closing [SEP], so [CLS] [SEP] leaves 1 position
+        (
+            {"drop_last": 1},
+            [3, 4],
+            3,
+            r"\(Kosmos2ForConditionalGeneration.generate\(\) leaves out the last 1 prompt",
+        ),
+    ],
+)
+def test_a_prompt_below_the_exported_minimum_names_the_minimum(prompt_edit, short, shortest, why) -> None:
+    # the decode step's guard refused it with the program's shape condition alone
+    from hfexport.generation.runner import ShapeGuardError
+
+    plan = _image_input_plan(False, prompt_edit=prompt_edit, step_inputs={})
+    guarded = Guarded([[5, 6, 7]])
+    runner = GenerationRunner(
+        plan,
+        {"image_encoder": lambda kwargs: {"": torch.ones(1, 2, 4)}, "prefill": guarded, "decode": guarded},
+    )
+    pixels = torch.zeros(1, 3, 4, 4)
+    with pytest.raises(
+        ShapeGuardError,
+        match=rf"^the prompt has {len(short)} token\(s\); this export takes prompts of at least {shortest} tokens {why}",
+    ) as err:
+        runner.generate(torch.tensor([short]), max_new_tokens=2, pixel_values=pixels)
+    assert isinstance(err.value, ValueError) and "Guard failed: attention_mask.size()[1] >= 3" in str(
+        err.value
+    )
+    longer = torch.tensor([[3, 4, 5, 6][:shortest]])
+    out = runner.generate(longer, max_new_tokens=1, pixel_values=pixels)
+    kept = shortest - prompt_edit.get("drop_last", 0)  # the prompt as the runner returns it (rewritten)
+    assert out.shape == (1, kept + 1)
