@@ -258,3 +258,9 @@ def test_a_prompt_below_the_exported_minimum_names_the_minimum(prompt_edit, shor
     out = runner.generate(longer, max_new_tokens=1, pixel_values=pixels)
     kept = shortest - prompt_edit.get("drop_last", 0)  # the prompt as the runner returns it (rewritten)
     assert out.shape == (1, kept + 1)
+    if prompt_edit:  # a prompt the rewrite would leave empty is refused before any step runs
+        with pytest.raises(
+            ValueError,
+            match=r"leaves out the last 1 prompt token\(s\); the prompt has 1: .* of at least 3 tokens",
+        ):
+            runner.generate(torch.tensor([[3]]), max_new_tokens=1, pixel_values=pixels)

@@ -626,7 +626,8 @@ class GenerationRunner:
             if ids.shape[1] <= drop:
                 raise ValueError(
                     f"{plan.model_class}.generate() leaves out the last {drop} prompt token(s); the prompt has "
-                    f"{ids.shape[1]}: give the prompt as its processor builds it"
+                    f"{ids.shape[1]}: give the prompt as its processor builds it, of at least {drop + SHORTEST_PROMPT} "
+                    "tokens (the exported steps take 2 positions or more after the rewrite)"
                 )
             ids, mask = ids[:, :-drop], mask[:, :-drop]
         if plan.prompt_edit.get("first_token") is not None:
