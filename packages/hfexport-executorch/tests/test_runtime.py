@@ -153,3 +153,30 @@ def test_cpuinfo_lines_of_the_first_xnnpack_load_go_to_the_cli_log(bounded_progr
     logged = log.read_text() if log.exists() else ""
     for line in printed:  # what the runtime printed itself is in the log, attributed to it
         assert f"INFO executorch.native: {line.strip()}" in logged, logged
+
+
+def test_a_bound_the_memory_budget_narrowed_is_the_one_the_report_prints_and_the_runner_names(
+    toy_double, toy_inputs
+):
+    # fresh-user trial (issue 28): tiny T5's sequence bound was narrowed 4096 -> 1024 by the memory budget,
+    # report.dynamic_bounds said 1024 but dynamic_axes_summary (what the CLI prints) still said 4096, and
+    # the runner's error named the remedy in Python only. The toy's peak is 128 * batch * seq bytes: a
+    # 300 kB budget narrows the default sequence bound 4096 to 256 at batch 8.
+    exporter = ExecutorchExporter()
+    program = exporter.export(
+        toy_double, toy_inputs(), ExecutorchConfig(dynamic=True, max_dynamic_bytes=300_000)
+    )
+    report = exporter.last_report
+    bounds_by_axis = {(a["input"], a["axis"]): a for a in report.dynamic_bounds["axes"]}
+    assert bounds_by_axis[("input_ids", 1)]["max"] == 256
+    assert bounds_by_axis[("input_ids", 1)]["source"].endswith("narrowed by the memory budget")
+    axes = {(a["input"], a["axis"]): a for a in report.dynamic_axes}
+    assert (axes[("input_ids", 1)]["max"], axes[("input_ids", 1)]["note"]) == (256, "memory budget")
+    assert (axes[("input_ids", 0)]["max"], axes[("input_ids", 0)]["note"]) == (8, "")
+    assert "input_ids sequence: dynamic [1, 256] (memory budget)" in report.dynamic_axes_summary
+    with pytest.raises(ValueError, match=r"input_ids dimension 1 is 257, above the upper bound 256") as err:
+        exporter.runner(program)(toy_inputs(batch=1, seq=257))
+    assert "`hfexport export executorch --max-dynamic-bytes 4GiB ...`" in str(err.value)
+    assert "ExecutorchConfig(max_dynamic_bytes=...)" in str(
+        err.value
+    ) and "ExecutorchConfig.dynamic_shapes" in str(err.value)

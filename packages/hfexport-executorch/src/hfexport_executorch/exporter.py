@@ -196,6 +196,7 @@ class ExecutorchExporter(HfExporter):
                 unbacked = bounds.data_dependent_symbols(program, session.bounded_by_fix)
                 outcome = bounds.fit_memory_budget(program, symbols, budget, unbacked)
                 report.dynamic_bounds = _bounds_report(symbols, dynamic)
+                _plan_dynamic_axes(report)
                 report.extra["memory_budget"] = {
                     "budget_bytes": outcome.budget,
                     "estimated_peak_bytes_before": outcome.estimate_before,
@@ -455,6 +456,30 @@ def _role_bounds_for_unbounded(symbols: list[bounds.SymbolInfo], model: torch.nn
         if info.upper is None:
             out[str(info.symbol)], _ = bounds.role_bound(info.role, info.hint, config)
     return out
+
+
+def _plan_dynamic_axes(report: ExportReport) -> None:
+    """Give ``report.dynamic_axes`` (the capture's record of the program's input ranges) the upper
+    bounds the program is planned for, from ``report.dynamic_bounds``, and rewrite
+    ``report.dynamic_axes_summary`` from them: a bound the memory budget narrowed (tiny T5's
+    sequence: 4096 -> 1024) is the one both say, with the note
+    :data:`hfexport.program_axes.MEMORY_BUDGET_NOTE`
+    (``"input_ids sequence: dynamic [1, 1024] (memory budget)"``). Axes the capture made static,
+    and inputs nested below the top level (``dynamic_axes`` lists top-level inputs only), are
+    left as they are."""
+    from hfexport.program_axes import MEMORY_BUDGET_NOTE, axes_summary
+
+    if not report.dynamic_axes or not report.dynamic_bounds:
+        return
+    planned = {(a["input"], a["axis"]): a for a in report.dynamic_bounds.get("axes", [])}
+    for entry in report.dynamic_axes:
+        bound = planned.get((entry.get("input"), entry.get("axis")))
+        if bound is None or entry.get("status") != "dynamic" or bound.get("max") is None:
+            continue
+        entry["max"] = int(bound["max"])
+        if "narrowed by the memory budget" in str(bound.get("source", "")):
+            entry["note"] = MEMORY_BUDGET_NOTE
+    report.dynamic_axes_summary = axes_summary(report.dynamic_axes)
 
 
 def _bounds_report(symbols: list[bounds.SymbolInfo], dynamic: bounds.DynamicPlan) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from hfexport.pytree import register_cache_pytrees
 from hfexport.tensors import get_leaf_tensors
 
 __all__ = [
+    "BOUND_REMEDY",
     "KERNEL_LIBRARIES",
     "ExecutorchRunner",
     "ensure_kernel_libraries",
@@ -43,6 +44,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: how to export a program that takes larger inputs, named in the runner's bound error: the memory
+#: budget (which narrows hfexport's default bounds; its command-line form first) or an explicit bound
+BOUND_REMEDY = (
+    "a larger memory budget when report.dynamic_bounds says the bound was narrowed by the memory budget "
+    "(`hfexport export executorch --max-dynamic-bytes 4GiB ...`, or ExecutorchConfig(max_dynamic_bytes=...) "
+    "in Python), else a Dim(max=...) in ExecutorchConfig.dynamic_shapes"
+)
 
 
 def _program_bytes(program: Any) -> bytes | str:
@@ -277,8 +286,8 @@ class ExecutorchRunner:
                 if size > limit:
                     raise ValueError(
                         f"{name} dimension {axis} is {size}, above the upper bound {limit} this program was "
-                        f"memory-planned for (planned shape {list(planned)}); export again with a larger bound "
-                        "(a Dim(max=...) in ExecutorchConfig.dynamic_shapes, or a larger max_dynamic_bytes)"
+                        f"memory-planned for (planned shape {list(planned)}); export again with a larger bound: "
+                        f"{BOUND_REMEDY}"
                     )
 
     def program_kwargs(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:

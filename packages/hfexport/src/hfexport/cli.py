@@ -605,6 +605,35 @@ def _print_text_quality(label: str, row: dict[str, Any]) -> None:
     console.print(table)
 
 
+def _sequence_limit_line(reports: list[Any]) -> str | None:
+    """The console line of the longest sequence an export takes when a memory budget set it, e.g.
+    ``"prompt length up to 1024 tokens (memory budget) ..."``; ``None`` otherwise.
+
+    The limit is the smallest upper bound of the ``sequence`` axes (``input_ids``,
+    ``attention_mask`` ...) over ``reports`` (one per component of a generation export); it is
+    printed when that bound is one the memory budget narrowed (``report.dynamic_axes`` note
+    :data:`hfexport.program_axes.MEMORY_BUDGET_NOTE`), with the option that raises it.
+    """
+    from hfexport.program_axes import MEMORY_BUDGET_NOTE
+
+    axes = [
+        e
+        for r in reports
+        for e in (getattr(r, "dynamic_axes", None) or [])
+        if e.get("meaning") == "sequence" and e.get("status") == "dynamic" and isinstance(e.get("max"), int)
+    ]
+    if not axes:
+        return None
+    limit = min(int(e["max"]) for e in axes)
+    if not any(e.get("note") == MEMORY_BUDGET_NOTE and int(e["max"]) == limit for e in axes):
+        return None
+    return (
+        f"[bold]prompt length[/] up to {limit} tokens ({MEMORY_BUDGET_NOTE}): the activations planned for a "
+        "longer sequence exceed the budget (default 1 GiB); a longer prompt is refused at run time. Export with "
+        "a larger --max-dynamic-bytes (e.g. 4GiB) for longer prompts"
+    )
+
+
 def _print_validation(report: Any, component: str | None = None) -> None:
     """One table per validated input set of ``report``: quality metrics for a gated export, else
     allclose diffs; ``component`` (a generation export's ``prefill``, ``decode`` ...) prefixes the
@@ -884,10 +913,17 @@ def export_command(
         for r in reports:
             # a generation export: one table per component, titled with its name
             _print_validation(r, component=r.component if component_files else None)
-            # axes asked dynamic that the model fixed or bounded (ViT's image size), from the capture
+            # axes asked dynamic that the model fixed or bounded (ViT's image size), from the capture,
+            # and bounds the backend's memory budget narrowed (ExecuTorch)
+            from hfexport.program_axes import MEMORY_BUDGET_NOTE
+
+            where = f"{r.component}: " if component_files and r.component else ""
             for line in r.dynamic_axes_summary or []:
-                if "(model-" in line:
-                    console.print(f"[bold]dynamic axes[/]: {line}")
+                if "(model-" in line or f"({MEMORY_BUDGET_NOTE})" in line:
+                    console.print(f"[bold]dynamic axes[/]: {where}{line}")
+        limit = _sequence_limit_line(reports)
+        if limit:
+            console.print(limit)
         for r in reports:
             if r.greedy_parity:
                 console.print(_greedy_parity_line(r.greedy_parity))

@@ -26,6 +26,7 @@ import torch.utils._pytree as pytree
 from hfexport.conventions import DECODER, SIGNAL, input_role
 
 __all__ = [
+    "MEMORY_BUDGET_NOTE",
     "SPATIAL_GROWTH",
     "axes_summary",
     "axis_meaning",
@@ -41,6 +42,9 @@ SPATIAL_GROWTH = 4
 
 STATUS_STATIC = "static"
 STATUS_DYNAMIC = "dynamic"
+#: the note of an axis whose upper bound a backend narrowed to fit its memory budget after capture
+#: (ExecuTorch's memory planning: ``"input_ids sequence: dynamic [1, 1024] (memory budget)"``)
+MEMORY_BUDGET_NOTE = "memory budget"
 
 
 def _is_dynamic_leaf(leaf: Any) -> bool:

@@ -764,7 +764,8 @@ def export_llm_runner(
     if bound is not None and bound < context:
         raise ValueError(
             f"the activation budget cut the tokens per call to {bound} (< max_context_len {context}): export with a "
-            "smaller max_context_len or a larger ExecutorchConfig.max_dynamic_bytes"
+            "smaller max_context_len or a larger ExecutorchConfig.max_dynamic_bytes (`hfexport export executorch "
+            "--max-dynamic-bytes SIZE` on the command line)"
         )
     sequence = text_result = None
     if validate:
