@@ -294,3 +294,28 @@ def test_greedy_parity_and_size_lines_render_each_case():
     assert cli._greedy_parity_line(failed).endswith("could not run (RuntimeError: no decode)")
     plain = {"eager_float32_bytes": 90_900_000, "artifact_bytes": 24_300_000, "ratio": 0.2673}
     assert cli._size_line(plain) == "[bold]size[/]: fp32 eager weights 90.9 MB -> artifact 24.3 MB (0.27x)"
+
+
+def test_the_export_console_names_a_prompt_length_the_memory_budget_narrowed():
+    # fresh-user trial (issue 28): ExecuTorch's memory budget narrowed tiny T5's prompt bound to 1024 and
+    # the export's console said nothing; the limit is the smallest sequence bound over the components
+    from types import SimpleNamespace
+
+    from hfexport.cli import _sequence_limit_line
+
+    def report(*axes):
+        return SimpleNamespace(
+            dynamic_axes=[dict(zip(("meaning", "max", "note"), a), status="dynamic") for a in axes]
+        )
+
+    encoder = report(("batch", 8, ""), ("sequence", 1024, "memory budget"))
+    decode = report(("sequence", 4096, ""), ("decoder sequence", 4096, ""))
+    line = _sequence_limit_line([encoder, decode])
+    assert line.startswith("[bold]prompt length[/] up to 1024 tokens (memory budget)")
+    assert "a larger --max-dynamic-bytes (e.g. 4GiB)" in line
+    # a bound the model declares (its positions) is not the budget's: nothing printed
+    assert _sequence_limit_line([report(("sequence", 512, "")), encoder]) is None
+    assert (
+        _sequence_limit_line([decode]) is None
+        and _sequence_limit_line([SimpleNamespace(dynamic_axes=None)]) is None
+    )

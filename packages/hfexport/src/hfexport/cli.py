@@ -1449,8 +1449,10 @@ def generate_command(
         typer.Option(
             "--inputs",
             metavar="FILE.safetensors",
-            help="Other generate inputs as named tensors (pixel_values, image_grid_thw, image_sizes ...), "
-            "e.g. an image processor's output saved with safetensors.torch.save_file; batch 1.",
+            help="Other generate inputs as named tensors (pixel_values, image_grid_thw, image_sizes, Kosmos-2's "
+            "image_embeds_position_mask ...), e.g. an image processor's output saved with "
+            "safetensors.torch.save_file; batch 1. A name no exported component takes is a usage error "
+            "listing those they take.",
         ),
     ] = None,
     verbose: Annotated[
