@@ -309,9 +309,15 @@ def test_the_export_console_names_a_prompt_length_the_memory_budget_narrowed():
         )
 
     encoder = report(("batch", 8, ""), ("sequence", 1024, "memory budget"))
+    encoder.extra = {"memory_budget": {"budget_bytes": 2**30}}
     decode = report(("sequence", 4096, ""), ("decoder sequence", 4096, ""))
     line = _sequence_limit_line([encoder, decode])
     assert line.startswith("[bold]prompt length[/] up to 1024 tokens (memory budget)")
+    assert "exceed the budget (1 GiB)" in line
+    encoder.extra = {"memory_budget": {"budget_bytes": 4 * 2**30}}  # exported with --max-dynamic-bytes 4GiB
+    assert "exceed the budget (4 GiB)" in _sequence_limit_line(
+        [encoder]
+    ) and "(e.g. 8GiB)" in _sequence_limit_line([encoder])
     assert "a larger --max-dynamic-bytes (e.g. 4GiB)" in line
     # a bound the model declares (its positions) is not the budget's: nothing printed
     assert _sequence_limit_line([report(("sequence", 512, "")), encoder]) is None

@@ -627,10 +627,16 @@ def _sequence_limit_line(reports: list[Any]) -> str | None:
     limit = min(int(e["max"]) for e in axes)
     if not any(e.get("note") == MEMORY_BUDGET_NOTE and int(e["max"]) == limit for e in axes):
         return None
+    budgets = [
+        (getattr(r, "extra", None) or {}).get("memory_budget", {}).get("budget_bytes") for r in reports
+    ]
+    budget = max((b for b in budgets if isinstance(b, int)), default=None)
+    size = f"{budget / 2**30:g} GiB" if budget else "the default"
+    larger = max(4, 2 * budget / 2**30) if budget else 4  # the default budget is 1 GiB
     return (
         f"[bold]prompt length[/] up to {limit} tokens ({MEMORY_BUDGET_NOTE}): the activations planned for a "
-        "longer sequence exceed the budget (default 1 GiB); a longer prompt is refused at run time. Export with "
-        "a larger --max-dynamic-bytes (e.g. 4GiB) for longer prompts"
+        f"longer sequence exceed the budget ({size}); a longer prompt is refused at run time. Export with "
+        f"a larger --max-dynamic-bytes (e.g. {larger:g}GiB) for longer prompts"
     )
 
 

@@ -240,7 +240,7 @@ def _exported_size_rows(
     given = prompt.get(key)
     if given is None:
         raise ValueError(
-            f"the {component} was exported for images of {what} {exported} and needs {key}; pass it"
+            f"the {component} was exported for images of {what} {exported} and needs {key}; {how_to_pass(key)}"
         )
     rows = torch.as_tensor(given).reshape(-1, len(exported))
     other = sorted({tuple(int(v) for v in row) for row in rows.tolist()} - {tuple(exported)})
