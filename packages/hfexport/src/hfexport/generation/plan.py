@@ -217,7 +217,10 @@ class GenerationPlan:
         token_ids: ``eos_token_id`` (list), ``pad_token_id``, ``bos_token_id``,
             ``decoder_start_token_id`` from the model's generation config.
         links: multimodal only: ``{component: {input_path: source}}`` for encoder and projector
-            inputs; a source is ``{"from": "prompt", "key": k}`` (a generate input),
+            inputs; a source is ``{"from": "prompt", "key": k}`` (a generate input; with
+            ``"last": True`` its last row along axis 1, ``[batch, 1, ...]``: a decode step's row of a
+            token-aligned prompt input, Mllama's ``cross_attention_mask``; with ``"flatten": True``
+            its first two axes merged, IDEFICS' ``[batch * images, ...]`` ``pixel_values``),
             ``{"from": "vision_grid", "key": k, "grid": g}`` (precomputed from the grid input ``g``)
             or ``{"from": "component", "component": c, "output": o, "drop_first": bool}``.
         features: multimodal only: ``{placeholder_token_id (str): {"component": c, "output": o}}``:

@@ -471,6 +471,8 @@ class GenerationRunner:
                     if prompt.get(source["key"]) is None:
                         raise KeyError(f"the {component} needs {source['key']!r}; pass it to generate()")
                     values[path] = torch.as_tensor(prompt[source["key"]])
+                    if source.get("flatten"):  # [batch, images, ...] as [batch * images, ...]
+                        values[path] = values[path].flatten(0, 1)
                 elif kind == "component":
                     tensor = _output(produced, source["component"], source["output"])
                     values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
@@ -522,7 +524,9 @@ class GenerationRunner:
                 if source["from"] == "prompt":
                     if prompt.get(source["key"]) is None:
                         raise KeyError(f"the {step} step needs {source['key']!r}; pass it to generate()")
-                    values[path] = torch.as_tensor(prompt[source["key"]])
+                    tensor = torch.as_tensor(prompt[source["key"]])
+                    # a decode step's row of a token-aligned input (Mllama's cross_attention_mask)
+                    values[path] = tensor[:, -1:] if source.get("last") else tensor
                 else:
                     if source["component"] not in produced:
                         raise ValueError(
