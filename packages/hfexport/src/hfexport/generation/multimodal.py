@@ -940,6 +940,36 @@ def _mrope_layout(
     return "row_separated" if torch.equal(rows, recorded.to(rows.dtype)) else None
 
 
+def _canvas_mrope(
+    model: torch.nn.Module, inputs: Mapping[str, Any], recorded: torch.Tensor
+) -> dict[str, Any] | None:
+    """The plan's :attr:`~hfexport.generation.plan.GenerationPlan.mrope` entry when the prefill's
+    recorded M-RoPE positions are the canvas layout of the prompt's ``target_sizes`` crops
+    (MiniCPM-V 4.7: :func:`hfexport.generation.vision_inputs.canvas_mrope_position_ids`), told by
+    value at a merge of 4 or 2 patches per side; ``None`` otherwise (issue 28).
+
+    Returns:
+        ``{"layout": "canvas", "spatial_merge_size": m, "channels": c, "markers": {...}}``.
+    """
+    from hfexport.generation.vision_inputs import canvas_markers, canvas_mrope_position_ids
+
+    ids, sizes, types = (inputs.get(k) for k in ("input_ids", "target_sizes", "mm_token_type_ids"))
+    if not all(isinstance(v, torch.Tensor) for v in (ids, sizes, types)):
+        return None
+    markers = canvas_markers(model.config)
+    channels = int(recorded.shape[0])
+    for merge in (4, 2):
+        try:
+            positions = canvas_mrope_position_ids(
+                ids, types, sizes, merge, inputs.get("attention_mask"), markers
+            )
+        except ValueError:
+            continue
+        if torch.equal(positions[-channels:], recorded.to(positions.dtype)):
+            return {"layout": "canvas", "spatial_merge_size": merge, "channels": channels, "markers": markers}
+    return None
+
+
 class ImageEmbeds(ImageFeatures):
     """The model's own ``get_image_features`` as one component, its result kept in the layout the
     language model takes it in (``[images, tokens, hidden]``: Kosmos-2's ``image_embeds``) rather
@@ -1515,14 +1545,20 @@ def decompose_multimodal(
         merge = next((s["spatial_merge_size"] for s in plan.vision_grid.values()), None)
         vision_config = getattr(model.config, "vision_config", None)
         merge = merge or getattr(vision_config, "spatial_merge_size", None)
-        if merge is None:
+        canvas = _canvas_mrope(model, inputs, position_ids) if merge is None else None
+        if canvas is not None:
+            plan.mrope = canvas
+        elif merge is None:
             raise ValueError(
-                f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size"
+                f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size, and its "
+                "prefill's position ids are not the canvas layout of its target_sizes crops either: the runner "
+                "cannot compute them"
             )
-        plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
-        rope_layout = _mrope_layout(inputs, position_ids, plan.mrope, plan.features)
-        if rope_layout is not None:
-            plan.mrope["layout"] = rope_layout
+        else:
+            plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
+            rope_layout = _mrope_layout(inputs, position_ids, plan.mrope, plan.features)
+            if rope_layout is not None:
+                plan.mrope["layout"] = rope_layout
     if layout.lm_head is not None and calls["lm_head"]:
         components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
     if include_decode:

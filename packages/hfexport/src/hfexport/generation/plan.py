@@ -236,7 +236,9 @@ class GenerationPlan:
         mrope: ``{"spatial_merge_size": m, "channels": c}`` when the language model takes M-RoPE position ids
             (``c`` rotary axes), with ``"layout": "row_separated"`` for HunYuan-VL's layout (see
             :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`), ``"newline_column"``
-            for HunYuan-V4-VL's (Qwen2-VL's over a grid one column wider; Qwen2-VL's without it).
+            for HunYuan-V4-VL's (Qwen2-VL's over a grid one column wider; Qwen2-VL's without it),
+            ``"canvas"`` for MiniCPM-V 4.7's (its crops laid out on an image canvas, with the
+            ``"markers"`` ids; see :func:`hfexport.generation.vision_inputs.canvas_mrope_position_ids`).
         per_image: multimodal only: ``{component: {"image_sizes": [height, width]}}`` for an image
             encoder exported for one image of one size (LLaVA-NeXT's anyres, Pixtral: the model
             reads the image sizes as values; see

@@ -694,7 +694,11 @@ class GenerationRunner:
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
-        from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
+        from hfexport.generation.vision_inputs import (
+            canvas_mrope_position_ids,
+            mrope_position_ids,
+            row_separated_mrope_position_ids,
+        )
 
         plan = self.plan
         embeds, produced = self._multimodal_embeddings(ids, inputs, mask)
@@ -708,7 +712,17 @@ class GenerationRunner:
             if grid is None:
                 grid = torch.zeros(0, 3, dtype=torch.int64)
             channels = int(plan.mrope.get("channels", 4))
-            if plan.mrope.get("layout") == "row_separated":  # HunYuan-VL (issue 28)
+            if plan.mrope.get("layout") == "canvas":  # MiniCPM-V 4.7 (issue 28)
+                sizes = inputs.get("target_sizes")
+                positions = canvas_mrope_position_ids(
+                    ids,
+                    torch.as_tensor(token_types),
+                    torch.zeros(0, 2, dtype=torch.int64) if sizes is None else torch.as_tensor(sizes),
+                    int(plan.mrope["spatial_merge_size"]),
+                    mask,
+                    plan.mrope.get("markers") or {},
+                )
+            elif plan.mrope.get("layout") == "row_separated":  # HunYuan-VL (issue 28)
                 positions, _ = row_separated_mrope_position_ids(
                     ids,
                     torch.as_tensor(token_types),
