@@ -63,11 +63,8 @@ def test_qwen2_vl_components_generate_like_generate_at_two_image_sizes():
     check_vision_language_case(DynamoExporter(), DynamoConfig(dynamic=True), "qwen2_vl")
 
 
-@pytest.mark.parametrize(
-    "model_type",
-    # Mllama (the same split, a larger vision tower: ~50 s) under extended
-    ["idefics", pytest.param("mllama", marks=pytest.mark.extended)],
-)
+@pytest.mark.extended
+@pytest.mark.parametrize("model_type", ["idefics", "mllama"])
 def test_cross_attending_language_model_components_generate_like_generate(model_type):
     # issue 28: the language model takes token ids and cross-attends to the image (IDEFICS'
     # image_encoder_embeddings at every step, Mllama's cross_attention_states at prefill then its
@@ -75,6 +72,8 @@ def test_cross_attending_language_model_components_generate_like_generate(model_
     # IdeficsForVisionText2Text", generate "component 'language_model' takes input 'input_ids',
     # which the runner cannot supply" (Mllama). The steps are the model's own forward, given the
     # image features in place of the image inputs, and the per-token row of the cross-attention mask
+    # (~55 s each on a loaded machine: the split and its eager parity run by default in
+    # hfexport's test_vlm_tiny_and_generation.py)
     from hfexport.testing import tiny_model
     from hfexport.testing.generation import check_image_text_generation
 

@@ -617,3 +617,32 @@ def test_canvas_mrope_positions_equal_the_models_own(mode, merge, side):
     assert got[2, 0, 3:7].tolist() == [2, 2, 5, 5] and got[3, 0, 3:7].tolist() == [2, 5, 2, 5]
     with pytest.raises(ValueError, match="more image crops than target_sizes rows"):
         canvas_mrope_position_ids(ids, types, sizes[:7], merge, mask, markers)
+
+
+@pytest.mark.parametrize("model_type", ["idefics", pytest.param("mllama", marks=pytest.mark.extended)])
+def test_cross_attending_language_model_is_split_into_the_models_own_steps(model_type):
+    # issue 28: the language model takes token ids and cross-attends to the image at every step
+    # (IDEFICS: image_encoder_embeddings, the vision tower's output; Mllama: cross_attention_states,
+    # the projector's output, at prefill, then its cross-attention K/V from the cache); was:
+    # decompose "no multimodal submodules found in IdeficsForVisionText2Text" (its decoder is its base
+    # model), generate "component 'language_model' takes input 'input_ids', which the runner cannot
+    # supply" (Mllama). The steps are the model's own forward given the image features in place of
+    # the image inputs; a decode step takes the last row of the prompt's cross-attention mask.
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model(model_type, TASK)
+    parts = decompose_for_generation(model, inputs)
+    mask, feature, source = {
+        "idefics": ("image_attention_mask", "image_encoder_embeddings", "image_encoder"),
+        "mllama": ("cross_attention_mask", "cross_attention_states", "multi_modal_projector"),
+    }[model_type]
+    assert list(parts)[-2:] == ["prefill", "decode"] and source in parts
+    assert parts["prefill"][0] is model and parts["decode"][0] is model
+    assert "pixel_values" not in parts["prefill"][1]
+    steps = parts.plan.step_inputs
+    assert steps["prefill"][feature]["component"] == source
+    assert steps["prefill"][mask] == {"from": "prompt", "key": mask}
+    assert steps["decode"][mask] == {"from": "prompt", "key": mask, "last": True}
+    if model_type == "idefics":  # [batch, images, 3, h, w] pixels taken as [batch * images, 3, h, w]
+        assert parts.plan.links["image_encoder"]["pixel_values"]["flatten"] is True
+    _parity_on_two_prompts(model, inputs, parts)
