@@ -552,3 +552,97 @@ def test_blip_text_only_prompt_and_new_token_start_after_its_prompt_rewrite():
         )
     assert sequences[0, start:].tolist() == expected[0, start:].tolist()
     assert sequences.shape[1] - start == expected.shape[1] - start
+
+
+@pytest.mark.parametrize(("mode", "merge", "side"), [("16x", 4, 8), ("4x", 2, 4)])
+def test_canvas_mrope_positions_equal_the_models_own(mode, merge, side):
+    # issue 28: MiniCPM-V 4.7 lays its M-RoPE positions out on an image canvas (a thumbnail stretched
+    # over the slices tiling the image, markers at the corners, the newline ending a row of slices);
+    # was: decompose "MiniCPMV4_7ForConditionalGeneration takes 3-D (M-RoPE) position ids but has no
+    # spatial_merge_size". The runner's layout, on a prompt with every marker, slices in two rows, two
+    # frames of one group, left padding, equals the model's get_rope_index.
+    from hfexport.generation.vision_inputs import canvas_markers, canvas_mrope_position_ids
+
+    model, _ = tiny_model("minicpmv4_7", TASK)
+    ss, se, im, ie, nl, tok = 250, 251, 252, 253, 254, 255
+    for name, value in zip(
+        ("slice_start_id", "slice_end_id", "image_start_id", "image_end_id", "newline_id"),
+        (ss, se, im, ie, nl),
+        strict=True,
+    ):
+        setattr(model.model.config, name, value)
+    crop = [tok] * 4
+    first = [
+        5,
+        6,
+        im,
+        *crop,
+        ie,
+        ss,
+        *crop,
+        se,
+        ss,
+        *crop,
+        se,
+        nl,
+        ss,
+        *crop,
+        se,
+        ss,
+        *crop,
+        se,
+        im,
+        *crop,
+        ie,
+        7,
+        8,
+        9,
+    ]
+    second = [0] * 9 + [10, im, *crop, ie, 11, 12, im, *crop, ie, 13]
+    second = second + [14] * (len(first) - len(second))
+    ids = torch.tensor([first, second])
+    types = (ids == tok).to(torch.int64)
+    mask = torch.ones_like(ids)
+    mask[1, :9] = 0
+    sizes = torch.tensor([[side, side]] * 8)  # row 0: thumbnail + 4 slices, thumbnail; row 1: two thumbnails
+    markers = canvas_markers(model.config)
+    assert markers == {"slice_start": ss, "slice_end": se, "image_start": im, "image_end": ie, "newline": nl}
+    expected, _ = model.model.get_rope_index(
+        ids, mm_token_type_ids=types, target_sizes=sizes, downsample_mode=mode, attention_mask=mask
+    )
+    got = canvas_mrope_position_ids(ids, types, sizes, merge, mask, markers)
+    assert torch.equal(got[1:], expected)
+    assert torch.equal(got[0, 0], torch.arange(ids.shape[1]))  # the text channel
+    # the 2x2 thumbnail stretched over the 4x4 canvas of 2x2 slices, from the canvas origin 2
+    assert got[2, 0, 3:7].tolist() == [2, 2, 5, 5] and got[3, 0, 3:7].tolist() == [2, 5, 2, 5]
+    with pytest.raises(ValueError, match="more image crops than target_sizes rows"):
+        canvas_mrope_position_ids(ids, types, sizes[:7], merge, mask, markers)
+
+
+@pytest.mark.parametrize("model_type", ["idefics", pytest.param("mllama", marks=pytest.mark.extended)])
+def test_cross_attending_language_model_is_split_into_the_models_own_steps(model_type):
+    # issue 28: the language model takes token ids and cross-attends to the image at every step
+    # (IDEFICS: image_encoder_embeddings, the vision tower's output; Mllama: cross_attention_states,
+    # the projector's output, at prefill, then its cross-attention K/V from the cache); was:
+    # decompose "no multimodal submodules found in IdeficsForVisionText2Text" (its decoder is its base
+    # model), generate "component 'language_model' takes input 'input_ids', which the runner cannot
+    # supply" (Mllama). The steps are the model's own forward given the image features in place of
+    # the image inputs; a decode step takes the last row of the prompt's cross-attention mask.
+    from hfexport.generation import decompose_for_generation
+
+    model, inputs = tiny_model(model_type, TASK)
+    parts = decompose_for_generation(model, inputs)
+    mask, feature, source = {
+        "idefics": ("image_attention_mask", "image_encoder_embeddings", "image_encoder"),
+        "mllama": ("cross_attention_mask", "cross_attention_states", "multi_modal_projector"),
+    }[model_type]
+    assert list(parts)[-2:] == ["prefill", "decode"] and source in parts
+    assert parts["prefill"][0] is model and parts["decode"][0] is model
+    assert "pixel_values" not in parts["prefill"][1]
+    steps = parts.plan.step_inputs
+    assert steps["prefill"][feature]["component"] == source
+    assert steps["prefill"][mask] == {"from": "prompt", "key": mask}
+    assert steps["decode"][mask] == {"from": "prompt", "key": mask, "last": True}
+    if model_type == "idefics":  # [batch, images, 3, h, w] pixels taken as [batch * images, 3, h, w]
+        assert parts.plan.links["image_encoder"]["pixel_values"]["flatten"] is True
+    _parity_on_two_prompts(model, inputs, parts)

@@ -261,10 +261,21 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
             # a prompt input aligned with the tokens ([batch, seq]: Kosmos-2's
             # image_embeds_position_mask) varies with the prompt; the image features per prompt
             # ([batch, image tokens, hidden]) along the batch only (their token count is the model's)
-            text = step_inputs[path].get("from") == "prompt" and tensor.dim() == 2
+            # ([batch, seq, ...] token-aligned masks of a cross-attending model: Mllama's
+            # cross_attention_mask, IDEFICS' image_attention_mask; a decode step's row of them,
+            # "last", keeps its one row)
+            source = step_inputs[path]
+            text = (
+                source.get("from") == "prompt"
+                and not source.get("last")
+                and tensor.dim() >= 2
+                and (tensor.dim() == 2 or tokens is None or tensor.shape[1] == tokens)
+            )
             return axes({0: batch, 1: length} if text else {0: batch}, tensor)
         return None
 
+    ids = kwargs.get("input_ids")
+    tokens = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
     _, prepared, _ = prepare_for_export(module, kwargs)
     shapes = dynamic_shapes_by_rule(prepared, rule)
     if any(source.get("from") == "component" for source in step_inputs.values()):

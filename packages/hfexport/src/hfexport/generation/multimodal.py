@@ -90,10 +90,12 @@ class MultimodalLayout:
         return out
 
 
-def _is_submodule(model: torch.nn.Module, candidate: Any) -> bool:
+def _is_submodule(model: torch.nn.Module, candidate: Any, *, base_model: bool = False) -> bool:
+    """True when ``candidate`` is a module inside ``model`` other than itself and, unless
+    ``base_model``, other than its base model."""
     if not isinstance(candidate, torch.nn.Module) or candidate is model:
         return False
-    if candidate is getattr(model, "base_model", None):
+    if not base_model and candidate is getattr(model, "base_model", None):
         return False
     return any(candidate is m for m in model.modules())
 
@@ -139,7 +141,9 @@ def find_multimodal_layout(model: torch.nn.Module) -> MultimodalLayout:
                 break
     get_decoder = getattr(model, "get_decoder", None)
     decoder = get_decoder() if callable(get_decoder) else None
-    if _is_submodule(model, decoder):
+    # the base model is the decoder of a model whose text decoder holds the vision tower
+    # (IDEFICS: IdeficsModel cross-attends to it; issue 28)
+    if _is_submodule(model, decoder, base_model=True):
         layout.language_model = _base_decoder(decoder)
     head = getattr(model, "lm_head", None)
     if head is None and callable(getattr(model, "get_output_embeddings", None)):
@@ -244,6 +248,32 @@ def link_inputs(
         source = next((k for k, v in prompt_tensors.items() if _equal(v, value)), None)
         if source is not None:
             links[path] = {"from": "prompt", "key": source}
+            continue
+        # a prompt input with its first two axes merged (IDEFICS' vision tower takes the
+        # [batch, images, ...] pixel_values as [batch * images, ...])
+        source = next(
+            (
+                k
+                for k, v in prompt_tensors.items()
+                if v.dim() == value.dim() + 1 and v.dim() >= 3 and _equal(v.flatten(0, 1), value)
+            ),
+            None,
+        )
+        if source is not None:
+            links[path] = {"from": "prompt", "key": source, "flatten": True}
+            continue
+        # a decode step's per-token row of a token-aligned prompt input: the last one, repeated
+        # for every new token (Mllama's cross_attention_mask, IDEFICS' image_attention_mask)
+        source = next(
+            (
+                k
+                for k, v in prompt_tensors.items()
+                if v.dim() >= 2 and value.dim() == v.dim() and v.shape[1] > 1 and _equal(v[:, -1:], value)
+            ),
+            None,
+        )
+        if source is not None:
+            links[path] = {"from": "prompt", "key": source, "last": True}
             continue
         found = None
         for name, outputs in produced.items():
@@ -910,6 +940,36 @@ def _mrope_layout(
     return "row_separated" if torch.equal(rows, recorded.to(rows.dtype)) else None
 
 
+def _canvas_mrope(
+    model: torch.nn.Module, inputs: Mapping[str, Any], recorded: torch.Tensor
+) -> dict[str, Any] | None:
+    """The plan's :attr:`~hfexport.generation.plan.GenerationPlan.mrope` entry when the prefill's
+    recorded M-RoPE positions are the canvas layout of the prompt's ``target_sizes`` crops
+    (MiniCPM-V 4.7: :func:`hfexport.generation.vision_inputs.canvas_mrope_position_ids`), told by
+    value at a merge of 4 or 2 patches per side; ``None`` otherwise (issue 28).
+
+    Returns:
+        ``{"layout": "canvas", "spatial_merge_size": m, "channels": c, "markers": {...}}``.
+    """
+    from hfexport.generation.vision_inputs import canvas_markers, canvas_mrope_position_ids
+
+    ids, sizes, types = (inputs.get(k) for k in ("input_ids", "target_sizes", "mm_token_type_ids"))
+    if not all(isinstance(v, torch.Tensor) for v in (ids, sizes, types)):
+        return None
+    markers = canvas_markers(model.config)
+    channels = int(recorded.shape[0])
+    for merge in (4, 2):
+        try:
+            positions = canvas_mrope_position_ids(
+                ids, types, sizes, merge, inputs.get("attention_mask"), markers
+            )
+        except ValueError:
+            continue
+        if torch.equal(positions[-channels:], recorded.to(positions.dtype)):
+            return {"layout": "canvas", "spatial_merge_size": merge, "channels": channels, "markers": markers}
+    return None
+
+
 class ImageEmbeds(ImageFeatures):
     """The model's own ``get_image_features`` as one component, its result kept in the layout the
     language model takes it in (``[images, tokens, hidden]``: Kosmos-2's ``image_embeds``) rather
@@ -999,6 +1059,87 @@ def _filled_in_masks(
         full = generator(**copy.deepcopy(prefill)).logits
         without = generator(**copy.deepcopy({k: v for k, v in prefill.items() if k not in names})).logits
     return names if torch.equal(full, without) else []
+
+
+def _cross_attending_steps(
+    model: torch.nn.Module,
+    sources: list[Mapping[str, Any]],
+    recording: Any,
+    plan: Any,
+    produced: Mapping[str, Mapping[str, torch.Tensor]],
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The whole model's prefill and decode kwargs for a language model that takes token ids and
+    cross-attends to the image features, or ``None`` when the model is not one.
+
+    Mllama's text model reads ``cross_attention_states`` (the projector's output) at prefill and
+    its cross-attention K/V from the cache after; IDEFICS' decoder reads
+    ``image_encoder_embeddings`` (the vision tower's output) at every decode step. Neither takes
+    ``inputs_embeds`` merged at placeholder tokens, so the split's steps are the model's own
+    forward, its prefill given that input (the image component's output, in the component's
+    layout) in place of the image inputs the image components read.
+
+    Args:
+        model: the multimodal model.
+        sources: recorded kwargs to look for the feature input in: the language model's prefill
+            call, then the model's decode call.
+        recording: the :class:`~hfexport.generation.recording.Recording` of ``generate``.
+        plan: the plan, its :attr:`~hfexport.generation.plan.GenerationPlan.links` filled in.
+        produced: ``{component: {output_path: tensor}}`` of the image components.
+
+    Returns:
+        ``(prefill_kwargs, decode_kwargs)``, or ``None`` when no floating point input of
+        ``sources`` that the model's forward accepts holds an image component's output, or when
+        the prefill given it differs from the recorded one (logits beyond 1e-5).
+    """
+    import copy
+    import inspect
+
+    try:
+        accepted = set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return None
+    feature: tuple[str, torch.Tensor] | None = None
+    for kwargs in sources:
+        for path, value in _flat(kwargs).items():
+            key = path.split(".")[0]
+            if key not in accepted or key in ("cache", "past_key_values") or not value.is_floating_point():
+                continue
+            match = next(
+                (
+                    out
+                    for outputs in produced.values()
+                    for out in outputs.values()
+                    if _same_values(out, value)
+                ),
+                None,
+            )
+            if match is not None and path == key:
+                feature = (key, match)
+                break
+        if feature is not None:
+            break
+    if feature is None:
+        return None
+    image_keys = {
+        source["key"]
+        for links in plan.links.values()
+        for source in links.values()
+        if source.get("from") == "prompt"
+    }
+    prefill = {k: v for k, v in recording.prefill.items() if k not in image_keys}
+    prefill[feature[0]] = feature[1]
+    with torch.no_grad():
+        expected = model(**copy.deepcopy(dict(recording.prefill))).logits
+        got = model(**copy.deepcopy(prefill)).logits
+    if expected.shape != got.shape or not torch.allclose(expected, got, atol=1e-5, rtol=0):
+        logger.info(
+            "%s: its prefill given %s in place of %s differs from generate()'s; not split as a cross-attending model",
+            type(model).__name__,
+            feature[0],
+            sorted(image_keys),
+        )
+        return None
+    return prefill, dict(recording.decode)
 
 
 def _takes_image_input(calls: list[Mapping[str, Any]]) -> bool:
@@ -1369,6 +1510,23 @@ def decompose_multimodal(
             raise ValueError(f"{exc}; nor do the model's get_image_features outputs: {again}") from exc
         components["image_encoder"] = (module, kwargs)
         logger.info("%s: image features exported as one component (%s)", type(model).__name__, exc)
+    if text_encoder is None and not isinstance(embeds_in, torch.Tensor) and produced:
+        # the language model takes token ids and cross-attends to the image (Mllama's
+        # cross_attention_states, IDEFICS' image_encoder_embeddings): the whole model's steps,
+        # given the image features in place of the image inputs (issue 28)
+        steps = _cross_attending_steps(model, [lm_kwargs, recording.decode], recording, plan, produced)
+        if steps is not None:
+            prefill, decode = steps
+            plan.step_inputs = {
+                "prefill": link_inputs("prefill", _step_tensors(prefill), inputs, produced),
+                "decode": link_inputs("decode", _step_tensors(decode), inputs, produced),
+            }
+            components["prefill"] = (model, prefill)
+            components["decode"] = (model, decode)
+            plan.components = list(components)
+            decomposition = Decomposition(components, plan, model)
+            describe_components(decomposition)
+            return decomposition
     if "embed_tokens" in parts:
         components["embed_tokens"] = (parts["embed_tokens"], calls["embed_tokens"][0])
     if text_encoder is not None:
@@ -1387,14 +1545,20 @@ def decompose_multimodal(
         merge = next((s["spatial_merge_size"] for s in plan.vision_grid.values()), None)
         vision_config = getattr(model.config, "vision_config", None)
         merge = merge or getattr(vision_config, "spatial_merge_size", None)
-        if merge is None:
+        canvas = _canvas_mrope(model, inputs, position_ids) if merge is None else None
+        if canvas is not None:
+            plan.mrope = canvas
+        elif merge is None:
             raise ValueError(
-                f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size"
+                f"{type(model).__name__} takes 3-D (M-RoPE) position ids but has no spatial_merge_size, and its "
+                "prefill's position ids are not the canvas layout of its target_sizes crops either: the runner "
+                "cannot compute them"
             )
-        plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
-        rope_layout = _mrope_layout(inputs, position_ids, plan.mrope, plan.features)
-        if rope_layout is not None:
-            plan.mrope["layout"] = rope_layout
+        else:
+            plan.mrope = {"spatial_merge_size": int(merge), "channels": int(position_ids.shape[0])}
+            rope_layout = _mrope_layout(inputs, position_ids, plan.mrope, plan.features)
+            if rope_layout is not None:
+                plan.mrope["layout"] = rope_layout
     if layout.lm_head is not None and calls["lm_head"]:
         components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
     if include_decode:

@@ -217,7 +217,10 @@ class GenerationPlan:
         token_ids: ``eos_token_id`` (list), ``pad_token_id``, ``bos_token_id``,
             ``decoder_start_token_id`` from the model's generation config.
         links: multimodal only: ``{component: {input_path: source}}`` for encoder and projector
-            inputs; a source is ``{"from": "prompt", "key": k}`` (a generate input),
+            inputs; a source is ``{"from": "prompt", "key": k}`` (a generate input; with
+            ``"last": True`` its last row along axis 1, ``[batch, 1, ...]``: a decode step's row of a
+            token-aligned prompt input, Mllama's ``cross_attention_mask``; with ``"flatten": True``
+            its first two axes merged, IDEFICS' ``[batch * images, ...]`` ``pixel_values``),
             ``{"from": "vision_grid", "key": k, "grid": g}`` (precomputed from the grid input ``g``)
             or ``{"from": "component", "component": c, "output": o, "drop_first": bool}``.
         features: multimodal only: ``{placeholder_token_id (str): {"component": c, "output": o}}``:
@@ -233,7 +236,9 @@ class GenerationPlan:
         mrope: ``{"spatial_merge_size": m, "channels": c}`` when the language model takes M-RoPE position ids
             (``c`` rotary axes), with ``"layout": "row_separated"`` for HunYuan-VL's layout (see
             :func:`hfexport.generation.vision_inputs.row_separated_mrope_position_ids`), ``"newline_column"``
-            for HunYuan-V4-VL's (Qwen2-VL's over a grid one column wider; Qwen2-VL's without it).
+            for HunYuan-V4-VL's (Qwen2-VL's over a grid one column wider; Qwen2-VL's without it),
+            ``"canvas"`` for MiniCPM-V 4.7's (its crops laid out on an image canvas, with the
+            ``"markers"`` ids; see :func:`hfexport.generation.vision_inputs.canvas_mrope_position_ids`).
         per_image: multimodal only: ``{component: {"image_sizes": [height, width]}}`` for an image
             encoder exported for one image of one size (LLaVA-NeXT's anyres, Pixtral: the model
             reads the image sizes as values; see

@@ -589,6 +589,8 @@ class GenerationRunner:
                     if prompt.get(source["key"]) is None:
                         raise _missing_input(component, source["key"])
                     values[path] = torch.as_tensor(prompt[source["key"]])
+                    if source.get("flatten"):  # [batch, images, ...] as [batch * images, ...]
+                        values[path] = values[path].flatten(0, 1)
                 elif kind == "component":
                     tensor = _output(produced, source["component"], source["output"])
                     values[path] = tensor[:, 1:] if source.get("drop_first") else tensor
@@ -642,7 +644,9 @@ class GenerationRunner:
                 if source["from"] == "prompt":
                     if prompt.get(source["key"]) is None:
                         raise _missing_input(f"{step} step", source["key"])
-                    values[path] = torch.as_tensor(prompt[source["key"]])
+                    tensor = torch.as_tensor(prompt[source["key"]])
+                    # a decode step's row of a token-aligned input (Mllama's cross_attention_mask)
+                    values[path] = tensor[:, -1:] if source.get("last") else tensor
                 else:
                     if source["component"] not in produced:
                         raise ValueError(
@@ -811,7 +815,11 @@ class GenerationRunner:
     def _prefill_multimodal(
         self, ids: torch.Tensor, mask: torch.Tensor, inputs: Mapping[str, Any]
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, dict[str, Any]]:
-        from hfexport.generation.vision_inputs import mrope_position_ids, row_separated_mrope_position_ids
+        from hfexport.generation.vision_inputs import (
+            canvas_mrope_position_ids,
+            mrope_position_ids,
+            row_separated_mrope_position_ids,
+        )
 
         plan = self.plan
         embeds, produced = self._multimodal_embeddings(ids, inputs, mask)
@@ -825,7 +833,17 @@ class GenerationRunner:
             if grid is None:
                 grid = torch.zeros(0, 3, dtype=torch.int64)
             channels = int(plan.mrope.get("channels", 4))
-            if plan.mrope.get("layout") == "row_separated":  # HunYuan-VL (issue 28)
+            if plan.mrope.get("layout") == "canvas":  # MiniCPM-V 4.7 (issue 28)
+                sizes = inputs.get("target_sizes")
+                positions = canvas_mrope_position_ids(
+                    ids,
+                    torch.as_tensor(token_types),
+                    torch.zeros(0, 2, dtype=torch.int64) if sizes is None else torch.as_tensor(sizes),
+                    int(plan.mrope["spatial_merge_size"]),
+                    mask,
+                    plan.mrope.get("markers") or {},
+                )
+            elif plan.mrope.get("layout") == "row_separated":  # HunYuan-VL (issue 28)
                 positions, _ = row_separated_mrope_position_ids(
                     ids,
                     torch.as_tensor(token_types),

@@ -304,6 +304,196 @@ def mrope_position_ids(
     return torch.cat([text[None], out], dim=0), deltas
 
 
+#: config attributes naming the marker tokens of a canvas M-RoPE prompt (MiniCPM-V 4.7), in the
+#: order :func:`canvas_mrope_position_ids` takes them
+CANVAS_MARKERS: tuple[str, ...] = (
+    "slice_start_id",
+    "slice_end_id",
+    "image_start_id",
+    "image_end_id",
+    "newline_id",
+)
+
+
+def canvas_markers(config: Any) -> dict[str, int]:
+    """The canvas marker ids a config defines (:data:`CANVAS_MARKERS` without their ``_id``),
+    looked up on the config and its text config; those it leaves unset are left out."""
+    found: dict[str, int] = {}
+    sources = [config]
+    get_text = getattr(config, "get_text_config", None)
+    if callable(get_text):
+        sources.append(get_text())
+    for name in CANVAS_MARKERS:
+        value = next((getattr(c, name, None) for c in sources if getattr(c, name, None) is not None), None)
+        if value is not None:
+            found[name[: -len("_id")]] = int(value)
+    return found
+
+
+def _canvas_axis(origin: int, extent: int, tokens: int) -> torch.Tensor:
+    """``tokens`` positions spread evenly (rounded) over ``extent`` canvas cells from ``origin``."""
+    return torch.linspace(0, extent - 1, tokens).round().to(torch.int64) + origin
+
+
+def canvas_mrope_position_ids(
+    input_ids: torch.Tensor,
+    mm_token_type_ids: torch.Tensor,
+    target_sizes: torch.Tensor,
+    merge: int,
+    attention_mask: torch.Tensor | None = None,
+    markers: Mapping[str, int] | None = None,
+) -> torch.Tensor:
+    """M-RoPE position ids of MiniCPM-V 4.7's canvas layout, without the model (issue 28).
+
+    Every image is a *frame*: a thumbnail crop, optionally followed by detail slices (crops whose
+    previous token is the ``slice_start`` marker) tiling the image row by row. The frame is laid out
+    on a canvas of ``rows * slice_h x cols * slice_w`` merged patches (the thumbnail's own grid
+    without slices) starting at position ``o``: every token of the frame gets temporal index ``o``;
+    the thumbnail is stretched over the whole canvas (its rows and columns spread evenly over it),
+    each slice covers its tile (``o + tile offset + arange``), the marker before the thumbnail sits
+    just outside the canvas (``o - 1``), the ``image_end`` marker after the thumbnail at its far
+    corner, each slice's markers at its corners, and the tokens of the gap ending a row of slices
+    past the row's right edge. The text after the frame resumes at ``o + max(height, width) + 1``.
+    Frames separated by markers alone share a group; text between frames of a group advances one
+    more. Padded positions (mask 0) get 0.
+
+    Args:
+        input_ids: int64 ``[batch, seq]``.
+        mm_token_type_ids: ``[batch, seq]``: 0 text, 1 image.
+        target_sizes: int ``[crops, 2]``: the patch grid ``(height, width)`` of every crop, in the
+            order the crops appear over ``(batch, seq)``.
+        merge: patches per merged token along each side (4 for MiniCPM-V's ``"16x"`` mode, 2 for
+            ``"4x"``).
+        attention_mask: ``[batch, seq]`` padding mask or ``None``.
+        markers: ``{"slice_start" | "slice_end" | "image_start" | "image_end" | "newline": id}``
+            (:func:`canvas_markers`); markers left out match no token.
+
+    Returns:
+        int64 ``[4, batch, seq]``: row 0 the text positions from the mask, rows 1-3 temporal,
+        height and width. After the prompt every row continues from its last token's position.
+
+    Raises:
+        ValueError: video tokens (type 2), or more crops than ``target_sizes`` rows.
+    """
+    markers = dict(markers or {})
+    marker_ids = set(markers.values())
+    slice_start = markers.get("slice_start")
+    batch, length = input_ids.shape
+    out = torch.zeros(3, batch, length, dtype=torch.int64)
+    grids = iter([(int(h), int(w)) for h, w in target_sizes.reshape(-1, 2).tolist()])
+
+    def next_grid() -> tuple[int, int]:
+        try:
+            return next(grids)
+        except StopIteration:
+            raise ValueError("the prompt has more image crops than target_sizes rows") from None
+
+    for b in range(batch):
+        keep = (
+            attention_mask[b].bool() if attention_mask is not None else torch.ones(length, dtype=torch.bool)
+        )
+        ids = input_ids[b][keep].tolist()
+        types = mm_token_type_ids[b][keep].tolist()
+        if 2 in types:
+            raise ValueError(
+                "canvas_mrope_position_ids handles image crops only; the prompt has video tokens"
+            )
+        n = len(ids)
+        # crops: maximal runs of image tokens, [start, end)
+        crops: list[tuple[int, int]] = []
+        i = 0
+        while i < n:
+            if types[i] == 0:
+                i += 1
+                continue
+            j = i
+            while j < n and types[j] != 0:
+                j += 1
+            crops.append((i, j))
+            i = j
+        # frames [thumbnail, slices], grouped when only markers lie between them
+        groups: list[list[list[tuple[int, int]]]] = []
+        previous_end = 0
+        for start, end in crops:
+            if groups and slice_start is not None and ids[start - 1] == slice_start:
+                groups[-1][-1].append((start, end))
+            elif groups and all(t in marker_ids for t in ids[previous_end : start - 1]):
+                groups[-1].append([(start, end)])
+            else:
+                groups.append([[(start, end)]])
+            previous_end = end
+        positions = torch.arange(n, dtype=torch.int64).expand(3, n).clone()
+        pos = 0
+        cursor = 0
+
+        for group in groups:
+            group_start = group[0][0][0] - 1
+            if group_start > cursor:
+                positions[:, cursor:group_start] = torch.arange(pos, pos + group_start - cursor)
+                pos += group_start - cursor
+            cursor = group_start
+            for frame in group:
+                (thumb_start, thumb_end), slices = frame[0], frame[1:]
+                frame_start = thumb_start - 1
+                if frame_start > cursor:
+                    positions[:, cursor:frame_start] = torch.arange(pos, pos + frame_start - cursor)
+                    pos += frame_start - cursor + 1
+                frame_end = frame[-1][1]
+                while frame_end < n and ids[frame_end] in marker_ids:
+                    frame_end += 1
+                origin = pos
+                thumb = next_grid()
+                canvas_h, canvas_w = thumb[0] // merge, thumb[1] // merge
+                cols = rows = slice_h = slice_w = 0
+                if slices:
+                    # a gap of more than the two slice markers ends a row of slices
+                    cols = next(
+                        (k + 1 for k in range(len(slices) - 1) if slices[k + 1][0] - slices[k][1] > 2),
+                        len(slices),
+                    )
+                    rows = len(slices) // cols
+                    if rows * cols != len(slices):
+                        rows, cols = 1, len(slices)
+                    tiles = [next_grid() for _ in slices]
+                    slice_h, slice_w = tiles[0][0] // merge, tiles[0][1] // merge
+                    canvas_h, canvas_w = rows * slice_h, cols * slice_w
+                positions[:, frame_start:frame_end] = origin
+                positions[1:, frame_start] = max(origin - 1, 0)
+                if thumb_end < frame_end:
+                    positions[1, thumb_end] = origin + canvas_h
+                    positions[2, thumb_end] = origin + canvas_w
+                hh, ww = torch.meshgrid(
+                    _canvas_axis(origin, canvas_h, thumb[0] // merge),
+                    _canvas_axis(origin, canvas_w, thumb[1] // merge),
+                    indexing="ij",
+                )
+                positions[1, thumb_start:thumb_end] = hh.flatten()
+                positions[2, thumb_start:thumb_end] = ww.flatten()
+                for k, (start, end) in enumerate(slices):
+                    top, left = origin + (k // cols) * slice_h, origin + (k % cols) * slice_w
+                    tile_h, tile_w = tiles[k][0] // merge, tiles[k][1] // merge
+                    if start - 1 >= frame_start:
+                        positions[1, start - 1], positions[2, start - 1] = top, left
+                    if end < frame_end:
+                        positions[1, end], positions[2, end] = top + tile_h - 1, left + tile_w - 1
+                    hh, ww = torch.meshgrid(
+                        torch.arange(tile_h) + top, torch.arange(tile_w) + left, indexing="ij"
+                    )
+                    positions[1, start:end] = hh.flatten()
+                    positions[2, start:end] = ww.flatten()
+                    if k + 1 < len(slices) and slices[k + 1][0] - end > 2:
+                        # the row-ending gap between </slice> and the next <slice>
+                        positions[1, end + 1 : slices[k + 1][0] - 1] = origin + (k // cols + 1) * slice_h - 1
+                        positions[2, end + 1 : slices[k + 1][0] - 1] = origin + cols * slice_w
+                pos = origin + max(canvas_h, canvas_w) + 1
+                cursor = frame_end
+        if cursor < n:
+            positions[:, cursor:n] = torch.arange(pos, pos + n - cursor)
+        out[:, b, keep] = positions
+    text = _text_positions(attention_mask, batch, length, torch.device("cpu"))
+    return torch.cat([text[None], out], dim=0)
+
+
 def row_separated_mrope_position_ids(
     input_ids: torch.Tensor,
     mm_token_type_ids: torch.Tensor,
