@@ -446,3 +446,41 @@ def test_repeat_interleave_with_output_size_translates_with_the_fix():
     proto = torch.onnx.export(program, dynamo=True, optimize=False).model_proto.SerializeToString()
     (got,) = ort.InferenceSession(proto).run(None, {"x": x.numpy()})
     torch.testing.assert_close(torch.from_numpy(got), model(x), atol=0, rtol=0)
+
+
+class _NoRotaryKeys(torch.nn.Module):
+    """``k_rot.view(batch, 1, seq, 0)`` of an attention layer without a rotary part (GLM-5-Next's DSA)."""
+
+    def forward(self, x: torch.Tensor, rot: torch.Tensor):
+        batch, seq = x.shape[:2]
+        rot = rot.view(batch, 1, seq, 0)
+        return x * 2, torch.cat([rot, rot], dim=2)
+
+
+def test_reshape_to_a_zero_size_tensor_runs_in_onnxruntime_with_the_fix():
+    """issue 28: GLM-5-Next's ONNX decode was refused by onnxruntime (Reshape: Invalid Target shape
+    product of 0. Product cannot be 0 in combination with -1): the optimizer's MaterializeReshapeShape
+    wrote -1 for the batch next to the zero rotary width (onnxruntime#9940)."""
+    import onnxruntime as ort
+
+    from hfexport_onnx.workarounds import patches
+
+    name = f"{patches.__name__}.reshape_to_zero_size_keeps_its_computed_shape"
+    assert name in {e.name for e in registry.entries("onnx", kind="patch")}
+    x, rot = torch.randn(2, 1, 4), torch.randn(2, 1, 0)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(_NoRotaryKeys(), (x, rot), dynamic_shapes=({0: batch}, {0: batch}))
+
+    def session():
+        proto = torch.onnx.export(program, dynamo=True, optimize=True).model_proto.SerializeToString()
+        return ort.InferenceSession(proto)
+
+    with pytest.raises(Exception, match="Product cannot be 0 in combination with -1"):
+        session()
+    with registry.apply_patches("onnx"):
+        runner = session()
+    for rows in (2, 3):
+        feeds = {"x": torch.randn(rows, 1, 4).numpy(), "rot": torch.randn(rows, 1, 0).numpy()}
+        doubled, keys = runner.run(None, feeds)
+        assert keys.shape == (rows, 1, 2, 0)
+        torch.testing.assert_close(torch.from_numpy(doubled), torch.from_numpy(feeds["x"]) * 2)

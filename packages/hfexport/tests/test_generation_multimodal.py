@@ -488,3 +488,72 @@ def test_video_and_two_view_image_features_become_one_component(model_type, gett
     runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
     parity = compare_with_generate(runner, model, inputs, max_new_tokens=3)
     assert parity.tokens_equal and parity.max_logit_diff <= 1e-5
+
+
+def test_head_input_divisor_finds_one_constant_factor_or_refuses() -> None:
+    from hfexport.generation.multimodal import head_input_divisor
+
+    hidden = torch.randn(2, 5, 8)
+    assert head_input_divisor(hidden, hidden[:, -1:].clone()) is None  # the head reads them as they are
+    assert head_input_divisor(hidden, hidden[:, -1:] / 24.0) == 24.0
+    assert head_input_divisor(hidden, hidden / 0.5) == 0.5
+    with pytest.raises(ValueError, match="other than one constant factor"):
+        head_input_divisor(hidden, hidden[:, -1:] + 1.0)
+
+
+@pytest.fixture(scope="module")
+def inkling():
+    model, inputs = tiny_model("inkling_mm_model", "image-text-to-text")
+    return model, inputs, decompose_for_generation(model, inputs)
+
+
+def test_a_hidden_state_scale_before_the_head_is_part_of_the_lm_head_component(inkling) -> None:
+    # issue 28: Inkling divides the last hidden state by logits_mup_width_multiplier (24 in the
+    # tiny model) between its language model and lm_head; the head alone gave the first generated
+    # token's logits 24x too large (greedy tokens equal, so the parity of tokens hid it)
+    from hfexport.generation import GenerationRunner, compare_with_generate
+    from hfexport.generation.multimodal import ScaledLMHead
+
+    model, inputs, parts = inkling
+    head, _ = parts["lm_head"]
+    assert isinstance(head, ScaledLMHead) and head.head is model.lm_head
+    assert head.divisor == model.config.text_config.logits_mup_width_multiplier == 24.0
+    parity = compare_with_generate(
+        GenerationRunner(parts.plan, eager_component_callers(parts, model.config)),
+        model,
+        inputs,
+        max_new_tokens=3,
+    )
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+
+
+def test_hybrid_sliding_layers_are_captured_as_hybrid_full_layers_with_the_same_logits(inkling) -> None:
+    # issue 28: Inkling's sliding layers are LinearAttentionAndSlidingWindowAttentionLayer (conv
+    # states + a sliding-window key/value cache whose fill level is a Python int); captured as is,
+    # the exported decode kept the sample's cache length ("Guard failed: attention_mask.size()[1] <= 25")
+    import copy
+
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionAndFullAttentionLayer
+
+    from hfexport.registry import apply_patches
+    from hfexport.workarounds.generation import BACKEND
+
+    model, _, parts = inkling
+    text_config = model.config.get_text_config()
+    assert "hybrid_sliding" in text_config.layer_types
+    _, decode = parts["decode"]
+    assert all(type(layer) is LinearAttentionAndFullAttentionLayer for layer in decode["cache"].layers)
+    assert all(len(layer.conv_states) == layer.number_of_states for layer in decode["cache"].layers)
+    with torch.no_grad():
+        got = model(**copy.deepcopy(decode)).logits
+        # the same step through the model's own hybrid sliding-window cache, filled by the prefill
+        own = DynamicCache(config=text_config)
+        _, lm_kwargs = parts["language_model"]
+        model.model.language_model(**{**lm_kwargs, "cache": own, "use_cache": True})
+        assert type(own.layers[0]).__name__ == "LinearAttentionAndSlidingWindowAttentionLayer"
+        want = model(**{**decode, "cache": own}).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    with apply_patches(BACKEND):
+        layers = DynamicCache(config=text_config).layers
+        assert all(type(layer) is LinearAttentionAndFullAttentionLayer for layer in layers)

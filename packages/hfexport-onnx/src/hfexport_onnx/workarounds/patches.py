@@ -30,6 +30,7 @@ __all__ = [
     "custom_translations_may_take_complex_inputs",
     "eager_experts_as_grouped_matmul",
     "identity_constants_match_exactly",
+    "reshape_to_zero_size_keeps_its_computed_shape",
     "rewrite_rules_forget_the_graph",
     "split_of_run_time_chunks_not_folded",
 ]
@@ -197,6 +198,50 @@ def identity_constants_match_exactly(original: Callable[..., Any]) -> Callable[.
         return True
 
     return match_constant
+
+
+@register_patch(
+    "onnx",
+    # the rule object's condition: RewriteRuleClassBase.rule() binds the instance's check at import
+    "onnxscript.rewriter.rules.common._materialize_reshape_shape.materialize_reshape_shape_rule._condition_function",
+    description=(
+        "the optimizer does not replace a Reshape's computed shape by a constant with -1 for its one symbolic "
+        "dim when another dim is 0: onnxruntime cannot infer -1 for a zero-size tensor (GLM-5-Next's decode, "
+        "whose NoPE attention layers hold [batch, 1, seq, 0] rotary keys: Invalid Target shape product of 0)"
+    ),
+    # the runtime refuses -1 with a 0 by design (onnxruntime#9940); the rule's check ignores 0 dims
+    issue="https://github.com/microsoft/onnxruntime/issues/9940",
+    versions={"onnxscript": ">=0.7"},
+)
+def reshape_to_zero_size_keeps_its_computed_shape(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the condition of onnxscript's ``MaterializeReshapeShape`` rule (run by ``ONNXProgram.optimize()``).
+
+    The rule replaces a Reshape's run-time shape (a ``Shape -> Gather -> Concat`` chain) by a
+    constant when shape inference knows the output shape up to one symbolic dim, writing ``-1``
+    for that dim (with ``allowzero=1``). When the output has a dim of size 0 the tensor is empty
+    and the ``-1`` cannot be inferred: onnxruntime refuses the model at load ("Invalid Target shape
+    product of 0. Product cannot be 0 in combination with -1"; by design, onnxruntime#9940).
+    GLM-5-Next's DSA attention layers have no rotary part (``qk_rope_head_dim`` 0), so its
+    ``k_rot.view(batch, 1, seq, 0)`` is such a reshape; in the decode the batch is the only
+    symbolic dim. The wrapper refuses the match in that case (the computed shape stays, exact);
+    any other match is the original's.
+
+    Returns:
+        The original's ``MatchResult``, or a failed one when the materialized shape would hold
+        both ``-1`` and ``0``.
+    """
+
+    @functools.wraps(original)
+    def check(context: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(context, *args, **kwargs)
+        dims = getattr(getattr(original, "__self__", None), "_new_dims", None)
+        if result and dims is not None and -1 in dims and 0 in dims:
+            from onnxscript.rewriter._basics import MatchResult
+
+            return MatchResult().fail("the output is zero-size: -1 cannot be inferred next to a 0 dim")
+        return result
+
+    return check
 
 
 def _is_unknown_scalar_split(node: Any) -> bool:

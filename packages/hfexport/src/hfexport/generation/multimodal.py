@@ -32,10 +32,12 @@ __all__ = [
     "ImageEmbeds",
     "ImageFeatures",
     "MultimodalLayout",
+    "ScaledLMHead",
     "SizedGridImageFeatures",
     "SizedImageFeatures",
     "decompose_multimodal",
     "find_multimodal_layout",
+    "head_input_divisor",
     "image_feature_rows",
     "inner_generator",
     "is_multimodal",
@@ -88,6 +90,72 @@ class MultimodalLayout:
         if self.lm_head is not None:
             out["lm_head"] = self.lm_head
         return out
+
+
+class ScaledLMHead(torch.nn.Module):
+    """The LM head applied to the language model's hidden states divided by a constant.
+
+    Some models scale the last hidden state between the language model and the head in their own
+    forward (Inkling: ``hidden_states / logits_mup_width_multiplier``); the split's ``lm_head``
+    component then has to carry that step, or the prefill logits come out scaled (the argmax, and
+    so greedy tokens, stay the same, which hides it). ``forward(input)`` takes the language model's
+    ``last_hidden_state`` rows ``[batch, q, hidden]`` and returns ``head(input / divisor)``
+    ``[batch, q, vocab]`` in the head's dtype.
+
+    Args:
+        head: the model's LM head (``nn.Linear``).
+        divisor: the constant the model divides the hidden states by (see
+            :func:`head_input_divisor`).
+    """
+
+    def __init__(self, head: torch.nn.Module, divisor: float) -> None:
+        super().__init__()
+        self.head = head
+        self.divisor = float(divisor)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.head(input / self.divisor)
+
+
+def head_input_divisor(hidden: torch.Tensor, head_input: torch.Tensor) -> float | None:
+    """The constant ``c`` with ``head_input == hidden[:, -q:] / c``, when the two differ.
+
+    Args:
+        hidden: the language model's recorded ``last_hidden_state`` ``[batch, seq, hidden]``.
+        head_input: the LM head's recorded input ``[batch, q, hidden]`` (``q <= seq``: generate
+            keeps the last positions, ``logits_to_keep``).
+
+    Returns:
+        ``None`` when the head reads the hidden states as they are (or when the shapes do not line
+        up: nothing to derive); the divisor (rounded to an integer when it is one up to 1e-5) when
+        the head reads them divided by one constant.
+
+    Raises:
+        ValueError: the head's input differs from the hidden states by something other than one
+            constant factor (a step between the language model and the head the split cannot
+            carry); the message names the largest difference.
+    """
+    if hidden.dim() != 3 or head_input.dim() != 3 or hidden.shape[-1] != head_input.shape[-1]:
+        return None
+    q = int(head_input.shape[1])
+    if q > hidden.shape[1] or hidden.shape[0] != head_input.shape[0]:
+        return None
+    tail = hidden[:, -q:].to(head_input.dtype)
+    if torch.equal(tail, head_input):
+        return None
+    usable = head_input.abs() > 1e-6
+    if not bool(usable.any()):
+        raise ValueError("the LM head's recorded input is all zeros while the language model's output is not")
+    divisor = float((tail[usable] / head_input[usable]).median())
+    if abs(divisor - round(divisor)) <= 1e-5 * max(1.0, abs(divisor)):
+        divisor = float(round(divisor))
+    if divisor == 0.0 or not torch.allclose(tail / divisor, head_input, rtol=1e-4, atol=1e-6):
+        worst = float((tail - head_input).abs().max())
+        raise ValueError(
+            "the LM head reads the language model's hidden states changed by a step other than one constant "
+            f"factor (max difference {worst:.3e}); the split's lm_head component cannot carry it"
+        )
+    return divisor
 
 
 def _is_submodule(model: torch.nn.Module, candidate: Any, *, base_model: bool = False) -> bool:
@@ -1560,7 +1628,23 @@ def decompose_multimodal(
             if rope_layout is not None:
                 plan.mrope["layout"] = rope_layout
     if layout.lm_head is not None and calls["lm_head"]:
-        components["lm_head"] = (layout.lm_head, calls["lm_head"][0])
+        head, head_kwargs = layout.lm_head, calls["lm_head"][0]
+        hidden = _flat(outputs["language_model"][0]).get("last_hidden_state")
+        head_input = head_kwargs.get("input")
+        if isinstance(hidden, torch.Tensor) and isinstance(head_input, torch.Tensor):
+            # the model's forward may scale the hidden states before its head (Inkling divides them
+            # by logits_mup_width_multiplier): the lm_head component carries that step (issue 28)
+            try:
+                divisor = head_input_divisor(hidden, head_input)
+            except ValueError as exc:
+                logger.warning("%s: %s; the lm_head component is the head alone", type(model).__name__, exc)
+                divisor = None
+            if divisor is not None:
+                head = ScaledLMHead(head, divisor)
+                logger.info(
+                    "%s: the LM head reads the hidden states divided by %g", type(model).__name__, divisor
+                )
+        components["lm_head"] = (head, head_kwargs)
     if include_decode:
         # the inner language model when the model's generate hands the embeddings to its generate
         stepper = generator if recording.caller == GENERATOR and generator is not None else model
