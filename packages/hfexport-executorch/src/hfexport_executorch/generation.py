@@ -27,7 +27,7 @@ Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -128,8 +128,9 @@ def _states_written_in_place(cache: Any) -> bool:
     ``update_recurrent_state``: Qwen3.5's gated delta-net layers, Nemotron-H's Mamba2 layers)."""
     for layer in getattr(cache, "layers", ()):
         for attr in ("conv_states", "recurrent_states"):
-            states = getattr(layer, attr, None)
-            if isinstance(states, (list, tuple)) and any(isinstance(t, torch.Tensor) for t in states):
+            states = getattr(layer, attr, None)  # {state index: tensor}, filled lazily
+            values = states.values() if isinstance(states, Mapping) else states
+            if isinstance(values, Iterable) and any(isinstance(t, torch.Tensor) for t in values):
                 return True
     return False
 
