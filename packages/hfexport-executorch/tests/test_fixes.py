@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.export import Dim
+from transformers import PretrainedConfig
 
 from hfexport.capture import capture
 from hfexport.config import ExecutorchConfig
@@ -576,3 +577,53 @@ def test_repeat_interleave_as_cumulative_count_lowers_and_matches_eager():
     assert stages["validate"] == "ok", stages
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+
+
+class ChunkLoop(torch.nn.Module):
+    """A sequence padded to whole chunks of 8 and a Python loop over the chunks carrying a state, as
+    transformers' ``torch_chunk_gated_delta_rule`` (qwen3_5, qwen3_next) loops over 64-token chunks:
+    capture unrolls the loop for the sample's chunk count and guards it (``ceil(L / 8) == 1``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = PretrainedConfig()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        batch, length, width = input_ids.shape
+        pad = (8 - length % 8) % 8
+        chunks = torch.nn.functional.pad(input_ids, (0, 0, 0, pad)).reshape(batch, -1, 8, width)
+        summed = chunks.cumsum(2)
+        state = torch.zeros(batch, 1, width)
+        out = torch.zeros_like(summed)
+        for i in range(chunks.shape[1]):
+            out[:, i] = summed[:, i] + state
+            state = state + summed[:, i, -1:]
+        return out.reshape(batch, -1, width)[:, :length]
+
+
+def test_a_chunk_loop_is_planned_and_refused_at_the_length_its_guards_accept(toy_inputs):
+    # the guard on the unrolled chunk count is no range constraint (pytorch/pytorch#161178): the input
+    # was planned at the role bound (4096) and the chunk at 8 rows, so a 12-token input failed inside
+    # the program (aten::cumsum.out: error 0x12) instead of being refused; Qwen3.5's language model
+    from hfexport_executorch import ExecutorchExporter
+
+    model = ChunkLoop().eval()
+    inputs = toy_inputs(batch=2, seq=6)
+    exporter = ExecutorchExporter()
+    program = exporter.export(model, inputs, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.sequence_bounds_from_input_guards"
+        in (report.applied["fx_program_fixes"])
+    )
+    guarded = {(a["input"], a["axis"]): a["max"] for a in report.dynamic_axes if a["note"] == "model-bounded"}
+    assert guarded == {("input_ids", 1): 7}  # a whole chunk takes an unpadded path the guards exclude
+    planned = {(a["input"], a["axis"]): a["max"] for a in report.dynamic_bounds["axes"]}
+    assert planned[("input_ids", 1)] == 7
+    run = exporter.runner(program)
+    for batch, length in ((1, 3), (3, 7)):
+        x = toy_inputs(batch=batch, seq=length, seed=length)["input_ids"]
+        (out,) = run({"input_ids": x}).values()
+        assert torch.allclose(out, model(x), atol=1e-5), (batch, length)
+    with pytest.raises(ValueError, match="dimension 1 is 12, above the upper bound 7"):
+        run({"input_ids": toy_inputs(batch=1, seq=12)["input_ids"]})

@@ -110,3 +110,35 @@ def test_deepstack_inputs_are_bounded_like_the_prompt():
     for taps in config.dynamic_shapes["deepstack_visual_embeds"]:
         assert sorted(taps) == [0]
         assert taps[0].max == length.max > 12 and taps[0].min == 1
+
+
+def test_a_decode_step_over_filled_linear_attention_states_mutates_no_input():
+    # transformers writes Qwen3.5's gated delta-net (and Nemotron-H's Mamba2) conv and recurrent states
+    # with copy_: the runtime returned the mutated cache inputs as two extra outputs and the decode
+    # output spec no longer fit ("leaves has length 7 but the spec refers to a pytree that holds 5")
+    from hfexport.capture import capture
+    from hfexport.generation import decompose_for_generation
+    from hfexport.generation.parts import FunctionalCacheModule
+    from hfexport.tensors import get_leaf_tensors
+    from hfexport.testing import tiny_model
+    from hfexport_executorch.generation import prepare_component
+
+    model, inputs = tiny_model("qwen3_5_text", "text-generation")
+    parts = decompose_for_generation(model, inputs)
+    module, kwargs = parts["decode"]
+    prefill_module, prefill_kwargs = parts["prefill"]
+    assert prepare_component("prefill", prefill_module, prefill_kwargs, parts.plan) is prefill_module  # empty
+    wrapped = prepare_component("decode", module, kwargs, parts.plan)
+    assert isinstance(wrapped, FunctionalCacheModule)
+    before = {k: v.clone() for k, v in get_leaf_tensors(kwargs["cache"]).items()}
+    assert any(".recurrent_states." in k for k in before) and any(".conv_states." in k for k in before)
+    program = capture(wrapped, kwargs, ExecutorchConfig())
+    assert program.graph_signature.user_inputs_to_mutate == {}
+    with torch.no_grad():
+        out = get_leaf_tensors(wrapped(**kwargs))
+    after = get_leaf_tensors(kwargs["cache"])
+    assert all(torch.equal(before[k], after[k]) for k in before)  # the caller's cache is left as it was
+    # the updated states come back as outputs: the decode step moved every state past the prompt
+    states = {k.split(".", 1)[1]: v for k, v in out.items() if k.startswith("cache.") and "_states." in k}
+    assert sorted(states) == sorted(k for k in before if "_states." in k)
+    assert all(not torch.equal(states[k], before[k]) for k in states)

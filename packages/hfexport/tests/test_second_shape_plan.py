@@ -156,6 +156,45 @@ def test_declared_dynamic_shapes_group_axes_by_role_and_dim_name() -> None:
     assert tuple(second["x"].shape) == (2, 80) and tuple(second["input_ids"].shape) == (3, 40)
 
 
+def test_declared_token_axes_stay_below_the_end_of_a_model_bounded_program_range() -> None:
+    """A forward looping over the sample's chunk count (Qwen3.5's gated delta rule) serves fewer
+    tokens than declared: ExecuTorch's vision-language language model declares 512 and takes 4..63,
+    and its second shape was planned at 65 tokens (error 0x12 in the runtime)."""
+    from torch.export import Dim
+
+    length = Dim.AUTO(min=1, max=512)
+    inputs = {"inputs_embeds": torch.randn(1, 12, 4), "attention_mask": torch.ones(1, 12, dtype=torch.long)}
+    spec = {"inputs_embeds": {1: length}, "attention_mask": {1: length}}
+    config = DynamoConfig(dynamic_shapes=spec)
+    unbounded, _ = plan_second_shape(_Toy(), inputs, config=config)
+    assert unbounded is not None and [g.size for g in unbounded.groups] == [65]
+    axes = [
+        {
+            "input": "inputs_embeds",
+            "axis": 1,
+            "status": "dynamic",
+            "min": 4,
+            "max": 63,
+            "note": "model-bounded",
+        },
+        {
+            "input": "attention_mask",
+            "axis": 1,
+            "status": "dynamic",
+            "min": 2,
+            "max": 63,
+            "note": "model-bounded",
+        },
+    ]
+    plan, reason = plan_second_shape(_Toy(), inputs, config=config, program_axes=axes)
+    assert reason == "" and plan is not None
+    assert [(g.meaning, g.sample, g.size) for g in plan.groups] == [("sequence", 12, 62)]
+    # a static entry does not bound the group (a specialised sequence still fails its second shape)
+    static = [dict(a, status="static", min=12, max=12) for a in axes]
+    plan, _ = plan_second_shape(_Toy(), inputs, config=config, program_axes=static)
+    assert plan is not None and [g.size for g in plan.groups] == [65]
+
+
 def test_one_fill_path_gives_the_same_values_for_plain_and_declared_plans() -> None:
     """The same sizes planned by the plain rule and by declared Dims fill the same values."""
     from torch.export import Dim

@@ -65,11 +65,13 @@ class ExecutorchCapture(CaptureSession):
         plan: the backend plan of ``prepare_backend`` (partitioners, registry key, device).
         dynamic: the dynamic-shape plan of ``dynamic_shapes`` (roles and bounds per axis).
         bounded_by_fix: the symbols ``bound_unbounded_dynamic_ranges`` bounded (name -> bound).
+        bounded_by_guards: the symbols ``sequence_bounds_from_input_guards`` narrowed (name -> bound).
     """
 
     plan: Any = None
     dynamic: bounds.DynamicPlan | None = None
     bounded_by_fix: dict[str, Any] = dataclasses.field(default_factory=dict)
+    bounded_by_guards: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @register_exporter("executorch")
@@ -192,6 +194,8 @@ class ExecutorchExporter(HfExporter):
                 for info in symbols:
                     if str(info.symbol) in session.bounded_by_fix:
                         info.source = f"{info.source}; bounded by bound_unbounded_dynamic_ranges"
+                    if str(info.symbol) in session.bounded_by_guards:
+                        info.source = f"{info.source}; narrowed to the input guards by sequence_bounds_from_input_guards"
                 budget = config.max_dynamic_bytes or bounds.DEFAULT_MAX_DYNAMIC_BYTES
                 unbacked = bounds.data_dependent_symbols(program, session.bounded_by_fix)
                 outcome = bounds.fit_memory_budget(program, symbols, budget, unbacked)
@@ -281,14 +285,22 @@ class ExecutorchExporter(HfExporter):
         """The active program fixes, with the role bounds of the symbols captured unbounded in the
         graph's meta (what ``bound_unbounded_dynamic_ranges`` reads); the symbols it bounded are
         kept for the ``memory_budget`` stage."""
-        from hfexport_executorch.workarounds.fx_fixes import BOUNDED_META_KEY, BOUNDS_META_KEY
+        from hfexport_executorch.workarounds.fx_fixes import (
+            BOUNDED_META_KEY,
+            BOUNDS_META_KEY,
+            GUARD_BOUNDED_META_KEY,
+            GUARD_BOUNDS_META_KEY,
+        )
 
         assert isinstance(session, ExecutorchCapture) and session.dynamic is not None
         program = session.program
         symbols = bounds.collect_symbols(program, session.inputs, session.dynamic)
         program.graph_module.meta[BOUNDS_META_KEY] = _role_bounds_for_unbounded(symbols, session.model)
+        axes = getattr(session.report, "dynamic_axes", None) if session.report is not None else None
+        program.graph_module.meta[GUARD_BOUNDS_META_KEY] = _guard_bounds(symbols, axes)
         applied = super().fix_program(session)
         session.bounded_by_fix = dict(program.graph_module.meta.get(BOUNDED_META_KEY, {}))
+        session.bounded_by_guards = dict(program.graph_module.meta.get(GUARD_BOUNDED_META_KEY, {}))
         return applied
 
     # -- runtime -----------------------------------------------------------------------------------
@@ -480,6 +492,26 @@ def _plan_dynamic_axes(report: ExportReport) -> None:
         if "narrowed by the memory budget" in str(bound.get("source", "")):
             entry["note"] = MEMORY_BUDGET_NOTE
     report.dynamic_axes_summary = axes_summary(report.dynamic_axes)
+
+
+def _guard_bounds(
+    symbols: list[bounds.SymbolInfo], program_axes: list[dict[str, Any]] | None
+) -> dict[str, int]:
+    """``{symbol name: largest size}`` for the symbols sizing an input axis whose range the
+    program's input guards end below (``program_axes`` entries of note ``"model-bounded"``, as
+    :func:`hfexport.program_axes.program_input_axes` records them in ``report.dynamic_axes``): what
+    ``sequence_bounds_from_input_guards`` narrows the ranges to."""
+    limits = {
+        (str(e["input"]), int(e["axis"])): int(e["max"])
+        for e in program_axes or ()
+        if e.get("note") == "model-bounded" and e.get("status") == "dynamic" and e.get("max") is not None
+    }
+    out: dict[str, int] = {}
+    for info in symbols:
+        found = [limits[(path, axis)] for path, axis in info.axes if (path, axis) in limits]
+        if found:
+            out[str(info.symbol)] = min(found)
+    return out
 
 
 def _bounds_report(symbols: list[bounds.SymbolInfo], dynamic: bounds.DynamicPlan) -> dict[str, Any]:

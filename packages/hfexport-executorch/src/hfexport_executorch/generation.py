@@ -13,7 +13,8 @@ core's defaults:
   a ``.pte`` file holds the flat program only, so the pytree specs of the program's inputs and
   outputs (caches and model outputs included) go into the manifest and the runner is rebuilt from
   file and specs;
-- ``prepare_component`` (:func:`prepare_component`): static-cache components get paired cache
+- ``prepare_component`` (:func:`prepare_component`): static-cache components, and components whose
+  filled linear-attention or state-space states transformers writes in place, get paired cache
   inputs/outputs;
 - ``component_config`` (:func:`component_config`): decode-step components, and a multimodal model's prompt components, get bounded dynamic axes;
 - ``generation_source``: the quantized copy every component is captured from.
@@ -26,7 +27,7 @@ Conv3d of Qwen-style vision encoders as a matmul, which the runtime can execute.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -121,19 +122,37 @@ def load_component(path: str | os.PathLike[str], metadata: Mapping[str, Any]) ->
     )
 
 
+def _states_written_in_place(cache: Any) -> bool:
+    """Whether ``cache`` holds filled linear-attention or state-space states, which transformers
+    5.24 writes with ``copy_`` (``LinearAttentionLayer.update_conv_state`` /
+    ``update_recurrent_state``: Qwen3.5's gated delta-net layers, Nemotron-H's Mamba2 layers)."""
+    for layer in getattr(cache, "layers", ()):
+        for attr in ("conv_states", "recurrent_states"):
+            states = getattr(layer, attr, None)  # {state index: tensor}, filled lazily
+            values = states.values() if isinstance(states, Mapping) else states
+            if isinstance(values, Iterable) and any(isinstance(t, torch.Tensor) for t in values):
+                return True
+    return False
+
+
 def prepare_component(name: str, module: Any, kwargs: Mapping[str, Any], plan: Any) -> Any:
-    """Give static-cache components paired cache inputs/outputs instead of in-place updates.
+    """Give components whose cache is updated in place paired cache inputs/outputs.
 
     The ExecuTorch runtime returns a mutated graph input as an extra output and leaves the input
     as it was, so an in-place cache update would be lost between calls. The component runs on a
     copy of the cache (:class:`hfexport.generation.parts.FunctionalCacheModule`) and returns the
-    updated copy, which the generation runner passes to the next call.
+    updated copy, which the generation runner passes to the next call. This applies to a static
+    cache, and to a growing cache whose linear-attention or state-space states are filled (the
+    decode step of a hybrid model: transformers writes them with ``copy_``, and the program's two
+    extra outputs per layer kind did not fit the recorded output spec: "treespec.unflatten(leaves):
+    `leaves` has length 7 but the spec refers to a pytree that holds 5 items", issue 28).
     """
     from transformers.cache_utils import Cache
 
     from hfexport.generation.parts import FunctionalCacheModule
 
-    if plan.cache_kind == "static" and any(isinstance(v, Cache) for v in kwargs.values()):
+    caches = [v for v in kwargs.values() if isinstance(v, Cache)]
+    if caches and (plan.cache_kind == "static" or any(_states_written_in_place(c) for c in caches)):
         return FunctionalCacheModule(module)
     return module
 
@@ -300,9 +319,9 @@ class ExecutorchGenerationSupport(GenerationSupport):
     def prepare_component(
         self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
     ) -> torch.nn.Module:
-        """Static-cache components get paired cache inputs/outputs instead of in-place updates
-        (the runtime returns a mutated input as an extra output and leaves the input as it was);
-        see :func:`prepare_component`."""
+        """Components whose cache is updated in place (a static cache; filled linear-attention or
+        state-space states) get paired cache inputs/outputs instead (the runtime returns a mutated
+        input as an extra output and leaves the input as it was); see :func:`prepare_component`."""
         return prepare_component(name, module, kwargs, plan)
 
     def component_config(

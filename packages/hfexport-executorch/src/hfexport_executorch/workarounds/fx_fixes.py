@@ -23,6 +23,8 @@ from hfexport_executorch import bounds
 __all__ = [
     "BOUNDED_META_KEY",
     "BOUNDS_META_KEY",
+    "GUARD_BOUNDED_META_KEY",
+    "GUARD_BOUNDS_META_KEY",
     "bound_unbounded_dynamic_ranges",
     "bucketize_as_comparison_count",
     "complex_rotary_as_real_pairs",
@@ -33,6 +35,7 @@ __all__ = [
     "quantized_embedding_without_padding_idx",
     "repeat_interleave_as_cumulative_count",
     "runtime_assertions_dropped_before_edge",
+    "sequence_bounds_from_input_guards",
     "sort_as_topk",
     "unit_lower_triangular_solve_as_matmuls",
 ]
@@ -44,6 +47,12 @@ logger = logging.getLogger(__name__)
 BOUNDS_META_KEY = "hfexport_executorch_bounds"
 #: ``ep.graph_module.meta`` key where :func:`bound_unbounded_dynamic_ranges` records what it set.
 BOUNDED_META_KEY = "hfexport_executorch_bounded"
+#: ``ep.graph_module.meta`` key where the exporter leaves ``{symbol name: largest size}`` for the
+#: symbols whose input guards refuse sizes their range still admits (a sequence axis of a forward
+#: that loops over the sample's chunk count; ``hfexport.program_axes`` finds them at capture).
+GUARD_BOUNDS_META_KEY = "hfexport_executorch_guard_bounds"
+#: ``ep.graph_module.meta`` key where :func:`sequence_bounds_from_input_guards` records what it set.
+GUARD_BOUNDED_META_KEY = "hfexport_executorch_guard_bounded"
 
 
 @register_fx_program_fix(
@@ -123,6 +132,55 @@ def bound_unbounded_dynamic_ranges(exported_program: torch.export.ExportedProgra
     if done:
         logger.debug("bounded dynamic ranges: %s", done)
     exported_program.graph_module.meta[BOUNDED_META_KEY] = done
+
+
+@register_fx_program_fix(
+    "executorch",
+    description=(
+        "narrow the range of a sequence symbol to the largest size the program's input guards accept (a forward "
+        "looping over the sample's chunk count guards the chunk count, not the symbol's range): ExecuTorch plans "
+        "memory at the range's end, so the inputs were planned longer than the chunk-sized intermediates"
+    ),
+    # torch.export keeps a shape guard it cannot turn into a symbol range (ceil(L / 64) == 1) in the
+    # program's guard code (shape guards of exported programs, pytorch/pytorch#161178), and
+    # range_constraints keep the asked range; checked on torch 2.13 (earlier versions not checked)
+    issue="https://github.com/pytorch/pytorch/pull/161178",
+    versions={"torch": ">=2.13"},
+)
+def sequence_bounds_from_input_guards(exported_program: torch.export.ExportedProgram) -> None:
+    """Narrow each symbol named in ``graph_module.meta[GUARD_BOUNDS_META_KEY]`` to its bound there.
+
+    Transformers' chunked gated delta rule (``torch_chunk_gated_delta_rule`` of qwen3_5,
+    qwen3_5_moe, qwen3_next, olmo_hybrid: transformers 5.24) pads the sequence to whole chunks of 64
+    and loops over the chunks in Python; capture unrolls the loop for the sample's one chunk and
+    records ``(L + pad) // 64 == 1`` as a guard of the program, while ``range_constraints`` keeps
+    the range the export asked for (``[4, 512]`` for a vision-language model's language model
+    exported with ``dynamic=True``). ExecuTorch plans the inputs at the range's end and the chunked
+    intermediates at one chunk, so any prompt of more than 64 tokens failed inside the program
+    (``aten::cumsum.out``: "Attempted to resize a bounded tensor with a maximum capacity of 2048
+    elements to 4096 elements", error 0x12) instead of at the runtime's input-size check. The
+    exporter finds the largest size the guards accept
+    (:func:`hfexport.program_axes.program_input_axes`, note ``"model-bounded"``) and leaves it in the
+    graph's meta; this fix sets it as the symbol's upper bound, so the inputs are planned, and
+    refused above it, at the size the program serves. Narrowing a range after capture is sound:
+    every guard that held on the wider range still holds. Values are unchanged.
+
+    Records ``{symbol: upper}`` in ``graph_module.meta[GUARD_BOUNDED_META_KEY]``.
+    """
+    wanted: dict[str, int] = exported_program.graph_module.meta.get(GUARD_BOUNDS_META_KEY, {})
+    done: dict[str, int] = {}
+    for symbol, value_range in list(exported_program.range_constraints.items()):
+        upper = wanted.get(str(symbol))
+        if upper is None:
+            continue
+        lower = int(value_range.lower) if value_range.lower.is_finite else 0
+        if upper < lower or (not bounds.is_unbounded(value_range.upper) and int(value_range.upper) <= upper):
+            continue
+        bounds.set_symbol_upper_bound(exported_program, symbol, int(upper))
+        done[str(symbol)] = int(upper)
+    if done:
+        logger.info("sequence bounds narrowed to what the program's input guards accept: %s", done)
+    exported_program.graph_module.meta[GUARD_BOUNDED_META_KEY] = done
 
 
 _ATTENTION_OPS = (

@@ -235,6 +235,19 @@ def _bounded_size(
     return preferred
 
 
+def _token_bound(program_axes: Sequence[Mapping[str, Any]] | None, members: Sequence[Node]) -> int | None:
+    """The lowest upper end the program's axis outcomes give any of ``members`` (token sequence axes
+    that share one size) where it keeps them dynamic; ``None`` when none is bounded."""
+    highs = [
+        int(e["max"])
+        for e in program_axes or ()
+        if e.get("status") == "dynamic"
+        and e.get("max") is not None
+        and (str(e.get("input")), int(e.get("axis", -1))) in set(members)
+    ]
+    return min(highs) if highs else None
+
+
 def _spatial_limits(program_axes: Sequence[Mapping[str, Any]] | None) -> dict[Node, int]:
     """``{(input, axis): max}`` of the program's axis outcomes that have an upper bound."""
     return {
@@ -531,6 +544,12 @@ def _declared_plan(
             limit, _ = max_positions(config_, decoder=kind == DECODER)
             if limit is not None:
                 highs.append(limit)
+            # a program whose range ends below the declared one (a forward looping over the sample's
+            # chunk count: Qwen3.5's gated delta rule, <= 63 tokens against a declared 512) takes a
+            # size below its end, as the dynamic_shapes-free plan gives it (_bounded_size)
+            bounded = _token_bound(program_axes, members)
+            if bounded is not None:
+                highs.append(max(bounded - 1, low))
         high = min(highs) if highs else None
         if kind == "batch":
             preferred = sample + 1
