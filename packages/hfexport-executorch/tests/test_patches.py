@@ -850,3 +850,49 @@ def test_convnextv2_second_shape_matches_eager_only_with_the_broadcast_div_patch
 
         for entry in removed:
             registry._REGISTRY.add(entry)
+
+
+class ShiftedGridResize(torch.nn.Module):
+    """Resizes a learned 8x8 position grid by ``(side + 0.1) / 8``, as HunYuan-V4-VL's vision
+    patch embedding does: the scale is not the output/input size ratio (3/8, 5/8)."""
+
+    def __init__(self, scales: tuple[float, float] = (3.1 / 8, 5.1 / 8)) -> None:
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 4, 8, 8))
+        self.scales = scales
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.nn.functional.interpolate(
+            self.grid, scale_factor=self.scales, mode="bilinear", align_corners=False
+        )
+        return input_ids + pos.flatten(2).transpose(1, 2)
+
+
+def test_resize_with_its_own_scale_stays_portable_and_matches_eager():
+    # hy_v4_vl's image encoder on ExecuTorch: "exported artifact does not match eager PyTorch" (XNNPACK's
+    # static bilinear resize ignores scale_factor: 0.47 off on this toy without the patch)
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    exporter.export(ShiftedGridResize().eval(), {"input_ids": torch.randn(1, 15, 4)}, ExecutorchConfig())
+    report = exporter.last_report
+    installed = next(s for s in report.stages if s.name == "patches").data
+    assert (
+        "hfexport_executorch.workarounds.patches.resize_with_own_scale_stays_portable"
+        in installed["executorch.xnnpack"]
+    )
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+def test_only_a_resize_whose_scale_is_not_the_size_ratio_is_declined():
+    from hfexport_executorch.workarounds.patches import _resize_scales_differ
+
+    def resize_node(scales):
+        rows = int(8 * scales[0]) * int(8 * scales[1])
+        program = torch.export.export(ShiftedGridResize(scales), (torch.randn(1, rows, 4),))
+        program = program.run_decompositions({})
+        return next(n for n in program.graph.nodes if "upsample_bilinear2d" in str(n.target))
+
+    assert _resize_scales_differ(resize_node((3.1 / 8, 5.1 / 8)))
+    assert not _resize_scales_differ(resize_node((0.5, 0.25)))  # 8 -> 4 and 8 -> 2: the ratios
