@@ -35,6 +35,7 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
+    "XNNPACK_MAX_TENSOR_DIMS",
     "broadcast_div_stays_portable",
     "circular_pad_as_concat",
     "circular_pad_without_empty",
@@ -56,6 +57,7 @@ __all__ = [
     "provably_dense_in_order",
     "resize_with_own_scale_stays_portable",
     "stride_order_without_data_dependent_guards",
+    "tensors_above_six_dims_stay_portable",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
@@ -1301,3 +1303,61 @@ def resize_with_own_scale_stays_portable(original: Callable[..., Any]) -> Callab
         return True
 
     return check_constraints
+
+
+#: Most dimensions an XNNPACK tensor may have (``XNN_MAX_TENSOR_DIMS`` in xnnpack.h).
+XNNPACK_MAX_TENSOR_DIMS = 6
+
+
+def _rank_above_xnnpack_limit(node: Any) -> bool:
+    """True when ``node``'s result or one of its tensor arguments has more than
+    :data:`XNNPACK_MAX_TENSOR_DIMS` dimensions."""
+    import torch.utils._pytree as pytree
+
+    values = [node.meta.get("val")]
+    for arg in pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(arg, torch.fx.Node):
+            values.append(arg.meta.get("val"))
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() > XNNPACK_MAX_TENSOR_DIMS for v in pytree.tree_leaves(values)
+    )
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints",
+    description=(
+        "keep nodes with a tensor of more than 6 dimensions out of XNNPACK: the partitioner does not check the "
+        "rank, and the delegate refuses such a tensor when the method loads ('Failed to define tensor 0 with code: "
+        "xnn_status_unsupported_parameter', error 0x1); Inkling's vision encoder folds space-time into depth "
+        "through an 8-D reshape and permute"
+    ),
+    # no upstream issue found for XNNPACK; the same check was added for Cortex-M's transpose in
+    # pytorch/executorch#22571. executorch 1.4.1 xnnpack_config.py checks precision and dtypes only
+    issue="https://github.com/pytorch/executorch/pull/22571",
+    versions={"executorch": ">=1.3"},
+)
+def tensors_above_six_dims_stay_portable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``XNNPartitionerConfig.check_common_constraints`` (every XNNPACK node config calls it)
+    to decline a node whose result or tensor arguments have more than
+    :data:`XNNPACK_MAX_TENSOR_DIMS` dimensions.
+
+    XNNPACK defines tensors of at most 6 dimensions (``XNN_MAX_TENSOR_DIMS``); the ExecuTorch
+    partitioner claims a ``permute_copy`` or ``view_copy`` of any rank, the ``.pte`` is written, and
+    loading the method fails in ``XNNCompiler::compileModel`` (``xnn_status_unsupported_parameter``,
+    ``Failed to load method forward, error: 0x1``). Inkling's vision encoder reshapes
+    ``[B, T, H, W, C]`` to 8 dimensions and permutes them to fold time and space into channels
+    (issue 28). Declined nodes run on the portable kernels, which take any rank; every other decision
+    is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_common_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if _rank_above_xnnpack_limit(node):
+            logger.debug("%s stays on portable kernels: a tensor has more than 6 dimensions", node.name)
+            return False
+        return True
+
+    return check_common_constraints
