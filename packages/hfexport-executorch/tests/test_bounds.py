@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from torch.export import Dim
 
 from hfexport.capture import capture
@@ -259,3 +260,33 @@ def test_the_budget_narrows_a_data_dependent_size_before_input_axes_reach_their_
     assert program.range_constraints[unbacked[0]].upper == 256
     # a symbol bounded after capture by a default rule is not the model's bound: left alone
     assert bounds.data_dependent_symbols(program, bounded_by_fix=[str(unbacked[0])]) == []
+
+
+def test_a_planning_failure_with_unbounded_data_dependent_sizes_names_them():
+    from hfexport.errors import DataDependentSizeError
+    from hfexport_executorch.exporter import _named_data_dependent_sizes
+
+    with (
+        pytest.raises(DataDependentSizeError, match=r"\(u271: data-dependent") as caught,
+        _named_data_dependent_sizes(["u271"]),
+    ):
+        raise TypeError("bad number 68719476736 for type int32")
+    assert caught.value.symbols == ["u271"]
+    assert isinstance(caught.value.__cause__, TypeError)
+    # a program without such sizes fails as it did
+    with pytest.raises(TypeError, match="bad number"), _named_data_dependent_sizes([]):
+        raise TypeError("bad number 68719476736 for type int32")
+
+
+def test_only_data_dependent_symbols_bounded_by_the_default_rule_are_named():
+    from hfexport_executorch.exporter import _defaulted_data_dependent_symbols
+
+    class Gather(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return input_ids.nonzero() * 2  # [u0, 1]: as many rows as nonzero values
+
+    program = torch.export.export(Gather(), (torch.tensor([2, 3]),))
+    unbacked = [str(s) for s in program.range_constraints if str(s).startswith("u")]
+    assert unbacked
+    assert _defaulted_data_dependent_symbols(program, {unbacked[0]: 4096}) == [unbacked[0]]
+    assert _defaulted_data_dependent_symbols(program, {}) == []

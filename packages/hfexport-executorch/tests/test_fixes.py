@@ -627,3 +627,63 @@ def test_a_chunk_loop_is_planned_and_refused_at_the_length_its_guards_accept(toy
         assert torch.allclose(out, model(x), atol=1e-5), (batch, length)
     with pytest.raises(ValueError, match="dimension 1 is 12, above the upper bound 7"):
         run({"input_ids": toy_inputs(batch=1, seq=12)["input_ids"]})
+
+
+class WeightedBags(torch.nn.Module):
+    """Sums 4 weighted rows of a table per patch with ``F.embedding_bag``, as Kimi-K2.5's vision tower
+    resamples its position grid (16 rows there)."""
+
+    def __init__(self, mode: str = "sum", padding_idx: int | None = None) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(12, 6))
+        self.mode, self.padding_idx = mode, padding_idx
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # float [patches, 4]
+        index = (input_ids.abs() * 7).to(torch.int64) % 12
+        weights = input_ids.softmax(-1) if self.mode == "sum" else None
+        return torch.nn.functional.embedding_bag(
+            index, self.table, per_sample_weights=weights, mode=self.mode, padding_idx=self.padding_idx
+        )
+
+
+def test_embedding_bag_of_fixed_bags_lets_the_pte_load_and_matches_eager_at_two_shapes():
+    # Kimi-K2.5's image encoder failed to load: "Failed to load method forward, error: 0x14" (no
+    # embedding_bag kernel in the runtime)
+    from hfexport_executorch import ExecutorchExporter
+
+    model = WeightedBags().eval()
+    exporter = ExecutorchExporter()
+    exporter.export(model, {"input_ids": torch.rand(9, 4)}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.embedding_bag_of_fixed_bags_as_gather_sum"
+        in report.applied["fx_node_fixes"]
+    )
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+@pytest.mark.parametrize(("mode", "padding_idx"), [("sum", None), ("sum", 3), ("mean", None), ("mean", 3)])
+def test_embedding_bag_of_fixed_bags_gives_embedding_bag_values(mode, padding_idx):
+    model = WeightedBags(mode, padding_idx).eval()
+    x = torch.rand(5, 4)
+    x[0] = 3 / 7 + 0.01  # an all-padding bag: index 3 everywhere
+    program = torch.export.export(model, (x,))
+    applied = apply_fx_node_fixes("executorch", program.graph_module)
+    assert any(name.endswith("embedding_bag_of_fixed_bags_as_gather_sum") for name in applied), applied
+    targets = {n.target for n in program.graph.nodes}
+    assert not targets & {torch.ops.aten.embedding_bag.padding_idx, torch.ops.aten._embedding_bag.default}
+    program.graph_module.recompile()
+    torch.testing.assert_close(program.module()(x), model(x), rtol=1e-6, atol=1e-6)
+
+
+def test_embedding_bag_of_ragged_bags_is_left_alone():
+    class Ragged(torch.nn.Module):
+        def forward(self, index: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.embedding_bag(index, table, torch.tensor([0, 2, 3]), mode="sum")
+
+    program = torch.export.export(Ragged(), (torch.tensor([1, 2, 0, 4, 3]), torch.randn(6, 2)))
+    applied = apply_fx_node_fixes("executorch", program.graph_module)
+    assert not any(name.endswith("embedding_bag_of_fixed_bags_as_gather_sum") for name in applied), applied

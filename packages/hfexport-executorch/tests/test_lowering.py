@@ -89,6 +89,8 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
         "hfexport_executorch.workarounds.patches.gelu_tanh_stays_portable",
         "hfexport_executorch.workarounds.patches.layout_tags_without_size_guards",
         "hfexport_executorch.workarounds.patches.max_dim_only_over_spatial_axes",
+        "hfexport_executorch.workarounds.patches.resize_with_own_scale_stays_portable",
+        "hfexport_executorch.workarounds.patches.tensors_above_six_dims_stay_portable",
         "hfexport_executorch.workarounds.patches.unsqueeze_with_one_dynamic_dim_only",
         "hfexport_executorch.workarounds.patches.xnnpack_preprocess_skips_inapplicable_passes",
     ]

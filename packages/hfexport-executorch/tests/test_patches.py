@@ -850,3 +850,81 @@ def test_convnextv2_second_shape_matches_eager_only_with_the_broadcast_div_patch
 
         for entry in removed:
             registry._REGISTRY.add(entry)
+
+
+class ShiftedGridResize(torch.nn.Module):
+    """Resizes a learned 8x8 position grid by ``(side + 0.1) / 8``, as HunYuan-V4-VL's vision
+    patch embedding does: the scale is not the output/input size ratio (3/8, 5/8)."""
+
+    def __init__(self, scales: tuple[float, float] = (3.1 / 8, 5.1 / 8)) -> None:
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 4, 8, 8))
+        self.scales = scales
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.nn.functional.interpolate(
+            self.grid, scale_factor=self.scales, mode="bilinear", align_corners=False
+        )
+        return input_ids + pos.flatten(2).transpose(1, 2)
+
+
+def test_resize_with_its_own_scale_stays_portable_and_matches_eager():
+    # hy_v4_vl's image encoder on ExecuTorch: "exported artifact does not match eager PyTorch" (XNNPACK's
+    # static bilinear resize ignores scale_factor: 0.47 off on this toy without the patch)
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    exporter.export(ShiftedGridResize().eval(), {"input_ids": torch.randn(1, 15, 4)}, ExecutorchConfig())
+    report = exporter.last_report
+    installed = next(s for s in report.stages if s.name == "patches").data
+    assert (
+        "hfexport_executorch.workarounds.patches.resize_with_own_scale_stays_portable"
+        in installed["executorch.xnnpack"]
+    )
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows
+
+
+def test_only_a_resize_whose_scale_is_not_the_size_ratio_is_declined():
+    from hfexport_executorch.workarounds.patches import _resize_scales_differ
+
+    def resize_node(scales):
+        rows = int(8 * scales[0]) * int(8 * scales[1])
+        program = torch.export.export(ShiftedGridResize(scales), (torch.randn(1, rows, 4),))
+        program = program.run_decompositions({})
+        return next(n for n in program.graph.nodes if "upsample_bilinear2d" in str(n.target))
+
+    assert _resize_scales_differ(resize_node((3.1 / 8, 5.1 / 8)))
+    assert not _resize_scales_differ(resize_node((0.5, 0.25)))  # 8 -> 4 and 8 -> 2: the ratios
+
+
+class SpaceTimeFold(torch.nn.Module):
+    """Folds ``[B, T, H, W, C]`` 2x2 patches of space into channels through an 8-D reshape and permute,
+    then projects them, as Inkling's vision encoder layers do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(4 * 3, 5, bias=False)
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        b, t, h, w, c = pixel_values.shape
+        x = pixel_values.reshape(b, t, 1, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 5, 2, 4, 6, 7)
+        return self.proj(x.reshape(b, t, h // 2, w // 2, 4 * c))
+
+
+def test_tensors_above_six_dims_stay_portable_and_the_method_loads():
+    # inkling_mm_model's image encoder: "Failed to define tensor 0 with code: xnn_status_unsupported_parameter",
+    # "Failed to load method forward, error: 0x1" without the patch
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    exporter.export(SpaceTimeFold().eval(), {"pixel_values": torch.randn(2, 2, 4, 4, 3)}, ExecutorchConfig())
+    report = exporter.last_report
+    installed = next(s for s in report.stages if s.name == "patches").data
+    assert (
+        "hfexport_executorch.workarounds.patches.tensors_above_six_dims_stay_portable"
+        in installed["executorch.xnnpack"]
+    )
+    assert report.extra["delegation"]  # the linear is still delegated
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] < 1e-5 for row in rows), rows

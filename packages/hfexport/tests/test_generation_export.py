@@ -309,3 +309,31 @@ def test_a_failed_save_leaves_nothing_behind(dynamic_parts, tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     with pytest.raises(ValueError, match="needs the generation plan"):
         save_components(exporter, dict(artifacts), tmp_path)
+
+
+def test_a_data_dependent_size_error_of_a_later_stage_retries_the_image_encoder_per_grid():
+    # HunYuan-VL's image encoder passed capture on ExecuTorch and failed in memory planning ("Could not guard on
+    # data-dependent expression u271 < 1", later "bad number 68719476736 for type int32"): the per-grid retry
+    # did not run
+    from hfexport.errors import DataDependentSizeError, ExportStageError
+    from hfexport.generation.export import _grid_read_as_values
+    from hfexport.generation.plan import GenerationPlan
+
+    plan = GenerationPlan(architecture="multimodal", model_class="M", cache_kind="dynamic")
+    inputs = {"input_ids": torch.ones(1, 4, dtype=torch.long), "image_grid_thw": torch.tensor([[1, 4, 4]])}
+
+    def stage_error(cause: BaseException) -> ExportStageError:
+        try:
+            raise ExportStageError(
+                "executorch export failed in stage 'memory_planning'", stage="x"
+            ) from cause
+        except ExportStageError as exc:
+            return exc
+
+    planned = stage_error(DataDependentSizeError("cannot plan u271", symbols=["u271"]))
+    assert _grid_read_as_values("image_encoder", planned, plan, inputs, False)
+    assert not _grid_read_as_values("image_encoder", planned, plan, inputs, True)  # retried once only
+    assert not _grid_read_as_values("decode", planned, plan, inputs, False)
+    assert not _grid_read_as_values("image_encoder", planned, plan, {"input_ids": inputs["input_ids"]}, False)
+    other = stage_error(TypeError("bad number 68719476736 for type int32"))
+    assert not _grid_read_as_values("image_encoder", other, plan, inputs, False)

@@ -208,7 +208,12 @@ class ExecutorchExporter(HfExporter):
                     "narrowed": {k: list(v) for k, v in outcome.narrowed.items()},
                     "fits": outcome.fits,
                 }
-            with report.stage(Stage.LOWER, detail=plan.delegate_id), _size_oblivious_if_image_sides(report):
+            defaulted = _defaulted_data_dependent_symbols(program, session.bounded_by_fix)
+            with (
+                report.stage(Stage.LOWER, detail=plan.delegate_id),
+                _size_oblivious_if_image_sides(report),
+                _named_data_dependent_sizes(defaulted),
+            ):
                 edge = lower_to_edge(program, plan.partitioners, constant_methods_of(session.model))
                 report.extra["delegation"] = delegation_summary(edge)
                 if quantization is not None and report.quantization is not None:
@@ -218,7 +223,11 @@ class ExecutorchExporter(HfExporter):
             # to_executorch re-runs each delegate's graph on fake tensors (SpecPropPass), whose
             # broadcasting checks guard a 1x1 map at the sample as the re-trace of to_edge did
             # (PP-LCNetV4's text detector: image sides narrowed to 32), so it runs under the same flag
-            with report.stage("memory_planning"), _size_oblivious_if_image_sides(report):
+            with (
+                report.stage("memory_planning"),
+                _size_oblivious_if_image_sides(report),
+                _named_data_dependent_sizes(defaulted),
+            ):
                 fuse = quantization is not None and quantization.embedding_bits is not None
                 manager = plan_memory(edge, config, quant_fusion=fuse)
                 report.extra["planned_memory_bytes"] = planned_memory_bytes(manager)
@@ -391,6 +400,40 @@ def _fit_to_bounds(
                 value = value.narrow(axis, 0, int(limit))
         out[key] = value.contiguous()
     return out
+
+
+def _defaulted_data_dependent_symbols(program: Any, bounded_by_fix: Mapping[str, Any]) -> list[str]:
+    """The unbacked (data-dependent) symbols of ``program`` that had no finite upper bound when
+    captured and were bounded by ``bound_unbounded_dynamic_ranges``' default rule, by name."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return sorted(
+        str(s) for s in program.range_constraints if str(s) in bounded_by_fix and free_unbacked_symbols(s)
+    )
+
+
+@contextlib.contextmanager
+def _named_data_dependent_sizes(symbols: list[str]) -> Iterator[None]:
+    """Lowering or memory planning of a program with data-dependent sizes that carry no bound of the
+    model's own (``symbols``) failed: re-raised as :class:`hfexport.errors.DataDependentSizeError`
+    naming them (the cause chained), since the failure comes from them (a guard on ``u271 < 1``
+    that ``to_executorch``'s re-trace cannot decide, a buffer planned at ``2**36`` elements that
+    the ``.pte`` cannot hold): HunYuan-VL's vision tower sizes its position grid from the values
+    of ``grid_thw`` (issue 28). A failure of a program without such symbols passes unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if not symbols or isinstance(exc, MemoryError):
+            raise
+        from hfexport.errors import DataDependentSizeError
+
+        raise DataDependentSizeError(
+            f"ExecuTorch plans every buffer at its upper bound, and the program has sizes computed from input "
+            f"values ({', '.join(symbols)}: data-dependent, no finite bound of the model's own) that it could not "
+            f"plan: {type(exc).__name__}: {exc}. Give those sizes a bound (a torch._check in the model) or export "
+            "the module for fixed values of the inputs they are computed from",
+            symbols=symbols,
+        ) from exc
 
 
 @contextlib.contextmanager

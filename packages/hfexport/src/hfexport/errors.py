@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "MEMORY_OPTIONS",
     "CheckpointError",
+    "DataDependentSizeError",
     "ExportMemoryError",
     "ExportStageError",
     "ExportValidationError",
@@ -116,6 +117,24 @@ class ExportStageError(HfExportError, RuntimeError):
         super().__init__(message)
         self.stage = stage
         self.component = component
+
+
+class DataDependentSizeError(HfExportError, RuntimeError):
+    """A backend cannot size a tensor whose size is computed from input values (an unbacked,
+    data-dependent symbol ``u0``... of the captured program) that has no finite upper bound of
+    the model's own: ExecuTorch plans every buffer at its upper bound. The message names the
+    symbols; the cause is chained.
+
+    The generation exporter reads it as a sign that an image tower reads its patch grid as values,
+    and exports that tower for one image of one grid (issue 28).
+
+    Attributes:
+        symbols: the names of the data-dependent symbols (``["u271"]``).
+    """
+
+    def __init__(self, message: str, *, symbols: list[str]) -> None:
+        super().__init__(message)
+        self.symbols = list(symbols)
 
 
 class ExportValidationError(HfExportError, AssertionError):

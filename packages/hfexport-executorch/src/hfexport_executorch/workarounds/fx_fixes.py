@@ -30,6 +30,7 @@ __all__ = [
     "complex_rotary_as_real_pairs",
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
+    "embedding_bag_of_fixed_bags_as_gather_sum",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
@@ -866,3 +867,134 @@ def complex_rotary_as_real_pairs(exported_program: torch.export.ExportedProgram)
     rewritten = complex_as_real_pairs(exported_program)
     if rewritten:
         logger.debug("%d complex-valued nodes rewritten as real pairs", rewritten)
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "F.embedding_bag over bags of one size (2-D indices: offsets an arange of that step) as a gather, a "
+        "multiply by the per-sample weights and a sum (or mean) over each bag: the ExecuTorch runtime has no "
+        "embedding_bag kernel, so the .pte fails to load (error 0x14); Kimi-K2.5's vision tower resamples its "
+        "position grid bicubically as an embedding_bag of 16 weighted rows per patch"
+    ),
+    issue="https://github.com/pytorch/executorch/issues/11320",
+    # executorch 1.4.1 kernels/portable/functions.yaml: embedding.out, no _embedding_bag
+    versions={"executorch": ">=1.3"},
+)
+def embedding_bag_of_fixed_bags_as_gather_sum(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.embedding_bag`` (``.default`` / ``.padding_idx``, and ``aten._embedding_bag``)
+    whose bags all hold ``k`` indices by ``embedding(weight, indices) * per_sample_weights``
+    reshaped to ``[bags, k, dim]`` and summed (``mode="sum"``) or averaged (``mode="mean"``) over
+    the bag axis.
+
+    ``F.embedding_bag`` with 2-D ``indices`` ``[bags, k]`` flattens them and passes ``offsets =
+    arange(0, bags * k, k)``: that is the form recognised here (``offsets`` an ``aten.arange``
+    from 0 with a constant step ``k``, ``bags * k`` indices, ``include_last_offset=False``).
+    The output ``[bags, dim]`` in ``weight``'s dtype is what ``embedding_bag``'s first result holds;
+    an index equal to ``padding_idx`` contributes nothing (and, for ``mode="mean"``, is not
+    counted), as in ``embedding_bag``. The other three results (offsets bookkeeping for the
+    backward pass) must have no users. ``mode="max"``, ragged bags and ``scale_grad_by_freq`` /
+    ``sparse`` nodes are left alone. The ExecuTorch 1.4.1 runtime registers ``embedding.out`` but no
+    ``_embedding_bag`` kernel (pytorch/executorch#11320 tracks the portable library's core-ATen
+    coverage), so such a program failed to load (``Failed to load method forward, error: 0x14``):
+    Kimi-K2.5's vision tower (issue 28).
+
+    Returns:
+        True when the node was rewritten.
+    """
+    aten = torch.ops.aten
+    if node.target not in (
+        aten.embedding_bag.default,
+        aten.embedding_bag.padding_idx,
+        aten._embedding_bag.default,
+    ):
+        return False
+    names = (
+        "weight",
+        "indices",
+        "offsets",
+        "scale_grad_by_freq",
+        "mode",
+        "sparse",
+        "per_sample_weights",
+        "include_last_offset",
+        "padding_idx",
+    )
+    options: dict[str, Any] = {"scale_grad_by_freq": False, "mode": 0, "sparse": False}
+    options |= {"per_sample_weights": None, "include_last_offset": False, "padding_idx": None}
+    options |= dict(zip(names, node.args, strict=False)) | dict(node.kwargs)
+    weight, indices, offsets = options["weight"], options["indices"], options["offsets"]
+    if options["scale_grad_by_freq"] or options["sparse"] or options["include_last_offset"]:
+        return False
+    mode = int(options["mode"])
+    if mode not in (0, 1) or not all(isinstance(n, torch.fx.Node) for n in (weight, indices, offsets)):
+        return False
+    # the first result only: the others are bookkeeping for the backward pass
+    for user in node.users:
+        if user.target is not operator.getitem or (user.args[1] != 0 and user.users):
+            return False
+    step = _fixed_bag_size(offsets)
+    w_val, i_val, o_val = (n.meta.get("val") for n in (weight, indices, offsets))
+    if step is None or not all(isinstance(v, torch.Tensor) for v in (w_val, i_val, o_val)):
+        return False
+    if i_val.dim() != 1 or o_val.dim() != 1 or w_val.dim() != 2:
+        return False
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    size = step.meta["val"] if isinstance(step, torch.fx.Node) else step
+    end = offsets.args[1] if len(offsets.args) > 1 else offsets.kwargs.get("end")
+    end = end.meta.get("val") if isinstance(end, torch.fx.Node) else end
+    count = i_val.shape[0]
+    if not isinstance(end, int | torch.SymInt) or not statically_known_true(end == count):
+        return False  # offsets that do not cover the indices
+    if not statically_known_true(count % size == 0):
+        return False  # the last bag is shorter
+    padding_idx = options["padding_idx"]
+    if padding_idx is not None and int(padding_idx) < 0:  # _embedding_bag's "no padding index"
+        padding_idx = None
+    psw = options["per_sample_weights"]
+    dim = w_val.shape[1]
+    with gm.graph.inserting_before(node):
+        rows = insert_call(gm.graph, aten.embedding.default, (weight, indices), like=node)
+        if isinstance(psw, torch.fx.Node):
+            column = insert_call(gm.graph, aten.unsqueeze.default, (psw, -1), like=node)
+            rows = insert_call(gm.graph, aten.mul.Tensor, (rows, column), like=node)
+        kept = None
+        if padding_idx is not None:
+            keep = insert_call(gm.graph, aten.ne.Scalar, (indices, int(padding_idx)), like=node)
+            kept = insert_call(gm.graph, aten._to_copy.default, (keep,), {"dtype": w_val.dtype}, like=node)
+            column = insert_call(gm.graph, aten.unsqueeze.default, (kept, -1), like=node)
+            rows = insert_call(gm.graph, aten.mul.Tensor, (rows, column), like=node)
+        bags = insert_call(gm.graph, aten.view.default, (rows, [-1, step, dim]), like=node)
+        out = insert_call(gm.graph, aten.sum.dim_IntList, (bags, [1]), like=node)
+        if mode == 1:
+            if kept is None:
+                out = insert_call(gm.graph, aten.div.Scalar, (out, step), like=node)
+            else:
+                counted = insert_call(gm.graph, aten.view.default, (kept, [-1, step]), like=node)
+                count = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [1], True), like=node)
+                # an all-padding bag gives 0, as embedding_bag's mean of an empty bag
+                count = insert_call(gm.graph, aten.clamp_min.default, (count, 1), like=node)
+                out = insert_call(gm.graph, aten.div.Tensor, (out, count), like=node)
+    for user in list(node.users):
+        if user.args[1] == 0:
+            user.replace_all_uses_with(out)
+        gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+    return True
+
+
+def _fixed_bag_size(offsets: torch.fx.Node) -> int | torch.fx.Node | None:
+    """The step ``k`` when ``offsets`` is ``aten.arange(0, end, k)`` (``.start_step``) with a
+    constant int ``k > 0`` or a symbolic size node (``aten.sym_size.int`` of a dynamic bag axis),
+    as ``F.embedding_bag`` builds it for 2-D indices; ``None`` otherwise."""
+    if offsets.target is not torch.ops.aten.arange.start_step:
+        return None
+    args = list(offsets.args)
+    start = args[0] if args else offsets.kwargs.get("start", 0)
+    step = args[2] if len(args) > 2 else offsets.kwargs.get("step", 1)
+    if isinstance(step, torch.fx.Node) and isinstance(step.meta.get("val"), torch.SymInt):
+        return step if start == 0 else None  # a symbolic bag size (an input axis), >= 1 as arange's step
+    if start != 0 or not isinstance(step, int) or isinstance(step, bool) or step <= 0:
+        return None
+    return step

@@ -35,6 +35,7 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
+    "XNNPACK_MAX_TENSOR_DIMS",
     "broadcast_div_stays_portable",
     "circular_pad_as_concat",
     "circular_pad_without_empty",
@@ -54,7 +55,9 @@ __all__ = [
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
     "provably_dense_in_order",
+    "resize_with_own_scale_stays_portable",
     "stride_order_without_data_dependent_guards",
+    "tensors_above_six_dims_stay_portable",
     "unsqueeze_with_one_dynamic_dim_only",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
@@ -1242,3 +1245,119 @@ def exact_floor_divisions(expr: Any) -> Any:
     if not expr.has(FloorDiv):
         return expr
     return expr.replace(lambda node: isinstance(node, FloorDiv), quotient)
+
+
+def _resize_scales_differ(node: Any) -> bool:
+    """True when an ``aten.upsample_bilinear2d.vec`` node samples with explicit ``scale_factors``
+    that are not its output/input size ratios (``F.interpolate(scale_factor=(h + 0.1) / edge)``:
+    the output size is floored, the source coordinates use the given factor)."""
+    scales = node.args[3] if len(node.args) > 3 else node.kwargs.get("scale_factors")
+    source = node.args[0] if node.args else None
+    value, out = getattr(source, "meta", {}).get("val"), node.meta.get("val")
+    if not scales or not isinstance(value, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    for scale, size_in, size_out in zip(scales, value.shape[-2:], out.shape[-2:], strict=False):
+        if isinstance(size_in, torch.SymInt) or isinstance(size_out, torch.SymInt):
+            return True  # not provably the ratio
+        if abs(float(scale) - int(size_out) / int(size_in)) > 1e-9:
+            return True
+    return False
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.generic_node_configs.UpsampleBilinear2dConfig.check_constraints",
+    description=(
+        "keep a bilinear resize whose scale_factor is not its output/input size ratio out of XNNPACK: the delegate's "
+        "static_resize_bilinear_2d derives its sampling grid from the sizes alone and ignores the given scale, so "
+        "HunYuan-V4-VL's position grid, resized by (side + 0.1) / edge, came out up to 0.47 off eager; the portable "
+        "upsample_bilinear2d kernel samples with the given scale"
+    ),
+    # no upstream issue found; executorch 1.4.1 op_static_resize_bilinear_2d.py serializes the output size and
+    # align_corners only (the scale_factors argument is dropped)
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/operators/op_static_resize_bilinear_2d.py",
+    versions={"executorch": ">=1.3"},
+)
+def resize_with_own_scale_stays_portable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``UpsampleBilinear2dConfig.check_constraints`` to decline a resize sampled with its own scale.
+
+    ``F.interpolate(x, scale_factor=s, mode="bilinear", align_corners=False)`` makes the output
+    ``floor(size * s)`` and maps output pixel ``i`` to source ``(i + 0.5) / s - 0.5``; when ``s``
+    is not ``out / in`` (HunYuan-V4-VL resizes its learned position grid of side ``edge`` by
+    ``(side + 0.1) / edge`` "to shift the sampling grid"), that differs from
+    ``(i + 0.5) * in / out - 0.5``, which XNNPACK's static bilinear resize computes from the
+    sizes. The partitioner does not look at the scale; declined nodes run on the portable
+    ``upsample_bilinear2d.vec_out`` kernel, which takes ``scale_factors`` into account. Resizes to a
+    size (or a scale that is the ratio) and every other decision are the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if _resize_scales_differ(node):
+            logger.debug(
+                "upsample %s stays on portable kernels: XNNPACK ignores its scale_factors", node.name
+            )
+            return False
+        return True
+
+    return check_constraints
+
+
+#: Most dimensions an XNNPACK tensor may have (``XNN_MAX_TENSOR_DIMS`` in xnnpack.h).
+XNNPACK_MAX_TENSOR_DIMS = 6
+
+
+def _rank_above_xnnpack_limit(node: Any) -> bool:
+    """True when ``node``'s result or one of its tensor arguments has more than
+    :data:`XNNPACK_MAX_TENSOR_DIMS` dimensions."""
+    import torch.utils._pytree as pytree
+
+    values = [node.meta.get("val")]
+    for arg in pytree.tree_leaves((node.args, node.kwargs)):
+        if isinstance(arg, torch.fx.Node):
+            values.append(arg.meta.get("val"))
+    return any(
+        isinstance(v, torch.Tensor) and v.dim() > XNNPACK_MAX_TENSOR_DIMS for v in pytree.tree_leaves(values)
+    )
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.xnnpack_config.XNNPartitionerConfig.check_common_constraints",
+    description=(
+        "keep nodes with a tensor of more than 6 dimensions out of XNNPACK: the partitioner does not check the "
+        "rank, and the delegate refuses such a tensor when the method loads ('Failed to define tensor 0 with code: "
+        "xnn_status_unsupported_parameter', error 0x1); Inkling's vision encoder folds space-time into depth "
+        "through an 8-D reshape and permute"
+    ),
+    # no upstream issue found for XNNPACK; the same check was added for Cortex-M's transpose in
+    # pytorch/executorch#22571. executorch 1.4.1 xnnpack_config.py checks precision and dtypes only
+    issue="https://github.com/pytorch/executorch/pull/22571",
+    versions={"executorch": ">=1.3"},
+)
+def tensors_above_six_dims_stay_portable(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``XNNPartitionerConfig.check_common_constraints`` (every XNNPACK node config calls it)
+    to decline a node whose result or tensor arguments have more than
+    :data:`XNNPACK_MAX_TENSOR_DIMS` dimensions.
+
+    XNNPACK defines tensors of at most 6 dimensions (``XNN_MAX_TENSOR_DIMS``); the ExecuTorch
+    partitioner claims a ``permute_copy`` or ``view_copy`` of any rank, the ``.pte`` is written, and
+    loading the method fails in ``XNNCompiler::compileModel`` (``xnn_status_unsupported_parameter``,
+    ``Failed to load method forward, error: 0x1``). Inkling's vision encoder reshapes
+    ``[B, T, H, W, C]`` to 8 dimensions and permutes them to fold time and space into channels
+    (issue 28). Declined nodes run on the portable kernels, which take any rank; every other decision
+    is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_common_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        if _rank_above_xnnpack_limit(node):
+            logger.debug("%s stays on portable kernels: a tensor has more than 6 dimensions", node.name)
+            return False
+        return True
+
+    return check_common_constraints

@@ -25,6 +25,9 @@
   ``shift_tokens_right``, ``gather(...).squeeze()`` on ``[batch, 1]``) names the axes the traced
   program squeezes, those of static size 1: OpenVINO's ``Squeeze`` also takes a dynamic axis as
   one that may be 1 and fails when it is not ("Can not clone with new dims").
+- :func:`repeated_outputs_as_copies` (program fix): a node returned twice (Inkling's vision model's
+  ``last_hidden_state`` and ``pooler_output``) is returned once and then multiplied by 1: the
+  frontend fails on a repeated output ("Tensor name is not a number").
 - :func:`unfold_as_gather`: ``aten.unfold`` (patchtst / patchtsmixer patch extraction) becomes an
   ``index_select`` of the window positions, a view and a permute: the frontend has no rule for unfold.
 - the core's dense mixture-of-experts forward (:mod:`hfexport.workarounds.moe`) for every
@@ -42,6 +45,7 @@ import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.fourier import register_real_fourier_mixing
+from hfexport.workarounds.fx_nodes import insert_call
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_recurrences
 from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
@@ -54,6 +58,7 @@ __all__ = [
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
     "index_add_as_scatter_add",
+    "repeated_outputs_as_copies",
     "scalar_sizes_from_int64",
     "squeeze_static_unit_axes",
     "sym_min_max_as_tensor_ops",
@@ -702,3 +707,52 @@ def unfold_as_gather(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     node.replace_all_uses_with(moved)
     graph.erase_node(node)
     return True
+
+
+@register_fx_program_fix(
+    BACKEND,
+    description=(
+        "return a repeated graph output the second time as its product by 1 (x & x for bool): OpenVINO's FX "
+        "frontend fails on a node returned twice ('Check is_number(name) failed ... Tensor name is not a number: "
+        "view:0'; a clone is dropped by the frontend and fails the same); Inkling's vision model returns one "
+        "tensor as last_hidden_state and pooler_output"
+    ),
+    # no upstream issue found; openvino 2026.4.1 src/frontends/pytorch/src/translate_session.cpp:434
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/frontends/pytorch/src/translate_session.cpp",
+    versions={"openvino": ">=2026.0"},
+)
+def repeated_outputs_as_copies(exported_program: torch.export.ExportedProgram) -> None:
+    """Replace the second and later occurrences of a node among the program's outputs by a copy of
+    its values (``x * 1``; ``x & x`` for a bool tensor), and point their output specs at them.
+
+    A model output structure holding one tensor twice (``BaseModelOutputWithPooling(
+    last_hidden_state=h, pooler_output=h)``: Inkling's vision model, issue 28) is captured as an
+    output node listing the same FX node twice; OpenVINO 2026.4.1's FX frontend then fails in
+    ``convert_model`` with ``Check 'is_number(name)' failed at translate_session.cpp:434 ... Tensor
+    name is not a number: view:0``. ``aten.clone`` does not help: the frontend converts it to
+    nothing, so both outputs are one tensor again. With the product each output is its own tensor,
+    of the same values, shape and dtype; the flat output order and names are unchanged.
+    """
+    graph = exported_program.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    specs = exported_program.graph_signature.output_specs
+    seen: set[torch.fx.Node] = set()
+    copies = 0
+    for i, value in enumerate(values):
+        if not isinstance(value, torch.fx.Node):
+            continue
+        if value in seen and isinstance(value.meta.get("val"), torch.Tensor):
+            with graph.inserting_before(output):
+                if value.meta["val"].dtype == torch.bool:
+                    copy = insert_call(graph, torch.ops.aten.bitwise_and.Tensor, (value, value), like=value)
+                else:
+                    copy = insert_call(graph, torch.ops.aten.mul.Tensor, (value, 1), like=value)
+            values[i] = copy
+            if i < len(specs) and getattr(specs[i].arg, "name", None) == value.name:
+                specs[i].arg.name = copy.name
+            copies += 1
+        seen.add(value)
+    if copies:
+        output.args = (tuple(values),)
+        exported_program.graph_module.recompile()

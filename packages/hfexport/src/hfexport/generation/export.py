@@ -282,8 +282,10 @@ def export_components(
             only ``decode`` when it is a multi-token graph: the runner then prefills through it.
         decomposition: reuse an existing decomposition instead of recording a new one.
 
-    An image encoder whose capture fails on a data-dependent value while its prompt holds a patch
-    grid (``image_grid_thw`` read as values by the tower) is exported once more, for one image of
+    An image encoder whose capture (or, on ExecuTorch, lowering or memory planning:
+    :class:`hfexport.errors.DataDependentSizeError`) fails on a data-dependent value while its
+    prompt holds a patch grid (``image_grid_thw`` read as values by the tower) is exported once
+    more, for one image of
     the sample's grid (:class:`hfexport.generation.multimodal.SizedGridImageFeatures`, a
     re-recorded decomposition); the runner then calls it once per image of that grid.
 
@@ -412,7 +414,14 @@ def _grid_read_as_values(
     patch grid (``image_grid_thw``) that the encoder is not yet exported per image for: a tower
     that reads the grid as Python values (HunYuan-V4-VL's and Cosmos3-Edge's position embeddings
     resized with ``F.interpolate`` to each grid, Kimi-K2.5's per-grid frame index; issue 28) is
-    then exported for one image of the sample's grid instead."""
+    then exported for one image of the sample's grid instead.
+
+    The data-dependent failure is recognised anywhere in the exception chain: a guard on an
+    unbacked symbol during capture (``GuardOnDataDependentSymNode``, ``data-dependent
+    expression``), or a backend's :class:`hfexport.errors.DataDependentSizeError` when the capture
+    passed and a later stage could not size the values read (ExecuTorch's lowering or memory
+    planning of HunYuan-VL's tower: ``u271 < 1``, a buffer of ``2**36`` elements)."""
+    from hfexport.errors import DataDependentSizeError
     from hfexport.generation.multimodal import GRID_INPUTS
 
     if retried or name != "image_encoder" or plan.architecture != "multimodal" or name in plan.per_image:
@@ -422,6 +431,8 @@ def _grid_read_as_values(
     seen: BaseException | None = exc
     while seen is not None:
         text = f"{type(seen).__name__}: {seen}"
+        if isinstance(seen, DataDependentSizeError):
+            return True
         if "GuardOnDataDependentSymNode" in text or "data-dependent expression" in text:
             return True
         seen = seen.__cause__ or seen.__context__
