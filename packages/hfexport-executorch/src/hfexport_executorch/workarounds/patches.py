@@ -55,6 +55,7 @@ __all__ = [
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "prelu_only_over_4d_inputs",
     "provably_dense_in_order",
     "stride_order_without_data_dependent_guards",
     "unsqueeze_with_one_dynamic_dim_only",
@@ -656,6 +657,48 @@ def _max_dim_arguments(node: Any) -> tuple[Any, bool]:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     return dim, bool(keepdim)
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints",
+    description=(
+        "keep a PReLU whose input is not 4-D out of XNNPACK: the delegate's layout pass converts every claimed "
+        "prelu's input to NHWC and raises 'Attempting to convert non-NHWC compatible node to NHWC' on a 3-D "
+        "[batch, sequence, hidden] input (DAB-DETR's encoder feed-forward); declined, it is decomposed as usual"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/18624",
+    versions={
+        "executorch": ">=1.3"
+    },  # executorch 1.4.1: ChannelsLastTaggedReshapePass still lists prelu as NHWC
+)
+def prelu_only_over_4d_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``PreluConfig.check_constraints`` to decline a PReLU over an input that is not 4-D.
+
+    XNNPACK's ``ChannelsLastTaggedReshapePass`` counts ``aten.prelu`` among the ops that take an
+    NHWC input, and converts only 4-D tensors (``can_be_converted_to_nhwc``); the partitioner claims
+    a prelu of any rank, so DAB-DETR's ``PReLU`` after the encoder's first linear (``[batch,
+    sequence, hidden]``) made preprocess raise and the whole lowering failed
+    (pytorch/executorch#18624 leaves non-4-D inputs alone; closed unmerged, still so in 1.4.1). The
+    partitioner's decomposition filter asks the same ``check_constraints``, so a declined prelu is
+    decomposed into elementwise ops (which XNNPACK may still take) instead of staying a prelu node.
+    Every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        source = node.all_input_nodes[0] if node.all_input_nodes else None
+        value = source.meta.get("val") if source is not None else None
+        if isinstance(value, torch.Tensor) and value.dim() != 4:
+            logger.debug(
+                "prelu %s is decomposed: its %d-D input is not NHWC-convertible", node.name, value.dim()
+            )
+            return False
+        return True
+
+    return check_constraints
 
 
 @register_patch(
