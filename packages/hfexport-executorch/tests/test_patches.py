@@ -407,6 +407,51 @@ def test_a_3d_prelu_is_decomposed_and_matches_eager_with_the_patch():
     assert diff < 1e-5
 
 
+class ToyBiasedSoftmax(torch.nn.Module):
+    """Attention weights with a 1x1-convolution bias, as PP-DocLayoutV2's reading order:
+    ``softmax(scores [b, 4, n, n] + conv(relations [b, 8, n, n]), dim=-1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.bias = torch.nn.Conv2d(8, 4, kernel_size=1)
+
+    def forward(self, relations: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(scores + self.bias(relations), dim=-1)
+
+
+def _lower_biased_softmax(patched: bool) -> float:
+    """Lower ToyBiasedSoftmax for XNNPACK, run it; return the max abs diff to eager."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model = ToyBiasedSoftmax().eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = {
+        "relations": torch.randn(2, 8, 6, 6, generator=gen),
+        "scores": torch.randn(2, 4, 6, 6, generator=gen),
+    }
+    program = capture(model, inputs, ExecutorchConfig())
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    (out,) = method.execute(list(inputs.values()))
+    with torch.no_grad():
+        expected = model(**inputs)
+    return (out - expected).abs().max().item()
+
+
+def test_xnnpack_softmax_of_a_convolution_output_normalises_the_channels_without_the_patch():
+    # Documents the installed executorch (retire softmax_takes_nchw_inputs when this fails): the
+    # softmax runs over the physical last axis of the NHWC-tagged sum, the 4 channels.
+    assert _lower_biased_softmax(patched=False) > 0.05
+
+
+def test_xnnpack_softmax_of_a_convolution_output_matches_eager_with_the_patch():
+    assert _lower_biased_softmax(patched=True) < 1e-6
+
+
 _PATTERN_PASSES = ("ConvertToSDPAPass", "ConvertToUpsampleBilinear2d")
 
 

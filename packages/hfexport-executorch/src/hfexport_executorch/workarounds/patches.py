@@ -57,6 +57,7 @@ __all__ = [
     "patchify_conv3d_as_matmul",
     "prelu_only_over_4d_inputs",
     "provably_dense_in_order",
+    "softmax_takes_nchw_inputs",
     "stride_order_without_data_dependent_guards",
     "unsqueeze_with_one_dynamic_dim_only",
     "view_bound_within_base",
@@ -657,6 +658,45 @@ def _max_dim_arguments(node: Any) -> tuple[Any, bool]:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     return dim, bool(keepdim)
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass.requires_nchw_inputs",
+    description=(
+        "give XNNPACK's softmax its input in NCHW: the layout pass lets a softmax over the last axis take an "
+        "NHWC-tagged input (scores plus a convolution's position bias) and XNNPACK then normalises over the "
+        "channels; PP-DocLayoutV2's reading-order attention was off by up to 11.8 (order_logits by 1.16)"
+    ),
+    # no upstream issue found; executorch 1.4.1's ChannelsLastTaggedReshapePass lists view_copy, squeeze,
+    # unsqueeze and linear as NCHW-only, and op_softmax.py serializes the softmax's dim as the last axis
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/_passes/channels_last_tagged_reshape_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def softmax_takes_nchw_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ChannelsLastTaggedReshapePass.requires_nchw_inputs`` to also answer True for softmax.
+
+    The pass keeps tensors produced by a convolution in NHWC inside the delegate and lets ops it
+    does not list take either layout ("all inputs in the same format"). ``_softmax`` is not
+    listed, but XNNPACK's softmax (``op_softmax.py``; the partitioner admits only the last axis)
+    normalises over the innermost physical axis, which for an NHWC-tagged ``[b, C, H, W]`` tensor is
+    C, not W. PP-DocLayoutV2's reading-order attention adds a 1x1 convolution's output (the box
+    relation bias, ``[b, heads, n, n]``) to its scores before the softmax: the sum is tagged NHWC and
+    the softmax ran over the heads. With the wrapper the pass converts the softmax's input back to
+    NCHW first (a copy inside the delegate), and the softmax's output is NCHW as its dim assumes.
+
+    Returns:
+        A ``requires_nchw_inputs(self, node) -> bool``.
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    softmaxes = {exir_ops.edge.aten._softmax.default, exir_ops.edge.aten._log_softmax.default}
+
+    @functools.wraps(original)
+    def requires_nchw_inputs(self: Any, node: Any) -> bool:
+        return bool(original(self, node)) or getattr(node, "target", None) in softmaxes
+
+    return requires_nchw_inputs
 
 
 @register_patch(
