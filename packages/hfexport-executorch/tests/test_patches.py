@@ -360,6 +360,98 @@ def test_max_over_other_axes_stays_portable_and_matches_eager_with_the_patch():
     assert diff < 1e-6
 
 
+class ToySequencePrelu(torch.nn.Module):
+    """``[batch, seq, 8]`` -> linear -> PReLU (one slope, 0.25) -> linear: DAB-DETR's encoder feed-forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.act = torch.nn.PReLU()
+        self.fc2 = torch.nn.Linear(16, 8)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(hidden)))
+
+
+def _lower_sequence_prelu(patched: bool) -> tuple[list[str], float]:
+    """Lower ToySequencePrelu for XNNPACK, run it; return (edge targets, max abs diff to eager)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model = ToySequencePrelu().eval()
+    program = capture(model, {"hidden": torch.randn(2, 5, 8)}, ExecutorchConfig())
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
+    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
+    (out,) = method.execute([x])
+    with torch.no_grad():
+        expected = model(x)
+    return targets, (out - expected).abs().max().item()
+
+
+def test_xnnpack_claims_a_3d_prelu_and_fails_to_lower_without_the_patch():
+    # Documents the installed executorch (retire prelu_only_over_4d_inputs when this fails): the
+    # partitioner claims a prelu of any rank, and the NHWC layout pass refuses a 3-D one.
+    with pytest.raises(Exception, match="ChannelsLastTaggedReshapePass"):
+        _lower_sequence_prelu(patched=False)
+
+
+def test_a_3d_prelu_is_decomposed_and_matches_eager_with_the_patch():
+    targets, diff = _lower_sequence_prelu(patched=True)
+    assert not any("prelu" in t for t in targets)  # decomposed before partitioning
+    assert any("executorch_call_delegate" in t for t in targets)  # the linears are still delegated
+    assert diff < 1e-5
+
+
+class ToyBiasedSoftmax(torch.nn.Module):
+    """Attention weights with a 1x1-convolution bias, as PP-DocLayoutV2's reading order:
+    ``softmax(scores [b, 4, n, n] + conv(relations [b, 8, n, n]), dim=-1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.bias = torch.nn.Conv2d(8, 4, kernel_size=1)
+
+    def forward(self, relations: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(scores + self.bias(relations), dim=-1)
+
+
+def _lower_biased_softmax(patched: bool) -> float:
+    """Lower ToyBiasedSoftmax for XNNPACK, run it; return the max abs diff to eager."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge_transform_and_lower
+    from executorch.runtime import Runtime
+
+    model = ToyBiasedSoftmax().eval()
+    gen = torch.Generator().manual_seed(1)
+    inputs = {
+        "relations": torch.randn(2, 8, 6, 6, generator=gen),
+        "scores": torch.randn(2, 4, 6, 6, generator=gen),
+    }
+    program = capture(model, inputs, ExecutorchConfig())
+    with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
+        edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    (out,) = method.execute(list(inputs.values()))
+    with torch.no_grad():
+        expected = model(**inputs)
+    return (out - expected).abs().max().item()
+
+
+def test_xnnpack_softmax_of_a_convolution_output_normalises_the_channels_without_the_patch():
+    # Documents the installed executorch (retire softmax_takes_nchw_inputs when this fails): the
+    # softmax runs over the physical last axis of the NHWC-tagged sum, the 4 channels.
+    assert _lower_biased_softmax(patched=False) > 0.05
+
+
+def test_xnnpack_softmax_of_a_convolution_output_matches_eager_with_the_patch():
+    assert _lower_biased_softmax(patched=True) < 1e-6
+
+
 _PATTERN_PASSES = ("ConvertToSDPAPass", "ConvertToUpsampleBilinear2d")
 
 

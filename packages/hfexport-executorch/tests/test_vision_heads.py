@@ -215,3 +215,94 @@ def test_memory_planning_runs_size_oblivious_for_dynamic_image_sides(monkeypatch
     sides = [(a["meaning"], a["status"]) for a in exporter.last_report.dynamic_axes if a["axis"] >= 2]
     assert sides == [("image height", "dynamic"), ("image width", "dynamic")]
     assert seen == [True]
+
+
+class _ChannelWindows(torch.nn.Module):
+    """``[b, 64, side, side]`` -> ``[b, side**2, w, 64 // w]`` with ``w = side // 32`` windows: the view's
+    ``w`` and ``64 // w`` axes trade size, as RF-DETR's and Donut-Swin's window partitions do."""
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        tokens = (image.flatten(2).transpose(1, 2) + 1).contiguous()
+        windows = image.shape[2] // 32
+        return tokens.view(image.shape[0], windows, -1, 64 // windows).transpose(1, 2) * 2
+
+
+def _window_program(patched: bool):
+    from hfexport.config import ExecutorchConfig
+    from hfexport_executorch import lowering
+
+    side = torch.export.Dim.AUTO(min=32, max=64)
+    program = torch.export.export(
+        _ChannelWindows().eval(),
+        (torch.randn(2, 64, 32, 32),),
+        dynamic_shapes=({0: torch.export.Dim.AUTO(min=1, max=8), 2: side, 3: side},),
+    )
+    with apply_patches("executorch") if patched else _no_patches():
+        return lowering.plan_memory(lowering.lower_to_edge(program, []), ExecutorchConfig())
+
+
+class _no_patches:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _view_and_base_bytes(manager) -> list[tuple[int, int]]:
+    from executorch.exir import memory
+
+    out = []
+    for node in manager.exported_program().graph_module.graph.nodes:
+        spec = node.meta.get("spec")
+        if node.op == "call_function" and node.target is memory.view and spec.is_dynamic_shape_tensor:
+            out.append((spec.nbytes(), spec._base.nbytes()))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("bound", "base", "expected"),
+    [
+        ([8, 2, 4096, 64], 8 * 4096 * 64, [4, 2, 4096, 64]),  # the toy below: 2x its base before
+        ([8, 16, 4, 64, 4, 64], 8 * 256 * 64, [1, 2, 4, 64, 4, 64]),  # RF-DETR's partition, 256x before
+        ([6, 5], 12, [12, 1]),  # no divisor fits: the first axis takes the rest
+        ([3, 0, 4], 0, [0, 0, 0]),
+    ],
+)
+def test_view_bound_within_base_holds_exactly_the_base_elements(bound, base, expected):
+    import math
+
+    from hfexport_executorch.workarounds.patches import view_bound_within_base
+
+    shaped = view_bound_within_base(bound, base)
+    assert shaped == expected and math.prod(shaped) == base
+
+
+def test_view_bound_within_base_refuses_a_0d_view():
+    from hfexport_executorch.workarounds.patches import view_bound_within_base
+
+    with pytest.raises(ValueError, match="at least one axis"):
+        view_bound_within_base([], 4)
+
+
+@pytest.mark.extended  # a second lowering of the toy (~15 s on a loaded machine)
+def test_window_view_is_planned_past_its_base_without_the_patch():
+    # Documents the fault views_bounded_by_their_base works around (executorch 1.4.1): bounded axis by
+    # axis, the view of [8, 4096, 64] floats is planned at [8, 2, 4096, 64], past its base's buffer
+    assert (16777216, 8388608) in _view_and_base_bytes(_window_program(patched=False))
+
+
+def test_window_view_fits_its_base_and_the_method_runs_two_sides():
+    from hfexport_executorch.runtime import load_method, load_program
+
+    manager = _window_program(patched=True)
+    views = _view_and_base_bytes(manager)
+    assert views and all(view == base for view, base in views)
+    method = load_method(load_program(manager.buffer))  # raised MemoryAllocationFailed (0x21) before
+    model = _ChannelWindows().eval()
+    for side in (32, 64, 32):  # w = 1, 2, then back to 1 on the same loaded method
+        image = torch.randn(2, 64, side, side, generator=torch.Generator().manual_seed(side))
+        (out,) = method.execute([image])
+        expected = model(image)
+        assert out.shape == expected.shape
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)

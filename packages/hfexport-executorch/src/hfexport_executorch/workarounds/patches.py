@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import types
 from collections.abc import Callable
 from typing import Any
@@ -36,6 +37,7 @@ from hfexport.workarounds.time_series import register_lgamma_elementary, registe
 __all__ = [
     "GATED_DELTA_RULE_MODELS",
     "XNNPACK_MAX_TENSOR_DIMS",
+    "bound_views_by_their_base",
     "broadcast_div_stays_portable",
     "circular_pad_as_concat",
     "circular_pad_without_empty",
@@ -54,11 +56,15 @@ __all__ = [
     "partition_copies_share_the_weights",
     "partition_log_keeps_no_node",
     "patchify_conv3d_as_matmul",
+    "prelu_only_over_4d_inputs",
     "provably_dense_in_order",
     "resize_with_own_scale_stays_portable",
+    "softmax_takes_nchw_inputs",
     "stride_order_without_data_dependent_guards",
     "tensors_above_six_dims_stay_portable",
     "unsqueeze_with_one_dynamic_dim_only",
+    "view_bound_within_base",
+    "views_bounded_by_their_base",
     "xnnpack_preprocess_skips_inapplicable_passes",
 ]
 
@@ -250,6 +256,117 @@ def exact_quotients_in_upper_bounds(original: Callable[..., Any]) -> Callable[..
         return bound
 
     return eval_upper_bound
+
+
+def view_bound_within_base(view_bound: list[int], base_numel: int) -> list[int]:
+    """An upper-bound shape of the view's rank holding exactly ``base_numel`` elements.
+
+    Each axis but the first keeps the largest divisor of the elements still to place that its
+    own bound allows (``gcd(bound, remaining)``), from the last axis inwards; the first axis takes
+    the rest. The product is ``base_numel`` for any input, so a view planned at this shape ends
+    where its base ends.
+
+    Args:
+        view_bound: the view's per-axis upper bounds (non-negative ints, rank >= 1).
+        base_numel: elements of the base at its upper bound (>= 0).
+
+    Returns:
+        A list of ints of ``len(view_bound)`` whose product is ``base_numel``.
+
+    Raises:
+        ValueError: ``view_bound`` is empty or ``base_numel`` is negative.
+    """
+    if not view_bound:
+        raise ValueError("view_bound must have at least one axis (a 0-d view has nothing to bound)")
+    if base_numel < 0:
+        raise ValueError(f"base_numel must be >= 0, got {base_numel}")
+    shape = list(view_bound)
+    remaining = base_numel
+    for axis in range(len(shape) - 1, 0, -1):
+        shape[axis] = math.gcd(shape[axis], remaining) if remaining else 0
+        remaining = remaining // shape[axis] if shape[axis] else 0
+    shape[0] = remaining
+    return shape
+
+
+def bound_views_by_their_base(graph_module: torch.fx.GraphModule) -> int:
+    """Re-plan each dynamic ``memory.view`` whose upper-bound shape holds more elements than its base.
+
+    Runs after ExecuTorch has evaluated every tensor spec at its per-axis upper bounds. A view
+    shares its base's planned storage (``ReplaceViewCopyWithViewPass``), but its bound is the
+    product of per-axis bounds of its own sizes: axes that trade size against each other (RF-DETR's
+    and Donut-Swin's window partition ``[b, n, w, n // w, w, 64 // w]`` with ``w = side // 32``) are
+    each bounded at their largest, and the view is planned past its base's buffer (33.5 MB inside
+    0.5 MB); the runtime then refuses the method (``MemoryAllocationFailed``, 0x21). A view has as
+    many elements as its base at every size, and the runtime sizes a dynamic tensor by its element
+    count (``TensorImpl`` checks ``numel <= numel_bound`` on resize, not each axis; see
+    pytorch/executorch#20546), so the view's bound becomes a shape of the same rank holding exactly
+    the base's elements (:func:`view_bound_within_base`).
+
+    Args:
+        graph_module: the program after ``ConstraintBasedSymShapeEvalPass`` (specs hold ints).
+
+    Returns:
+        The number of views re-bounded.
+    """
+    from executorch.exir import memory
+    from executorch.exir.tensor import TensorSpec, contiguous_stride_from_shape
+
+    rebounded = 0
+    for module in graph_module.modules():
+        if not isinstance(module, torch.fx.GraphModule):
+            continue
+        for node in module.graph.nodes:
+            if node.op != "call_function" or node.target is not memory.view:
+                continue
+            spec = node.meta.get("spec")
+            base = getattr(spec, "_base", None)
+            if not isinstance(base, TensorSpec) or not spec.shape:
+                continue
+            view_shape, base_shape = list(spec.shape), list(base.shape)
+            if not all(isinstance(s, int) for s in view_shape + base_shape):
+                continue
+            base_numel = math.prod(base_shape)
+            if math.prod(view_shape) <= base_numel:
+                continue
+            bounded = view_bound_within_base(view_shape, base_numel)
+            logger.debug(
+                "view %s bounded at %s (was %s) by its base %s", node.name, bounded, view_shape, base_shape
+            )
+            spec.shape = bounded
+            spec.stride = contiguous_stride_from_shape(torch.Size(bounded))
+            rebounded += 1
+    return rebounded
+
+
+@register_patch(
+    "executorch",
+    "executorch.exir.passes.sym_shape_eval_pass.ConstraintBasedSymShapeEvalPass.call",
+    description=(
+        "a dynamic view shares its base's planned buffer but is bounded axis by axis: a window partition whose "
+        "axes trade size ([b, n, w, n//w, w, 64//w]) was planned at 33.5 MB inside its base's 0.5 MB and the "
+        "method did not load (0x21); the view's bound is re-shaped to hold exactly its base's elements"
+    ),
+    # no executorch issue filed; views take their base's storage in ReplaceViewCopyWithViewPass while their
+    # spec keeps the per-axis upper bounds ConstraintBasedSymShapeEvalPass gives every tensor
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/passes/replace_view_copy_with_view_pass.py",
+    versions={"executorch": ">=1.0"},
+)
+def views_bounded_by_their_base(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ConstraintBasedSymShapeEvalPass.call`` (the upper bounds of every tensor spec before
+    memory planning) so that :func:`bound_views_by_their_base` runs on its result.
+
+    Returns:
+        A ``call(self, graph_module) -> PassResult`` with the original's result.
+    """
+
+    @functools.wraps(original)
+    def call(self: Any, graph_module: torch.fx.GraphModule) -> Any:
+        result = original(self, graph_module)
+        bound_views_by_their_base(graph_module)
+        return result
+
+    return call
 
 
 def _stride_order(first: Any, second: Any) -> int:
@@ -544,6 +661,87 @@ def _max_dim_arguments(node: Any) -> tuple[Any, bool]:
     dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     return dim, bool(keepdim)
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass.ChannelsLastTaggedReshapePass.requires_nchw_inputs",
+    description=(
+        "give XNNPACK's softmax its input in NCHW: the layout pass lets a softmax over the last axis take an "
+        "NHWC-tagged input (scores plus a convolution's position bias) and XNNPACK then normalises over the "
+        "channels; PP-DocLayoutV2's reading-order attention was off by up to 11.8 (order_logits by 1.16)"
+    ),
+    # no upstream issue found; executorch 1.4.1's ChannelsLastTaggedReshapePass lists view_copy, squeeze,
+    # unsqueeze and linear as NCHW-only, and op_softmax.py serializes the softmax's dim as the last axis
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/backends/xnnpack/_passes/channels_last_tagged_reshape_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def softmax_takes_nchw_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``ChannelsLastTaggedReshapePass.requires_nchw_inputs`` to also answer True for softmax.
+
+    The pass keeps tensors produced by a convolution in NHWC inside the delegate and lets ops it
+    does not list take either layout ("all inputs in the same format"). ``_softmax`` is not
+    listed, but XNNPACK's softmax (``op_softmax.py``; the partitioner admits only the last axis)
+    normalises over the innermost physical axis, which for an NHWC-tagged ``[b, C, H, W]`` tensor is
+    C, not W. PP-DocLayoutV2's reading-order attention adds a 1x1 convolution's output (the box
+    relation bias, ``[b, heads, n, n]``) to its scores before the softmax: the sum is tagged NHWC and
+    the softmax ran over the heads. With the wrapper the pass converts the softmax's input back to
+    NCHW first (a copy inside the delegate), and the softmax's output is NCHW as its dim assumes.
+
+    Returns:
+        A ``requires_nchw_inputs(self, node) -> bool``.
+    """
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    softmaxes = {exir_ops.edge.aten._softmax.default, exir_ops.edge.aten._log_softmax.default}
+
+    @functools.wraps(original)
+    def requires_nchw_inputs(self: Any, node: Any) -> bool:
+        return bool(original(self, node)) or getattr(node, "target", None) in softmaxes
+
+    return requires_nchw_inputs
+
+
+@register_patch(
+    "executorch.xnnpack",
+    "executorch.backends.xnnpack.partition.config.node_configs.PreluConfig.check_constraints",
+    description=(
+        "keep a PReLU whose input is not 4-D out of XNNPACK: the delegate's layout pass converts every claimed "
+        "prelu's input to NHWC and raises 'Attempting to convert non-NHWC compatible node to NHWC' on a 3-D "
+        "[batch, sequence, hidden] input (DAB-DETR's encoder feed-forward); declined, it is decomposed as usual"
+    ),
+    issue="https://github.com/pytorch/executorch/pull/18624",
+    versions={
+        "executorch": ">=1.3"
+    },  # executorch 1.4.1: ChannelsLastTaggedReshapePass still lists prelu as NHWC
+)
+def prelu_only_over_4d_inputs(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap ``PreluConfig.check_constraints`` to decline a PReLU over an input that is not 4-D.
+
+    XNNPACK's ``ChannelsLastTaggedReshapePass`` counts ``aten.prelu`` among the ops that take an
+    NHWC input, and converts only 4-D tensors (``can_be_converted_to_nhwc``); the partitioner claims
+    a prelu of any rank, so DAB-DETR's ``PReLU`` after the encoder's first linear (``[batch,
+    sequence, hidden]``) made preprocess raise and the whole lowering failed
+    (pytorch/executorch#18624 leaves non-4-D inputs alone; closed unmerged, still so in 1.4.1). The
+    partitioner's decomposition filter asks the same ``check_constraints``, so a declined prelu is
+    decomposed into elementwise ops (which XNNPACK may still take) instead of staying a prelu node.
+    Every other decision is the original's.
+    """
+
+    @functools.wraps(original)
+    def check_constraints(self: Any, node: Any, ep: Any) -> bool:
+        if not original(self, node, ep):
+            return False
+        source = node.all_input_nodes[0] if node.all_input_nodes else None
+        value = source.meta.get("val") if source is not None else None
+        if isinstance(value, torch.Tensor) and value.dim() != 4:
+            logger.debug(
+                "prelu %s is decomposed: its %d-D input is not NHWC-convertible", node.name, value.dim()
+            )
+            return False
+        return True
+
+    return check_constraints
 
 
 @register_patch(
