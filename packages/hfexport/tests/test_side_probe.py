@@ -203,3 +203,46 @@ def test_the_probe_leaves_the_given_cache_as_it_was():
     assert model_fixed_image_sides(CachedConv(), inputs, AUTO) == []  # convolutions take any side
     assert not any(getattr(layer, "is_initialized", False) for layer in cache.layers)
     assert CachedConv()(**inputs).shape == ()  # the probe ran the forward on the sample
+
+
+class WindowBranch(ConvOnly):
+    """Takes a branch on the feature map's area, as Swin's stages do on ``min(height, width) <=
+    window_size``: eager runs at any size, the program's guard ``h * w <= 256`` is no range."""
+
+    def forward(self, pixel_values):
+        features = self.conv(pixel_values)
+        height, width = features.shape[-2:]
+        if height * width <= 256:
+            return features.flatten(2).mean(2) * 2.0
+        return features.flatten(2).amax(2)
+
+
+def test_sides_the_guards_pin_are_traced_again_static():
+    # issue 28: Swin's window minimums left the sides symbolic but pinned to the sample by guards;
+    # ExecuTorch's re-trace spent tens of minutes simplifying their size expressions (pytorch#141675)
+    from hfexport.program_axes import sides_fixed_by_guards
+
+    model, inputs = WindowBranch().eval(), _pixels()
+    assert model_fixed_image_sides(model, inputs, AUTO) == []  # eager runs doubled: the probe fixes nothing
+    first = torch.export.export(model, (), inputs, dynamic_shapes=AUTO)
+    pinned = sides_fixed_by_guards(first, inputs, AUTO)
+    assert pinned == [
+        {"input": "pixel_values", "axis": 2, "sample": 16},
+        {"input": "pixel_values", "axis": 3, "sample": 16},
+    ]
+    assert sides_fixed_by_guards(first, inputs, {"pixel_values": {0: Dim.AUTO, 2: Dim.DYNAMIC}}) == []
+    report = ExportReport(export_format="test")
+    program = capture(model, inputs, DynamoConfig(dynamic=True), report)
+    assert report.extra["guard_fixed_sides"] == pinned
+    assert "pixel_values image height/width: static 16 (model-fixed)" in report.dynamic_axes_summary
+    assert "pixel_values batch: dynamic [2, inf]" in report.dynamic_axes_summary
+    (value,) = [
+        n.meta["val"] for n in program.graph.nodes if n.op == "placeholder" and n.name == "pixel_values"
+    ]
+    assert tuple(value.shape[2:]) == (16, 16)  # plain ints: nothing symbolic left for a backend
+    second = {"pixel_values": torch.randn(3, 3, 16, 16)}
+    with torch.no_grad():
+        assert (program.module()(**second) - model(**second)).abs().max().item() < 1e-6
+    conv_report = ExportReport(export_format="test")
+    capture(ConvOnly().eval(), inputs, DynamoConfig(dynamic=True), conv_report)
+    assert "guard_fixed_sides" not in conv_report.extra

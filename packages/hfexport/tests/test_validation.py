@@ -534,10 +534,15 @@ def test_image_sides_fixed_only_by_guards_are_reported_static_and_the_second_sha
 
     model = _GridBranch().eval()
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
+    first = torch.export.export(
+        model, (), inputs, dynamic_shapes={"pixel_values": dict.fromkeys(range(4), torch.export.Dim.AUTO)}
+    )
+    assert guards_accept(first, {"pixel_values": (2, 3, 32, 32)}) is True
+    assert guards_accept(first, {"pixel_values": (2, 3, 64, 64)}) is False
     report = ExportReport(export_format="dynamo")
     program = capture(model, inputs, DynamoConfig(dynamic=True), report)
-    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
-    assert guards_accept(program, {"pixel_values": (2, 3, 64, 64)}) is False
+    # issue 28: sides pinned by guards are traced again static
+    assert [(s["axis"], s["sample"]) for s in report.extra["guard_fixed_sides"]] == [(2, 32), (3, 32)]
     sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.dynamic_axes}
     assert sides["image height"] == sides["image width"] == ("static", 32, "model-fixed")
     assert sides["batch"][0] == "dynamic"
@@ -567,12 +572,18 @@ def test_guards_written_with_math_ceil_are_evaluated():
     from hfexport.report import ExportReport
 
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
-    report = ExportReport(export_format="dynamo")
-    program = capture(_CeilBlocks(), inputs, DynamoConfig(dynamic=True), report)
+    program = torch.export.export(
+        _CeilBlocks(),
+        (),
+        inputs,
+        dynamic_shapes={"pixel_values": dict.fromkeys(range(4), torch.export.Dim.AUTO)},
+    )
     assert any("math.ceil" in guard for guard in program._guards_code)
     assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
     assert guards_accept(program, {"pixel_values": (2, 3, 25, 32)}) is True  # still 4 blocks
     assert guards_accept(program, {"pixel_values": (2, 3, 64, 32)}) is False
+    report = ExportReport(export_format="dynamo")
+    capture(_CeilBlocks(), inputs, DynamoConfig(dynamic=True), report)
     height = next(e for e in report.dynamic_axes if e["meaning"] == "image height")
     assert (height["status"], height["max"], height["note"]) == ("static", 32, "model-fixed")
 
@@ -596,11 +607,17 @@ def test_guards_written_with_torch_sym_float_are_evaluated():
     from hfexport.report import ExportReport
 
     inputs = {"pixel_values": torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))}
-    report = ExportReport(export_format="dynamo")
-    program = capture(_QuarterScalePatches(), inputs, DynamoConfig(dynamic=True), report)
+    program = torch.export.export(
+        _QuarterScalePatches(),
+        (),
+        inputs,
+        dynamic_shapes={"pixel_values": dict.fromkeys(range(4), torch.export.Dim.AUTO)},
+    )
     assert any("torch.sym_float" in guard for guard in program._guards_code)
     assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
     assert guards_accept(program, {"pixel_values": (2, 3, 32, 64)}) is False
+    report = ExportReport(export_format="dynamo")
+    capture(_QuarterScalePatches(), inputs, DynamoConfig(dynamic=True), report)
     width = next(e for e in report.dynamic_axes if e["meaning"] == "image width")
     assert (width["status"], width["max"], width["note"]) == ("static", 32, "model-fixed")
 
@@ -613,7 +630,6 @@ def test_guards_written_with_torch_sym_float_are_evaluated_and_fix_eomt_dinov3_i
     have 64 channels")."""
     from hfexport.capture import capture
     from hfexport.config import DynamoConfig
-    from hfexport.program_axes import guards_accept
     from hfexport.report import ExportReport
     from hfexport.testing import tiny_model
     from hfexport.workarounds.dense_prediction import eomt_mask_probabilities_before_capture
@@ -622,9 +638,9 @@ def test_guards_written_with_torch_sym_float_are_evaluated_and_fix_eomt_dinov3_i
     inputs = eomt_mask_probabilities_before_capture(model, inputs)
     report = ExportReport(export_format="dynamo")
     program = capture(model, inputs, DynamoConfig(dynamic=True), report)
-    assert any("torch.sym_float" in guard for guard in program._guards_code)
-    assert guards_accept(program, {"pixel_values": (2, 3, 32, 32)}) is True
-    assert guards_accept(program, {"pixel_values": (2, 3, 64, 64)}) is False
+    # the first program's guards (torch.sym_float among them) accepted 32x32 and refused 64x64, so
+    # the sides were traced again static (issue 28, program_axes.sides_fixed_by_guards)
+    assert [(s["axis"], s["sample"]) for s in report.extra["guard_fixed_sides"]] == [(2, 32), (3, 32)]
     sides = {e["meaning"]: (e["status"], e["max"], e["note"]) for e in report.dynamic_axes}
     assert sides["image height"] == sides["image width"] == ("static", 32, "model-fixed")
     second, reason = derive_second_inputs(model, inputs, program_axes=report.dynamic_axes)

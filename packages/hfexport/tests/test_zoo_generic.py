@@ -344,6 +344,9 @@ def test_dpt_overlay_gives_dense_outputs_worth_comparing(task):
         ("sapiens2", {"logits": (2, 3, 16, 16)}),
         # 64x64 images (32x32 left a 1x1 map under 2x2 unfold patches), initializer_range 0.2 (outputs were 0)
         ("mobilevitv2", {"logits": (2, 3, 2, 2)}),
+        # 64-channel pixel decoders and heads (the defaults' 256 channels made 3.1M / 7.5M parameters)
+        ("maskformer", {"masks_queries_logits": (2, 10, 8, 8), "class_queries_logits": (2, 10, 4)}),
+        ("oneformer", {"masks_queries_logits": (2, 10, 8, 8), "class_queries_logits": (2, 10, 4)}),
     ],
 )
 def test_segmentation_overlays_build_heads_that_run(model_type, outputs):
@@ -351,6 +354,8 @@ def test_segmentation_overlays_build_heads_that_run(model_type, outputs):
     model, inputs = tiny_model(model_type, "image-segmentation", check_eager=True)
     side = 64 if model_type == "mobilevitv2" else 32
     assert tuple(inputs["pixel_values"].shape) == (2, 3, side, side)
+    if model_type in ("maskformer", "oneformer"):  # swin backbone + 64-channel heads, not the 256 defaults
+        assert sum(p.numel() for p in model.parameters()) < 700_000
     with torch.no_grad():
         out = model(**inputs)
     for name, shape in outputs.items():

@@ -21,12 +21,18 @@ Stages (each a function, called in order by :func:`capture`):
 6. ``torch.export.export(..., strict=..., prefer_deferred_runtime_asserts_over_guards=...)``, with
    the output flags of ``report.output_flags`` (lifted out of the inputs and applied to the
    model's config) given back as constant keyword inputs (:func:`flags_in_signature`), so the
-   program takes the kwargs it was exported with and its guards refuse another flag value.
+   program takes the kwargs it was exported with and its guards refuse another flag value;
+   ``Dim.AUTO`` image sides the program kept symbolic but whose guards accept the sample's size
+   only (Swin's window minimums, :func:`hfexport.program_axes.sides_fixed_by_guards`) are traced
+   once more, static (``report.extra["guard_fixed_sides"]``), so no backend's re-trace carries
+   their size expressions (issue 28: ExecuTorch's decompositions of tiny MaskFormer spent tens of
+   minutes simplifying them).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 from collections.abc import Iterator, Mapping
@@ -498,7 +504,9 @@ def capture(
             shapes, cleared attributes) go in ``extra``, the
             names of the capture workarounds in effect in ``applied["capture_patches"]``, the image
             sides the model fixes in ``extra["model_fixed_sides"]`` (when there are any; see
-            :func:`hfexport.side_probe.model_fixed_image_sides`), and what the program made of each
+            :func:`hfexport.side_probe.model_fixed_image_sides`), the sides its guards pin to the
+            sample and that were traced again static in ``extra["guard_fixed_sides"]``
+            (:func:`hfexport.program_axes.sides_fixed_by_guards`), and what the program made of each
             axis asked dynamic in ``report.dynamic_axes`` (with ``report.dynamic_axes_summary``;
             see :func:`hfexport.program_axes.program_input_axes`; a fixed side reads
             ``"static 32 (model-fixed)"``).
@@ -557,16 +565,33 @@ def capture(
         if flags and isinstance(traced_shapes, dict):
             traced_shapes = {**traced_shapes, **dict.fromkeys(flags)}
         with stage("capture.torch_export"), flags_in_signature(module, list(kwargs), flags):
-            program = torch.export.export(
+            export = functools.partial(
+                torch.export.export,
                 module,
                 args=(),
                 kwargs={**kwargs, **flags},
-                dynamic_shapes=traced_shapes,
                 strict=bool(getattr(config, "strict", False)),
                 prefer_deferred_runtime_asserts_over_guards=bool(
                     getattr(config, "prefer_deferred_runtime_asserts_over_guards", False)
                 ),
             )
+            program = export(dynamic_shapes=traced_shapes)
+            from hfexport.program_axes import sides_fixed_by_guards
+
+            # sides the program's guards pin to the sample (Swin's window minimums) are traced again
+            # static, so no backend re-simplifies their symbolic sizes (program_axes.sides_fixed_by_guards)
+            pinned = sides_fixed_by_guards(program, kwargs, traced_shapes)
+            if pinned:
+                logger.info(
+                    "image sides %s: the captured program's guards accept the sample's size only; traced again "
+                    "with them static",
+                    ", ".join(f"{side['input']}.shape[{side['axis']}]={side['sample']}" for side in pinned),
+                )
+                del program
+                with reset_stale_state(model):  # nothing the first trace cached reaches the second
+                    program = export(dynamic_shapes=keep_sides_static(traced_shapes, pinned))
+                if report is not None:
+                    report.extra["guard_fixed_sides"] = pinned
         if key == _vision_language_workarounds.FIXED_GRID_KEY:
             dropped = _vision_language_workarounds.drop_constant_reads(program)
             if report is not None and dropped:

@@ -34,6 +34,7 @@ __all__ = [
     "choose_size",
     "guards_accept",
     "program_input_axes",
+    "sides_fixed_by_guards",
 ]
 
 #: A dynamic image side (or audio feature axis) is expected to reach at least this many times its
@@ -199,6 +200,57 @@ def program_input_axes(
     _bound_by_guards(program, tensors, out, position_limit)
     _fix_sides_by_guards(program, tensors, out)
     return out
+
+
+def sides_fixed_by_guards(
+    program: torch.export.ExportedProgram, inputs: Mapping[str, Any], dynamic_shapes: Any
+) -> list[dict[str, Any]]:
+    """The image sides ``Dim.AUTO`` left symbolic in ``program`` whose input guards accept only the
+    sample's size (:func:`program_input_axes` reads them ``"static <size> (model-fixed)"``).
+
+    Swin's windows are the case (issue 28): at a 32 px sample its later stages are no larger than a
+    window, so the forward takes its ``min(height, width) <= window_size`` branch; torch records
+    that as guards, not as a range, and the program's graph keeps the sides as symbols that every
+    size computation downstream carries (floor divisions of the padded window grids). A backend that
+    re-traces the program (ExecuTorch's and OpenVINO's decompositions) simplifies those expressions
+    again for every view, which is where the time goes (pytorch/pytorch#141675: ``FloorDiv.eval``'s
+    ``sympy.simplify``), for sides no input but the sample's can take.
+
+    Args:
+        program: the captured program (its keyword inputs are the forward kwargs).
+        inputs: the forward kwargs it was traced with (sample sizes).
+        dynamic_shapes: the ``dynamic_shapes`` given to ``torch.export`` (dict keyed by kwarg);
+            only sides marked ``Dim.AUTO`` are returned (a named ``Dim`` or ``Dim.DYNAMIC`` is the
+            caller's demand).
+
+    Returns:
+        One dict per such side (``input``, ``axis``, ``sample``), in input and axis order, in the
+        form :func:`hfexport.side_probe.keep_sides_static` takes; ``[]`` when there are none, or
+        when ``dynamic_shapes`` is not a dict or the program's inputs cannot be matched.
+    """
+    from hfexport.side_probe import _is_auto_hint, _leaf
+
+    if not isinstance(dynamic_shapes, Mapping):
+        return []
+    values = _user_input_values(program)
+    if values is None:
+        return []
+    found = []
+    for entry in program_input_axes(program, inputs, dynamic_shapes):
+        meaning = str(entry["meaning"])
+        if (
+            entry["status"] != STATUS_STATIC
+            or entry["note"] != "model-fixed"
+            or not meaning.startswith(("image ", "video "))
+            or meaning.endswith(" channels")
+            or not _is_auto_hint(_leaf(dynamic_shapes.get(entry["input"]), entry["axis"]))
+        ):
+            continue
+        fake = values.get(entry["input"])
+        size = fake.shape[entry["axis"]] if isinstance(fake, torch.Tensor) else None
+        if isinstance(size, torch.SymInt) and size.node.expr.free_symbols:  # static by guards only
+            found.append({"input": entry["input"], "axis": entry["axis"], "sample": entry["sample"]})
+    return found
 
 
 #: how far past the sample a sequence axis is checked against the program's input guards

@@ -440,6 +440,28 @@ PRESETS.update(
             reason="the segmentation mask head's input is d_model + encoder heads channels, which its "
             "GroupNorm(8) needs divisible by 8 (64 + 4 = 68 is refused); 8 heads of 8 give 72",
         ),
+        # MaskFormer / OneFormer (issue 28): their pixel decoders and transformer heads read widths the
+        # generic shrink does not know by name (fpn_feature_size, conv_dim, hidden_dim, ...)
+        "maskformer": Preset(
+            config={"fpn_feature_size": 64, "mask_feature_size": 64},
+            reason="the pixel decoder's FPN and mask features keep the default 256 channels (3.1M of the "
+            "tiny model's parameters in 3x3 convolutions); 64 channels (a multiple of its GroupNorm(32)) "
+            "make it 0.66M",
+        ),
+        "oneformer": Preset(
+            config={
+                "conv_dim": 64,
+                "mask_dim": 64,
+                "hidden_dim": 64,
+                "encoder_feedforward_dim": 128,
+                "dim_feedforward": 128,
+                "task_seq_len": 16,
+            },
+            reason="the pixel decoder, query decoder and task encoder keep the default 256 channels, "
+            "1024/2048-wide feed-forwards and a 77-token task prompt (7.5M parameters); 64 channels (a "
+            "multiple of its GroupNorm(32)), 128-wide feed-forwards and a 16-token task prompt make it 0.61M "
+            "(the text encoder is built for training only, is_training=False)",
+        ),
         # EoMT: the queries join the token sequence at layer num_hidden_layers - num_blocks; with the
         # default 4 blocks over the 2-layer stack that index is negative, no query is ever added, and
         # the mask prediction slices 0 patch tokens
