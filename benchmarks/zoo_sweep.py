@@ -153,7 +153,7 @@ FAMILY_NOTES: dict[str, str] = {
     "shape check in convert. ExecuTorch misses: hunyuan_vl's tower reads each image's grid as values for "
     "position interpolation and patch merging (needs the one-grid encoder); florence2's projector fails in the "
     "XNNPACK delegate at run time (0x10) on the tiny model's 1x1 feature map; lfm3_vl's image encoder gets a "
-    "size bound beyond int32; minicpm_ocr/v4_6's Qwen3.5 language model fails its second shape (0x12); "
+    "size bound beyond int32; minicpm_ocr/v4_6/v4_7's Qwen3.5 language model fails its second shape (0x12); "
     "nemotron_h_omni's hybrid cache flattens into more decode outputs than recorded; hy_v4_vl's one-grid image "
     "encoder differs from eager on XNNPACK and kimi_k25's does not load (0x14: an operator without a runtime "
     "kernel), neither located yet; the types failing dynamo fail the other backends at the same step. "
