@@ -573,3 +573,48 @@ def test_antialiased_bilinear_fix_lets_openvino_convert_a_position_grid_resize()
             ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}
         )
         np.testing.assert_allclose(compiled(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+class _StreamsFlattened(torch.nn.Module):
+    """GLM-5-Next's hyper-connection input: ``[batch, seq, 4, 64]`` streams viewed as ``[batch, seq, -1]``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fn = torch.nn.Parameter(torch.randn(24, 256))
+
+    def forward(self, embeds: torch.Tensor) -> torch.Tensor:
+        batch, seq = embeds.shape[:2]
+        streams = embeds.unsqueeze(2).expand(-1, -1, 4, -1).contiguous()
+        return torch.nn.functional.linear(streams.view(batch, seq, -1), self.fn)
+
+
+def test_view_fix_writes_the_static_size_of_the_inferred_axis():
+    """issue 28: OpenVINO inferred GLM-5-Next's hyper-connection streams.view(batch, seq, -1) as
+    [?, ?, 1] in its language model and convert failed a MatMul check; the fix writes the traced
+    static size instead of -1 (the program is the same). The frontend's misreading needs the whole
+    language model to show; here: the rewrite, a symbolic -1 left alone, and the converted values."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("view_sizes_without_inferred_static_axis")]
+    assert entry.versions == {"openvino": ">=2026.0"} and entry.issue.startswith("https://github.com/")
+    dims = {0: torch.export.Dim("batch", max=64), 1: torch.export.Dim("seq", max=1024)}
+    embeds = torch.randn(2, 5, 64)
+    program = torch.export.export(_StreamsFlattened(), (embeds,), dynamic_shapes=(dims,))
+    (node,) = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.view.default]
+    assert -1 in node.args[1]
+    assert entry.func(program.graph_module, node) is True
+    assert node.args[1][-1] == 256 and -1 not in node.args[1]
+    assert entry.func(program.graph_module, node) is False  # nothing left to write
+
+    class Symbolic(torch.nn.Module):
+        def forward(self, x):
+            return x.view(x.shape[0], -1)
+
+    flat = torch.export.export(Symbolic(), (torch.randn(2, 6),), dynamic_shapes=({1: torch.export.Dim("n")},))
+    (view,) = [n for n in flat.graph_module.graph.nodes if n.target is torch.ops.aten.view.default]
+    assert entry.func(flat.graph_module, view) is False  # the -1 axis is symbolic: left to the runtime
+    program.graph_module.recompile()
+    compiled = ov.Core().compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    for rows in (embeds, torch.randn(3, 7, 64)):
+        want = program.module()(rows).detach().numpy()
+        np.testing.assert_allclose(compiled(rows.numpy())[0], want, rtol=1e-5, atol=1e-5)

@@ -65,6 +65,7 @@ __all__ = [
     "sym_mod_as_floordiv",
     "sym_pow_as_products",
     "unfold_as_gather",
+    "view_sizes_without_inferred_static_axis",
 ]
 
 #: Registry key of this backend's workarounds.
@@ -627,6 +628,48 @@ def squeeze_static_unit_axes(gm: torch.fx.GraphModule, node: torch.fx.Node) -> b
     node.target = torch.ops.aten.squeeze.dims
     node.args = (source, axes)
     node.kwargs = {}
+    return True
+
+
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten.reshape.default, torch.ops.aten._unsafe_view.default)
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "write the static size of the -1 axis of a view / reshape whose other sizes are symbolic: OpenVINO's "
+        "shape inference of GLM-5-Next's language model gave hyper-connection streams.view(batch, seq, -1) a "
+        "last axis of 1, and convert failed a MatMul check (Incompatible MatMul matrix dimension ... 1 ... 256)"
+    ),
+    # no upstream issue filed yet; reproduces with openvino 2026.4.1 on GLM-5-Next's whole language model
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/core/shape_inference/include/reshape_shape_inference.hpp",
+    versions={"openvino": ">=2026.0"},
+)
+def view_sizes_without_inferred_static_axis(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace the ``-1`` of ``aten.view(x, [..., -1, ...])`` (also ``reshape`` / ``_unsafe_view``) by
+    the size torch.export traced for that axis, when it is a static int.
+
+    The traced output already fixes that size, so the program is the same; OpenVINO then reshapes
+    to explicit sizes instead of inferring one from a product of symbolic ones, which its MOC
+    transformations got wrong on GLM-5-Next's language model (``hidden_streams.view(batch, seq, -1)``
+    of its hyper-connections, ``[batch, seq, 4, 64] -> [batch, seq, 256]``, inferred ``[?, ?, 1]``).
+
+    Returns:
+        True when the node was rewritten; False for any other node, one without ``-1``, or one
+        whose ``-1`` axis is symbolic in the traced output.
+    """
+    if node.op != "call_function" or node.target not in _VIEWS or len(node.args) < 2:
+        return False
+    sizes = node.args[1]
+    out = node.meta.get("val")
+    if not isinstance(sizes, (list, tuple)) or not isinstance(out, torch.Tensor) or len(sizes) != out.dim():
+        return False
+    where = [i for i, size in enumerate(sizes) if isinstance(size, int) and size == -1]
+    if len(where) != 1 or not isinstance(out.shape[where[0]], int):
+        return False
+    fixed = list(sizes)
+    fixed[where[0]] = int(out.shape[where[0]])
+    node.args = (node.args[0], fixed, *node.args[2:])
     return True
 
 
