@@ -89,7 +89,9 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
         "hfexport_executorch.workarounds.patches.gelu_tanh_stays_portable",
         "hfexport_executorch.workarounds.patches.layout_tags_without_size_guards",
         "hfexport_executorch.workarounds.patches.max_dim_only_over_spatial_axes",
+        "hfexport_executorch.workarounds.patches.prelu_only_over_4d_inputs",
         "hfexport_executorch.workarounds.patches.resize_with_own_scale_stays_portable",
+        "hfexport_executorch.workarounds.patches.softmax_takes_nchw_inputs",
         "hfexport_executorch.workarounds.patches.tensors_above_six_dims_stay_portable",
         "hfexport_executorch.workarounds.patches.unsqueeze_with_one_dynamic_dim_only",
         "hfexport_executorch.workarounds.patches.xnnpack_preprocess_skips_inapplicable_passes",
@@ -98,6 +100,7 @@ def test_delegation_summary_of_a_fully_delegated_model(toy_projection, toy_input
         "hfexport_executorch.workarounds.patches.keep_dynamic_dims_in_list_returning_ops"
         in installed["executorch"]
     )
+    assert "hfexport_executorch.workarounds.patches.views_bounded_by_their_base" in installed["executorch"]
 
 
 def test_an_export_validated_at_two_shapes_lowers_serializes_and_loads_once(
