@@ -91,27 +91,28 @@ FAMILY_NOTES: dict[str, str] = {
     "upstream's N(0, 0.01) conv and batch-norm init shrank the features to 1e-6..1e-18, every query scored the "
     "prior bias and top-k chose among exact ties. The pp_ocr* text detectors pass on ExecuTorch since three "
     "ExecuTorch steps no longer guard their image sides at the 32 px sample (XNNPACK layout tags, the dim-order "
-    "sort, memory planning's fake re-run of the delegates). ExecuTorch misses: rf_detr's method does not load "
-    "(0x21: ExecuTorch bounds each axis of its window-partition view separately, the window count and size move "
-    "in opposite directions, and the view is planned at 33.5 MB inside its base's 0.5 MB buffer); dab-detr fails "
-    "XNNPACK's ChannelsLastTaggedReshapePass (an NHWC operator gets an input that is not 4-D; node not located); "
-    "pp_doclayout_v2's reading-order logits differ at the sample (eager is stable under 1e-6 input noise and the "
-    "tied mask order is not the cause: not bisected).",
+    "sort, memory planning's fake re-run of the delegates). rf_detr's window-partition view is planned with a bound "
+    "that holds exactly its base's elements (ExecuTorch bounded each axis separately: 33.5 MB inside a 0.5 MB "
+    "buffer, method load 0x21); dab-detr's PReLU over a 3-D input is decomposed instead of delegated "
+    "(XNNPACK's ChannelsLastTaggedReshapePass converts 4-D tensors only); pp_doclayout_v2's reading-order "
+    "softmax, fed by a 1x1-convolution position bias tagged NHWC, gets its NCHW input back (XNNPACK normalised "
+    "over the heads: 1.16 off).",
     "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
     "(`input_ids`): per-patch query logits and boxes.",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
     "OneFormer). EoMT and EoMT-DINOv3 fold their patch tokens back to the config's grid, so they take one image "
     "size (the second shape varies the batch). MobileViT's symbolic `pow` of sizes is rewritten as products "
-    "before ExecuTorch's memory planning. rf_detr's ExecuTorch method does not load (0x21: its window-partition "
-    "view is planned per axis at 33.5 MB inside a 0.5 MB base buffer), as donut-swin's in image classification.",
-    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses: donut-swin's "
-    "method does not load (0x21, rf_detr's window-partition view bound); swin's `lower` stage did not finish in "
+    "before ExecuTorch's memory planning. rf_detr's window-partition view is planned within its base's buffer "
+    "(see object detection).",
+    "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses: donut-swin's method now loads (its "
+    "window view is planned within its base, as rf_detr's) and matches eager at the sample, but its second "
+    "shape fails at run time (0x1, not located); swin's `lower` stage did not finish in "
     "1500 s (XNNPACK's preprocess builds an ExportedProgram per partition and each converts the shape guards to "
-    "code); pp_lcnet and efficientnet differ at the second shape only after the same loaded method ran the smaller "
-    "sample (a freshly loaded method is exact, their captured programs match eager): convnextv2 had that symptom "
-    "from its global response norm's broadcasting div chained into a mul in one XNNPACK partition (the div now "
-    "stays portable); theirs is not bisected.",
+    "code); pp_lcnet and efficientnet differ at the second shape (pp_lcnet: a freshly loaded method at 64 px is "
+    "already 0.044 off eager, and 1.7e19 after a 32 px run; a toy of its blocks does not reproduce it). "
+    "convnextv2 had that symptom from its global response norm's broadcasting div chained into a mul in one "
+    "XNNPACK partition (the div now stays portable).",
     "depth-estimation": "The plain forward on `pixel_values`: `predicted_depth`. depth_pro splits the image "
     "into patches and merges them by the image size (scale factors 0.25, 0.5, Python loops over the patch "
     "grid), so its image sides are model-fixed (the second shape varies the batch only); its tiny weights are "
