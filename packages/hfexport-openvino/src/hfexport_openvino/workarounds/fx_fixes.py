@@ -51,6 +51,7 @@ __all__ = [
     "BACKEND",
     "antialiased_bilinear_as_matmuls",
     "complex_rotary_as_real_pairs",
+    "distinct_output_nodes",
     "drop_empty_cat_operands",
     "finite_sdpa_mask",
     "index_add_as_scatter_add",
@@ -702,3 +703,51 @@ def unfold_as_gather(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     node.replace_all_uses_with(moved)
     graph.erase_node(node)
     return True
+
+
+@register_fx_program_fix(
+    BACKEND,
+    description=(
+        "give each repeated program output a node of its own (x + 0, logical_or(x, x) for booleans): OpenVINO's "
+        "FX frontend fails with \"Check 'is_number(name)' failed ... Tensor name is not a number\" "
+        "(translate_session.cpp:434) when one node is returned twice, also through aten.clone, which it "
+        "translates to the same tensor (OneFormer's class and mask logits under two output names)"
+    ),
+    # no upstream issue filed yet; the check at OpenVINO 2026.4 (repro: return {"a": y, "b": y})
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/frontends/pytorch/src/translate_session.cpp",
+    versions={"openvino": ">=2026.0"},
+)
+def distinct_output_nodes(exported_program: torch.export.ExportedProgram) -> None:
+    """Make every user output of ``exported_program`` a distinct graph node, in place.
+
+    The second and later occurrences of a node in the output list become ``aten.add(x, 0)``
+    (``aten.logical_or(x, x)`` for a boolean tensor): the same values, shape and dtype, under a
+    node of their own; the graph signature's output names follow. Programs without repeated
+    outputs are left unchanged.
+    """
+    from torch.export.graph_signature import OutputKind, TensorArgument
+
+    graph = exported_program.graph
+    output = next(n for n in graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    specs = exported_program.graph_signature.output_specs
+    seen: set[torch.fx.Node] = set()
+    changed = False
+    for index, node in enumerate(values):
+        if not isinstance(node, torch.fx.Node):
+            continue
+        val = node.meta.get("val")
+        if node in seen and specs[index].kind == OutputKind.USER_OUTPUT and isinstance(val, torch.Tensor):
+            with graph.inserting_before(output):
+                if val.dtype == torch.bool:
+                    copy = graph.call_function(torch.ops.aten.logical_or.default, (node, node))
+                else:
+                    copy = graph.call_function(torch.ops.aten.add.Tensor, (node, 0))
+            copy.meta = dict(node.meta)
+            values[index] = copy
+            specs[index].arg = TensorArgument(name=copy.name)
+            changed = True
+        seen.add(node)
+    if changed:
+        output.args = (tuple(values),)
+        exported_program.graph_module.recompile()
