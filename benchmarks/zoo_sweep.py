@@ -101,7 +101,7 @@ FAMILY_NOTES: dict[str, str] = {
     "(`input_ids`): per-patch query logits and boxes. Grounding DINO and MM Grounding DINO build their "
     "phrase masks without `cummax`/`cummin`/`isin` at capture (a masked max/min over token pairs; ONNX and "
     "OpenVINO convert none of the three); their Swin backbone pins the image sides to the sample, as "
-    "MaskFormer's. grounding-dino's ONNX and ExecuTorch programs match eager at the sample but not at the "
+    "MaskFormer's. grounding-dino's ONNX, OpenVINO and ExecuTorch programs match eager at the sample but not at the "
     "second shape (batch 3, 65 text tokens): `enc_outputs_class` differs (dynamo passes; not located).",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
