@@ -98,11 +98,23 @@ FAMILY_NOTES: dict[str, str] = {
     "softmax, fed by a 1x1-convolution position bias tagged NHWC, gets its NCHW input back (XNNPACK normalised "
     "over the heads: 1.16 off).",
     "zero-shot-object-detection": "The plain forward on `pixel_values` and one text query per image "
-    "(`input_ids`): per-patch query logits and boxes.",
+    "(`input_ids`): per-patch query logits and boxes. Grounding DINO and MM Grounding DINO build their "
+    "phrase masks without `cummax`/`cummin`/`isin` at capture (a masked max/min over token pairs; ONNX and "
+    "OpenVINO convert none of the three); their Swin backbone pins the image sides to the sample, as "
+    "MaskFormer's. grounding-dino's ONNX, OpenVINO and ExecuTorch programs match eager at the sample but not at the "
+    "second shape (batch 3, 65 text tokens): `enc_outputs_class` differs (dynamo passes; not located).",
     "image-segmentation": "The plain forward on `pixel_values`: semantic heads' `logits` (SegFormer, BEiT, DPT, "
     "MobileViT, UperNet) and universal/instance heads' class and mask query logits (Mask2Former, MaskFormer, "
     "OneFormer). EoMT and EoMT-DINOv3 fold their patch tokens back to the config's grid, so they take one image "
-    "size (the second shape varies the batch). MobileViT's symbolic `pow` of sizes is rewritten as products "
+    "size (the second shape varies the batch). MaskFormer and OneFormer (Swin backbones) take one image size "
+    "too: at the 32 px sample Swin's later stages are no larger than a window, the forward takes its "
+    "`min(height, width) <= window_size` branch and the guards pin the sides, which the capture then traces "
+    "static (before, ExecuTorch's and OpenVINO's re-traces spent tens of minutes simplifying the sides' size "
+    "expressions, pytorch/pytorch#141675). OneFormer also takes its task prompt's token ids (`task_inputs`, "
+    "16 in the tiny model) and returns its class and mask logits under two output names each, which OpenVINO's "
+    "frontend refused (`is_number(name)`) until each repeated output became a copy of its own; its ExecuTorch "
+    "lowering fails in XNNPACK's preprocess (a partition output `aten_cat_default` that is also its input, "
+    "a pass-through XNNPACK does not take; not bisected). MobileViT's symbolic `pow` of sizes is rewritten as products "
     "before ExecuTorch's memory planning. rf_detr's window-partition view is planned within its base's buffer "
     "(see object detection).",
     "image-classification": "The plain forward on `pixel_values`: `logits`. ExecuTorch misses: donut-swin's method now loads (its "

@@ -40,3 +40,34 @@ def test_pass_through_output_keeps_its_input_fed():
     out = runner({"x": x3, "classes_structure": counts3})
     assert torch.equal(out["classes_structure"], counts3)
     torch.testing.assert_close(out["logits"], x3 * 2.0)
+
+
+class _RepeatedOutput(torch.nn.Module):
+    """Returns one tensor under two names, as OneFormer does with its class and mask logits."""
+
+    def forward(self, x):
+        y = x * 2
+        return {"a": y, "b": y, "c": y + 1, "m": y > 0, "n": y > 0}
+
+
+def test_a_node_returned_twice_converts_after_repeated_outputs_as_copies():
+    # issue 28: OpenVINO's FX frontend refused it with "Check 'is_number(name)' failed" (OneFormer)
+    import openvino as ov
+    from openvino.frontend.pytorch.fx_decoder import TorchFXPythonDecoder
+
+    from hfexport_openvino.workarounds.fx_fixes import repeated_outputs_as_copies
+
+    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(0))
+    program = torch.export.export(_RepeatedOutput(), (x,))
+    with pytest.raises(Exception, match="is_number"):
+        ov.convert_model(TorchFXPythonDecoder(program.run_decompositions().module(), dynamic_shapes=True))
+    repeated_outputs_as_copies(program)
+    outputs = next(n for n in program.graph.nodes if n.op == "output").args[0]
+    assert len(set(outputs)) == len(outputs) == 5
+    assert [s.arg.name for s in program.graph_signature.output_specs] == [n.name for n in outputs]
+    decoder = TorchFXPythonDecoder(program.run_decompositions().module(), dynamic_shapes=True)
+    compiled = ov.compile_model(ov.convert_model(decoder), "CPU")
+    got = [torch.from_numpy(v) for v in compiled([x.numpy()]).values()]
+    want = (x * 2, x * 2, x * 2 + 1, x > 0, x > 0)
+    for value, expected in zip(got, want, strict=True):
+        assert value.dtype == expected.dtype and torch.equal(value, expected)

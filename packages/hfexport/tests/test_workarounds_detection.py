@@ -166,3 +166,48 @@ def test_argsort_of_integer_keys_breaks_ties_by_position():
     assert torch.equal(torch.argsort(scores, dim=1), torch.argsort(scores, dim=1))  # original back
     with pytest.raises(ValueError, match="integer or boolean keys"):
         detection.stable_integer_argsort(scores)
+
+
+GROUNDING = f"{detection.__name__}.grounding_phrase_masks_without_cumulative_extrema"
+
+
+def test_grounding_phrase_masks_equal_transformers_on_random_token_mixes():
+    """issue 28: Grounding DINO's phrase masks (cummax/cummin/isin, which ONNX and OpenVINO do not
+    convert) computed with a masked max/min over token pairs give exactly transformers' results."""
+    from transformers.models.grounding_dino import modeling_grounding_dino as upstream
+
+    special = torch.tensor([101, 102, 1012, 1029])
+    pool = torch.tensor([5, 6, 7, 101, 102, 1012, 1029])
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        batch, length = (
+            int(torch.randint(1, 4, (1,), generator=gen)),
+            int(torch.randint(1, 12, (1,), generator=gen)),
+        )
+        ids = pool[torch.randint(0, len(pool), (batch, length), generator=gen)]
+        want_mask, want_positions = upstream.generate_masks_with_special_tokens_and_transfer_map(ids, special)
+        mask, positions = detection.grounding_phrase_masks(ids, special)
+        assert torch.equal(mask, want_mask), ids
+        assert torch.equal(positions, want_positions) and positions.dtype == torch.long, ids
+    # "a cat . a dog ." with [CLS]/[SEP]: two phrases of 3 tokens, positions counted within each
+    ids = torch.tensor([[101, 5, 6, 1012, 5, 7, 1012, 102]])
+    mask, positions = detection.grounding_phrase_masks(ids, special)
+    assert positions.tolist() == [[0, 0, 1, 2, 0, 1, 2, 0]]
+    assert mask[0, 1].tolist() == [False, True, True, True, False, False, False, False]
+
+
+def test_grounding_mask_patch_is_registered_and_installed_for_both_grounding_types():
+    found = {e.name: e for e in registry.entries(detection.KEY, kind="patch")}
+    entry = found[GROUNDING]
+    assert entry.paths == detection.GROUNDING_MASK_TARGETS
+    assert entry.issue == "https://github.com/pytorch/pytorch/pull/84496"
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved, entry.unresolved
+    model, _ = tiny_model("grounding-dino", TASK)
+    assert detection.capture_key(model) == "capture.detection"
+    from transformers.models.mm_grounding_dino import modeling_mm_grounding_dino as mm
+
+    original = mm.generate_masks_with_special_tokens_and_transfer_map
+    with apply_patches(detection.KEY):
+        assert mm.generate_masks_with_special_tokens_and_transfer_map is not original
+    assert mm.generate_masks_with_special_tokens_and_transfer_map is original

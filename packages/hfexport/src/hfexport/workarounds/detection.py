@@ -30,6 +30,12 @@ against runs the original code.
 - :func:`argsort_with_tie_break`: PP-DocLayout-V2 puts its kept queries first by sorting a boolean
   mask, all ties; the patch sorts integer keys with a positional tie-break (a stable sort), so
   every runtime gives the same order.
+- :func:`grounding_phrase_masks_without_cumulative_extrema`: Grounding DINO and MM Grounding DINO
+  build the text self-attention mask and position ids of each phrase (tokens between special
+  tokens) with ``torch.cummax`` / ``torch.cummin`` and ``torch.isin``, which neither ONNX's
+  translation (``aten::cummax``/``cummin`` "not yet supported") nor OpenVINO's FX frontend has.
+  The patch finds each token's nearest special token before and after it with a masked max/min
+  over the ``[length, length]`` token pairs (the text is short: queries, not documents).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 __all__ = [
     "CAPTURE",
     "DETECTOR_MODULES",
+    "GROUNDING_MASK_TARGETS",
     "KEY",
     "OMDET_ANCHOR_TARGETS",
     "OMDET_LANGUAGE_TARGETS",
@@ -55,6 +62,8 @@ __all__ = [
     "RT_DETR_FORWARD_TARGETS",
     "argsort_with_tie_break",
     "capture_key",
+    "grounding_phrase_masks",
+    "grounding_phrase_masks_without_cumulative_extrema",
     "omdet_anchors_uncached",
     "omdet_language_embedding_batched",
     "omdet_query_selection_symbolic_batch",
@@ -75,6 +84,8 @@ DETECTOR_MODULES: tuple[str, ...] = (
         f"transformers.models.{name}.modeling_{name}"
         for name in ("rt_detr", "rt_detr_v2", "d_fine", "deimv2", "pp_doclayout_v2", "pp_doclayout_v3")
     ),
+    "transformers.models.grounding_dino.modeling_grounding_dino",
+    "transformers.models.mm_grounding_dino.modeling_mm_grounding_dino",
 )
 
 
@@ -488,3 +499,74 @@ def argsort_with_tie_break(original: Callable[..., Any]) -> Callable[..., Any]:
         return stable_integer_argsort(input, dim, descending)
 
     return argsort
+
+
+# --------------------------------------------------------------------------------------------
+# Grounding DINO: phrase masks without cumulative max/min
+# --------------------------------------------------------------------------------------------
+
+#: the module-level functions building Grounding DINO's phrase masks (called by the model forward)
+GROUNDING_MASK_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{name}.modeling_{name}.generate_masks_with_special_tokens_and_transfer_map"
+    for name in ("grounding_dino", "mm_grounding_dino")
+)
+
+
+def grounding_phrase_masks(
+    input_ids: torch.Tensor, special_tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phrase masks of a text split by special tokens, from elementwise ops and masked max/min only.
+
+    A phrase is the run of tokens up to and including the next special token; a token attends to
+    the tokens of its phrase (and to itself), except in the runs closed by a special token at the
+    first or last position or by none (those attend to themselves only); its position id counts
+    the tokens since the special token before it, 0 outside a phrase. This is what transformers'
+    ``generate_masks_with_special_tokens_and_transfer_map`` returns (checked on random token mixes
+    in the tests), without ``cummax``/``cummin``/``isin``.
+
+    Args:
+        input_ids: ``[batch, length]`` token ids (int64).
+        special_tokens: ``[k]`` ids of the tokens that close phrases.
+
+    Returns:
+        ``(attention_mask, position_ids)``: ``[batch, length, length]`` bool and ``[batch, length]``
+        int64.
+    """
+    length = input_ids.shape[1]
+    device = input_ids.device
+    special = (input_ids.unsqueeze(-1) == special_tokens.to(device)).any(-1)  # [batch, length]
+    index = torch.arange(length, device=device)
+    query, key = index.unsqueeze(1), index.unsqueeze(0)  # [length, 1] token i, [1, length] token j
+    hit = special.unsqueeze(1)  # [batch, 1, length]: token j is special
+    previous = torch.where(hit & (key < query), key, -1).amax(-1)  # last special strictly before i
+    following = torch.where(hit & (key >= query), key, length).amin(-1)  # first special at or after i
+    in_phrase = (following != 0) & (following != length - 1) & (following != length)
+    mask = (following.unsqueeze(2) == following.unsqueeze(1)) & in_phrase.unsqueeze(1)
+    mask = mask | torch.eye(length, device=device, dtype=torch.bool)
+    offsets = torch.where(in_phrase, index - previous - 1, torch.zeros_like(previous))
+    return mask, offsets.clamp(min=0).to(torch.long)
+
+
+@register_patch(
+    BACKEND,
+    *GROUNDING_MASK_TARGETS,
+    description=(
+        "grounding-dino, mm-grounding-dino: the text phrase masks and position ids computed with a masked "
+        "max/min over token pairs instead of torch.cummax/torch.cummin/torch.isin, which ONNX's translation "
+        "and OpenVINO's FX frontend do not convert"
+    ),
+    # torch.onnx lists aten::cummax / aten::cummin as not supported (onnxscript's torch_lib has neither,
+    # nor aten::isin, at 0.7.2); OpenVINO 2026.4's PyTorch frontend has no cummax/cummin either
+    issue="https://github.com/pytorch/pytorch/pull/84496",
+    versions={"transformers": ">=5.23,<6"},
+)
+def grounding_phrase_masks_without_cumulative_extrema(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``generate_masks_with_special_tokens_and_transfer_map`` of Grounding DINO and MM
+    Grounding DINO by :func:`grounding_phrase_masks` while a detector is captured (key
+    ``capture.detection``); same arguments and results."""
+
+    @functools.wraps(original)
+    def masks(input_ids: torch.Tensor, special_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grounding_phrase_masks(input_ids, special_tokens)
+
+    return masks
