@@ -45,6 +45,27 @@ class _Step(torch.nn.Module):
         return image_embeds.sum() + input_ids.sum() + attention_mask.sum() + image_embeds_position_mask.sum()
 
 
+def test_linear_attention_states_vary_along_the_batch_only():
+    # MiniCPM-V 4.6 / MiniCPM-o OCR (Qwen3.5 language model): the conv states had no rule and held the
+    # decode's batch at the sample's 2 rows; the recurrent states' axis 2 is the key dim, not positions
+    cache = {
+        "layers": [
+            {"conv_states": [torch.randn(2, 24, 4)], "recurrent_states": [torch.randn(2, 4, 8, 8)]},
+            {"keys": torch.randn(2, 2, 12, 8), "values": torch.randn(2, 2, 12, 8)},
+        ]
+    }
+    kwargs = {"inputs_embeds": torch.randn(2, 3, 8), "cache": cache}  # a prompt chunk over a filled cache
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    config = component_config(
+        "language_model", _LanguageModel(), kwargs, plan, ExecutorchConfig(dynamic=True)
+    )
+    states, attention = config.dynamic_shapes["cache"]["layers"]
+    conv, recurrent = states["conv_states"][0], states["recurrent_states"][0]
+    assert sorted(conv) == sorted(recurrent) == [0]
+    assert conv[0].max == recurrent[0].max == attention["keys"][0].max > 2
+    assert sorted(attention["keys"]) == [0, 2]
+
+
 def test_image_features_taken_by_a_prefill_vary_with_the_batch_and_the_prompt():
     # Kosmos-2's prefill takes image_embeds [batch, image tokens, hidden] and the token-aligned
     # image_embeds_position_mask [batch, seq] as inputs of its own (BLIP's steps: the cross-attended

@@ -270,6 +270,11 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
             # tokens are part of the prompt, so they are bounded by its length (planned at the
             # sample's 2 rows, a 3-tile second prompt was refused, issue 28)
             return axes({0: image_tokens}, tensor) if tensor.dim() == 2 else None
+        if key == "cache" and (".conv_states." in path or ".recurrent_states." in path):
+            # linear-attention / state-space states ([batch, channels, kernel], [batch, heads, key,
+            # value]) have no positions axis; their batch is the prompt's (MiniCPM-V 4.6's Qwen3.5
+            # decode was planned at the sample's 2 rows and a 3-image prompt refused, issue 28)
+            return axes({0: batch}, tensor)
         if key == "cache" and tensor.dim() == 4:
             return axes({0: batch} if static else {0: batch, 2: length}, tensor)
         if key == "cache" and tensor.dim() == 3 and path.endswith("keys"):
