@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from hfexport.errors import ExportValidationError
 from hfexport.validation import compare_outputs, default_tolerances, derive_second_inputs, validate_artifact
+from hfexport.verify.compare import format_table
 
 
 def test_default_tolerances():
@@ -681,3 +683,60 @@ def test_compare_outputs_works_in_chunks_and_keeps_allclose_semantics(monkeypatc
     kept = doubles.clone()
     v.compare_outputs({"x": doubles}, {"x": doubles + 1})
     assert torch.equal(doubles, kept)
+
+
+class _UnscaledDotProduct(torch.nn.Module):
+    """Grounding DINO's contrastive logits: layer-normed 64-wide features of two towers multiplied
+    without a 1/sqrt(d) scale (values in the tens), float32 rounding alone above atol 1e-4."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.vision = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+        self.text = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.LayerNorm(64))
+
+    def forward(self, pixel_values, text_embeds):
+        # three steps, so float32 rounding accumulates as in a real encoder
+        v = self.vision(torch.tanh(pixel_values) @ pixel_values.transpose(-1, -2) @ pixel_values / 8)
+        return {"logits": (v @ self.text(text_embeds).transpose(-1, -2)) * 32}
+
+
+def _dot_product_case():
+    model = _UnscaledDotProduct().eval()
+    g = torch.Generator().manual_seed(1)
+    inputs = {
+        "pixel_values": torch.randn(3, 200, 64, generator=g) * 3,
+        "text_embeds": torch.randn(3, 65, 64, generator=g),
+    }
+    with torch.no_grad():
+        eager = model(**inputs)["logits"]
+        ref = copy.deepcopy(model).double()(**{k: v.double() for k, v in inputs.items()})["logits"]
+    return model, inputs, eager, ref
+
+
+def test_float32_rounding_above_atol_is_judged_against_a_float64_reference():
+    # a backend computing in another order lands as far from float64 as eager float32 does, but
+    # more than atol away from eager: the float64 reference passes it (issue 28: grounding-dino)
+    model, inputs, eager, ref = _dot_product_case()
+    own_error = float((eager.double() - ref).abs().max())
+    assert own_error > 2e-4  # eager float32 itself misses atol 1e-4 against float64
+    reordered = (ref - (eager.double() - ref)).float()  # the mirror image of eager's rounding
+    assert float((reordered - eager).abs().max()) > 1e-4
+    run = lambda kwargs: {"logits": reordered}  # noqa: E731
+    with pytest.raises(ExportValidationError, match="logits"):
+        validate_artifact(model, run, inputs, float64_reference=False)
+    (row,) = validate_artifact(model, run, inputs)
+    assert row.ok and row.float32_rounding == pytest.approx(own_error)
+    assert "float64 reference: eager float32 itself is" in format_table([row])
+    assert model.vision[0].weight.dtype == torch.float32  # the float64 run used a copy
+
+
+def test_an_export_error_above_float32_rounding_still_fails_against_float64():
+    model, inputs, eager, ref = _dot_product_case()
+    own_error = float((eager.double() - ref).abs().max())
+    wrong = eager.clone().reshape(-1)
+    where = int(eager.abs().reshape(-1).argmin())  # off where rtol gives no room
+    wrong[where] += 10 * own_error  # one element off by ten times eager's own rounding
+    wrong = wrong.reshape(eager.shape)
+    with pytest.raises(ExportValidationError, match=r"logits.*NO \(float64 reference"):
+        validate_artifact(model, lambda kwargs: {"logits": wrong}, inputs)
