@@ -87,6 +87,7 @@ def test_unbounded_user_dim_is_bounded_and_runs_beyond_the_sample(toy_projection
     assert exporter.last_report.applied["fx_program_fixes"] == [
         "hfexport_executorch.workarounds.fx_fixes.runtime_assertions_dropped_before_edge",
         "hfexport_executorch.workarounds.fx_fixes.bound_unbounded_dynamic_ranges",
+        "hfexport_executorch.workarounds.fx_fixes.sequence_bounds_from_input_guards",  # no chunk guard here
         "hfexport_executorch.workarounds.fx_fixes.complex_rotary_as_real_pairs",  # finds nothing complex here
     ]
     inputs = toy_inputs(batch=2, seq=1000, seed=3)

@@ -237,11 +237,14 @@ def _bounded_size(
 
 def _token_bound(program_axes: Sequence[Mapping[str, Any]] | None, members: Sequence[Node]) -> int | None:
     """The lowest upper end the program's axis outcomes give any of ``members`` (token sequence axes
-    that share one size) where it keeps them dynamic; ``None`` when none is bounded."""
+    that share one size) where the model, not the declared range, ends it (note ``"model-bounded"``:
+    a range ending at the declared ``Dim(max=...)`` is the user's and its end is a valid size);
+    ``None`` when none is."""
     highs = [
         int(e["max"])
         for e in program_axes or ()
         if e.get("status") == "dynamic"
+        and e.get("note") == "model-bounded"
         and e.get("max") is not None
         and (str(e.get("input")), int(e.get("axis", -1))) in set(members)
     ]
