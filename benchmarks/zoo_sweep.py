@@ -175,9 +175,10 @@ FAMILY_NOTES: dict[str, str] = {
     "(0x10: 32768 elements asked of a tensor planned for 1024, on the tiny model's 1x1 feature map; not "
     "bisected); lfm3_vl's image encoder reads each image's grid as values (`grid_thw.tolist()`), each read "
     "bounded at 4096, so a frame is planned at 4096^3 rows, beyond int32 (needs the patch count tied to the "
-    "grid at capture, or the one-grid encoder); inkling_mm_model's image encoder now lowers (tensors above 6 "
-    "dimensions stay portable) and converts on OpenVINO (a tensor returned twice becomes a copy), the language "
-    "model side on those two backends is not re-swept after the cache fix. "
+    "grid at capture, or the one-grid encoder); inkling_mm_model's image encoder lowers (tensors above 6 "
+    "dimensions stay portable) and its OpenVINO cell passes (a tensor returned twice becomes a copy), but on "
+    "ExecuTorch the image encoder is memory-planned at the sample's 32 patch rows and the second prompt's 48 "
+    "are refused (its patch axis is not tied to a growing bound). "
     "Types without a tiny model: transformers' own defaults leave the config incomplete (no vision config, no "
     "image token id) or the tower needs PIL and timm (timm wrappers: fast_vlm, gemma3n, perception_lm).",
 }
