@@ -665,7 +665,12 @@ def _print_validation(report: Any, component: str | None = None) -> None:
                 f"{mad:.3e}" if isinstance(mad, float) else str(mad),
                 f"{mrd:.3e}" if isinstance(mrd, float) else str(mrd),
                 f"{r['atol']:.0e}",
-                "[green]yes[/]" if r["ok"] else "[red]NO[/]",
+                ("[green]yes[/]" if r["ok"] else "[red]NO[/]")
+                + (
+                    f" (vs float64: eager itself {r['float32_rounding']:.1e} off)"
+                    if r.get("float32_rounding") is not None
+                    else ""
+                ),
             )
         console.print(table)
 

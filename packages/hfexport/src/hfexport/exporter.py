@@ -53,6 +53,7 @@ import torch
 from hfexport.config import ExportConfigMixin, QuantizationMethod
 from hfexport.environment import check_environment, format_problems, warn_drift_once
 from hfexport.report import ExportReport, Stage
+from hfexport.verify.compare import FLOAT64_REFERENCE_MAX_PARAMETERS
 
 if TYPE_CHECKING:
     from hfexport.generation.support import GenerationSupport
@@ -92,6 +93,11 @@ def _publish(staging: Path, target: Path) -> None:
     for item in [*files, staging / target.name]:
         if item.exists():
             os.replace(item, target.parent / item.name)
+
+
+def _parameter_count(model: Any) -> int:
+    """Elements of ``model``'s parameters (0 for anything that is not a module)."""
+    return sum(p.numel() for p in model.parameters()) if isinstance(model, torch.nn.Module) else 0
 
 
 def _release_weights(model: torch.nn.Module) -> None:
@@ -719,7 +725,10 @@ class HfExporter:
                         extra = self.extra_runners(artifact, staged)
                         if not keep_artifact:
                             artifact = None
-                            if release_model:
+                            # a model small enough for a float64 reference (at most 256 MB in float32)
+                            # keeps its weights until validation is done: judge_by_float64_reference
+                            # runs it again when a float32 output misses the default tolerances
+                            if release_model and _parameter_count(owner) > FLOAT64_REFERENCE_MAX_PARAMETERS:
                                 _release_weights(owner)
                             release_shape_env_caches()  # they pin the freed program's graphs
                             gc.collect()
