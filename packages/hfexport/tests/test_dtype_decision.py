@@ -213,3 +213,32 @@ def test_an_export_that_would_not_fit_is_refused_with_the_estimate_and_the_optio
     assert "the machine has 4.00 GB available" in message
     assert "--dtype float16 (half the weight bytes)" in message and "--no-validate" in message
     assert "--ignore-memory-estimate" in message
+
+
+@pytest.mark.parametrize(
+    "limit, kept", [(None, True), (0, False)], ids=["small-model-kept", "above-limit-released"]
+)
+def test_release_model_keeps_a_small_model_until_validation_for_the_float64_reference(
+    qwen3, tmp_path, monkeypatch, limit, kept
+):
+    # a model at most FLOAT64_REFERENCE_MAX_PARAMETERS large keeps its weights while the loaded artifact
+    # is validated, so judge_by_float64_reference can run it (the CLI's Grounding DINO export could not);
+    # a larger one is released before the artifact is loaded, as before (peak memory near the weights)
+    import hfexport.exporter as exporter_module
+
+    if limit is not None:
+        monkeypatch.setattr(exporter_module, "FLOAT64_REFERENCE_MAX_PARAMETERS", limit)
+    model, inputs = qwen3
+    seen: list[int] = []
+
+    class _Records(_Exporter):
+        def check_outputs(self, *args, **kwargs):
+            seen.append(sum(p.numel() for p in model.parameters()))
+            return super().check_outputs(*args, **kwargs)
+
+    report = _Records().export_to_path(
+        model, inputs, tmp_path / "model.pt2", DynamoConfig(), release_model=True
+    )
+    assert report.validation["sample"][0]["ok"]
+    assert seen and all((n > 0) is kept for n in seen)
+    assert all(p.numel() == 0 for p in model.parameters())  # released once the export is done either way
