@@ -44,11 +44,11 @@ def test_cli_exports_tiny_qwen3_to_a_pte_that_runs_past_the_sample_shape(tmp_pat
     assert 0.3 < delegation["delegated_share"] <= 1.0
     assert json.loads((out / "config.json").read_text())["model_type"] == "qwen3"
 
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     model, _ = tiny_model("qwen3")  # the same seeded weights the CLI exported
     inputs = make_inputs(model, batch_size=1, seq_len=100, seed=7)
-    method = Runtime.get().load_program(out / "model.pte").load_method("forward")
+    method = load_method(load_program(out / "model.pte"))
     logits = method.execute([inputs["input_ids"], inputs["attention_mask"]])[0]
     with torch.no_grad():
         expected = model(**inputs).logits

@@ -143,11 +143,12 @@ def test_edge_verifier_rejects_symbolic_min_without_the_patch():
 
 def test_symbolic_min_lowers_and_runs_with_the_patch():
     from executorch.exir import to_edge
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     with apply_patches("executorch"):
         manager = to_edge(_keep_last_program()).to_executorch()
-    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    method = load_method(load_program(manager.buffer))
     for seq in (1, 3, 4, 9, 64):
         x = torch.randn(3, seq, 12)
         (out,) = method.execute([x])
@@ -188,12 +189,12 @@ def test_xnnpack_conv1d_with_dynamic_batch_and_length_fails_without_the_patch():
 
 
 def test_conv1d_stays_portable_and_runs_with_the_patch():
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     edge = _lower_conv1d(patched=True)
     targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     assert any("convolution" in t for t in targets)  # not delegated
-    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    method = load_method(load_program(edge.to_executorch().buffer))
     model = ToyConv1d()
     for batch, length in ((1, 10), (3, 1234)):
         x = torch.randn(batch, length)
@@ -238,14 +239,14 @@ def test_xnnpack_unsqueeze_with_dynamic_batch_and_sequence_fails_without_the_pat
 
 
 def test_unsqueeze_stays_portable_and_runs_with_the_patch():
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     edge = _lower_rotary(patched=True)
     targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     assert any("unsqueeze" in t for t in targets)  # kept out of the delegate
     assert any("executorch_call_delegate" in t for t in targets)  # the linear still is delegated
     buffer = edge.to_executorch().buffer  # the loaded program reads this buffer: keep it alive
-    method = Runtime.get().load_program(buffer).load_method("forward")
+    method = load_method(load_program(buffer))
     model = ToyInterleavedRotary()
     for batch, seq in ((1, 1), (3, 17), (4, 64)):
         x = torch.randn(batch, seq, 8)
@@ -272,7 +273,8 @@ def _run_tanh_gelu(patched: bool) -> tuple[list[str], float]:
     """Lower ToyTanhGelu for XNNPACK (dynamic batch), run it; return (edge targets, max abs diff to eager)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     model = ToyTanhGelu()
     dims = {"hidden": {0: Dim("batch", min=1, max=64)}}
@@ -281,7 +283,7 @@ def _run_tanh_gelu(patched: bool) -> tuple[list[str], float]:
         edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     buffer = edge.to_executorch().buffer  # the loaded program reads this buffer: keep it alive
-    method = Runtime.get().load_program(buffer).load_method("forward")
+    method = load_method(load_program(buffer))
     x = torch.linspace(-1.5, 1.5, 64 * 8).reshape(64, 8)
     (out,) = method.execute([x])
     with torch.no_grad():
@@ -326,7 +328,8 @@ def _lower_router_max(patched: bool) -> tuple[list[str], float]:
     """Lower ToyRouterMax for XNNPACK, run it; return (edge targets, max abs diff to eager)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     model = ToyRouterMax()
     program = capture(model, {"hidden": torch.randn(2, 2, 3, 8)}, ExecutorchConfig())
@@ -334,7 +337,7 @@ def _lower_router_max(patched: bool) -> tuple[list[str], float]:
         edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
     buffer = edge.to_executorch().buffer
-    method = Runtime.get().load_program(buffer).load_method("forward")
+    method = load_method(load_program(buffer))
     x = torch.randn(2, 2, 3, 8, generator=torch.Generator().manual_seed(1))
     (out,) = method.execute([x])
     with torch.no_grad():
@@ -378,14 +381,15 @@ def _lower_sequence_prelu(patched: bool) -> tuple[list[str], float]:
     """Lower ToySequencePrelu for XNNPACK, run it; return (edge targets, max abs diff to eager)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     model = ToySequencePrelu().eval()
     program = capture(model, {"hidden": torch.randn(2, 5, 8)}, ExecutorchConfig())
     with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
         edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     targets = [str(n.target) for n in edge.exported_program().graph.nodes if n.op == "call_function"]
-    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    method = load_method(load_program(edge.to_executorch().buffer))
     x = torch.randn(2, 5, 8, generator=torch.Generator().manual_seed(1))
     (out,) = method.execute([x])
     with torch.no_grad():
@@ -424,7 +428,8 @@ def _lower_biased_softmax(patched: bool) -> float:
     """Lower ToyBiasedSoftmax for XNNPACK, run it; return the max abs diff to eager."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     model = ToyBiasedSoftmax().eval()
     gen = torch.Generator().manual_seed(1)
@@ -435,7 +440,7 @@ def _lower_biased_softmax(patched: bool) -> float:
     program = capture(model, inputs, ExecutorchConfig())
     with apply_patches("executorch.xnnpack") if patched else contextlib.nullcontext():
         edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-    method = Runtime.get().load_program(edge.to_executorch().buffer).load_method("forward")
+    method = load_method(load_program(edge.to_executorch().buffer))
     (out,) = method.execute(list(inputs.values()))
     with torch.no_grad():
         expected = model(**inputs)
@@ -816,11 +821,11 @@ def test_relative_shift_plans_a_quadratic_bound_without_the_patch():
 
 
 def test_relative_shift_plans_its_true_bound_and_runs_at_the_bound_with_the_patch():
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     manager, planned = _relative_shift_program(patched=True)
     assert _SHIFT_SCORES_BYTES <= planned <= 4 * _SHIFT_SCORES_BYTES
-    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    method = load_method(load_program(manager.buffer))
     for batch, seq in ((1, 2), (3, 9), (4, 512)):
         x = torch.randn(batch, seq, 4)
         (out,) = method.execute([x])
@@ -861,10 +866,10 @@ def test_stride_sort_guards_on_an_unbacked_frame_count_without_the_patch():
 
 
 def test_unbacked_frame_count_plans_and_matches_eager_with_the_patch():
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     manager = _frame_grid_manager(patched=True)  # the loaded program reads the manager's buffer
-    method = Runtime.get().load_program(manager.buffer).load_method("forward")
+    method = load_method(load_program(manager.buffer))
     for batch, seq, duration in ((2, 8, 2), (3, 20, 1), (1, 2, 32)):
         x, durations = torch.randn(batch, seq), torch.full((batch, seq), duration)
         (out,) = method.execute([x, durations])

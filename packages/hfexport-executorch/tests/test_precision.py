@@ -67,7 +67,8 @@ def test_upstream_canary_optimized_layer_norm_misreads_reduced_precision_rows_of
     right for a 255-wide half row and wrong from 256 on (its SIMD path). When this starts failing,
     upstream fixed the kernel: retire the fix (and re-measure the float16 MiniLM test)."""
     from executorch.exir import to_edge
-    from executorch.runtime import Runtime
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     torch.manual_seed(0)
     errors = {}
@@ -75,7 +76,7 @@ def test_upstream_canary_optimized_layer_norm_misreads_reduced_precision_rows_of
         norm = torch.nn.LayerNorm(width).to(dtype).eval()
         x = torch.randn(1, 4, width).to(dtype)
         program = to_edge(torch.export.export(norm, (x,))).to_executorch()
-        (got,) = Runtime.get().load_program(program.buffer).load_method("forward").execute([x])
+        (got,) = load_method(load_program(program.buffer)).execute([x])
         expected = torch.nn.functional.layer_norm(x.float(), (width,))
         errors[width] = (got.float() - expected).abs().max().item()
     assert errors[255] < 0.02, errors

@@ -106,7 +106,7 @@ def test_weight_only_linear_matches_the_dequantized_reference_in_the_runtime(bit
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    from hfexport_executorch.runtime import load_program
+    from hfexport_executorch.runtime import load_method, load_program
     from hfexport_executorch.weight_only import WeightOnlyLinear
 
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ def test_weight_only_linear_matches_the_dequantized_reference_in_the_runtime(bit
     (plan,) = program.executorch_program.execution_plan
     assert "quantized_decomposed::mixed_linear" in {o.name for o in plan.operators}
     assert len(program.buffer) < 64 * 96 * 4 * 0.5  # int8 weights, not float
-    method = load_program(program.buffer).load_method("forward")
+    method = load_method(load_program(program.buffer))
     for shape in ((2, 5, 64), (3, 7, 64)):
         x = torch.randn(shape)
         (got,) = method.execute([x])
@@ -141,9 +141,10 @@ def test_upstream_canary_xnnpack_weight_only_linear_drops_the_weight_scales(meth
     When this starts failing, upstream changed: re-measure IgLM-S and consider the delegated form."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    from executorch.runtime import Runtime
     from torchao.quantization import IntxWeightOnlyConfig, quantize_
     from torchao.quantization.granularity import PerAxis, PerGroup
+
+    from hfexport_executorch.runtime import load_method, load_program
 
     torch.manual_seed(0)
     quantized = torch.nn.Sequential(torch.nn.Linear(64, 32)).eval()
@@ -157,7 +158,7 @@ def test_upstream_canary_xnnpack_weight_only_linear_drops_the_weight_scales(meth
     program = to_edge_transform_and_lower(
         torch.export.export(quantized, (x,)), partitioner=[XnnpackPartitioner()]
     ).to_executorch()
-    (got,) = Runtime.get().load_program(program.buffer).load_method("forward").execute([x])
+    (got,) = load_method(load_program(program.buffer)).execute([x])
     weight = quantized[0].weight
     with torch.no_grad():
         expected = quantized(x)
@@ -486,7 +487,7 @@ def test_8da4w_mse_scales_are_positive_beat_hqq_and_amax_and_lower_to_xnnpack():
     from executorch.exir import to_edge_transform_and_lower
 
     from hfexport_executorch.quantize import mse_group_scales
-    from hfexport_executorch.runtime import load_program
+    from hfexport_executorch.runtime import load_method, load_program
 
     torch.manual_seed(0)
     weight = _heavy_tailed_weight(256, 128)
@@ -522,7 +523,7 @@ def test_8da4w_mse_scales_are_positive_beat_hqq_and_amax_and_lower_to_xnnpack():
     ).to_executorch()
     (plan,) = program.executorch_program.execution_plan
     assert not [o.name for o in plan.operators if "quantize" in o.name]  # all inside the delegate
-    (got,) = load_program(program.buffer).load_method("forward").execute([x])
+    (got,) = load_method(load_program(program.buffer)).execute([x])
     with torch.no_grad():
         expected = quantized(x)
     cosine = torch.nn.functional.cosine_similarity(got.flatten(0, 1), expected.flatten(0, 1), dim=-1)

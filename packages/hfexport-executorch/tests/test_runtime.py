@@ -181,3 +181,29 @@ def test_a_bound_the_memory_budget_narrowed_is_the_one_the_report_prints_and_the
     assert "ExecutorchConfig(max_dynamic_bytes=...)" in str(
         err.value
     ) and "ExecutorchConfig.dynamic_shapes" in str(err.value)
+
+
+def test_a_loaded_method_keeps_its_program_and_its_bytes_alive():
+    # ExecuTorch 1.4.1's Method holds no reference to its Program (which alone holds the .pte bytes):
+    # ``load_method(load_program(data))`` freed the program while the method pointed into it, and
+    # execute() then segfaulted now and then (a crashed xdist worker in CI). The method keeps it.
+    import gc
+    import weakref
+
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hfexport_executorch.runtime import load_method, load_program
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(2, 8)
+    buffer = to_edge_transform_and_lower(torch.export.export(model, (x,))).to_executorch().buffer
+    program = load_program(bytes(buffer))
+    alive = weakref.ref(program)
+    method = load_method(program)
+    del program, buffer
+    gc.collect()
+    assert alive() is not None
+    (got,) = method.execute([x])
+    with torch.no_grad():
+        assert (got - model(x)).abs().max().item() < 1e-6

@@ -20,14 +20,14 @@ def exported(toy_inputs, toy_projection_factory):
 
 
 def test_save_writes_a_loadable_program(exported, tmp_path, toy_inputs):
-    from executorch.runtime import Runtime
+    from hfexport_executorch.runtime import load_method, load_program
 
     model, exporter, program = exported
     path = exporter.artifact_path(tmp_path)
     assert path.name == "model.pte"
     exporter.save(program, path)
     assert path.read_bytes() == program.buffer
-    method = Runtime.get().load_program(str(path)).load_method("forward")
+    method = load_method(load_program(str(path)))
     inputs = toy_inputs(seed=7)
     (out,) = method.execute([inputs["input_ids"]])
     with torch.no_grad():

@@ -143,11 +143,20 @@ def load_method(program: Any, name: str = "forward") -> Any:
     thread pool, and ExecuTorch 1.4.1 then prints five ``[cpuinfo_utils.cpp:...]`` Info lines
     (``Failed to open midr file ...``, ``CPU info and manual query on # of cpus dont match.``) that
     no runtime setting silences (the level is fixed at build time; no upstream issue found).
-    ``None`` when the program has no such method."""
+    ``None`` when the program has no such method.
+
+    The returned method keeps ``program`` alive (as ``method._hfexport_program``): ExecuTorch
+    1.4.1's Python ``Method`` holds no reference to its ``Program``, which alone holds the ``.pte``
+    bytes, so ``Runtime.get().load_program(data).load_method(name)`` frees the program while the
+    method still points into it, and ``execute`` reads freed memory (an intermittent segmentation
+    fault; no upstream issue found)."""
     from hfexport.native_output import captured_stderr
 
     with captured_stderr("executorch"):
-        return program.load_method(name)
+        method = program.load_method(name)
+    if method is not None:
+        method._hfexport_program = program
+    return method
 
 
 def load_program(source: bytes | str | os.PathLike[str]) -> Any:
