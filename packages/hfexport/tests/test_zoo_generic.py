@@ -444,3 +444,28 @@ def test_question_answering_heads_have_two_labels_unless_overridden():
     assert model.config.num_labels == 2 and model.qa_outputs.out_features == 2
     with pytest.raises(ValueError, match="num_labels should be 2"):
         tiny_model("distilbert", "question-answering", num_labels=3)
+
+
+@pytest.mark.parametrize("model_type", ["mllama", "llava"])
+def test_sub_configurations_get_three_labels_without_a_transformers_warning(model_type):
+    """A sub-configuration's default two-label maps are dropped with its new count, so transformers
+    no longer warns "You passed `num_labels=3` which is incompatible to the `id2label` map of
+    length `2`" (printed twice on every ``tiny:mllama`` CLI load; fresh-user trial)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    source = logging.getLogger("transformers.configuration_utils")
+    handler = Keep(level=logging.WARNING)
+    source.addHandler(handler)
+    try:
+        config = shrunk_config(model_type)
+    finally:
+        source.removeHandler(handler)
+    assert [r.getMessage() for r in records if "num_labels" in r.getMessage()] == []
+    for sub in (config.vision_config, config.text_config):
+        assert sub.num_labels == 3 and sub.id2label == {0: "LABEL_0", 1: "LABEL_1", 2: "LABEL_2"}

@@ -222,7 +222,14 @@ def shrink_overrides(config: PretrainedConfig, remap: dict[int, int] | None = No
         # AmbiguousGlobalPerLayerAttributeError, which getattr's default does not catch)
         sub = getattr(config, key, None) if isinstance(value, Mapping) else None
         if isinstance(sub, PretrainedConfig):
-            out[key] = {**sub.to_dict(), **shrink_overrides(sub, remap)}
+            shrunk = shrink_overrides(sub, remap)
+            out[key] = {**sub.to_dict(), **shrunk}
+            if "num_labels" in shrunk:
+                # the sub-configuration's own label maps (two labels by default) would contradict the
+                # new count: transformers then warns "You passed `num_labels=3` which is incompatible
+                # to the `id2label` map of length `2`" on every build; it draws the maps from the count
+                out[key].pop("id2label", None)
+                out[key].pop("label2id", None)
             if key == "backbone_config":
                 out[key] = _tiny_backbone(sub, out[key])
             continue
