@@ -144,6 +144,32 @@ def _positions(limit: int) -> Callable[[Path], None]:
     return setup
 
 
+def _planned_bound(limit: int, source: str, budget: int = 2**30) -> Callable[[Path], None]:
+    """The generation folder's export_report.json says its prefill was memory-planned (ExecuTorch's
+    ``report.dynamic_bounds``) for prompts of at most ``limit`` tokens, set by ``source`` (checksums
+    rewritten)."""
+
+    def setup(tmp: Path) -> None:
+        from hfexport.integrity import write_checksums
+
+        axis = {"input": "input_ids", "axis": 1, "meaning": "sequence", "status": "dynamic", "min": 1}
+        note = "memory budget" if "memory budget" in source else ""
+        extra = {
+            "dynamic_axes": [{**axis, "max": limit, "note": note}],
+            "dynamic_bounds": {
+                "axes": [
+                    {"input": "input_ids", "axis": 1, "role": "sequence", "max": limit, "source": source}
+                ]
+            },
+            "memory_budget": {"budget_bytes": budget},
+        }
+        report = {"export_format": TOY, "component_reports": {"prefill": {"extra": extra}}}
+        (tmp / "gen" / "export_report.json").write_text(json.dumps(report))
+        write_checksums(tmp / "gen")
+
+    return setup
+
+
 def _lock(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
     """Make ``folder`` unwritable (mode 0555); root writes anyway, so for root the write probe of
     :mod:`hfexport.atomic` fails there as it would for anyone else."""
@@ -660,6 +686,38 @@ ROWS: list[Row] = [
         setup=_positions(6),
         loads=True,
         toy_format=True,
+    ),
+    Row(  # fresh-user trial: "stopping at 1 new tokens"
+        "generate_one_new_token_left_by_the_positions",
+        _generate("--input-ids", "1,2", "--max-new-tokens", "5"),
+        0,
+        r"note: --max-new-tokens 5 would exceed the model's maximum of 3 positions "
+        r"\(config\.max_position_embeddings=3, prompt 2 tokens\); stopping at 1 new token \(",
+        setup=_positions(3),
+        loads=True,
+        toy_format=True,
+    ),
+    Row(  # fresh-user trial: an ExecuTorch prompt above its memory plan was refused after loading (exit 1)
+        "generate_prompt_above_the_memory_planned_bound",
+        _generate("--input-ids", "1,2,3,4,5"),
+        2,
+        r"Invalid value for --input-ids: the prompt has 5 tokens, above the 4 tokens this ExecuTorch program "
+        r"was memory-planned for \(narrowed by the memory budget of 1 GiB\); export again with a larger "
+        r"budget: `hfexport export executorch --max-dynamic-bytes 4GiB \.\.\.`",
+        setup=_planned_bound(
+            4,
+            "default sequence bound (the config declares no maximum positions), narrowed by "
+            "the memory budget",
+        ),
+    ),
+    Row(
+        "generate_prompt_above_the_guard_bounded_plan",
+        _generate("--input-ids", "1,2,3,4,5"),
+        2,
+        r"Invalid value for --input-ids: the prompt has 5 tokens, above the 4 tokens this ExecuTorch program "
+        r"was memory-planned for \(model-bounded: the capture's input guards accept no longer prompt\); pass "
+        r"a prompt of at most 4 tokens",
+        setup=_planned_bound(4, "user; narrowed to the input guards by sequence_bounds_from_input_guards"),
     ),
     # -- generate: failures while loading (exit 1, "generate failed") -----------------------------
     Row(

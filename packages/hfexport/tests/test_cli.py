@@ -319,9 +319,60 @@ def test_the_export_console_names_a_prompt_length_the_memory_budget_narrowed():
         [encoder]
     ) and "(e.g. 8GiB)" in _sequence_limit_line([encoder])
     assert "a larger --max-dynamic-bytes (e.g. 4GiB)" in line
-    # a bound the model declares (its positions) is not the budget's: nothing printed
-    assert _sequence_limit_line([report(("sequence", 512, "")), encoder]) is None
-    assert (
-        _sequence_limit_line([decode]) is None
-        and _sequence_limit_line([SimpleNamespace(dynamic_axes=None)]) is None
+    # no bounded sequence axis: nothing printed
+    assert _sequence_limit_line([report(("sequence", None, ""))]) is None
+    assert _sequence_limit_line([SimpleNamespace(dynamic_axes=None)]) is None
+
+
+def test_the_export_console_names_every_prompt_bound_and_its_source():
+    # fresh-user trial: the line was printed only for a bound the memory budget narrowed; tiny llama's
+    # ExecuTorch prefill (planned at its 512 positions) and mllama's (9 tokens, from the capture's guards)
+    # said nothing. The source comes from ExecuTorch's report.dynamic_bounds, else the axis note.
+    from types import SimpleNamespace
+
+    from hfexport.cli import _sequence_limit_line
+
+    def component(limit, source=None, note=""):
+        axes = [
+            {
+                "input": "input_ids",
+                "axis": 1,
+                "meaning": "sequence",
+                "status": "dynamic",
+                "max": limit,
+                "note": note,
+            }
+        ]
+        bounds = (
+            {"axes": [{"input": "input_ids", "axis": 1, "max": limit, "source": source}]} if source else None
+        )
+        return SimpleNamespace(dynamic_axes=axes, dynamic_bounds=bounds, extra={})
+
+    llama = [component(512, "config.max_position_embeddings"), component(512, "user")]
+    assert _sequence_limit_line(llama) == (
+        "[bold]prompt length[/] up to 512 tokens (config.max_position_embeddings): the model's maximum "
+        "positions; a longer prompt is refused at run time"
+    )
+    mllama = [
+        component(
+            9, "user; narrowed to the input guards by sequence_bounds_from_input_guards", "model-bounded"
+        ),
+        component(512, "user"),
+    ]
+    assert _sequence_limit_line(mllama) == (
+        "[bold]prompt length[/] up to 9 tokens (model-bounded): the capture's input guards bound it; a longer "
+        "prompt is refused at run time"
+    )
+    t5 = [component(4096, "default sequence bound (the config declares no maximum positions)")]
+    assert _sequence_limit_line(t5).startswith(
+        "[bold]prompt length[/] up to 4096 tokens (default bound: the config declares no maximum positions); "
+        "a longer one needs ExecutorchConfig(dynamic_shapes=...) with a larger Dim(max=...)"
+    )
+    # another backend's recorded range (no memory plan): named, not said to be refused
+    assert _sequence_limit_line([component(9, note="model-bounded")]) == (
+        "[bold]prompt length[/] up to 9 tokens (model-bounded): the capture's input guards bound it"
+    )
+    assert _sequence_limit_line([component(1, "config.n_positions")], generation=False) == (
+        "[bold]sequence length[/] up to 1 token (config.n_positions): the model's maximum positions; a longer "
+        "sequence is refused at run time"
     )

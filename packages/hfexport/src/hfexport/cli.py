@@ -576,13 +576,18 @@ def _print_quality(label: str, rows: list[dict[str, Any]], gates: dict[str, Any]
     console.print(table)
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun`` in the grammatical number ``n`` takes: ``"1 new token"``, ``"3 new tokens"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def _print_text_quality(label: str, row: dict[str, Any]) -> None:
     """The language-model metrics on the shipped text (:class:`hfexport.quality.TextQuality`)."""
     from hfexport.quality import TEXT_METRICS
 
     title = (
-        f"quality vs fp32 eager: {label} ({row['tokens']} positions of hfexport.quality.quality_text, "
-        f"{row['chunks']} prefill(s) of <= {row['chunk_length']}, {row['tokenizer']}; perplexity eager "
+        f"quality vs fp32 eager: {label} ({_count(row['tokens'], 'position')} of hfexport.quality.quality_text, "
+        f"{_count(row['chunks'], 'prefill')} of <= {row['chunk_length']}, {row['tokenizer']}; perplexity eager "
         f"{float(row['perplexity_eager']):.3f}, artifact {float(row['perplexity_artifact']):.3f})"
     )
     table = Table(title=title)
@@ -605,38 +610,197 @@ def _print_text_quality(label: str, row: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _sequence_limit_line(reports: list[Any]) -> str | None:
-    """The console line of the longest sequence an export takes when a memory budget set it, e.g.
-    ``"prompt length up to 1024 tokens (memory budget) ..."``; ``None`` otherwise.
+#: what can set a sequence bound (:func:`_bound_source`), in the order the console and ``generate``
+#: name them when bounds of several sources tie
+_BOUND_SOURCES = ("memory budget", "model-bounded", "config", "default", "dim", "capture")
 
-    The limit is the smallest upper bound of the ``sequence`` axes (``input_ids``,
-    ``attention_mask`` ...) over ``reports`` (one per component of a generation export); it is
-    printed when that bound is one the memory budget narrowed (``report.dynamic_axes`` note
-    :data:`hfexport.program_axes.MEMORY_BUDGET_NOTE`), with the option that raises it.
-    """
+
+def _bound_source(entry: dict[str, Any], planned: dict[str, Any] | None) -> str:
+    """Which of :data:`_BOUND_SOURCES` set ``entry`` (a ``report.dynamic_axes`` entry), from its note
+    and, for an ExecuTorch program, the ``source`` of its ``report.dynamic_bounds`` entry
+    (``planned``): ``"config.max_position_embeddings"``, ``"user"``, ``"default sequence bound ..."``,
+    ``"...; narrowed to the input guards ..."``, ``"..., narrowed by the memory budget"``."""
     from hfexport.program_axes import MEMORY_BUDGET_NOTE
 
-    axes = [
-        e
-        for r in reports
-        for e in (getattr(r, "dynamic_axes", None) or [])
-        if e.get("meaning") == "sequence" and e.get("status") == "dynamic" and isinstance(e.get("max"), int)
-    ]
-    if not axes:
+    source = str((planned or {}).get("source") or "")
+    if entry.get("note") == MEMORY_BUDGET_NOTE or "memory budget" in source:
+        return "memory budget"
+    if entry.get("note") == "model-bounded" or "input guards" in source:
+        return "model-bounded"
+    if source.startswith("config."):
+        return "config"
+    if source.startswith("default"):
+        return "default"
+    if source.startswith("user"):
+        return "dim"
+    return "capture"
+
+
+def _prompt_bound(components: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The longest prompt an export was planned for, and what set that bound.
+
+    Args:
+        components: one mapping per exported component (a generation export's ``prefill``,
+            ``decode`` ...) with its report's typed facts, as ``export_report.json`` keeps them in
+            each report's ``extra``: ``dynamic_axes`` (the program's input ranges, ExecuTorch's
+            planned bounds with the note ``"memory budget"`` where the budget narrowed one),
+            ``dynamic_bounds`` (ExecuTorch only: the planned bound of each axis and its
+            ``source``) and ``memory_budget`` (its ``budget_bytes``).
+
+    Returns:
+        ``None`` when no dynamic ``sequence`` axis has a finite upper bound, else a dict:
+        ``limit`` (int, the smallest such bound over the components), ``source`` (one of
+        :data:`_BOUND_SOURCES`), ``config_name`` (``"config.max_position_embeddings"`` for a
+        ``"config"`` source, else ``""``), ``planned`` (``True`` when the bound is an ExecuTorch
+        memory plan, which the runner enforces) and ``budget_bytes`` (int or ``None``).
+    """
+    found: list[tuple[int, str, str, bool]] = []
+    budgets: list[int] = []
+    for facts in components:
+        budget = (facts.get("memory_budget") or {}).get("budget_bytes")
+        if isinstance(budget, int):
+            budgets.append(budget)
+        bounds = facts.get("dynamic_bounds") or {}
+        planned = {(a.get("input"), a.get("axis")): a for a in bounds.get("axes", []) if isinstance(a, dict)}
+        for entry in facts.get("dynamic_axes") or []:
+            if (
+                entry.get("meaning") != "sequence"
+                or entry.get("status") != "dynamic"
+                or not isinstance(entry.get("max"), int)
+            ):
+                continue
+            plan = planned.get((entry.get("input"), entry.get("axis")))
+            source = _bound_source(entry, plan)
+            name = str(plan.get("source")) if plan and source == "config" else ""
+            found.append((int(entry["max"]), source, name, bool(bounds)))
+    if not found:
         return None
-    limit = min(int(e["max"]) for e in axes)
-    if not any(e.get("note") == MEMORY_BUDGET_NOTE and int(e["max"]) == limit for e in axes):
+    limit = min(f[0] for f in found)
+    at_limit = sorted((f for f in found if f[0] == limit), key=lambda f: _BOUND_SOURCES.index(f[1]))
+    _, source, name, planned_bound = at_limit[0]
+    return {
+        "limit": limit,
+        "source": source,
+        "config_name": name,
+        "planned": planned_bound,
+        "budget_bytes": max(budgets) if budgets else None,
+    }
+
+
+def _bound_facts(report: Any) -> dict[str, Any]:
+    """The facts :func:`_prompt_bound` reads, from an in-memory ``ExportReport``."""
+    return {
+        "dynamic_axes": getattr(report, "dynamic_axes", None),
+        "dynamic_bounds": getattr(report, "dynamic_bounds", None),
+        "memory_budget": (getattr(report, "extra", None) or {}).get("memory_budget"),
+    }
+
+
+def _larger_budget(budget: int | None) -> str:
+    """A ``--max-dynamic-bytes`` value above ``budget`` (the default budget is 1 GiB): ``"4GiB"``."""
+    return f"{max(4, 2 * budget / 2**30) if budget else 4:g}GiB"
+
+
+def _sequence_limit_line(reports: list[Any], generation: bool = True) -> str | None:
+    """The console line of the longest prompt (``generation``) or sequence an export takes and what
+    set that bound, e.g. ``"prompt length up to 1024 tokens (memory budget) ..."``,
+    ``"prompt length up to 512 tokens (config.max_position_embeddings) ..."``; ``None`` when no
+    sequence axis of ``reports`` (one per component of a generation export) has a finite bound.
+
+    The bound is :func:`_prompt_bound`'s; the line names its source (the memory budget, with the
+    option that raises it; the model's positions; the captured program's input guards; hfexport's
+    default bound; the export's ``Dim``) and, for an ExecuTorch memory plan, that a longer prompt is
+    refused.
+    """
+    bound = _prompt_bound([_bound_facts(r) for r in reports])
+    if bound is None:
         return None
-    budgets = [
-        (getattr(r, "extra", None) or {}).get("memory_budget", {}).get("budget_bytes") for r in reports
-    ]
-    budget = max((b for b in budgets if isinstance(b, int)), default=None)
-    size = f"{budget / 2**30:g} GiB" if budget else "the default"
-    larger = max(4, 2 * budget / 2**30) if budget else 4  # the default budget is 1 GiB
-    return (
-        f"[bold]prompt length[/] up to {limit} tokens ({MEMORY_BUDGET_NOTE}): the activations planned for a "
-        f"longer sequence exceed the budget ({size}); a longer prompt is refused at run time. Export with "
-        f"a larger --max-dynamic-bytes (e.g. {larger:g}GiB) for longer prompts"
+    limit, source = bound["limit"], bound["source"]
+    what = "prompt length" if generation else "sequence length"
+    head = f"[bold]{what}[/] up to {_count(limit, 'token')}"
+    refused = (
+        "a longer prompt is refused at run time" if generation else "a longer sequence is refused at run time"
+    )
+    if source == "memory budget":
+        from hfexport.program_axes import MEMORY_BUDGET_NOTE
+
+        budget = bound["budget_bytes"]
+        size = f"{budget / 2**30:g} GiB" if budget else "the default"
+        return (
+            f"{head} ({MEMORY_BUDGET_NOTE}): the activations planned for a longer sequence exceed the budget "
+            f"({size}); {refused}. Export with a larger --max-dynamic-bytes (e.g. {_larger_budget(budget)}) for "
+            "longer prompts"
+        )
+    if source == "config":
+        text = f"{head} ({bound['config_name']}): the model's maximum positions"
+    elif source == "model-bounded":
+        text = f"{head} (model-bounded): the capture's input guards bound it"
+    elif source == "default":
+        text = (
+            f"{head} (default bound: the config declares no maximum positions); a longer one needs "
+            "ExecutorchConfig(dynamic_shapes=...) with a larger Dim(max=...)"
+        )
+    elif source == "dim":
+        text = f"{head} (the Dim(max=...) of the export's dynamic_shapes)"
+    else:
+        text = f"{head} (the captured program's range)"
+    return f"{text}; {refused}" if bound["planned"] else text
+
+
+def _check_prompt_bound(output_dir: Path, prompt_length: int, option: str) -> None:
+    """Refuse, before any program is loaded, a prompt longer than an ExecuTorch export was
+    memory-planned for (:func:`_prompt_bound` over ``export_report.json``'s component reports; the
+    runner would refuse it only after loading the programs).
+
+    Only planned bounds (``report.dynamic_bounds``, which the ExecuTorch runner enforces) are
+    checked: another backend's recorded range may be narrower than what its program runs. A folder
+    without a readable report is left to the loader.
+
+    Raises:
+        typer.BadParameter: ``prompt_length`` exceeds the bound; the message names the bound, what set
+            it and how to export for longer prompts.
+    """
+    from hfexport.folder import REPORT_NAME, ExportFolderError, read_json_object
+
+    try:
+        record = read_json_object(output_dir / REPORT_NAME)
+    except ExportFolderError:
+        return
+    reports = record.get("component_reports")
+    if not isinstance(reports, dict) or not reports:
+        reports = {"model": record.get("report")}
+    facts = [r.get("extra") or {} for r in reports.values() if isinstance(r, dict)]
+    bound = _prompt_bound([f for f in facts if isinstance(f, dict)])
+    if bound is None or not bound["planned"] or prompt_length <= bound["limit"]:
+        return
+    limit, source = bound["limit"], bound["source"]
+    if source == "memory budget":
+        budget = bound["budget_bytes"]
+        size = f"{budget / 2**30:g} GiB" if budget else "the default 1 GiB"
+        why = f"narrowed by the memory budget of {size}"
+        remedy = (
+            f"export again with a larger budget: `hfexport export executorch --max-dynamic-bytes "
+            f"{_larger_budget(budget)} ...` (ExecutorchConfig(max_dynamic_bytes=...) in Python)"
+        )
+    elif source == "model-bounded":
+        why = "model-bounded: the capture's input guards accept no longer prompt"
+        remedy = f"pass a prompt of at most {_count(limit, 'token')}"
+    elif source == "config":
+        why = f"the model's maximum positions, {bound['config_name']}"
+        remedy = f"pass a prompt of at most {_count(limit, 'token')}"
+    else:
+        why = {
+            "default": "hfexport's default bound: the config declares no maximum positions",
+            "dim": "the Dim(max=...) of the export's dynamic_shapes",
+        }.get(source, "the captured program's range")
+        remedy = (
+            "export again with a larger Dim(max=...) in ExecutorchConfig.dynamic_shapes (Python), or a "
+            f"prompt of at most {_count(limit, 'token')}"
+        )
+    raise typer.BadParameter(
+        f"the prompt has {_count(prompt_length, 'token')}, above the {_count(limit, 'token')} this ExecuTorch program was "
+        f"memory-planned for ({why}); {remedy}",
+        param_hint=option,
     )
 
 
@@ -932,7 +1096,7 @@ def export_command(
             for line in r.dynamic_axes_summary or []:
                 if "(model-" in line or f"({MEMORY_BUDGET_NOTE})" in line:
                     console.print(f"[bold]dynamic axes[/]: {where}{line}")
-        limit = _sequence_limit_line(reports)
+        limit = _sequence_limit_line(reports, generation=bool(component_files))
         if limit:
             console.print(limit)
         for r in reports:
@@ -1206,10 +1370,10 @@ def _greedy_parity_line(record: dict[str, Any]) -> str:
         return f"{head}: could not run ({record['error']})"
     total = record.get("new_tokens")
     if record.get("tokens_equal"):
-        return f"{head}: tokens equal ({total} of {total} new tokens)"
+        return f"{head}: tokens equal ({total} of {_count(total, 'new token')})"
     where = record.get("first_divergence")
     agreement = record.get("top1_agreement")
-    text = f"{head}: tokens differ; {record.get('matching_prefix')} of {total} new tokens equal"
+    text = f"{head}: tokens differ; {record.get('matching_prefix')} of {_count(total, 'new token')} equal"
     if where:
         text += f", first divergence at new token {where[1]} (row {where[0]})"
     if agreement is not None:
@@ -1409,15 +1573,17 @@ def _fit_new_tokens(
     room = most - used
     if room < 1:
         raise typer.BadParameter(
-            f"the prompt has {prompt_length} tokens, which leaves no room: the exported model holds at most "
-            f"{most} positions ({source}={most}); allowed: a prompt of at most {most - 1} tokens",
+            f"the prompt has {_count(prompt_length, 'token')}, which leaves no room: the exported model holds at "
+            f"most {_count(most, 'position')} ({source}={most}); allowed: a prompt of at most "
+            f"{_count(most - 1, 'token')}",
             param_hint=option,
         )
     if max_new_tokens > room:
+        prompt_note = "" if decoder else f", prompt {_count(prompt_length, 'token')}"
         err_console.print(
-            f"note: --max-new-tokens {max_new_tokens} would exceed the model's maximum of {most} positions "
-            f"({source}={most}{'' if decoder else f', prompt {prompt_length} tokens'}); stopping at {room} new "
-            "tokens (model.generate warns at the same limit)",
+            f"note: --max-new-tokens {max_new_tokens} would exceed the model's maximum of "
+            f"{_count(most, 'position')} ({source}={most}{prompt_note}); stopping at "
+            f"{_count(room, 'new token')} (model.generate warns at the same limit)",
             highlight=False,
         )
         return room
@@ -1509,6 +1675,7 @@ def generate_command(
         max_new_tokens = _fit_new_tokens(
             len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--input-ids"
         )
+        _check_prompt_bound(output_dir, len(ids), "--input-ids")
 
     from hfexport.cli_logging import restore_cli_logging, setup_cli_logging
 
@@ -1524,6 +1691,7 @@ def generate_command(
             max_new_tokens = _fit_new_tokens(
                 len(ids), max_new_tokens, _position_limit(output_dir, manifest), "--prompt"
             )
+            _check_prompt_bound(output_dir, len(ids), "--prompt")
         from hfexport.generation import generate_from_dir
 
         tokens = generate_from_dir(output_dir, ids, max_new_tokens=max_new_tokens, **extra)
