@@ -170,6 +170,22 @@ def _planned_bound(limit: int, source: str, budget: int = 2**30) -> Callable[[Pa
     return setup
 
 
+def _batch2_inputs(tmp: Path) -> None:
+    """An ``--inputs`` file of a batch-2 ``cross_attention_mask`` (mllama's, for two prompts), and a
+    generation plan whose prefill takes that input from the prompt (as mllama's does)."""
+    import torch
+    from safetensors.torch import save_file
+
+    def takes_the_mask(manifest: dict[str, Any]) -> dict[str, Any]:
+        step = {"cross_attention_mask": {"from": "prompt", "key": "cross_attention_mask"}}
+        return {**manifest, "plan": {**manifest["plan"], "step_inputs": {"prefill": step}}}
+
+    _edit_manifest(takes_the_mask)(tmp)
+    save_file(
+        {"cross_attention_mask": torch.ones(2, 3, 1, 4, dtype=torch.int64)}, str(tmp / "batch2.safetensors")
+    )
+
+
 def _lock(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
     """Make ``folder`` unwritable (mode 0555); root writes anyway, so for root the write probe of
     :mod:`hfexport.atomic` fails there as it would for anyone else."""
@@ -718,6 +734,14 @@ ROWS: list[Row] = [
         r"was memory-planned for \(model-bounded: the capture's input guards accept no longer prompt\); pass "
         r"a prompt of at most 4 tokens",
         setup=_planned_bound(4, "user; narrowed to the input guards by sequence_bounds_from_input_guards"),
+    ),
+    Row(  # fresh-user trial: a batch-2 file with a batch-1 prompt failed in the program on the image sides
+        "generate_inputs_of_another_batch",
+        _generate("--input-ids", "1,2,3", "--inputs", "{tmp}/batch2.safetensors"),
+        2,
+        r"Invalid value for --inputs: .*batch2\.safetensors holds tensors for another batch: the prompt has batch 1 "
+        r"\(dim 0 of input_ids\) but cross_attention_mask \[2, 3, 1, 4\] has another batch on dim 0",
+        setup=_batch2_inputs,
     ),
     # -- generate: failures while loading (exit 1, "generate failed") -----------------------------
     Row(

@@ -222,6 +222,27 @@ def test_a_missing_step_input_is_a_value_error_naming_the_input_the_step_and_how
     assert out.tolist() == [[3, 4, 5, 5]] and prefill.calls[0]["image_embeds"].shape == (1, 2, 4)
 
 
+def test_a_token_aligned_input_of_another_batch_is_refused_before_any_component_runs() -> None:
+    # fresh-user trial: a batch-2 mllama file with a batch-1 prompt failed inside the programs (a guard on
+    # the image sides, ExecuTorch error 0x12); pixel_values may count images (LLaVA), so it is not checked
+    plan = _image_input_plan()
+    prefill = Scripted([[5, 6]])
+    image_encoder = Scripted([[0]])
+    runner = GenerationRunner(plan, {"image_encoder": image_encoder, "prefill": prefill, "decode": prefill})
+    with pytest.raises(
+        ValueError,
+        match=r"^the prompt has batch 1 \(dim 0 of input_ids\) but image_embeds_position_mask \[2, 3\] has another "
+        r"batch on dim 0; give these inputs for the same prompt \(e\.g\. tensor\[:1\]",
+    ):
+        runner.generate(
+            torch.tensor([[3, 4, 5]]),
+            max_new_tokens=1,
+            pixel_values=torch.zeros(2, 3, 4, 4),
+            image_embeds_position_mask=torch.ones(2, 3),
+        )
+    assert prefill.calls == [] and image_encoder.calls == []
+
+
 @pytest.mark.parametrize(
     ("prompt_edit", "short", "shortest", "why"),
     [

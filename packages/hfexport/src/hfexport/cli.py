@@ -1628,8 +1628,9 @@ def generate_command(
             metavar="FILE.safetensors",
             help="Other generate inputs as named tensors (pixel_values, image_grid_thw, image_sizes, Kosmos-2's "
             "image_embeds_position_mask ...), e.g. an image processor's output saved with "
-            "safetensors.torch.save_file; batch 1. A name no exported component takes is a usage error "
-            "listing those they take.",
+            "safetensors.torch.save_file; batch 1 (a token-aligned tensor such as cross_attention_mask of "
+            "another batch is a usage error). A name no exported component takes is a usage error listing "
+            "those they take.",
         ),
     ] = None,
     verbose: Annotated[
@@ -1654,6 +1655,15 @@ def generate_command(
     manifest = _generation_folder(output_dir)
     extra = _generate_inputs(inputs_file)
     _check_input_keys(inputs_file, extra, manifest)
+    if extra:
+        from hfexport.generation.runner import check_input_batch
+
+        try:
+            check_input_batch(1, extra)  # the command line gives one prompt
+        except ValueError as exc:
+            raise typer.BadParameter(
+                f"{inputs_file} holds tensors for another batch: {exc}", param_hint="--inputs"
+            ) from None
     vocab_size = _vocab_size(output_dir, manifest)
     has_tokenizer = any((output_dir / n).exists() for n in ("tokenizer.json", "tokenizer_config.json"))
     ids: list[int] = []

@@ -33,6 +33,7 @@ __all__ = [
     "ShapeGuardError",
     "accepted_input_keys",
     "callers_from_exporter",
+    "check_input_batch",
     "check_input_keys",
     "exported_program_caller",
     "how_to_pass",
@@ -138,6 +139,55 @@ def check_input_keys(plan: GenerationPlan, inputs: Mapping[str, Any]) -> None:
             f"no exported component of this {plan.model_class} takes the input(s) {unknown}; the components "
             f"take: {takes}. Leave the others out (with `hfexport generate --inputs FILE.safetensors`: out of "
             "the file)"
+        )
+
+
+#: ``**inputs`` of :meth:`GenerationRunner.generate` whose axis 0 is the prompt batch whatever the
+#: model: the token-aligned ones (mllama's ``cross_attention_mask``, IDEFICS' ``image_attention_mask``,
+#: Kosmos-2's ``image_embeds_position_mask``, ``mm_token_type_ids``, ``token_type_ids``, a decoder
+#: prompt) and mllama's per-prompt image layout (``aspect_ratio_ids``, ``aspect_ratio_mask``).
+#: ``pixel_values`` is not among them: LLaVA's axis 0 counts the images, which one prompt may hold
+#: several of.
+PROMPT_BATCH_INPUTS = (
+    "cross_attention_mask",
+    "image_attention_mask",
+    "image_embeds_position_mask",
+    "mm_token_type_ids",
+    "token_type_ids",
+    "decoder_input_ids",
+    "decoder_attention_mask",
+    "aspect_ratio_ids",
+    "aspect_ratio_mask",
+)
+
+
+def check_input_batch(batch: int, inputs: Mapping[str, Any]) -> None:
+    """Refuse ``**inputs`` of :meth:`GenerationRunner.generate` made for another number of prompts.
+
+    Before this check a batch-2 ``cross_attention_mask`` with a batch-1 prompt (mllama) failed
+    inside an exported program, with a shape guard about the image sides (dynamo) or an ExecuTorch
+    error code, after the components were loaded.
+
+    Args:
+        batch: the prompt's batch size (dim 0 of ``input_ids``).
+        inputs: the other generate inputs; those of :data:`PROMPT_BATCH_INPUTS` that are tensors of
+            at least one dimension are checked.
+
+    Raises:
+        ValueError: such an input's dim 0 differs from ``batch``; the message names the input, its
+            shape and the prompt's batch.
+    """
+    wrong = [
+        (key, tuple(value.shape))
+        for key in PROMPT_BATCH_INPUTS
+        if isinstance(value := inputs.get(key), torch.Tensor) and value.dim() >= 1 and value.shape[0] != batch
+    ]
+    if wrong:
+        listed = ", ".join(f"{key} {list(shape)}" for key, shape in wrong)
+        raise ValueError(
+            f"the prompt has batch {batch} (dim 0 of input_ids) but {listed} "
+            f"{'has' if len(wrong) == 1 else 'have'} another batch on dim 0; give these inputs for the same "
+            f"{'prompt' if batch == 1 else f'{batch} prompts'} (e.g. tensor[:{batch}] of a processor's batch)"
         )
 
 
@@ -375,6 +425,8 @@ class GenerationRunner:
             ValueError: ``max_new_tokens < 1``; a static cache too short for the prompt plus
                 ``max_new_tokens``; a mask whose shape differs from ``input_ids``; no
                 ``input_ids`` for a plan other than an encoder-decoder's.
+            ValueError: an input of :data:`PROMPT_BATCH_INPUTS` has another batch than the prompt
+                (:func:`check_input_batch`).
             ValueError: a component needs an input that was not given, named with the component and
                 how to pass it (a component given none of its prompt inputs is left out instead: a
                 text-only prompt of a vision-language model); a key of ``inputs`` that no component
@@ -392,6 +444,7 @@ class GenerationRunner:
             ids = torch.as_tensor(input_ids, dtype=torch.int64)
         if ids.dim() == 1:
             ids = ids[None]
+        check_input_batch(int(ids.shape[0]), inputs)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         mask = (
