@@ -372,7 +372,27 @@ def test_the_export_console_names_every_prompt_bound_and_its_source():
     assert _sequence_limit_line([component(9, note="model-bounded")]) == (
         "[bold]prompt length[/] up to 9 tokens (model-bounded): the capture's input guards bound it"
     )
+    # ONNX MiniLM (README): the capture's range ends at the model's positions, named from config.json
+    positions = {512: "config.max_position_embeddings"}
+    assert _sequence_limit_line([component(512)], generation=False, positions=positions) == (
+        "[bold]sequence length[/] up to 512 tokens (config.max_position_embeddings): the model's maximum positions"
+    )
+    assert _sequence_limit_line([component(512)], generation=False) == (
+        "[bold]sequence length[/] up to 512 tokens (the captured program's range)"
+    )
     assert _sequence_limit_line([component(1, "config.n_positions")], generation=False) == (
         "[bold]sequence length[/] up to 1 token (config.n_positions): the model's maximum positions; a longer "
         "sequence is refused at run time"
     )
+
+
+def test_config_positions_names_every_maximum_position_attribute(tmp_path):
+    from hfexport.cli import _config_positions
+
+    assert _config_positions(tmp_path) == {}  # no config.json
+    config = {"max_position_embeddings": 512, "text_config": {"max_position_embeddings": 128}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert _config_positions(tmp_path) == {
+        512: "config.max_position_embeddings",
+        128: "config.text_config.max_position_embeddings",
+    }

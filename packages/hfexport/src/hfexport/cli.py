@@ -701,11 +701,43 @@ def _larger_budget(budget: int | None) -> str:
     return f"{max(4, 2 * budget / 2**30) if budget else 4:g}GiB"
 
 
-def _sequence_limit_line(reports: list[Any], generation: bool = True) -> str | None:
+def _config_positions(output_dir: Path) -> dict[int, str]:
+    """``{value: "config.<attribute>"}`` of the maximum-position attributes the folder's
+    ``config.json`` declares (``max_position_embeddings``, ``n_positions``, ``max_target_positions``
+    ...; also in its ``text_config`` / ``decoder``, e.g. ``"config.text_config.max_position_embeddings"``);
+    ``{}`` when there is no readable config."""
+    from hfexport.conventions.config_lookups import DECODER_POSITION_ATTRIBUTES, ENCODER_POSITION_ATTRIBUTES
+
+    try:
+        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    found: dict[int, str] = {}
+    if not isinstance(config, dict):
+        return found
+    for holder, prefix in (
+        (config, "config"),
+        (config.get("text_config"), "config.text_config"),
+        (config.get("decoder"), "config.decoder"),
+    ):
+        if not isinstance(holder, dict):
+            continue
+        for name in (*ENCODER_POSITION_ATTRIBUTES, *DECODER_POSITION_ATTRIBUTES):
+            value = holder.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                found.setdefault(value, f"{prefix}.{name}")
+    return found
+
+
+def _sequence_limit_line(
+    reports: list[Any], generation: bool = True, positions: dict[int, str] | None = None
+) -> str | None:
     """The console line of the longest prompt (``generation``) or sequence an export takes and what
     set that bound, e.g. ``"prompt length up to 1024 tokens (memory budget) ..."``,
     ``"prompt length up to 512 tokens (config.max_position_embeddings) ..."``; ``None`` when no
     sequence axis of ``reports`` (one per component of a generation export) has a finite bound.
+    ``positions`` (:func:`_config_positions`) names a bound the capture recorded without a source
+    that equals one of the model's maximum-position attributes.
 
     The bound is :func:`_prompt_bound`'s; the line names its source (the memory budget, with the
     option that raises it; the model's positions; the captured program's input guards; hfexport's
@@ -716,6 +748,8 @@ def _sequence_limit_line(reports: list[Any], generation: bool = True) -> str | N
     if bound is None:
         return None
     limit, source = bound["limit"], bound["source"]
+    if source == "capture" and limit in (positions or {}):
+        source, bound["config_name"] = "config", (positions or {})[limit]
     what = "prompt length" if generation else "sequence length"
     head = f"[bold]{what}[/] up to {_count(limit, 'token')}"
     refused = (
@@ -1096,7 +1130,9 @@ def export_command(
             for line in r.dynamic_axes_summary or []:
                 if "(model-" in line or f"({MEMORY_BUDGET_NOTE})" in line:
                     console.print(f"[bold]dynamic axes[/]: {where}{line}")
-        limit = _sequence_limit_line(reports, generation=bool(component_files))
+        limit = _sequence_limit_line(
+            reports, generation=bool(component_files), positions=_config_positions(output_dir)
+        )
         if limit:
             console.print(limit)
         for r in reports:
