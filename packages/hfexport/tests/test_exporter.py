@@ -68,6 +68,17 @@ def test_dynamic_export_validates_two_shapes_and_reports_stages(bert):
     assert report.input_names["input_ids"] == {"shape": [2, 8], "dtype": "torch.int64"}
 
 
+def test_the_save_stage_names_the_file_not_the_staging_folder_it_is_written_in(bert, tmp_path):
+    # the artifact is saved into a hidden staging folder next to the target and moved into place once
+    # validated: the report (and the CLI's progress line) named that staging path, gone after the move
+    model, inputs = bert
+    exporter = CoreOnlyExporter()
+    exporter.export_to_path(model, inputs, tmp_path / "model.bin", DynamoConfig())
+    (save,) = [s for s in exporter.last_report.stages if s.name == "save"]
+    assert save.detail == "model.bin"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.bin"]
+
+
 def test_static_export_skips_second_shape(bert):
     model, inputs = bert
     exporter = CoreOnlyExporter()

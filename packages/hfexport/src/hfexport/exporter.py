@@ -712,7 +712,9 @@ class HfExporter:
                     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging.", dir=_parent(target)))
                     stack.callback(shutil.rmtree, staging, True)
                     staged = staging / target.name
-                    with report.stage(Stage.SAVE, detail=str(target)):
+                    with report.stage(
+                        Stage.SAVE, detail=target.name
+                    ):  # the CLI saves into its staging folder
                         self.save(artifact, staged)
                         metadata = self.generation_support.component_metadata(artifact)
                         report.artifact_metadata = metadata
