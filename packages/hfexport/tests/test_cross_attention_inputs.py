@@ -128,3 +128,40 @@ def test_the_guard_scan_moves_the_cross_attention_mask_with_the_prompt() -> None
     sequence = [e for e in report.dynamic_axes if e["meaning"] == "sequence"]
     assert {e["input"] for e in sequence} == {"input_ids", "attention_mask", "cross_attention_mask"}
     assert all(e["status"] == "dynamic" and e["note"] == "" and e["max"] is None for e in sequence), sequence
+
+
+def test_a_text_only_mllama_prompt_runs_the_steps_with_zero_image_features_and_masks() -> None:
+    # was: refused, "the prefill step takes 'cross_attention_states' from the multi_modal_projector,
+    # which this prompt gives none of the image inputs for": model.generate skips the cross-attention
+    # layers without an image, a branch the steps do not hold; zero features with a zero mask make
+    # each such layer add exactly zero, which decomposition checks against the text-only forward
+    import pytest
+
+    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
+    from hfexport.testing import tiny_model
+    from hfexport.testing.generation import eager_component_callers
+
+    model, inputs = tiny_model("mllama", "image-text-to-text")
+    parts = decompose_for_generation(model, inputs)
+    steps = parts.plan.step_inputs
+    assert steps["prefill"]["cross_attention_states"]["without_image"] == {
+        "zeros": [1, 4, 17, 64],
+        "dtype": "float32",
+    }
+    assert steps["decode"]["cross_attention_mask"]["without_image"] == {
+        "zeros": [1, 4],
+        "dtype": "int64",
+        "token_aligned": True,
+    }
+    runner = GenerationRunner(parts.plan, eager_component_callers(parts, model.config))
+    ids = inputs["input_ids"][:1].clone()
+    ids[ids == model.config.image_token_index] = 5
+    ids = torch.cat([ids, ids[:, 1:]], 1)  # 17 tokens, longer than the sample's 9
+    parity = compare_with_generate(
+        runner, model, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, max_new_tokens=4
+    )
+    assert parity.tokens_equal and parity.max_logit_diff <= 1e-5, parity.max_logit_diff
+    # an image without its cross-attention mask is not a text-only turn: the missing input is named
+    one = {k: v[:1] for k, v in inputs.items() if k != "cross_attention_mask"}
+    with pytest.raises(ValueError, match="cross_attention_mask"):
+        runner.generate(max_new_tokens=2, **one)
