@@ -5,6 +5,7 @@ and the second-shape plan make of them."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hfexport.conventions import input_role
@@ -130,19 +131,46 @@ def test_the_guard_scan_moves_the_cross_attention_mask_with_the_prompt() -> None
     assert all(e["status"] == "dynamic" and e["note"] == "" and e["max"] is None for e in sequence), sequence
 
 
-def test_a_text_only_mllama_prompt_runs_the_steps_with_zero_image_features_and_masks() -> None:
+@pytest.fixture(scope="module")
+def mllama():
+    """Tiny Mllama, its sample, and its generation split (one greedy ``generate`` recorded)."""
+    from hfexport.generation import decompose_for_generation
+    from hfexport.testing import tiny_model
+
+    model, inputs = tiny_model("mllama", "image-text-to-text")
+    return model, inputs, decompose_for_generation(model, inputs)
+
+
+def test_a_mllama_decode_step_gets_a_second_past_length_with_its_cross_attention_layers_held(mllama) -> None:
+    # was: "no rule to derive 'cross_attention_mask' (2, 1, 1, 4) at another past length" (and, with no
+    # role, "inputs ['cross_attention_mask'] next to the cache have no entry in the input-role table");
+    # the cross-attention layer's cache holds the 68 image tokens (4 tiles x 17 patches), not the past
+    from hfexport.inputs import prepare_for_export
+
+    model, _, parts = mllama
+    module, kwargs = parts["decode"]
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    second, reason = derive_second_inputs(module, prepared)
+    assert second is not None, reason
+    layers = second["cache"].layers
+    assert [tuple(layer.keys.shape) for layer in layers] == [(3, 2, 19, 16), (3, 2, 68, 16)]
+    assert tuple(second["cross_attention_mask"].shape) == (3, 1, 1, 4)
+    assert tuple(second["attention_mask"].shape) == (3, 20)
+    with torch.no_grad():
+        logits = module(**second).logits
+    assert tuple(logits.shape) == (3, 1, model.config.text_config.vocab_size)
+    assert bool(torch.isfinite(logits).all())
+
+
+def test_a_text_only_mllama_prompt_runs_the_steps_with_zero_image_features_and_masks(mllama) -> None:
     # was: refused, "the prefill step takes 'cross_attention_states' from the multi_modal_projector,
     # which this prompt gives none of the image inputs for": model.generate skips the cross-attention
     # layers without an image, a branch the steps do not hold; zero features with a zero mask make
     # each such layer add exactly zero, which decomposition checks against the text-only forward
-    import pytest
-
-    from hfexport.generation import GenerationRunner, compare_with_generate, decompose_for_generation
-    from hfexport.testing import tiny_model
+    from hfexport.generation import GenerationRunner, compare_with_generate
     from hfexport.testing.generation import eager_component_callers
 
-    model, inputs = tiny_model("mllama", "image-text-to-text")
-    parts = decompose_for_generation(model, inputs)
+    model, inputs, parts = mllama
     steps = parts.plan.step_inputs
     assert steps["prefill"]["cross_attention_states"]["without_image"] == {
         "zeros": [1, 4, 17, 64],
