@@ -163,3 +163,84 @@ def test_a_decode_step_over_filled_linear_attention_states_mutates_no_input():
     states = {k.split(".", 1)[1]: v for k, v in out.items() if k.startswith("cache.") and "_states." in k}
     assert sorted(states) == sorted(k for k in before if "_states." in k)
     assert all(not torch.equal(states[k], before[k]) for k in states)
+
+
+def test_a_step_fed_image_features_keeps_its_second_shape_when_they_have_an_input_role():
+    # issue 28: every step fed an image component's output was exported without a second shape, and
+    # the folder's record read "a static export, or validation is off" (Mllama's prefill); now only a
+    # feature input without a role turns it off (BLIP's encoder_hidden_states), with that reason
+    from hfexport_executorch.generation import second_shape_skip_reason
+
+    feature = {"from": "component", "component": "multi_modal_projector", "output": "", "drop_first": False}
+    ids = torch.ones(2, 9, dtype=torch.long)
+    mllama = GenerationPlan(
+        architecture="multimodal",
+        model_class="MllamaForConditionalGeneration",
+        step_inputs={"prefill": {"cross_attention_states": feature}},
+    )
+    kwargs = {"input_ids": ids, "cross_attention_states": torch.randn(2, 1, 4, 17, 64)}
+    assert second_shape_skip_reason("prefill", kwargs, mllama) is None
+    blip = GenerationPlan(
+        architecture="multimodal",
+        model_class="BlipForConditionalGeneration",
+        step_inputs={"prefill": {"encoder_hidden_states": {**feature, "component": "image_encoder"}}},
+    )
+    reason = second_shape_skip_reason(
+        "prefill", {"input_ids": ids, "encoder_hidden_states": torch.randn(2, 5, 8)}, blip
+    )
+    assert reason is not None
+    assert (
+        "'encoder_hidden_states' (from the image_encoder)" in reason
+        and "no entry in the input-role table" in reason
+    )
+
+
+class _CrossStep(torch.nn.Module):
+    def forward(self, input_ids: torch.Tensor, encoder_hidden_states: torch.Tensor) -> torch.Tensor:
+        return encoder_hidden_states.sum(1) + input_ids.sum()
+
+
+def test_a_second_shape_the_generation_support_turned_off_is_recorded_with_its_reason():
+    # the export folder's record of such a step read "a static export, or validation is off"
+    from types import SimpleNamespace
+
+    from hfexport.folder.writer import second_shape_record
+    from hfexport.generation.export import _record_second_shape_turned_off
+    from hfexport.report import ExportReport
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    report = ExportReport(export_format="executorch")
+    exporter_view = SimpleNamespace(
+        last_report=report, export_format="executorch", generation_support=exporter.generation_support
+    )
+    asked = ExecutorchConfig(dynamic=True)
+    plan = GenerationPlan(
+        architecture="multimodal",
+        model_class="BlipForConditionalGeneration",
+        step_inputs={
+            "prefill": {"encoder_hidden_states": {"from": "component", "component": "image_encoder"}}
+        },
+    )
+    kwargs = {"input_ids": torch.ones(2, 9, dtype=torch.long), "encoder_hidden_states": torch.randn(2, 5, 8)}
+    step = _CrossStep()
+    _record_second_shape_turned_off(
+        exporter_view,
+        "prefill",
+        step,
+        kwargs,
+        plan,
+        asked,
+        asked.replace(validate_second_shape=False),
+    )
+    record = second_shape_record(report)
+    assert record["status"] == "skipped" and "'encoder_hidden_states'" in record["reason"]
+    # asked off by the caller, or a static export: nothing recorded (the folder's own reason stands)
+    report = ExportReport(export_format="executorch")
+    exporter_view.last_report = report
+    off = asked.replace(validate_second_shape=False)
+    _record_second_shape_turned_off(exporter_view, "prefill", step, kwargs, plan, off, off)
+    assert second_shape_record(report) == {
+        "status": "not run",
+        "reason": "a static export, or validation is off",
+    }

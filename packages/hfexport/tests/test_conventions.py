@@ -116,6 +116,10 @@ def test_names_with_filters_in_table_order():
         "cu_window_seqlens",
         # issue 28: DeepSeek-VL hybrid's second, high-resolution view of each image
         "high_res_pixel_values",
+        # issue 28: Mllama's tile layout and the image features its language model cross-attends to
+        "aspect_ratio_ids",
+        "aspect_ratio_mask",
+        "cross_attention_states",
     }
 
 
@@ -187,6 +191,11 @@ def test_old_call_sites_agree_with_the_table():
         # issue 28: InstructBLIP's Q-Former instruction
         "qformer_input_ids",
         "qformer_attention_mask",
+        # issue 28: Mllama's tile layout, cross-attention mask and cross-attended image features
+        "aspect_ratio_ids",
+        "aspect_ratio_mask",
+        "cross_attention_mask",
+        "cross_attention_states",
     }
     assert batch_keys() == batching.BATCH_KEYS
     assert set(decode.TOKEN_KEYS) == {

@@ -641,8 +641,12 @@ def test_cross_attending_language_model_is_split_into_the_models_own_steps(model
     assert "pixel_values" not in parts["prefill"][1]
     steps = parts.plan.step_inputs
     assert steps["prefill"][feature]["component"] == source
-    assert steps["prefill"][mask] == {"from": "prompt", "key": mask}
-    assert steps["decode"][mask] == {"from": "prompt", "key": mask, "last": True}
+
+    def without_zeros(source):  # Mllama's record of the zero mask of a text-only turn
+        return {k: v for k, v in source.items() if k != "without_image"}
+
+    assert without_zeros(steps["prefill"][mask]) == {"from": "prompt", "key": mask}
+    assert without_zeros(steps["decode"][mask]) == {"from": "prompt", "key": mask, "last": True}
     if model_type == "idefics":  # [batch, images, 3, h, w] pixels taken as [batch * images, 3, h, w]
         assert parts.plan.links["image_encoder"]["pixel_values"]["flatten"] is True
     _parity_on_two_prompts(model, inputs, parts)

@@ -302,13 +302,48 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     tokens = int(ids.shape[1]) if isinstance(ids, torch.Tensor) and ids.dim() == 2 else None
     _, prepared, _ = prepare_for_export(module, kwargs)
     shapes = dynamic_shapes_by_rule(prepared, rule)
-    if any(source.get("from") == "component" for source in step_inputs.values()):
-        # the image features a step takes have no input role, so a derived second shape grows their
-        # batch apart from the prompt's (BLIP: 4 against 3) and eager refuses it; the steps are
-        # checked at a second image prompt by greedy generation instead, as without bounds (where
-        # the second shape is skipped for want of a rule)
+    if second_shape_skip_reason(name, prepared, plan) is not None:
         return config.replace(dynamic_shapes=shapes, validate_second_shape=False)
     return config.replace(dynamic_shapes=shapes)
+
+
+def second_shape_skip_reason(name: str, kwargs: Mapping[str, Any], plan: Any) -> str | None:
+    """Why the step ``name`` of a language model that takes the image features as an input of its own
+    is exported without a second-shape check, or ``None`` when it gets one.
+
+    A step input fed by an image component's output with no entry in the input-role table (BLIP's
+    ``encoder_hidden_states``, Kosmos-2's ``image_embeds``) would have its batch grown apart from the
+    prompt's by the derived second shape (BLIP: 4 rows against 3), which eager refuses; such a step
+    is checked by greedy generation at a second image prompt instead. Inputs with a role (Mllama's
+    ``cross_attention_states``, issue 28) share the prompt's batch, and the step is validated at a
+    second shape like any other component.
+
+    Args:
+        name: the component (``"prefill"``, ``"decode"``).
+        kwargs: its sample kwargs (tensors by input path).
+        plan: the generation plan (its :attr:`~hfexport.generation.plan.GenerationPlan.step_inputs`).
+
+    Returns:
+        The reason (it names the inputs), or ``None``.
+    """
+    from hfexport.conventions import input_role
+
+    step_inputs = dict(getattr(plan, "step_inputs", {}).get(name) or {})
+    missing = []
+    for path, source in step_inputs.items():
+        if source.get("from") != "component":
+            continue
+        key = path.split(".", 1)[0]
+        value = kwargs.get(key)
+        if input_role(key, value.dim() if isinstance(value, torch.Tensor) else None) is None:
+            missing.append(f"{path!r} (from the {source.get('component')})")
+    if not missing:
+        return None
+    return (
+        f"the {name} step takes {', '.join(missing)} with no entry in the input-role table, so a derived second "
+        "shape would grow its batch apart from the prompt's; the step is checked by greedy generation at a second "
+        "image prompt instead"
+    )
 
 
 class ExecutorchGenerationSupport(GenerationSupport):
@@ -335,6 +370,16 @@ class ExecutorchGenerationSupport(GenerationSupport):
         """Bounded dynamic axes for decode-step components exported with ``dynamic=True``; see
         :func:`component_config`."""
         return component_config(name, module, kwargs, plan, config)
+
+    def second_shape_skip_reason(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
+    ) -> str | None:
+        """Why :meth:`component_config` turned the second shape off for ``name``; see
+        :func:`second_shape_skip_reason`."""
+        from hfexport.inputs import prepare_for_export
+
+        _, prepared, _ = prepare_for_export(module, kwargs)
+        return second_shape_skip_reason(name, prepared, plan)
 
     def component_metadata(self, artifact: Any) -> dict[str, Any]:
         """The program's input/output pytree specs and the delegate backend it needs (a ``.pte``

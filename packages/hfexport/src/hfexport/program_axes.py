@@ -80,7 +80,8 @@ def _asked_max(spec: Any, axis: int) -> int | None:
 
 def axis_meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str, Any]) -> str:
     """What ``axis`` of input ``key`` means by the input-role table: ``"batch"``, ``"sequence"``,
-    ``"decoder sequence"``, ``"image height"`` ... or ``"axis <n>"``."""
+    ``"decoder sequence"``, ``"image height"``, an axis the role names (``"images"``, ``"tiles"``)
+    ... or ``"axis <n>"``."""
     role = input_role(key, tensor.dim(), present=present)
     if role is None:
         return f"axis {axis}"
@@ -96,7 +97,7 @@ def axis_meaning(key: str, tensor: torch.Tensor, axis: int, present: Mapping[str
         return "video channels" if role.modality == "video" else "image channels"
     if role.kind == "features":
         return f"audio features axis {axis}"
-    return f"axis {axis}"
+    return role.axis_name(axis) or f"axis {axis}"
 
 
 def _user_input_values(program: torch.export.ExportedProgram) -> dict[str, Any] | None:

@@ -18,7 +18,7 @@ mm_token_type_ids          text      modality_types   2      0      1 (text)
 moe_mm_token_type_ids      text      modality_types   2      0      1 (text)
 visual_pos_masks           text      modality_types   2      0      1 (text)
 cache_position             text      cache_positions  1      -      -
-pixel_values               image     pixels           4 (5, 3) 0     -           2, 3 (3, 4; -)
+pixel_values               image     pixels           4 (5,3,6) 0    -           2, 3 (3, 4; -; 4, 5)
 pixel_mask                 image     mask             3      0      -           1, 2
 pixel_attention_mask       image     mask             2 (4)  0      -           - (2, 3)
 spatial_shapes             image     patch_grid       2      0      -
@@ -27,6 +27,9 @@ image_sizes                image     patch_grid       2      0      -
 window_index               image     grid             1      -      -
 cu_window_seqlens          image     grid             1      -      -
 pixel_values_videos        video     pixels           5      0      -           3, 4
+aspect_ratio_ids/_mask     image     tile_layout      2/3    0      -
+cross_attention_mask       text      cross_mask       4      0      1 (text)
+cross_attention_states     image     image_features   3      0      -
 video_grid_thw             video     grid             2      -      -
 input_features             audio     features         3      0      -
 input_values               audio     signal           2 (3)  0      1 (signal) (-)
@@ -52,7 +55,8 @@ task_inputs                text      ids              2      0      -
 
 Ranks in parentheses are variants with their own axes: M-RoPE ``position_ids`` ``[3, batch,
 seq]``, a 4-D ``attention_mask`` ``[batch, heads, query, key]`` (no single sequence axis),
-LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, MusicGen's ``decoder_input_ids``
+LLaVA-NeXT ``pixel_values`` ``[batch, patches, channels, height, width]``, Mllama's tiled
+``pixel_values`` ``[batch, images, tiles, channels, height, width]``, MusicGen's ``decoder_input_ids``
 ``[batch, codebooks, seq]``, SigLIP2's patchified
 ``pixel_values`` ``[batch, patches, patch_dim]`` (no image sides), Idefics3's ``pixel_attention_mask``
 ``[batch, images, height, width]``, AST's ``input_values`` spectrogram ``[batch, frames, mel]``
@@ -146,6 +150,9 @@ class InputRole:
         primary: the input defines the size of its axes (ids, embeddings, pixels, audio), as
             opposed to masks and positions that follow it; table order is the preference order.
         variants: the same name at another rank, with its own axes.
+        named_axes: other axes by what they count, ``((axis, name), ...)`` (Mllama's 6-D
+            ``pixel_values``: ``((1, "images"), (2, "tiles"))``); they take no part in the batch,
+            sequence or side rules, only in how an axis is described.
     """
 
     name: str
@@ -158,6 +165,7 @@ class InputRole:
     ndim: int | None = None
     primary: bool = False
     variants: tuple[InputRole, ...] = ()
+    named_axes: tuple[tuple[int, str], ...] = ()
 
     def for_rank(self, ndim: int | None) -> InputRole | None:
         """This role, or its variant, for a tensor of rank ``ndim``: the variant of that rank if
@@ -181,6 +189,10 @@ class InputRole:
         for axis in self.spatial_axes:
             out[axis] = "spatial"
         return out
+
+    def axis_name(self, axis: int) -> str | None:
+        """What ``axis`` counts by :attr:`named_axes` (``"images"``, ``"tiles"``), or ``None``."""
+        return dict(self.named_axes).get(axis)
 
 
 def _variant(base: InputRole, **changes: Any) -> InputRole:
@@ -207,6 +219,9 @@ def _builtin_roles() -> list[InputRole]:
             _variant(pixel_values, ndim=5, spatial_axes=(3, 4)),
             # NaViT-style patches (SigLIP2): [batch, patches, channels * patch * patch], no sides
             _variant(pixel_values, ndim=3, spatial_axes=()),
+            # Mllama's tiled images [batch, images, tiles, channels, tile height, tile width]
+            # (issue 28): every tile is resized to the model's tile size
+            _variant(pixel_values, ndim=6, spatial_axes=(4, 5), named_axes=((1, "images"), (2, "tiles"))),
         ),
     )
     # the patches' mask: SigLIP2 [batch, patches]; Idefics3 / SmolVLM [batch, images, height, width]
@@ -265,6 +280,40 @@ def _builtin_roles() -> list[InputRole]:
         InputRole("window_index", IMAGE, "grid", None, None, None, (), 1),
         InputRole("cu_window_seqlens", IMAGE, "grid", None, None, None, (), 1),
         InputRole("pixel_values_videos", VIDEO, "pixels", 0, None, None, (3, 4), 5),
+        # Mllama's tile layout of each image (issue 28): aspect_ratio_ids [batch, images] (which of
+        # the supported tile arrangements) and aspect_ratio_mask [batch, images, tiles] (1 on the
+        # image's real tiles): values, repeated with the batch at another shape
+        InputRole(
+            "aspect_ratio_ids", IMAGE, "tile_layout", 0, None, None, (), 2, named_axes=((1, "images"),)
+        ),
+        InputRole(
+            "aspect_ratio_mask",
+            IMAGE,
+            "tile_layout",
+            0,
+            None,
+            None,
+            (),
+            3,
+            named_axes=((1, "images"), (2, "tiles")),
+        ),
+        # which image tiles each prompt token cross-attends to, [batch, seq, images, tiles] (Mllama;
+        # issue 28): token-aligned, so its length is the prompt's; a decode step takes its last row
+        InputRole(
+            "cross_attention_mask",
+            TEXT,
+            "cross_mask",
+            0,
+            1,
+            TEXT,
+            (),
+            4,
+            named_axes=((2, "images"), (3, "tiles")),
+        ),
+        # the projected image features a cross-attending language model reads (Mllama's
+        # cross_attention_states, [batch, images, tiles, patches, hidden] or [batch, image tokens,
+        # hidden]; issue 28): one row per prompt, their token count the vision tower's
+        InputRole("cross_attention_states", IMAGE, "image_features", 0, None, None, (), 3),
         # DeepSeek-VL hybrid's second view of each image, for its high-resolution SAM tower
         # [images, channels, height, width] (issue 28): images as pixel_values, sides the tower's
         InputRole("high_res_pixel_values", IMAGE, "pixels", 0, None, None, (2, 3), 4),

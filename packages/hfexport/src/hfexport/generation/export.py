@@ -351,6 +351,9 @@ def export_components(
                 source = sources.component(name, module, kwargs, plan, resolved)
                 artifact = exporter.export(exportable, kwargs, resolved, component=name, source=source)
                 reports[name] = exporter.last_report
+                _record_second_shape_turned_off(
+                    exporter, name, exportable, kwargs, plan, configs[name], resolved
+                )
                 if (
                     name == "decode"
                     and plan.multi_token_decode
@@ -405,6 +408,33 @@ def export_components(
     result = GenerationArtifacts(artifacts, plan, reports, exporter.export_format)
     _record_greedy_parity(exporter, result, model, inputs, resolved_configs, generation_config)
     return result
+
+
+def _record_second_shape_turned_off(
+    exporter: Any, name: str, module: Any, kwargs: Mapping[str, Any], plan: Any, asked: Any, resolved: Any
+) -> None:
+    """Record stage ``validate_second_shape`` as skipped, with the backend's reason, when its
+    generation support turned off the second shape the config asked for (ExecuTorch's steps fed an
+    image output without an input role); without the stage the export folder read "a static export,
+    or validation is off", which was wrong for a dynamic, validated export (issue 28)."""
+    from hfexport.report import Stage
+
+    report = exporter.last_report
+    if (
+        report is None
+        or not getattr(resolved, "is_dynamic", False)
+        or not getattr(resolved, "validate", True)
+        or getattr(resolved, "validate_second_shape", True)
+        or not getattr(asked, "validate_second_shape", True)
+        or any(s.name == Stage.VALIDATE_SECOND_SHAPE for s in report.stages)
+    ):
+        return
+    reason = exporter.generation_support.second_shape_skip_reason(name, module, kwargs, plan)
+    report.skip(
+        Stage.VALIDATE_SECOND_SHAPE,
+        reason
+        or f"the {exporter.export_format} generation support exports the {name} component without a second shape",
+    )
 
 
 def _grid_read_as_values(

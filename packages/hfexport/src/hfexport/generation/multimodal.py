@@ -1155,9 +1155,11 @@ def _cross_attending_steps(
         produced: ``{component: {output_path: tensor}}`` of the image components.
 
     Returns:
-        ``(prefill_kwargs, decode_kwargs)``, or ``None`` when no floating point input of
-        ``sources`` that the model's forward accepts holds an image component's output, or when
-        the prefill given it differs from the recorded one (logits beyond 1e-5).
+        ``(prefill_kwargs, decode_kwargs, without_image)``, or ``None`` when no floating point input
+        of ``sources`` that the model's forward accepts holds an image component's output, or when
+        the prefill given it differs from the recorded one (logits beyond 1e-5). ``without_image``
+        is :func:`_image_free_inputs`' answer: how the steps run a text-only prompt, ``{}`` when
+        they cannot.
     """
     import copy
     import inspect
@@ -1207,7 +1209,79 @@ def _cross_attending_steps(
             sorted(image_keys),
         )
         return None
-    return prefill, dict(recording.decode)
+    return prefill, dict(recording.decode), _image_free_inputs(model, prefill, feature[0])
+
+
+def _image_free_inputs(
+    model: torch.nn.Module, prefill: Mapping[str, Any], feature: str
+) -> dict[str, dict[str, Any]]:
+    """How the steps of a cross-attending language model run a text-only prompt: ``{input: {"zeros":
+    [axes after the batch (and, with "token_aligned", the tokens)], "dtype": d[, "token_aligned":
+    True]}}``, or ``{}`` when the model's text-only logits are not what the steps give.
+
+    ``model.generate`` without an image skips the cross-attention layers (Mllama: no
+    ``cross_attention_states``, no ``cross_attention_mask``), a branch the exported steps do not
+    hold. Zero image features with a zero cross-attention mask give the same numbers through them:
+    the cross-attended keys and values are zero (Mllama's projections have no bias), and every text
+    row of the mask is masked out, which zeroes the gated MLP's part (``full_text_row_masked_out_mask``),
+    so each cross-attention layer adds exactly zero. That is checked here on the recorded prompt:
+    the prefill given the zeros against the model given the text inputs alone, equal logits
+    (within 1e-6) or ``{}`` (the runner then refuses a text-only prompt, naming the image inputs).
+
+    Args:
+        model: the multimodal model (its forward is the steps' forward).
+        prefill: the prefill step's kwargs, the image features in place of the image inputs.
+        feature: the input holding the image features (``cross_attention_states``).
+    """
+    import copy
+
+    ids = prefill.get("input_ids")
+    value = prefill.get(feature)
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or not isinstance(value, torch.Tensor):
+        return {}
+    # token-aligned prompt inputs that mark what each token sees of the image ([batch, seq, ...])
+    aligned = [
+        k
+        for k, v in prefill.items()
+        if k not in (feature, "input_ids", "attention_mask", "position_ids")
+        and isinstance(v, torch.Tensor)
+        and v.dim() >= 3
+        and tuple(v.shape[:2]) == tuple(ids.shape)
+    ]
+    zeroed = {
+        **prefill,
+        feature: torch.zeros_like(value),
+        **{k: torch.zeros_like(prefill[k]) for k in aligned},
+    }
+    text = {k: v for k, v in prefill.items() if k != feature and k not in aligned}
+    try:
+        with torch.no_grad():
+            expected = model(**copy.deepcopy(text)).logits
+            got = model(**copy.deepcopy(zeroed)).logits
+    except Exception as exc:  # a model that needs the image inputs: no text-only path
+        logger.info("%s: no text-only path through its steps (%s)", type(model).__name__, exc)
+        return {}
+    if expected.shape != got.shape or not torch.allclose(expected, got, atol=1e-6, rtol=0):
+        logger.info(
+            "%s: its steps given zero %s differ from its text-only forward; a text-only prompt is refused",
+            type(model).__name__,
+            [feature, *aligned],
+        )
+        return {}
+    out: dict[str, dict[str, Any]] = {
+        feature: {
+            "zeros": [int(d) for d in value.shape[1:]],
+            "dtype": str(value.dtype).removeprefix("torch."),
+        }
+    }
+    for k in aligned:
+        t = prefill[k]
+        out[k] = {
+            "zeros": [int(d) for d in t.shape[2:]],
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "token_aligned": True,
+        }
+    return out
 
 
 def _takes_image_input(calls: list[Mapping[str, Any]]) -> bool:
@@ -1584,11 +1658,18 @@ def decompose_multimodal(
         # given the image features in place of the image inputs (issue 28)
         steps = _cross_attending_steps(model, [lm_kwargs, recording.decode], recording, plan, produced)
         if steps is not None:
-            prefill, decode = steps
+            prefill, decode, without_image = steps
             plan.step_inputs = {
                 "prefill": link_inputs("prefill", _step_tensors(prefill), inputs, produced),
                 "decode": link_inputs("decode", _step_tensors(decode), inputs, produced),
             }
+            # a text-only prompt runs the steps with zero image features and masks (checked equal to
+            # the model's text-only forward): each such source says so
+            for step_links in plan.step_inputs.values():
+                for path, source in step_links.items():
+                    key = source.get("key") if source.get("from") == "prompt" else path
+                    if key in without_image:
+                        source["without_image"] = dict(without_image[key])
             components["prefill"] = (model, prefill)
             components["decode"] = (model, decode)
             plan.components = list(components)

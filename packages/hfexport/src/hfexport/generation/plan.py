@@ -259,6 +259,11 @@ class GenerationPlan:
             source}}`` for the step's inputs other than the token ids, the padding mask, the
             position ids and the cache, which the runner builds itself; a source is as in
             :attr:`links`. Empty for a model whose features replace placeholder token embeddings.
+            A source with ``"without_image": {"zeros": [axes], "dtype": d[, "token_aligned": True]}``
+            is given zeros of ``[batch, (tokens,) *axes]`` for a text-only prompt (Mllama's
+            ``cross_attention_states`` and ``cross_attention_mask``: zero features with a zero mask
+            make each cross-attention layer add exactly zero, as ``generate`` skipping them does;
+            checked at decomposition), instead of refusing it.
         prompt_edit: multimodal only: how the model's ``generate`` rewrites the prompt before its
             language model's prefill: ``{"drop_last": n}`` (the last ``n`` tokens and mask columns
             are left out) and ``{"first_token": id}`` (the first token of every row is replaced);

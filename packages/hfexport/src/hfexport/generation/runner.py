@@ -435,7 +435,9 @@ class GenerationRunner:
                 condition; for a prompt shorter than :data:`SHORTEST_PROMPT` (plus the tokens the
                 plan's ``prompt_edit`` drops: BLIP 3) the message says the minimum.
             ValueError (multimodal): placeholder tokens without the image inputs they stand for, or a
-                text-only prompt for a language model that takes image features as its own inputs.
+                text-only prompt for a language model that takes image features as its own inputs
+                and has no image-free path (a cross-attending model whose steps take zero features
+                for it, Mllama, runs the prompt: :attr:`GenerationPlan.step_inputs`).
         """
         check_input_keys(self.plan, inputs)
         if input_ids is None:
@@ -690,10 +692,22 @@ class GenerationRunner:
             ids[:, 0] = int(plan.prompt_edit["first_token"])
         produced = self._run_image_components(ids, inputs, mask)
         prompt = {"input_ids": ids, "attention_mask": mask, **inputs}
+        # a text-only prompt (no image input at all) of a cross-attending model whose steps take zero
+        # image features and masks for it (Mllama; GenerationPlan.step_inputs' "without_image")
+        text_only = not produced and self._image_free(prompt)
+
+        def zeros(source: Mapping[str, Any]) -> torch.Tensor:
+            spec = source["without_image"]
+            tokens = (1 if source.get("last") else int(ids.shape[1]),) if spec.get("token_aligned") else ()
+            shape = (int(ids.shape[0]), *tokens, *(int(d) for d in spec["zeros"]))
+            return torch.zeros(shape, dtype=getattr(torch, str(spec.get("dtype", "float32"))))
 
         def linked(step: str) -> dict[str, torch.Tensor]:
             values: dict[str, torch.Tensor] = {}
             for path, source in plan.step_inputs.get(step, {}).items():
+                if text_only:
+                    values[path] = zeros(source)
+                    continue
                 if source["from"] == "prompt":
                     if prompt.get(source["key"]) is None:
                         raise _missing_input(f"{step} step", source["key"])
@@ -726,6 +740,18 @@ class GenerationRunner:
             {},
             constants=linked("decode"),
         )
+
+    def _image_free(self, prompt: Mapping[str, Any]) -> bool:
+        """Whether ``prompt`` is a text-only turn the steps can run without an image: it gives none of
+        the image components' prompt inputs nor any prompt input of the steps, and every step input
+        has a ``"without_image"`` record (:attr:`GenerationPlan.step_inputs`: zero image features and
+        cross-attention masks, checked at export to give the model's text-only logits)."""
+        sources = [s for step in self.plan.step_inputs.values() for s in step.values()]
+        if not sources or not all("without_image" in s for s in sources):
+            return False
+        image_keys = {k for component in self.plan.links for k in self._prompt_inputs_of(component)}
+        image_keys |= {s["key"] for s in sources if s["from"] == "prompt"}
+        return all(prompt.get(k) is None for k in image_keys)
 
     def _components_without_inputs(self, prompt: Mapping[str, Any]) -> set[str]:
         """The encoder and projector components a text-only prompt leaves out.

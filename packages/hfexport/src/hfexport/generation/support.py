@@ -23,6 +23,7 @@ hook                           default                           called by
 =============================  ================================  ========================================
 ``prepare_component``          the module unchanged              ``export_for_generation``
 ``component_config``           the config unchanged              ``export_for_generation``
+``second_shape_skip_reason``   ``None`` (the generic reason)     ``export_for_generation``
 ``generation_source``          ``None`` (no shared copy)         ``export_for_generation``
 ``supports_empty_growing_..``  ``True``                          ``export_for_generation``
 ``component_filename``         ``name`` + artifact suffix        ``save_components``
@@ -127,6 +128,18 @@ class GenerationSupport:
             with bounded dynamic axes); never mutate ``config`` in place.
         """
         return config
+
+    def second_shape_skip_reason(
+        self, name: str, module: torch.nn.Module, kwargs: Mapping[str, Any], plan: Any
+    ) -> str | None:
+        """Why :meth:`component_config` exports ``name`` without the second-shape check it was asked
+        for (``validate_second_shape`` turned off), recorded as the skipped stage's reason; ``None``
+        (the default) leaves the core's generic reason.
+
+        Args:
+            name, module, kwargs, plan: as for :meth:`component_config`.
+        """
+        return None
 
     def generation_source(self, model: torch.nn.Module, config: Any) -> torch.nn.Module | None:
         """A transformed copy of ``model`` that every generation component is captured from, built

@@ -44,6 +44,7 @@ __all__ = [
     "check_vision_language_case",
     "eager_component_callers",
     "generation_config_for",
+    "image_free_steps",
     "load_smollm2",
     "worst_validation",
 ]
@@ -475,7 +476,9 @@ def check_image_text_generation(
     A third prompt, ``"text"``, is the sample's text with no image (placeholders replaced,
     :func:`hfexport.generation.image_prompts.text_only_prompt`): ``model.generate`` runs it through
     the language model alone and so must the components. It is left out where the language model
-    takes an encoder output as its own input (DeepStack), which has no image-free path.
+    takes an encoder output as its own input (DeepStack), which has no image-free path, except for a
+    cross-attending language model whose steps take zero image features for a text turn
+    (:func:`image_free_steps`: Mllama; its image token becomes text).
 
     Returns:
         ``{"parts": GenerationArtifacts, "shapes": {"sample" | "second" [| "text"]: {input: shape}},
@@ -496,6 +499,12 @@ def check_image_text_generation(
     takes_encoder_outputs = any(s.get("from") == "component" for s in parts.plan.language_inputs.values())
     if parts.plan.features and not takes_encoder_outputs and "input_ids" in inputs:
         prompts["text"] = text_only_prompt(inputs, [int(t) for t in parts.plan.features])
+    elif image_free_steps(parts.plan) and "input_ids" in inputs:
+        # a cross-attending language model (Mllama) whose steps take zero image features for a text
+        # turn: its image token, which marks where the image goes, becomes text
+        config_ = getattr(model, "config", None)
+        token = getattr(config_, "image_token_index", getattr(config_, "image_token_id", None))
+        prompts["text"] = text_only_prompt(inputs, [int(token)] if token is not None else [])
     diffs: dict[str, float] = {}
     for label, prompt in prompts.items():
         parity = compare_with_generate(runner, model, prompt, max_new_tokens=max_new_tokens)
@@ -503,6 +512,13 @@ def check_image_text_generation(
         diffs[label] = parity.max_logit_diff
     shapes = {label: {k: tuple(v.shape) for k, v in p.items()} for label, p in prompts.items()}
     return {"parts": parts, "shapes": shapes, "max_logit_diff": diffs}
+
+
+def image_free_steps(plan: Any) -> bool:
+    """Whether ``plan``'s steps run a text-only prompt on zero image inputs: every step input has a
+    ``"without_image"`` record (:attr:`hfexport.generation.plan.GenerationPlan.step_inputs`)."""
+    sources = [s for step in getattr(plan, "step_inputs", {}).values() for s in step.values()]
+    return bool(sources) and all("without_image" in s for s in sources)
 
 
 #: The shared vision-language generation cases of every backend's test_image_text.py (issue 28):

@@ -229,6 +229,12 @@ def _rebuild_cache(cache_key: str, cache: Any, plan: SizePlan, *, gen: torch.Gen
         if path in state:
             heads, dim = int(t.shape[1]), int(t.shape[3])
             rows = new_batch if new_batch is not None else int(t.shape[0])
+            if plan.cache_kind != "static" and not any(
+                m.input == f"{cache_key}.{path}" for m in past.members
+            ):
+                # a layer the past does not lengthen (a cross-attention layer's image keys/values)
+                replaced[f"{cache_key}.{path}"] = _tile(t, (rows, heads, int(t.shape[2]), dim), gen)
+                continue
             filled = _tile(t[:, :, : past.sample], (rows, heads, past.size, dim), gen)
             if plan.cache_kind == "static":
                 full = torch.zeros((rows, heads, int(t.shape[2]), dim), dtype=t.dtype, device=t.device)

@@ -19,6 +19,9 @@ Inputs holding a transformers ``Cache`` (the prefill and decode steps of a gener
   lengths by :func:`hfexport.generation.export.validate_decode_lengths`). A growing cache gets
   tensors of the new past length; a static cache keeps its shape ``[batch, heads, max_cache_len,
   head_dim]`` and moves its write position (``cumulative_length``), the positions past it zeros.
+  Next to a cross-attention mask (Mllama's ``cross_attention_mask``, the new tokens' row ``[batch,
+  q, images, tiles]``), growing layers of another length than the past are the cross-attention
+  layers' image keys/values: they keep their length and change along the batch only.
   Cache contents are the sample's, repeated along the batch and past axes (plus seeded noise of
   0.1 unless the sample's tokens are reused); new token ids are drawn from the sample's range (or
   the sample's own tokens, see ``reuse``), the 2-D mask is all ones over ``past + new`` positions,

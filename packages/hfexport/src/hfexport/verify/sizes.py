@@ -775,6 +775,20 @@ def _cache_plan(
     state = cache_state_paths(cache)
     if any(t.dim() != 4 or int(t.shape[0]) != batch for t in state.values()):
         return f"cache tensors of {cache_key!r} are not [batch={batch}, heads, positions, head_dim]"
+    cross_masks = [k for k, r in roles.items() if r is not None and r.kind == "cross_mask"]
+    held: set[str] = set()
+    if cross_masks and not static:
+        # a cross-attending language model (Mllama; issue 28): its cross-attention layers hold the
+        # image's keys and values, as many positions as image tokens, not the past; they keep
+        # their length at another past (only the batch changes), and the cross-attention mask is
+        # the new tokens' row of it, [batch, q, images, tiles]
+        held = {p for p, t in state.items() if int(t.shape[2]) != past}
+        for key in cross_masks:
+            if int(tensors[key].shape[1]) != q:
+                return (
+                    f"{key!r} {tuple(tensors[key].shape)} is not the new tokens' row of the cross-attention "
+                    f"mask ({q} tokens on axis 1); no rule to derive it at another past length"
+                )
     extra = sorted(set(leaves) - set(state) - {p for p in leaves if p.endswith(".cumulative_length")})
     if extra:
         return f"cache state {extra[:3]} has no second-shape rule"
@@ -799,7 +813,7 @@ def _cache_plan(
         limits.append(cache_len - 1 - q)
     past_groups: list[tuple[Sequence[Node], int]] = [([(k, 1)], q) for k in masks]
     if not static:  # a growing cache carries the past length on its position axis
-        past_groups.append(([(f"{cache_key}.{p}", 2) for p in state], 0))
+        past_groups.append(([(f"{cache_key}.{p}", 2) for p in state if p not in held], 0))
     new_past, past_note = _ranged_size(past, 2 * past + 1, past_groups, program_axes, config, limits=limits)
     if new_batch == batch and new_past == past:
         return (
@@ -813,12 +827,13 @@ def _cache_plan(
             (role.kind in TOKEN_KINDS and role.batch_axis == 0)
             or (role.kind == "positions" and role.batch_axis is not None and role.sequence_axis is not None)
             or role.kind == "mask"
+            or key in cross_masks
             or (role.kind == "cache_positions" and value.dim() == 1)
         ):
             return f"no rule to derive {key!r} {tuple(value.shape)} at another past length"
     past_members = [AxisMember(k, 1, q) for k in masks]
     if not static:
-        past_members += [AxisMember(f"{cache_key}.{p}", 2) for p in state]
+        past_members += [AxisMember(f"{cache_key}.{p}", 2) for p in state if p not in held]
     return SizePlan(
         "cache",
         [
