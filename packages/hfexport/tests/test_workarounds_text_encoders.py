@@ -24,6 +24,7 @@ from hfexport.workarounds import text_encoders
 
 POSITIONS = f"{text_encoders.__name__}.funnel_relative_positions_from_sizes"
 UPSAMPLE = f"{text_encoders.__name__}.funnel_upsample_always_sliced"
+SHIFT = f"{text_encoders.__name__}.funnel_relative_shift_by_index"
 
 
 def _attribute(path: str):
@@ -40,7 +41,8 @@ def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ran
     found = {e.name: e for e in registry.entries(text_encoders.KEY, kind="patch")}
     assert found[POSITIONS].paths == text_encoders.FUNNEL_POSITION_TARGETS
     assert found[UPSAMPLE].paths == text_encoders.FUNNEL_UPSAMPLE_TARGETS
-    for name in (POSITIONS, UPSAMPLE):
+    assert found[SHIFT].paths == text_encoders.FUNNEL_SHIFT_TARGETS
+    for name in (POSITIONS, UPSAMPLE, SHIFT):
         assert found[name].issue == "https://github.com/huggingface/transformers/pull/6908"
         assert found[name].description
         assert found[name].is_active(), found[name].inactive_reason()
@@ -48,7 +50,11 @@ def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ran
 
 
 def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_error():
-    paths = (*text_encoders.FUNNEL_POSITION_TARGETS, *text_encoders.FUNNEL_UPSAMPLE_TARGETS)
+    paths = (
+        *text_encoders.FUNNEL_POSITION_TARGETS,
+        *text_encoders.FUNNEL_UPSAMPLE_TARGETS,
+        *text_encoders.FUNNEL_SHIFT_TARGETS,
+    )
     before = {path: _attribute(path) for path in paths}
     with apply_patches("capture"):  # the parent key alone: none of them
         assert all(_attribute(path) is before[path] for path in paths)
@@ -123,6 +129,24 @@ def test_funnel_upsample_equals_the_original(separate_cls, truncate_seq):
                 continue
             got = text_encoders.funnel_upsample(x, stride, target_len, separate_cls, truncate_seq)
             assert torch.equal(got, expected), (pooled_len, stride, target_len)
+
+
+@pytest.mark.parametrize("shift", [1, 2])
+def test_funnel_relative_shift_selects_the_originals_scores_exactly(shift):
+    """Every (query length, context length) the attention builds: rel = 2 * context + shift - 1, the
+    queries as many as the keys (shift 1) or pooled to about half (shift 2)."""
+    gen = torch.Generator().manual_seed(shift)
+    compared = 0
+    for context_len in range(1, 12):
+        rel = 2 * context_len + shift - 1
+        for seq_len in {context_len, (context_len + 1) // 2, 1}:
+            scores = torch.randn(2, 3, seq_len, rel, generator=gen)
+            expected = modeling_funnel._relative_shift_gather(scores, context_len, shift)
+            got = text_encoders.funnel_relative_shift(scores, context_len, shift)
+            assert got.shape == (2, 3, seq_len, context_len)
+            assert torch.equal(got, expected), (seq_len, context_len)
+            compared += 1
+    assert compared >= 25
 
 
 def _text_dynamic(inputs):

@@ -19,6 +19,13 @@ the original code.
   others; ``torch.export`` records "the slice kept every row" as a stride guard (``Guard failed:
   192 + 256 * ((-1 + seq) // 4) == -64 + 64 * seq``). The patch pads one more row first, so the
   slice always drops rows and the guard holds at every length.
+- :func:`funnel_relative_shift_by_index`: the relative-shift attention aligns its scores by
+  reshaping ``[.., seq, rel]`` to ``[.., rel, seq]``, dropping ``shift`` rows and reshaping back; the
+  ExecuTorch lowering infers the last size of those views as a quotient of products (``(s**2 *
+  (R // s)) // R``) whose interval bound is ~1e11 at a 1024-token bound, and serialising the planned
+  program failed (``memory_planning: TypeError: bad number 81326039495 for type int32``). The patch
+  selects the same scores with one ``index_select`` over the flattened last two axes (indices
+  computed from the sizes), whose output sizes are the query and context lengths themselves.
 - :func:`sliding_window_records_no_global_mask` with
   :func:`sliding_window_local_only_without_global_mask`: Longformer's and LED's encoders decide
   whether to run the global-attention path from the values of the attention mask
@@ -53,6 +60,7 @@ from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 __all__ = [
     "CANINE_LOCAL_ATTENTION_TARGETS",
     "FUNNEL_POSITION_TARGETS",
+    "FUNNEL_SHIFT_TARGETS",
     "FUNNEL_UPSAMPLE_TARGETS",
     "KEY",
     "SLIDING_WINDOW_ATTENTION_TARGETS",
@@ -65,6 +73,8 @@ __all__ = [
     "capture_key",
     "funnel_relative_position_embeds",
     "funnel_relative_positions_from_sizes",
+    "funnel_relative_shift",
+    "funnel_relative_shift_by_index",
     "funnel_upsample",
     "funnel_upsample_always_sliced",
     "sliding_window_local_only_without_global_mask",
@@ -419,8 +429,11 @@ def canine_block_local_attention(
     states = states.unflatten(1, (windows, width)).flatten(0, 1)
     from_len, to_len = attention_mask.shape[1], attention_mask.shape[2]
     mask = torch.nn.functional.pad(attention_mask, (0, padded_len - to_len, 0, padded_len - from_len))
-    mask = mask.unflatten(2, (windows, width)).unflatten(1, (windows, width))
-    blocks = mask.diagonal(dim1=1, dim2=3).permute(0, 3, 1, 2)  # [batch, windows, width (from), width (to)]
+    # each window's rows, then its own columns among them: the diagonal blocks, by gather (OpenVINO's
+    # converter refuses aten.diagonal)
+    rows = mask.unflatten(1, (windows, width))  # [batch, windows, width (from), padded_len (to)]
+    own_keys = torch.arange(padded_len, device=hidden_states.device).reshape(1, windows, 1, width)
+    blocks = rows.gather(3, own_keys.expand(batch, windows, width, width))  # [batch, windows, width, width]
     additive = (1.0 - blocks.float()) * torch.finfo(hidden_states.dtype).min
     position = torch.arange(padded_len, device=hidden_states.device)
     padded_key = (position >= seq_len) & (position // width * width < seq_len)  # in a window with real rows
@@ -466,6 +479,58 @@ def canine_local_attention_in_blocks(original: Callable[..., Any]) -> Callable[.
         return original(self, hidden_states, attention_mask, output_attentions)
 
     return forward
+
+
+#: the module function the relative-shift attention aligns its positional scores with
+FUNNEL_SHIFT_TARGETS: tuple[str, ...] = ("transformers.models.funnel.modeling_funnel._relative_shift_gather",)
+
+
+def funnel_relative_shift(positional_attn: torch.Tensor, context_len: Any, shift: int) -> torch.Tensor:
+    """Funnel's ``_relative_shift_gather`` (transformers 5.24) as one ``index_select``.
+
+    The original views ``[batch, heads, seq, rel]`` as ``[batch, heads, rel, seq]``, drops the first
+    ``shift`` rows, views the rest as ``[batch, heads, seq, rel - shift]`` and keeps the first
+    ``context_len`` columns. In the flattened ``seq * rel`` scores of one head, output ``(i, j)`` is
+    therefore element ``shift * seq + i * (rel - shift) + j``; this function gathers exactly those
+    elements, so the values are the original's bit for bit.
+
+    Args:
+        positional_attn: ``[batch, heads, seq, rel]`` scores (``rel >= context_len + shift``, as
+            the model builds them: ``rel = 2 * context_len + shift - 1`` up to pooling).
+        context_len: the key length (int or ``SymInt``).
+        shift: 1, or 2 when the queries are pooled.
+
+    Returns:
+        ``[batch, heads, seq, context_len]``, same dtype and device.
+    """
+    seq_len, max_rel_len = positional_attn.shape[2], positional_attn.shape[3]
+    device = positional_attn.device
+    rows = torch.arange(seq_len, device=device)[:, None] * (max_rel_len - shift)
+    index = shift * seq_len + rows + torch.arange(context_len, device=device)[None, :]
+    selected = positional_attn.flatten(2).index_select(2, index.flatten())
+    return selected.unflatten(2, (seq_len, context_len))
+
+
+@register_patch(
+    BACKEND,
+    *FUNNEL_SHIFT_TARGETS,
+    description=(
+        "Funnel: the relative shift of the positional attention scores selects them by index_select instead of "
+        "reshape / slice / reshape, whose lowered views ExecuTorch bounded at ~1e11 (memory_planning: TypeError: "
+        "bad number 81326039495 for type int32)"
+    ),
+    issue=_FUNNEL_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def funnel_relative_shift_by_index(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``transformers.models.funnel.modeling_funnel._relative_shift_gather`` while capturing
+    with :func:`funnel_relative_shift` (the same values)."""
+
+    @functools.wraps(original)
+    def relative_shift_gather(positional_attn: torch.Tensor, context_len: Any, shift: int) -> torch.Tensor:
+        return funnel_relative_shift(positional_attn, context_len, shift)
+
+    return relative_shift_gather
 
 
 # --------------------------------------------------------------------------------------------
