@@ -373,6 +373,14 @@ def canine_runs_in_blocks(
     ``config.local_transformer_stride``), with neither ``always_attend_to_first_position`` nor
     ``first_position_attends_to_all``, given a 3-D ``[batch, seq, seq]`` 0/1 mask (what
     ``CanineModel`` passes) and no request for the attention probabilities.
+
+    Args:
+        attention: a ``transformers.models.canine.modeling_canine.CanineAttention``.
+        attention_mask: the mask its forward got (``None``, or a 2-D to 4-D float tensor).
+        output_attentions: its forward's flag.
+
+    Returns:
+        Whether the forward may be replaced; False leaves the call to the original.
     """
     width = attention.attend_from_chunk_width
     return bool(
