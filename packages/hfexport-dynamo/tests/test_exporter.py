@@ -101,6 +101,7 @@ def test_export_returns_a_program_validated_at_two_shapes_with_named_stages(llam
         "hfexport.workarounds.torch_export.max_pool1d_as_max_pool2d",
         "hfexport.workarounds.torch_export.mask_functions_broadcast_instead_of_vmap",
         "hfexport.workarounds.torch_export.t5gemma2_eoi_embedding_as_where",
+        "hfexport.workarounds.torch_export.moonshine_feature_lengths_by_floor_division",
     ]
     for rows in (report.validation["sample"], report.validation["second_shape"]):
         names = [row["name"] for row in rows]

@@ -24,10 +24,11 @@ POOLING = [
     "hfexport.workarounds.torch_export.max_pool_over_the_whole_map_as_amax",
     "hfexport.workarounds.torch_export.max_pool1d_as_max_pool2d",
 ]
-#: the mask and T5Gemma2 capture patches, registered after the pooling ones
+#: the mask, T5Gemma2 and Moonshine capture patches, registered after the pooling ones
 LATER = [
     "hfexport.workarounds.torch_export.mask_functions_broadcast_instead_of_vmap",
     "hfexport.workarounds.torch_export.t5gemma2_eoi_embedding_as_where",
+    "hfexport.workarounds.torch_export.moonshine_feature_lengths_by_floor_division",
 ]
 SIZE_ONE = "hfexport.workarounds.torch_export.keep_size_one_batch_dynamic"
 

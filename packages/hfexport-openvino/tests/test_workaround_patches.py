@@ -121,3 +121,60 @@ def test_scalar_sizes_are_read_from_int64_tensors():
     assert item.args[0].target is torch.ops.aten._to_copy.default
     assert item.args[0].meta["val"].dtype == torch.int64
     torch.testing.assert_close(program.module()(x, counts), x.view(2, 3, 4) * 2.0)
+
+
+def test_speech_to_text_frame_lengths_equal_upstream_values():
+    from types import SimpleNamespace
+
+    from transformers.models.speech_to_text.modeling_speech_to_text import Speech2TextPreTrainedModel
+
+    from hfexport import registry
+    from hfexport_openvino.workarounds import patches
+
+    lengths = torch.arange(0, 6000)
+    for layers in (1, 2, 3):
+        owner = SimpleNamespace(config=SimpleNamespace(num_conv_layers=layers))  # what the method reads
+        expected = Speech2TextPreTrainedModel._get_feat_extract_output_lengths(owner, lengths)
+        got = patches.speech_to_text_frame_lengths(lengths, layers)
+        assert got.dtype == torch.int64 and torch.equal(got, expected), layers
+        with apply_patches(patches.BACKEND):
+            assert torch.equal(
+                Speech2TextPreTrainedModel._get_feat_extract_output_lengths(owner, lengths), expected
+            )
+            assert Speech2TextPreTrainedModel._get_feat_extract_output_lengths(owner, 32) == 32 // 2**layers
+    entry = next(
+        e
+        for e in registry.entries(patches.BACKEND, kind="patch")
+        if e.name.endswith("speech_to_text_lengths_by_float_floor")
+    )
+    assert entry.is_active(), entry.inactive_reason()
+    assert not entry.unresolved
+
+
+class _FrameCounts(torch.nn.Module):
+    """Speech2Text's encoder call: frame counts of a [batch, features] mask (two convolutions)."""
+
+    def forward(self, attention_mask: torch.Tensor) -> torch.Tensor:
+        from types import SimpleNamespace
+
+        from transformers.models.speech_to_text.modeling_speech_to_text import Speech2TextPreTrainedModel
+
+        owner = SimpleNamespace(config=SimpleNamespace(num_conv_layers=2))
+        return Speech2TextPreTrainedModel._get_feat_extract_output_lengths(owner, attention_mask.sum(-1))
+
+
+def test_speech_to_text_frame_counts_converted_equal_eager():
+    """issue 28: without the patch the converted program gives [9, 6, 1, 1] (Speech2Text's OpenVINO
+    export failed validation on the sample: the encoder output 4.6 off eager)."""
+    import openvino as ov
+
+    from hfexport_openvino.workarounds import patches
+
+    mask = torch.zeros(4, 32, dtype=torch.long)
+    for row, count in enumerate((32, 20, 1, 0)):
+        mask[row, :count] = 1
+    dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
+    with apply_patches(patches.BACKEND):
+        program = torch.export.export(_FrameCounts(), (mask[:2],), dynamic_shapes=dims, strict=False)
+    compiled = ov.compile_model(ov.convert_model(program), "CPU")
+    assert compiled(mask.numpy())[0].tolist() == _FrameCounts()(mask).tolist() == [8, 5, 1, 0]

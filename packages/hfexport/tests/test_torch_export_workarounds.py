@@ -27,10 +27,12 @@ POOLING = [
     f"{workarounds.__name__}.max_pool1d_as_max_pool2d",
 ]
 SIZE_ONE = f"{workarounds.__name__}.keep_size_one_batch_dynamic"
-#: the mask and T5Gemma2 capture patches, registered after the pooling ones
+MOONSHINE = f"{workarounds.__name__}.moonshine_feature_lengths_by_floor_division"
+#: the mask, T5Gemma2 and Moonshine capture patches, registered after the pooling ones
 LATER = [
     f"{workarounds.__name__}.mask_functions_broadcast_instead_of_vmap",
     f"{workarounds.__name__}.t5gemma2_eoi_embedding_as_where",
+    MOONSHINE,
 ]
 
 
@@ -499,3 +501,42 @@ def test_t5gemma2_eoi_embedding_is_captured_as_where_with_the_eager_values():
         assert out.shape == (batch, length, 4)
         torch.testing.assert_close(out, expected, rtol=0, atol=0)
         torch.testing.assert_close(out[:, 1], module.eoi_embedding.detach().expand(batch, 4), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------------
+# Moonshine: the convolutions' output length by integer arithmetic
+# --------------------------------------------------------------------------------------------
+
+
+def test_moonshine_output_length_equals_the_original_at_every_accepted_length():
+    from transformers.models.moonshine.modeling_moonshine import MoonshinePreTrainedModel
+
+    original = MoonshinePreTrainedModel._get_feat_extract_output_lengths
+    for length in range(895, 40_000):  # 895 samples: the first length all three convolutions accept
+        assert workarounds.moonshine_output_length(length) == original(None, length), length
+    assert workarounds.moonshine_output_length(2640) == 5  # the tiny sample's audio: 5 encoder frames
+
+
+class MoonshineMaskPath(torch.nn.Module):
+    """Moonshine's encoder mask path: the mask taken at every 384th sample, cut to the frame count."""
+
+    def forward(self, attention_mask):
+        from transformers.models.moonshine.modeling_moonshine import MoonshinePreTrainedModel
+
+        frames = MoonshinePreTrainedModel._get_feat_extract_output_lengths(self, attention_mask.shape[-1])
+        return attention_mask[..., ::384][..., :frames]
+
+
+def test_moonshine_mask_path_is_captured_with_a_dynamic_audio_length():
+    """issue 28: without the patch the program kept 2640 samples (Guard failed: math.trunc(1.0 +
+    (-127 + attention_mask.size()[1]) / 64) == 40)."""
+    module = MoonshineMaskPath()
+    program = capture(
+        module, {"attention_mask": torch.ones(2, 2640, dtype=torch.long)}, DynamoConfig(dynamic=True)
+    )
+    for batch, length in ((3, 4000), (1, 16000)):
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[0, length // 2 :] = 0
+        out = program.module()(attention_mask=mask)
+        assert out.shape == (batch, workarounds.moonshine_output_length(length))
+        assert torch.equal(out, module(mask))

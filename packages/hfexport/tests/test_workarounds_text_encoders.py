@@ -13,7 +13,8 @@ import itertools
 
 import pytest
 import torch
-from transformers import FunnelConfig
+from transformers import CanineConfig, FunnelConfig
+from transformers.models.canine import modeling_canine
 from transformers.models.funnel import modeling_funnel
 
 from hfexport import registry
@@ -23,6 +24,7 @@ from hfexport.workarounds import text_encoders
 
 POSITIONS = f"{text_encoders.__name__}.funnel_relative_positions_from_sizes"
 UPSAMPLE = f"{text_encoders.__name__}.funnel_upsample_always_sliced"
+SHIFT = f"{text_encoders.__name__}.funnel_relative_shift_by_index"
 
 
 def _attribute(path: str):
@@ -39,7 +41,8 @@ def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ran
     found = {e.name: e for e in registry.entries(text_encoders.KEY, kind="patch")}
     assert found[POSITIONS].paths == text_encoders.FUNNEL_POSITION_TARGETS
     assert found[UPSAMPLE].paths == text_encoders.FUNNEL_UPSAMPLE_TARGETS
-    for name in (POSITIONS, UPSAMPLE):
+    assert found[SHIFT].paths == text_encoders.FUNNEL_SHIFT_TARGETS
+    for name in (POSITIONS, UPSAMPLE, SHIFT):
         assert found[name].issue == "https://github.com/huggingface/transformers/pull/6908"
         assert found[name].description
         assert found[name].is_active(), found[name].inactive_reason()
@@ -47,7 +50,11 @@ def test_entries_are_registered_under_the_capture_scope_with_issue_links_and_ran
 
 
 def test_patches_are_in_place_only_inside_apply_patches_and_restored_after_an_error():
-    paths = (*text_encoders.FUNNEL_POSITION_TARGETS, *text_encoders.FUNNEL_UPSAMPLE_TARGETS)
+    paths = (
+        *text_encoders.FUNNEL_POSITION_TARGETS,
+        *text_encoders.FUNNEL_UPSAMPLE_TARGETS,
+        *text_encoders.FUNNEL_SHIFT_TARGETS,
+    )
     before = {path: _attribute(path) for path in paths}
     with apply_patches("capture"):  # the parent key alone: none of them
         assert all(_attribute(path) is before[path] for path in paths)
@@ -124,6 +131,24 @@ def test_funnel_upsample_equals_the_original(separate_cls, truncate_seq):
             assert torch.equal(got, expected), (pooled_len, stride, target_len)
 
 
+@pytest.mark.parametrize("shift", [1, 2])
+def test_funnel_relative_shift_selects_the_originals_scores_exactly(shift):
+    """Every (query length, context length) the attention builds: rel = 2 * context + shift - 1, the
+    queries as many as the keys (shift 1) or pooled to about half (shift 2)."""
+    gen = torch.Generator().manual_seed(shift)
+    compared = 0
+    for context_len in range(1, 12):
+        rel = 2 * context_len + shift - 1
+        for seq_len in {context_len, (context_len + 1) // 2, 1}:
+            scores = torch.randn(2, 3, seq_len, rel, generator=gen)
+            expected = modeling_funnel._relative_shift_gather(scores, context_len, shift)
+            got = text_encoders.funnel_relative_shift(scores, context_len, shift)
+            assert got.shape == (2, 3, seq_len, context_len)
+            assert torch.equal(got, expected), (seq_len, context_len)
+            compared += 1
+    assert compared >= 25
+
+
 def _text_dynamic(inputs):
     auto = torch.export.Dim.AUTO
     return {name: {0: auto, 1: auto} for name in inputs}
@@ -144,6 +169,9 @@ def _longer(inputs, seq_len=13):
         ("funnel", 13, "d_model"),
         # capture failed on (mask > 0).any().item() (GuardOnDataDependentSymNode: Eq(u1, 1))
         ("longformer", 11, "hidden_size"),
+        # the program kept the sample's length (Guard failed: attention_mask.size()[1] == 8); 140
+        # characters are two local-attention windows of 128
+        pytest.param("canine", 140, "hidden_size", marks=pytest.mark.extended),  # ~15 s
     ],
 )
 def test_program_takes_another_sequence_length_and_matches_eager(model_type, seq_len, width):
@@ -210,3 +238,113 @@ def test_longformer_capture_fails_without_the_patches():
     model, inputs = tiny_model("longformer", "feature-extraction")
     with torch.no_grad(), pytest.raises(Exception, match="data-dependent"):
         torch.export.export(model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False)
+
+
+CANINE_BLOCKS = f"{text_encoders.__name__}.canine_local_attention_in_blocks"
+
+
+def test_canine_entry_is_registered_with_its_target_and_issue():
+    found = {e.name: e for e in registry.entries(text_encoders.KEY, kind="patch")}
+    assert found[CANINE_BLOCKS].paths == text_encoders.CANINE_LOCAL_ATTENTION_TARGETS
+    assert found[CANINE_BLOCKS].issue == "https://github.com/huggingface/transformers/issues/47491"
+    assert found[CANINE_BLOCKS].is_active(), found[CANINE_BLOCKS].inactive_reason()
+    assert not found[CANINE_BLOCKS].unresolved, found[CANINE_BLOCKS].unresolved
+    canine, _ = tiny_model("canine", "feature-extraction")
+    assert text_encoders.capture_key(canine) == text_encoders.KEY
+
+
+def _canine_attention(width, **layout):
+    config = CanineConfig(hidden_size=16, num_attention_heads=2, attention_probs_dropout_prob=0.0)
+    strides = {
+        f"attend_{side}_chunk_{what}": width for side in ("from", "to") for what in ("width", "stride")
+    }
+    torch.manual_seed(0)
+    return modeling_canine.CanineAttention(config, local=True, **{**strides, **layout}).eval()
+
+
+def _canine_mask(batch, seq_len, pads):
+    mask = torch.ones(batch, seq_len)
+    for row, pad in enumerate(pads):
+        if pad:
+            mask[row, seq_len - pad :] = 0
+    return mask[:, None, :].expand(batch, seq_len, seq_len).contiguous()  # CanineModel's 3-D mask
+
+
+@pytest.mark.parametrize("seq_len", [1, 3, 4, 5, 8, 11, 12])
+def test_canine_blocks_equal_the_original_windows(seq_len):
+    """Windows of 4: one or several, the last full or short; row 1 padded over a whole window (every
+    key of its last window masked: the original spreads those rows' weight evenly)."""
+    attention = _canine_attention(4)
+    gen = torch.Generator().manual_seed(seq_len)
+    states = torch.randn(3, seq_len, 16, generator=gen)
+    mask = _canine_mask(3, seq_len, pads=[0, min(seq_len - 1, 6), 1])
+    assert text_encoders.canine_runs_in_blocks(attention, mask, False)
+    with torch.no_grad():
+        (expected,) = attention(states, mask)
+        (got,) = text_encoders.canine_block_local_attention(attention, states, mask)
+    assert got.shape == expected.shape == (3, seq_len, 16)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_canine_other_layouts_and_attention_outputs_run_the_original():
+    states = torch.randn(2, 10, 16, generator=torch.Generator().manual_seed(1))
+    mask = _canine_mask(2, 10, pads=[0, 2])
+    overlapping = _canine_attention(4, attend_from_chunk_width=6, attend_to_chunk_width=6)
+    first_to_all = _canine_attention(4, first_position_attends_to_all=True)
+    tiling = _canine_attention(4)
+    assert not text_encoders.canine_runs_in_blocks(overlapping, mask, False)
+    assert not text_encoders.canine_runs_in_blocks(first_to_all, mask, False)
+    assert not text_encoders.canine_runs_in_blocks(tiling, mask, True)
+    assert not text_encoders.canine_runs_in_blocks(tiling, None, False)
+    with torch.no_grad():
+        expected = first_to_all(states, mask)[0]
+        probs = tiling(states, mask, output_attentions=True)
+        with apply_patches(text_encoders.KEY):
+            got = first_to_all(states, mask)[0]
+            patched_probs = tiling(states, mask, output_attentions=True)
+    assert torch.equal(got, expected)
+    assert len(patched_probs) == len(probs) == 1 + 3  # the output and one probability map per window
+    assert torch.equal(patched_probs[0], probs[0])
+
+
+class _LocalAttention(torch.nn.Module):
+    """A CANINE local attention layer on its own, as CanineModel calls it (3-D mask from a 2-D one)."""
+
+    def __init__(self, attention):
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, hidden_states, attention_mask):
+        seq_len = hidden_states.shape[1]
+        mask = attention_mask[:, None, :].float().expand(-1, seq_len, -1)
+        return self.attention(hidden_states, mask)[0]
+
+
+def test_canine_local_attention_program_takes_other_lengths_and_window_counts():
+    """issue 28: captured at 3 positions (one window of 4) with the patch, the layer's program runs at
+    5, 8 and 13 positions (two to four windows) equal to eager (without it: Guard failed: ... == 3)."""
+    layer = _LocalAttention(_canine_attention(4))
+    gen = torch.Generator().manual_seed(2)
+    sample = (torch.randn(2, 3, 16, generator=gen), torch.ones(2, 3, dtype=torch.long))
+    dynamic = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},) * 2
+    with torch.no_grad(), apply_patches(text_encoders.KEY):
+        program = torch.export.export(layer, sample, dynamic_shapes=dynamic, strict=False).module()
+    for seq_len in (5, 8, 13):
+        states = torch.randn(3, seq_len, 16, generator=gen)
+        mask = torch.ones(3, seq_len, dtype=torch.long)
+        mask[1, -min(seq_len - 1, 5) :] = 0
+        with torch.no_grad():
+            expected = layer(states, mask)
+            got = program(states, mask)
+        assert got.shape == (3, seq_len, 16)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.extended  # ~10 s; says when transformers' CANINE no longer needs the patch
+def test_canine_program_keeps_the_sample_length_without_the_patch():
+    model, inputs = tiny_model("canine", "feature-extraction")
+    with torch.no_grad(), pytest.raises(Exception, match=r"specialized it to be a constant \(8\)|== 8"):
+        program = torch.export.export(
+            model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
+        )
+        program.module()(**_longer(inputs))

@@ -8,6 +8,11 @@
 - :func:`grouped_query_attention_with_repeated_heads`: grouped-query attention captured with
   repeated key/value heads instead of ``enable_gqa=True``, whose SDPA the CPU plugin fails to run
   (LFM3-VL's vision encoder).
+- :func:`speech_to_text_lengths_by_float_floor`: Speech2Text's encoder computes its frame counts
+  from the summed feature mask with integer floor division (``(length - 1) // 2 + 1`` per
+  convolution), which the converted program computes wrong with dynamic axes (32 features gave 9
+  frames instead of 8, 20 gave 6 instead of 5, 0 gave 1 instead of 0); the frame counts are
+  computed with ``floor`` of a float32 quotient instead (exact for counts below 2**24).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ __all__ = [
     "grouped_query_attention_with_repeated_heads",
     "reference_grid_from_arange",
     "reference_points",
+    "speech_to_text_frame_lengths",
+    "speech_to_text_lengths_by_float_floor",
 ]
 
 #: Registry key of these patches (the backend's own: installed for its capture only).
@@ -140,3 +147,47 @@ def grouped_query_attention_with_repeated_heads(original: Callable[..., Any]) ->
         return False
 
     return use_gqa_in_sdpa
+
+
+def speech_to_text_frame_lengths(input_lengths: torch.Tensor, num_conv_layers: int) -> torch.Tensor:
+    """Speech2Text's frame counts: ``(length - 1) // 2 + 1`` per convolution, by float ``floor``.
+
+    Args:
+        input_lengths: int64 tensor of feature counts (any shape; values below 2**24).
+        num_conv_layers: the config's ``num_conv_layers`` (each halves the count, rounding up).
+
+    Returns:
+        int64 tensor of the same shape: the values of transformers 5.24's
+        ``Speech2TextPreTrainedModel._get_feat_extract_output_lengths``.
+    """
+    lengths = input_lengths
+    for _ in range(num_conv_layers):
+        lengths = torch.floor((lengths - 1).float() / 2).long() + 1
+    return lengths
+
+
+@register_patch(
+    BACKEND,
+    "transformers.models.speech_to_text.modeling_speech_to_text.Speech2TextPreTrainedModel._get_feat_extract_output_lengths",
+    description=(
+        "Speech2Text: the encoder's frame counts from the summed feature mask by float floor instead of integer "
+        "floor division, which the converted program computed wrong with dynamic axes (32 features: 9 frames, "
+        "eager 8; the encoder's output 4.6 off eager on the sample)"
+    ),
+    # no upstream issue filed yet; reproduces with openvino 2026.4.1 on CPU: (x - 1) // 2 + 1 twice over a
+    # dynamic [batch, features] mask's sum gives [9, 6, 1, 1] for [32, 20, 1, 0] (eager [8, 5, 1, 0])
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/frontends/pytorch/src/op/floor_divide.cpp",
+    versions={"openvino": ">=2026.0", "transformers": ">=5.0,<6"},
+)
+def speech_to_text_lengths_by_float_floor(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``Speech2TextPreTrainedModel._get_feat_extract_output_lengths`` while capturing: a
+    tensor of lengths goes to :func:`speech_to_text_frame_lengths` (the same values); an int or
+    ``SymInt`` to the original."""
+
+    @functools.wraps(original)
+    def lengths(self: Any, input_lengths: Any) -> Any:
+        if isinstance(input_lengths, torch.Tensor):
+            return speech_to_text_frame_lengths(input_lengths, self.config.num_conv_layers)
+        return original(self, input_lengths)
+
+    return lengths

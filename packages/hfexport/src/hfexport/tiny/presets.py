@@ -721,6 +721,12 @@ PRESETS.update(
             "the program took lengths 5-8 only; two one-layer blocks pool it to <cls> + 3 and keep both pooling "
             "paths (separate <cls>, truncated sequence) and the decoder's upsampling",
         ),
+        "canine": Preset(
+            config={"downsampling_rate": 2},
+            reason="the default downsampling rate 4 turns the 8-character sample into <cls> + 1 molecule, and "
+            "torch.export specialises that size-1 axis (Eq(seq // 4 - 1, 1)): the program took lengths 8-11 only; "
+            "rate 2 gives <cls> + 3 molecules and keeps the remainder path of the molecules' upsampling",
+        ),
         "xmod": Preset(
             config={"default_language": "en_XX"},
             reason="without lang_ids the forward picks the adapter of config.default_language, which XmodConfig "

@@ -12,7 +12,7 @@
 - :mod:`hfexport.workarounds.dense_prediction`: the dense-prediction heads' capture patches (DPT's
   patch grid), key ``"capture.dense_prediction"``;
 - :mod:`hfexport.workarounds.text_encoders`: the text encoders' capture patches (Funnel's relative
-  positions from sizes), key ``"capture.text_encoders"``;
+  positions from sizes, CANINE's local attention in blocks), key ``"capture.text_encoders"``;
 - :mod:`hfexport.workarounds.text_classification`: the BART/T5-family sequence-classification heads'
   capture patch (the last ``</s>`` pooled by position), key ``"capture.text_classification"``;
 - :mod:`hfexport.side_probe` registers the ``"side_probe"`` patches, in place while the image-side

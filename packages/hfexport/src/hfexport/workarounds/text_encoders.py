@@ -19,6 +19,13 @@ the original code.
   others; ``torch.export`` records "the slice kept every row" as a stride guard (``Guard failed:
   192 + 256 * ((-1 + seq) // 4) == -64 + 64 * seq``). The patch pads one more row first, so the
   slice always drops rows and the guard holds at every length.
+- :func:`funnel_relative_shift_by_index`: the relative-shift attention aligns its scores by
+  reshaping ``[.., seq, rel]`` to ``[.., rel, seq]``, dropping ``shift`` rows and reshaping back; the
+  ExecuTorch lowering infers the last size of those views as a quotient of products (``(s**2 *
+  (R // s)) // R``) whose interval bound is ~1e11 at a 1024-token bound, and serialising the planned
+  program failed (``memory_planning: TypeError: bad number 81326039495 for type int32``). The patch
+  selects the same scores with one ``index_select`` over the flattened last two axes (indices
+  computed from the sizes), whose output sizes are the query and context lengths themselves.
 - :func:`sliding_window_records_no_global_mask` with
   :func:`sliding_window_local_only_without_global_mask`: Longformer's and LED's encoders decide
   whether to run the global-attention path from the values of the attention mask
@@ -29,6 +36,11 @@ the original code.
   eager does for every such input; the layers cut their windows with ``unfold`` (the config's
   ``onnx_export`` path) instead of a ``view`` sized by a tensor. A forward given a global mask keeps
   its data-dependent global path (and still fails capture).
+- :func:`canine_local_attention_in_blocks`: CANINE's character encoder attends within windows it
+  lists in a Python loop over ``range(0, seq_len, stride)``, which ``torch.export`` evaluates to the
+  sample's length (guard ``Eq(seq, 8)`` in ``CanineAttention.forward``; ``Guard failed:
+  attention_mask.size()[1] == 8``). The patch runs the same windows as one batch of zero-padded
+  blocks (:func:`canine_block_local_attention`) whose count is computed from the symbolic length.
 """
 
 from __future__ import annotations
@@ -46,16 +58,23 @@ from hfexport.workarounds.scopes import holds_module_from
 from hfexport.workarounds.torch_export import BACKEND as CAPTURE
 
 __all__ = [
+    "CANINE_LOCAL_ATTENTION_TARGETS",
     "FUNNEL_POSITION_TARGETS",
+    "FUNNEL_SHIFT_TARGETS",
     "FUNNEL_UPSAMPLE_TARGETS",
     "KEY",
     "SLIDING_WINDOW_ATTENTION_TARGETS",
     "SLIDING_WINDOW_MODEL_TARGETS",
     "TEXT_ENCODER_MODULES",
     "PooledPositions",
+    "canine_block_local_attention",
+    "canine_local_attention_in_blocks",
+    "canine_runs_in_blocks",
     "capture_key",
     "funnel_relative_position_embeds",
     "funnel_relative_positions_from_sizes",
+    "funnel_relative_shift",
+    "funnel_relative_shift_by_index",
     "funnel_upsample",
     "funnel_upsample_always_sliced",
     "sliding_window_local_only_without_global_mask",
@@ -71,6 +90,7 @@ TEXT_ENCODER_MODULES: tuple[str, ...] = (
     "transformers.models.funnel.modeling_funnel",
     "transformers.models.longformer.modeling_longformer",
     "transformers.models.led.modeling_led",
+    "transformers.models.canine.modeling_canine",
 )
 
 _TRANSFORMERS = {"transformers": ">=5.23,<6"}
@@ -328,6 +348,197 @@ def funnel_upsample_always_sliced(original: Callable[..., Any]) -> Callable[...,
         return funnel_upsample(x, stride, target_len, separate_cls=separate_cls, truncate_seq=truncate_seq)
 
     return upsample
+
+
+# --------------------------------------------------------------------------------------------
+# CANINE: the character encoder's local attention in blocks
+# --------------------------------------------------------------------------------------------
+
+#: the attention whose local path lists its windows in a Python loop over the sequence length
+CANINE_LOCAL_ATTENTION_TARGETS: tuple[str, ...] = (
+    "transformers.models.canine.modeling_canine.CanineAttention.forward",
+)
+#: "CANINE: dynamic ONNX export fixes sequence length to example input" (open; its pull requests
+#: #47617 and #47987 were closed unmerged)
+_CANINE_ISSUE = "https://github.com/huggingface/transformers/issues/47491"
+
+
+def canine_runs_in_blocks(
+    attention: Any, attention_mask: torch.Tensor | None, output_attentions: Any
+) -> bool:
+    """Whether :func:`canine_block_local_attention` computes ``attention``'s forward.
+
+    True for a local ``CanineAttention`` whose windows tile the sequence (``attend_from`` and
+    ``attend_to`` widths and strides all equal, the only layout ``CanineModel`` builds: every one is
+    ``config.local_transformer_stride``), with neither ``always_attend_to_first_position`` nor
+    ``first_position_attends_to_all``, given a 3-D ``[batch, seq, seq]`` 0/1 mask (what
+    ``CanineModel`` passes) and no request for the attention probabilities.
+
+    Args:
+        attention: a ``transformers.models.canine.modeling_canine.CanineAttention``.
+        attention_mask: the mask its forward got (``None``, or a 2-D to 4-D float tensor).
+        output_attentions: its forward's flag.
+
+    Returns:
+        Whether the forward may be replaced; False leaves the call to the original.
+    """
+    width = attention.attend_from_chunk_width
+    return bool(
+        attention.local
+        and not output_attentions
+        and attention_mask is not None
+        and attention_mask.ndim == 3
+        and not attention.always_attend_to_first_position
+        and not attention.first_position_attends_to_all
+        and width
+        == attention.attend_from_chunk_stride
+        == attention.attend_to_chunk_width
+        == attention.attend_to_chunk_stride
+    )
+
+
+def canine_block_local_attention(
+    attention: Any, hidden_states: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor]:
+    """CANINE's local attention (transformers 5.24 ``CanineAttention.forward``, ``local=True``) as one
+    batch of blocks.
+
+    The original cuts the sequence into windows of ``width`` positions (the last one shorter) and
+    lets each window attend to itself only. Here the states are zero-padded to
+    ``ceil(seq / width) + 1`` whole windows and run as a batch of ``[width, hidden]`` blocks; each
+    block's mask is the original's diagonal block of ``attention_mask``, turned into the additive mask
+    ``CanineSelfAttention`` makes of a 3-D mask (``(1 - mask) * finfo.min``). Padded keys of a window
+    holding real positions get ``-inf``, so their weight is exactly 0 even in a row whose every real
+    key is masked (there the original spreads the weight evenly over the window's real keys, and so
+    does this); the all-padding window's rows (masked with ``finfo.min``, finite) and every padded
+    query row are cut off.
+
+    The one window more than needed keeps the window count at 2 or more at every length, so a
+    sample shorter than a window does not make ``torch.export`` specialise a size-1 window axis
+    (``Eq((seq + 127) // 128, 1)``, which bounded the program to 128 characters), and the final cut
+    always drops rows (a cut that keeps every row at some lengths is a stride guard tied to them).
+
+    Args:
+        attention: the ``CanineAttention`` (its ``self`` and ``output`` submodules and
+            ``attend_from_chunk_width``); :func:`canine_runs_in_blocks` must hold.
+        hidden_states: ``[batch, seq, hidden]`` character states.
+        attention_mask: ``[batch, seq, seq]`` float mask, 1 where a position may be attended.
+
+    Returns:
+        ``(attention_output,)``: ``[batch, seq, hidden]``, the original's values up to float
+        summation order (the padded keys add exact zeros to the softmax and value sums).
+    """
+    width = attention.attend_from_chunk_width
+    batch, seq_len = hidden_states.shape[:2]
+    windows = (seq_len + width - 1) // width + 1
+    padded_len = windows * width
+    # split the length into [windows, width] first, then merge batch and windows (no reshape across both)
+    states = torch.nn.functional.pad(hidden_states, (0, 0, 0, padded_len - seq_len))
+    states = states.unflatten(1, (windows, width)).flatten(0, 1)
+    from_len, to_len = attention_mask.shape[1], attention_mask.shape[2]
+    mask = torch.nn.functional.pad(attention_mask, (0, padded_len - to_len, 0, padded_len - from_len))
+    # each window's rows, then its own columns among them: the diagonal blocks, by gather (OpenVINO's
+    # converter refuses aten.diagonal)
+    rows = mask.unflatten(1, (windows, width))  # [batch, windows, width (from), padded_len (to)]
+    own_keys = torch.arange(padded_len, device=hidden_states.device).reshape(1, windows, 1, width)
+    blocks = rows.gather(3, own_keys.expand(batch, windows, width, width))  # [batch, windows, width, width]
+    additive = (1.0 - blocks.float()) * torch.finfo(hidden_states.dtype).min
+    position = torch.arange(padded_len, device=hidden_states.device)
+    padded_key = (position >= seq_len) & (position // width * width < seq_len)  # in a window with real rows
+    additive = additive.masked_fill(
+        padded_key.unflatten(0, (windows, width))[None, :, None, :], float("-inf")
+    )
+    additive = (
+        additive.unsqueeze(2).flatten(0, 1).to(hidden_states.dtype)
+    )  # [batch * windows, 1, width, width]
+    context = attention.self(states, states, additive, False)[0]
+    context = context.unflatten(0, (batch, windows)).flatten(1, 2)[:, :seq_len]
+    return (attention.output(context, hidden_states),)
+
+
+@register_patch(
+    BACKEND,
+    *CANINE_LOCAL_ATTENTION_TARGETS,
+    description=(
+        "CANINE: the character encoder's local attention runs its windows as one batch of zero-padded blocks "
+        "instead of a Python loop over range(0, seq_len, stride), which torch.export evaluated to the sample's "
+        "length (Guard failed: attention_mask.size()[1] == 8)"
+    ),
+    issue=_CANINE_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def canine_local_attention_in_blocks(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``CanineAttention.forward`` while capturing.
+
+    When :func:`canine_runs_in_blocks` holds (every local attention ``CanineModel`` builds, without
+    ``output_attentions``) the replacement returns :func:`canine_block_local_attention`; the global
+    attention and the other local layouts run the original.
+    """
+
+    @functools.wraps(original)
+    def forward(
+        self: Any,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = False,
+    ) -> Any:
+        if canine_runs_in_blocks(self, attention_mask, output_attentions):
+            return canine_block_local_attention(self, hidden_states, attention_mask)
+        return original(self, hidden_states, attention_mask, output_attentions)
+
+    return forward
+
+
+#: the module function the relative-shift attention aligns its positional scores with
+FUNNEL_SHIFT_TARGETS: tuple[str, ...] = ("transformers.models.funnel.modeling_funnel._relative_shift_gather",)
+
+
+def funnel_relative_shift(positional_attn: torch.Tensor, context_len: Any, shift: int) -> torch.Tensor:
+    """Funnel's ``_relative_shift_gather`` (transformers 5.24) as one ``index_select``.
+
+    The original views ``[batch, heads, seq, rel]`` as ``[batch, heads, rel, seq]``, drops the first
+    ``shift`` rows, views the rest as ``[batch, heads, seq, rel - shift]`` and keeps the first
+    ``context_len`` columns. In the flattened ``seq * rel`` scores of one head, output ``(i, j)`` is
+    therefore element ``shift * seq + i * (rel - shift) + j``; this function gathers exactly those
+    elements, so the values are the original's bit for bit.
+
+    Args:
+        positional_attn: ``[batch, heads, seq, rel]`` scores (``rel >= context_len + shift``, as
+            the model builds them: ``rel = 2 * context_len + shift - 1`` up to pooling).
+        context_len: the key length (int or ``SymInt``).
+        shift: 1, or 2 when the queries are pooled.
+
+    Returns:
+        ``[batch, heads, seq, context_len]``, same dtype and device.
+    """
+    seq_len, max_rel_len = positional_attn.shape[2], positional_attn.shape[3]
+    device = positional_attn.device
+    rows = torch.arange(seq_len, device=device)[:, None] * (max_rel_len - shift)
+    index = shift * seq_len + rows + torch.arange(context_len, device=device)[None, :]
+    selected = positional_attn.flatten(2).index_select(2, index.flatten())
+    return selected.unflatten(2, (seq_len, context_len))
+
+
+@register_patch(
+    BACKEND,
+    *FUNNEL_SHIFT_TARGETS,
+    description=(
+        "Funnel: the relative shift of the positional attention scores selects them by index_select instead of "
+        "reshape / slice / reshape, whose lowered views ExecuTorch bounded at ~1e11 (memory_planning: TypeError: "
+        "bad number 81326039495 for type int32)"
+    ),
+    issue=_FUNNEL_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def funnel_relative_shift_by_index(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``transformers.models.funnel.modeling_funnel._relative_shift_gather`` while capturing
+    with :func:`funnel_relative_shift` (the same values)."""
+
+    @functools.wraps(original)
+    def relative_shift_gather(positional_attn: torch.Tensor, context_len: Any, shift: int) -> torch.Tensor:
+        return funnel_relative_shift(positional_attn, context_len, shift)
+
+    return relative_shift_gather
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ the original code.
   re-trace;
 - :func:`t5gemma2_eoi_embedding_as_where`: T5Gemma2's end-of-image embedding is written with
   ``torch.where`` instead of a boolean-mask assignment (``index_put``, refused by OpenVINO).
+- :func:`moonshine_feature_lengths_by_floor_division`: Moonshine's encoder computes its three
+  convolutions' output length with ``int((length - 127) / 64 + 1)`` (true division, then ``int``),
+  which ``torch.export`` evaluates to the sample's value (``Guard failed: math.trunc(1.0 + (-127 +
+  attention_mask.size()[1]) / 64) == 40``); the patch computes it with integer floor division,
+  which stays symbolic.
 
 Workarounds that depend on what a runtime can execute are registered by their backend under its
 own key (for example the mixture-of-experts rewrites: the shared dense every-expert forward of
@@ -57,6 +62,8 @@ __all__ = [
     "mask_functions_broadcast_instead_of_vmap",
     "max_pool1d_as_max_pool2d",
     "max_pool_over_the_whole_map_as_amax",
+    "moonshine_feature_lengths_by_floor_division",
+    "moonshine_output_length",
     "sliding_window_update_keeps_dynamic_length",
     "t5gemma2_eoi_embedding_as_where",
 ]
@@ -570,3 +577,61 @@ def t5gemma2_eoi_embedding_as_where(original: Callable[..., Any]) -> Callable[..
         return torch.where(is_eoi, self.eoi_embedding.to(embeddings.dtype), embeddings)
 
     return forward
+
+
+# --------------------------------------------------------------------------------------------
+# Moonshine: the convolutions' output length by integer arithmetic
+# --------------------------------------------------------------------------------------------
+
+#: Moonshine's three convolutions over the raw audio, as (kernel, stride)
+MOONSHINE_CONVOLUTIONS: tuple[tuple[int, int], ...] = ((127, 64), (7, 3), (3, 2))
+
+
+def moonshine_output_length(input_length: Any) -> Any:
+    """The frame count Moonshine's encoder makes of ``input_length`` audio samples.
+
+    ``(length - kernel) // stride + 1`` through its convolutions (kernel 127 stride 64, 7 and 3,
+    3 and 2), integer floor division: an ``int`` gives an ``int``, a ``SymInt`` a ``SymInt``.
+    Equal to transformers 5.24's ``int((length - kernel) / stride + 1)`` (which truncates toward
+    zero) at every length the convolutions accept (each one's input at least its kernel: from 895
+    samples on, 1 frame); shorter audio fails in the convolutions either way.
+
+    Args:
+        input_length: the audio length in samples (int or ``SymInt``).
+
+    Returns:
+        The encoder's sequence length (int or ``SymInt``).
+    """
+    length = input_length
+    for kernel, stride in MOONSHINE_CONVOLUTIONS:
+        length = (length - kernel) // stride + 1
+    return length
+
+
+@register_patch(
+    BACKEND,
+    "transformers.models.moonshine.modeling_moonshine.MoonshinePreTrainedModel._get_feat_extract_output_lengths",
+    description=(
+        "Moonshine: the encoder's output length from the audio length by integer floor division instead of "
+        "int(true division), which torch.export evaluated to the sample's value (Guard failed: math.trunc(1.0 + "
+        "(-127 + attention_mask.size()[1]) / 64) == 40)"
+    ),
+    # no upstream issue found for the guard; the closest report (Moonshine's ONNX encoder failing at other
+    # audio lengths)
+    issue="https://github.com/huggingface/optimum/issues/2403",
+    versions={"transformers": ">=5.23,<6"},
+)
+def moonshine_feature_lengths_by_floor_division(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``MoonshinePreTrainedModel._get_feat_extract_output_lengths`` while capturing.
+
+    For an ``int`` or ``SymInt`` length (the encoder passes ``attention_mask.shape[-1]``) the
+    replacement returns :func:`moonshine_output_length`; a tensor of lengths goes to the original.
+    """
+
+    @functools.wraps(original)
+    def lengths(self: Any, input_lengths: Any) -> Any:
+        if isinstance(input_lengths, (int, torch.SymInt)):
+            return moonshine_output_length(input_lengths)
+        return original(self, input_lengths)
+
+    return lengths
