@@ -177,6 +177,7 @@ def test_funnel_program_keeps_the_sample_length_without_the_patches():
 SLIDING_RECORD = f"{text_encoders.__name__}.sliding_window_records_global_slots"
 SLIDING_CLS = f"{text_encoders.__name__}.sliding_window_records_cls_global_mask"
 SLIDING_ATTENTION = f"{text_encoders.__name__}.sliding_window_attention_with_static_sizes"
+SLIDING_PAD = f"{text_encoders.__name__}.sliding_window_pads_to_a_window_multiple"
 
 
 def test_sliding_window_entries_are_registered_with_their_targets():
@@ -184,7 +185,8 @@ def test_sliding_window_entries_are_registered_with_their_targets():
     assert found[SLIDING_RECORD].paths == text_encoders.SLIDING_WINDOW_MODEL_TARGETS
     assert found[SLIDING_CLS].paths == text_encoders.SLIDING_WINDOW_CLS_HEAD_TARGETS
     assert found[SLIDING_ATTENTION].paths == text_encoders.SLIDING_WINDOW_ATTENTION_TARGETS
-    for name in (SLIDING_RECORD, SLIDING_CLS, SLIDING_ATTENTION):
+    assert found[SLIDING_PAD].paths == text_encoders.SLIDING_WINDOW_PAD_TARGETS
+    for name in (SLIDING_RECORD, SLIDING_CLS, SLIDING_ATTENTION, SLIDING_PAD):
         assert found[name].issue == "https://github.com/huggingface/transformers/pull/33694"
         assert found[name].is_active(), found[name].inactive_reason()
         assert not found[name].unresolved, found[name].unresolved
@@ -274,13 +276,20 @@ def test_longformer_capture_fails_without_the_patches():
 
 def test_longformer_classification_program_with_its_cls_global_token_matches_eager():
     """issue 28: the sequence-classification head puts global attention on <s> itself; captured
-    with the patches (capture failed on Eq(u0, 1)) the program takes other lengths and batches
-    with eager's logits, padded rows included."""
+    with the patches (capture failed on Eq(u0, 1)) and named batch / sequence dims as ExecuTorch
+    gives them (the solver failed on the padded length's divisibility guards: Cannot create Dim
+    with inconsistent min=1, max=1), the program takes other lengths and batches with eager's
+    logits, padded rows included."""
     model, inputs = tiny_model("longformer", "text-classification")
+    batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=511)
     with torch.no_grad():
         with apply_patches(text_encoders.KEY):
             program = torch.export.export(
-                model, (), dict(inputs), dynamic_shapes=_text_dynamic(inputs), strict=False
+                model,
+                (),
+                dict(inputs),
+                dynamic_shapes={name: {0: batch, 1: seq} for name in inputs},
+                strict=False,
             )
         for seq_len in (8, 13):
             longer = _longer(inputs, seq_len=seq_len)
@@ -290,3 +299,26 @@ def test_longformer_classification_program_with_its_cls_global_token_matches_eag
             assert got.shape == expected.shape == (3, model.config.num_labels)
             assert not torch.allclose(expected, local_only, atol=1e-5)  # <s>'s global attention counts
             torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["longformer", "led"])
+def test_window_padding_equals_the_original_at_every_length(model_type):
+    model, _ = tiny_model(model_type, "feature-extraction")
+    owner = model if model_type == "longformer" else model.get_encoder()
+    window = max(owner.config.attention_window)
+    for seq_len in (1, 7, window, window + 3):
+        ids = torch.arange(seq_len).repeat(2, 1) + 5
+        call = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "inputs_embeds": None,
+            "pad_token_id": 1,
+        }
+        if model_type == "longformer":
+            call |= {"token_type_ids": torch.zeros_like(ids), "position_ids": None}
+        expected = owner._pad_to_window_size(**call)
+        with apply_patches(text_encoders.KEY):
+            got = owner._pad_to_window_size(**call)
+        assert got[0] == expected[0] == -seq_len % window
+        for mine, theirs in zip(got[1:], expected[1:], strict=True):
+            assert (mine is None and theirs is None) or torch.equal(mine, theirs)

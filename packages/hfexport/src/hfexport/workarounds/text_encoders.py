@@ -31,6 +31,10 @@ the original code.
   masked by the global mask (none without a ``global_attention_mask``, position 0 for the
   sequence-classification head's own ``<s>`` mask, every position for a given mask), the
   original's values at every input.
+  :func:`sliding_window_pads_to_a_window_multiple` pads the tokens to
+  ``window * ceil(seq / window)``, a length ``torch.export`` sees is a multiple of the window (the
+  original's ``seq + (window - seq % window) % window`` left divisibility guards that ExecuTorch's
+  named dims were solved against: ``Cannot create Dim with inconsistent min=1, max=1``).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ __all__ = [
     "SLIDING_WINDOW_ATTENTION_TARGETS",
     "SLIDING_WINDOW_CLS_HEAD_TARGETS",
     "SLIDING_WINDOW_MODEL_TARGETS",
+    "SLIDING_WINDOW_PAD_TARGETS",
     "TEXT_ENCODER_MODULES",
     "PooledPositions",
     "capture_key",
@@ -64,6 +69,7 @@ __all__ = [
     "funnel_upsample",
     "funnel_upsample_always_sliced",
     "sliding_window_attention_with_static_sizes",
+    "sliding_window_pads_to_a_window_multiple",
     "sliding_window_records_cls_global_mask",
     "sliding_window_records_global_slots",
     "sliding_window_self_attention",
@@ -439,6 +445,67 @@ def sliding_window_records_cls_global_mask(original: Callable[..., Any]) -> Call
             _HEAD_GLOBAL_PREFIX.reset(token)
 
     return forward
+
+
+#: the helpers that pad the tokens to a multiple of the attention window (Longformer's model, LED's
+#: encoder)
+SLIDING_WINDOW_PAD_TARGETS: tuple[str, ...] = (
+    "transformers.models.longformer.modeling_longformer.LongformerModel._pad_to_window_size",
+    "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size",
+)
+#: the pad value of each token-aligned argument of the ``_pad_to_window_size`` helpers (``None``: the
+#: call's ``pad_token_id``)
+_WINDOW_PAD_VALUES: dict[str, int | None] = {
+    "input_ids": None,
+    "position_ids": None,
+    "token_type_ids": 0,
+    "attention_mask": 0,
+}
+
+
+@register_patch(
+    BACKEND,
+    *SLIDING_WINDOW_PAD_TARGETS,
+    description=(
+        "Longformer / LED: tokens padded to window * ceil(seq / window), a length torch.export knows to be "
+        "a multiple of the window, instead of seq + (window - seq % window) % window (the window views "
+        "guarded on its divisibility and ExecuTorch's named dims were solved to seq = 512 * k - 504)"
+    ),
+    issue=_SLIDING_WINDOW_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def sliding_window_pads_to_a_window_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``LongformerModel._pad_to_window_size`` / ``LEDEncoder._pad_to_window_size`` while capturing.
+
+    The replacement pads the token-aligned arguments (``input_ids`` and ``position_ids`` with the
+    call's ``pad_token_id``, ``token_type_ids`` and ``attention_mask`` with 0) by
+    ``window * ceil(seq / window) - seq`` itself, the original's padding written so the padded
+    length is a visible multiple of the window, then runs the original on them (which finds nothing
+    left to pad) and returns the original's tuple with that padding length first. A call with
+    ``inputs_embeds`` runs the original unchanged.
+    """
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def pad_to_window_size(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        call = dict(bound.arguments)
+        if call.get("inputs_embeds") is not None or call.get("input_ids") is None:
+            return original(self, *args, **kwargs)
+        window = self.config.attention_window
+        window = window if isinstance(window, int) else max(window)
+        seq = call["input_ids"].shape[1]
+        padding = window * ((seq + window - 1) // window) - seq
+        for name, value in _WINDOW_PAD_VALUES.items():
+            if call.get(name) is not None:
+                fill = call["pad_token_id"] if value is None else value
+                call[name] = torch.nn.functional.pad(call[name], (0, padding), value=fill)
+        del call["self"]
+        result = original(self, **call)
+        return (padding, *result[1:])
+
+    return pad_to_window_size
 
 
 def _global_mask_in(args: tuple[Any, ...]) -> bool:
