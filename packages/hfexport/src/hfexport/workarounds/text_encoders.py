@@ -26,16 +26,22 @@ the original code.
   program failed (``memory_planning: TypeError: bad number 81326039495 for type int32``). The patch
   selects the same scores with one ``index_select`` over the flattened last two axes (indices
   computed from the sizes), whose output sizes are the query and context lengths themselves.
-- :func:`sliding_window_records_no_global_mask` with
-  :func:`sliding_window_local_only_without_global_mask`: Longformer's and LED's encoders decide
+- :func:`sliding_window_records_global_slots`, :func:`sliding_window_records_cls_global_mask` and
+  :func:`sliding_window_attention_with_static_sizes`: Longformer's and LED's encoders decide
   whether to run the global-attention path from the values of the attention mask
   (``(mask > 0).any().item()``), a data-dependent branch ``torch.export`` refuses
-  (``GuardOnDataDependentSymNode: Eq(u1, 1)``). Without a ``global_attention_mask`` argument the
-  mask holds only 0 and 1 (local and padding), so no token is global at any input: the patches
-  record that the forward got no global mask and the attention layers take the local path, as
-  eager does for every such input; the layers cut their windows with ``unfold`` (the config's
-  ``onnx_export`` path) instead of a ``view`` sized by a tensor. A forward given a global mask keeps
-  its data-dependent global path (and still fails capture).
+  (``GuardOnDataDependentSymNode: Eq(u1, 1)``), size the global tensors by ``nonzero`` counts, and
+  cut the sliding windows with a ``view`` / ``as_strided`` sized by ``torch.div`` tensors (unbacked
+  sizes ExecuTorch's memory planning cannot bound). The attention layers run
+  :func:`sliding_window_self_attention` instead: the window by blocks of ``w`` queries against
+  their block and its neighbours (slices and ``cat``), the global attention over static slots
+  masked by the global mask (none without a ``global_attention_mask``, position 0 for the
+  sequence-classification head's own ``<s>`` mask, every position for a given mask), the
+  original's values at every input.
+  :func:`sliding_window_pads_to_a_window_multiple` pads the tokens to
+  ``window * ceil(seq / window)``, a length ``torch.export`` sees is a multiple of the window (the
+  original's ``seq + (window - seq % window) % window`` left divisibility guards that ExecuTorch's
+  named dims were solved against: ``Cannot create Dim with inconsistent min=1, max=1``).
 - :func:`canine_local_attention_in_blocks`: CANINE's character encoder attends within windows it
   lists in a Python loop over ``range(0, seq_len, stride)``, which ``torch.export`` evaluates to the
   sample's length (guard ``Eq(seq, 8)`` in ``CanineAttention.forward``; ``Guard failed:
@@ -47,6 +53,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -64,7 +72,9 @@ __all__ = [
     "FUNNEL_UPSAMPLE_TARGETS",
     "KEY",
     "SLIDING_WINDOW_ATTENTION_TARGETS",
+    "SLIDING_WINDOW_CLS_HEAD_TARGETS",
     "SLIDING_WINDOW_MODEL_TARGETS",
+    "SLIDING_WINDOW_PAD_TARGETS",
     "TEXT_ENCODER_MODULES",
     "PooledPositions",
     "canine_block_local_attention",
@@ -77,8 +87,11 @@ __all__ = [
     "funnel_relative_shift_by_index",
     "funnel_upsample",
     "funnel_upsample_always_sliced",
-    "sliding_window_local_only_without_global_mask",
-    "sliding_window_records_no_global_mask",
+    "sliding_window_attention_with_static_sizes",
+    "sliding_window_pads_to_a_window_multiple",
+    "sliding_window_records_cls_global_mask",
+    "sliding_window_records_global_slots",
+    "sliding_window_self_attention",
 ]
 
 #: Registry key of these patches: a scope of ``"capture"``, applied by :func:`capture_key`'s choice.
@@ -542,16 +555,22 @@ def funnel_relative_shift_by_index(original: Callable[..., Any]) -> Callable[...
 
 
 # --------------------------------------------------------------------------------------------
-# Longformer / LED: local attention only when no global attention mask is given
+# Longformer / LED: sliding-window and global attention with static sizes
 # --------------------------------------------------------------------------------------------
 
 #: the forwards that merge ``global_attention_mask`` into the attention mask (Longformer's model,
-#: LED's encoder): the replacement records whether they got one
+#: LED's encoder): the replacement records which positions can attend globally
 SLIDING_WINDOW_MODEL_TARGETS: tuple[str, ...] = (
     "transformers.models.longformer.modeling_longformer.LongformerModel.forward",
     "transformers.models.led.modeling_led.LEDEncoder.forward",
 )
-#: the self-attention layers that branch on ``is_global_attn`` (a data-dependent ``.item()``)
+#: the heads that build a global mask of their own when given none (Longformer's sequence
+#: classification: global attention on the ``<s>`` token, position 0)
+SLIDING_WINDOW_CLS_HEAD_TARGETS: tuple[str, ...] = (
+    "transformers.models.longformer.modeling_longformer.LongformerForSequenceClassification.forward",
+)
+#: the self-attention layers that branch on ``is_global_attn`` (a data-dependent ``.item()``) and
+#: size their global tensors by ``nonzero`` counts
 SLIDING_WINDOW_ATTENTION_TARGETS: tuple[str, ...] = (
     "transformers.models.longformer.modeling_longformer.LongformerSelfAttention.forward",
     "transformers.models.led.modeling_led.LEDEncoderSelfAttention.forward",
@@ -560,9 +579,17 @@ SLIDING_WINDOW_ATTENTION_TARGETS: tuple[str, ...] = (
 #: filed for torch.export's data-dependent guard
 _SLIDING_WINDOW_ISSUE = "https://github.com/huggingface/transformers/pull/33694"
 
-#: True inside a Longformer model / LED encoder forward called without ``global_attention_mask``
-_NO_GLOBAL_MASK: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "hfexport_no_global_mask", default=False
+#: Global slots of the attention layers called inside a recorded forward: ``None`` when every
+#: position may attend globally (a global mask was given), an int ``n`` when only the first ``n``
+#: positions may (0: no global mask, local attention only; 1: the ``<s>`` token of a
+#: sequence-classification head that built its own mask).
+_GLOBAL_SLOTS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hfexport_global_slots", default=None
+)
+#: Set by :func:`sliding_window_records_cls_global_mask` while a sequence-classification head runs
+#: on the global mask it built itself (only position 0 global).
+_HEAD_GLOBAL_PREFIX: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hfexport_head_global_prefix", default=None
 )
 
 
@@ -570,30 +597,126 @@ _NO_GLOBAL_MASK: contextvars.ContextVar[bool] = contextvars.ContextVar(
     BACKEND,
     *SLIDING_WINDOW_MODEL_TARGETS,
     description=(
-        "Longformer / LED: the forward records whether it got a global_attention_mask (the partner of "
-        "sliding_window_local_only_without_global_mask)"
+        "Longformer / LED: the forward records which positions can attend globally (none without a "
+        "global_attention_mask; the partner of sliding_window_attention_with_static_sizes)"
     ),
     issue=_SLIDING_WINDOW_ISSUE,
     versions=_TRANSFORMERS,
 )
-def sliding_window_records_no_global_mask(original: Callable[..., Any]) -> Callable[..., Any]:
+def sliding_window_records_global_slots(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replace ``LongformerModel.forward`` / ``LEDEncoder.forward`` while capturing.
 
-    The replacement runs the original; while it runs, :data:`_NO_GLOBAL_MASK` says whether the call
-    gave no ``global_attention_mask`` (``None`` or absent): the attention mask then holds only the
-    padding mask's 0 and 1, which the forward turns into "masked" (negative) and "local" (0) scores,
-    never the positive "global" ones.
+    The replacement runs the original; while it runs, :data:`_GLOBAL_SLOTS` holds the positions its
+    attention layers must give global slots to: 0 when the call gave no ``global_attention_mask``
+    (``None`` or absent; the merged mask then holds only "masked" and "local" scores), 1 when the
+    mask is the one :func:`sliding_window_records_cls_global_mask` saw a classification head build
+    (only position 0 set), ``None`` (every position) for any other mask.
     """
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        token = _NO_GLOBAL_MASK.set(kwargs.get("global_attention_mask") is None and not _global_mask_in(args))
+        given = kwargs.get("global_attention_mask") is not None or _global_mask_in(args)
+        token = _GLOBAL_SLOTS.set(_HEAD_GLOBAL_PREFIX.get() if given else 0)
+        head = _HEAD_GLOBAL_PREFIX.set(None)  # a nested model forward sees its own mask
         try:
             return original(self, *args, **kwargs)
         finally:
-            _NO_GLOBAL_MASK.reset(token)
+            _HEAD_GLOBAL_PREFIX.reset(head)
+            _GLOBAL_SLOTS.reset(token)
 
     return forward
+
+
+@register_patch(
+    BACKEND,
+    *SLIDING_WINDOW_CLS_HEAD_TARGETS,
+    description=(
+        "Longformer sequence classification: a head that builds its own global mask (the <s> token, "
+        "position 0) gives its attention layers one global slot instead of one per position"
+    ),
+    issue=_SLIDING_WINDOW_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def sliding_window_records_cls_global_mask(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``LongformerForSequenceClassification.forward`` while capturing.
+
+    Called without ``global_attention_mask`` the head sets global attention on position 0 only
+    (``global_attention_mask[:, 0] = 1``); the replacement records that (:data:`_HEAD_GLOBAL_PREFIX`
+    = 1) for :func:`sliding_window_records_global_slots`, so the layers compute one global slot,
+    not one per position. A head given a mask records nothing (every position is a slot).
+    """
+
+    @functools.wraps(original)
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        given = kwargs.get("global_attention_mask") is not None or _global_mask_in(args)
+        token = _HEAD_GLOBAL_PREFIX.set(None if given else 1)
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _HEAD_GLOBAL_PREFIX.reset(token)
+
+    return forward
+
+
+#: the helpers that pad the tokens to a multiple of the attention window (Longformer's model, LED's
+#: encoder)
+SLIDING_WINDOW_PAD_TARGETS: tuple[str, ...] = (
+    "transformers.models.longformer.modeling_longformer.LongformerModel._pad_to_window_size",
+    "transformers.models.led.modeling_led.LEDEncoder._pad_to_window_size",
+)
+#: the pad value of each token-aligned argument of the ``_pad_to_window_size`` helpers (``None``: the
+#: call's ``pad_token_id``)
+_WINDOW_PAD_VALUES: dict[str, int | None] = {
+    "input_ids": None,
+    "position_ids": None,
+    "token_type_ids": 0,
+    "attention_mask": 0,
+}
+
+
+@register_patch(
+    BACKEND,
+    *SLIDING_WINDOW_PAD_TARGETS,
+    description=(
+        "Longformer / LED: tokens padded to window * ceil(seq / window), a length torch.export knows to be "
+        "a multiple of the window, instead of seq + (window - seq % window) % window (the window views "
+        "guarded on its divisibility and ExecuTorch's named dims were solved to seq = 512 * k - 504)"
+    ),
+    issue=_SLIDING_WINDOW_ISSUE,
+    versions=_TRANSFORMERS,
+)
+def sliding_window_pads_to_a_window_multiple(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Replace ``LongformerModel._pad_to_window_size`` / ``LEDEncoder._pad_to_window_size`` while capturing.
+
+    The replacement pads the token-aligned arguments (``input_ids`` and ``position_ids`` with the
+    call's ``pad_token_id``, ``token_type_ids`` and ``attention_mask`` with 0) by
+    ``window * ceil(seq / window) - seq`` itself, the original's padding written so the padded
+    length is a visible multiple of the window, then runs the original on them (which finds nothing
+    left to pad) and returns the original's tuple with that padding length first. A call with
+    ``inputs_embeds`` runs the original unchanged.
+    """
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def pad_to_window_size(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        call = dict(bound.arguments)
+        if call.get("inputs_embeds") is not None or call.get("input_ids") is None:
+            return original(self, *args, **kwargs)
+        window = self.config.attention_window
+        window = window if isinstance(window, int) else max(window)
+        seq = call["input_ids"].shape[1]
+        padding = window * ((seq + window - 1) // window) - seq
+        for name, value in _WINDOW_PAD_VALUES.items():
+            if call.get(name) is not None:
+                fill = call["pad_token_id"] if value is None else value
+                call[name] = torch.nn.functional.pad(call[name], (0, padding), value=fill)
+        del call["self"]
+        result = original(self, **call)
+        return (padding, *result[1:])
+
+    return pad_to_window_size
 
 
 def _global_mask_in(args: tuple[Any, ...]) -> bool:
@@ -606,41 +729,183 @@ def _global_mask_in(args: tuple[Any, ...]) -> bool:
     BACKEND,
     *SLIDING_WINDOW_ATTENTION_TARGETS,
     description=(
-        "Longformer / LED: without a global_attention_mask the self-attention takes its local path, as eager does "
-        "for every such input, instead of branching on (mask > 0).any().item(), and chunks by unfold (config "
-        "onnx_export) instead of a view sized by a tensor (GuardOnDataDependentSymNode: Eq(u1, 1))"
+        "Longformer / LED: the self-attention computed with sizes from shapes only: local windows as "
+        "blocks with their neighbours, global attention over static slots masked by the global mask, "
+        "instead of branching on (mask > 0).any().item() and sizing by nonzero counts "
+        "(GuardOnDataDependentSymNode: Eq(u1, 1))"
     ),
     issue=_SLIDING_WINDOW_ISSUE,
     versions=_TRANSFORMERS,
 )
-def sliding_window_local_only_without_global_mask(original: Callable[..., Any]) -> Callable[..., Any]:
+def sliding_window_attention_with_static_sizes(original: Callable[..., Any]) -> Callable[..., Any]:
     """Replace ``LongformerSelfAttention.forward`` / ``LEDEncoderSelfAttention.forward`` while capturing.
 
-    Inside a forward that :func:`sliding_window_records_no_global_mask` saw called without a global
-    mask, the replacement passes ``is_global_attn=False``: the value ``.item()`` would give at every
-    such input (no score is positive), now a Python bool ``torch.export`` can branch on. The
-    encoder's own uses of the flag only shape attention outputs, which an export does not request.
-    Elsewhere (a global mask given, or a layer called on its own) the flag is left as given.
-
-    For the call, the layer's ``config.onnx_export`` is set (and put back after): its ``_chunk``
-    then cuts the overlapping windows with ``unfold`` (transformers' own export path, the same
-    values) instead of a ``view`` sized by ``torch.div(seq_len, 2 * w)``, a tensor whose value
-    ``torch.export`` cannot read back as a size (``GuardOnDataDependentSymNode`` in ``_chunk``).
+    The replacement returns ``(sliding_window_self_attention(...),)`` with the global slots
+    :func:`sliding_window_records_global_slots` recorded (every position when the layer is called
+    outside a recorded forward): the original's values for every input, with no data-dependent
+    branch or size. A call asking for attention probabilities (``output_attentions``, shaped by
+    the number of global tokens) runs the original.
     """
+    signature = inspect.signature(original)
 
     @functools.wraps(original)
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if _NO_GLOBAL_MASK.get() and "is_global_attn" in kwargs:
-            kwargs = {**kwargs, "is_global_attn": False}
-        config = self.config
-        had, before = hasattr(config, "onnx_export"), getattr(config, "onnx_export", False)
-        config.onnx_export = True  # overlapping chunks by unfold, not a view sized by torch.div(...)
-        try:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        call = bound.arguments
+        if call.get("output_attentions"):
             return original(self, *args, **kwargs)
-        finally:
-            if had:
-                config.onnx_export = before
-            else:
-                del config.onnx_export
+        attention = sliding_window_self_attention(
+            self,
+            call["hidden_states"],
+            call["attention_mask"],
+            call["is_index_masked"],
+            call["is_index_global_attn"],
+            global_slots=_GLOBAL_SLOTS.get(),
+        )
+        return (attention,)
 
     return forward
+
+
+def sliding_window_self_attention(
+    layer: torch.nn.Module,
+    hidden_states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    is_index_masked: torch.Tensor,
+    is_index_global_attn: torch.Tensor,
+    *,
+    global_slots: int | None = None,
+) -> torch.Tensor:
+    """Longformer's self-attention (sliding window plus global tokens) with static sizes.
+
+    Every token attends to the ``w`` tokens on each side (``w = layer.one_sided_attn_window_size``)
+    and to every global token; a global token attends to every token with the layer's ``*_global``
+    projections. Transformers finds the global tokens with ``nonzero`` and sizes its tensors by
+    their count; here the candidates are fixed by ``global_slots`` and the ones that are not global
+    get the score ``finfo.min`` (exactly as transformers' padding slots do), so their softmax weight
+    is 0 and the values equal transformers' up to float rounding. The window is computed on
+    blocks of ``w`` queries against their block and its two neighbours (``3w`` keys).
+
+    Args:
+        layer: a ``LongformerSelfAttention`` or ``LEDEncoderSelfAttention`` (its ``query``, ``key``,
+            ``value``, ``query_global``, ``key_global``, ``value_global``, ``num_heads``,
+            ``head_dim``, ``embed_dim``, ``one_sided_attn_window_size``, ``dropout``).
+        hidden_states: ``(batch, seq, embed_dim)`` float; ``seq`` a multiple of
+            ``one_sided_attn_window_size`` (the models pad to a multiple of the attention window).
+        attention_mask: ``(batch, seq)`` float: negative for padding, 0 for local, positive for
+            global tokens (the models' merged mask).
+        is_index_masked: ``(batch, seq)`` bool, ``attention_mask < 0``.
+        is_index_global_attn: ``(batch, seq)`` bool, ``attention_mask > 0``.
+        global_slots: ``None``: every position may be global (one slot per position, the
+            global part costs ``seq**2``); ``n``: only the first ``n`` positions may be (0: no
+            global attention, the local path; 1: the ``<s>`` token of classification heads). A
+            global token outside the slots is ignored, so ``n`` must cover every global position.
+
+    Returns:
+        ``(batch, seq, embed_dim)`` attention output, the dtype of ``hidden_states`` (before the
+        layer's output projection, like the original's first output).
+
+    Raises:
+        ValueError: when ``hidden_states`` is not 3-D with ``layer.embed_dim`` features, or
+            ``global_slots`` is negative.
+    """
+    if hidden_states.dim() != 3 or hidden_states.shape[-1] != layer.embed_dim:
+        raise ValueError(
+            f"hidden_states must be (batch, seq, {layer.embed_dim}), got {tuple(hidden_states.shape)}; "
+            "pass the layer's input as the model gives it (padded to the attention window)"
+        )
+    if global_slots is not None and global_slots < 0:
+        raise ValueError(f"global_slots must be None or >= 0, got {global_slots}")
+    batch, seq, embed = hidden_states.shape
+    heads, head_dim, w = layer.num_heads, layer.head_dim, layer.one_sided_attn_window_size
+    scale = math.sqrt(head_dim)
+
+    def split(x: torch.Tensor) -> torch.Tensor:
+        return x.view(batch, -1, heads, head_dim)
+
+    query = split(layer.query(hidden_states) / scale)
+    key = split(layer.key(hidden_states))
+    value = split(layer.value(hidden_states))
+    lowest = torch.finfo(query.dtype).min
+
+    # window scores, keys that are padding or global taken out of the window (they get a slot)
+    scores = _window_scores(query, key, w)
+    removed = (attention_mask != 0).to(query.dtype).masked_fill(attention_mask != 0, lowest)
+    ones = removed.new_ones(batch, seq, 1, 1)
+    scores = scores + _window_scores(ones, removed.view(batch, seq, 1, 1), w)
+
+    slots = seq if global_slots is None else global_slots
+    if global_slots is None:
+        slot_global, slot_key, slot_value = is_index_global_attn, key, value
+    else:
+        slot_global = is_index_global_attn[:, :slots]
+        slot_key, slot_value = key[:, :slots], value[:, :slots]
+    if global_slots != 0:
+        slot_scores = torch.einsum("blhd,bshd->blhs", query, slot_key)
+        slot_scores = slot_scores.masked_fill(~slot_global[:, None, None, :], lowest)
+        scores = torch.cat((slot_scores, scores), dim=-1)
+
+    probs = torch.nn.functional.softmax(scores, dim=-1, dtype=torch.float32)
+    probs = probs.masked_fill(is_index_masked[:, :, None, None], 0.0).type_as(scores)
+    probs = torch.nn.functional.dropout(probs, p=layer.dropout, training=layer.training)
+
+    if global_slots == 0:
+        return _window_values(probs, value, w).reshape(batch, seq, embed)
+    from_slots = torch.einsum("blhs,bshd->blhd", probs[..., :slots], slot_value)
+    output = (from_slots + _window_values(probs[..., slots:], value, w)).reshape(batch, seq, embed)
+
+    # the global tokens' own rows: full attention with the global projections
+    global_query = split(layer.query_global(hidden_states[:, :slots]) / scale)
+    global_key = split(layer.key_global(hidden_states))
+    global_value = split(layer.value_global(hidden_states))
+    global_scores = torch.einsum("bshd,blhd->bhsl", global_query, global_key)
+    global_scores = global_scores.masked_fill(is_index_masked[:, None, None, :], lowest)
+    global_probs = torch.nn.functional.softmax(global_scores, dim=-1, dtype=torch.float32).type_as(
+        global_scores
+    )
+    global_probs = torch.nn.functional.dropout(global_probs, p=layer.dropout, training=layer.training)
+    global_output = torch.einsum("bhsl,blhd->bshd", global_probs, global_value).reshape(batch, -1, embed)
+    head = torch.where(slot_global[:, :, None], global_output, output[:, :slots])
+    return head if global_slots is None else torch.cat((head, output[:, slots:]), dim=1)
+
+
+def _neighbour_blocks(x: torch.Tensor, w: int) -> torch.Tensor:
+    """``(rows, seq, c)`` -> ``(rows, seq // w, 3 * w, c)``: block ``b`` holds positions
+    ``b*w - w .. b*w + 2*w - 1`` (zeros outside the sequence), by slices, no ``as_strided``."""
+    rows, _, width = x.shape
+    blocks = torch.nn.functional.pad(x, (0, 0, w, w)).view(rows, -1, w, width)
+    return torch.cat((blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]), dim=2)
+
+
+def _window_scores(query: torch.Tensor, key: torch.Tensor, w: int) -> torch.Tensor:
+    """Sliding-window scores ``(batch, seq, heads, 2w + 1)`` of ``(batch, seq, heads, d)`` queries
+    and keys: column ``j`` holds the score against position ``i + j - w``, ``-inf`` outside the
+    sequence (Longformer's layout)."""
+    batch, seq, heads, depth = query.shape
+    rows = batch * heads
+    query_blocks = query.transpose(1, 2).reshape(rows, -1, w, depth)
+    key_blocks = _neighbour_blocks(key.transpose(1, 2).reshape(rows, seq, depth), w)
+    block_scores = torch.matmul(query_blocks, key_blocks.transpose(-1, -2))  # (rows, blocks, w, 3w)
+    blocks = block_scores.shape[1]
+    # skew: row x keeps columns x .. x + 2w (its window) by reading the rows at a stride of 3w + 1
+    flat = torch.nn.functional.pad(block_scores.reshape(rows, blocks, w * 3 * w), (0, w))
+    band = flat.view(rows, blocks, w, 3 * w + 1)[..., : 2 * w + 1]
+    band = band.reshape(batch, heads, seq, 2 * w + 1).transpose(1, 2)
+    offsets = torch.arange(seq, device=query.device)[:, None] + torch.arange(-w, w + 1, device=query.device)
+    outside = (offsets < 0) | (offsets >= seq)
+    return band.masked_fill(outside[None, :, None, :], float("-inf"))
+
+
+def _window_values(probs: torch.Tensor, value: torch.Tensor, w: int) -> torch.Tensor:
+    """``(batch, seq, heads, 2w + 1)`` window weights (layout of :func:`_window_scores`) times
+    ``(batch, seq, heads, d)`` values -> ``(batch, seq, heads, d)``."""
+    batch, seq, heads, depth = value.shape
+    rows = batch * heads
+    band = probs.transpose(1, 2).reshape(rows, -1, w, 2 * w + 1)
+    blocks = band.shape[1]
+    # unskew: row x's weights to columns x .. x + 2w of its block's 3w keys, zeros elsewhere
+    flat = torch.nn.functional.pad(band, (0, w)).reshape(rows, blocks, w * (3 * w + 1))
+    weights = flat[..., : w * 3 * w].reshape(rows, blocks, w, 3 * w)
+    value_blocks = _neighbour_blocks(value.transpose(1, 2).reshape(rows, seq, depth), w)
+    return torch.matmul(weights, value_blocks).reshape(batch, heads, seq, depth).transpose(1, 2)
