@@ -47,7 +47,7 @@ from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.fourier import register_real_fourier_mixing
 from hfexport.workarounds.fx_nodes import insert_call
 from hfexport.workarounds.moe import register_dense_experts
-from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.recurrences import register_chunk_loops, register_recurrences
 from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
 from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
@@ -334,6 +334,9 @@ register_dense_experts(BACKEND, every_implementation=True)
 # Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
 # per-token loop that capture unrolls (issue 28)
 register_recurrences(BACKEND, form="chunked")
+# GLM-5-Next's and Qwen3.5's loops over 64-token chunks: torch's while-loop op, which the frontend converts into a
+# Loop (it has no rule for the scan op the other backends take), instead of a loop that capture unrolls
+register_chunk_loops(BACKEND, form="loop")
 
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # the frontend has no conversion rule for aten.lgamma
