@@ -516,6 +516,46 @@ def test_squeeze_fix_leaves_a_squeeze_of_static_axes_alone():
     assert entry.func(program.graph_module, node) is False  # no symbolic axis: nothing OpenVINO misreads
 
 
+class _WidthZeroCache(torch.nn.Module):
+    """A cache of values of width 0 (GLM-5-Next's indexed attention) extended by one step's values."""
+
+    def forward(self, past: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cat([past, step[..., :0]], dim=2), step * 2
+
+
+def test_empty_cat_fix_keeps_the_joined_length_of_a_width_zero_cache():
+    """issue 28: OpenVINO's Concat leaves out inputs with no elements, so GLM-5-Next's decode step
+    returned its width-0 value cache one token short (1x1x12x0 for eager's 1x1x13x0); the fix writes
+    a cat with no elements as zeros of its size."""
+    import openvino as ov
+
+    (entry,) = [e for e in entries("openvino") if e.name.endswith("empty_cat_as_zeros")]
+    assert entry.versions == {"openvino": ">=2026.0"} and entry.issue.startswith("https://github.com/")
+    past, step = torch.zeros(1, 1, 12, 0), torch.rand(1, 1, 1, 4)
+    shapes = ({2: torch.export.Dim("length", min=2, max=512)}, None)
+
+    def lengths(program: torch.export.ExportedProgram) -> list[int]:
+        compiled = ov.Core().compile_model(ov.convert_model(program), "CPU")
+        return [compiled([torch.zeros(1, 1, n, 0).numpy(), step.numpy()])[0].shape[2] for n in (12, 5)]
+
+    program = torch.export.export(_WidthZeroCache(), (past, step), dynamic_shapes=shapes)
+    assert lengths(program) == [12, 5]  # the upstream behaviour: the step's empty values are dropped
+    program = torch.export.export(_WidthZeroCache(), (past, step), dynamic_shapes=shapes)
+    (node,) = [n for n in program.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert entry.func(program.graph_module, node) is True
+    program.graph_module.recompile()
+    assert lengths(program) == [13, 6]
+
+    # a cat with elements is left alone
+    class Cat(torch.nn.Module):
+        def forward(self, past: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+            return torch.cat([past, step], dim=2)
+
+    other = torch.export.export(Cat(), (torch.zeros(1, 1, 12, 4), step))
+    (node,) = [n for n in other.graph_module.graph.nodes if n.target is torch.ops.aten.cat.default]
+    assert entry.func(other.graph_module, node) is False
+
+
 def test_index_add_fix_lets_openvino_convert_a_temporal_merge():
     """issue 28: Kimi-K2.5's one-grid image encoder merges its patches with index_add, which
     OpenVINO's torch.export frontend failed to convert (openvinotoolkit/openvino#35628); the fix

@@ -178,3 +178,52 @@ def test_speech_to_text_frame_counts_converted_equal_eager():
         program = torch.export.export(_FrameCounts(), (mask[:2],), dynamic_shapes=dims, strict=False)
     compiled = ov.compile_model(ov.convert_model(program), "CPU")
     assert compiled(mask.numpy())[0].tolist() == _FrameCounts()(mask).tolist() == [8, 5, 1, 0]
+
+
+@pytest.mark.extended  # a capture, a conversion and three runs: about 40 s on a loaded machine
+def test_chunked_gated_delta_rule_converts_as_a_loop_and_serves_any_chunk_count():
+    """Qwen3.5's loop over chunks, unrolled by capture, bounded the program to the sample's chunk count
+    (and GLM-5-Next's, the same loop, failed its second shape); the frontend converts no scan op, so
+    OpenVINO takes the while-loop form: an OpenVINO Loop over a symbolic chunk count."""
+    import openvino as ov
+    from torch.export import Dim
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    original = modeling_qwen3_5.torch_chunk_gated_delta_rule
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v, g, beta):
+            # the module's function at call time (the patch replaces it); chunks of 4, the models use 64
+            fn = modeling_qwen3_5.torch_chunk_gated_delta_rule
+            return fn(
+                q, k, v, g=g, beta=beta, chunk_size=4, output_final_state=True, use_qk_l2norm_in_kernel=True
+            )
+
+    def sample(length):
+        gen = torch.Generator().manual_seed(length)
+        q, k, v = (torch.randn(1, length, 2, 4, generator=gen) for _ in range(3))
+        return q, k, v, -torch.rand(1, length, 2, generator=gen), torch.rand(1, length, 2, generator=gen)
+
+    length = Dim("length", min=2, max=512)
+    with apply_patches("openvino"):
+        assert modeling_qwen3_5.torch_chunk_gated_delta_rule is not original
+        program = torch.export.export(Attention(), sample(3), dynamic_shapes=({1: length},) * 5)
+    assert modeling_qwen3_5.torch_chunk_gated_delta_rule is original  # restored after the capture
+    targets = {getattr(n.target, "__name__", "") for n in program.graph.nodes if n.op == "call_function"}
+    assert "while_loop" in targets and "scan" not in targets
+    compiled = ov.compile_model(ov.convert_model(program), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    for n in (3, 5, 23):  # one chunk, two, six
+        want, want_state = (
+            t.numpy()
+            for t in original(
+                *sample(n)[:3],
+                g=sample(n)[3],
+                beta=sample(n)[4],
+                chunk_size=4,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+            )
+        )
+        got = compiled([t.numpy() for t in sample(n)])
+        assert got[0].shape == (1, n, 2, 4)
+        assert abs(got[0] - want).max() <= 1e-5 and abs(got[1] - want_state).max() <= 1e-5, n

@@ -298,3 +298,67 @@ def test_kda_chunks_as_a_scan_matches_the_loop_and_exports_for_any_chunk_count()
             got, state = fn(sample(length))
             torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
             torch.testing.assert_close(state, expected_state, atol=2e-6, rtol=1e-5)
+
+
+def _gated_delta_rule_inputs(length, *, k_heads=2, v_heads=4, dim=8, state=False):
+    gen = _gen(length)
+    q, k = (torch.randn(1, length, k_heads, dim, generator=gen) for _ in range(2))
+    v = torch.randn(1, length, v_heads, dim, generator=gen)
+    g = -torch.rand(1, length, v_heads, generator=gen)  # log-decays <= 0
+    beta = torch.rand(1, length, v_heads, generator=gen)
+    initial = torch.randn(1, v_heads, dim, dim, generator=gen) if state else None
+    return (q, k, v), {"g": g, "beta": beta, "initial_state": initial}
+
+
+@pytest.mark.parametrize("form", R.CHUNK_LOOP_FORMS)
+def test_gated_delta_rule_in_either_form_matches_the_loop_across_64_token_chunks(form):
+    # Qwen3.5's chunked gated delta rule, its own 64-token chunks, grouped value heads, with and
+    # without a carried state: one chunk (17), across a boundary (64 + 5), three chunks (130)
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    original = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    replaced = R._gated_delta_rule_in_form(original, form)
+    for length, state in ((17, False), (69, True), (130, False)):
+        args, kwargs = _gated_delta_rule_inputs(length, state=state)
+        kwargs |= {"output_final_state": True, "use_qk_l2norm_in_kernel": True}
+        want, want_state = original(*args, **kwargs)
+        got, got_state = replaced(*args, **kwargs)
+        assert got.shape == want.shape == (1, length, 4, 8) and got_state.shape == (1, 4, 8, 8)
+        assert (got - want).abs().max().item() <= 1e-5, (length, state)
+        assert (got_state - want_state).abs().max().item() <= 1e-5, (length, state)
+    with pytest.raises(ValueError, match="chunk loop form must be one of"):
+        R.register_chunk_loops("dynamo", form="chunked")
+
+
+def test_gated_delta_rule_as_a_scan_exports_for_any_chunk_count():
+    # upstream's loop over chunks is unrolled at the sample's count: with a dynamic length the export
+    # is refused (the length is specialised); the scan form serves one chunk and several
+    from torch.export import Dim
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    original = modeling_qwen3_5.torch_chunk_gated_delta_rule
+    scanned = R.gated_delta_rule_chunks_as_a_scan(original)
+
+    class Attention(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, q, k, v, g, beta):
+            # chunks of 4 (the models use 64): the same construct, a short trace
+            return self.fn(q, k, v, g=g, beta=beta, chunk_size=4, output_final_state=True)
+
+    def sample(length):
+        (q, k, v), kw = _gated_delta_rule_inputs(length, k_heads=2, v_heads=2, dim=4)
+        return q, k, v, kw["g"], kw["beta"]
+
+    length = Dim("length", min=2, max=512)
+    shapes = ({1: length}, {1: length}, {1: length}, {1: length}, {1: length})
+    with pytest.raises(Exception, match="Constraints violated"):
+        torch.export.export(Attention(original), sample(3), dynamic_shapes=shapes)
+    program = torch.export.export(Attention(scanned), sample(3), dynamic_shapes=shapes)
+    for n in (3, 4, 5, 23):
+        expected, expected_state = Attention(original)(*sample(n))
+        got, state = program.module()(*sample(n))
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(state, expected_state, atol=1e-5, rtol=1e-5)

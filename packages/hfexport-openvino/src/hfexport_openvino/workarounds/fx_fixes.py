@@ -47,7 +47,7 @@ from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.fourier import register_real_fourier_mixing
 from hfexport.workarounds.fx_nodes import insert_call
 from hfexport.workarounds.moe import register_dense_experts
-from hfexport.workarounds.recurrences import register_recurrences
+from hfexport.workarounds.recurrences import register_chunk_loops, register_recurrences
 from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
 from hfexport.workarounds.time_series import register_lgamma_elementary, register_real_autocorrelation
 
@@ -56,6 +56,7 @@ __all__ = [
     "antialiased_bilinear_as_matmuls",
     "complex_rotary_as_real_pairs",
     "drop_empty_cat_operands",
+    "empty_cat_as_zeros",
     "finite_sdpa_mask",
     "index_add_as_scatter_add",
     "repeated_outputs_as_copies",
@@ -109,6 +110,88 @@ def drop_empty_cat_operands(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bo
     if not any(getattr(x, "meta", {}).get("val", torch.empty(0)).dim() > 1 for x in kept):
         return False
     node.args = (kept, *node.args[1:])
+    return True
+
+
+@register_fx_node_fix(
+    BACKEND,
+    description=(
+        "an aten.cat whose result has no elements at any size (a static 0 on an axis other than the joined one: "
+        "GLM-5-Next's indexed attention caches values of width 0) becomes aten.zeros of its size: OpenVINO's "
+        "Concat leaves out the inputs with no elements, so the joined axis came out short (the decode step's "
+        "cache.layers.1.values 1x1x12x0 for eager's 1x1x13x0)"
+    ),
+    # no OpenVINO issue filed yet; reproduces with openvino 2026.4.1 (cat([zeros(1,1,12,0), zeros(1,1,1,0)], 2))
+    issue="https://github.com/openvinotoolkit/openvino/blob/2026.4.1/src/core/src/op/concat.cpp",
+    versions={"openvino": ">=2026.0"},
+)
+def empty_cat_as_zeros(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.cat(tensors, dim)`` whose traced result has a static size 0 on an axis other than
+    ``dim`` by ``aten.zeros`` of the result's size.
+
+    Such a result holds no elements at any size of its symbols, so only its shape is observable;
+    the size along ``dim`` is the sum of the operands' (read with ``aten.sym_size.int`` where
+    symbolic), the other sizes the first operand's. Operands of another rank (PyTorch's legacy 1-D
+    empty operands) leave the node alone. The values are unchanged (there are none).
+
+    Returns:
+        True when the node was replaced.
+    """
+    if node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    operands = node.args[0]
+    out = node.meta.get("val")
+    if not isinstance(operands, (list, tuple)) or not operands or not isinstance(out, torch.Tensor):
+        return False
+    rank = out.dim()
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    dim = dim % rank if rank else 0
+    if not any(
+        isinstance(out.shape[axis], int) and out.shape[axis] == 0 for axis in range(rank) if axis != dim
+    ):
+        return False
+    vals = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in operands]
+    if any(not isinstance(v, torch.Tensor) or v.dim() != rank for v in vals):
+        return False
+    graph = gm.graph
+    fake_mode = getattr(out, "fake_mode", None)
+
+    def size_of(index: int, axis: int) -> Any:
+        extent = vals[index].shape[axis]
+        if isinstance(extent, int):
+            return extent
+        sym = graph.call_function(torch.ops.aten.sym_size.int, (operands[index], axis))
+        sym.meta["val"] = extent
+        return sym
+
+    with graph.inserting_before(node):
+        shape: list[Any] = []
+        for axis in range(rank):
+            if axis != dim:
+                shape.append(size_of(0, axis))
+                continue
+            total: Any = 0
+            for index in range(len(operands)):
+                part = size_of(index, axis)
+                if isinstance(total, int) and isinstance(part, int):
+                    total += part
+                elif isinstance(total, int) and total == 0:
+                    total = part
+                else:
+                    summed = graph.call_function(operator.add, (total, part))
+                    summed.meta["val"] = (
+                        total.meta["val"] if isinstance(total, torch.fx.Node) else total
+                    ) + (part.meta["val"] if isinstance(part, torch.fx.Node) else part)
+                    total = summed
+            shape.append(total)
+        zeros = graph.call_function(
+            torch.ops.aten.zeros.default, (shape,), {"dtype": out.dtype, "device": out.device}
+        )
+        sizes = [x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in shape]
+        with fake_mode if fake_mode is not None else contextlib.nullcontext():
+            zeros.meta["val"] = torch.zeros(sizes, dtype=out.dtype, device=out.device)
+    node.replace_all_uses_with(zeros)
+    graph.erase_node(node)
     return True
 
 
@@ -334,6 +417,9 @@ register_dense_experts(BACKEND, every_implementation=True)
 # Recurrences (mamba selective scan, RWKV time mixing, RG-LRU): the loop-free chunked form instead of a
 # per-token loop that capture unrolls (issue 28)
 register_recurrences(BACKEND, form="chunked")
+# GLM-5-Next's and Qwen3.5's loops over 64-token chunks: torch's while-loop op, which the frontend converts into a
+# Loop (it has no rule for the scan op the other backends take), instead of a loop that capture unrolls
+register_chunk_loops(BACKEND, form="loop")
 
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # the frontend has no conversion rule for aten.lgamma

@@ -70,18 +70,24 @@ from hfexport.workarounds.input_preparers import register_export_input_preparer
 
 __all__ = [
     "CHUNK",
+    "CHUNK_LOOP_FORMS",
     "CONSTANT_PAD_TARGETS",
     "FORMS",
+    "GATED_DELTA_RULE_TARGETS",
     "KDA_CHUNK_TARGETS",
     "MAMBA2_CHUNK_SCAN_TARGETS",
     "MAMBA_SCAN_TARGETS",
     "RG_LRU_TARGETS",
     "RWKV_TARGETS",
     "constant_pad_without_negative_widths",
+    "gated_delta_rule_chunks_as_a_loop",
+    "gated_delta_rule_chunks_as_a_scan",
+    "kda_chunks_as_a_loop",
     "kda_chunks_as_a_scan",
     "linear_recurrence",
     "mamba2_chunk_scan_padded",
     "mamba_selective_scan_in_form",
+    "register_chunk_loops",
     "register_recurrences",
     "register_sliced_transpose_per_consumer",
     "register_time_shift_without_crop",
@@ -122,6 +128,15 @@ MAMBA2_CHUNK_SCAN_TARGETS: tuple[str, ...] = tuple(
 KDA_CHUNK_TARGETS: tuple[str, ...] = (
     "transformers.models.glm5_next.modeling_glm5_next.chunk_kimi_delta_attention",
 )
+#: The chunked gated delta rule of Qwen3.5's linear-attention layers (``torch_chunk_gated_delta_rule``,
+#: transformers 5.24): a Python loop over 64-token chunks that capture unrolls (the program kept the
+#: sample's chunk count as a guard, pytorch/pytorch#161178, and served at most 64 tokens). qwen3_next,
+#: olmo_hybrid, lara_mini and qwen4_exp hold verbatim copies; they are not listed until their cells are
+#: re-run with it.
+GATED_DELTA_RULE_TARGETS: tuple[str, ...] = tuple(
+    f"transformers.models.{name}.modeling_{name}.torch_chunk_gated_delta_rule"
+    for name in ("qwen3_5", "qwen3_5_moe")
+)
 #: RecurrentGemma's RG-LRU loop.
 RG_LRU_TARGETS: tuple[str, ...] = (
     "transformers.models.recurrent_gemma.modeling_recurrent_gemma.RecurrentGemmaRglru._rnn_scan",
@@ -140,6 +155,69 @@ def _scan(step: Callable[..., Any], init: Any, xs: Any) -> tuple[Any, Any]:
     from torch._higher_order_ops.scan import scan
 
     return scan(step, init, xs)
+
+
+#: The forms of a loop over chunks (:func:`_over_chunks`): torch's scan or while-loop higher-order op.
+CHUNK_LOOP_FORMS: tuple[str, ...] = ("scan", "loop")
+
+
+def _loop_over_chunks(
+    step: Callable[..., Any], init: torch.Tensor, xs: tuple[torch.Tensor, ...], out_shape: tuple[Any, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scan(step, init, xs)`` written with torch's ``while_loop`` higher-order op.
+
+    OpenVINO's PyTorch frontend (2026.4) converts ``torch.ops.higher_order.while_loop`` into a
+    ``Loop`` and has no rule for ``scan``; it also requires every tensor the body reads to be a
+    carried input (a lifted ``additional_inputs`` tuple fails with "body_fn must return same
+    number of outputs as carried inputs"), so the slices ``xs`` ride along as carried inputs the
+    body returns as copies (a body may not return an input as it is). The chunk index is a carried
+    int64 scalar; each step's ``[*out_shape]`` output is written into a zero buffer
+    ``[chunks, *out_shape]`` by ``index_copy``.
+
+    Args:
+        step: ``(carry, tuple of xs[i]) -> (carry, out)``, ``carry`` of ``init``'s shape, strides
+            and dtype, ``out`` of ``out_shape`` and ``init``'s dtype.
+        init: the initial carry.
+        xs: tensors with the iterated axis first (the same length for all).
+        out_shape: the shape of one step's output.
+
+    Returns:
+        ``(final carry, outputs [len(xs[0]), *out_shape])``, as ``scan``.
+    """
+    from torch._higher_order_ops.while_loop import while_loop
+
+    xs = tuple(x.contiguous() for x in xs)
+    index = torch.zeros((), dtype=torch.int64, device=init.device)
+    outs = torch.zeros((xs[0].shape[0], *out_shape), dtype=init.dtype, device=init.device)
+
+    def cond(i: torch.Tensor, carry: torch.Tensor, outs: torch.Tensor, *xs: torch.Tensor) -> torch.Tensor:
+        return i < xs[0].shape[0]
+
+    def body(
+        i: torch.Tensor, carry: torch.Tensor, outs: torch.Tensor, *xs: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        at = i.reshape(1)
+        carry, out = step(carry, tuple(x.index_select(0, at).squeeze(0) for x in xs))
+        outs = outs.index_copy(0, at, out.unsqueeze(0).contiguous())
+        return (i + 1, carry.contiguous(), outs, *(x.clone() for x in xs))
+
+    _, carry, outs, *_ = while_loop(cond, body, (index, init.contiguous(), outs, *xs))
+    return carry, outs
+
+
+def _over_chunks(
+    form: str,
+    step: Callable[..., Any],
+    init: torch.Tensor,
+    xs: tuple[torch.Tensor, ...],
+    out_shape: tuple[Any, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``scan(step, init, xs)`` in ``form`` (:data:`CHUNK_LOOP_FORMS`): the op, or :func:`_loop_over_chunks`."""
+    if form not in CHUNK_LOOP_FORMS:
+        raise ValueError(f"chunk loop form must be one of {CHUNK_LOOP_FORMS}, got {form!r}")
+    if form == "scan":
+        return _scan(step, init, xs)
+    return _loop_over_chunks(step, init, xs, out_shape)
 
 
 # --------------------------------------------------------------------------------------------
@@ -773,9 +851,10 @@ def _mamba2_factory(original: Callable[..., Any]) -> Callable[..., Any]:
 _mamba2_factory.__name__ = _mamba2_factory.__qualname__ = "mamba2_chunk_scan_whole_chunks"
 
 
-def kda_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+def _kda_in_form(original: Callable[..., Any], form: str) -> Callable[..., Any]:
     """Replace ``chunk_kimi_delta_attention`` (GLM-5-Next) while capturing: the loop over chunks as
-    torch's scan higher-order op, the sequence padded in front.
+    torch's scan higher-order op (``form="scan"``) or its while-loop op (``form="loop"``, see
+    :func:`_loop_over_chunks`), the sequence padded in front.
 
     Upstream pads the sequence at the end to whole chunks of ``chunk_size`` (64) tokens, solves each
     chunk's delta rule in closed form (a triangular forward substitution over its positions) and
@@ -870,7 +949,7 @@ def kda_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
             return carry, out
 
         xs = tuple(x.movedim(2, 0) for x in (q, k, u, g, w, decay))
-        state, out = _scan(step, state, xs)
+        state, out = _over_chunks(form, step, state, xs, (batch, heads, size, value_dim))
         # the real steps by index (a slice from a symbolic start leaves guards torch.export cannot prove)
         real = torch.arange(length, device=device) + pad
         out = out.movedim(0, 2).flatten(2, 3).index_select(2, real)
@@ -878,6 +957,139 @@ def kda_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
         return out, (state if output_final_state else None)
 
     return chunk_kimi_delta_attention
+
+
+def kda_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_kda_in_form` with torch's scan higher-order op (dynamo, ONNX: an ONNX ``Scan``)."""
+    return _kda_in_form(original, "scan")
+
+
+def kda_chunks_as_a_loop(original: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_kda_in_form` with torch's while-loop higher-order op (OpenVINO: a ``Loop``)."""
+    return _kda_in_form(original, "loop")
+
+
+def _gated_delta_rule_in_form(original: Callable[..., Any], form: str) -> Callable[..., Any]:
+    """Replace ``torch_chunk_gated_delta_rule`` (Qwen3.5, Qwen3-Next style linear attention) while
+    capturing: the loop over 64-token chunks as torch's scan (``form="scan"``) or while-loop
+    (``form="loop"``) higher-order op, the sequence padded in front.
+
+    Upstream pads the sequence at the end to whole chunks, computes every chunk's terms at once
+    (the pairwise decays, the UT transform ``(I + L)^-1`` of the chunk's delta-rule system, the
+    intra-chunk attention), then carries the ``[batch, v_heads, k_head_dim, v_head_dim]`` state
+    through the chunks in a Python loop, which capture unrolls for the sample's chunk count: the
+    program keeps that count as a guard (``(L + pad) // 64 == 1``, kept out of the range
+    constraints, pytorch/pytorch#161178), so it serves at most 64 tokens. Here the chunk terms are
+    the same and the state is carried by the op over the chunk axis, so the program serves any
+    length. The padding goes in front: zero keys, values and betas and a zero log-decay leave the
+    state unchanged and add nothing to later tokens, as upstream's end padding does; the chunk
+    count is one floor division torch.export keeps symbolic, one chunk more than needed so it is
+    never 1 (a one-chunk sample would be specialised). The UT transform is upstream's own choice
+    (``torch.linalg.solve_triangular`` in eager, the forward substitution under export: the
+    modeling module's ``is_torchdynamo_exporting`` is read at each call, as upstream reads it).
+    Only the chunk boundaries move: equal to upstream up to float32 rounding.
+
+    Args:
+        query, key: ``[batch, length, k_heads, k_head_dim]``.
+        value: ``[batch, length, v_heads, v_head_dim]`` (``v_heads`` a multiple of ``k_heads``).
+        g: ``[batch, length, v_heads]`` log-decays (<= 0). beta: ``[batch, length, v_heads]``.
+        chunk_size, initial_state, output_final_state, use_qk_l2norm_in_kernel: as upstream.
+
+    Returns:
+        ``(core_attn_out [batch, length, v_heads, v_head_dim] in the query's dtype, final state
+        [batch, v_heads, k_head_dim, v_head_dim] float32 or None)``, as upstream.
+    """
+    import inspect
+    import sys
+
+    module = sys.modules[inspect.unwrap(original).__module__]  # the modeling file's own helpers
+    l2norm = module.l2norm
+
+    @functools.wraps(original)
+    def torch_chunk_gated_delta_rule(
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        chunk_size: int = 64,
+        initial_state: torch.Tensor | None = None,
+        output_final_state: bool = False,
+        use_qk_l2norm_in_kernel: bool = False,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        dtype = query.dtype
+        batch, length, k_heads, key_dim = key.shape
+        heads, value_dim = value.shape[-2:]
+        if k_heads != heads:  # grouped value heads: each key head serves heads // k_heads of them
+            query = query.repeat_interleave(heads // k_heads, dim=2)
+            key = key.repeat_interleave(heads // k_heads, dim=2)
+        q, k, v, b, g = (
+            x.transpose(1, 2).to(torch.float32, memory_format=torch.contiguous_format)
+            for x in (query, key, value, beta, g)
+        )
+        if use_qk_l2norm_in_kernel:
+            q, k = l2norm(q, dim=-1, eps=1e-6), l2norm(k, dim=-1, eps=1e-6)
+        q = q * (q.shape[-1] ** -0.5)
+        size = int(chunk_size)
+        # one more chunk than the tokens fill (never 1), one floor division (see kda_chunks_as_a_scan)
+        chunks = (length + 2 * size - 1) // size
+        pad = size * chunks - length
+        q, k, v = (F.pad(x, [0, 0, pad, 0]).reshape(batch, heads, -1, size, x.shape[-1]) for x in (q, k, v))
+        b, g = (F.pad(x, [pad, 0]).reshape(batch, heads, -1, size) for x in (b, g))
+        k_beta, v_beta = k * b[..., None], v * b[..., None]
+        g = g.cumsum(dim=-1)  # log-decay accumulated inside each chunk
+        device = q.device
+        strictly_upper = torch.ones(size, size, dtype=torch.bool, device=device).triu(1)
+        decay = (g[..., :, None] - g[..., None, :]).masked_fill(strictly_upper, float("-inf")).exp()
+        system = (k_beta @ k.transpose(-1, -2)) * decay
+        intra = (q @ k.transpose(-1, -2)) * decay
+        decayed_k_beta = k_beta * g.exp()[..., None]
+        if not module.is_torchdynamo_exporting():
+            u = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
+            w = torch.linalg.solve_triangular(system, decayed_k_beta, upper=False, unitriangular=True)
+        else:  # forward substitution of the unit lower-triangular system, as upstream under export
+            system = -system.tril(-1)
+            for i in range(1, size):
+                row = system[..., i, :i].clone()
+                system[..., i, :i] = row + (row[..., None] * system[..., :i, :i].clone()).sum(-2)
+            system = system + torch.eye(size, dtype=system.dtype, device=device)
+            u, w = system @ v_beta, system @ decayed_k_beta
+        state = (
+            torch.zeros(batch, heads, key_dim, value_dim, dtype=u.dtype, device=device)
+            if initial_state is None
+            else initial_state.to(u)
+        )
+        q = q * g.exp()[..., None]
+        k = k * (g[..., -1:] - g).exp()[..., None]
+        chunk_decay = g[..., -1].exp()[..., None, None]
+
+        def step(carry: torch.Tensor, xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+            q_c, k_c, u_c, w_c, intra_c, decay_c = xs
+            fresh = u_c - w_c @ carry
+            out = q_c @ carry + intra_c @ fresh
+            carry = carry * decay_c + k_c.transpose(-1, -2) @ fresh
+            return carry, out
+
+        xs = tuple(x.movedim(2, 0) for x in (q, k, u, w, intra, chunk_decay))
+        state, out = _over_chunks(form, step, state, xs, (batch, heads, size, value_dim))
+        # the real steps by index (a slice from a symbolic start leaves guards torch.export cannot prove)
+        real = torch.arange(length, device=device) + pad
+        out = out.movedim(0, 2).flatten(2, 3).index_select(2, real)
+        out = out.transpose(1, 2).to(dtype, memory_format=torch.contiguous_format)
+        return out, (state if output_final_state else None)
+
+    return torch_chunk_gated_delta_rule
+
+
+def gated_delta_rule_chunks_as_a_scan(original: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_gated_delta_rule_in_form` with torch's scan higher-order op (dynamo, ONNX)."""
+    return _gated_delta_rule_in_form(original, "scan")
+
+
+def gated_delta_rule_chunks_as_a_loop(original: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`_gated_delta_rule_in_form` with torch's while-loop higher-order op (OpenVINO: a ``Loop``)."""
+    return _gated_delta_rule_in_form(original, "loop")
 
 
 def register_recurrences(backend: str, *, form: str) -> None:
@@ -926,16 +1138,7 @@ def register_recurrences(backend: str, *, form: str) -> None:
         versions=_VERSIONS,
     )(_rg_lru_factory(form))
     if form == "scan":
-        register_patch(
-            backend,
-            *KDA_CHUNK_TARGETS,
-            description=(
-                "GLM-5-Next's chunked Kimi delta attention with its loop over 64-token chunks as torch's scan "
-                "higher-order op (padded in front), which capture unrolled (Guard failed: inputs_embeds.size()[1] <= 64)"
-            ),
-            issue="https://github.com/pytorch/pytorch/issues/146835",
-            versions={"transformers": ">=5.24,<6"},
-        )(kda_chunks_as_a_scan)
+        register_chunk_loops(backend, form="scan")
     register_patch(
         backend,
         *MAMBA2_CHUNK_SCAN_TARGETS,
@@ -946,3 +1149,62 @@ def register_recurrences(backend: str, *, form: str) -> None:
         issue="https://github.com/pytorch/pytorch/issues/146835",
         versions=_VERSIONS,
     )(_mamba2_factory)
+
+
+def register_chunk_loops(backend: str, *, form: str) -> None:
+    """Register the chunked linear attentions' loops over chunks under ``backend`` in ``form``.
+
+    GLM-5-Next's chunked Kimi delta attention (:data:`KDA_CHUNK_TARGETS`) and Qwen3.5's chunked
+    gated delta rule (:data:`GATED_DELTA_RULE_TARGETS`) loop over 64-token chunks in Python; capture
+    unrolls the loop at the sample's chunk count and bounds the program to it.
+
+    Args:
+        backend: registry key, e.g. ``"dynamo"`` or ``"openvino"``.
+        form: ``"scan"`` (torch's scan higher-order op: ``torch.export`` programs, ONNX ``Scan``) or
+            ``"loop"`` (torch's while-loop higher-order op: OpenVINO converts it into a ``Loop`` and
+            has no rule for ``scan``).
+
+    Raises:
+        ValueError: for a ``form`` outside :data:`CHUNK_LOOP_FORMS` or an invalid ``backend`` key.
+    """
+    if form not in CHUNK_LOOP_FORMS:
+        raise ValueError(f"chunk loop form must be one of {CHUNK_LOOP_FORMS}, got {form!r}")
+    if form == "scan":
+        how, kda, gdr = (
+            "torch's scan higher-order op",
+            kda_chunks_as_a_scan,
+            gated_delta_rule_chunks_as_a_scan,
+        )
+        # the loop construct that capture unrolls; the scan op that keeps it
+        issue = "https://github.com/pytorch/pytorch/issues/146835"
+        versions: dict[str, str] = {"transformers": ">=5.24,<6"}
+    else:
+        how, kda, gdr = (
+            "torch's while-loop higher-order op",
+            kda_chunks_as_a_loop,
+            gated_delta_rule_chunks_as_a_loop,
+        )
+        # the frontend converts while_loop (openvinotoolkit/openvino#33173) and has no rule for scan (2026.4)
+        issue = "https://github.com/openvinotoolkit/openvino/pull/33173"
+        versions = {"transformers": ">=5.24,<6", "openvino": ">=2026.0"}
+    register_patch(
+        backend,
+        *KDA_CHUNK_TARGETS,
+        description=(
+            f"GLM-5-Next's chunked Kimi delta attention with its loop over 64-token chunks as {how} "
+            "(padded in front), which capture unrolled (Guard failed: inputs_embeds.size()[1] <= 64)"
+        ),
+        issue=issue,
+        versions=versions,
+    )(kda)
+    register_patch(
+        backend,
+        *GATED_DELTA_RULE_TARGETS,
+        description=(
+            f"Qwen3.5's chunked gated delta rule with its loop over 64-token chunks as {how} (padded in "
+            "front), which capture unrolled at the sample's chunk count: the program kept a guard "
+            "(L + pad) // 64 == 1 outside its range constraints and served at most 64 tokens"
+        ),
+        issue=issue,
+        versions=versions,
+    )(gdr)
