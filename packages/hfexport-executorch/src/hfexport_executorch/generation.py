@@ -183,6 +183,54 @@ def _bounded_patch_axis(module: Any, kwargs: Mapping[str, Any], config: Any) -> 
     return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
 
 
+def _is_image_features(module: Any) -> bool:
+    """True for the model's own ``get_image_features`` as one component (possibly wrapped)."""
+    from hfexport.generation.multimodal import ImageFeatures
+
+    return isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
+
+
+def _bounded_image_rows(module: Any, kwargs: Mapping[str, Any], config: Any) -> Any:
+    """The leading axis of an image-features component's inputs, bounded by how far it may grow.
+
+    The core varies such a component along axis 0 only (images, tiles, or patches: the rest is the
+    model's). The backend bounds axis 0 of ``pixel_values`` by its batch role
+    (:data:`~hfexport_executorch.bounds.DEFAULT_MAX_BATCH` images), and never below the sample: an
+    axis that counts patches (Inkling's ``pixel_values`` ``[patches, t, h, w, c]``, 32 rows for one
+    image) was planned at the sample's rows and a second prompt of 48 was refused (issue 28). A
+    leading axis whose sample size is above the batch bound counts more than images, so it gets
+    ``DEFAULT_MAX_BATCH`` times its sample size (as many images of the sample's patch count as the
+    batch bound allows). Axes already bounded, and those within the batch bound, are kept.
+
+    Args:
+        module: the component (an :class:`hfexport.generation.multimodal.ImageFeatures`).
+        kwargs: its inputs (``pixel_values`` ``[rows, ...]``).
+        config: its config, ``dynamic_shapes`` set by the core (``{name: {0: Dim.AUTO}}``).
+
+    Returns:
+        ``config`` with those axes as ``Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH * rows)``.
+    """
+    from torch.export import Dim
+
+    from hfexport.inputs import prepare_for_export
+    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH
+
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    shapes = dict(config.dynamic_shapes)
+    changed = False
+    for key, spec in shapes.items():
+        tensor = prepared.get(key)
+        if not isinstance(spec, Mapping) or not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
+            continue
+        leaf = spec.get(0)
+        rows = int(tensor.shape[0])
+        unbounded = type(leaf).__name__ == "_DimHint" and getattr(leaf, "max", None) is None
+        if unbounded and rows > DEFAULT_MAX_BATCH:
+            shapes[key] = {**spec, 0: Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH * rows)}
+            changed = True
+    return config.replace(dynamic_shapes=shapes) if changed else config
+
+
 #: components of a multimodal plan that take the whole prompt (image tokens included) at prefill
 _MULTIMODAL_PROMPT_COMPONENTS = ("embed_tokens", "language_model")
 
@@ -209,7 +257,9 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     features vary along the batch, a token-aligned prompt input along the batch and the prompt),
     and the image-token axis of the language model's DeepStack inputs
     (``deepstack_visual_embeds.<layer>`` ``[image tokens, hidden]``) gets the length bound, as the
-    image tokens are part of the prompt. Axes of size 1 in the sample stay static. Explicit
+    image tokens are part of the prompt. The leading axis of a multimodal model's image-features
+    component (images, tiles or patches) is bounded by :func:`_bounded_image_rows`. Axes of size
+    1 in the sample stay static. Explicit
         ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
         are left to the backend's roles, which fit them.
     """
@@ -230,6 +280,14 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     prompt_component = prompt_component or bool(step_inputs)
     if name in getattr(plan, "vision_grid", {}) and getattr(config, "dynamic", False):
         return _bounded_patch_axis(module, kwargs, config)
+    if (
+        plan.architecture == "multimodal"
+        and name not in getattr(plan, "per_image", {})
+        and getattr(config, "dynamic", False)
+        and getattr(config, "dynamic_shapes", None)
+        and _is_image_features(module)
+    ):
+        return _bounded_image_rows(module, kwargs, config)
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
         return config
     if not prompt_component and (
