@@ -36,6 +36,7 @@ __all__ = [
     "quantized_embedding_without_padding_idx",
     "repeat_interleave_as_cumulative_count",
     "runtime_assertions_dropped_before_edge",
+    "scatter_add_with_long_index",
     "sequence_bounds_from_input_guards",
     "sort_as_topk",
     "unit_lower_triangular_solve_as_matmuls",
@@ -413,6 +414,50 @@ def bucketize_as_comparison_count(gm: torch.fx.GraphModule, node: torch.fx.Node)
         total = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [-1]), {"dtype": dtype}, like=node)
     node.replace_all_uses_with(total)
     gm.graph.erase_node(node)
+    return True
+
+
+_SCATTER_ADD_OPS = (torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default)
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "cast an int32 index of aten.scatter_add to int64: the edge dialect's dtype table takes only Long indices "
+        "for scatter_add (unlike gather and scatter), so to_edge refused the program with 'These operators are "
+        "taking Tensor inputs with mismatched dtypes' (GLM-5-Next's sparse-attention mask scatters its int32 "
+        "top-k indices)"
+    ),
+    # no upstream issue found; executorch 1.4.1's exir/dialects/edge/edge.yaml constrains scatter_add's
+    # index to T7 (Long) for every self dtype
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/dialects/edge/edge.yaml",
+    versions={"executorch": ">=1.3"},
+)
+def scatter_add_with_long_index(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give ``aten.scatter_add(self, dim, index, src)`` an int64 copy of an int32 ``index``.
+
+    ``torch.scatter_add`` takes int32 and int64 indices alike, and GLM-5-Next's sparse attention
+    (``build_attention_mask_from_topk``) scatters the indexer's int32 top-k indices into an int32
+    count of selected keys. ExecuTorch's edge dialect lists the dtypes each operator accepts
+    (``exir/dialects/edge/edge.yaml``), and for ``scatter_add`` the index is Long only, so
+    ``to_edge``'s verifier raised ``SpecViolationError: These operators are taking Tensor inputs
+    with mismatched dtypes`` (issue 28). Index values are unchanged by the cast (an int32 index
+    fits int64), so the result is the same.
+
+    Returns:
+        True when a cast was inserted (the node's index was an int32 tensor).
+    """
+    if node.target not in _SCATTER_ADD_OPS or len(node.args) < 3:
+        return False
+    index = node.args[2]
+    value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
+        return False
+    with gm.graph.inserting_before(node):
+        wide = insert_call(
+            gm.graph, torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}, like=node
+        )
+    node.args = (*node.args[:2], wide, *node.args[3:])
     return True
 
 
