@@ -197,3 +197,25 @@ def test_image_features_patch_rows_grow_past_the_sample():
     assert config.dynamic_shapes["pixel_values"][0].max is None
     planned = {(a.path, a.axis): a.max for a in plan_dynamic_shapes(module, images, config).axes}
     assert planned[("pixel_values", 0)] == DEFAULT_MAX_BATCH
+
+
+def test_a_vision_tower_taking_patch_rows_grows_past_the_sample():
+    # Inkling's image encoder is its vision tower itself (no get_image_features component): with
+    # dynamic=True alone the backend planned its 32 patch rows as a batch, at the sample's size
+    from hfexport_executorch.bounds import plan_dynamic_shapes
+
+    class Tower(torch.nn.Module):
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return pixel_values.flatten(1)
+
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    kwargs = {"pixel_values": torch.randn(32, 2, 8, 8, 3)}
+    config = component_config("image_encoder", Tower(), kwargs, plan, ExecutorchConfig(dynamic=True))
+    planned = {(a.path, a.axis): a.max for a in plan_dynamic_shapes(Tower(), kwargs, config).axes}
+    assert planned[("pixel_values", 0)] == 256
+    # one image of a few rows: the backend's own rule, nothing declared
+    few = {"pixel_values": torch.randn(2, 3, 8, 8)}
+    assert (
+        component_config("image_encoder", Tower(), few, plan, ExecutorchConfig(dynamic=True)).dynamic_shapes
+        is None
+    )
