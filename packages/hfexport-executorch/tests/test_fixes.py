@@ -717,3 +717,29 @@ def test_scatter_add_with_an_int32_index_lowers_and_the_pte_matches_eager_at_two
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
     for rows in report.validation.values():
         assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+
+
+class EmptyJoin(torch.nn.Module):
+    """Joins zero selected and zero tail indices per token, as GLM-5-Next's tiny indexer does."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        picked = input_ids[..., None][..., :0]  # [batch, seq, 0]
+        tail = (input_ids[..., None] + 1)[..., :0]
+        joined = torch.cat([picked, tail], dim=-1)
+        return input_ids * 2 + joined.sum(-1)
+
+
+def test_empty_cat_as_copy_lets_the_program_emit_and_matches_eager_at_two_shapes():
+    # glm5_next's language model failed in to_executorch: PruneEmptyTensorsPass put the raw SymInt
+    # sequence length into aten.full's size list, "InternalError: Unsupported type encountered in int list"
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 0, 6, 11, 13]])
+    exporter.export(EmptyJoin().eval(), {"input_ids": ids}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert "hfexport_executorch.workarounds.fx_fixes.empty_cat_as_copy" in report.applied["fx_node_fixes"]
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows

@@ -31,6 +31,7 @@ __all__ = [
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
     "embedding_bag_of_fixed_bags_as_gather_sum",
+    "empty_cat_as_copy",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
@@ -458,6 +459,61 @@ def scatter_add_with_long_index(gm: torch.fx.GraphModule, node: torch.fx.Node) -
             gm.graph, torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}, like=node
         )
     node.args = (*node.args[:2], wide, *node.args[3:])
+    return True
+
+
+def _cat_dim(node: torch.fx.Node, rank: int) -> int:
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return int(dim) % rank if rank else 0
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "an aten.cat whose inputs are all empty along the concatenated axis becomes a copy of its first input: "
+        "ExecuTorch's PruneEmptyTensorsPass replaces such a cat by aten.full of its shape with the raw symbolic "
+        "sizes in it, and the emitter refused the program ('Unsupported type encountered in int list'; "
+        "GLM-5-Next's sparse-attention indexer joins zero top-k and zero tail indices)"
+    ),
+    # no upstream issue found; executorch 1.4.1's exir/passes/prune_empty_tensors_pass.py builds
+    # full(tuple(cat_tensor.shape), 0) from the fake value's shape, SymInts included
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/passes/prune_empty_tensors_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def empty_cat_as_copy(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.cat(tensors, dim)`` whose every input has size 0 along ``dim`` by
+    ``aten.clone(tensors[0])``.
+
+    Such a cat returns an empty tensor of its first input's shape (the other axes agree, and the
+    concatenated axis sums to 0). ExecuTorch's ``PruneEmptyTensorsPass`` (run by
+    ``to_executorch``) replaces a cat whose inputs are all empty by ``aten.full(shape, 0)``, taking
+    ``shape`` from the fake value: a dynamic axis enters the size list as a raw ``SymInt``, not as a
+    node computing it, and the emitter fails with ``InternalError: Unsupported type encountered in
+    int list`` (issue 28: GLM-5-Next's indexer concatenates ``[batch, seq, 0]`` top-k and tail
+    indices of a tiny model). A copy of the first input keeps its symbolic sizes as the program
+    computes them; the values (none) are the same.
+
+    Returns:
+        True when the cat was replaced.
+    """
+    if node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    tensors = node.args[0]
+    out = node.meta.get("val")
+    if not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(out, torch.Tensor):
+        return False
+    dim = _cat_dim(node, out.dim())
+    for item in tensors:
+        value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or value.dim() != out.dim() or value.dtype != out.dtype:
+            return False
+        size = value.shape[dim]
+        if not isinstance(size, int) or size != 0:
+            return False
+    with gm.graph.inserting_before(node):
+        copy = insert_call(gm.graph, torch.ops.aten.clone.default, (tensors[0],), like=node)
+    node.replace_all_uses_with(copy)
+    gm.graph.erase_node(node)
     return True
 
 
