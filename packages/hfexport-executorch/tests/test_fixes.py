@@ -720,16 +720,18 @@ def test_scatter_add_with_an_int32_index_lowers_and_the_pte_matches_eager_at_two
 
 
 class EmptyJoin(torch.nn.Module):
-    """Joins zero selected and zero tail indices per token, as GLM-5-Next's tiny indexer does."""
+    """Joins empty tensors, as GLM-5-Next's cache update ([batch, 1, positions, 0] keys along the
+    positions) and its tiny indexer ([batch, seq, 0] top-k and tail indices) do."""
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         picked = input_ids[..., None][..., :0]  # [batch, seq, 0]
         tail = (input_ids[..., None] + 1)[..., :0]
-        joined = torch.cat([picked, tail], dim=-1)
-        return input_ids * 2 + joined.sum(-1)
+        joined = torch.cat([picked, tail], dim=-1)  # empty along the joined axis
+        grown = torch.cat([picked, tail[:, :2]], dim=1)  # empty on another axis: [batch, seq + 2, 0]
+        return input_ids * 2 + joined.sum(-1) + grown.sum(-1)[:, : input_ids.shape[1]]
 
 
-def test_empty_cat_as_copy_lets_the_program_emit_and_matches_eager_at_two_shapes():
+def test_empty_cat_as_full_lets_the_program_emit_and_matches_eager_at_two_shapes():
     # glm5_next's language model failed in to_executorch: PruneEmptyTensorsPass put the raw SymInt
     # sequence length into aten.full's size list, "InternalError: Unsupported type encountered in int list"
     from hfexport_executorch import ExecutorchExporter
@@ -738,7 +740,7 @@ def test_empty_cat_as_copy_lets_the_program_emit_and_matches_eager_at_two_shapes
     ids = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 0, 6, 11, 13]])
     exporter.export(EmptyJoin().eval(), {"input_ids": ids}, ExecutorchConfig(dynamic=True))
     report = exporter.last_report
-    assert "hfexport_executorch.workarounds.fx_fixes.empty_cat_as_copy" in report.applied["fx_node_fixes"]
+    assert "hfexport_executorch.workarounds.fx_fixes.empty_cat_as_full" in report.applied["fx_node_fixes"]
     stages = {s.name: s.status for s in report.stages}
     assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
     for rows in report.validation.values():

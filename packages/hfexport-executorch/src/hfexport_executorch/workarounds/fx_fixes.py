@@ -31,7 +31,7 @@ __all__ = [
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
     "embedding_bag_of_fixed_bags_as_gather_sum",
-    "empty_cat_as_copy",
+    "empty_cat_as_full",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
@@ -467,31 +467,45 @@ def _cat_dim(node: torch.fx.Node, rank: int) -> int:
     return int(dim) % rank if rank else 0
 
 
+def _has_zero_axis(value: torch.Tensor) -> bool:
+    """True when ``value`` has an axis of literal size 0 (it is empty at every input size)."""
+    return any(isinstance(size, int) and size == 0 for size in value.shape)
+
+
+def _size_node(gm: torch.fx.GraphModule, source: torch.fx.Node, axis: int, size: Any) -> Any:
+    """``size`` itself when it is an int, else an ``aten.sym_size.int(source, axis)`` node."""
+    if isinstance(size, int):
+        return size
+    node = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, axis))
+    node.meta["val"] = size
+    return node
+
+
 @register_fx_node_fix(
     "executorch",
     description=(
-        "an aten.cat whose inputs are all empty along the concatenated axis becomes a copy of its first input: "
-        "ExecuTorch's PruneEmptyTensorsPass replaces such a cat by aten.full of its shape with the raw symbolic "
-        "sizes in it, and the emitter refused the program ('Unsupported type encountered in int list'; "
-        "GLM-5-Next's sparse-attention indexer joins zero top-k and zero tail indices)"
+        "an aten.cat of tensors that are all empty (an axis of size 0) becomes aten.full of its size, computed "
+        "by sym_size nodes: ExecuTorch's PruneEmptyTensorsPass replaces such a cat by aten.full with the raw "
+        "symbolic sizes in its size list, and the emitter refused the program ('Unsupported type encountered in "
+        "int list'; GLM-5-Next's cache update concatenates [batch, 1, positions, 0] keys)"
     ),
     # no upstream issue found; executorch 1.4.1's exir/passes/prune_empty_tensors_pass.py builds
     # full(tuple(cat_tensor.shape), 0) from the fake value's shape, SymInts included
     issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/passes/prune_empty_tensors_pass.py",
     versions={"executorch": ">=1.3"},
 )
-def empty_cat_as_copy(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
-    """Replace ``aten.cat(tensors, dim)`` whose every input has size 0 along ``dim`` by
-    ``aten.clone(tensors[0])``.
+def empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.cat(tensors, dim)`` of tensors that each have an axis of size 0 by
+    ``aten.full(size, 0)`` of the cat's size.
 
-    Such a cat returns an empty tensor of its first input's shape (the other axes agree, and the
-    concatenated axis sums to 0). ExecuTorch's ``PruneEmptyTensorsPass`` (run by
+    Such a cat returns an empty tensor. ExecuTorch's ``PruneEmptyTensorsPass`` (run by
     ``to_executorch``) replaces a cat whose inputs are all empty by ``aten.full(shape, 0)``, taking
     ``shape`` from the fake value: a dynamic axis enters the size list as a raw ``SymInt``, not as a
     node computing it, and the emitter fails with ``InternalError: Unsupported type encountered in
-    int list`` (issue 28: GLM-5-Next's indexer concatenates ``[batch, seq, 0]`` top-k and tail
-    indices of a tiny model). A copy of the first input keeps its symbolic sizes as the program
-    computes them; the values (none) are the same.
+    int list`` (issue 28: GLM-5-Next's cache update concatenates keys ``[batch, 1, positions, 0]``
+    along the positions of a growing cache). Here each symbolic size is read off the inputs with
+    ``aten.sym_size.int`` (the concatenated axis as the sum of the inputs' sizes), as ``aten.full``
+    takes ``SymInt[]``; the result holds no values, so nothing the model computes changes.
 
     Returns:
         True when the cat was replaced.
@@ -502,17 +516,39 @@ def empty_cat_as_copy(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     out = node.meta.get("val")
     if not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(out, torch.Tensor):
         return False
+    if not _has_zero_axis(out) or out.dim() == 0:
+        return False
+    values = [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in tensors]
+    if not all(isinstance(v, torch.Tensor) and v.dim() == out.dim() and _has_zero_axis(v) for v in values):
+        return False
     dim = _cat_dim(node, out.dim())
-    for item in tensors:
-        value = item.meta.get("val") if isinstance(item, torch.fx.Node) else None
-        if not isinstance(value, torch.Tensor) or value.dim() != out.dim() or value.dtype != out.dtype:
-            return False
-        size = value.shape[dim]
-        if not isinstance(size, int) or size != 0:
-            return False
     with gm.graph.inserting_before(node):
-        copy = insert_call(gm.graph, torch.ops.aten.clone.default, (tensors[0],), like=node)
-    node.replace_all_uses_with(copy)
+        size: list[Any] = []
+        for axis, extent in enumerate(out.shape):
+            if isinstance(extent, int):
+                size.append(extent)
+            elif axis != dim:
+                size.append(_size_node(gm, tensors[0], axis, values[0].shape[axis]))
+            else:
+                total: Any = 0
+                for item, value in zip(tensors, values, strict=True):
+                    part = _size_node(gm, item, axis, value.shape[axis])
+                    if isinstance(total, int) and total == 0:
+                        total = part
+                    elif isinstance(part, int) and part == 0:
+                        continue
+                    else:
+                        summed = gm.graph.call_function(operator.add, (total, part))
+                        summed.meta["val"] = (
+                            total.meta["val"] if isinstance(total, torch.fx.Node) else total
+                        ) + (part.meta["val"] if isinstance(part, torch.fx.Node) else part)
+                        total = summed
+                size.append(total)
+        full = gm.graph.call_function(
+            torch.ops.aten.full.default, (size, 0), {"dtype": out.dtype, "device": out.device}
+        )
+    full.meta = dict(node.meta)  # same fake value: shape, dtype, device
+    node.replace_all_uses_with(full)
     gm.graph.erase_node(node)
     return True
 
