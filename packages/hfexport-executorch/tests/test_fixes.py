@@ -113,6 +113,8 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         "layer_norm_in_float32",
         "quantized_embedding_without_padding_idx",
         "sort_as_topk",
+        "scatter_add_with_long_index",
+        "empty_cat_as_full",
     }
     for entry in found:
         # pytorch/ issues, and the shared dense experts' transformers issue
