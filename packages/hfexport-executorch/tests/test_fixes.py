@@ -730,6 +730,8 @@ class EmptyJoin(torch.nn.Module):
         tail = (input_ids[..., None] + 1)[..., :0]
         joined = torch.cat([picked, tail], dim=-1)  # empty along the joined axis
         grown = torch.cat([picked, tail[:, :2]], dim=1)  # empty on another axis: [batch, seq + 2, 0]
+        # a 1-D empty operand, skipped by cat (a DynamicCache layer's first keys)
+        grown = torch.cat([input_ids.new_zeros(0), grown], dim=1)
         return input_ids * 2 + joined.sum(-1) + grown.sum(-1)[:, : input_ids.shape[1]]
 
 

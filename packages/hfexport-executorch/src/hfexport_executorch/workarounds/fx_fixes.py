@@ -505,7 +505,9 @@ def empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     int list`` (issue 28: GLM-5-Next's cache update concatenates keys ``[batch, 1, positions, 0]``
     along the positions of a growing cache). Here each symbolic size is read off the inputs with
     ``aten.sym_size.int`` (the concatenated axis as the sum of the inputs' sizes), as ``aten.full``
-    takes ``SymInt[]``; the result holds no values, so nothing the model computes changes.
+    takes ``SymInt[]``; the result holds no values, so nothing the model computes changes. 1-D empty
+    operands of another rank, which ``cat`` skips (a ``DynamicCache`` layer starts as
+    ``torch.tensor([])``), are skipped here too.
 
     Returns:
         True when the cat was replaced.
@@ -519,8 +521,17 @@ def empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     if not _has_zero_axis(out) or out.dim() == 0:
         return False
     values = [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in tensors]
-    if not all(isinstance(v, torch.Tensor) and v.dim() == out.dim() and _has_zero_axis(v) for v in values):
+    if not all(isinstance(v, torch.Tensor) for v in values):
         return False
+    # cat skips 1-D empty operands of another rank (its legacy rule; transformers' DynamicCache starts
+    # each layer as torch.tensor([])): the size comes from the others
+    kept = [(t, v) for t, v in zip(tensors, values, strict=True) if v.dim() == out.dim()]
+    skipped = [v for v in values if v.dim() != out.dim()]
+    if not kept or any(v.dim() != 1 or v.shape[0] != 0 for v in skipped):
+        return False
+    if not all(_has_zero_axis(v) for _, v in kept):
+        return False
+    tensors, values = [t for t, _ in kept], [v for _, v in kept]
     dim = _cat_dim(node, out.dim())
     with gm.graph.inserting_before(node):
         size: list[Any] = []
