@@ -113,6 +113,8 @@ def test_every_fix_names_an_upstream_issue_and_a_version_range():
         "layer_norm_in_float32",
         "quantized_embedding_without_padding_idx",
         "sort_as_topk",
+        "scatter_add_with_long_index",
+        "empty_cat_as_full",
     }
     for entry in found:
         # pytorch/ issues, and the shared dense experts' transformers issue
@@ -687,3 +689,63 @@ def test_embedding_bag_of_ragged_bags_is_left_alone():
     program = torch.export.export(Ragged(), (torch.tensor([1, 2, 0, 4, 3]), torch.randn(6, 2)))
     applied = apply_fx_node_fixes("executorch", program.graph_module)
     assert not any(name.endswith("embedding_bag_of_fixed_bags_as_gather_sum") for name in applied), applied
+
+
+class TopkKeyMask(torch.nn.Module):
+    """Marks the keys each query selected, from int32 indices, as GLM-5-Next's sparse attention does."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        batch, length = input_ids.shape
+        picked = torch.stack([input_ids % 8, (input_ids * 3) % 8], dim=-1).to(torch.int32)
+        counts = torch.zeros(batch, length, 8, dtype=torch.int32)
+        counts.scatter_add_(-1, picked, torch.ones_like(picked))
+        return counts.ne(0).to(torch.float32) * 2.0
+
+
+def test_scatter_add_with_an_int32_index_lowers_and_the_pte_matches_eager_at_two_shapes():
+    # glm5_next's language model failed in to_edge: "SpecViolationError: These operators are taking
+    # Tensor inputs with mismatched dtypes: aten.scatter_add.default ... 'index': torch.int32"
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 0, 6, 11, 13]])
+    exporter.export(TopkKeyMask().eval(), {"input_ids": ids}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert (
+        "hfexport_executorch.workarounds.fx_fixes.scatter_add_with_long_index"
+        in report.applied["fx_node_fixes"]
+    )
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows
+
+
+class EmptyJoin(torch.nn.Module):
+    """Joins empty tensors, as GLM-5-Next's cache update ([batch, 1, positions, 0] keys along the
+    positions) and its tiny indexer ([batch, seq, 0] top-k and tail indices) do."""
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        picked = input_ids[..., None][..., :0]  # [batch, seq, 0]
+        tail = (input_ids[..., None] + 1)[..., :0]
+        joined = torch.cat([picked, tail], dim=-1)  # empty along the joined axis
+        grown = torch.cat([picked, tail[:, :2]], dim=1)  # empty on another axis: [batch, seq + 2, 0]
+        # a 1-D empty operand, skipped by cat (a DynamicCache layer's first keys)
+        grown = torch.cat([input_ids.new_zeros(0), grown], dim=1)
+        return input_ids * 2 + joined.sum(-1) + grown.sum(-1)[:, : input_ids.shape[1]]
+
+
+def test_empty_cat_as_full_lets_the_program_emit_and_matches_eager_at_two_shapes():
+    # glm5_next's language model failed in to_executorch: PruneEmptyTensorsPass put the raw SymInt
+    # sequence length into aten.full's size list, "InternalError: Unsupported type encountered in int list"
+    from hfexport_executorch import ExecutorchExporter
+
+    exporter = ExecutorchExporter()
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3], [4, 4, 0, 6, 11, 13]])
+    exporter.export(EmptyJoin().eval(), {"input_ids": ids}, ExecutorchConfig(dynamic=True))
+    report = exporter.last_report
+    assert "hfexport_executorch.workarounds.fx_fixes.empty_cat_as_full" in report.applied["fx_node_fixes"]
+    stages = {s.name: s.status for s in report.stages}
+    assert stages["validate"] == "ok" and stages["validate_second_shape"] == "ok", stages
+    for rows in report.validation.values():
+        assert all(row["ok"] and row["max_abs_diff"] == 0.0 for row in rows), rows

@@ -244,3 +244,59 @@ def test_a_second_shape_the_generation_support_turned_off_is_recorded_with_its_r
         "status": "not run",
         "reason": "a static export, or validation is off",
     }
+
+
+class _PatchTower(torch.nn.Module):
+    """An owner of ``get_image_features`` over patch rows ``[patches, t, h, w, c]`` (Inkling's layout)."""
+
+    def get_image_features(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return pixel_values.flatten(1)
+
+
+def test_image_features_patch_rows_grow_past_the_sample():
+    # Inkling's image encoder takes pixel_values [patches, 2, 8, 8, 3]: axis 0 took the batch role
+    # (bound 8, never below the sample), so it was planned at the sample's 32 patch rows and a second
+    # prompt of 48 was refused at run time (issue 28)
+    from hfexport.generation.export import _encoder_shapes
+    from hfexport.generation.multimodal import ImageFeatures
+    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH, plan_dynamic_shapes
+
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    module = ImageFeatures(_PatchTower(), {}, ["pixel_values"])
+    kwargs = {"pixel_values": torch.randn(32, 2, 8, 8, 3)}
+    config = _encoder_shapes("image_encoder", module, kwargs, plan, ExecutorchConfig(dynamic=True))
+    config = component_config("image_encoder", module, kwargs, plan, config)
+    rows = config.dynamic_shapes["pixel_values"][0]
+    assert (rows.min, rows.max) == (1, DEFAULT_MAX_BATCH * 32)
+    planned = {(a.path, a.axis): a.max for a in plan_dynamic_shapes(module, kwargs, config).axes}
+    assert planned[("pixel_values", 0)] == 256
+
+    # an image axis within the batch bound ([images, c, h, w]) keeps the backend's batch bound
+    images = {"pixel_values": torch.randn(2, 3, 8, 8)}
+    config = _encoder_shapes("image_encoder", module, images, plan, ExecutorchConfig(dynamic=True))
+    config = component_config("image_encoder", module, images, plan, config)
+    assert config.dynamic_shapes["pixel_values"][0].max is None
+    planned = {(a.path, a.axis): a.max for a in plan_dynamic_shapes(module, images, config).axes}
+    assert planned[("pixel_values", 0)] == DEFAULT_MAX_BATCH
+
+
+def test_a_vision_tower_taking_patch_rows_grows_past_the_sample():
+    # Inkling's image encoder is its vision tower itself (no get_image_features component): with
+    # dynamic=True alone the backend planned its 32 patch rows as a batch, at the sample's size
+    from hfexport_executorch.bounds import plan_dynamic_shapes
+
+    class Tower(torch.nn.Module):
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return pixel_values.flatten(1)
+
+    plan = GenerationPlan(architecture="multimodal", model_class="Toy", cache_kind="dynamic")
+    kwargs = {"pixel_values": torch.randn(32, 2, 8, 8, 3)}
+    config = component_config("image_encoder", Tower(), kwargs, plan, ExecutorchConfig(dynamic=True))
+    planned = {(a.path, a.axis): a.max for a in plan_dynamic_shapes(Tower(), kwargs, config).axes}
+    assert planned[("pixel_values", 0)] == 256
+    # one image of a few rows: the backend's own rule, nothing declared
+    few = {"pixel_values": torch.randn(2, 3, 8, 8)}
+    assert (
+        component_config("image_encoder", Tower(), few, plan, ExecutorchConfig(dynamic=True)).dynamic_shapes
+        is None
+    )

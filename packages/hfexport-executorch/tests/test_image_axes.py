@@ -73,3 +73,35 @@ def test_convnext_traced_at_32_runs_a_64_pixel_image():
             expected = model(pixel_values=image).logits
         assert tuple(got["logits"].shape) == (shape[0], model.config.num_labels)
         assert (got["logits"] - expected).abs().max().item() < (atol or 1e-4)
+
+
+class _FlattenedMap(torch.nn.Module):
+    """Florence-2's projector in small: a position term over a ``[batch, channels, 1, 1]`` map,
+    flattened to ``[batch, 1, channels]`` tokens, plus a temporal term."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.position = torch.nn.Parameter(torch.randn(1, 16, 1, 1))
+        self.temporal = torch.nn.Parameter(torch.randn(1, 1, 16))
+
+    def forward(self, image_features: torch.Tensor) -> torch.Tensor:
+        x = image_features + self.position.repeat(image_features.shape[0], 1, 1, 1)
+        return x.flatten(2).transpose(1, 2) + self.temporal
+
+
+def test_a_sample_with_channels_last_strides_on_size_one_axes_is_captured_row_major():
+    # a permuted 1x1 feature map (Florence-2's vision tower output) is contiguous for torch, but
+    # its strides (16, 1, 16, 16) made ExecuTorch derive a channels-last dim order
+    # (pytorch/executorch#22520): the XNNPACK partition after the flatten produced [2, 16, 16] and
+    # failed to resize its output planned for 8 * 16 elements (error 0x10, issue 28)
+    features = torch.randn(2, 1, 1, 16).permute(0, 3, 1, 2)
+    assert features.is_contiguous() and features.stride() == (16, 1, 16, 16)
+    model = _FlattenedMap().eval()
+    exporter = ExecutorchExporter()
+    artifact = exporter.export(model, {"image_features": features}, ExecutorchConfig(dynamic=True))
+    run = exporter.runner(artifact)
+    for batch in (2, 5):
+        sample = torch.randn(batch, 1, 1, 16).permute(0, 3, 1, 2)
+        (got,) = run({"image_features": sample}).values()
+        assert tuple(got.shape) == (batch, 1, 16)
+        torch.testing.assert_close(got, model(sample), atol=1e-5, rtol=1e-5)

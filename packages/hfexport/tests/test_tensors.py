@@ -437,3 +437,16 @@ def test_set_leaf_tensors_replaces_by_path(llama_output):
         set_leaf_tensors({"cache": llama_output.cache}, {"cache.layers.2.keys": replacement})
     with pytest.raises(TypeError, match="not a tensor"):
         set_leaf_tensors({"x": torch.ones(1)}, {"x": 1.0})
+
+
+def test_contiguous_leaf_tensors_gives_row_major_strides_on_size_one_axes():
+    from hfexport.tensors import contiguous_leaf_tensors
+
+    # torch calls a permuted 1x1 map contiguous and .contiguous() keeps its strides; ExecuTorch reads
+    # them as channels-last (pytorch/executorch#22520, issue 28)
+    permuted = torch.randn(2, 1, 1, 8).permute(0, 3, 1, 2)
+    plain = torch.randn(2, 8, 1, 1)
+    out = contiguous_leaf_tensors({"a": permuted, "b": plain, "c": permuted.transpose(0, 1)})
+    assert out["a"].stride() == (8, 1, 1, 1) and torch.equal(out["a"], permuted)
+    assert out["b"] is plain  # already row-major: shared, not copied
+    assert out["c"].stride() == (2, 1, 1, 1) and torch.equal(out["c"], permuted.transpose(0, 1))

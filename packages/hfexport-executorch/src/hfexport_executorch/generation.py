@@ -183,6 +183,63 @@ def _bounded_patch_axis(module: Any, kwargs: Mapping[str, Any], config: Any) -> 
     return config.replace(dynamic_shapes=dynamic_shapes_by_rule(prepared, rule))
 
 
+def _is_image_features(module: Any) -> bool:
+    """True for the model's own ``get_image_features`` as one component (possibly wrapped)."""
+    from hfexport.generation.multimodal import ImageFeatures
+
+    return isinstance(module, ImageFeatures) or isinstance(getattr(module, "part", None), ImageFeatures)
+
+
+def _bounded_image_rows(module: Any, kwargs: Mapping[str, Any], config: Any) -> Any:
+    """The leading axis of an image encoder's inputs, bounded by how far it may grow.
+
+    Axis 0 of an image encoder's ``pixel_values`` counts images, tiles or patches. The backend
+    bounds it by its batch role (:data:`~hfexport_executorch.bounds.DEFAULT_MAX_BATCH` images), and
+    never below the sample: an axis that counts patches (Inkling's vision tower takes
+    ``pixel_values`` ``[patches, t, h, w, c]``, 32 rows for one image) was planned at the sample's
+    rows and a second prompt of 48 was refused (issue 28). A leading axis whose sample size is
+    above the batch bound counts more than images, so it gets ``DEFAULT_MAX_BATCH`` times its
+    sample size (as many images of the sample's patch count as the batch bound allows). Axes
+    already bounded, and those within the batch bound, are kept; the other axes keep the spec
+    they had (the core's, or ``Dim.AUTO`` on every axis as ``dynamic=True`` gives).
+
+    Args:
+        module: the image encoder component (a vision tower, or an
+            :class:`hfexport.generation.multimodal.ImageFeatures`).
+        kwargs: its inputs (``pixel_values`` ``[rows, ...]``).
+        config: its config (``dynamic=True``; ``dynamic_shapes`` possibly set by the core).
+
+    Returns:
+        ``config`` with those axes as ``Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH * rows)``; ``config``
+        itself when no input's leading axis is above the batch bound.
+    """
+    from torch.export import Dim
+
+    from hfexport.capture import auto_dynamic_shapes
+    from hfexport.inputs import prepare_for_export
+    from hfexport_executorch.bounds import DEFAULT_MAX_BATCH
+
+    _, prepared, _ = prepare_for_export(module, kwargs)
+    tall = {
+        key: int(value.shape[0])
+        for key, value in prepared.items()
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] > DEFAULT_MAX_BATCH
+    }
+    if not tall:
+        return config
+    shapes = dict(config.dynamic_shapes or auto_dynamic_shapes(prepared))
+    changed = False
+    for key, rows in tall.items():
+        spec = shapes.get(key)
+        if not isinstance(spec, Mapping):
+            continue
+        leaf = spec.get(0)
+        if type(leaf).__name__ == "_DimHint" and getattr(leaf, "max", None) is None:
+            shapes[key] = {**spec, 0: Dim.AUTO(min=1, max=DEFAULT_MAX_BATCH * rows)}
+            changed = True
+    return config.replace(dynamic_shapes=shapes) if changed else config
+
+
 #: components of a multimodal plan that take the whole prompt (image tokens included) at prefill
 _MULTIMODAL_PROMPT_COMPONENTS = ("embed_tokens", "language_model")
 
@@ -209,7 +266,9 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     features vary along the batch, a token-aligned prompt input along the batch and the prompt),
     and the image-token axis of the language model's DeepStack inputs
     (``deepstack_visual_embeds.<layer>`` ``[image tokens, hidden]``) gets the length bound, as the
-    image tokens are part of the prompt. Axes of size 1 in the sample stay static. Explicit
+    image tokens are part of the prompt. The leading axis of a multimodal model's image encoder
+    (images, tiles or patches) is bounded by :func:`_bounded_image_rows`. Axes of size
+    1 in the sample stay static. Explicit
         ``dynamic_shapes`` are kept; a prefill on an empty growing cache and encoder-decoder components
         are left to the backend's roles, which fit them.
     """
@@ -230,6 +289,13 @@ def component_config(name: str, module: Any, kwargs: Mapping[str, Any], plan: An
     prompt_component = prompt_component or bool(step_inputs)
     if name in getattr(plan, "vision_grid", {}) and getattr(config, "dynamic", False):
         return _bounded_patch_axis(module, kwargs, config)
+    if (
+        plan.architecture == "multimodal"
+        and name not in getattr(plan, "per_image", {})
+        and getattr(config, "dynamic", False)
+        and (name == "image_encoder" or _is_image_features(module))
+    ):
+        config = _bounded_image_rows(module, kwargs, config)
     if not getattr(config, "dynamic", False) or getattr(config, "dynamic_shapes", None):
         return config
     if not prompt_component and (

@@ -28,7 +28,7 @@ import copy
 import dataclasses
 import enum
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -393,11 +393,34 @@ def duplicate_leaf_tensors(obj: Any) -> Any:
     return _map(obj, _memoized(_clone), "")
 
 
-def contiguous_leaf_tensors(obj: Any) -> Any:
-    """Return the structure with every tensor in contiguous (row-major) memory.
+def _row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a row-major (C-order) tensor of ``shape``, an axis of size 1 included
+    (``[2, 128, 1, 1]`` -> ``(128, 1, 1, 1)``)."""
+    strides: list[int] = []
+    step = 1
+    for size in reversed(list(shape)):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
 
-    A tensor that already is contiguous is shared, not copied; a strided view (a transposed state
-    a model returned) becomes a contiguous copy with the same shape, dtype, device and values.
+
+def _row_major(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_contiguous() and tuple(tensor.stride()) == _row_major_strides(tensor.shape):
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
+
+
+def contiguous_leaf_tensors(obj: Any) -> Any:
+    """Return the structure with every tensor in contiguous (row-major) memory, with row-major strides.
+
+    A tensor that already is contiguous with row-major strides is shared, not copied; a strided
+    view (a transposed state a model returned) becomes a contiguous copy with the same shape,
+    dtype, device and values. So does a tensor that ``is_contiguous()`` but carries other strides
+    on its axes of size 1 (a permuted ``[batch, channels, 1, 1]`` feature map: strides ``(128, 1,
+    128, 128)``): torch calls it contiguous and ``.contiguous()`` keeps it, but ExecuTorch derives
+    each tensor's dim order from its strides alone and took it for channels-last
+    (pytorch/executorch#22520), so Florence-2's projector, captured on such image features, had an
+    XNNPACK partition read them as ``[batch, 128, 128]`` at run time (error 0x10, issue 28).
     Aliased tensors stay aliased. Backends whose runtime reads input buffers in row-major order
     capture on these: ``torch.export`` records each input's strides from the sample, and a program
     traced on a transposed sample expects its input in that layout.
@@ -408,7 +431,7 @@ def contiguous_leaf_tensors(obj: Any) -> Any:
     Returns:
         A rebuilt structure (the input is not modified).
     """
-    return _map(obj, _memoized(lambda tensor: tensor.contiguous()), "")
+    return _map(obj, _memoized(_row_major), "")
 
 
 def _update_cache_metadata(obj: Any, dtype: torch.dtype | None, device: torch.device | None) -> None:

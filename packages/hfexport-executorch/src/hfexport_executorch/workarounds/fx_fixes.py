@@ -31,11 +31,13 @@ __all__ = [
     "contiguous_attention_outputs",
     "dynamic_empty_as_full",
     "embedding_bag_of_fixed_bags_as_gather_sum",
+    "empty_cat_as_full",
     "layer_norm_in_float32",
     "left_crop_of_constant_pad_as_pad_and_slice",
     "quantized_embedding_without_padding_idx",
     "repeat_interleave_as_cumulative_count",
     "runtime_assertions_dropped_before_edge",
+    "scatter_add_with_long_index",
     "sequence_bounds_from_input_guards",
     "sort_as_topk",
     "unit_lower_triangular_solve_as_matmuls",
@@ -412,6 +414,152 @@ def bucketize_as_comparison_count(gm: torch.fx.GraphModule, node: torch.fx.Node)
         counted = insert_call(gm.graph, aten._to_copy.default, (below,), {"dtype": dtype}, like=node)
         total = insert_call(gm.graph, aten.sum.dim_IntList, (counted, [-1]), {"dtype": dtype}, like=node)
     node.replace_all_uses_with(total)
+    gm.graph.erase_node(node)
+    return True
+
+
+_SCATTER_ADD_OPS = (torch.ops.aten.scatter_add.default, torch.ops.aten.scatter_add_.default)
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "cast an int32 index of aten.scatter_add to int64: the edge dialect's dtype table takes only Long indices "
+        "for scatter_add (unlike gather and scatter), so to_edge refused the program with 'These operators are "
+        "taking Tensor inputs with mismatched dtypes' (GLM-5-Next's sparse-attention mask scatters its int32 "
+        "top-k indices)"
+    ),
+    # no upstream issue found; executorch 1.4.1's exir/dialects/edge/edge.yaml constrains scatter_add's
+    # index to T7 (Long) for every self dtype
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/dialects/edge/edge.yaml",
+    versions={"executorch": ">=1.3"},
+)
+def scatter_add_with_long_index(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Give ``aten.scatter_add(self, dim, index, src)`` an int64 copy of an int32 ``index``.
+
+    ``torch.scatter_add`` takes int32 and int64 indices alike, and GLM-5-Next's sparse attention
+    (``build_attention_mask_from_topk``) scatters the indexer's int32 top-k indices into an int32
+    count of selected keys. ExecuTorch's edge dialect lists the dtypes each operator accepts
+    (``exir/dialects/edge/edge.yaml``), and for ``scatter_add`` the index is Long only, so
+    ``to_edge``'s verifier raised ``SpecViolationError: These operators are taking Tensor inputs
+    with mismatched dtypes`` (issue 28). Index values are unchanged by the cast (an int32 index
+    fits int64), so the result is the same.
+
+    Returns:
+        True when a cast was inserted (the node's index was an int32 tensor).
+    """
+    if node.target not in _SCATTER_ADD_OPS or len(node.args) < 3:
+        return False
+    index = node.args[2]
+    value = index.meta.get("val") if isinstance(index, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.int32:
+        return False
+    with gm.graph.inserting_before(node):
+        wide = insert_call(
+            gm.graph, torch.ops.aten._to_copy.default, (index,), {"dtype": torch.int64}, like=node
+        )
+    node.args = (*node.args[:2], wide, *node.args[3:])
+    return True
+
+
+def _cat_dim(node: torch.fx.Node, rank: int) -> int:
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+    return int(dim) % rank if rank else 0
+
+
+def _has_zero_axis(value: torch.Tensor) -> bool:
+    """True when ``value`` has an axis of literal size 0 (it is empty at every input size)."""
+    return any(isinstance(size, int) and size == 0 for size in value.shape)
+
+
+def _size_node(gm: torch.fx.GraphModule, source: torch.fx.Node, axis: int, size: Any) -> Any:
+    """``size`` itself when it is an int, else an ``aten.sym_size.int(source, axis)`` node."""
+    if isinstance(size, int):
+        return size
+    node = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, axis))
+    node.meta["val"] = size
+    return node
+
+
+@register_fx_node_fix(
+    "executorch",
+    description=(
+        "an aten.cat of tensors that are all empty (an axis of size 0) becomes aten.full of its size, computed "
+        "by sym_size nodes: ExecuTorch's PruneEmptyTensorsPass replaces such a cat by aten.full with the raw "
+        "symbolic sizes in its size list, and the emitter refused the program ('Unsupported type encountered in "
+        "int list'; GLM-5-Next's cache update concatenates [batch, 1, positions, 0] keys)"
+    ),
+    # no upstream issue found; executorch 1.4.1's exir/passes/prune_empty_tensors_pass.py builds
+    # full(tuple(cat_tensor.shape), 0) from the fake value's shape, SymInts included
+    issue="https://github.com/pytorch/executorch/blob/v1.4.1/exir/passes/prune_empty_tensors_pass.py",
+    versions={"executorch": ">=1.3"},
+)
+def empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
+    """Replace ``aten.cat(tensors, dim)`` of tensors that each have an axis of size 0 by
+    ``aten.full(size, 0)`` of the cat's size.
+
+    Such a cat returns an empty tensor. ExecuTorch's ``PruneEmptyTensorsPass`` (run by
+    ``to_executorch``) replaces a cat whose inputs are all empty by ``aten.full(shape, 0)``, taking
+    ``shape`` from the fake value: a dynamic axis enters the size list as a raw ``SymInt``, not as a
+    node computing it, and the emitter fails with ``InternalError: Unsupported type encountered in
+    int list`` (issue 28: GLM-5-Next's cache update concatenates keys ``[batch, 1, positions, 0]``
+    along the positions of a growing cache). Here each symbolic size is read off the inputs with
+    ``aten.sym_size.int`` (the concatenated axis as the sum of the inputs' sizes), as ``aten.full``
+    takes ``SymInt[]``; the result holds no values, so nothing the model computes changes. 1-D empty
+    operands of another rank, which ``cat`` skips (a ``DynamicCache`` layer starts as
+    ``torch.tensor([])``), are skipped here too.
+
+    Returns:
+        True when the cat was replaced.
+    """
+    if node.target is not torch.ops.aten.cat.default or not node.args:
+        return False
+    tensors = node.args[0]
+    out = node.meta.get("val")
+    if not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(out, torch.Tensor):
+        return False
+    if not _has_zero_axis(out) or out.dim() == 0:
+        return False
+    values = [item.meta.get("val") if isinstance(item, torch.fx.Node) else None for item in tensors]
+    if not all(isinstance(v, torch.Tensor) for v in values):
+        return False
+    # cat skips 1-D empty operands of another rank (its legacy rule; transformers' DynamicCache starts
+    # each layer as torch.tensor([])): the size comes from the others
+    kept = [(t, v) for t, v in zip(tensors, values, strict=True) if v.dim() == out.dim()]
+    skipped = [v for v in values if v.dim() != out.dim()]
+    if not kept or any(v.dim() != 1 or v.shape[0] != 0 for v in skipped):
+        return False
+    if not all(_has_zero_axis(v) for _, v in kept):
+        return False
+    tensors, values = [t for t, _ in kept], [v for _, v in kept]
+    dim = _cat_dim(node, out.dim())
+    with gm.graph.inserting_before(node):
+        size: list[Any] = []
+        for axis, extent in enumerate(out.shape):
+            if isinstance(extent, int):
+                size.append(extent)
+            elif axis != dim:
+                size.append(_size_node(gm, tensors[0], axis, values[0].shape[axis]))
+            else:
+                total: Any = 0
+                for item, value in zip(tensors, values, strict=True):
+                    part = _size_node(gm, item, axis, value.shape[axis])
+                    if isinstance(total, int) and total == 0:
+                        total = part
+                    elif isinstance(part, int) and part == 0:
+                        continue
+                    else:
+                        summed = gm.graph.call_function(operator.add, (total, part))
+                        summed.meta["val"] = (
+                            total.meta["val"] if isinstance(total, torch.fx.Node) else total
+                        ) + (part.meta["val"] if isinstance(part, torch.fx.Node) else part)
+                        total = summed
+                size.append(total)
+        full = gm.graph.call_function(
+            torch.ops.aten.full.default, (size, 0), {"dtype": out.dtype, "device": out.device}
+        )
+    full.meta = dict(node.meta)  # same fake value: shape, dtype, device
+    node.replace_all_uses_with(full)
     gm.graph.erase_node(node)
     return True
 
