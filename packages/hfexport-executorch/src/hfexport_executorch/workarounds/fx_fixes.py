@@ -17,7 +17,7 @@ import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.assertions import drop_runtime_assertions
-from hfexport.workarounds.fx_nodes import insert_call
+from hfexport.workarounds.fx_nodes import cat_result_size, insert_call
 from hfexport_executorch import bounds
 
 __all__ = [
@@ -472,15 +472,6 @@ def _has_zero_axis(value: torch.Tensor) -> bool:
     return any(isinstance(size, int) and size == 0 for size in value.shape)
 
 
-def _size_node(gm: torch.fx.GraphModule, source: torch.fx.Node, axis: int, size: Any) -> Any:
-    """``size`` itself when it is an int, else an ``aten.sym_size.int(source, axis)`` node."""
-    if isinstance(size, int):
-        return size
-    node = gm.graph.call_function(torch.ops.aten.sym_size.int, (source, axis))
-    node.meta["val"] = size
-    return node
-
-
 @register_fx_node_fix(
     "executorch",
     description=(
@@ -534,27 +525,7 @@ def empty_cat_as_full(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
     tensors, values = [t for t, _ in kept], [v for _, v in kept]
     dim = _cat_dim(node, out.dim())
     with gm.graph.inserting_before(node):
-        size: list[Any] = []
-        for axis, extent in enumerate(out.shape):
-            if isinstance(extent, int):
-                size.append(extent)
-            elif axis != dim:
-                size.append(_size_node(gm, tensors[0], axis, values[0].shape[axis]))
-            else:
-                total: Any = 0
-                for item, value in zip(tensors, values, strict=True):
-                    part = _size_node(gm, item, axis, value.shape[axis])
-                    if isinstance(total, int) and total == 0:
-                        total = part
-                    elif isinstance(part, int) and part == 0:
-                        continue
-                    else:
-                        summed = gm.graph.call_function(operator.add, (total, part))
-                        summed.meta["val"] = (
-                            total.meta["val"] if isinstance(total, torch.fx.Node) else total
-                        ) + (part.meta["val"] if isinstance(part, torch.fx.Node) else part)
-                        total = summed
-                size.append(total)
+        size = cat_result_size(gm.graph, tensors, values, dim, out.shape)
         full = gm.graph.call_function(
             torch.ops.aten.full.default, (size, 0), {"dtype": out.dtype, "device": out.device}
         )

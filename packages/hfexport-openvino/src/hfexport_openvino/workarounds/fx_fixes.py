@@ -45,7 +45,7 @@ import torch
 
 from hfexport.registry import register_fx_node_fix, register_fx_program_fix
 from hfexport.workarounds.fourier import register_real_fourier_mixing
-from hfexport.workarounds.fx_nodes import insert_call
+from hfexport.workarounds.fx_nodes import cat_result_size, insert_call
 from hfexport.workarounds.moe import register_dense_experts
 from hfexport.workarounds.recurrences import register_chunk_loops, register_recurrences
 from hfexport.workarounds.text_to_audio import register_bernoulli_as_uniform, register_normal_from_uniform
@@ -155,35 +155,8 @@ def empty_cat_as_zeros(gm: torch.fx.GraphModule, node: torch.fx.Node) -> bool:
         return False
     graph = gm.graph
     fake_mode = getattr(out, "fake_mode", None)
-
-    def size_of(index: int, axis: int) -> Any:
-        extent = vals[index].shape[axis]
-        if isinstance(extent, int):
-            return extent
-        sym = graph.call_function(torch.ops.aten.sym_size.int, (operands[index], axis))
-        sym.meta["val"] = extent
-        return sym
-
     with graph.inserting_before(node):
-        shape: list[Any] = []
-        for axis in range(rank):
-            if axis != dim:
-                shape.append(size_of(0, axis))
-                continue
-            total: Any = 0
-            for index in range(len(operands)):
-                part = size_of(index, axis)
-                if isinstance(total, int) and isinstance(part, int):
-                    total += part
-                elif isinstance(total, int) and total == 0:
-                    total = part
-                else:
-                    summed = graph.call_function(operator.add, (total, part))
-                    summed.meta["val"] = (
-                        total.meta["val"] if isinstance(total, torch.fx.Node) else total
-                    ) + (part.meta["val"] if isinstance(part, torch.fx.Node) else part)
-                    total = summed
-            shape.append(total)
+        shape = cat_result_size(graph, operands, vals, dim, out.shape)
         zeros = graph.call_function(
             torch.ops.aten.zeros.default, (shape,), {"dtype": out.dtype, "device": out.device}
         )
