@@ -24,7 +24,7 @@ import logging
 import mmap
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ __all__ = [
     "BOUND_REMEDY",
     "KERNEL_LIBRARIES",
     "ExecutorchRunner",
+    "LoadedMethod",
     "ensure_kernel_libraries",
     "load_method",
     "load_program",
@@ -136,27 +137,56 @@ def ensure_kernel_libraries(source: bytes | str | os.PathLike[str]) -> list[str]
     return imported
 
 
-def load_method(program: Any, name: str = "forward") -> Any:
+class LoadedMethod:
+    """A method of a loaded ExecuTorch program that keeps its program alive.
+
+    ExecuTorch 1.4.1's Python ``Method`` holds no reference to the ``Program`` it came from, and
+    only the ``Program`` holds the ``.pte`` bytes the method points into: after
+    ``Runtime.get().load_program(data).load_method(name)`` the program is freed and ``execute``
+    reads freed memory (an intermittent segmentation fault; no upstream issue found). This wrapper
+    holds both. It is not an attribute on the method: the program caches its methods, so a
+    reference back would make a cycle that only the cyclic garbage collector frees, and a test run
+    kept every program's planned memory until then (two workers killed for memory at 18-22 GB).
+
+    ``execute(inputs)`` and ``metadata`` are the method's; other attributes are looked up on it.
+    """
+
+    __slots__ = ("_method", "_program")
+
+    def __init__(self, method: Any, program: Any) -> None:
+        self._method = method
+        self._program = program
+
+    def execute(self, inputs: Sequence[Any]) -> Sequence[Any]:
+        """The method's ``execute``: the flat list of inputs in, the flat list of outputs back."""
+        return self._method.execute(inputs)
+
+    @property
+    def metadata(self) -> Any:
+        """The method's ``MethodMeta`` (input and output tensor sizes, dtypes, planned memory)."""
+        return self._method.metadata
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._method, name)
+
+
+def load_method(program: Any, name: str = "forward") -> LoadedMethod | None:
     """``program.load_method(name)``, with what the runtime prints to stderr meanwhile routed to
     the ``executorch.native`` logger while the CLI routes native output
     (:func:`hfexport.native_output.captured_stderr`): loading the first XNNPACK method creates the
     thread pool, and ExecuTorch 1.4.1 then prints five ``[cpuinfo_utils.cpp:...]`` Info lines
     (``Failed to open midr file ...``, ``CPU info and manual query on # of cpus dont match.``) that
     no runtime setting silences (the level is fixed at build time; no upstream issue found).
-    ``None`` when the program has no such method.
 
-    The returned method keeps ``program`` alive (as ``method._hfexport_program``): ExecuTorch
-    1.4.1's Python ``Method`` holds no reference to its ``Program``, which alone holds the ``.pte``
-    bytes, so ``Runtime.get().load_program(data).load_method(name)`` frees the program while the
-    method still points into it, and ``execute`` reads freed memory (an intermittent segmentation
-    fault; no upstream issue found)."""
+    Returns:
+        The method as a :class:`LoadedMethod`, which keeps ``program`` alive as long as it is
+        used; ``None`` when the program has no such method.
+    """
     from hfexport.native_output import captured_stderr
 
     with captured_stderr("executorch"):
         method = program.load_method(name)
-    if method is not None:
-        method._hfexport_program = program
-    return method
+    return None if method is None else LoadedMethod(method, program)
 
 
 def load_program(source: bytes | str | os.PathLike[str]) -> Any:
