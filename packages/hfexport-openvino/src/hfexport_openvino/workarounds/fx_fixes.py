@@ -392,7 +392,12 @@ register_dense_experts(BACKEND, every_implementation=True)
 register_recurrences(BACKEND, form="chunked")
 # GLM-5-Next's and Qwen3.5's loops over 64-token chunks: torch's while-loop op, which the frontend converts into a
 # Loop (it has no rule for the scan op the other backends take), instead of a loop that capture unrolls
-register_chunk_loops(BACKEND, form="loop")
+register_chunk_loops(
+    BACKEND,
+    form="loop",
+    issue_override="https://github.com/openvinotoolkit/openvino/pull/33173",
+    runtime_versions={"openvino": ">=2026.0"},
+)
 
 # torch.lgamma (StudentT log_prob of the forecasters' loss, issue 28) from elementary operations:
 # the frontend has no conversion rule for aten.lgamma

@@ -1151,7 +1151,13 @@ def register_recurrences(backend: str, *, form: str) -> None:
     )(_mamba2_factory)
 
 
-def register_chunk_loops(backend: str, *, form: str) -> None:
+def register_chunk_loops(
+    backend: str,
+    *,
+    form: str,
+    issue_override: str | None = None,
+    runtime_versions: Mapping[str, str] | None = None,
+) -> None:
     """Register the chunked linear attentions' loops over chunks under ``backend`` in ``form``.
 
     GLM-5-Next's chunked Kimi delta attention (:data:`KDA_CHUNK_TARGETS`) and Qwen3.5's chunked
@@ -1163,6 +1169,11 @@ def register_chunk_loops(backend: str, *, form: str) -> None:
         form: ``"scan"`` (torch's scan higher-order op: ``torch.export`` programs, ONNX ``Scan``) or
             ``"loop"`` (torch's while-loop higher-order op: OpenVINO converts it into a ``Loop`` and
             has no rule for ``scan``).
+        issue_override: the backend's issue that makes it need this form (default: torch's loop unrolling,
+            pytorch/pytorch#146835).
+        runtime_versions: the backend runtime's versions the form applies to, added to the
+            transformers versions of the entries (e.g. the OpenVINO releases that convert the
+            while-loop op).
 
     Raises:
         ValueError: for a ``form`` outside :data:`CHUNK_LOOP_FORMS` or an invalid ``backend`` key.
@@ -1184,9 +1195,10 @@ def register_chunk_loops(backend: str, *, form: str) -> None:
             kda_chunks_as_a_loop,
             gated_delta_rule_chunks_as_a_loop,
         )
-        # the frontend converts while_loop (openvinotoolkit/openvino#33173) and has no rule for scan (2026.4)
-        issue = "https://github.com/openvinotoolkit/openvino/pull/33173"
-        versions = {"transformers": ">=5.24,<6", "openvino": ">=2026.0"}
+        issue = "https://github.com/pytorch/pytorch/issues/146835"
+        versions = {"transformers": ">=5.24,<6"}
+    issue = issue_override if issue_override is not None else issue
+    versions = {**versions, **(runtime_versions or {})}
     register_patch(
         backend,
         *KDA_CHUNK_TARGETS,
