@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -701,20 +702,16 @@ def _larger_budget(budget: int | None) -> str:
     return f"{max(4, 2 * budget / 2**30) if budget else 4:g}GiB"
 
 
-def _config_positions(output_dir: Path) -> dict[int, str]:
-    """``{value: "config.<attribute>"}`` of the maximum-position attributes the folder's
-    ``config.json`` declares (``max_position_embeddings``, ``n_positions``, ``max_target_positions``
-    ...; also in its ``text_config`` / ``decoder``, e.g. ``"config.text_config.max_position_embeddings"``);
-    ``{}`` when there is no readable config."""
-    from hfexport.conventions.config_lookups import DECODER_POSITION_ATTRIBUTES, ENCODER_POSITION_ATTRIBUTES
-
+def _declared_positions(output_dir: Path, names: tuple[str, ...]) -> Iterator[tuple[int, str]]:
+    """``(value, "config.<attribute>")`` for each positive int attribute of ``names`` that the folder's
+    ``config.json`` declares, in the config, then its ``text_config`` / ``decoder``, each in the order
+    of ``names``; nothing when there is no readable config."""
     try:
         config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    found: dict[int, str] = {}
+        return
     if not isinstance(config, dict):
-        return found
+        return
     for holder, prefix in (
         (config, "config"),
         (config.get("text_config"), "config.text_config"),
@@ -722,10 +719,24 @@ def _config_positions(output_dir: Path) -> dict[int, str]:
     ):
         if not isinstance(holder, dict):
             continue
-        for name in (*ENCODER_POSITION_ATTRIBUTES, *DECODER_POSITION_ATTRIBUTES):
+        for name in names:
             value = holder.get(name)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                found.setdefault(value, f"{prefix}.{name}")
+                yield value, f"{prefix}.{name}"
+
+
+def _config_positions(output_dir: Path) -> dict[int, str]:
+    """``{value: "config.<attribute>"}`` of the maximum-position attributes the folder's
+    ``config.json`` declares (``max_position_embeddings``, ``n_positions``, ``max_target_positions``
+    ...; also in its ``text_config`` / ``decoder``, e.g. ``"config.text_config.max_position_embeddings"``);
+    ``{}`` when there is no readable config."""
+    from hfexport.conventions.config_lookups import DECODER_POSITION_ATTRIBUTES, ENCODER_POSITION_ATTRIBUTES
+
+    found: dict[int, str] = {}
+    for value, label in _declared_positions(
+        output_dir, (*ENCODER_POSITION_ATTRIBUTES, *DECODER_POSITION_ATTRIBUTES)
+    ):
+        found.setdefault(value, label)
     return found
 
 
@@ -1569,24 +1580,9 @@ def _position_limit(output_dir: Path, manifest: dict[str, Any]) -> tuple[int | N
 
     plan = manifest.get("plan") if isinstance(manifest.get("plan"), dict) else {}
     decoder = (plan or {}).get("architecture") == "encoder_decoder"
-    try:
-        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None, "", decoder
-    if not isinstance(config, dict):
-        return None, "", decoder
     names = DECODER_POSITION_ATTRIBUTES if decoder else ENCODER_POSITION_ATTRIBUTES
-    for holder, prefix in (
-        (config, "config"),
-        (config.get("text_config"), "config.text_config"),
-        (config.get("decoder"), "config.decoder"),
-    ):
-        if not isinstance(holder, dict):
-            continue
-        for name in names:
-            value = holder.get(name)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value, f"{prefix}.{name}", decoder
+    for value, label in _declared_positions(output_dir, names):
+        return value, label, decoder
     return None, "", decoder
 
 
